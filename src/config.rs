@@ -1,0 +1,412 @@
+//! `config.toml`: every key optional, unknown keys rejected by name.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub upstream: UpstreamConfig,
+    pub routes: Vec<RouteConfig>,
+    pub context: ContextConfig,
+    pub summarizer: SummarizerConfig,
+    pub cache: CacheConfig,
+    pub tokens: TokensConfig,
+    pub metrics: MetricsConfig,
+    pub models: BTreeMap<String, ModelOverride>,
+    pub profiles: BTreeMap<String, Profile>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    pub listen: String,
+    pub max_body_bytes: usize,
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            max_body_bytes: 32 * 1024 * 1024,
+            shutdown_grace_secs: 30,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    pub base_url: String,
+    pub api_key_env: String,
+    pub timeout_secs: u64,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        Self {
+            base_url: "https://api.openai.com".into(),
+            api_key_env: String::new(),
+            timeout_secs: 600,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouteConfig {
+    pub models: Vec<String>,
+    pub base_url: String,
+    pub api_key_env: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SummaryRole {
+    System,
+    User,
+}
+
+impl SummaryRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SummaryRole::System => "system",
+            SummaryRole::User => "user",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnFailure {
+    Trim,
+    Forward,
+    Error,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ContextConfig {
+    pub enabled: bool,
+    pub trigger_ratio: f64,
+    pub target_ratio: f64,
+    pub precompute_ratio: f64,
+    pub keep_recent_messages: usize,
+    pub max_messages: usize,
+    pub max_prompt_tokens: u64,
+    pub response_reserve_tokens: u64,
+    pub summary_role: SummaryRole,
+    pub on_failure: OnFailure,
+}
+
+impl Default for ContextConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            trigger_ratio: 0.8,
+            target_ratio: 0.5,
+            precompute_ratio: 0.6,
+            keep_recent_messages: 6,
+            max_messages: 0,
+            max_prompt_tokens: 0,
+            response_reserve_tokens: 4096,
+            summary_role: SummaryRole::System,
+            on_failure: OnFailure::Trim,
+        }
+    }
+}
+
+/// `[profiles.NAME]`: any `[context]` key, overriding it for requests that name the profile.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    pub enabled: Option<bool>,
+    pub trigger_ratio: Option<f64>,
+    pub target_ratio: Option<f64>,
+    pub precompute_ratio: Option<f64>,
+    pub keep_recent_messages: Option<usize>,
+    pub max_messages: Option<usize>,
+    pub max_prompt_tokens: Option<u64>,
+    pub response_reserve_tokens: Option<u64>,
+    pub summary_role: Option<SummaryRole>,
+    pub on_failure: Option<OnFailure>,
+}
+
+impl ContextConfig {
+    pub fn with_profile(&self, profile: &Profile) -> ContextConfig {
+        ContextConfig {
+            enabled: profile.enabled.unwrap_or(self.enabled),
+            trigger_ratio: profile.trigger_ratio.unwrap_or(self.trigger_ratio),
+            target_ratio: profile.target_ratio.unwrap_or(self.target_ratio),
+            precompute_ratio: profile.precompute_ratio.unwrap_or(self.precompute_ratio),
+            keep_recent_messages: profile
+                .keep_recent_messages
+                .unwrap_or(self.keep_recent_messages),
+            max_messages: profile.max_messages.unwrap_or(self.max_messages),
+            max_prompt_tokens: profile.max_prompt_tokens.unwrap_or(self.max_prompt_tokens),
+            response_reserve_tokens: profile
+                .response_reserve_tokens
+                .unwrap_or(self.response_reserve_tokens),
+            summary_role: profile.summary_role.unwrap_or(self.summary_role),
+            on_failure: profile.on_failure.unwrap_or(self.on_failure),
+        }
+    }
+
+    fn validate(&self, section: &str) -> Result<(), ConfigError> {
+        for (key, value) in [
+            ("trigger_ratio", self.trigger_ratio),
+            ("target_ratio", self.target_ratio),
+            ("precompute_ratio", self.precompute_ratio),
+        ] {
+            if !(value > 0.0 && value <= 1.0) {
+                return Err(ConfigError::Invalid(format!(
+                    "{section}.{key} must be in (0, 1], got {value}"
+                )));
+            }
+        }
+        if self.target_ratio > self.trigger_ratio {
+            return Err(ConfigError::Invalid(format!(
+                "{section}.target_ratio ({}) must not exceed trigger_ratio ({})",
+                self.target_ratio, self.trigger_ratio
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SummarizerConfig {
+    pub model: String,
+    pub base_url: String,
+    pub api_key_env: String,
+    pub max_summary_tokens: u32,
+    pub timeout_secs: u64,
+    /// Consecutive failures against one upstream that open the circuit breaker.
+    pub breaker_failures: u32,
+    /// How long an open breaker skips the summarizer.
+    pub breaker_cooldown_secs: u64,
+}
+
+impl Default for SummarizerConfig {
+    fn default() -> Self {
+        Self {
+            model: String::new(),
+            base_url: String::new(),
+            api_key_env: String::new(),
+            max_summary_tokens: 1024,
+            timeout_secs: 60,
+            breaker_failures: 5,
+            breaker_cooldown_secs: 30,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    pub max_bytes: u64,
+    pub ttl_secs: u64,
+    pub redis_url: String,
+    pub redis_key_prefix: String,
+    pub redis_timeout_ms: u64,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            max_bytes: 256 * 1024 * 1024,
+            ttl_secs: 86400,
+            redis_url: String::new(),
+            redis_key_prefix: "condenser:".into(),
+            redis_timeout_ms: 250,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TokensConfig {
+    /// Context window assumed for a model found neither in `[models]` nor the built-in table.
+    pub default_context_window: u64,
+    /// Extra share added to estimates for models whose tokenizer is not known exactly.
+    pub unknown_model_margin: f64,
+}
+
+impl Default for TokensConfig {
+    fn default() -> Self {
+        Self {
+            default_context_window: 32768,
+            unknown_model_margin: 0.1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Model names reported as their own `model` label, besides the built-in families.
+    pub models: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelOverride {
+    pub context_window: Option<u64>,
+    pub encoding: Option<String>,
+}
+
+/// Command-line and environment overrides, applied over the file in that order.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub upstream: Option<String>,
+}
+
+impl Config {
+    pub fn from_toml(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_string(),
+            message: e.to_string(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::from_toml(&text, &path.display().to_string())
+    }
+
+    /// The file named on the command line, else `CONDENSER_CONFIG`, else `./config.toml`
+    /// when present, else the built-in defaults; then the overrides.
+    pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
+        let env_path = std::env::var_os("CONDENSER_CONFIG").map(PathBuf::from);
+        let mut config = match path.map(Path::to_path_buf).or(env_path) {
+            Some(path) => Config::from_file(&path)?,
+            None if Path::new("config.toml").exists() => Config::from_file(Path::new("config.toml"))?,
+            None => Config::default(),
+        };
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        if let Some(listen) = overrides.listen.clone().or_else(|| env("CONDENSER_LISTEN")) {
+            config.server.listen = listen;
+        }
+        if let Some(upstream) = overrides
+            .upstream
+            .clone()
+            .or_else(|| env("CONDENSER_UPSTREAM"))
+        {
+            config.upstream.base_url = upstream;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.server
+            .listen
+            .parse::<SocketAddr>()
+            .map_err(|e| ConfigError::Invalid(format!("server.listen {:?}: {e}", self.server.listen)))?;
+        validate_url("upstream.base_url", &self.upstream.base_url)?;
+        for (i, route) in self.routes.iter().enumerate() {
+            validate_url(&format!("routes[{i}].base_url"), &route.base_url)?;
+            if route.models.is_empty() {
+                return Err(ConfigError::Invalid(format!(
+                    "routes[{i}].models must list at least one model glob"
+                )));
+            }
+        }
+        if !self.summarizer.base_url.is_empty() {
+            validate_url("summarizer.base_url", &self.summarizer.base_url)?;
+        }
+        self.context.validate("context")?;
+        for (name, profile) in &self.profiles {
+            self.context
+                .with_profile(profile)
+                .validate(&format!("profiles.{name}"))?;
+        }
+        for (name, model) in &self.models {
+            if let Some(encoding) = &model.encoding {
+                if crate::models::Encoding::from_name(encoding).is_none() {
+                    return Err(ConfigError::Invalid(format!(
+                        "models.\"{name}\".encoding {encoding:?} is not one of cl100k_base, o200k_base, o200k_harmony"
+                    )));
+                }
+            }
+        }
+        if !(0.0..=1.0).contains(&self.tokens.unknown_model_margin) {
+            return Err(ConfigError::Invalid(
+                "tokens.unknown_model_margin must be in [0, 1]".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    }
+}
+
+fn validate_url(key: &str, value: &str) -> Result<(), ConfigError> {
+    match reqwest::Url::parse(value) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") => Ok(()),
+        Ok(url) => Err(ConfigError::Invalid(format!(
+            "{key} {value:?}: scheme {} is not http or https",
+            url.scheme()
+        ))),
+        Err(e) => Err(ConfigError::Invalid(format!("{key} {value:?}: {e}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = Config::from_toml("[context]\ntriger_ratio = 0.5\n", "t.toml")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("triger_ratio"), "{err}");
+    }
+
+    #[test]
+    fn profile_overrides_only_what_it_names() {
+        let config = Config::from_toml(
+            "[context]\nkeep_recent_messages = 4\n[profiles.research]\nmax_messages = 50\n",
+            "t.toml",
+        )
+        .unwrap_or_default();
+        let merged = config.context.with_profile(&config.profiles["research"]);
+        assert_eq!(merged.max_messages, 50);
+        assert_eq!(merged.keep_recent_messages, 4);
+    }
+
+    #[test]
+    fn bad_ratio_is_rejected() {
+        assert!(Config::from_toml("[context]\ntarget_ratio = 0.9\n", "t").is_err());
+        assert!(Config::from_toml("[upstream]\nbase_url = \"ftp://x\"\n", "t").is_err());
+    }
+}

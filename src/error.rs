@@ -1,0 +1,105 @@
+//! Every failure a client can see, and the one place it becomes an OpenAI-shaped response.
+
+use bytes::Bytes;
+use hyper::{header, Response, StatusCode};
+use serde_json::json;
+
+use crate::body::{full, ProxyBody};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("request body is not valid JSON: {0}")]
+    InvalidJson(String),
+    #[error("{message}")]
+    InvalidRequest {
+        message: String,
+        param: Option<&'static str>,
+    },
+    #[error("request body exceeds the limit of {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    #[error("this request has {tokens} prompt tokens; even its last message does not fit the model's context window of {limit} tokens")]
+    ContextLengthExceeded { tokens: u64, limit: u64 },
+    #[error("upstream unreachable: {0}")]
+    UpstreamUnreachable(String),
+    #[error("upstream did not answer within {0} seconds")]
+    UpstreamTimeout(u64),
+    #[error("summarizer failed: {0}")]
+    SummarizerFailed(String),
+    #[error("no route for {0}")]
+    NotFound(String),
+    #[error("error reading the request body: {0}")]
+    ClientBody(String),
+}
+
+impl ProxyError {
+    pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        ProxyError::InvalidRequest {
+            message: message.into(),
+            param,
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::InvalidJson(_)
+            | ProxyError::InvalidRequest { .. }
+            | ProxyError::ContextLengthExceeded { .. }
+            | ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::UpstreamUnreachable(_) | ProxyError::SummarizerFailed(_) => {
+                StatusCode::BAD_GATEWAY
+            }
+            ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::NotFound(_) => StatusCode::NOT_FOUND,
+        }
+    }
+
+    fn error_type(&self) -> &'static str {
+        match self.status() {
+            StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::NOT_FOUND => {
+                "invalid_request_error"
+            }
+            _ => "upstream_error",
+        }
+    }
+
+    fn code(&self) -> Option<&'static str> {
+        Some(match self {
+            ProxyError::InvalidJson(_) => "invalid_json",
+            ProxyError::InvalidRequest { .. } => "invalid_request",
+            ProxyError::BodyTooLarge { .. } => "request_too_large",
+            ProxyError::ContextLengthExceeded { .. } => "context_length_exceeded",
+            ProxyError::UpstreamUnreachable(_) => "upstream_unreachable",
+            ProxyError::UpstreamTimeout(_) => "upstream_timeout",
+            ProxyError::SummarizerFailed(_) => "summarizer_failed",
+            ProxyError::NotFound(_) => "not_found",
+            ProxyError::ClientBody(_) => return None,
+        })
+    }
+
+    fn param(&self) -> Option<&'static str> {
+        match self {
+            ProxyError::InvalidRequest { param, .. } => *param,
+            ProxyError::ContextLengthExceeded { .. } => Some("messages"),
+            _ => None,
+        }
+    }
+
+    pub fn to_response(&self) -> Response<ProxyBody> {
+        let body = json!({
+            "error": {
+                "message": self.to_string(),
+                "type": self.error_type(),
+                "param": self.param(),
+                "code": self.code(),
+            }
+        });
+        let mut response = Response::new(full(Bytes::from(body.to_string())));
+        *response.status_mut() = self.status();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/json"),
+        );
+        response
+    }
+}

@@ -1,0 +1,282 @@
+//! What condenser knows of a model: its tokenizer and its context window.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Mutex;
+
+use crate::config::{ModelOverride, TokensConfig};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Encoding {
+    Cl100k,
+    O200k,
+    O200kHarmony,
+}
+
+impl Encoding {
+    pub fn from_name(name: &str) -> Option<Encoding> {
+        match name {
+            "cl100k_base" => Some(Encoding::Cl100k),
+            "o200k_base" => Some(Encoding::O200k),
+            "o200k_harmony" => Some(Encoding::O200kHarmony),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoding::Cl100k => "cl100k_base",
+            Encoding::O200k => "o200k_base",
+            Encoding::O200kHarmony => "o200k_harmony",
+        }
+    }
+}
+
+/// Encodings by model-name prefix; the first match wins, so longer prefixes come first.
+const ENCODINGS: &[(&str, Encoding)] = &[
+    ("gpt-oss", Encoding::O200kHarmony),
+    ("gpt-4o", Encoding::O200k),
+    ("gpt-4.1", Encoding::O200k),
+    ("gpt-4.5", Encoding::O200k),
+    ("gpt-5", Encoding::O200k),
+    ("chatgpt-4o", Encoding::O200k),
+    ("o1", Encoding::O200k),
+    ("o3", Encoding::O200k),
+    ("o4", Encoding::O200k),
+    ("gpt-4", Encoding::Cl100k),
+    ("gpt-3.5", Encoding::Cl100k),
+    ("gpt-35", Encoding::Cl100k),
+    ("text-embedding-3", Encoding::Cl100k),
+    ("text-embedding-ada", Encoding::Cl100k),
+];
+
+/// Context windows by model-name prefix (after any `provider/`); longest matching prefix wins.
+/// The key is also the model's family, the bounded `model` label of metrics.
+const WINDOWS: &[(&str, u64)] = &[
+    // OpenAI
+    ("gpt-5", 400_000),
+    ("gpt-5-chat", 128_000),
+    ("gpt-4.5", 128_000),
+    ("gpt-4.1", 1_047_576),
+    ("gpt-4o", 128_000),
+    ("chatgpt-4o", 128_000),
+    ("gpt-4-turbo", 128_000),
+    ("gpt-4-1106", 128_000),
+    ("gpt-4-0125", 128_000),
+    ("gpt-4-32k", 32_768),
+    ("gpt-4", 8_192),
+    ("gpt-3.5-turbo", 16_385),
+    ("gpt-3.5-turbo-instruct", 4_096),
+    ("gpt-oss", 131_072),
+    ("o1", 200_000),
+    ("o1-mini", 128_000),
+    ("o1-preview", 128_000),
+    ("o3", 200_000),
+    ("o4-mini", 200_000),
+    // Anthropic
+    ("claude-", 200_000),
+    // Google
+    ("gemini-1.5-pro", 2_097_152),
+    ("gemini-1.5-flash", 1_048_576),
+    ("gemini-2", 1_048_576),
+    ("gemini-3", 1_048_576),
+    ("gemma-3", 131_072),
+    // Meta
+    ("llama-3.1", 131_072),
+    ("llama-3.2", 131_072),
+    ("llama-3.3", 131_072),
+    ("llama-3-", 8_192),
+    ("llama-4", 1_048_576),
+    ("meta-llama-3.1", 131_072),
+    ("meta-llama-3.3", 131_072),
+    // Mistral
+    ("mistral-large", 131_072),
+    ("mistral-medium", 131_072),
+    ("mistral-small", 131_072),
+    ("ministral", 131_072),
+    ("open-mistral-nemo", 131_072),
+    ("codestral", 262_144),
+    ("mixtral-8x7b", 32_768),
+    ("mixtral-8x22b", 65_536),
+    // DeepSeek
+    ("deepseek-chat", 131_072),
+    ("deepseek-reasoner", 131_072),
+    ("deepseek-v3", 131_072),
+    ("deepseek-r1", 131_072),
+    // Qwen
+    ("qwen-max", 32_768),
+    ("qwen-plus", 131_072),
+    ("qwen-turbo", 1_000_000),
+    ("qwen2.5", 131_072),
+    ("qwen3", 131_072),
+    ("qwq", 131_072),
+];
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelInfo {
+    pub encoding: Encoding,
+    pub context_window: u64,
+    /// The encoding is the model's own, so counts are exact; otherwise they are estimates.
+    pub exact: bool,
+    /// Built-in family (or configured name) for bounded metric labels.
+    pub family: Option<String>,
+}
+
+pub struct ModelCatalog {
+    overrides: BTreeMap<String, ModelOverride>,
+    defaults: TokensConfig,
+    warned: Mutex<HashSet<String>>,
+}
+
+/// `openrouter/openai/gpt-4o` → `gpt-4o`; case-insensitive.
+pub fn base_name(model: &str) -> String {
+    model
+        .rsplit('/')
+        .next()
+        .unwrap_or(model)
+        .trim()
+        .to_ascii_lowercase()
+}
+
+impl ModelCatalog {
+    pub fn new(overrides: BTreeMap<String, ModelOverride>, defaults: TokensConfig) -> Self {
+        Self {
+            overrides,
+            defaults,
+            warned: Mutex::new(HashSet::new()),
+        }
+    }
+
+    pub fn defaults(&self) -> &TokensConfig {
+        &self.defaults
+    }
+
+    pub fn resolve(&self, model: &str) -> ModelInfo {
+        let name = base_name(model);
+        let known_encoding = ENCODINGS
+            .iter()
+            .find(|(prefix, _)| name.starts_with(prefix))
+            .map(|(_, encoding)| *encoding);
+        let window = WINDOWS
+            .iter()
+            .filter(|(prefix, _)| name.starts_with(prefix))
+            .max_by_key(|(prefix, _)| prefix.len());
+        let over = self
+            .overrides
+            .get(model)
+            .or_else(|| self.overrides.get(&name));
+        let encoding = over
+            .and_then(|o| o.encoding.as_deref())
+            .and_then(Encoding::from_name)
+            .or(known_encoding);
+        let context_window = over
+            .and_then(|o| o.context_window)
+            .or(window.map(|(_, w)| *w));
+        if context_window.is_none() && encoding.is_none() {
+            self.warn_once(model);
+        }
+        ModelInfo {
+            exact: encoding.is_some(),
+            encoding: encoding.unwrap_or(Encoding::O200k),
+            context_window: context_window.unwrap_or(self.defaults.default_context_window),
+            family: if over.is_some() {
+                Some(name.clone())
+            } else {
+                window.map(|(prefix, _)| prefix.trim_end_matches('-').to_string())
+            },
+        }
+    }
+
+    fn warn_once(&self, model: &str) {
+        let Ok(mut warned) = self.warned.lock() else {
+            return;
+        };
+        if warned.len() < 10_000 && warned.insert(model.to_string()) {
+            tracing::warn!(
+                model,
+                default_context_window = self.defaults.default_context_window,
+                "unknown model: assuming o200k_base with a safety margin and the default window"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn catalog() -> ModelCatalog {
+        ModelCatalog::new(BTreeMap::new(), TokensConfig::default())
+    }
+
+    #[test]
+    fn families_resolve_to_their_encoding() {
+        let c = catalog();
+        let cases = [
+            ("gpt-4o", Encoding::O200k),
+            ("gpt-4o-2024-08-06", Encoding::O200k),
+            ("openai/gpt-4o-mini", Encoding::O200k),
+            ("gpt-4.1-nano-2025-04-14", Encoding::O200k),
+            ("gpt-4.5-preview", Encoding::O200k),
+            ("gpt-5-mini", Encoding::O200k),
+            ("o1-preview", Encoding::O200k),
+            ("o3-mini-2025-01-31", Encoding::O200k),
+            ("o4-mini", Encoding::O200k),
+            ("chatgpt-4o-latest", Encoding::O200k),
+            ("gpt-4", Encoding::Cl100k),
+            ("gpt-4-0613", Encoding::Cl100k),
+            ("azure/gpt-4-turbo-2024-04-09", Encoding::Cl100k),
+            ("gpt-3.5-turbo-0125", Encoding::Cl100k),
+            ("text-embedding-3-small", Encoding::Cl100k),
+            ("gpt-oss-120b", Encoding::O200kHarmony),
+            ("openai/gpt-oss-20b", Encoding::O200kHarmony),
+        ];
+        for (model, encoding) in cases {
+            let info = c.resolve(model);
+            assert_eq!(info.encoding, encoding, "{model}");
+            assert!(info.exact, "{model}");
+        }
+    }
+
+    #[test]
+    fn windows_use_the_longest_prefix() {
+        let c = catalog();
+        assert_eq!(c.resolve("gpt-4").context_window, 8_192);
+        assert_eq!(c.resolve("gpt-4-turbo").context_window, 128_000);
+        assert_eq!(c.resolve("gpt-4o-mini").context_window, 128_000);
+        assert_eq!(c.resolve("anthropic/claude-sonnet-4-5").context_window, 200_000);
+        assert_eq!(c.resolve("o1-mini").context_window, 128_000);
+        assert_eq!(c.resolve("o1").context_window, 200_000);
+    }
+
+    #[test]
+    fn other_vendors_are_estimates() {
+        let info = catalog().resolve("claude-3-5-sonnet-20241022");
+        assert!(!info.exact);
+        assert_eq!(info.encoding, Encoding::O200k);
+        assert_eq!(info.family.as_deref(), Some("claude"));
+    }
+
+    #[test]
+    fn unknown_model_gets_defaults() {
+        let info = catalog().resolve("my-local-model");
+        assert_eq!(info.context_window, TokensConfig::default().default_context_window);
+        assert!(!info.exact);
+        assert_eq!(info.family, None);
+    }
+
+    #[test]
+    fn overrides_win() {
+        let mut overrides = BTreeMap::new();
+        overrides.insert(
+            "my-local-model".to_string(),
+            ModelOverride {
+                context_window: Some(4096),
+                encoding: Some("cl100k_base".into()),
+            },
+        );
+        let info = ModelCatalog::new(overrides, TokensConfig::default()).resolve("my-local-model");
+        assert_eq!(info.context_window, 4096);
+        assert_eq!(info.encoding, Encoding::Cl100k);
+        assert!(info.exact);
+    }
+}
