@@ -6,4 +6,5 @@ pub mod canonical;
 pub mod config;
 pub mod error;
 pub mod models;
+pub mod plan;
 pub mod tokens;

@@ -1,0 +1,652 @@
+//! The compaction planner: given per-message token counts and the context settings, decide
+//! what to keep, what to summarize and what to refuse. Pure: no I/O, no clock.
+
+use crate::config::ContextConfig;
+
+/// Tool outputs in the kept tail are never shortened below this many tokens.
+const SHORTEN_FLOOR_TOKENS: u32 = 256;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Auto,
+    Off,
+    Force,
+}
+
+impl Mode {
+    pub fn parse(value: &str) -> Option<Mode> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Some(Mode::Auto),
+            "off" => Some(Mode::Off),
+            "force" => Some(Mode::Force),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+    Other,
+}
+
+impl Role {
+    pub fn parse(role: &str) -> Role {
+        match role {
+            "system" => Role::System,
+            "developer" => Role::Developer,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "tool" | "function" => Role::Tool,
+            _ => Role::Other,
+        }
+    }
+}
+
+/// What the planner needs of one message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MessageMeta {
+    pub role: Role,
+    pub tokens: u32,
+    /// Whether an assistant message carries `tool_calls` (its answers must stay with it).
+    pub has_tool_calls: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct PlanInput<'a> {
+    pub messages: &'a [MessageMeta],
+    /// Tokens outside the messages: reply priming, tools, response format.
+    pub fixed_tokens: u32,
+    pub context_window: u64,
+    /// The request's `max_completion_tokens`/`max_tokens`, if it named one.
+    pub requested_completion_tokens: Option<u64>,
+    pub settings: &'a ContextConfig,
+    pub mode: Mode,
+    /// Room to leave for the summary message.
+    pub summary_tokens: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    Tokens,
+    Messages,
+    PromptTokens,
+    Forced,
+}
+
+impl Trigger {
+    pub fn name(self) -> &'static str {
+        match self {
+            Trigger::Tokens => "trigger_ratio",
+            Trigger::Messages => "max_messages",
+            Trigger::PromptTokens => "max_prompt_tokens",
+            Trigger::Forced => "force",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardReason {
+    Disabled,
+    UnderTriggers,
+    NothingToSummarize,
+    UnpairedToolMessage,
+}
+
+impl ForwardReason {
+    pub fn describe(self) -> &'static str {
+        match self {
+            ForwardReason::Disabled => "compaction off for this request",
+            ForwardReason::UnderTriggers => "under every trigger",
+            ForwardReason::NothingToSummarize => "nothing older than the kept messages",
+            ForwardReason::UnpairedToolMessage => {
+                "a tool message follows no assistant tool call; forwarded as sent"
+            }
+        }
+    }
+}
+
+/// A tool output in the tail cut down to `keep_tokens`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shorten {
+    pub index: usize,
+    pub tokens: u32,
+    pub keep_tokens: u32,
+}
+
+/// `messages[..head]` kept first, `messages[head..tail_start]` summarized, the rest kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Split {
+    pub head: usize,
+    pub tail_start: usize,
+    pub shorten: Vec<Shorten>,
+    /// Estimated forwarded prompt with a summary of at most `summary_tokens`.
+    pub estimated_tokens: u64,
+}
+
+impl Split {
+    pub fn summarized(&self) -> usize {
+        self.tail_start - self.head
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    Forward(ForwardReason),
+    /// Forward unchanged, and summarize the split's middle in the background ahead of need.
+    Precompute(Split),
+    Compact { split: Split, triggers: Vec<Trigger> },
+    Reject { tokens: u64, limit: u64 },
+}
+
+/// The thresholds a request is measured against, in tokens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    /// Context window less the room reserved for the response.
+    pub usable: u64,
+    pub trigger: u64,
+    pub precompute: u64,
+    /// What a compacted prompt aims under.
+    pub target: u64,
+    /// A compacted request aims at no more messages than this (0: no cap).
+    pub message_target: usize,
+}
+
+impl Limits {
+    pub fn new(input: &PlanInput) -> Limits {
+        let s = input.settings;
+        let reserve = input
+            .requested_completion_tokens
+            .unwrap_or(s.response_reserve_tokens);
+        let usable = input.context_window.saturating_sub(reserve).max(1);
+        let share = |ratio: f64| (usable as f64 * ratio) as u64;
+        let mut target = share(s.target_ratio);
+        if s.max_prompt_tokens > 0 {
+            target = target.min((s.max_prompt_tokens as f64 * s.target_ratio) as u64);
+        }
+        Limits {
+            usable,
+            trigger: share(s.trigger_ratio),
+            precompute: share(s.precompute_ratio),
+            target,
+            message_target: (s.max_messages as f64 * s.target_ratio) as usize,
+        }
+    }
+}
+
+pub fn total_tokens(input: &PlanInput) -> u64 {
+    sum(input.messages) + u64::from(input.fixed_tokens)
+}
+
+fn sum(messages: &[MessageMeta]) -> u64 {
+    messages.iter().map(|m| u64::from(m.tokens)).sum()
+}
+
+pub fn triggers(input: &PlanInput, limits: &Limits) -> Vec<Trigger> {
+    let s = input.settings;
+    let tokens = total_tokens(input);
+    let mut fired = Vec::new();
+    if input.mode == Mode::Force {
+        fired.push(Trigger::Forced);
+    }
+    if tokens > limits.trigger {
+        fired.push(Trigger::Tokens);
+    }
+    if s.max_messages > 0 && input.messages.len() > s.max_messages {
+        fired.push(Trigger::Messages);
+    }
+    if s.max_prompt_tokens > 0 && tokens > s.max_prompt_tokens {
+        fired.push(Trigger::PromptTokens);
+    }
+    fired
+}
+
+pub fn plan(input: &PlanInput) -> Decision {
+    if input.mode == Mode::Off || !input.settings.enabled {
+        return Decision::Forward(ForwardReason::Disabled);
+    }
+    let limits = Limits::new(input);
+    let fired = triggers(input, &limits);
+    let tokens = total_tokens(input);
+    if fired.is_empty() && tokens <= limits.precompute {
+        return Decision::Forward(ForwardReason::UnderTriggers);
+    }
+    let Some(units) = units(input.messages) else {
+        return Decision::Forward(ForwardReason::UnpairedToolMessage);
+    };
+    let split = match split(input, &limits, &units) {
+        Ok(split) => split,
+        Err(reject) => {
+            return if fired.is_empty() {
+                Decision::Forward(ForwardReason::UnderTriggers)
+            } else {
+                reject
+            }
+        }
+    };
+    if split.summarized() == 0 && split.shorten.is_empty() {
+        return Decision::Forward(if fired.is_empty() {
+            ForwardReason::UnderTriggers
+        } else {
+            ForwardReason::NothingToSummarize
+        });
+    }
+    if fired.is_empty() {
+        return if split.summarized() > 0 {
+            Decision::Precompute(split)
+        } else {
+            Decision::Forward(ForwardReason::UnderTriggers)
+        };
+    }
+    Decision::Compact {
+        split,
+        triggers: fired,
+    }
+}
+
+/// Where each atomic unit after the head starts: a lone message, or an assistant message with
+/// `tool_calls` together with the tool messages that follow it. `None` when a tool message
+/// follows no call, a conversation the planner does not understand.
+pub fn units(messages: &[MessageMeta]) -> Option<Vec<usize>> {
+    let head = head_len(messages);
+    let mut starts = Vec::new();
+    let mut open_call = false;
+    for (i, message) in messages.iter().enumerate().skip(head) {
+        if message.role == Role::Tool {
+            if !open_call {
+                return None;
+            }
+            continue;
+        }
+        open_call = message.role == Role::Assistant && message.has_tool_calls;
+        starts.push(i);
+    }
+    Some(starts)
+}
+
+pub fn head_len(messages: &[MessageMeta]) -> usize {
+    messages
+        .iter()
+        .take_while(|m| matches!(m.role, Role::System | Role::Developer))
+        .count()
+}
+
+fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, Decision> {
+    let messages = input.messages;
+    let head = head_len(messages);
+    let fixed = sum(&messages[..head]) + u64::from(input.fixed_tokens);
+    let summary = u64::from(input.summary_tokens);
+    let keep = input.settings.keep_recent_messages;
+    let n = messages.len();
+
+    // Walk units from the newest: first the ones `keep_recent_messages` demands, then as
+    // many whole units as fit the target (none more when forced: force means compact now).
+    let grow = input.mode != Mode::Force;
+    let mut tail_start = n;
+    let mut tail_tokens = 0u64;
+    for &start in units.iter().rev() {
+        let unit_tokens = sum(&messages[start..tail_start]);
+        let required = n - tail_start < keep || tail_start == n;
+        let fits_tokens = fixed + summary + tail_tokens + unit_tokens <= limits.target;
+        let fits_count =
+            limits.message_target == 0 || head + 1 + (n - start) <= limits.message_target;
+        if !required && !(grow && fits_tokens && fits_count) {
+            break;
+        }
+        tail_start = start;
+        tail_tokens += unit_tokens;
+    }
+    let summary_if_any = if tail_start > head { summary } else { 0 };
+    let mut split = Split {
+        head,
+        tail_start,
+        shorten: Vec::new(),
+        estimated_tokens: fixed + summary_if_any + tail_tokens,
+    };
+    if split.estimated_tokens > limits.target {
+        shorten_tool_outputs(messages, &mut split, limits.target);
+    }
+    if split.estimated_tokens <= limits.usable {
+        return Ok(split);
+    }
+    // The kept minimum cannot fit the window: keep only from the last user message on.
+    let last_user = units
+        .iter()
+        .rev()
+        .copied()
+        .find(|&i| messages[i].role == Role::User)
+        .unwrap_or(head);
+    let reject = Decision::Reject {
+        tokens: total_tokens(input),
+        limit: limits.usable,
+    };
+    if fixed + u64::from(messages.get(last_user).map_or(0, |m| m.tokens)) > limits.usable {
+        return Err(reject);
+    }
+    let summary_if_any = if last_user > head { summary } else { 0 };
+    let mut split = Split {
+        head,
+        tail_start: last_user,
+        shorten: Vec::new(),
+        estimated_tokens: fixed + summary_if_any + sum(&messages[last_user..]),
+    };
+    shorten_tool_outputs(messages, &mut split, limits.target);
+    if split.estimated_tokens <= limits.usable {
+        Ok(split)
+    } else {
+        Err(reject)
+    }
+}
+
+/// Cuts the largest tool outputs of the tail first, each no lower than the floor, until the
+/// estimate reaches `budget` or nothing is left to cut.
+fn shorten_tool_outputs(messages: &[MessageMeta], split: &mut Split, budget: u64) {
+    let mut candidates: Vec<usize> = (split.tail_start..messages.len())
+        .filter(|&i| messages[i].role == Role::Tool && messages[i].tokens > SHORTEN_FLOOR_TOKENS)
+        .collect();
+    candidates.sort_by_key(|&i| std::cmp::Reverse(messages[i].tokens));
+    for index in candidates {
+        let excess = split.estimated_tokens.saturating_sub(budget);
+        if excess == 0 {
+            break;
+        }
+        let tokens = messages[index].tokens;
+        let cut = excess.min(u64::from(tokens - SHORTEN_FLOOR_TOKENS)) as u32;
+        split.shorten.push(Shorten {
+            index,
+            tokens,
+            keep_tokens: tokens - cut,
+        });
+        split.estimated_tokens -= u64::from(cut);
+    }
+    split.shorten.sort_by_key(|s| s.index);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn msg(role: Role, tokens: u32) -> MessageMeta {
+        MessageMeta {
+            role,
+            tokens,
+            has_tool_calls: false,
+        }
+    }
+
+    fn call(tokens: u32) -> MessageMeta {
+        MessageMeta {
+            role: Role::Assistant,
+            tokens,
+            has_tool_calls: true,
+        }
+    }
+
+    fn settings() -> ContextConfig {
+        ContextConfig {
+            keep_recent_messages: 2,
+            ..ContextConfig::default()
+        }
+    }
+
+    fn input<'a>(messages: &'a [MessageMeta], settings: &'a ContextConfig) -> PlanInput<'a> {
+        PlanInput {
+            messages,
+            fixed_tokens: 3,
+            context_window: 10_000,
+            requested_completion_tokens: Some(0),
+            settings,
+            mode: Mode::Auto,
+            summary_tokens: 500,
+        }
+    }
+
+    /// system + `turns` × (user, assistant), each message `each` tokens.
+    fn chat(turns: usize, each: u32) -> Vec<MessageMeta> {
+        let mut m = vec![msg(Role::System, 100)];
+        for _ in 0..turns {
+            m.push(msg(Role::User, each));
+            m.push(msg(Role::Assistant, each));
+        }
+        m
+    }
+
+    #[test]
+    fn under_every_trigger_forwards() {
+        let s = settings();
+        let m = chat(5, 100);
+        assert_eq!(
+            plan(&input(&m, &s)),
+            Decision::Forward(ForwardReason::UnderTriggers)
+        );
+    }
+
+    #[test]
+    fn token_trigger_compacts_keeping_head_and_tail() {
+        let s = settings();
+        let m = chat(50, 100); // 10_103 tokens > 0.8 × 10_000
+        let Decision::Compact { split, triggers } = plan(&input(&m, &s)) else {
+            panic!("expected compaction");
+        };
+        assert_eq!(triggers, vec![Trigger::Tokens]);
+        assert_eq!(split.head, 1);
+        assert!(m.len() - split.tail_start >= 2);
+        // The tail grows to the target (0.5 × 10_000) but not beyond it.
+        assert!(split.estimated_tokens <= 5_000, "{split:?}");
+        assert!(split.estimated_tokens + 100 > 5_000, "{split:?}");
+    }
+
+    #[test]
+    fn reserve_comes_from_the_request_or_the_default() {
+        let s = settings();
+        let m = chat(10, 100);
+        let mut i = input(&m, &s);
+        i.requested_completion_tokens = None;
+        assert_eq!(Limits::new(&i).usable, 10_000 - 4096);
+        i.requested_completion_tokens = Some(9_000);
+        assert_eq!(Limits::new(&i).usable, 1_000);
+        assert!(matches!(plan(&i), Decision::Compact { .. }));
+    }
+
+    #[test]
+    fn message_trigger_and_prompt_token_trigger() {
+        let s = ContextConfig {
+            max_messages: 10,
+            ..settings()
+        };
+        let m = chat(6, 10);
+        let Decision::Compact { split, triggers } = plan(&input(&m, &s)) else {
+            panic!("expected compaction");
+        };
+        assert_eq!(triggers, vec![Trigger::Messages]);
+        assert!(split.head + 1 + (m.len() - split.tail_start) <= 5);
+
+        let s = ContextConfig {
+            max_prompt_tokens: 1_000,
+            ..settings()
+        };
+        let m = chat(6, 100);
+        let Decision::Compact { split, triggers } = plan(&input(&m, &s)) else {
+            panic!("expected compaction");
+        };
+        assert_eq!(triggers, vec![Trigger::PromptTokens]);
+        assert_eq!(split.tail_start, m.len() - 2);
+    }
+
+    #[test]
+    fn profiles_change_the_decision() {
+        let base = settings();
+        let research = base.with_profile(&crate::config::Profile {
+            max_messages: Some(4),
+            ..Default::default()
+        });
+        let m = chat(3, 10);
+        assert!(matches!(plan(&input(&m, &base)), Decision::Forward(_)));
+        assert!(matches!(plan(&input(&m, &research)), Decision::Compact { .. }));
+        let off = base.with_profile(&crate::config::Profile {
+            enabled: Some(false),
+            ..Default::default()
+        });
+        let m = chat(50, 100);
+        assert_eq!(
+            plan(&input(&m, &off)),
+            Decision::Forward(ForwardReason::Disabled)
+        );
+    }
+
+    #[test]
+    fn modes() {
+        let s = settings();
+        let m = chat(5, 100);
+        let mut i = input(&m, &s);
+        i.mode = Mode::Force;
+        let Decision::Compact { triggers, .. } = plan(&i) else {
+            panic!("force compacts");
+        };
+        assert_eq!(triggers, vec![Trigger::Forced]);
+        let m = chat(50, 100);
+        let mut i = input(&m, &s);
+        i.mode = Mode::Off;
+        assert_eq!(plan(&i), Decision::Forward(ForwardReason::Disabled));
+    }
+
+    #[test]
+    fn precompute_band_plans_without_compacting() {
+        let s = settings();
+        let m = chat(33, 100); // 6_703 tokens: above 0.6, under 0.8
+        let Decision::Precompute(split) = plan(&input(&m, &s)) else {
+            panic!("expected precompute");
+        };
+        assert!(split.summarized() > 0);
+    }
+
+    #[test]
+    fn force_on_a_short_chat_has_nothing_to_summarize() {
+        let s = ContextConfig {
+            keep_recent_messages: 6,
+            ..settings()
+        };
+        let m = chat(2, 10);
+        let mut i = input(&m, &s);
+        i.mode = Mode::Force;
+        assert_eq!(plan(&i), Decision::Forward(ForwardReason::NothingToSummarize));
+    }
+
+    #[test]
+    fn oversized_tool_output_in_the_tail_is_shortened() {
+        let s = settings();
+        let mut m = chat(20, 100);
+        m.push(msg(Role::User, 50));
+        m.push(call(50));
+        m.push(msg(Role::Tool, 9_000));
+        let Decision::Compact { split, .. } = plan(&input(&m, &s)) else {
+            panic!("expected compaction");
+        };
+        assert_eq!(split.shorten.len(), 1);
+        assert_eq!(split.shorten[0].index, m.len() - 1);
+        assert!(split.shorten[0].keep_tokens >= SHORTEN_FLOOR_TOKENS);
+        assert!(split.estimated_tokens <= 5_000, "{split:?}");
+        // The call and its output stay together.
+        assert!(split.tail_start <= m.len() - 2);
+    }
+
+    #[test]
+    fn a_last_message_larger_than_the_window_is_rejected() {
+        let s = settings();
+        let mut m = chat(3, 100);
+        m.push(msg(Role::User, 20_000));
+        assert!(matches!(
+            plan(&input(&m, &s)),
+            Decision::Reject { limit: 10_000, .. }
+        ));
+    }
+
+    #[test]
+    fn keep_recent_is_dropped_before_rejecting() {
+        let s = ContextConfig {
+            keep_recent_messages: 4,
+            ..settings()
+        };
+        let mut m = chat(3, 100);
+        m.push(msg(Role::Assistant, 9_000));
+        m.push(msg(Role::User, 500));
+        let Decision::Compact { split, .. } = plan(&input(&m, &s)) else {
+            panic!("expected compaction");
+        };
+        assert_eq!(split.tail_start, m.len() - 1);
+    }
+
+    #[test]
+    fn a_tool_message_without_a_call_is_not_understood() {
+        let s = settings();
+        let mut m = chat(50, 100);
+        m.insert(3, msg(Role::Tool, 10));
+        assert_eq!(
+            plan(&input(&m, &s)),
+            Decision::Forward(ForwardReason::UnpairedToolMessage)
+        );
+    }
+
+    fn arb_conversation() -> impl Strategy<Value = Vec<MessageMeta>> {
+        let unit = prop_oneof![
+            (1u32..3000).prop_map(|t| vec![msg(Role::User, t)]),
+            (1u32..3000).prop_map(|t| vec![msg(Role::Assistant, t)]),
+            (1u32..500, proptest::collection::vec(1u32..4000, 1..4)).prop_map(|(c, outs)| {
+                let mut u = vec![call(c)];
+                u.extend(outs.into_iter().map(|t| msg(Role::Tool, t)));
+                u
+            }),
+        ];
+        (0usize..3, proptest::collection::vec(unit, 1..40)).prop_map(|(heads, units)| {
+            let mut m = vec![msg(Role::System, 50); heads];
+            m.extend(units.into_iter().flatten());
+            m
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn no_tool_message_is_ever_split_from_its_call(
+            m in arb_conversation(),
+            keep in 0usize..8,
+            window in 2_000u64..60_000,
+            force in any::<bool>(),
+        ) {
+            let s = ContextConfig { keep_recent_messages: keep, ..ContextConfig::default() };
+            let mut i = input(&m, &s);
+            i.context_window = window;
+            i.requested_completion_tokens = None;
+            if force { i.mode = Mode::Force; }
+            let limits = Limits::new(&i);
+            match plan(&i) {
+                Decision::Compact { split, .. } | Decision::Precompute(split) => {
+                    let head = head_len(&m);
+                    prop_assert_eq!(split.head, head);
+                    prop_assert!(split.tail_start > head || !split.shorten.is_empty());
+                    prop_assert!(split.tail_start < m.len());
+                    // The first kept message is never a tool answer, so no call lost its results
+                    // and no result lost its call.
+                    prop_assert!(m[split.tail_start].role != Role::Tool);
+                    // The last message is always kept.
+                    prop_assert!(split.tail_start <= m.len() - 1);
+                    prop_assert!(split.estimated_tokens <= limits.usable);
+                    for s in &split.shorten {
+                        prop_assert!(s.index >= split.tail_start);
+                        prop_assert!(m[s.index].role == Role::Tool);
+                        prop_assert!(s.keep_tokens >= SHORTEN_FLOOR_TOKENS);
+                    }
+                }
+                Decision::Reject { tokens, limit } => {
+                    prop_assert_eq!(limit, limits.usable);
+                    prop_assert!(tokens > limit);
+                }
+                Decision::Forward(_) => {}
+            }
+        }
+    }
+}
