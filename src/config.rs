@@ -305,7 +305,9 @@ impl Config {
         let env_path = std::env::var_os("CONDENSER_CONFIG").map(PathBuf::from);
         let mut config = match path.map(Path::to_path_buf).or(env_path) {
             Some(path) => Config::from_file(&path)?,
-            None if Path::new("config.toml").exists() => Config::from_file(Path::new("config.toml"))?,
+            None if Path::new("config.toml").exists() => {
+                Config::from_file(Path::new("config.toml"))?
+            }
             None => Config::default(),
         };
         let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
@@ -324,10 +326,9 @@ impl Config {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.server
-            .listen
-            .parse::<SocketAddr>()
-            .map_err(|e| ConfigError::Invalid(format!("server.listen {:?}: {e}", self.server.listen)))?;
+        self.server.listen.parse::<SocketAddr>().map_err(|e| {
+            ConfigError::Invalid(format!("server.listen {:?}: {e}", self.server.listen))
+        })?;
         validate_url("upstream.base_url", &self.upstream.base_url)?;
         for (i, route) in self.routes.iter().enumerate() {
             validate_url(&format!("routes[{i}].base_url"), &route.base_url)?;

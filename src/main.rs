@@ -1,1 +1,160 @@
-fn main() {}
+//! The `condenser` command: parses arguments and hands over to the library.
+
+// The commands' output is meant for stdout.
+#![allow(clippy::print_stdout)]
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use condenser::cli::{self, LogFormat, PlanOptions};
+use condenser::config::{Config, Overrides};
+use condenser::plan::Mode;
+use condenser::server::{shutdown_signal, Server};
+
+#[derive(Parser)]
+#[command(
+    name = "condenser",
+    version,
+    about = "OpenAI-compatible proxy that keeps long conversations inside the context window"
+)]
+struct Args {
+    /// Config file (default: $CONDENSER_CONFIG, else ./config.toml when present).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// Listen address, overriding server.listen.
+    #[arg(long)]
+    listen: Option<String>,
+    /// Default upstream base URL, overriding upstream.base_url.
+    #[arg(long)]
+    upstream: Option<String>,
+    #[arg(long, value_enum, default_value_t = Format::Text, global = true)]
+    log_format: Format,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate a config and print the effective settings.
+    CheckConfig { path: Option<PathBuf> },
+    /// Print the prompt-token count of a chat-completions request body.
+    Count {
+        #[arg(long)]
+        model: Option<String>,
+        #[arg(long)]
+        json: bool,
+        /// Request file, or - for stdin (the default).
+        file: Option<String>,
+    },
+    /// Show what the proxy would do with a request, calling nothing.
+    Plan {
+        #[arg(long)]
+        model: Option<String>,
+        /// auto, off or force, as the x-condenser-mode header.
+        #[arg(long, default_value = "auto")]
+        mode: String,
+        /// A [profiles.NAME], as the x-condenser-profile header.
+        #[arg(long)]
+        profile: Option<String>,
+        file: Option<String>,
+    },
+}
+
+fn read_input(file: Option<&str>) -> std::io::Result<String> {
+    match file {
+        None | Some("-") => {
+            let mut text = String::new();
+            std::io::stdin().read_to_string(&mut text)?;
+            Ok(text)
+        }
+        Some(path) => std::fs::read_to_string(path),
+    }
+}
+
+fn fail(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("condenser: {message}");
+    ExitCode::FAILURE
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    cli::init_logging(match args.log_format {
+        Format::Text => LogFormat::Text,
+        Format::Json => LogFormat::Json,
+    });
+    let overrides = Overrides {
+        listen: args.listen.clone(),
+        upstream: args.upstream.clone(),
+    };
+    let command = args.command;
+    if let Some(Command::CheckConfig { path }) = &command {
+        let path = path.as_deref().or(args.config.as_deref());
+        return match cli::check_config(path, &overrides) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e),
+        };
+    }
+    let config = match Config::load(args.config.as_deref(), &overrides) {
+        Ok(config) => config,
+        Err(e) => return fail(e),
+    };
+    let output = match command {
+        None | Some(Command::CheckConfig { .. }) => return serve(config).await,
+        Some(Command::Count { model, json, file }) => match read_input(file.as_deref()) {
+            Ok(input) => cli::count(&config, &input, model.as_deref(), json).await,
+            Err(e) => return fail(e),
+        },
+        Some(Command::Plan {
+            model,
+            mode,
+            profile,
+            file,
+        }) => {
+            let Some(mode) = Mode::parse(&mode) else {
+                return fail("--mode must be auto, off or force");
+            };
+            match read_input(file.as_deref()) {
+                Ok(input) => {
+                    let options = PlanOptions {
+                        model: model.as_deref(),
+                        mode,
+                        profile: profile.as_deref(),
+                    };
+                    cli::plan(&config, &input, options).await
+                }
+                Err(e) => return fail(e),
+            }
+        }
+    };
+    match output {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
+}
+
+async fn serve(config: Config) -> ExitCode {
+    let server = match Server::bind(config).await {
+        Ok(server) => server,
+        Err(e) => return fail(e),
+    };
+    if let Ok(addr) = server.local_addr() {
+        tracing::info!(%addr, "condenser listening");
+    }
+    server.serve(shutdown_signal()).await;
+    ExitCode::SUCCESS
+}

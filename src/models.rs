@@ -243,7 +243,10 @@ mod tests {
         assert_eq!(c.resolve("gpt-4").context_window, 8_192);
         assert_eq!(c.resolve("gpt-4-turbo").context_window, 128_000);
         assert_eq!(c.resolve("gpt-4o-mini").context_window, 128_000);
-        assert_eq!(c.resolve("anthropic/claude-sonnet-4-5").context_window, 200_000);
+        assert_eq!(
+            c.resolve("anthropic/claude-sonnet-4-5").context_window,
+            200_000
+        );
         assert_eq!(c.resolve("o1-mini").context_window, 128_000);
         assert_eq!(c.resolve("o1").context_window, 200_000);
     }
@@ -259,7 +262,10 @@ mod tests {
     #[test]
     fn unknown_model_gets_defaults() {
         let info = catalog().resolve("my-local-model");
-        assert_eq!(info.context_window, TokensConfig::default().default_context_window);
+        assert_eq!(
+            info.context_window,
+            TokensConfig::default().default_context_window
+        );
         assert!(!info.exact);
         assert_eq!(info.family, None);
     }

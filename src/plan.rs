@@ -139,8 +139,14 @@ pub enum Decision {
     Forward(ForwardReason),
     /// Forward unchanged, and summarize the split's middle in the background ahead of need.
     Precompute(Split),
-    Compact { split: Split, triggers: Vec<Trigger> },
-    Reject { tokens: u64, limit: u64 },
+    Compact {
+        split: Split,
+        triggers: Vec<Trigger>,
+    },
+    Reject {
+        tokens: u64,
+        limit: u64,
+    },
 }
 
 /// The thresholds a request is measured against, in tokens.
@@ -294,7 +300,7 @@ fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, D
         let fits_tokens = fixed + summary + tail_tokens + unit_tokens <= limits.target;
         let fits_count =
             limits.message_target == 0 || head + 1 + (n - start) <= limits.message_target;
-        if !required && !(grow && fits_tokens && fits_count) {
+        if !(required || grow && fits_tokens && fits_count) {
             break;
         }
         tail_start = start;
@@ -487,7 +493,10 @@ mod tests {
         });
         let m = chat(3, 10);
         assert!(matches!(plan(&input(&m, &base)), Decision::Forward(_)));
-        assert!(matches!(plan(&input(&m, &research)), Decision::Compact { .. }));
+        assert!(matches!(
+            plan(&input(&m, &research)),
+            Decision::Compact { .. }
+        ));
         let off = base.with_profile(&crate::config::Profile {
             enabled: Some(false),
             ..Default::default()
@@ -534,7 +543,10 @@ mod tests {
         let m = chat(2, 10);
         let mut i = input(&m, &s);
         i.mode = Mode::Force;
-        assert_eq!(plan(&i), Decision::Forward(ForwardReason::NothingToSummarize));
+        assert_eq!(
+            plan(&i),
+            Decision::Forward(ForwardReason::NothingToSummarize)
+        );
     }
 
     #[test]
@@ -633,7 +645,7 @@ mod tests {
                     // and no result lost its call.
                     prop_assert!(m[split.tail_start].role != Role::Tool);
                     // The last message is always kept.
-                    prop_assert!(split.tail_start <= m.len() - 1);
+                    prop_assert!(split.tail_start < m.len());
                     prop_assert!(split.estimated_tokens <= limits.usable);
                     for s in &split.shorten {
                         prop_assert!(s.index >= split.tail_start);

@@ -77,7 +77,11 @@ impl TokenCounter {
         self.messages_encoded.load(Ordering::Relaxed)
     }
 
-    pub async fn count_request(&self, request: &Map<String, Value>, model: &ModelInfo) -> PromptCount {
+    pub async fn count_request(
+        &self,
+        request: &Map<String, Value>,
+        model: &ModelInfo,
+    ) -> PromptCount {
         let messages = request
             .get("messages")
             .and_then(Value::as_array)
@@ -251,7 +255,10 @@ fn count_tool_call(encoding: Encoding, call: &Value) -> u32 {
 /// side to 768, and pay 170 per 512-pixel tile plus 85.
 fn image_tokens(part: &Value) -> u32 {
     let image = part.get("image_url").unwrap_or(part);
-    let detail = image.get("detail").and_then(Value::as_str).unwrap_or("auto");
+    let detail = image
+        .get("detail")
+        .and_then(Value::as_str)
+        .unwrap_or("auto");
     if detail == "low" {
         return 85;
     }
@@ -290,12 +297,16 @@ fn image_size(url: &str) -> Option<(u32, u32)> {
     let payload = url.strip_prefix("data:")?.split_once(";base64,")?.1;
     let head = payload.get(..44).unwrap_or(payload);
     let head = &head[..head.len() / 4 * 4];
-    let bytes = base64::engine::general_purpose::STANDARD.decode(head).ok()?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(head)
+        .ok()?;
     let be = |at: usize| -> Option<u32> {
         Some(u32::from_be_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
     };
     let le16 = |at: usize| -> Option<u32> {
-        Some(u32::from(u16::from_le_bytes(bytes.get(at..at + 2)?.try_into().ok()?)))
+        Some(u32::from(u16::from_le_bytes(
+            bytes.get(at..at + 2)?.try_into().ok()?,
+        )))
     };
     if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
         Some((be(16)?, be(20)?))
@@ -460,7 +471,8 @@ mod tests {
         assert_eq!(image_size(&url), Some((2048, 4096)));
         let part = json!({"type": "image_url", "image_url": {"url": url}});
         assert_eq!(count_part(Encoding::O200k, &part), 1105);
-        let low = json!({"type": "image_url", "image_url": {"url": "https://x/y.png", "detail": "low"}});
+        let low =
+            json!({"type": "image_url", "image_url": {"url": "https://x/y.png", "detail": "low"}});
         assert_eq!(count_part(Encoding::O200k, &low), 85);
     }
 

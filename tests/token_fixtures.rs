@@ -10,9 +10,14 @@ use condenser::tokens::{count_text, TokenCounter};
 use serde_json::{Map, Value};
 
 fn fixture(name: &str) -> Vec<Value> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tokens").join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/fixtures/tokens")
+        .join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    text.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).unwrap()).collect()
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 #[test]
@@ -25,7 +30,11 @@ fn every_text_fixture_matches_tiktoken() {
         let got = count_text(encoding, case["text"].as_str().unwrap());
         let want = case["tokens"].as_u64().unwrap();
         if u64::from(got) != want {
-            wrong.push(format!("line {}: {} got {got} want {want}", i + 1, encoding.name()));
+            wrong.push(format!(
+                "line {}: {} got {got} want {want}",
+                i + 1,
+                encoding.name()
+            ));
         }
     }
     assert!(wrong.is_empty(), "{} mismatches: {:?}", wrong.len(), wrong);
@@ -41,7 +50,11 @@ async fn every_chat_request_fixture_matches_the_cookbook() {
     for (i, case) in cases.iter().enumerate() {
         let model = case["model"].as_str().unwrap();
         let info = catalog.resolve(model);
-        assert_eq!(info.encoding.name(), case["encoding"].as_str().unwrap(), "{model}");
+        assert_eq!(
+            info.encoding.name(),
+            case["encoding"].as_str().unwrap(),
+            "{model}"
+        );
         let mut request = Map::new();
         for key in ["model", "messages", "tools"] {
             if let Some(v) = case.get(key) {
@@ -51,7 +64,11 @@ async fn every_chat_request_fixture_matches_the_cookbook() {
         let got = counter.count_request(&request, &info).await.total;
         let want = case["prompt_tokens"].as_u64().unwrap();
         if got != want {
-            wrong.push(format!("line {} ({model}, tools: {}): got {got} want {want}", i + 1, case.get("tools").is_some()));
+            wrong.push(format!(
+                "line {} ({model}, tools: {}): got {got} want {want}",
+                i + 1,
+                case.get("tools").is_some()
+            ));
         }
     }
     assert!(wrong.is_empty(), "{} mismatches: {:?}", wrong.len(), wrong);

@@ -1,0 +1,53 @@
+//! Everything a request handler needs, built once from the config.
+
+use std::sync::atomic::AtomicBool;
+
+use crate::compaction::Compactor;
+use crate::config::{Config, ConfigError};
+use crate::forward::Upstreams;
+use crate::metrics::{Metrics, MetricsError};
+use crate::models::ModelCatalog;
+use crate::tokens::TokenCounter;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+}
+
+pub struct AppState {
+    pub config: Config,
+    pub upstreams: Upstreams,
+    pub catalog: ModelCatalog,
+    pub counter: TokenCounter,
+    pub metrics: Metrics,
+    pub compactor: Compactor,
+    /// False once shutdown begins, so load balancers stop sending new work.
+    pub ready: AtomicBool,
+}
+
+impl AppState {
+    pub fn new(config: Config) -> Result<AppState, StartError> {
+        let upstreams = Upstreams::from_config(&config)?;
+        let catalog = ModelCatalog::new(config.models.clone(), config.tokens.clone());
+        let counter = TokenCounter::new(config.tokens.unknown_model_margin);
+        let metrics = Metrics::new(&config.metrics.models)?;
+        let compactor = Compactor::new(&config, metrics.cache_errors.clone())?;
+        Ok(AppState {
+            config,
+            upstreams,
+            catalog,
+            counter,
+            metrics,
+            compactor,
+            ready: AtomicBool::new(true),
+        })
+    }
+}

@@ -1,0 +1,558 @@
+//! `POST /v1/chat/completions`: parse, count, plan, rewrite when needed, forward, and read
+//! usage on the way back.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::{Method, Request, Response};
+use serde_json::{Map, Value};
+
+use crate::app::AppState;
+use crate::body::{streaming, ProxyBody};
+use crate::compaction::{self, CacheOutcome, CompactionJob, Rewrite};
+use crate::config::{Config, ContextConfig};
+use crate::error::ProxyError;
+use crate::forward::{forwardable_headers, response_head};
+use crate::models::{ModelCatalog, ModelInfo};
+use crate::plan::{self, Decision, Limits, MessageMeta, Mode, PlanInput, Role};
+use crate::tokens::{PromptCount, TokenCounter};
+use crate::usage::{Usage, UsageObserver, UsageTap};
+
+const VALID_ROLES: &[&str] = &[
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+];
+/// Framing of the summary message on top of its text.
+const SUMMARY_FRAMING_TOKENS: u32 = 20;
+
+pub const MODE_HEADER: &str = "x-condenser-mode";
+pub const PROFILE_HEADER: &str = "x-condenser-profile";
+
+/// Checks what condenser relies on; everything else is left for upstream to judge.
+pub fn parse_request(bytes: &[u8]) -> Result<Map<String, Value>, ProxyError> {
+    let value: Value =
+        serde_json::from_slice(bytes).map_err(|e| ProxyError::InvalidJson(e.to_string()))?;
+    let Value::Object(body) = value else {
+        return Err(ProxyError::invalid(
+            "request body must be a JSON object",
+            None,
+        ));
+    };
+    match body.get("model") {
+        Some(Value::String(_)) => {}
+        None => {
+            return Err(ProxyError::invalid(
+                "you must provide a model parameter",
+                Some("model"),
+            ))
+        }
+        Some(_) => return Err(ProxyError::invalid("model must be a string", Some("model"))),
+    }
+    let messages = match body.get("messages") {
+        Some(Value::Array(messages)) => messages,
+        None => {
+            return Err(ProxyError::invalid(
+                "missing required parameter: messages",
+                Some("messages"),
+            ))
+        }
+        Some(_) => {
+            return Err(ProxyError::invalid(
+                "messages must be an array",
+                Some("messages"),
+            ))
+        }
+    };
+    if messages.is_empty() {
+        return Err(ProxyError::invalid(
+            "messages must contain at least one message",
+            Some("messages"),
+        ));
+    }
+    for (i, message) in messages.iter().enumerate() {
+        let Some(message) = message.as_object() else {
+            return Err(ProxyError::invalid(
+                format!("messages[{i}] must be an object"),
+                Some("messages"),
+            ));
+        };
+        match message.get("role") {
+            Some(Value::String(role)) if VALID_ROLES.contains(&role.as_str()) => {}
+            Some(Value::String(role)) => {
+                return Err(ProxyError::invalid(
+                    format!(
+                        "messages[{i}].role {role:?} is not one of {}",
+                        VALID_ROLES.join(", ")
+                    ),
+                    Some("messages"),
+                ))
+            }
+            _ => {
+                return Err(ProxyError::invalid(
+                    format!("messages[{i}].role is missing or not a string"),
+                    Some("messages"),
+                ))
+            }
+        }
+    }
+    Ok(body)
+}
+
+pub fn messages(body: &Map<String, Value>) -> &[Value] {
+    body.get("messages")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+pub fn model_name(body: &Map<String, Value>) -> &str {
+    body.get("model").and_then(Value::as_str).unwrap_or("")
+}
+
+fn message_metas(messages: &[Value], counts: &[u32]) -> Vec<MessageMeta> {
+    messages
+        .iter()
+        .zip(counts)
+        .map(|(message, &tokens)| MessageMeta {
+            role: Role::parse(message.get("role").and_then(Value::as_str).unwrap_or("")),
+            tokens,
+            has_tool_calls: message
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .is_some_and(|calls| !calls.is_empty())
+                || message.get("function_call").is_some_and(|c| !c.is_null()),
+        })
+        .collect()
+}
+
+fn requested_completion_tokens(body: &Map<String, Value>) -> Option<u64> {
+    ["max_completion_tokens", "max_tokens"]
+        .iter()
+        .find_map(|k| body.get(*k).and_then(Value::as_u64))
+}
+
+/// A request counted and ready to plan; shared by the proxy and `condenser plan`.
+pub struct Prepared {
+    pub body: Map<String, Value>,
+    pub info: ModelInfo,
+    pub count: PromptCount,
+    pub metas: Vec<MessageMeta>,
+}
+
+impl Prepared {
+    pub async fn new(
+        body: Map<String, Value>,
+        catalog: &ModelCatalog,
+        counter: &TokenCounter,
+    ) -> Prepared {
+        let info = catalog.resolve(model_name(&body));
+        let count = counter.count_request(&body, &info).await;
+        let metas = message_metas(messages(&body), &count.per_message);
+        Prepared {
+            body,
+            info,
+            count,
+            metas,
+        }
+    }
+
+    pub fn plan_input<'a>(
+        &'a self,
+        config: &Config,
+        settings: &'a ContextConfig,
+        mode: Mode,
+    ) -> PlanInput<'a> {
+        PlanInput {
+            messages: &self.metas,
+            fixed_tokens: self.count.fixed,
+            context_window: self.info.context_window,
+            requested_completion_tokens: requested_completion_tokens(&self.body),
+            settings,
+            mode,
+            summary_tokens: config.summarizer.max_summary_tokens + SUMMARY_FRAMING_TOKENS,
+        }
+    }
+
+    /// The planner's decision, except that requests asking for several choices go as sent.
+    pub fn decide(&self, input: &PlanInput) -> Decision {
+        let choices = self.body.get("n").and_then(Value::as_u64).unwrap_or(1);
+        if choices > 1 {
+            return Decision::Forward(plan::ForwardReason::Disabled);
+        }
+        plan::plan(input)
+    }
+}
+
+/// The `[context]` settings for this request, after `x-condenser-profile`.
+pub fn settings_for(config: &Config, headers: &HeaderMap) -> Result<ContextConfig, ProxyError> {
+    match headers.get(PROFILE_HEADER).map(|v| v.to_str()) {
+        None => Ok(config.context.clone()),
+        Some(Ok(name)) => config
+            .profiles
+            .get(name)
+            .map(|p| config.context.with_profile(p))
+            .ok_or_else(|| {
+                ProxyError::invalid(format!("{PROFILE_HEADER}: no profile named {name:?}"), None)
+            }),
+        Some(Err(_)) => Err(ProxyError::invalid(
+            format!("{PROFILE_HEADER} is not valid text"),
+            None,
+        )),
+    }
+}
+
+pub fn mode_for(headers: &HeaderMap) -> Result<Mode, ProxyError> {
+    match headers.get(MODE_HEADER) {
+        None => Ok(Mode::Auto),
+        Some(value) => value.to_str().ok().and_then(Mode::parse).ok_or_else(|| {
+            ProxyError::invalid(format!("{MODE_HEADER} must be auto, off or force"), None)
+        }),
+    }
+}
+
+async fn read_body(body: Incoming, headers: &HeaderMap, limit: usize) -> Result<Bytes, ProxyError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(ProxyError::BodyTooLarge { limit });
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(ProxyError::BodyTooLarge { limit })
+        }
+        Err(e) => Err(ProxyError::ClientBody(e.to_string())),
+    }
+}
+
+/// What was done to the request, for headers, metrics and the log.
+struct Outcome {
+    action: &'static str,
+    cache: CacheOutcome,
+    summarized: usize,
+    summarizer_wait: Duration,
+}
+
+pub async fn handle(
+    state: &Arc<AppState>,
+    request: Request<Incoming>,
+    received: Instant,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let (parts, body) = request.into_parts();
+    let bytes = read_body(body, &parts.headers, state.config.server.max_body_bytes).await?;
+    let work_started = Instant::now();
+    let mode = mode_for(&parts.headers)?;
+    let settings = settings_for(&state.config, &parts.headers)?;
+    let body = parse_request(&bytes)?;
+    let model = model_name(&body).to_string();
+    let upstream = state.upstreams.for_model(Some(&model)).clone();
+    let prepared = Prepared::new(body, &state.catalog, &state.counter).await;
+    let input = prepared.plan_input(&state.config, &settings, mode);
+    let decision = prepared.decide(&input);
+    let authorization = parts.headers.get(header::AUTHORIZATION);
+
+    let mut outcome = Outcome {
+        action: "forwarded",
+        cache: CacheOutcome::None,
+        summarized: 0,
+        summarizer_wait: Duration::ZERO,
+    };
+    let mut rewritten: Option<Vec<Value>> = None;
+    match &decision {
+        Decision::Forward(_) => {}
+        Decision::Reject { tokens, limit } => {
+            return Err(ProxyError::ContextLengthExceeded {
+                tokens: *tokens,
+                limit: *limit,
+            })
+        }
+        Decision::Precompute(split) => {
+            compaction::precompute(
+                state,
+                job(
+                    &prepared,
+                    split,
+                    &model,
+                    &upstream,
+                    authorization,
+                    &settings,
+                    mode,
+                    &input,
+                ),
+            );
+        }
+        Decision::Compact { split, .. } => {
+            let compacted = compaction::compact(
+                state,
+                job(
+                    &prepared,
+                    split,
+                    &model,
+                    &upstream,
+                    authorization,
+                    &settings,
+                    mode,
+                    &input,
+                ),
+            )
+            .await?;
+            if let Some(Rewrite {
+                messages,
+                action,
+                cache,
+                summarized,
+                waited,
+            }) = compacted
+            {
+                outcome = Outcome {
+                    action: action.name(),
+                    cache,
+                    summarized,
+                    summarizer_wait: waited,
+                };
+                rewritten = Some(messages);
+            }
+        }
+    }
+
+    let stream = prepared.body.get("stream").and_then(Value::as_bool) == Some(true);
+    let client_wants_usage = prepared
+        .body
+        .get("stream_options")
+        .and_then(|options| options.get("include_usage"))
+        .and_then(Value::as_bool)
+        == Some(true);
+    let inject_usage = stream && !client_wants_usage;
+    let label = state.metrics.model_label(&model, &prepared.info);
+    let received_tokens = prepared.count.total;
+    let (send_bytes, forwarded_count) = if rewritten.is_none() && !inject_usage {
+        (bytes, prepared.count.clone())
+    } else {
+        let mut body = prepared.body;
+        if let Some(messages) = rewritten {
+            body.insert("messages".into(), Value::Array(messages));
+        }
+        if inject_usage {
+            request_usage_in_stream(&mut body);
+        }
+        let count = state.counter.count_request(&body, &prepared.info).await;
+        let bytes = Bytes::from(
+            serde_json::to_vec(&body).map_err(|e| ProxyError::InvalidJson(e.to_string()))?,
+        );
+        (bytes, count)
+    };
+    let forwarded_tokens = forwarded_count.total;
+
+    let metrics = &state.metrics;
+    metrics
+        .prompt_tokens
+        .with_label_values(&[&label])
+        .inc_by(received_tokens);
+    metrics
+        .forwarded_tokens
+        .with_label_values(&[&label])
+        .inc_by(forwarded_tokens);
+    metrics
+        .saved_tokens
+        .with_label_values(&[&label])
+        .inc_by(received_tokens.saturating_sub(forwarded_tokens));
+    if outcome.action != "forwarded" {
+        metrics
+            .compactions
+            .with_label_values(&[outcome.action, outcome.cache.name()])
+            .inc();
+    }
+    let overhead = work_started
+        .elapsed()
+        .saturating_sub(outcome.summarizer_wait);
+    metrics.overhead_seconds.observe(overhead.as_secs_f64());
+
+    let headers = upstream_headers(&parts.headers);
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or(parts.uri.path(), |pq| pq.as_str());
+    let sent = Instant::now();
+    let response = upstream
+        .send(
+            Method::POST,
+            path_and_query,
+            &headers,
+            reqwest::Body::from(send_bytes),
+        )
+        .await?;
+    let upstream_time = sent.elapsed();
+    metrics
+        .upstream_seconds
+        .observe(upstream_time.as_secs_f64());
+
+    let (status, mut response_headers) = response_head(&response);
+    for (name, value) in [
+        ("x-condenser-action", outcome.action.to_string()),
+        ("x-condenser-prompt-tokens", received_tokens.to_string()),
+        ("x-condenser-forwarded-tokens", forwarded_tokens.to_string()),
+        (
+            "x-condenser-summarized-messages",
+            outcome.summarized.to_string(),
+        ),
+        ("x-condenser-cache", outcome.cache.name().to_string()),
+    ] {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response_headers.insert(HeaderName::from_static(name), value);
+        }
+    }
+    let is_sse = response_headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if inject_usage && !is_sse {
+        // The body is not a stream, so its length is unchanged and may stand.
+        tracing::debug!("stream requested but upstream answered without SSE");
+    }
+    let observer = ChatObserver {
+        state: state.clone(),
+        model,
+        label,
+        stream: is_sse,
+        received,
+        status: status.as_u16(),
+        received_tokens,
+        forwarded_tokens,
+        forwarded_raw: forwarded_count.raw_total,
+        outcome,
+        upstream_time,
+        overhead,
+    };
+    let stream_body = response.bytes_stream();
+    let body = if is_sse {
+        // Removing the usage chunk changes the length; the relay is chunked anyway.
+        response_headers.remove(header::CONTENT_LENGTH);
+        streaming(UsageTap::sse(stream_body, observer, inject_usage))
+    } else {
+        streaming(UsageTap::json(stream_body, observer))
+    };
+    let mut out = Response::new(body);
+    *out.status_mut() = status;
+    *out.headers_mut() = response_headers;
+    Ok(out)
+}
+
+/// The client's headers for upstream. The body may be rewritten, so its length is recomputed;
+/// compression is refused so usage can be read from the response.
+fn upstream_headers(client: &HeaderMap) -> HeaderMap {
+    let mut headers = forwardable_headers(client);
+    headers.remove(header::CONTENT_LENGTH);
+    headers.remove(header::ACCEPT_ENCODING);
+    headers
+}
+
+/// `stream_options.include_usage = true`, keeping any other stream options.
+fn request_usage_in_stream(body: &mut Map<String, Value>) {
+    let options = body
+        .entry("stream_options")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !options.is_object() {
+        *options = Value::Object(Map::new());
+    }
+    if let Some(options) = options.as_object_mut() {
+        options.insert("include_usage".into(), Value::Bool(true));
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn job<'a>(
+    prepared: &'a Prepared,
+    split: &'a plan::Split,
+    model: &'a str,
+    upstream: &'a Arc<crate::forward::Upstream>,
+    authorization: Option<&'a HeaderValue>,
+    settings: &'a ContextConfig,
+    mode: Mode,
+    input: &PlanInput,
+) -> CompactionJob<'a> {
+    CompactionJob {
+        messages: messages(&prepared.body),
+        count: &prepared.count,
+        split,
+        model,
+        info: &prepared.info,
+        upstream,
+        authorization,
+        settings,
+        mode,
+        limits: Limits::new(input),
+    }
+}
+
+struct ChatObserver {
+    state: Arc<AppState>,
+    model: String,
+    label: String,
+    stream: bool,
+    received: Instant,
+    status: u16,
+    received_tokens: u64,
+    forwarded_tokens: u64,
+    forwarded_raw: u64,
+    outcome: Outcome,
+    upstream_time: Duration,
+    overhead: Duration,
+}
+
+impl UsageObserver for ChatObserver {
+    fn first_bytes(&mut self) {
+        if self.stream {
+            self.state
+                .metrics
+                .ttft_seconds
+                .observe(self.received.elapsed().as_secs_f64());
+        }
+    }
+
+    fn finished(&mut self, usage: Option<Usage>) {
+        let metrics = &self.state.metrics;
+        let completion = usage.map_or(0, |u| u.completion_tokens);
+        if let Some(usage) = usage {
+            metrics
+                .completion_tokens
+                .with_label_values(&[&self.label])
+                .inc_by(usage.completion_tokens);
+            if let Some(ratio) = self.state.counter.observe_usage(
+                &self.model,
+                self.forwarded_raw,
+                usage.prompt_tokens,
+            ) {
+                metrics
+                    .token_ratio
+                    .with_label_values(&[&self.label])
+                    .set(ratio);
+            }
+        }
+        tracing::info!(
+            method = "POST",
+            path = crate::routes::CHAT_COMPLETIONS,
+            model = %self.model,
+            status = self.status,
+            stream = self.stream,
+            prompt_tokens = self.received_tokens,
+            forwarded_tokens = self.forwarded_tokens,
+            completion_tokens = completion,
+            action = self.outcome.action,
+            cache = self.outcome.cache.name(),
+            summarized_messages = self.outcome.summarized,
+            upstream_ms = self.upstream_time.as_secs_f64() * 1e3,
+            summarizer_ms = self.outcome.summarizer_wait.as_secs_f64() * 1e3,
+            overhead_ms = self.overhead.as_secs_f64() * 1e3,
+            "chat completion"
+        );
+    }
+}

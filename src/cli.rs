@@ -1,0 +1,238 @@
+//! The offline commands (`check-config`, `count`, `plan`) and logging set-up. Each returns the
+//! text to print; `main` prints it.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use crate::chat::{messages, model_name, parse_request, Prepared};
+use crate::config::{Config, ConfigError, ContextConfig, Overrides};
+use crate::error::ProxyError;
+use crate::models::ModelCatalog;
+use crate::plan::{total_tokens, triggers, Decision, Limits, Mode};
+use crate::tokens::TokenCounter;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Logs go to stderr, so command output on stdout stays machine-readable. `RUST_LOG` refines
+/// the level (default `info`).
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}
+
+pub fn check_config(path: Option<&Path>, overrides: &Overrides) -> Result<String, ConfigError> {
+    let config = Config::load(path, overrides)?;
+    Ok(format!(
+        "# effective configuration: valid\n{}",
+        config.to_toml()
+    ))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Request(#[from] ProxyError),
+}
+
+async fn prepare(
+    config: &Config,
+    input: &str,
+    model: Option<&str>,
+) -> Result<Prepared, CommandError> {
+    let mut body = parse_request(input.as_bytes())?;
+    if let Some(model) = model {
+        body.insert("model".into(), Value::String(model.to_string()));
+    }
+    let catalog = ModelCatalog::new(config.models.clone(), config.tokens.clone());
+    let counter = TokenCounter::new(config.tokens.unknown_model_margin);
+    Ok(Prepared::new(body, &catalog, &counter).await)
+}
+
+pub async fn count(
+    config: &Config,
+    input: &str,
+    model: Option<&str>,
+    as_json: bool,
+) -> Result<String, CommandError> {
+    let prepared = prepare(config, input, model).await?;
+    if as_json {
+        Ok(json!({
+            "model": model_name(&prepared.body),
+            "encoding": prepared.info.encoding.name(),
+            "prompt_tokens": prepared.count.total,
+            "messages": prepared.count.per_message.len(),
+        })
+        .to_string()
+            + "\n")
+    } else {
+        Ok(format!("{}\n", prepared.count.total))
+    }
+}
+
+fn bar(value: u64, limit: u64) -> String {
+    const WIDTH: u64 = 30;
+    let filled = (value * WIDTH)
+        .checked_div(limit)
+        .map_or(WIDTH, |f| f.min(WIDTH));
+    format!(
+        "[{}{}]",
+        "█".repeat(filled as usize),
+        "░".repeat((WIDTH - filled) as usize)
+    )
+}
+
+fn percent(value: u64, limit: u64) -> u64 {
+    (value * 100).checked_div(limit).unwrap_or(0)
+}
+
+pub struct PlanOptions<'a> {
+    pub model: Option<&'a str>,
+    pub mode: Mode,
+    pub profile: Option<&'a str>,
+}
+
+/// What the proxy would do with the request, without calling anything.
+pub async fn plan(
+    config: &Config,
+    input: &str,
+    options: PlanOptions<'_>,
+) -> Result<String, CommandError> {
+    let settings: ContextConfig = match options.profile {
+        None => config.context.clone(),
+        Some(name) => config
+            .profiles
+            .get(name)
+            .map(|p| config.context.with_profile(p))
+            .ok_or_else(|| ConfigError::Invalid(format!("no profile named {name:?}")))?,
+    };
+    let prepared = prepare(config, input, options.model).await?;
+    let input = prepared.plan_input(config, &settings, options.mode);
+    let limits = Limits::new(&input);
+    let tokens = total_tokens(&input);
+    let fired = triggers(&input, &limits);
+    let mut out = String::new();
+    let model = model_name(&prepared.body);
+    let _ = writeln!(
+        out,
+        "model {model}: {} ({}), window {} tokens, {} usable after the response reserve",
+        prepared.info.encoding.name(),
+        if prepared.info.exact {
+            "exact"
+        } else {
+            "estimate"
+        },
+        prepared.info.context_window,
+        limits.usable
+    );
+    let _ = writeln!(
+        out,
+        "prompt {tokens} tokens in {} messages\n",
+        input.messages.len()
+    );
+    let mut row = |name: &str, value: u64, limit: u64, on: bool| {
+        if on {
+            let _ = writeln!(
+                out,
+                "{name:<18} {} {value:>8} / {limit:<8} {:>4}%{}",
+                bar(value, limit),
+                percent(value, limit),
+                if value > limit { "  ← over" } else { "" }
+            );
+        } else {
+            let _ = writeln!(out, "{name:<18} off");
+        }
+    };
+    row("precompute_ratio", tokens, limits.precompute, true);
+    row("trigger_ratio", tokens, limits.trigger, true);
+    row(
+        "max_prompt_tokens",
+        tokens,
+        settings.max_prompt_tokens,
+        settings.max_prompt_tokens > 0,
+    );
+    row(
+        "max_messages",
+        input.messages.len() as u64,
+        settings.max_messages as u64,
+        settings.max_messages > 0,
+    );
+    let _ = writeln!(out, "target (compacted) {} tokens", limits.target);
+    if !fired.is_empty() {
+        let names: Vec<&str> = fired.iter().map(|t| t.name()).collect();
+        let _ = writeln!(out, "fired: {}", names.join(", "));
+    }
+    out.push('\n');
+    let roles: Vec<&str> = messages(&prepared.body)
+        .iter()
+        .map(|m| m.get("role").and_then(Value::as_str).unwrap_or("?"))
+        .collect();
+    let describe = |out: &mut String, split: &crate::plan::Split| {
+        let _ = writeln!(
+            out,
+            "keep head      messages 0..{} ({})",
+            split.head,
+            roles[..split.head].join(", ")
+        );
+        let _ = writeln!(
+            out,
+            "summarize      messages {}..{} ({} messages)",
+            split.head,
+            split.tail_start,
+            split.summarized()
+        );
+        let _ = writeln!(
+            out,
+            "keep verbatim  messages {}..{} ({})",
+            split.tail_start,
+            roles.len(),
+            roles[split.tail_start..].join(", ")
+        );
+        for cut in &split.shorten {
+            let _ = writeln!(
+                out,
+                "shorten        message {}: tool output {} → {} tokens",
+                cut.index, cut.tokens, cut.keep_tokens
+            );
+        }
+        let _ = writeln!(out, "forwarded ≈ {} tokens", split.estimated_tokens);
+    };
+    match prepared.decide(&input) {
+        Decision::Forward(reason) => {
+            let _ = writeln!(out, "decision: forward unchanged ({})", reason.describe());
+        }
+        Decision::Precompute(split) => {
+            let _ = writeln!(
+                out,
+                "decision: forward unchanged, summarize ahead of need in the background"
+            );
+            describe(&mut out, &split);
+        }
+        Decision::Compact { split, .. } => {
+            let _ = writeln!(out, "decision: compact");
+            describe(&mut out, &split);
+        }
+        Decision::Reject { tokens, limit } => {
+            let _ = writeln!(
+                out,
+                "decision: reject with 400 context_length_exceeded ({tokens} tokens; the last user message cannot fit {limit})"
+            );
+        }
+    }
+    Ok(out)
+}

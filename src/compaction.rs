@@ -1,0 +1,502 @@
+//! Carries out a compaction plan: finds or makes the summary of the evicted span (longest
+//! cached prefix, extension, one summarizer call per span however many ask), rewrites the
+//! messages, and falls back per `on_failure` when the summarizer fails.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use hyper::header::HeaderValue;
+use serde_json::{json, Value};
+
+use crate::app::AppState;
+use crate::cache::{prefix_keys, scope, Key, Summary, SummaryCache};
+use crate::config::{Config, ConfigError, ContextConfig, OnFailure};
+use crate::error::ProxyError;
+use crate::forward::Upstream;
+use crate::models::ModelInfo;
+use crate::plan::{Limits, Mode, Split};
+use crate::redis_store::{unix_now, RedisStore};
+use crate::summarize::{Evicted, SummarizeError, Summarizer, SummaryRequest, PROMPT_VERSION};
+use crate::tokens::{count_text, shorten_middle, PromptCount};
+
+/// Poll interval while another replica makes a summary this one needs.
+const REMOTE_POLL: Duration = Duration::from_millis(100);
+
+type SharedSummary = Shared<BoxFuture<'static, Result<Arc<Summary>, SummarizeError>>>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Summarized,
+    Trimmed,
+}
+
+impl Action {
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Summarized => "summarized",
+            Action::Trimmed => "trimmed",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheOutcome {
+    Hit,
+    Miss,
+    Extended,
+    None,
+}
+
+impl CacheOutcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheOutcome::Hit => "hit",
+            CacheOutcome::Miss => "miss",
+            CacheOutcome::Extended => "extended",
+            CacheOutcome::None => "none",
+        }
+    }
+}
+
+/// The rewritten messages and how they came about.
+#[derive(Debug)]
+pub struct Rewrite {
+    pub messages: Vec<Value>,
+    pub action: Action,
+    pub cache: CacheOutcome,
+    pub summarized: usize,
+    /// Time spent waiting on the summarizer (not condenser's own overhead).
+    pub waited: Duration,
+}
+
+pub struct CompactionJob<'a> {
+    pub messages: &'a [Value],
+    pub count: &'a PromptCount,
+    pub split: &'a Split,
+    pub model: &'a str,
+    pub info: &'a ModelInfo,
+    pub upstream: &'a Arc<Upstream>,
+    pub authorization: Option<&'a HeaderValue>,
+    pub settings: &'a ContextConfig,
+    pub mode: Mode,
+    pub limits: Limits,
+}
+
+pub struct Compactor {
+    cache: SummaryCache,
+    summarizer: Summarizer,
+    in_flight: Mutex<HashMap<Key, SharedSummary>>,
+    summaries_made: std::sync::atomic::AtomicU64,
+}
+
+impl Compactor {
+    pub fn new(
+        config: &Config,
+        cache_errors: prometheus::IntCounter,
+    ) -> Result<Compactor, ConfigError> {
+        let shared = if config.cache.redis_url.is_empty() {
+            None
+        } else {
+            Some(RedisStore::new(&config.cache, cache_errors)?)
+        };
+        Ok(Compactor {
+            cache: SummaryCache::new(&config.cache, shared),
+            summarizer: Summarizer::new(config.summarizer.clone())?,
+            in_flight: Mutex::new(HashMap::new()),
+            summaries_made: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    pub fn cached_entries(&self) -> u64 {
+        self.cache.entries()
+    }
+
+    /// Summaries this replica has made (each possibly several chunked calls).
+    pub fn summaries_made(&self) -> u64 {
+        self.summaries_made
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Everything a summary job needs, owned, so it can outlive the request that started it.
+#[derive(Clone)]
+struct SpanSource {
+    upstream: Arc<Upstream>,
+    model: String,
+    authorization: Option<HeaderValue>,
+    window: u64,
+    /// The messages after the head, with their token counts.
+    evictable: Arc<[Evicted]>,
+    head: usize,
+}
+
+/// Where the summary a request can use right now comes from.
+enum Found {
+    Exact(Arc<Summary>),
+    /// A summary of a shorter prefix, ending before message `end`.
+    Shorter(usize, Arc<Summary>),
+    Nothing,
+}
+
+struct Lookup {
+    keys: Vec<Key>,
+    found: Found,
+    source: SpanSource,
+}
+
+async fn lookup(state: &Arc<AppState>, job: &CompactionJob<'_>) -> Lookup {
+    let compactor = &state.compactor;
+    let summarizer_model = compactor.summarizer.model_for(job.model);
+    let scope = scope(
+        job.authorization.map(HeaderValue::as_bytes),
+        &summarizer_model,
+        PROMPT_VERSION,
+    );
+    let split = job.split;
+    let keys = prefix_keys(&scope, &job.messages[..split.tail_start]);
+    // A summary may end only where a unit starts: never just before a tool message.
+    let candidates: Vec<(usize, Key)> = (split.head + 1..=split.tail_start)
+        .filter(|&end| {
+            job.messages
+                .get(end)
+                .and_then(|m| m.get("role"))
+                .and_then(Value::as_str)
+                .is_none_or(|r| r != "tool" && r != "function")
+        })
+        .map(|end| (end, keys[end - 1]))
+        .collect();
+    let candidate_keys: Vec<Key> = candidates.iter().map(|(_, k)| *k).collect();
+    let found = match compactor.cache.longest(&candidate_keys).await {
+        Some((i, summary)) if candidates[i].0 == split.tail_start => Found::Exact(summary),
+        Some((i, summary)) => Found::Shorter(candidates[i].0, summary),
+        None => Found::Nothing,
+    };
+    let evictable: Arc<[Evicted]> = job.messages[split.head..]
+        .iter()
+        .zip(&job.count.per_message[split.head..])
+        .map(|(message, &tokens)| Evicted {
+            message: message.clone(),
+            tokens,
+        })
+        .collect();
+    let summarizer_info = state.catalog.resolve(&summarizer_model);
+    Lookup {
+        keys,
+        found,
+        source: SpanSource {
+            upstream: compactor.summarizer.upstream_for(job.upstream),
+            model: summarizer_model,
+            authorization: compactor.summarizer.authorization_for(job.authorization),
+            window: summarizer_info.context_window,
+            evictable,
+            head: split.head,
+        },
+    }
+}
+
+/// Estimated prompt if `summary` (ending before message `end`) is used with everything after it.
+fn estimate_with(job: &CompactionJob<'_>, summary: &Summary, end: usize) -> u64 {
+    let head: u64 = job.count.per_message[..job.split.head]
+        .iter()
+        .map(|&t| u64::from(t))
+        .sum();
+    let rest: u64 = job.count.per_message[end..]
+        .iter()
+        .map(|&t| u64::from(t))
+        .sum();
+    head + u64::from(summary.tokens) + 10 + rest + u64::from(job.count.fixed)
+}
+
+/// Summarizes the planned span, or uses what the cache already has, and rewrites the
+/// request. `Ok(None)`: forward the original (`on_failure = forward`).
+pub async fn compact(
+    state: &Arc<AppState>,
+    job: CompactionJob<'_>,
+) -> Result<Option<Rewrite>, ProxyError> {
+    let split = job.split;
+    let lookup = lookup(state, &job).await;
+    let target_key = lookup.keys[split.tail_start - 1];
+    let started = Instant::now();
+    let (summary, end, cache) = match lookup.found {
+        Found::Exact(summary) => (Ok(summary), split.tail_start, CacheOutcome::Hit),
+        Found::Shorter(end, summary)
+            if job.mode == Mode::Auto
+                && estimate_with(&job, &summary, end) <= job.limits.trigger =>
+        {
+            // Good enough now; bring it up to date in the background once it grows past
+            // the target, so no request waits for the summarizer.
+            if estimate_with(&job, &summary, end) > job.limits.target {
+                drop(start_summary(
+                    state,
+                    target_key,
+                    Some((end, summary.clone())),
+                    &lookup.source,
+                    split.tail_start,
+                ));
+            }
+            (Ok(summary), end, CacheOutcome::Hit)
+        }
+        Found::Shorter(end, summary) => (
+            start_summary(
+                state,
+                target_key,
+                Some((end, summary)),
+                &lookup.source,
+                split.tail_start,
+            )
+            .await,
+            split.tail_start,
+            CacheOutcome::Extended,
+        ),
+        Found::Nothing => (
+            start_summary(state, target_key, None, &lookup.source, split.tail_start).await,
+            split.tail_start,
+            CacheOutcome::Miss,
+        ),
+    };
+    let waited = if matches!(cache, CacheOutcome::Hit) {
+        Duration::ZERO
+    } else {
+        started.elapsed()
+    };
+    let role = job.settings.summary_role.as_str();
+    match summary {
+        Ok(summary) => {
+            let mut messages = Vec::with_capacity(split.head + 1 + job.messages.len() - end);
+            messages.extend_from_slice(&job.messages[..split.head]);
+            messages.push(json!({
+                "role": role,
+                "content": format!(
+                    "[Context summary: {} earlier messages]\n\n{}",
+                    end - split.head,
+                    summary.text
+                ),
+            }));
+            messages.extend(kept_tail(&job, end));
+            Ok(Some(Rewrite {
+                messages,
+                action: Action::Summarized,
+                cache,
+                summarized: end - split.head,
+                waited,
+            }))
+        }
+        Err(error) => {
+            tracing::warn!(%error, on_failure = ?job.settings.on_failure, "summarizer failed");
+            match job.settings.on_failure {
+                OnFailure::Forward => Ok(None),
+                OnFailure::Error => Err(ProxyError::SummarizerFailed(error.to_string())),
+                OnFailure::Trim => {
+                    let mut messages = job.messages[..split.head].to_vec();
+                    messages.extend(kept_tail(&job, split.tail_start));
+                    Ok(Some(Rewrite {
+                        messages,
+                        action: Action::Trimmed,
+                        cache: CacheOutcome::None,
+                        summarized: 0,
+                        waited,
+                    }))
+                }
+            }
+        }
+    }
+}
+
+/// The messages from `start` on, verbatim except tool outputs the plan shortens.
+fn kept_tail(job: &CompactionJob<'_>, start: usize) -> Vec<Value> {
+    job.messages[start..]
+        .iter()
+        .enumerate()
+        .map(|(offset, message)| {
+            let index = start + offset;
+            match job.split.shorten.iter().find(|s| s.index == index) {
+                Some(cut) => {
+                    let mut message = message.clone();
+                    let text = crate::summarize::content_text(&message);
+                    message["content"] =
+                        Value::String(shorten_middle(&text, cut.tokens, cut.keep_tokens));
+                    message
+                }
+                None => message.clone(),
+            }
+        })
+        .collect()
+}
+
+/// From the precompute band: make the summary the plan would need, in the background,
+/// unless the cache already holds one that would do.
+pub fn precompute(state: &Arc<AppState>, job: CompactionJob<'_>) {
+    let state = state.clone();
+    // The lookup needs owned inputs to run after the request moves on.
+    let messages: Vec<Value> = job.messages.to_vec();
+    let count = job.count.clone();
+    let split = job.split.clone();
+    let model = job.model.to_string();
+    let info = job.info.clone();
+    let upstream = job.upstream.clone();
+    let authorization = job.authorization.cloned();
+    let settings = job.settings.clone();
+    let limits = job.limits;
+    tokio::spawn(async move {
+        let job = CompactionJob {
+            messages: &messages,
+            count: &count,
+            split: &split,
+            model: &model,
+            info: &info,
+            upstream: &upstream,
+            authorization: authorization.as_ref(),
+            settings: &settings,
+            mode: Mode::Auto,
+            limits,
+        };
+        let lookup = lookup(&state, &job).await;
+        let base = match lookup.found {
+            Found::Exact(_) => return,
+            Found::Shorter(end, summary)
+                if estimate_with(&job, &summary, end) <= limits.trigger =>
+            {
+                return
+            }
+            Found::Shorter(end, summary) => Some((end, summary)),
+            Found::Nothing => None,
+        };
+        let key = lookup.keys[split.tail_start - 1];
+        let _ = start_summary(&state, key, base, &lookup.source, split.tail_start).await;
+    });
+}
+
+/// The one summarizer job for `key` (messages `head..end`), started now unless already
+/// running. The job runs on its own task, so a client that goes away strands nobody.
+fn start_summary(
+    state: &Arc<AppState>,
+    key: Key,
+    base: Option<(usize, Arc<Summary>)>,
+    source: &SpanSource,
+    end: usize,
+) -> SharedSummary {
+    let Ok(mut in_flight) = state.compactor.in_flight.lock() else {
+        let error = SummarizeError::Upstream("summary bookkeeping poisoned".into());
+        return futures_util::future::ready(Err(error)).boxed().shared();
+    };
+    if let Some(job) = in_flight.get(&key) {
+        return job.clone();
+    }
+    let task = tokio::spawn(make_summary(state.clone(), key, base, source.clone(), end));
+    let job = async move {
+        task.await.unwrap_or_else(|e| {
+            Err(SummarizeError::Upstream(format!(
+                "summary task failed: {e}"
+            )))
+        })
+    }
+    .boxed()
+    .shared();
+    in_flight.insert(key, job.clone());
+    job
+}
+
+async fn make_summary(
+    state: Arc<AppState>,
+    key: Key,
+    base: Option<(usize, Arc<Summary>)>,
+    source: SpanSource,
+    end: usize,
+) -> Result<Arc<Summary>, SummarizeError> {
+    let result = make_shared_once(&state, key, base, &source, end).await;
+    if let Ok(mut in_flight) = state.compactor.in_flight.lock() {
+        in_flight.remove(&key);
+    }
+    result
+}
+
+/// With Redis, one replica makes a given summary while the others wait for it; if the maker
+/// dies its lock expires and a waiter makes it instead.
+async fn make_shared_once(
+    state: &Arc<AppState>,
+    key: Key,
+    base: Option<(usize, Arc<Summary>)>,
+    source: &SpanSource,
+    end: usize,
+) -> Result<Arc<Summary>, SummarizeError> {
+    let compactor = &state.compactor;
+    let Some(shared) = compactor.cache.shared() else {
+        return summarize_and_store(state, key, base, source, end).await;
+    };
+    let hold = Duration::from_secs(compactor.summarizer.config().timeout_secs + 5);
+    loop {
+        match shared.try_lock(&key, hold).await {
+            Some(false) => {
+                tokio::time::sleep(REMOTE_POLL).await;
+                if let Some(summary) = compactor.cache.get(&key).await {
+                    return Ok(summary);
+                }
+            }
+            Some(true) => {
+                let result = summarize_and_store(state, key, base, source, end).await;
+                shared.unlock(&key).await;
+                return result;
+            }
+            None => return summarize_and_store(state, key, base, source, end).await,
+        }
+    }
+}
+
+async fn summarize_and_store(
+    state: &Arc<AppState>,
+    key: Key,
+    base: Option<(usize, Arc<Summary>)>,
+    source: &SpanSource,
+    end: usize,
+) -> Result<Arc<Summary>, SummarizeError> {
+    let compactor = &state.compactor;
+    // Another replica may have finished it while this one waited for the lock.
+    if let Some(summary) = compactor.cache.get(&key).await {
+        return Ok(summary);
+    }
+    let (from, previous) = match &base {
+        Some((base_end, summary)) => (*base_end, Some(summary.text.clone())),
+        None => (source.head, None),
+    };
+    let messages = source.evictable[from - source.head..end - source.head].to_vec();
+    let started = Instant::now();
+    compactor
+        .summaries_made
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let text = compactor
+        .summarizer
+        .summarize(SummaryRequest {
+            upstream: source.upstream.clone(),
+            model: source.model.clone(),
+            authorization: source.authorization.clone(),
+            previous,
+            messages,
+            window: source.window,
+        })
+        .await;
+    state
+        .metrics
+        .summarize_seconds
+        .observe(started.elapsed().as_secs_f64());
+    let text = text?;
+    let encoding = state.catalog.resolve(&source.model).encoding;
+    let summary = Arc::new(Summary {
+        tokens: count_text(encoding, &text),
+        text,
+        messages: end - source.head,
+        model: source.model.clone(),
+        prompt_version: PROMPT_VERSION,
+        created_at: unix_now(),
+    });
+    tracing::info!(
+        messages = summary.messages,
+        extended_from = base.as_ref().map(|(e, _)| e - source.head),
+        summary_tokens = summary.tokens,
+        summarizer_ms = started.elapsed().as_secs_f64() * 1e3,
+        "summary made"
+    );
+    compactor.cache.put(key, summary.clone()).await;
+    Ok(summary)
+}

@@ -1,0 +1,77 @@
+//! Which handler serves a request, and the per-request count of what was served.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use hyper::body::Incoming;
+use hyper::{header, Method, Request, Response, StatusCode};
+
+use crate::app::AppState;
+use crate::body::{full, ProxyBody};
+use crate::error::ProxyError;
+use crate::{chat, passthrough};
+
+pub const CHAT_COMPLETIONS: &str = "/v1/chat/completions";
+
+pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Response<ProxyBody> {
+    let received = Instant::now();
+    let path = request.uri().path();
+    let (route, result) = match (request.method(), path) {
+        (&Method::GET, "/healthz") => ("healthz", Ok(text(StatusCode::OK, "ok\n"))),
+        (&Method::GET, "/readyz") => ("readyz", Ok(readiness(&state))),
+        (&Method::GET, "/metrics") => ("metrics", Ok(metrics(&state))),
+        (&Method::POST, CHAT_COMPLETIONS) => (
+            "chat_completions",
+            chat::handle(&state, request, received).await,
+        ),
+        (_, p) if p.starts_with("/v1/") => {
+            ("passthrough", passthrough::handle(&state, request).await)
+        }
+        _ => ("other", Err(ProxyError::NotFound(path.to_string()))),
+    };
+    let response = result.unwrap_or_else(|error| {
+        if error.status().is_server_error() {
+            tracing::warn!(route, %error, "request failed");
+        }
+        error.to_response()
+    });
+    state
+        .metrics
+        .requests
+        .with_label_values(&[route, response.status().as_str()])
+        .inc();
+    response
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response<ProxyBody> {
+    let mut response = Response::new(full(Bytes::from_static(body.as_bytes())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn readiness(state: &AppState) -> Response<ProxyBody> {
+    if state.ready.load(Ordering::Relaxed) {
+        text(StatusCode::OK, "ready\n")
+    } else {
+        text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
+    }
+}
+
+fn metrics(state: &AppState) -> Response<ProxyBody> {
+    state
+        .metrics
+        .summary_cache_entries
+        .set(i64::try_from(state.compactor.cached_entries()).unwrap_or(i64::MAX));
+    let mut response = Response::new(full(state.metrics.render()));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}

@@ -1,0 +1,289 @@
+//! Reads token usage out of chat-completion responses as they pass, without delaying them:
+//! JSON bodies are copied aside while relayed, SSE streams are relayed event by event (the
+//! usage-only chunk that condenser itself asked for is dropped).
+
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use futures_util::Stream;
+use serde_json::Value;
+
+use crate::body::BoxError;
+
+/// A JSON body larger than this is relayed without reading its usage.
+const MAX_JSON_COPY: usize = 16 * 1024 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+impl Usage {
+    fn from_value(value: &Value) -> Option<Usage> {
+        let usage = value.get("usage")?.as_object()?;
+        let field = |k: &str| usage.get(k).and_then(Value::as_u64).unwrap_or(0);
+        Some(Usage {
+            prompt_tokens: field("prompt_tokens"),
+            completion_tokens: field("completion_tokens"),
+        })
+    }
+}
+
+/// What the relay reports, once each: the first bytes out, and the usage at the end.
+pub trait UsageObserver: Send + 'static {
+    fn first_bytes(&mut self);
+    fn finished(&mut self, usage: Option<Usage>);
+}
+
+enum Mode {
+    Json {
+        copy: BytesMut,
+        overflow: bool,
+    },
+    Sse {
+        strip_usage_chunk: bool,
+        usage: Option<Usage>,
+    },
+}
+
+pub struct UsageTap<S, O: UsageObserver> {
+    inner: S,
+    pending: BytesMut,
+    mode: Mode,
+    observer: Option<O>,
+    seen_bytes: bool,
+    done: bool,
+}
+
+impl<S, O: UsageObserver> UsageTap<S, O> {
+    pub fn json(inner: S, observer: O) -> Self {
+        Self::with_mode(
+            inner,
+            observer,
+            Mode::Json {
+                copy: BytesMut::new(),
+                overflow: false,
+            },
+        )
+    }
+
+    pub fn sse(inner: S, observer: O, strip_usage_chunk: bool) -> Self {
+        Self::with_mode(
+            inner,
+            observer,
+            Mode::Sse {
+                strip_usage_chunk,
+                usage: None,
+            },
+        )
+    }
+
+    fn with_mode(inner: S, observer: O, mode: Mode) -> Self {
+        UsageTap {
+            inner,
+            pending: BytesMut::new(),
+            mode,
+            observer: Some(observer),
+            seen_bytes: false,
+            done: false,
+        }
+    }
+
+    fn finish(&mut self) {
+        let usage = match &mut self.mode {
+            Mode::Json { copy, overflow } if !*overflow => serde_json::from_slice::<Value>(copy)
+                .ok()
+                .as_ref()
+                .and_then(Usage::from_value),
+            Mode::Json { .. } => None,
+            Mode::Sse { usage, .. } => *usage,
+        };
+        if let Some(mut observer) = self.observer.take() {
+            observer.finished(usage);
+        }
+    }
+
+    fn note_output(&mut self) {
+        if !self.seen_bytes {
+            self.seen_bytes = true;
+            if let Some(observer) = &mut self.observer {
+                observer.first_bytes();
+            }
+        }
+    }
+}
+
+/// Length of the first complete SSE event (blank-line terminated) in `buf`, terminator included.
+fn complete_event_len(buf: &[u8]) -> Option<usize> {
+    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|p| p + 2);
+    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4);
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Whether to keep the event, recording any usage it carries.
+fn inspect_event(event: &[u8], strip_usage_chunk: bool, usage: &mut Option<Usage>) -> bool {
+    // Only chunks mentioning usage are worth parsing.
+    if !event.windows(7).any(|w| w == b"\"usage\"") {
+        return true;
+    }
+    let text = String::from_utf8_lossy(event);
+    for line in text.lines() {
+        let Some(data) = line.strip_prefix("data:") else {
+            continue;
+        };
+        let Ok(chunk) = serde_json::from_str::<Value>(data.trim()) else {
+            continue;
+        };
+        if let Some(found) = Usage::from_value(&chunk) {
+            *usage = Some(found);
+            let usage_only = chunk
+                .get("choices")
+                .and_then(Value::as_array)
+                .is_some_and(Vec::is_empty);
+            if strip_usage_chunk && usage_only {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+impl<S, O> Stream for UsageTap<S, O>
+where
+    S: Stream<Item = Result<Bytes, reqwest::Error>> + Unpin,
+    O: UsageObserver + Unpin,
+{
+    type Item = Result<Bytes, BoxError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        loop {
+            let next = ready!(Pin::new(&mut this.inner).poll_next(cx));
+            let chunk = match next {
+                Some(Ok(chunk)) => chunk,
+                Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+                None => {
+                    this.done = true;
+                    let rest = this.pending.split().freeze();
+                    let keep = match &mut this.mode {
+                        Mode::Sse {
+                            strip_usage_chunk,
+                            usage,
+                        } => !rest.is_empty() && inspect_event(&rest, *strip_usage_chunk, usage),
+                        Mode::Json { .. } => false,
+                    };
+                    if keep {
+                        this.note_output();
+                    }
+                    this.finish();
+                    return Poll::Ready(keep.then_some(Ok(rest)));
+                }
+            };
+            match &mut this.mode {
+                Mode::Json { copy, overflow } => {
+                    if !*overflow {
+                        if copy.len() + chunk.len() > MAX_JSON_COPY {
+                            *overflow = true;
+                            *copy = BytesMut::new();
+                        } else {
+                            copy.extend_from_slice(&chunk);
+                        }
+                    }
+                    this.note_output();
+                    return Poll::Ready(Some(Ok(chunk)));
+                }
+                Mode::Sse {
+                    strip_usage_chunk,
+                    usage,
+                } => {
+                    this.pending.extend_from_slice(&chunk);
+                    let mut out = BytesMut::new();
+                    while let Some(len) = complete_event_len(&this.pending) {
+                        let event = this.pending.split_to(len);
+                        if inspect_event(&event, *strip_usage_chunk, usage) {
+                            out.extend_from_slice(&event);
+                        }
+                    }
+                    if !out.is_empty() {
+                        this.note_output();
+                        return Poll::Ready(Some(Ok(out.freeze())));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Seen(Arc<Mutex<(u32, Option<Usage>)>>);
+
+    impl UsageObserver for Seen {
+        fn first_bytes(&mut self) {
+            self.0.lock().unwrap().0 += 1;
+        }
+        fn finished(&mut self, usage: Option<Usage>) {
+            self.0.lock().unwrap().1 = usage;
+        }
+    }
+
+    async fn run(chunks: Vec<&'static str>, strip: bool) -> (String, Seen) {
+        let seen = Seen::default();
+        let inner = futures_util::stream::iter(
+            chunks
+                .into_iter()
+                .map(|c| Ok::<_, reqwest::Error>(Bytes::from_static(c.as_bytes()))),
+        );
+        let tap = UsageTap::sse(inner, seen.clone(), strip);
+        let out: Vec<_> = tap.collect().await;
+        let text = out
+            .into_iter()
+            .map(|r| String::from_utf8(r.unwrap().to_vec()).unwrap())
+            .collect();
+        (text, seen)
+    }
+
+    #[tokio::test]
+    async fn usage_chunk_is_read_and_stripped_across_split_chunks() {
+        let usage =
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3}}\n\n";
+        let (text, seen) = run(
+            vec![
+                "data: {\"choices\":[{\"delta\":{}}]}\n",
+                "\ndata: {\"choi",
+                &usage[11..],
+                "data: [DONE]\n\n",
+            ],
+            true,
+        )
+        .await;
+        assert_eq!(
+            text,
+            "data: {\"choices\":[{\"delta\":{}}]}\n\ndata: [DONE]\n\n"
+        );
+        let (first, got) = *seen.0.lock().unwrap();
+        assert_eq!(first, 1);
+        assert_eq!(
+            got,
+            Some(Usage {
+                prompt_tokens: 7,
+                completion_tokens: 3
+            })
+        );
+        let (text, _) = run(vec![usage, "data: [DONE]\n\n"], false).await;
+        assert!(text.starts_with(usage));
+    }
+}
