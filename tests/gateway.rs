@@ -1,0 +1,510 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The gateway over real HTTP: pass-through, byte-for-byte forwarding, streaming, errors.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use condenser::body::streaming;
+use futures_util::StreamExt;
+use hyper::Response;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+#[tokio::test]
+async fn get_models_passes_through_with_query_and_headers() {
+    let upstream = MockUpstream::start(handler(|r| async move {
+        let mut response = json_response(
+            200,
+            &json!({"object": "list", "data": [{"id": "gpt-4o"}], "path": r.path_and_query}),
+        );
+        response
+            .headers_mut()
+            .insert("x-upstream", "yes".parse().unwrap());
+        response
+    }))
+    .await;
+    let proxy = Proxy::start(config_for(&upstream.url())).await;
+    let response = client()
+        .get(proxy.url("/v1/models?limit=2&after=x%20y"))
+        .header("authorization", "Bearer sk-test")
+        .header("x-custom", "kept")
+        .header("connection", "keep-alive, x-hop")
+        .header("x-hop", "dropped")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-upstream"], "yes");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["data"][0]["id"], "gpt-4o");
+    let seen = &upstream.recorded()[0];
+    assert_eq!(seen.method, "GET");
+    assert_eq!(seen.path_and_query, "/v1/models?limit=2&after=x%20y");
+    assert_eq!(seen.headers["authorization"], "Bearer sk-test");
+    assert_eq!(seen.headers["x-custom"], "kept");
+    assert!(seen.headers.get("x-hop").is_none());
+    assert_eq!(seen.headers["host"], upstream.addr.to_string().as_str());
+    assert!(seen.headers.get("transfer-encoding").is_none());
+}
+
+#[tokio::test]
+async fn embeddings_and_large_bodies_pass_through_unchanged() {
+    let upstream = MockUpstream::start(handler(|r| async move {
+        Response::builder()
+            .status(200)
+            .header("content-type", "application/octet-stream")
+            .body(condenser::body::full(r.body))
+            .unwrap()
+    }))
+    .await;
+    let proxy = Proxy::start(config_for(&upstream.url())).await;
+    let embed = br#"{"model":"text-embedding-3-small","input":"hello"}"#.to_vec();
+    let echoed = client()
+        .post(proxy.url("/v1/embeddings"))
+        .body(embed.clone())
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(echoed.as_ref(), embed.as_slice());
+    let large: Vec<u8> = (0..8 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
+    let echoed = client()
+        .post(proxy.url("/v1/files"))
+        .body(large.clone())
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(echoed.len(), large.len());
+    assert!(echoed.as_ref() == large.as_slice());
+    assert_eq!(upstream.recorded()[1].path_and_query, "/v1/files");
+}
+
+#[tokio::test]
+async fn upstream_error_status_and_body_are_passed_on() {
+    let error = json!({"error": {"message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded"}});
+    let sent = error.clone();
+    let upstream = MockUpstream::start(handler(move |_| {
+        let sent = sent.clone();
+        async move { json_response(429, &sent) }
+    }))
+    .await;
+    let proxy = Proxy::start(config_for(&upstream.url())).await;
+    for path in ["/v1/models", "/v1/chat/completions"] {
+        let response = client()
+            .post(proxy.url(path))
+            .body(r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 429, "{path}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body, error, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn an_unchanged_chat_request_is_forwarded_byte_for_byte() {
+    let upstream = MockUpstream::start(handler(|_| async {
+        json_response(200, &completion("hi", 20, 2))
+    }))
+    .await;
+    let proxy = Proxy::start(config_for(&upstream.url())).await;
+    // Unusual key order, spacing, unknown fields and escapes: all must arrive as sent.
+    let body = "{ \"messages\" : [{\"content\":\"caf\\u00e9 \\ud83d\\ude00\",\"role\":\"user\"}],\n \"zeta_unknown\": {\"b\":1,\"a\":[2.50,1e3]}, \"model\":\"gpt-4o\", \"temperature\": 0.70 }";
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-condenser-action"], "forwarded");
+    assert_eq!(response.headers()["x-condenser-cache"], "none");
+    assert_eq!(response.headers()["x-condenser-summarized-messages"], "0");
+    let prompt: u64 = response.headers()["x-condenser-prompt-tokens"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(prompt > 5);
+    assert_eq!(
+        response.headers()["x-condenser-forwarded-tokens"],
+        prompt.to_string().as_str()
+    );
+    let reply: Value = response.json().await.unwrap();
+    assert_eq!(reply["choices"][0]["message"]["content"], "hi");
+    assert_eq!(upstream.recorded()[0].body.as_ref(), body.as_bytes());
+}
+
+/// An upstream that sends SSE events one at a time, each only after the test says the
+/// client received the previous one.
+async fn gated_stream_upstream(
+    events: usize,
+) -> (
+    MockUpstream,
+    mpsc::UnboundedSender<()>,
+    mpsc::UnboundedReceiver<()>,
+) {
+    let (gate_tx, gate_rx) = mpsc::unbounded_channel::<()>();
+    let (closed_tx, closed_rx) = mpsc::unbounded_channel::<()>();
+    let gate_rx = std::sync::Arc::new(tokio::sync::Mutex::new(gate_rx));
+    let upstream = MockUpstream::start(handler(move |_| {
+        let gate_rx = gate_rx.clone();
+        let closed_tx = closed_tx.clone();
+        async move {
+            let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+            tokio::spawn(async move {
+                let mut gate = gate_rx.lock().await;
+                for i in 0..events {
+                    let chunk = json!({"choices": [{"index": 0, "delta": {"content": format!("tok{i} ")}}]});
+                    if tx.send(Ok(Bytes::from(format!("data: {chunk}\n\n")))).await.is_err() {
+                        let _ = closed_tx.send(());
+                        return;
+                    }
+                    tokio::select! {
+                        _ = gate.recv() => {}
+                        () = tx.closed() => { let _ = closed_tx.send(()); return; }
+                    }
+                }
+                let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
+            });
+            Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(streaming(tokio_stream_from(rx)))
+                .unwrap()
+        }
+    }))
+    .await;
+    (upstream, gate_tx, closed_rx)
+}
+
+fn tokio_stream_from(
+    mut rx: mpsc::Receiver<Result<Bytes, std::io::Error>>,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+fn stream_request() -> String {
+    json!({"model": "gpt-4o", "stream": true, "messages": [{"role": "user", "content": "count"}]})
+        .to_string()
+}
+
+#[tokio::test]
+async fn sse_events_reach_the_client_one_by_one() {
+    let (upstream, gate, _closed) = gated_stream_upstream(5).await;
+    let proxy = Proxy::start(config_for(&upstream.url())).await;
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .body(stream_request())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-condenser-action"], "forwarded");
+    let mut stream = response.bytes_stream();
+    let mut text = String::new();
+    for i in 0..5 {
+        // The upstream sends event i+1 only after this one arrives: a buffering proxy hangs here.
+        while !text.contains(&format!("tok{i} ")) {
+            let chunk = within("next event", stream.next()).await.unwrap().unwrap();
+            text.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+        gate.send(()).unwrap();
+    }
+    while let Some(chunk) = within("end of stream", stream.next()).await {
+        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_mid_stream_closes_the_upstream_request() {
+    let (upstream, _gate, mut closed) = gated_stream_upstream(5).await;
+    let proxy = Proxy::start(config_for(&upstream.url())).await;
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .body(stream_request())
+        .send()
+        .await
+        .unwrap();
+    let mut stream = response.bytes_stream();
+    let first = within("first event", stream.next()).await.unwrap().unwrap();
+    assert!(std::str::from_utf8(&first).unwrap().contains("tok0"));
+    drop(stream);
+    within("upstream sees the close", closed.recv())
+        .await
+        .unwrap();
+}
+
+async fn error_of(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let body: Value = response.json().await.unwrap();
+    for key in ["message", "type", "param", "code"] {
+        assert!(body["error"].get(key).is_some(), "{key} missing in {body}");
+    }
+    (status, body)
+}
+
+#[tokio::test]
+async fn bad_requests_get_openai_shaped_errors_and_never_reach_upstream() {
+    let upstream = MockUpstream::start(handler(|_| async {
+        json_response(200, &completion("x", 1, 1))
+    }))
+    .await;
+    let mut config = config_for(&upstream.url());
+    config.server.max_body_bytes = 4096;
+    let proxy = Proxy::start(config).await;
+    let cases: Vec<(String, u16, &str, &str)> = vec![
+        ("{not json".into(), 400, "invalid_json", "not valid JSON"),
+        (
+            "[1,2]".into(),
+            400,
+            "invalid_request",
+            "must be a JSON object",
+        ),
+        (
+            r#"{"model":"gpt-4o"}"#.into(),
+            400,
+            "invalid_request",
+            "messages",
+        ),
+        (
+            r#"{"model":"gpt-4o","messages":"hi"}"#.into(),
+            400,
+            "invalid_request",
+            "messages must be an array",
+        ),
+        (
+            r#"{"model":"gpt-4o","messages":[{"content":"hi"}]}"#.into(),
+            400,
+            "invalid_request",
+            "messages[0].role",
+        ),
+        (
+            r#"{"model":"gpt-4o","messages":[{"role":"wizard","content":"hi"}]}"#.into(),
+            400,
+            "invalid_request",
+            "wizard",
+        ),
+        (
+            r#"{"messages":[{"role":"user","content":"hi"}]}"#.into(),
+            400,
+            "invalid_request",
+            "model",
+        ),
+        (
+            format!(
+                r#"{{"model":"gpt-4o","messages":[{{"role":"user","content":"{}"}}]}}"#,
+                "x".repeat(5000)
+            ),
+            413,
+            "request_too_large",
+            "4096",
+        ),
+    ];
+    for (body, status, code, needle) in cases {
+        let response = client()
+            .post(proxy.url("/v1/chat/completions"))
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        let (got, error) = error_of(response).await;
+        assert_eq!(got, status, "{body}: {error}");
+        assert_eq!(error["error"]["code"], code, "{body}");
+        assert!(
+            error["error"]["message"].as_str().unwrap().contains(needle),
+            "{error}"
+        );
+    }
+    // An oversized pass-through body is refused too.
+    let response = client()
+        .post(proxy.url("/v1/files"))
+        .body(vec![b'x'; 5000])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_of(response).await.0, 413);
+    // Bad headers.
+    let ok_body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+    for (name, value) in [
+        ("x-condenser-mode", "sometimes"),
+        ("x-condenser-profile", "nope"),
+    ] {
+        let response = client()
+            .post(proxy.url("/v1/chat/completions"))
+            .header(name, value)
+            .body(ok_body)
+            .send()
+            .await
+            .unwrap();
+        let (status, error) = error_of(response).await;
+        assert_eq!(status, 400, "{name}: {error}");
+    }
+    assert!(upstream.recorded().is_empty());
+    // Still serving.
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .body(ok_body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let response = client().get(proxy.url("/nowhere")).send().await.unwrap();
+    assert_eq!(error_of(response).await.0, 404);
+}
+
+#[tokio::test]
+async fn unreachable_upstream_is_502_and_slow_upstream_is_504() {
+    // A port that was just free: nothing listens there.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let proxy = Proxy::start(config_for(&format!("http://{closed}"))).await;
+    let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+    for path in ["/v1/chat/completions", "/v1/models"] {
+        let response = client()
+            .post(proxy.url(path))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let (status, error) = error_of(response).await;
+        assert_eq!(status, 502, "{path}");
+        assert_eq!(error["error"]["code"], "upstream_unreachable");
+    }
+
+    let slow = MockUpstream::start(handler(|_| async {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        json_response(200, &completion("late", 1, 1))
+    }))
+    .await;
+    let mut config = config_for(&slow.url());
+    config.upstream.timeout_secs = 1;
+    let proxy = Proxy::start(config).await;
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let (status, error) = error_of(response).await;
+    assert_eq!(status, 504);
+    assert_eq!(error["error"]["code"], "upstream_timeout");
+}
+
+#[tokio::test]
+async fn routes_pick_the_upstream_by_model_and_inject_their_key() {
+    let default = MockUpstream::start(handler(|_| async {
+        json_response(200, &completion("default", 1, 1))
+    }))
+    .await;
+    let routed = MockUpstream::start(handler(|_| async {
+        json_response(200, &completion("routed", 1, 1))
+    }))
+    .await;
+    std::env::set_var("CONDENSER_TEST_ROUTE_KEY", "sk-route");
+    let mut config = config_for(&default.url());
+    config.routes.push(condenser::config::RouteConfig {
+        models: vec!["claude-*".into()],
+        base_url: routed.url(),
+        api_key_env: "CONDENSER_TEST_ROUTE_KEY".into(),
+    });
+    let proxy = Proxy::start(config).await;
+    let send = |model: &str, auth: Option<&str>| {
+        let mut request = client().post(proxy.url("/v1/chat/completions")).body(
+            json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}).to_string(),
+        );
+        if let Some(auth) = auth {
+            request = request.header("authorization", auth);
+        }
+        request.send()
+    };
+    let reply: Value = send("claude-sonnet-4-5", None)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(reply["choices"][0]["message"]["content"], "routed");
+    assert_eq!(
+        routed.recorded()[0].headers["authorization"],
+        "Bearer sk-route"
+    );
+    send("claude-sonnet-4-5", Some("Bearer client-own"))
+        .await
+        .unwrap();
+    assert_eq!(
+        routed.recorded()[1].headers["authorization"],
+        "Bearer client-own"
+    );
+    let reply: Value = send("gpt-4o", None).await.unwrap().json().await.unwrap();
+    assert_eq!(reply["choices"][0]["message"]["content"], "default");
+    assert!(default.recorded()[0].headers.get("authorization").is_none());
+}
+
+#[tokio::test]
+async fn health_and_readiness() {
+    let upstream = MockUpstream::start(handler(|_| async { json_response(200, &json!({})) })).await;
+    let mut proxy = Proxy::start(config_for(&upstream.url())).await;
+    assert_eq!(
+        reqwest::get(proxy.url("/healthz")).await.unwrap().status(),
+        200
+    );
+    assert_eq!(
+        reqwest::get(proxy.url("/readyz")).await.unwrap().status(),
+        200
+    );
+    proxy.shutdown();
+    within("shutdown", &mut proxy.served).await.unwrap();
+    assert!(!proxy.state.ready.load(std::sync::atomic::Ordering::Relaxed));
+    assert!(
+        reqwest::get(proxy.url("/healthz")).await.is_err(),
+        "no longer accepting"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_in_flight_at_shutdown_finishes() {
+    let (upstream, gate, _closed) = gated_stream_upstream(3).await;
+    let mut proxy = Proxy::start(config_for(&upstream.url())).await;
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .body(stream_request())
+        .send()
+        .await
+        .unwrap();
+    let mut stream = response.bytes_stream();
+    let mut text = String::new();
+    let first = within("first event", stream.next()).await.unwrap().unwrap();
+    text.push_str(std::str::from_utf8(&first).unwrap());
+    proxy.shutdown();
+    // Give the server the shutdown signal before the stream goes on.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !proxy.served.is_finished(),
+        "server must wait for the stream"
+    );
+    for _ in 0..3 {
+        gate.send(()).unwrap();
+    }
+    while let Some(chunk) = within("rest of stream", stream.next()).await {
+        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    assert!(
+        text.contains("tok2") && text.ends_with("data: [DONE]\n\n"),
+        "{text}"
+    );
+    within("drained", &mut proxy.served).await.unwrap();
+}
