@@ -73,3 +73,67 @@ async fn every_chat_request_fixture_matches_the_cookbook() {
     }
     assert!(wrong.is_empty(), "{} mismatches: {:?}", wrong.len(), wrong);
 }
+
+#[tokio::test]
+async fn a_conversation_grown_by_one_message_encodes_one_message() {
+    let catalog = ModelCatalog::new(BTreeMap::new(), TokensConfig::default());
+    let counter = TokenCounter::new(0.1);
+    let info = catalog.resolve("gpt-4o");
+    let mut messages: Vec<Value> = (0..50)
+        .map(|i| serde_json::json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": format!("message number {i} about the weather")}))
+        .collect();
+    let request = |messages: &Vec<Value>| {
+        let mut map = Map::new();
+        map.insert("model".into(), Value::from("gpt-4o"));
+        map.insert("messages".into(), Value::Array(messages.clone()));
+        map
+    };
+    let first = counter.count_request(&request(&messages), &info).await;
+    assert_eq!(counter.messages_encoded(), 50);
+    messages.push(serde_json::json!({"role": "user", "content": "and one more"}));
+    let grown = counter.count_request(&request(&messages), &info).await;
+    assert_eq!(
+        counter.messages_encoded(),
+        51,
+        "only the new message is encoded"
+    );
+    assert_eq!(grown.per_message[..50], first.per_message[..]);
+    assert_eq!(grown.total, first.total + u64::from(grown.per_message[50]));
+    // Key order does not defeat the cache; a different encoding does not share it.
+    let reordered: Vec<Value> = messages
+        .iter()
+        .map(|m| serde_json::json!({"content": m["content"], "role": m["role"]}))
+        .collect();
+    counter.count_request(&request(&reordered), &info).await;
+    assert_eq!(counter.messages_encoded(), 51);
+    counter
+        .count_request(&request(&messages), &catalog.resolve("gpt-4"))
+        .await;
+    assert_eq!(counter.messages_encoded(), 102);
+}
+
+#[tokio::test]
+async fn estimates_for_unknown_tokenizers_carry_a_margin_then_learn() {
+    let catalog = ModelCatalog::new(BTreeMap::new(), TokensConfig::default());
+    let counter = TokenCounter::new(0.1);
+    let info = catalog.resolve("claude-sonnet-4-5");
+    assert!(!info.exact);
+    let mut request = Map::new();
+    request.insert("model".into(), Value::from("claude-sonnet-4-5"));
+    request.insert(
+        "messages".into(),
+        serde_json::json!([{"role": "user", "content": "hello there, how are you today?"}]),
+    );
+    let count = counter.count_request(&request, &info).await;
+    assert!(count.total > count.raw_total, "margin applied: {count:?}");
+    // Upstream says the real count is twice ours: future estimates follow.
+    counter.observe_usage("claude-sonnet-4-5", count.raw_total, count.raw_total * 2);
+    let learned = counter.count_request(&request, &info).await;
+    assert!(learned.total >= count.raw_total * 2, "{learned:?}");
+    // Exact encodings never scale.
+    let exact = catalog.resolve("gpt-4o");
+    counter.observe_usage("gpt-4o", 10, 20);
+    request.insert("model".into(), Value::from("gpt-4o"));
+    let c = counter.count_request(&request, &exact).await;
+    assert_eq!(c.total, c.raw_total);
+}

@@ -200,3 +200,143 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
             .and_then(|rest| rest.trim().parse().ok())
     })
 }
+
+/// How the mock LLM behaves: chat answers and summarizer calls.
+#[derive(Clone, Default)]
+pub struct LlmBehaviour {
+    pub chat_latency: Duration,
+    pub summarizer_latency: Duration,
+    /// Summarizer calls answer this status instead of a summary.
+    pub summarizer_status: Option<u16>,
+}
+
+pub const SUMMARIZER_MARKER: &str = "You compress the earlier part";
+
+pub fn is_summarizer_call(r: &Recorded) -> bool {
+    serde_json::from_slice::<Value>(&r.body)
+        .ok()
+        .and_then(|b| {
+            b["messages"][0]["content"]
+                .as_str()
+                .map(|c| c.starts_with(SUMMARIZER_MARKER))
+        })
+        .unwrap_or(false)
+}
+
+/// The mock summarizer keeps every line that mentions a FACT, from the existing summary and
+/// the new transcript: a faithful model, deterministic.
+fn mock_summary(request: &Value) -> String {
+    let prompt = request["messages"][1]["content"].as_str().unwrap_or("");
+    let mut facts: Vec<&str> = Vec::new();
+    for line in prompt.lines() {
+        for piece in line.split(". ") {
+            if piece.contains("FACT") && !facts.contains(&piece.trim()) {
+                facts.push(piece.trim());
+            }
+        }
+    }
+    format!(
+        "## Goal and constraints\nkeep going\n## Facts and identifiers\n{}\n## Next step\nnone",
+        facts.join("\n")
+    )
+}
+
+/// An upstream that is both the chat model and the summarizer, streaming when asked.
+pub async fn mock_llm(behaviour: LlmBehaviour) -> MockUpstream {
+    MockUpstream::start(handler(move |r| {
+        let behaviour = behaviour.clone();
+        async move {
+            let request: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+            if is_summarizer_call(&r) {
+                tokio::time::sleep(behaviour.summarizer_latency).await;
+                if let Some(status) = behaviour.summarizer_status {
+                    return json_response(status, &json!({"error": {"message": "summarizer down"}}));
+                }
+                return json_response(200, &completion(&mock_summary(&request), 100, 60));
+            }
+            tokio::time::sleep(behaviour.chat_latency).await;
+            let reply = format!("reply to {} messages", request["messages"].as_array().map_or(0, Vec::len));
+            if request["stream"] == json!(true) {
+                let mut events = String::new();
+                for word in reply.split(' ') {
+                    let chunk = json!({"choices": [{"index": 0, "delta": {"content": format!("{word} ")}}]});
+                    events.push_str(&format!("data: {chunk}\n\n"));
+                }
+                if request["stream_options"]["include_usage"] == json!(true) {
+                    let usage = json!({"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15}});
+                    events.push_str(&format!("data: {usage}\n\n"));
+                }
+                events.push_str("data: [DONE]\n\n");
+                return Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(full(Bytes::from(events)))
+                    .unwrap();
+            }
+            json_response(200, &completion(&reply, 11, 4))
+        }
+    }))
+    .await
+}
+
+const WORDS: &[&str] = &[
+    "river", "engine", "garden", "signal", "copper", "window", "market", "lantern", "pilot",
+    "meadow", "harbor", "canvas", "thunder", "velvet", "orbit", "cobalt", "summit", "ember",
+    "prairie", "quartz",
+];
+
+/// About `words` tokens of deterministic prose.
+pub fn filler(seed: usize, words: usize) -> String {
+    (0..words)
+        .map(|i| WORDS[(seed * 7 + i * 3 + i / 5) % WORDS.len()])
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+pub const SYSTEM_PROMPT: &str = "You are a careful assistant for the Falcon project.";
+pub const PLANTED: &str = "FACT: the deploy ticket is ORD-4411 and the budget is $1,200";
+
+/// System prompt, then `turns` user/assistant pairs; facts planted in the first user turn.
+pub fn conversation(turns: usize) -> Vec<Value> {
+    let mut messages = vec![json!({"role": "system", "content": SYSTEM_PROMPT})];
+    for t in 0..turns {
+        let planted = if t == 0 {
+            format!("{PLANTED}. ")
+        } else {
+            String::new()
+        };
+        messages.push(
+            json!({"role": "user", "content": format!("msg-u{t}. {planted}{}", filler(t, 100))}),
+        );
+        messages.push(
+            json!({"role": "assistant", "content": format!("msg-a{t}. {}", filler(t + 1000, 100))}),
+        );
+    }
+    messages
+}
+
+/// A config whose gpt-4o has an 8,000-token window, so tests stay small; summaries are made
+/// by gpt-4o-mini, whose window takes any span in one call.
+pub fn small_window_config(upstream: &str) -> Config {
+    let mut config = config_for(upstream);
+    config.summarizer.model = "gpt-4o-mini".into();
+    config.models.insert(
+        "gpt-4o".into(),
+        condenser::config::ModelOverride {
+            context_window: Some(8_000),
+            encoding: None,
+        },
+    );
+    config
+}
+
+pub fn chat_body(messages: &[Value]) -> Value {
+    json!({"model": "gpt-4o", "max_tokens": 500, "messages": messages, "user": "tester"})
+}
+
+pub fn header(response: &reqwest::Response, name: &str) -> String {
+    response
+        .headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default()
+}

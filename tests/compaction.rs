@@ -1,0 +1,476 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Compaction through the proxy, against a recording mock LLM.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use condenser::config::OnFailure;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+async fn post(proxy: &Proxy, body: &Value, mode: Option<&str>) -> reqwest::Response {
+    let mut request = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .header("authorization", "Bearer sk-user-1")
+        .json(body);
+    if let Some(mode) = mode {
+        request = request.header("x-condenser-mode", mode);
+    }
+    request.send().await.unwrap()
+}
+
+fn chat_requests(upstream: &MockUpstream) -> Vec<Value> {
+    upstream
+        .recorded()
+        .iter()
+        .filter(|r| !is_summarizer_call(r))
+        .map(Recorded::json)
+        .collect()
+}
+
+fn summarizer_requests(upstream: &MockUpstream) -> Vec<Value> {
+    upstream
+        .recorded()
+        .iter()
+        .filter(|r| is_summarizer_call(r))
+        .map(Recorded::json)
+        .collect()
+}
+
+/// Checks the documented shape: head verbatim, one summary, then the original's last
+/// messages verbatim. Returns the number of summarized messages.
+fn assert_compacted_shape(original: &[Value], forwarded: &[Value], keep_recent: usize) -> usize {
+    assert_eq!(
+        forwarded[0], original[0],
+        "system prompt kept verbatim first"
+    );
+    let summary = forwarded[1]["content"].as_str().unwrap();
+    assert_eq!(forwarded[1]["role"], "system");
+    let n: usize = summary
+        .strip_prefix("[Context summary: ")
+        .and_then(|s| s.split(' ').next())
+        .unwrap_or_else(|| panic!("summary prefix missing: {summary}"))
+        .parse()
+        .unwrap();
+    let tail = &forwarded[2..];
+    assert!(tail.len() >= keep_recent);
+    assert_eq!(
+        1 + n + tail.len(),
+        original.len(),
+        "summary covers exactly what was dropped"
+    );
+    assert_eq!(
+        tail,
+        &original[original.len() - tail.len()..],
+        "recent messages verbatim"
+    );
+    n
+}
+
+#[tokio::test]
+async fn a_long_conversation_is_summarized_in_the_documented_shape() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let original = conversation(40);
+    let response = post(&proxy, &chat_body(&original), None).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "summarized");
+    assert_eq!(header(&response, "x-condenser-cache"), "miss");
+    let received: u64 = header(&response, "x-condenser-prompt-tokens")
+        .parse()
+        .unwrap();
+    let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
+        .parse()
+        .unwrap();
+    assert!(received > 6_000, "over the trigger: {received}");
+    assert!(forwarded <= 3_750, "under the target: {forwarded}");
+
+    let sent = chat_requests(&upstream);
+    assert_eq!(sent.len(), 1);
+    let forwarded_messages = sent[0]["messages"].as_array().unwrap();
+    let n = assert_compacted_shape(&original, forwarded_messages, 6);
+    assert_eq!(
+        header(&response, "x-condenser-summarized-messages"),
+        n.to_string()
+    );
+    let summary = forwarded_messages[1]["content"].as_str().unwrap();
+    assert!(
+        summary.contains("ORD-4411") && summary.contains("$1,200"),
+        "{summary}"
+    );
+    // Every other field as sent, in order.
+    let keys: Vec<&String> = sent[0].as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["model", "max_tokens", "messages", "user"]);
+
+    let calls = summarizer_requests(&upstream);
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0]["temperature"], 0);
+    assert_eq!(calls[0]["max_tokens"], 1024);
+    assert_eq!(calls[0]["model"], "gpt-4o-mini");
+    let transcript = calls[0]["messages"][1]["content"].as_str().unwrap();
+    assert!(transcript.contains("msg-u0.") && transcript.contains(PLANTED));
+    assert!(
+        !transcript.contains(&format!("msg-a{}.", 39)),
+        "kept messages are not summarized"
+    );
+    let recorded = upstream.recorded();
+    let summarizer_call = recorded.iter().find(|r| is_summarizer_call(r)).unwrap();
+    assert_eq!(
+        summarizer_call.headers["authorization"], "Bearer sk-user-1",
+        "the caller's key pays by default"
+    );
+}
+
+#[tokio::test]
+async fn a_grown_conversation_reuses_its_summary_and_sends_only_new_messages() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let first = conversation(40);
+    let response = post(&proxy, &chat_body(&first), None).await;
+    assert_eq!(header(&response, "x-condenser-cache"), "miss");
+    let covered: usize = header(&response, "x-condenser-summarized-messages")
+        .parse()
+        .unwrap();
+
+    // The same conversation again: served from the cache, no summarizer call.
+    let response = post(&proxy, &chat_body(&first), None).await;
+    assert_eq!(header(&response, "x-condenser-cache"), "hit");
+    assert_eq!(summarizer_requests(&upstream).len(), 1);
+
+    // Two more turns, compaction forced: the summary is extended with only the new span.
+    let grown = conversation(42);
+    let response = post(&proxy, &chat_body(&grown), Some("force")).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "summarized");
+    assert_eq!(header(&response, "x-condenser-cache"), "extended");
+    let calls = summarizer_requests(&upstream);
+    assert_eq!(calls.len(), 2);
+    let prompt = calls[1]["messages"][1]["content"].as_str().unwrap();
+    let (existing, new) = prompt.split_once("<new_messages>").unwrap();
+    assert!(existing.contains("<existing_summary>") && existing.contains("ORD-4411"));
+    assert!(!new.contains("msg-u0."), "old messages are not sent again");
+    let now_covered: usize = header(&response, "x-condenser-summarized-messages")
+        .parse()
+        .unwrap();
+    assert_eq!(
+        new.matches("### ").count(),
+        now_covered - covered,
+        "exactly the newly evicted messages"
+    );
+    let sent = chat_requests(&upstream);
+    let last = sent.last().unwrap()["messages"].as_array().unwrap().clone();
+    assert_compacted_shape(&grown, &last, 6);
+    assert!(last[1]["content"].as_str().unwrap().contains("ORD-4411"));
+}
+
+#[tokio::test]
+async fn twenty_concurrent_identical_requests_make_one_summarizer_call() {
+    let upstream = mock_llm(LlmBehaviour {
+        summarizer_latency: Duration::from_millis(300),
+        ..Default::default()
+    })
+    .await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let body = chat_body(&conversation(40));
+    let replies = futures_util::future::join_all((0..20).map(|_| post(&proxy, &body, None))).await;
+    for response in &replies {
+        assert_eq!(response.status(), 200);
+        assert_eq!(header(response, "x-condenser-action"), "summarized");
+    }
+    assert_eq!(summarizer_requests(&upstream).len(), 1);
+    assert_eq!(chat_requests(&upstream).len(), 20);
+}
+
+#[tokio::test]
+async fn a_failing_summarizer_leaves_the_request_successful() {
+    let upstream = mock_llm(LlmBehaviour {
+        summarizer_status: Some(500),
+        ..Default::default()
+    })
+    .await;
+    let original = conversation(40);
+    let body = chat_body(&original);
+
+    // trim (the default): the oldest whole units go, the request succeeds.
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let response = post(&proxy, &body, None).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "trimmed");
+    assert_eq!(header(&response, "x-condenser-cache"), "none");
+    let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
+        .parse()
+        .unwrap();
+    assert!(forwarded < 6_000);
+    let sent = chat_requests(&upstream);
+    let messages = sent[0]["messages"].as_array().unwrap();
+    assert_eq!(messages[0], original[0]);
+    assert_eq!(
+        messages[1..],
+        original[original.len() - (messages.len() - 1)..]
+    );
+
+    // forward: the original goes as sent.
+    let mut config = small_window_config(&upstream.url());
+    config.context.on_failure = OnFailure::Forward;
+    let proxy = Proxy::start(config).await;
+    let response = post(&proxy, &body, None).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "forwarded");
+    assert_eq!(
+        chat_requests(&upstream).last().unwrap()["messages"]
+            .as_array()
+            .unwrap()
+            .len(),
+        original.len()
+    );
+
+    // error: a clear 502.
+    let mut config = small_window_config(&upstream.url());
+    config.context.on_failure = OnFailure::Error;
+    let proxy = Proxy::start(config).await;
+    let response = post(&proxy, &body, None).await;
+    assert_eq!(response.status(), 502);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "summarizer_failed");
+}
+
+#[tokio::test]
+async fn a_span_larger_than_the_summarizer_window_is_folded_in_chunks() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let mut config = small_window_config(&upstream.url());
+    // The request's own model summarizes: its 8,000-token window cannot take the span at once.
+    config.summarizer.model = String::new();
+    let proxy = Proxy::start(config).await;
+    let response = post(&proxy, &chat_body(&conversation(40)), None).await;
+    assert_eq!(header(&response, "x-condenser-action"), "summarized");
+    let calls = summarizer_requests(&upstream);
+    assert!(calls.len() >= 2, "{} calls", calls.len());
+    let first = calls[0]["messages"][1]["content"].as_str().unwrap();
+    assert!(first.contains("msg-u0.") && !first.contains("<existing_summary>"));
+    let second = calls[1]["messages"][1]["content"].as_str().unwrap();
+    let (existing, new) = second.split_once("<new_messages>").unwrap();
+    assert!(
+        existing.contains("ORD-4411"),
+        "folded in order onto the first chunk's summary"
+    );
+    assert!(!new.contains("msg-u0."));
+    assert!(calls.iter().all(|c| c["model"] == "gpt-4o"));
+}
+
+#[tokio::test]
+async fn repeated_failures_open_the_circuit_breaker() {
+    let upstream = mock_llm(LlmBehaviour {
+        summarizer_status: Some(503),
+        ..Default::default()
+    })
+    .await;
+    let mut config = small_window_config(&upstream.url());
+    config.summarizer.breaker_failures = 2;
+    config.summarizer.breaker_cooldown_secs = 600;
+    let proxy = Proxy::start(config).await;
+    for turns in 40..45 {
+        let response = post(&proxy, &chat_body(&conversation(turns)), None).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(header(&response, "x-condenser-action"), "trimmed");
+    }
+    assert_eq!(
+        summarizer_requests(&upstream).len(),
+        2,
+        "no calls while the breaker is open"
+    );
+}
+
+#[tokio::test]
+async fn a_streamed_request_is_compacted_and_still_streams() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let original = conversation(40);
+    let mut body = chat_body(&original);
+    body["stream"] = json!(true);
+    let response = post(&proxy, &body, None).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "summarized");
+    assert!(header(&response, "content-type").starts_with("text/event-stream"));
+    let mut text = String::new();
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = within("stream", stream.next()).await {
+        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    assert!(
+        text.contains("reply ") && text.ends_with("data: [DONE]\n\n"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("\"usage\""),
+        "the usage chunk condenser asked for is removed"
+    );
+    let sent = chat_requests(&upstream);
+    assert_compacted_shape(&original, sent[0]["messages"].as_array().unwrap(), 6);
+    assert_eq!(sent[0]["stream_options"]["include_usage"], true);
+}
+
+#[tokio::test]
+async fn a_last_message_larger_than_the_window_is_refused() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let mut messages = conversation(2);
+    messages.push(json!({"role": "user", "content": filler(1, 9_000)}));
+    let response = post(&proxy, &chat_body(&messages), None).await;
+    assert_eq!(response.status(), 400);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "context_length_exceeded");
+    assert!(upstream.recorded().is_empty());
+}
+
+#[tokio::test]
+async fn tool_calls_stay_with_their_results() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let mut messages = vec![json!({"role": "system", "content": SYSTEM_PROMPT})];
+    for t in 0..45 {
+        messages.push(json!({"role": "user", "content": format!("msg-u{t}. {}", filler(t, 60))}));
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": format!("call_{t}a"), "type": "function", "function": {"name": "search", "arguments": "{\"q\":\"x\"}"}},
+            {"id": format!("call_{t}b"), "type": "function", "function": {"name": "fetch", "arguments": "{\"u\":\"y\"}"}}
+        ]}));
+        messages.push(json!({"role": "tool", "tool_call_id": format!("call_{t}a"), "content": filler(t + 1, 40)}));
+        messages.push(json!({"role": "tool", "tool_call_id": format!("call_{t}b"), "content": filler(t + 2, 40)}));
+    }
+    let response = post(&proxy, &chat_body(&messages), None).await;
+    assert_eq!(header(&response, "x-condenser-action"), "summarized");
+    let sent = chat_requests(&upstream);
+    let forwarded = sent[0]["messages"].as_array().unwrap();
+    let mut open_calls: Vec<String> = Vec::new();
+    for m in &forwarded[2..] {
+        if let Some(calls) = m["tool_calls"].as_array() {
+            assert!(open_calls.is_empty(), "a call lost its results");
+            open_calls = calls
+                .iter()
+                .map(|c| c["id"].as_str().unwrap().to_string())
+                .collect();
+        } else if m["role"] == "tool" {
+            let id = m["tool_call_id"].as_str().unwrap();
+            assert!(
+                open_calls.iter().any(|c| c == id),
+                "tool message {id} without its call"
+            );
+            open_calls.retain(|c| c != id);
+        }
+    }
+    assert!(open_calls.is_empty());
+}
+
+/// A conversation that grows one turn at a time past the trigger, with a slow summarizer:
+/// the summary is made ahead of need, so no request ever waits for it.
+#[tokio::test]
+async fn a_conversation_growing_turn_by_turn_never_waits_for_the_summarizer() {
+    let upstream = mock_llm(LlmBehaviour {
+        chat_latency: Duration::from_millis(150),
+        summarizer_latency: Duration::from_millis(400),
+        ..Default::default()
+    })
+    .await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let mut outcomes = Vec::new();
+    for turns in 15..60 {
+        let response = post(&proxy, &chat_body(&conversation(turns)), None).await;
+        assert_eq!(response.status(), 200);
+        outcomes.push((
+            header(&response, "x-condenser-action"),
+            header(&response, "x-condenser-cache"),
+        ));
+    }
+    let blocked = outcomes
+        .iter()
+        .filter(|(_, cache)| cache == "miss" || cache == "extended")
+        .count();
+    let summarized = outcomes
+        .iter()
+        .filter(|(action, _)| action == "summarized")
+        .count();
+    assert!(summarized > 20, "{outcomes:?}");
+    assert_eq!(blocked, 0, "{outcomes:?}");
+    assert!(!summarizer_requests(&upstream).is_empty());
+}
+
+/// The bar: 200 turns replayed through condenser never exceed the window, keep the
+/// system prompt and recent messages, keep the planted facts, and send the summarizer each
+/// message about once.
+#[tokio::test]
+async fn two_hundred_turns_replayed() {
+    let upstream = mock_llm(LlmBehaviour {
+        chat_latency: Duration::from_millis(5),
+        ..Default::default()
+    })
+    .await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let mut messages = vec![json!({"role": "system", "content": SYSTEM_PROMPT})];
+    for t in 0..200 {
+        let planted = if t == 0 {
+            format!("{PLANTED}. ")
+        } else {
+            String::new()
+        };
+        messages.push(
+            json!({"role": "user", "content": format!("msg-u{t}. {planted}{}", filler(t, 100))}),
+        );
+        let response = post(&proxy, &chat_body(&messages), None).await;
+        assert_eq!(response.status(), 200, "turn {t}");
+        let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
+            .parse()
+            .unwrap();
+        assert!(
+            forwarded <= 7_500,
+            "turn {t}: {forwarded} tokens exceed the usable window"
+        );
+        let reply: Value = response.json().await.unwrap();
+        messages.push(json!({"role": "assistant", "content": format!("msg-a{t}. {} {}", reply["choices"][0]["message"]["content"].as_str().unwrap(), filler(t + 500, 100))}));
+
+        let sent = chat_requests(&upstream);
+        let last = sent.last().unwrap()["messages"].as_array().unwrap().clone();
+        assert_eq!(last[0]["content"], SYSTEM_PROMPT, "turn {t}");
+        let sent_user = &messages[messages.len() - 2];
+        assert_eq!(
+            last.last().unwrap(),
+            sent_user,
+            "turn {t}: the newest message is kept"
+        );
+        if let Some(summary) = last[1]["content"]
+            .as_str()
+            .filter(|c| c.starts_with("[Context summary"))
+        {
+            assert!(
+                summary.contains("ORD-4411") && summary.contains("$1,200"),
+                "turn {t}: {summary}"
+            );
+            assert!(last.len() >= 2 + 6, "turn {t}: recent messages kept");
+        }
+    }
+    // How often did each message reach the summarizer?
+    let mut sent_counts = std::collections::HashMap::<String, usize>::new();
+    for call in summarizer_requests(&upstream) {
+        let prompt = call["messages"][1]["content"].as_str().unwrap();
+        let span = prompt
+            .split_once("<new_messages>")
+            .map_or(prompt, |(_, new)| new);
+        for line in span.lines() {
+            if let Some(tag) = line.split('.').next().filter(|w| w.starts_with("msg-")) {
+                *sent_counts.entry(tag.to_string()).or_default() += 1;
+            }
+        }
+    }
+    let total: usize = sent_counts.values().sum();
+    let max = sent_counts.values().copied().max().unwrap_or(0);
+    assert!(
+        sent_counts.len() > 250,
+        "most of the conversation was summarized: {}",
+        sent_counts.len()
+    );
+    let average = total as f64 / sent_counts.len() as f64;
+    assert!(
+        average <= 1.2 && max <= 2,
+        "each message about once: average {average}, max {max}"
+    );
+}
