@@ -115,6 +115,14 @@ impl<S, O: UsageObserver> UsageTap<S, O> {
     }
 }
 
+/// hyper stops polling a body once its declared length is sent, and a client may leave early:
+/// either way the relay is dropped, and reports what it saw.
+impl<S, O: UsageObserver> Drop for UsageTap<S, O> {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
 /// Length of the first complete SSE event (blank-line terminated) in `buf`, terminator included.
 fn complete_event_len(buf: &[u8]) -> Option<usize> {
     let lf = buf.windows(2).position(|w| w == b"\n\n").map(|p| p + 2);

@@ -210,6 +210,11 @@ pub struct LlmBehaviour {
     pub summarizer_status: Option<u16>,
 }
 
+/// A transcript containing this makes the mock summarizer fail.
+pub const FAIL_SUMMARY: &str = "FAIL-THIS-SUMMARY";
+/// A chat request with this `user` gets a 500 from the mock.
+pub const ERROR_USER: &str = "make-an-error";
+
 pub const SUMMARIZER_MARKER: &str = "You compress the earlier part";
 
 pub fn is_summarizer_call(r: &Recorded) -> bool {
@@ -249,12 +254,16 @@ pub async fn mock_llm(behaviour: LlmBehaviour) -> MockUpstream {
             let request: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
             if is_summarizer_call(&r) {
                 tokio::time::sleep(behaviour.summarizer_latency).await;
-                if let Some(status) = behaviour.summarizer_status {
+                let poisoned = request["messages"][1]["content"].as_str().is_some_and(|c| c.contains(FAIL_SUMMARY));
+                if let Some(status) = behaviour.summarizer_status.or(poisoned.then_some(500)) {
                     return json_response(status, &json!({"error": {"message": "summarizer down"}}));
                 }
                 return json_response(200, &completion(&mock_summary(&request), 100, 60));
             }
             tokio::time::sleep(behaviour.chat_latency).await;
+            if request["user"] == ERROR_USER {
+                return json_response(500, &json!({"error": {"message": "upstream broke", "type": "server_error"}}));
+            }
             let reply = format!("reply to {} messages", request["messages"].as_array().map_or(0, Vec::len));
             if request["stream"] == json!(true) {
                 let mut events = String::new();

@@ -1,0 +1,176 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! What an operator reads from `/metrics` agrees with what the requests did.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+
+use common::*;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+/// Parses the Prometheus text format strictly enough to catch a malformed exposition:
+/// every sample is `name{labels} value`, every name was declared by `# TYPE`.
+fn parse_exposition(text: &str) -> BTreeMap<String, f64> {
+    let mut declared = HashSet::new();
+    let mut samples = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split(' ');
+            declared.insert(parts.next().unwrap().to_string());
+            assert!(matches!(parts.next(), Some("counter" | "gauge" | "histogram")), "{line}");
+            continue;
+        }
+        if line.starts_with("# HELP ") {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("bad sample: {line}"));
+        let value: f64 = value.parse().unwrap_or_else(|_| panic!("bad value: {line}"));
+        let name = series.split('{').next().unwrap();
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s).filter(|f| declared.contains(*f)))
+            .unwrap_or(name);
+        assert!(declared.contains(family), "undeclared {name}");
+        if let Some(labels) = series.strip_prefix(name) {
+            assert!(labels.is_empty() || (labels.starts_with('{') && labels.ends_with('}')), "{line}");
+        }
+        samples.insert(series.to_string(), value);
+    }
+    samples
+}
+
+fn value(samples: &BTreeMap<String, f64>, series: &str) -> f64 {
+    *samples.get(series).unwrap_or_else(|| panic!("no series {series}"))
+}
+
+async fn send(proxy: &Proxy, body: &Value) -> (reqwest::Response, u64, u64) {
+    let response = client().post(proxy.url("/v1/chat/completions")).json(body).send().await.unwrap();
+    let received = header(&response, "x-condenser-prompt-tokens").parse().unwrap();
+    let forwarded = header(&response, "x-condenser-forwarded-tokens").parse().unwrap();
+    (response, received, forwarded)
+}
+
+#[tokio::test]
+async fn counters_agree_with_a_known_sequence_of_requests() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let mut received_total = 0;
+    let mut forwarded_total = 0;
+    let mut expect = |(response, received, forwarded): (reqwest::Response, u64, u64), action: &str, status: u16| {
+        assert_eq!(response.status(), status);
+        assert_eq!(header(&response, "x-condenser-action"), action);
+        received_total += received;
+        forwarded_total += forwarded;
+        response
+    };
+    let small = chat_body(&conversation(1));
+    let long = chat_body(&conversation(40));
+    let mut poisoned_messages = conversation(40);
+    poisoned_messages[1]["content"] = json!(format!("{FAIL_SUMMARY} {}", poisoned_messages[1]["content"].as_str().unwrap()));
+    let poisoned = chat_body(&poisoned_messages);
+    let mut streamed = small.clone();
+    streamed["stream"] = json!(true);
+    let mut failing = small.clone();
+    failing["user"] = json!(ERROR_USER);
+
+    expect(send(&proxy, &small).await, "forwarded", 200).bytes().await.unwrap();
+    let r = expect(send(&proxy, &long).await, "summarized", 200);
+    assert_eq!(header(&r, "x-condenser-cache"), "miss");
+    r.bytes().await.unwrap();
+    let r = expect(send(&proxy, &long).await, "summarized", 200);
+    assert_eq!(header(&r, "x-condenser-cache"), "hit");
+    r.bytes().await.unwrap();
+    expect(send(&proxy, &poisoned).await, "trimmed", 200).bytes().await.unwrap();
+    let r = expect(send(&proxy, &streamed).await, "forwarded", 200);
+    let mut stream = r.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        chunk.unwrap();
+    }
+    expect(send(&proxy, &failing).await, "forwarded", 500).bytes().await.unwrap();
+
+    let samples = parse_exposition(&proxy.metrics().await);
+    let m = |series: &str| value(&samples, series);
+    assert_eq!(m(r#"condenser_requests_total{route="chat_completions",status="200"}"#), 5.0);
+    assert_eq!(m(r#"condenser_requests_total{route="chat_completions",status="500"}"#), 1.0);
+    assert_eq!(m(r#"condenser_compactions_total{action="summarized",cache="miss"}"#), 1.0);
+    assert_eq!(m(r#"condenser_compactions_total{action="summarized",cache="hit"}"#), 1.0);
+    assert_eq!(m(r#"condenser_compactions_total{action="trimmed",cache="none"}"#), 1.0);
+    let prompt = m(r#"condenser_prompt_tokens_total{model="gpt-4o"}"#);
+    let forwarded = m(r#"condenser_forwarded_tokens_total{model="gpt-4o"}"#);
+    let saved = m(r#"condenser_saved_tokens_total{model="gpt-4o"}"#);
+    assert_eq!(prompt, received_total as f64);
+    assert_eq!(forwarded, forwarded_total as f64);
+    assert_eq!(saved, prompt - forwarded);
+    assert!(saved > 10_000.0, "{saved}");
+    // The mock reports 4 completion tokens per answer, streams included; the 500 has none.
+    assert_eq!(m(r#"condenser_completion_tokens_total{model="gpt-4o"}"#), 20.0);
+    assert_eq!(m("condenser_upstream_seconds_count"), 6.0);
+    assert_eq!(m("condenser_overhead_seconds_count"), 6.0);
+    assert_eq!(m("condenser_summarize_seconds_count"), 2.0);
+    assert_eq!(m("condenser_ttft_seconds_count"), 1.0);
+    assert_eq!(m("condenser_summary_cache_entries"), 1.0);
+    assert_eq!(m("condenser_cache_errors_total"), 0.0);
+    assert!(m(r#"condenser_token_estimate_ratio{model="gpt-4o"}"#) > 0.0);
+    // Overhead buckets reach down to 50 µs and up to 250 ms.
+    assert!(samples.contains_key(r#"condenser_overhead_seconds_bucket{le="0.00005"}"#));
+    assert!(samples.contains_key(r#"condenser_overhead_seconds_bucket{le="0.25"}"#));
+    assert!(samples.contains_key(r#"condenser_upstream_seconds_bucket{le="80"}"#));
+    assert!(samples.contains_key(r#"condenser_ttft_seconds_bucket{le="10"}"#));
+}
+
+async fn stream_text(response: reqwest::Response) -> String {
+    let mut text = String::new();
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = within("stream", stream.next()).await {
+        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    text
+}
+
+#[tokio::test]
+async fn usage_is_requested_for_streams_and_hidden_from_clients_that_did_not_ask() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let proxy = Proxy::start(config_for(&upstream.url())).await;
+    let without = json!({"model": "gpt-4o", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let (response, _, _) = send(&proxy, &without).await;
+    let text = stream_text(response).await;
+    assert!(!text.contains("\"usage\""), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    let sent = upstream.recorded()[0].json();
+    assert_eq!(sent["stream_options"]["include_usage"], true);
+    let samples = parse_exposition(&proxy.metrics().await);
+    assert_eq!(value(&samples, r#"condenser_completion_tokens_total{model="gpt-4o"}"#), 4.0);
+
+    let with = r#"{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#;
+    let response = client().post(proxy.url("/v1/chat/completions")).body(with).send().await.unwrap();
+    let text = stream_text(response).await;
+    assert!(text.contains("\"usage\""), "the client asked for usage and keeps it: {text}");
+    assert_eq!(upstream.recorded()[1].body.as_ref(), with.as_bytes(), "nothing to change: sent as is");
+    let samples = parse_exposition(&proxy.metrics().await);
+    assert_eq!(value(&samples, r#"condenser_completion_tokens_total{model="gpt-4o"}"#), 8.0);
+}
+
+#[tokio::test]
+async fn invented_model_names_do_not_blow_up_cardinality() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let mut config = config_for(&upstream.url());
+    config.metrics.models = vec!["my-fine-tune".into()];
+    let proxy = Proxy::start(config).await;
+    let mut names: Vec<String> = (0..1000).map(|i| format!("invented-model-{i}")).collect();
+    names.extend(["gpt-4o-2024-08-06", "claude-sonnet-4-5", "my-fine-tune"].map(String::from));
+    let requests = names.iter().map(|name| {
+        let body = json!({"model": name, "messages": [{"role": "user", "content": "hi"}]});
+        let proxy = &proxy;
+        async move { send(proxy, &body).await.0.bytes().await.unwrap() }
+    });
+    futures_util::stream::iter(requests).buffer_unordered(16).collect::<Vec<_>>().await;
+    let samples = parse_exposition(&proxy.metrics().await);
+    let labels: HashSet<&str> = samples
+        .keys()
+        .filter_map(|k| k.strip_prefix("condenser_prompt_tokens_total{model=\""))
+        .map(|k| k.trim_end_matches("\"}"))
+        .collect();
+    assert_eq!(labels, HashSet::from(["other", "gpt-4o", "claude", "my-fine-tune"]));
+    assert_eq!(value(&samples, r#"condenser_requests_total{route="chat_completions",status="200"}"#), 1003.0);
+}
