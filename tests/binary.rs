@@ -1,0 +1,198 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The `condenser` binary itself: commands, logs, and SIGTERM.
+
+mod common;
+
+use std::process::Stdio;
+
+use common::*;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+const BIN: &str = env!("CARGO_BIN_EXE_condenser");
+
+fn write_config(dir: &tempfile::TempDir, text: &str) -> std::path::PathBuf {
+    let path = dir.path().join("config.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+async fn run(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env_remove("CONDENSER_CONFIG")
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or("").as_bytes()).await.unwrap();
+    drop(input);
+    let output = within("command", child.wait_with_output()).await.unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn check_config_accepts_the_shipped_file_and_names_bad_keys() {
+    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml");
+    let (code, stdout, _) = run(&["check-config", shipped], None).await;
+    assert_eq!(code, 0);
+    assert!(stdout.contains("trigger_ratio = 0.8"), "{stdout}");
+    let dir = tempfile::tempdir().unwrap();
+    let bad = write_config(&dir, "[context]\nkeep_recent = 3\n");
+    let (code, _, stderr) = run(&["check-config", bad.to_str().unwrap()], None).await;
+    assert_eq!(code, 1);
+    assert!(stderr.contains("keep_recent"), "{stderr}");
+    let bad = write_config(&dir, "[context]\ntarget_ratio = 0.95\n");
+    let (code, _, stderr) = run(&["check-config", bad.to_str().unwrap()], None).await;
+    assert_eq!(code, 1);
+    assert!(stderr.contains("target_ratio"), "{stderr}");
+}
+
+#[tokio::test]
+async fn count_and_plan_read_a_request_from_stdin_or_a_file() {
+    let body = chat_body(&conversation(40)).to_string();
+    let (code, stdout, _) = run(&["count"], Some(&body)).await;
+    assert_eq!(code, 0);
+    let plain: u64 = stdout.trim().parse().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("request.json");
+    std::fs::write(&file, &body).unwrap();
+    let (code, stdout, _) = run(&["count", "--json", "--model", "gpt-4", file.to_str().unwrap()], None).await;
+    assert_eq!(code, 0);
+    let counted: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(counted["model"], "gpt-4");
+    assert_eq!(counted["encoding"], "cl100k_base");
+    assert_eq!(counted["messages"], 81);
+    assert!(counted["prompt_tokens"].as_u64().unwrap() > 8_000);
+    assert!(plain > 8_000);
+
+    let config = write_config(&dir, "[models.\"gpt-4o\"]\ncontext_window = 8000\n");
+    let (code, stdout, _) = run(&["plan", "--config", config.to_str().unwrap(), file.to_str().unwrap()], None).await;
+    assert_eq!(code, 0, "{stdout}");
+    assert!(stdout.contains("decision: compact"), "{stdout}");
+    assert!(stdout.contains("trigger_ratio") && stdout.contains("← over"), "{stdout}");
+    assert!(stdout.contains("summarize      messages 1.."), "{stdout}");
+    let (code, stdout, _) = run(&["plan", "--mode", "off", file.to_str().unwrap()], Some("")).await;
+    assert_eq!(code, 0);
+    assert!(stdout.contains("decision: forward unchanged"), "{stdout}");
+    let (code, _, stderr) = run(&["count"], Some("{\"model\": 1}")).await;
+    assert_eq!(code, 1);
+    assert!(stderr.contains("model"), "{stderr}");
+}
+
+/// Starts the binary with JSON logs; returns it, its address and its log lines.
+async fn serve(upstream: &str, dir: &tempfile::TempDir) -> (Child, String, mpsc::UnboundedReceiver<Value>) {
+    let config = write_config(dir, "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace_secs = 20\n");
+    let mut child = Command::new(BIN)
+        .args(["--config", config.to_str().unwrap(), "--upstream", upstream, "--log-format", "json"])
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let parsed: Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("log line is not JSON: {line}"));
+            if tx.send(parsed).is_err() {
+                return;
+            }
+        }
+    });
+    let addr = loop {
+        let line = within("listening line", rx.recv()).await.unwrap();
+        if line["message"] == "condenser listening" {
+            break line["addr"].as_str().unwrap().to_string();
+        }
+    };
+    (child, addr, rx)
+}
+
+#[tokio::test]
+async fn one_json_log_line_per_request_without_prompt_or_key() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, addr, mut logs) = serve(&upstream.url(), &dir).await;
+    let body = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "my secret plan is PINEAPPLE-42"}]});
+    let response = client()
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .header("authorization", "Bearer sk-very-secret-key")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    response.bytes().await.unwrap();
+    let line = loop {
+        let line = within("request log line", logs.recv()).await.unwrap();
+        if line["message"] == "chat completion" {
+            break line;
+        }
+    };
+    assert_eq!(line["level"], "INFO");
+    assert_eq!(line["model"], "gpt-4o");
+    assert_eq!(line["status"], 200);
+    assert_eq!(line["action"], "forwarded");
+    assert_eq!(line["completion_tokens"], 4);
+    for field in ["prompt_tokens", "forwarded_tokens", "upstream_ms", "overhead_ms", "path", "method"] {
+        assert!(line.get(field).is_some(), "{field} missing from {line}");
+    }
+    let text = line.to_string();
+    assert!(!text.contains("PINEAPPLE") && !text.contains("sk-very-secret"), "{text}");
+    child.kill().await.unwrap();
+}
+
+#[tokio::test]
+async fn sigterm_lets_a_stream_in_flight_finish() {
+    let upstream = mock_llm(LlmBehaviour {
+        chat_latency: std::time::Duration::from_millis(1500),
+        ..Default::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, addr, mut logs) = serve(&upstream.url(), &dir).await;
+    let body = json!({"model": "gpt-4o", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let request = tokio::spawn(async move {
+        let response = client()
+            .post(format!("http://{addr}/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let mut text = String::new();
+        let mut stream = response.bytes_stream();
+        while let Some(chunk) = stream.next().await {
+            text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+        }
+        text
+    });
+    // Wait until the request is in flight (upstream has it), then SIGTERM.
+    within("request reaches upstream", async {
+        while upstream.recorded().is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let pid = child.id().unwrap().to_string();
+    let status = Command::new("kill").args(["-TERM", &pid]).status().await.unwrap();
+    assert!(status.success());
+    let text = within("stream after SIGTERM", request).await.unwrap();
+    assert!(text.contains("reply") && text.ends_with("data: [DONE]\n\n"), "{text}");
+    let exit = within("exit after drain", child.wait()).await.unwrap();
+    assert!(exit.success(), "{exit:?}");
+    let mut drained = false;
+    // The channel closes once the exited process's stderr is read to its end.
+    while let Some(line) = within("log lines", logs.recv()).await {
+        drained |= line["message"] == "drained";
+    }
+    assert!(drained, "the server said it drained");
+}
