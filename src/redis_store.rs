@@ -75,9 +75,12 @@ impl RedisStore {
     }
 
     /// A connection, made on first use and after failures at most once per backoff; `None`
-    /// while Redis is unreachable or another task is connecting.
+    /// while Redis is unreachable. Requests arriving while a connection is being made wait
+    /// for it no longer than one operation's timeout.
     async fn connection(&self) -> Option<ConnectionManager> {
-        let mut manager = self.manager.try_lock().ok()?;
+        let mut manager = tokio::time::timeout(self.timeout, self.manager.lock())
+            .await
+            .ok()?;
         if let Some(connection) = manager.as_ref() {
             return Some(connection.clone());
         }

@@ -30,7 +30,10 @@ async fn run(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
         .spawn()
         .unwrap();
     let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin.unwrap_or("").as_bytes()).await.unwrap();
+    input
+        .write_all(stdin.unwrap_or("").as_bytes())
+        .await
+        .unwrap();
     drop(input);
     let output = within("command", child.wait_with_output()).await.unwrap();
     (
@@ -66,7 +69,17 @@ async fn count_and_plan_read_a_request_from_stdin_or_a_file() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("request.json");
     std::fs::write(&file, &body).unwrap();
-    let (code, stdout, _) = run(&["count", "--json", "--model", "gpt-4", file.to_str().unwrap()], None).await;
+    let (code, stdout, _) = run(
+        &[
+            "count",
+            "--json",
+            "--model",
+            "gpt-4",
+            file.to_str().unwrap(),
+        ],
+        None,
+    )
+    .await;
     assert_eq!(code, 0);
     let counted: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(counted["model"], "gpt-4");
@@ -76,10 +89,22 @@ async fn count_and_plan_read_a_request_from_stdin_or_a_file() {
     assert!(plain > 8_000);
 
     let config = write_config(&dir, "[models.\"gpt-4o\"]\ncontext_window = 8000\n");
-    let (code, stdout, _) = run(&["plan", "--config", config.to_str().unwrap(), file.to_str().unwrap()], None).await;
+    let (code, stdout, _) = run(
+        &[
+            "plan",
+            "--config",
+            config.to_str().unwrap(),
+            file.to_str().unwrap(),
+        ],
+        None,
+    )
+    .await;
     assert_eq!(code, 0, "{stdout}");
     assert!(stdout.contains("decision: compact"), "{stdout}");
-    assert!(stdout.contains("trigger_ratio") && stdout.contains("← over"), "{stdout}");
+    assert!(
+        stdout.contains("trigger_ratio") && stdout.contains("← over"),
+        "{stdout}"
+    );
     assert!(stdout.contains("summarize      messages 1.."), "{stdout}");
     let (code, stdout, _) = run(&["plan", "--mode", "off", file.to_str().unwrap()], Some("")).await;
     assert_eq!(code, 0);
@@ -90,10 +115,23 @@ async fn count_and_plan_read_a_request_from_stdin_or_a_file() {
 }
 
 /// Starts the binary with JSON logs; returns it, its address and its log lines.
-async fn serve(upstream: &str, dir: &tempfile::TempDir) -> (Child, String, mpsc::UnboundedReceiver<Value>) {
-    let config = write_config(dir, "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace_secs = 20\n");
+async fn serve(
+    upstream: &str,
+    dir: &tempfile::TempDir,
+) -> (Child, String, mpsc::UnboundedReceiver<Value>) {
+    let config = write_config(
+        dir,
+        "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace_secs = 20\n",
+    );
     let mut child = Command::new(BIN)
-        .args(["--config", config.to_str().unwrap(), "--upstream", upstream, "--log-format", "json"])
+        .args([
+            "--config",
+            config.to_str().unwrap(),
+            "--upstream",
+            upstream,
+            "--log-format",
+            "json",
+        ])
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -102,7 +140,8 @@ async fn serve(upstream: &str, dir: &tempfile::TempDir) -> (Child, String, mpsc:
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     tokio::spawn(async move {
         while let Ok(Some(line)) = lines.next_line().await {
-            let parsed: Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("log line is not JSON: {line}"));
+            let parsed: Value = serde_json::from_str(&line)
+                .unwrap_or_else(|_| panic!("log line is not JSON: {line}"));
             if tx.send(parsed).is_err() {
                 return;
             }
@@ -143,11 +182,21 @@ async fn one_json_log_line_per_request_without_prompt_or_key() {
     assert_eq!(line["status"], 200);
     assert_eq!(line["action"], "forwarded");
     assert_eq!(line["completion_tokens"], 4);
-    for field in ["prompt_tokens", "forwarded_tokens", "upstream_ms", "overhead_ms", "path", "method"] {
+    for field in [
+        "prompt_tokens",
+        "forwarded_tokens",
+        "upstream_ms",
+        "overhead_ms",
+        "path",
+        "method",
+    ] {
         assert!(line.get(field).is_some(), "{field} missing from {line}");
     }
     let text = line.to_string();
-    assert!(!text.contains("PINEAPPLE") && !text.contains("sk-very-secret"), "{text}");
+    assert!(
+        !text.contains("PINEAPPLE") && !text.contains("sk-very-secret"),
+        "{text}"
+    );
     child.kill().await.unwrap();
 }
 
@@ -160,7 +209,8 @@ async fn sigterm_lets_a_stream_in_flight_finish() {
     .await;
     let dir = tempfile::tempdir().unwrap();
     let (mut child, addr, mut logs) = serve(&upstream.url(), &dir).await;
-    let body = json!({"model": "gpt-4o", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let body =
+        json!({"model": "gpt-4o", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
     let request = tokio::spawn(async move {
         let response = client()
             .post(format!("http://{addr}/v1/chat/completions"))
@@ -183,10 +233,17 @@ async fn sigterm_lets_a_stream_in_flight_finish() {
     })
     .await;
     let pid = child.id().unwrap().to_string();
-    let status = Command::new("kill").args(["-TERM", &pid]).status().await.unwrap();
+    let status = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .unwrap();
     assert!(status.success());
     let text = within("stream after SIGTERM", request).await.unwrap();
-    assert!(text.contains("reply") && text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert!(
+        text.contains("reply") && text.ends_with("data: [DONE]\n\n"),
+        "{text}"
+    );
     let exit = within("exit after drain", child.wait()).await.unwrap();
     assert!(exit.success(), "{exit:?}");
     let mut drained = false;

@@ -18,14 +18,21 @@ fn parse_exposition(text: &str) -> BTreeMap<String, f64> {
         if let Some(rest) = line.strip_prefix("# TYPE ") {
             let mut parts = rest.split(' ');
             declared.insert(parts.next().unwrap().to_string());
-            assert!(matches!(parts.next(), Some("counter" | "gauge" | "histogram")), "{line}");
+            assert!(
+                matches!(parts.next(), Some("counter" | "gauge" | "histogram")),
+                "{line}"
+            );
             continue;
         }
         if line.starts_with("# HELP ") {
             continue;
         }
-        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("bad sample: {line}"));
-        let value: f64 = value.parse().unwrap_or_else(|_| panic!("bad value: {line}"));
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad sample: {line}"));
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value: {line}"));
         let name = series.split('{').next().unwrap();
         let family = ["_bucket", "_sum", "_count"]
             .iter()
@@ -33,7 +40,10 @@ fn parse_exposition(text: &str) -> BTreeMap<String, f64> {
             .unwrap_or(name);
         assert!(declared.contains(family), "undeclared {name}");
         if let Some(labels) = series.strip_prefix(name) {
-            assert!(labels.is_empty() || (labels.starts_with('{') && labels.ends_with('}')), "{line}");
+            assert!(
+                labels.is_empty() || (labels.starts_with('{') && labels.ends_with('}')),
+                "{line}"
+            );
         }
         samples.insert(series.to_string(), value);
     }
@@ -41,13 +51,24 @@ fn parse_exposition(text: &str) -> BTreeMap<String, f64> {
 }
 
 fn value(samples: &BTreeMap<String, f64>, series: &str) -> f64 {
-    *samples.get(series).unwrap_or_else(|| panic!("no series {series}"))
+    *samples
+        .get(series)
+        .unwrap_or_else(|| panic!("no series {series}"))
 }
 
 async fn send(proxy: &Proxy, body: &Value) -> (reqwest::Response, u64, u64) {
-    let response = client().post(proxy.url("/v1/chat/completions")).json(body).send().await.unwrap();
-    let received = header(&response, "x-condenser-prompt-tokens").parse().unwrap();
-    let forwarded = header(&response, "x-condenser-forwarded-tokens").parse().unwrap();
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let received = header(&response, "x-condenser-prompt-tokens")
+        .parse()
+        .unwrap();
+    let forwarded = header(&response, "x-condenser-forwarded-tokens")
+        .parse()
+        .unwrap();
     (response, received, forwarded)
 }
 
@@ -57,7 +78,9 @@ async fn counters_agree_with_a_known_sequence_of_requests() {
     let proxy = Proxy::start(small_window_config(&upstream.url())).await;
     let mut received_total = 0;
     let mut forwarded_total = 0;
-    let mut expect = |(response, received, forwarded): (reqwest::Response, u64, u64), action: &str, status: u16| {
+    let mut expect = |(response, received, forwarded): (reqwest::Response, u64, u64),
+                      action: &str,
+                      status: u16| {
         assert_eq!(response.status(), status);
         assert_eq!(header(&response, "x-condenser-action"), action);
         received_total += received;
@@ -67,35 +90,62 @@ async fn counters_agree_with_a_known_sequence_of_requests() {
     let small = chat_body(&conversation(1));
     let long = chat_body(&conversation(40));
     let mut poisoned_messages = conversation(40);
-    poisoned_messages[1]["content"] = json!(format!("{FAIL_SUMMARY} {}", poisoned_messages[1]["content"].as_str().unwrap()));
+    poisoned_messages[1]["content"] = json!(format!(
+        "{FAIL_SUMMARY} {}",
+        poisoned_messages[1]["content"].as_str().unwrap()
+    ));
     let poisoned = chat_body(&poisoned_messages);
     let mut streamed = small.clone();
     streamed["stream"] = json!(true);
     let mut failing = small.clone();
     failing["user"] = json!(ERROR_USER);
 
-    expect(send(&proxy, &small).await, "forwarded", 200).bytes().await.unwrap();
+    expect(send(&proxy, &small).await, "forwarded", 200)
+        .bytes()
+        .await
+        .unwrap();
     let r = expect(send(&proxy, &long).await, "summarized", 200);
     assert_eq!(header(&r, "x-condenser-cache"), "miss");
     r.bytes().await.unwrap();
     let r = expect(send(&proxy, &long).await, "summarized", 200);
     assert_eq!(header(&r, "x-condenser-cache"), "hit");
     r.bytes().await.unwrap();
-    expect(send(&proxy, &poisoned).await, "trimmed", 200).bytes().await.unwrap();
+    expect(send(&proxy, &poisoned).await, "trimmed", 200)
+        .bytes()
+        .await
+        .unwrap();
     let r = expect(send(&proxy, &streamed).await, "forwarded", 200);
     let mut stream = r.bytes_stream();
     while let Some(chunk) = stream.next().await {
         chunk.unwrap();
     }
-    expect(send(&proxy, &failing).await, "forwarded", 500).bytes().await.unwrap();
+    expect(send(&proxy, &failing).await, "forwarded", 500)
+        .bytes()
+        .await
+        .unwrap();
 
     let samples = parse_exposition(&proxy.metrics().await);
     let m = |series: &str| value(&samples, series);
-    assert_eq!(m(r#"condenser_requests_total{route="chat_completions",status="200"}"#), 5.0);
-    assert_eq!(m(r#"condenser_requests_total{route="chat_completions",status="500"}"#), 1.0);
-    assert_eq!(m(r#"condenser_compactions_total{action="summarized",cache="miss"}"#), 1.0);
-    assert_eq!(m(r#"condenser_compactions_total{action="summarized",cache="hit"}"#), 1.0);
-    assert_eq!(m(r#"condenser_compactions_total{action="trimmed",cache="none"}"#), 1.0);
+    assert_eq!(
+        m(r#"condenser_requests_total{route="chat_completions",status="200"}"#),
+        5.0
+    );
+    assert_eq!(
+        m(r#"condenser_requests_total{route="chat_completions",status="500"}"#),
+        1.0
+    );
+    assert_eq!(
+        m(r#"condenser_compactions_total{action="summarized",cache="miss"}"#),
+        1.0
+    );
+    assert_eq!(
+        m(r#"condenser_compactions_total{action="summarized",cache="hit"}"#),
+        1.0
+    );
+    assert_eq!(
+        m(r#"condenser_compactions_total{action="trimmed",cache="none"}"#),
+        1.0
+    );
     let prompt = m(r#"condenser_prompt_tokens_total{model="gpt-4o"}"#);
     let forwarded = m(r#"condenser_forwarded_tokens_total{model="gpt-4o"}"#);
     let saved = m(r#"condenser_saved_tokens_total{model="gpt-4o"}"#);
@@ -104,7 +154,10 @@ async fn counters_agree_with_a_known_sequence_of_requests() {
     assert_eq!(saved, prompt - forwarded);
     assert!(saved > 10_000.0, "{saved}");
     // The mock reports 4 completion tokens per answer, streams included; the 500 has none.
-    assert_eq!(m(r#"condenser_completion_tokens_total{model="gpt-4o"}"#), 20.0);
+    assert_eq!(
+        m(r#"condenser_completion_tokens_total{model="gpt-4o"}"#),
+        20.0
+    );
     assert_eq!(m("condenser_upstream_seconds_count"), 6.0);
     assert_eq!(m("condenser_overhead_seconds_count"), 6.0);
     assert_eq!(m("condenser_summarize_seconds_count"), 2.0);
@@ -132,7 +185,8 @@ async fn stream_text(response: reqwest::Response) -> String {
 async fn usage_is_requested_for_streams_and_hidden_from_clients_that_did_not_ask() {
     let upstream = mock_llm(LlmBehaviour::default()).await;
     let proxy = Proxy::start(config_for(&upstream.url())).await;
-    let without = json!({"model": "gpt-4o", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let without =
+        json!({"model": "gpt-4o", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
     let (response, _, _) = send(&proxy, &without).await;
     let text = stream_text(response).await;
     assert!(!text.contains("\"usage\""), "{text}");
@@ -140,15 +194,39 @@ async fn usage_is_requested_for_streams_and_hidden_from_clients_that_did_not_ask
     let sent = upstream.recorded()[0].json();
     assert_eq!(sent["stream_options"]["include_usage"], true);
     let samples = parse_exposition(&proxy.metrics().await);
-    assert_eq!(value(&samples, r#"condenser_completion_tokens_total{model="gpt-4o"}"#), 4.0);
+    assert_eq!(
+        value(
+            &samples,
+            r#"condenser_completion_tokens_total{model="gpt-4o"}"#
+        ),
+        4.0
+    );
 
     let with = r#"{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#;
-    let response = client().post(proxy.url("/v1/chat/completions")).body(with).send().await.unwrap();
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .body(with)
+        .send()
+        .await
+        .unwrap();
     let text = stream_text(response).await;
-    assert!(text.contains("\"usage\""), "the client asked for usage and keeps it: {text}");
-    assert_eq!(upstream.recorded()[1].body.as_ref(), with.as_bytes(), "nothing to change: sent as is");
+    assert!(
+        text.contains("\"usage\""),
+        "the client asked for usage and keeps it: {text}"
+    );
+    assert_eq!(
+        upstream.recorded()[1].body.as_ref(),
+        with.as_bytes(),
+        "nothing to change: sent as is"
+    );
     let samples = parse_exposition(&proxy.metrics().await);
-    assert_eq!(value(&samples, r#"condenser_completion_tokens_total{model="gpt-4o"}"#), 8.0);
+    assert_eq!(
+        value(
+            &samples,
+            r#"condenser_completion_tokens_total{model="gpt-4o"}"#
+        ),
+        8.0
+    );
 }
 
 #[tokio::test]
@@ -164,13 +242,25 @@ async fn invented_model_names_do_not_blow_up_cardinality() {
         let proxy = &proxy;
         async move { send(proxy, &body).await.0.bytes().await.unwrap() }
     });
-    futures_util::stream::iter(requests).buffer_unordered(16).collect::<Vec<_>>().await;
+    futures_util::stream::iter(requests)
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
     let samples = parse_exposition(&proxy.metrics().await);
     let labels: HashSet<&str> = samples
         .keys()
         .filter_map(|k| k.strip_prefix("condenser_prompt_tokens_total{model=\""))
         .map(|k| k.trim_end_matches("\"}"))
         .collect();
-    assert_eq!(labels, HashSet::from(["other", "gpt-4o", "claude", "my-fine-tune"]));
-    assert_eq!(value(&samples, r#"condenser_requests_total{route="chat_completions",status="200"}"#), 1003.0);
+    assert_eq!(
+        labels,
+        HashSet::from(["other", "gpt-4o", "claude", "my-fine-tune"])
+    );
+    assert_eq!(
+        value(
+            &samples,
+            r#"condenser_requests_total{route="chat_completions",status="200"}"#
+        ),
+        1003.0
+    );
 }

@@ -27,6 +27,8 @@ async fn the_openai_python_sdk_works_through_condenser() {
     assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
     let recorded = upstream.recorded();
     assert_eq!(recorded.len(), 4);
-    assert!(recorded.iter().all(|r| r.path_and_query == "/v1/chat/completions"));
+    assert!(recorded
+        .iter()
+        .all(|r| r.path_and_query == "/v1/chat/completions"));
     assert_eq!(recorded[0].headers["authorization"], "Bearer sk-sdk-test");
 }
