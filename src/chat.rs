@@ -184,7 +184,7 @@ impl Prepared {
     pub fn decide(&self, input: &PlanInput) -> Decision {
         let choices = self.body.get("n").and_then(Value::as_u64).unwrap_or(1);
         if choices > 1 {
-            return Decision::Forward(plan::ForwardReason::Disabled);
+            return Decision::Forward(plan::ForwardReason::SeveralChoices);
         }
         plan::plan(input)
     }

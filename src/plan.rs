@@ -95,6 +95,7 @@ pub enum ForwardReason {
     UnderTriggers,
     NothingToSummarize,
     UnpairedToolMessage,
+    SeveralChoices,
 }
 
 impl ForwardReason {
@@ -106,6 +107,7 @@ impl ForwardReason {
             ForwardReason::UnpairedToolMessage => {
                 "a tool message follows no assistant tool call; forwarded as sent"
             }
+            ForwardReason::SeveralChoices => "n > 1 asks for several choices; forwarded as sent",
         }
     }
 }

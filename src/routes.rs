@@ -17,8 +17,9 @@ pub const CHAT_COMPLETIONS: &str = "/v1/chat/completions";
 
 pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Response<ProxyBody> {
     let received = Instant::now();
-    let path = request.uri().path();
-    let (route, result) = match (request.method(), path) {
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let (route, result) = match (request.method(), path.as_str()) {
         (&Method::GET, "/healthz") => ("healthz", Ok(text(StatusCode::OK, "ok\n"))),
         (&Method::GET, "/readyz") => ("readyz", Ok(readiness(&state))),
         (&Method::GET, "/metrics") => ("metrics", Ok(metrics(&state))),
@@ -29,14 +30,25 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
         (_, p) if p.starts_with("/v1/") => {
             ("passthrough", passthrough::handle(&state, request).await)
         }
-        _ => ("other", Err(ProxyError::NotFound(path.to_string()))),
+        _ => ("other", Err(ProxyError::NotFound(path.clone()))),
     };
+    // A relayed chat completion logs its own line when its body ends, with its usage.
+    let logged_by_chat = route == "chat_completions" && result.is_ok();
     let response = result.unwrap_or_else(|error| {
         if error.status().is_server_error() {
             tracing::warn!(route, %error, "request failed");
         }
         error.to_response()
     });
+    if !logged_by_chat {
+        let status = response.status().as_u16();
+        let elapsed_ms = received.elapsed().as_secs_f64() * 1e3;
+        if matches!(route, "healthz" | "readyz" | "metrics") {
+            tracing::debug!(method = %method, path = %path, route, status, elapsed_ms, "request");
+        } else {
+            tracing::info!(method = %method, path = %path, route, status, elapsed_ms, "request");
+        }
+    }
     state
         .metrics
         .requests

@@ -474,3 +474,16 @@ async fn two_hundred_turns_replayed() {
         "each message about once: average {average}, max {max}"
     );
 }
+
+#[tokio::test]
+async fn requests_for_several_choices_are_forwarded_as_sent() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let mut body = chat_body(&conversation(40));
+    body["n"] = json!(2);
+    let response = post(&proxy, &body, Some("force")).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "forwarded");
+    assert_eq!(chat_requests(&upstream)[0], body);
+    assert!(summarizer_requests(&upstream).is_empty());
+}

@@ -455,6 +455,30 @@ async fn routes_pick_the_upstream_by_model_and_inject_their_key() {
 }
 
 #[tokio::test]
+async fn h2c_clients_are_served() {
+    let upstream = MockUpstream::start(handler(|_| async {
+        json_response(200, &completion("over h2", 1, 1))
+    }))
+    .await;
+    let proxy = Proxy::start(config_for(&upstream.url())).await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let response = h2
+        .post(proxy.url("/v1/chat/completions"))
+        .body(r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.version(), reqwest::Version::HTTP_2);
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-condenser-action"], "forwarded");
+    let reply: Value = response.json().await.unwrap();
+    assert_eq!(reply["choices"][0]["message"]["content"], "over h2");
+}
+
+#[tokio::test]
 async fn health_and_readiness() {
     let upstream = MockUpstream::start(handler(|_| async { json_response(200, &json!({})) })).await;
     let mut proxy = Proxy::start(config_for(&upstream.url())).await;
