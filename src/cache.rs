@@ -75,16 +75,24 @@ impl SummaryCache {
     /// The last of `keys` that has a summary, with its position: memory first, then one
     /// round trip to the shared level for all of them. Found shared entries are kept in memory.
     pub async fn longest(&self, keys: &[Key]) -> Option<(usize, Arc<Summary>)> {
+        let mut found = None;
         for (i, key) in keys.iter().enumerate().rev() {
             if let Some(summary) = self.memory.get(key).await {
-                return Some((i, summary));
+                found = Some((i, summary));
+                break;
             }
         }
-        let shared = self.shared.as_ref()?;
-        let (i, summary) = shared.longest(keys).await?;
+        // Another replica may hold a longer one than memory has.
+        let after = found.as_ref().map_or(0, |(i, _)| i + 1);
+        let Some(shared) = self.shared.as_ref().filter(|_| after < keys.len()) else {
+            return found;
+        };
+        let Some((i, summary)) = shared.longest(&keys[after..]).await else {
+            return found;
+        };
         let summary = Arc::new(summary);
-        self.memory.insert(keys[i], summary.clone()).await;
-        Some((i, summary))
+        self.memory.insert(keys[after + i], summary.clone()).await;
+        Some((after + i, summary))
     }
 
     pub async fn get(&self, key: &Key) -> Option<Arc<Summary>> {

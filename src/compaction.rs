@@ -17,7 +17,7 @@ use crate::error::ProxyError;
 use crate::forward::Upstream;
 use crate::models::ModelInfo;
 use crate::plan::{Limits, Mode, Split};
-use crate::redis_store::{unix_now, RedisStore};
+use crate::redis_store::{unix_now, LockOutcome, RedisStore};
 use crate::summarize::{Evicted, SummarizeError, Summarizer, SummaryRequest, PROMPT_VERSION};
 use crate::tokens::{count_text, shorten_middle, PromptCount};
 
@@ -137,6 +137,8 @@ enum Found {
     Exact(Arc<Summary>),
     /// A summary of a shorter prefix, ending before message `end`.
     Shorter(usize, Arc<Summary>),
+    /// Not cached, but being made (ahead of need, or for another request), ending before `end`.
+    Pending(usize, SharedSummary),
     Nothing,
 }
 
@@ -171,7 +173,17 @@ async fn lookup(state: &Arc<AppState>, job: &CompactionJob<'_>) -> Lookup {
     let found = match compactor.cache.longest(&candidate_keys).await {
         Some((i, summary)) if candidates[i].0 == split.tail_start => Found::Exact(summary),
         Some((i, summary)) => Found::Shorter(candidates[i].0, summary),
-        None => Found::Nothing,
+        None => compactor
+            .in_flight
+            .lock()
+            .ok()
+            .and_then(|in_flight| {
+                candidates
+                    .iter()
+                    .rev()
+                    .find_map(|(end, key)| Some(Found::Pending(*end, in_flight.get(key)?.clone())))
+            })
+            .unwrap_or(Found::Nothing),
     };
     let evictable: Arc<[Evicted]> = job.messages[split.head..]
         .iter()
@@ -196,17 +208,44 @@ async fn lookup(state: &Arc<AppState>, job: &CompactionJob<'_>) -> Lookup {
     }
 }
 
-/// Estimated prompt if `summary` (ending before message `end`) is used with everything after it.
-fn estimate_with(job: &CompactionJob<'_>, summary: &Summary, end: usize) -> u64 {
+/// Framing of the summary message around its text.
+const SUMMARY_MESSAGE_TOKENS: u64 = 20;
+
+/// Estimated prompt, and message count, if `summary` (ending before message `end`) is
+/// forwarded with everything after it (tool outputs shortened as planned).
+fn estimate_with(job: &CompactionJob<'_>, summary: &Summary, end: usize) -> (u64, usize) {
     let head: u64 = job.count.per_message[..job.split.head]
         .iter()
         .map(|&t| u64::from(t))
         .sum();
-    let rest: u64 = job.count.per_message[end..]
-        .iter()
-        .map(|&t| u64::from(t))
+    let rest: u64 = (end..job.messages.len())
+        .map(|i| {
+            let cut = job.split.shorten.iter().find(|s| s.index == i);
+            u64::from(cut.map_or(job.count.per_message[i], |s| s.keep_tokens))
+        })
         .sum();
-    head + u64::from(summary.tokens) + 10 + rest + u64::from(job.count.fixed)
+    let tokens = head
+        + u64::from(summary.tokens)
+        + SUMMARY_MESSAGE_TOKENS
+        + rest
+        + u64::from(job.count.fixed);
+    (tokens, job.split.head + 1 + job.messages.len() - end)
+}
+
+/// Whether forwarding with `summary` would be under every trigger of this request.
+fn under_triggers(job: &CompactionJob<'_>, summary: &Summary, end: usize) -> bool {
+    let (tokens, messages) = estimate_with(job, summary, end);
+    let s = job.settings;
+    tokens <= job.limits.trigger
+        && (s.max_prompt_tokens == 0 || tokens <= s.max_prompt_tokens)
+        && (s.max_messages == 0 || messages <= s.max_messages)
+}
+
+/// Whether a compacted request with `summary` has grown past what compaction aims for.
+fn past_target(job: &CompactionJob<'_>, summary: &Summary, end: usize) -> bool {
+    let (tokens, messages) = estimate_with(job, summary, end);
+    tokens > job.limits.target
+        || (job.limits.message_target > 0 && messages > job.limits.message_target)
 }
 
 /// Summarizes the planned span, or uses what the cache already has, and rewrites the
@@ -216,18 +255,31 @@ pub async fn compact(
     job: CompactionJob<'_>,
 ) -> Result<Option<Rewrite>, ProxyError> {
     let split = job.split;
+    if split.summarized() == 0 {
+        // Only tool outputs to shorten: nothing for the summarizer.
+        return Ok(Some(trimmed(&job, Duration::ZERO)));
+    }
     let lookup = lookup(state, &job).await;
     let target_key = lookup.keys[split.tail_start - 1];
     let started = Instant::now();
-    let (summary, end, cache) = match lookup.found {
+    // A summary already being made is joined rather than made again.
+    let (found, joined) = match lookup.found {
+        Found::Pending(end, pending) => match pending.await {
+            Ok(summary) if end == split.tail_start => (Found::Exact(summary), true),
+            Ok(summary) => (Found::Shorter(end, summary), true),
+            Err(_) => (Found::Nothing, true),
+        },
+        found => (found, false),
+    };
+    let (summary, end, cache) = match found {
+        Found::Exact(summary) if joined => (Ok(summary), split.tail_start, CacheOutcome::Miss),
         Found::Exact(summary) => (Ok(summary), split.tail_start, CacheOutcome::Hit),
         Found::Shorter(end, summary)
-            if job.mode == Mode::Auto
-                && estimate_with(&job, &summary, end) <= job.limits.trigger =>
+            if job.mode == Mode::Auto && under_triggers(&job, &summary, end) =>
         {
             // Good enough now; bring it up to date in the background once it grows past
             // the target, so no request waits for the summarizer.
-            if estimate_with(&job, &summary, end) > job.limits.target {
+            if past_target(&job, &summary, end) {
                 drop(start_summary(
                     state,
                     target_key,
@@ -250,19 +302,23 @@ pub async fn compact(
             split.tail_start,
             CacheOutcome::Extended,
         ),
-        Found::Nothing => (
+        Found::Nothing | Found::Pending(..) => (
             start_summary(state, target_key, None, &lookup.source, split.tail_start).await,
             split.tail_start,
             CacheOutcome::Miss,
         ),
     };
-    let waited = if matches!(cache, CacheOutcome::Hit) {
-        Duration::ZERO
-    } else {
-        started.elapsed()
-    };
+    let waited = started.elapsed();
     let role = job.settings.summary_role.as_str();
     match summary {
+        // A summary that came out too large to fit: without it, the plan fits.
+        Ok(summary) if estimate_with(&job, &summary, end).0 > job.limits.usable => {
+            tracing::warn!(
+                summary_tokens = summary.tokens,
+                "summary too large for the window; trimming instead"
+            );
+            Ok(Some(trimmed(&job, waited)))
+        }
         Ok(summary) => {
             let mut messages = Vec::with_capacity(split.head + 1 + job.messages.len() - end);
             messages.extend_from_slice(&job.messages[..split.head]);
@@ -288,19 +344,22 @@ pub async fn compact(
             match job.settings.on_failure {
                 OnFailure::Forward => Ok(None),
                 OnFailure::Error => Err(ProxyError::SummarizerFailed(error.to_string())),
-                OnFailure::Trim => {
-                    let mut messages = job.messages[..split.head].to_vec();
-                    messages.extend(kept_tail(&job, split.tail_start));
-                    Ok(Some(Rewrite {
-                        messages,
-                        action: Action::Trimmed,
-                        cache: CacheOutcome::None,
-                        summarized: 0,
-                        waited,
-                    }))
-                }
+                OnFailure::Trim => Ok(Some(trimmed(&job, waited))),
             }
         }
+    }
+}
+
+/// The head and the planned tail, without a summary.
+fn trimmed(job: &CompactionJob<'_>, waited: Duration) -> Rewrite {
+    let mut messages = job.messages[..job.split.head].to_vec();
+    messages.extend(kept_tail(job, job.split.tail_start));
+    Rewrite {
+        messages,
+        action: Action::Trimmed,
+        cache: CacheOutcome::None,
+        summarized: 0,
+        waited,
     }
 }
 
@@ -354,12 +413,8 @@ pub fn precompute(state: &Arc<AppState>, job: CompactionJob<'_>) {
         };
         let lookup = lookup(&state, &job).await;
         let base = match lookup.found {
-            Found::Exact(_) => return,
-            Found::Shorter(end, summary)
-                if estimate_with(&job, &summary, end) <= limits.trigger =>
-            {
-                return
-            }
+            Found::Exact(_) | Found::Pending(..) => return,
+            Found::Shorter(end, summary) if under_triggers(&job, &summary, end) => return,
             Found::Shorter(end, summary) => Some((end, summary)),
             Found::Nothing => None,
         };
@@ -405,11 +460,25 @@ async fn make_summary(
     source: SpanSource,
     end: usize,
 ) -> Result<Arc<Summary>, SummarizeError> {
-    let result = make_shared_once(&state, key, base, &source, end).await;
-    if let Ok(mut in_flight) = state.compactor.in_flight.lock() {
-        in_flight.remove(&key);
+    // However the job ends, even by panic, it stops being the one others join.
+    let _finished = InFlightEntry {
+        state: state.clone(),
+        key,
+    };
+    make_shared_once(&state, key, base, &source, end).await
+}
+
+struct InFlightEntry {
+    state: Arc<AppState>,
+    key: Key,
+}
+
+impl Drop for InFlightEntry {
+    fn drop(&mut self) {
+        if let Ok(mut in_flight) = self.state.compactor.in_flight.lock() {
+            in_flight.remove(&self.key);
+        }
     }
-    result
 }
 
 /// With Redis, one replica makes a given summary while the others wait for it; if the maker
@@ -425,21 +494,30 @@ async fn make_shared_once(
     let Some(shared) = compactor.cache.shared() else {
         return summarize_and_store(state, key, base, source, end).await;
     };
-    let hold = Duration::from_secs(compactor.summarizer.config().timeout_secs + 5);
+    // Held for as long as the job may take: one summarizer timeout per chunk, with room.
+    let from = base.as_ref().map_or(source.head, |(e, _)| *e);
+    let span_tokens: u64 = source.evictable[from - source.head..end - source.head]
+        .iter()
+        .map(|m| u64::from(m.tokens))
+        .sum();
+    let chunks = span_tokens / (source.window / 2).max(1) + 1;
+    let hold = Duration::from_secs(compactor.summarizer.config().timeout_secs * chunks + 5);
     loop {
         match shared.try_lock(&key, hold).await {
-            Some(false) => {
+            LockOutcome::HeldElsewhere => {
                 tokio::time::sleep(REMOTE_POLL).await;
                 if let Some(summary) = compactor.cache.get(&key).await {
                     return Ok(summary);
                 }
             }
-            Some(true) => {
+            LockOutcome::Acquired(token) => {
                 let result = summarize_and_store(state, key, base, source, end).await;
-                shared.unlock(&key).await;
+                shared.unlock(&key, &token).await;
                 return result;
             }
-            None => return summarize_and_store(state, key, base, source, end).await,
+            LockOutcome::Unavailable => {
+                return summarize_and_store(state, key, base, source, end).await
+            }
         }
     }
 }

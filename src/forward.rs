@@ -33,7 +33,7 @@ impl std::fmt::Debug for Upstream {
 }
 
 /// The value of an environment variable named by an `api_key_env`, as a Bearer header.
-fn bearer_from_env(var: &str) -> Result<Option<HeaderValue>, ConfigError> {
+pub fn bearer_from_env(var: &str) -> Result<Option<HeaderValue>, ConfigError> {
     if var.is_empty() {
         return Ok(None);
     }
@@ -130,7 +130,7 @@ impl Upstream {
             }
             source = cause.source();
         }
-        if error.is_timeout() {
+        if error.is_timeout() && !error.is_connect() {
             ProxyError::UpstreamTimeout(self.timeout.as_secs())
         } else {
             ProxyError::UpstreamUnreachable(format!("{}: {}", self.base_url, root_cause(error)))

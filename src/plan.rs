@@ -167,9 +167,12 @@ pub struct Limits {
 impl Limits {
     pub fn new(input: &PlanInput) -> Limits {
         let s = input.settings;
+        // A reserve as large as the window would make every prompt "too long"; upstream
+        // judges such requests itself.
         let reserve = input
             .requested_completion_tokens
-            .unwrap_or(s.response_reserve_tokens);
+            .unwrap_or(s.response_reserve_tokens)
+            .min(input.context_window / 2);
         let usable = input.context_window.saturating_sub(reserve).max(1);
         let share = |ratio: f64| (usable as f64 * ratio) as u64;
         let mut target = share(s.target_ratio);
@@ -456,8 +459,19 @@ mod tests {
         let mut i = input(&m, &s);
         i.requested_completion_tokens = None;
         assert_eq!(Limits::new(&i).usable, 10_000 - 4096);
-        i.requested_completion_tokens = Some(9_000);
-        assert_eq!(Limits::new(&i).usable, 1_000);
+        i.requested_completion_tokens = Some(7_000);
+        assert_eq!(
+            Limits::new(&i).usable,
+            5_000,
+            "the reserve is at most half the window"
+        );
+        assert!(matches!(plan(&i), Decision::Forward(_)));
+        i.requested_completion_tokens = Some(20_000);
+        assert_eq!(Limits::new(&i).usable, 5_000);
+        let m = chat(25, 100);
+        let mut i = input(&m, &s);
+        i.requested_completion_tokens = Some(4_000);
+        assert_eq!(Limits::new(&i).usable, 6_000);
         assert!(matches!(plan(&i), Decision::Compact { .. }));
     }
 

@@ -31,6 +31,28 @@ fn hex(key: &Key) -> String {
     key.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+pub enum LockOutcome {
+    Acquired(String),
+    HeldElsewhere,
+    Unavailable,
+}
+
+static RELEASE_IF_OURS: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
+    )
+});
+
+/// A value no other lock holder shares: process, time and a counter.
+fn lock_token() -> String {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{:x}-{nanos:x}-{n:x}", std::process::id())
+}
+
 pub fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -169,31 +191,39 @@ impl RedisStore {
             .await;
     }
 
-    /// Takes the cross-replica lock for making `key`'s summary. `Some(false)`: another replica
-    /// holds it; `None`: Redis is unavailable.
-    pub async fn try_lock(&self, key: &Key, hold: Duration) -> Option<bool> {
+    /// Takes the cross-replica lock for making `key`'s summary, for at most `hold`.
+    pub async fn try_lock(&self, key: &Key, hold: Duration) -> LockOutcome {
         let name = self.lock_key(key);
+        let token = lock_token();
         let options = redis::SetOptions::default()
             .conditional_set(redis::ExistenceCheck::NX)
             .with_expiration(redis::SetExpiry::PX(hold.as_millis() as u64));
-        let taken: Option<String> = self
+        let value = token.clone();
+        let taken: Option<Option<String>> = self
             .run("lock", |mut c| async move {
-                c.set_options(name, unix_now(), options).await
+                c.set_options(name, value, options).await
             })
-            .await?;
-        Some(taken.is_some())
+            .await;
+        match taken {
+            Some(Some(_)) => LockOutcome::Acquired(token),
+            Some(None) => LockOutcome::HeldElsewhere,
+            None => LockOutcome::Unavailable,
+        }
     }
 
-    pub async fn is_locked(&self, key: &Key) -> Option<bool> {
+    /// Releases the lock only if it is still ours: an expired lock may belong to another
+    /// replica by now.
+    pub async fn unlock(&self, key: &Key, token: &str) {
         let name = self.lock_key(key);
-        self.run("lock", |mut c| async move { c.exists(name).await })
-            .await
-    }
-
-    pub async fn unlock(&self, key: &Key) {
-        let name = self.lock_key(key);
-        let _: Option<()> = self
-            .run("unlock", |mut c| async move { c.del(name).await })
+        let token = token.to_string();
+        let _: Option<i64> = self
+            .run("unlock", |mut c| async move {
+                RELEASE_IF_OURS
+                    .key(name)
+                    .arg(token)
+                    .invoke_async(&mut c)
+                    .await
+            })
             .await;
     }
 }

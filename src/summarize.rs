@@ -22,6 +22,10 @@ const TOOL_OUTPUT_TOKENS: u32 = 600;
 /// Room for the instructions and a previous summary, besides the transcript.
 const PROMPT_OVERHEAD_TOKENS: u64 = 2_500;
 const MAX_APPENDED_IDENTIFIERS: usize = 60;
+/// Appended identifiers stop at this many characters, so they cannot outgrow the summary.
+const MAX_APPENDED_CHARS: usize = 2_000;
+/// Completion budget reasoning models get on top of `max_summary_tokens` for their thinking.
+const REASONING_ALLOWANCE_TOKENS: u32 = 2_048;
 
 const INSTRUCTIONS: &str = "You compress the earlier part of a conversation between a user and an AI assistant \
 so the assistant can continue the work without the original messages. Write a faithful summary with exactly \
@@ -55,6 +59,22 @@ pub enum SummarizeError {
     Invalid(String),
 }
 
+impl SummarizeError {
+    /// Whether the failure says the summarizer's upstream is unwell (and so counts toward
+    /// the breaker), rather than this caller's request being refused.
+    fn is_upstream_fault(&self) -> bool {
+        match self {
+            SummarizeError::CircuitOpen(_) => false,
+            SummarizeError::Status { status, .. } => {
+                *status >= 500 || *status == 408 || *status == 429
+            }
+            SummarizeError::Upstream(_)
+            | SummarizeError::Timeout(_)
+            | SummarizeError::Invalid(_) => true,
+        }
+    }
+}
+
 /// One message as the summarizer will see it, with its token count.
 #[derive(Debug, Clone)]
 pub struct Evicted {
@@ -81,6 +101,8 @@ struct Breaker {
 pub struct Summarizer {
     config: SummarizerConfig,
     dedicated: Option<Arc<Upstream>>,
+    /// From `api_key_env`: sent instead of the caller's key, whichever upstream summarizes.
+    own_key: Option<HeaderValue>,
     breakers: Mutex<HashMap<String, Breaker>>,
 }
 
@@ -90,13 +112,10 @@ impl Summarizer {
         let dedicated = if config.base_url.is_empty() {
             None
         } else {
-            Some(Arc::new(Upstream::new(
-                &config.base_url,
-                &config.api_key_env,
-                timeout,
-            )?))
+            Some(Arc::new(Upstream::new(&config.base_url, "", timeout)?))
         };
         Ok(Summarizer {
+            own_key: crate::forward::bearer_from_env(&config.api_key_env)?,
             config,
             dedicated,
             breakers: Mutex::new(HashMap::new()),
@@ -123,14 +142,10 @@ impl Summarizer {
             .unwrap_or_else(|| request_upstream.clone())
     }
 
-    /// Whose key pays: with a dedicated `api_key_env`, the upstream injects it; otherwise
-    /// the caller's own Authorization.
+    /// Whose key pays: the summarizer's own `api_key_env` when set, else the caller's
+    /// Authorization (and without either, the upstream's configured key).
     pub fn authorization_for(&self, caller: Option<&HeaderValue>) -> Option<HeaderValue> {
-        if self.config.api_key_env.is_empty() {
-            caller.cloned()
-        } else {
-            None
-        }
+        self.own_key.clone().or_else(|| caller.cloned())
     }
 
     /// Summarizes `request.messages` (folded into `request.previous` when given), in chunks
@@ -139,7 +154,11 @@ impl Summarizer {
         let breaker_key = request.upstream.base_url().to_string();
         self.check_breaker(&breaker_key)?;
         let result = self.fold(&request).await;
-        self.record(&breaker_key, result.is_ok());
+        match &result {
+            Ok(_) => self.record(&breaker_key, true),
+            Err(e) if e.is_upstream_fault() => self.record(&breaker_key, false),
+            Err(_) => {}
+        }
         let summary = result?;
         Ok(with_identifiers(summary, &request.messages))
     }
@@ -149,9 +168,10 @@ impl Summarizer {
             .window
             .saturating_sub(u64::from(self.config.max_summary_tokens) + PROMPT_OVERHEAD_TOKENS)
             .max(1_000);
+        let budget = u32::try_from(budget).unwrap_or(u32::MAX);
         let mut summary = request.previous.clone();
         for chunk in chunks(&request.messages, budget) {
-            let transcript = render_transcript(chunk);
+            let transcript = render_transcript(chunk, budget);
             summary = Some(self.call(request, summary.as_deref(), &transcript).await?);
         }
         summary.ok_or_else(|| SummarizeError::Invalid("nothing to summarize".into()))
@@ -177,13 +197,21 @@ impl Summarizer {
             ],
             "stream": false,
         });
-        // Reasoning models take neither `max_tokens` nor a temperature.
+        // Reasoning models take neither `max_tokens` nor a temperature, and spend part of
+        // their completion budget thinking: ask for little of it and leave room for it.
         let name = crate::models::base_name(&request.model);
         if ["o1", "o3", "o4", "gpt-5"]
             .iter()
             .any(|p| name.starts_with(p))
         {
-            body["max_completion_tokens"] = json!(self.config.max_summary_tokens);
+            body["max_completion_tokens"] =
+                json!(self.config.max_summary_tokens + REASONING_ALLOWANCE_TOKENS);
+            let effort = if name.starts_with("gpt-5") {
+                "minimal"
+            } else {
+                "low"
+            };
+            body["reasoning_effort"] = json!(effort);
         } else {
             body["max_tokens"] = json!(self.config.max_summary_tokens);
             body["temperature"] = json!(0);
@@ -309,13 +337,13 @@ fn validate(text: &str) -> Result<String, SummarizeError> {
 }
 
 /// Groups messages, in order, so each group's tokens stay under the budget.
-fn chunks(messages: &[Evicted], budget: u64) -> Vec<&[Evicted]> {
+fn chunks(messages: &[Evicted], budget: u32) -> Vec<&[Evicted]> {
     let mut out = Vec::new();
     let mut start = 0;
     let mut used = 0u64;
     for (i, m) in messages.iter().enumerate() {
-        let tokens = u64::from(transcript_tokens(m));
-        if i > start && used + tokens > budget {
+        let tokens = u64::from(transcript_tokens(m, budget));
+        if i > start && used + tokens > u64::from(budget) {
             out.push(&messages[start..i]);
             start = i;
             used = 0;
@@ -335,12 +363,18 @@ fn is_tool_output(message: &Value) -> bool {
     )
 }
 
-fn transcript_tokens(m: &Evicted) -> u32 {
+/// How much of a message the summarizer sees: tool outputs are cut short, and no message is
+/// larger than one chunk.
+fn keep_tokens(m: &Evicted, budget: u32) -> u32 {
     if is_tool_output(&m.message) {
-        m.tokens.min(TOOL_OUTPUT_TOKENS + 20)
+        TOOL_OUTPUT_TOKENS.min(budget)
     } else {
-        m.tokens
+        budget
     }
+}
+
+fn transcript_tokens(m: &Evicted, budget: u32) -> u32 {
+    m.tokens.min(keep_tokens(m, budget) + 20)
 }
 
 /// The text of a message's content: a string, or its text parts with placeholders for the rest.
@@ -362,7 +396,7 @@ pub fn content_text(message: &Value) -> String {
     }
 }
 
-fn render_transcript(messages: &[Evicted]) -> String {
+fn render_transcript(messages: &[Evicted], budget: u32) -> String {
     let mut out = String::new();
     for m in messages {
         let message = &m.message;
@@ -376,12 +410,11 @@ fn render_transcript(messages: &[Evicted]) -> String {
             out.push_str(&format!(" ({name})"));
         }
         out.push('\n');
-        let text = content_text(message);
-        if is_tool_output(message) {
-            out.push_str(&shorten_middle(&text, m.tokens, TOOL_OUTPUT_TOKENS));
-        } else {
-            out.push_str(&text);
-        }
+        out.push_str(&shorten_middle(
+            &content_text(message),
+            m.tokens,
+            keep_tokens(m, budget),
+        ));
         out.push('\n');
         if let Some(Value::Array(calls)) = message.get("tool_calls") {
             for call in calls {
@@ -449,7 +482,15 @@ fn with_identifiers(summary: String, messages: &[Evicted]) -> String {
         return summary;
     }
     missing.truncate(MAX_APPENDED_IDENTIFIERS);
-    let list: Vec<String> = missing.into_iter().map(|id| format!("- {id}")).collect();
+    let mut used = 0;
+    let list: Vec<String> = missing
+        .into_iter()
+        .take_while(|id| {
+            used += id.len() + 3;
+            used <= MAX_APPENDED_CHARS
+        })
+        .map(|id| format!("- {id}"))
+        .collect();
     format!(
         "{summary}\n\n## Artifacts (verbatim from the user's messages)\n{}",
         list.join("\n")

@@ -171,7 +171,9 @@ impl TokenCounter {
         if raw_estimate == 0 || actual == 0 {
             return None;
         }
-        let sample = actual as f64 / raw_estimate as f64;
+        // Outliers (cached-token accounting, a misreporting upstream) must not make every
+        // estimate absurd.
+        let sample = (actual as f64 / raw_estimate as f64).clamp(0.5, 2.0);
         let mut learned = self.learned.write().ok()?;
         let name = base_name(model);
         if !learned.contains_key(&name) && learned.len() >= LEARNED_MODELS_MAX {
@@ -295,7 +297,7 @@ pub fn tile_tokens(width: u32, height: u32) -> u32 {
 /// Width and height from the header of a base64 PNG or GIF data URL.
 fn image_size(url: &str) -> Option<(u32, u32)> {
     let payload = url.strip_prefix("data:")?.split_once(";base64,")?.1;
-    let head = payload.get(..44).unwrap_or(payload);
+    let head = &payload.as_bytes()[..payload.len().min(44)];
     let head = &head[..head.len() / 4 * 4];
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(head)
@@ -474,6 +476,20 @@ mod tests {
         let low =
             json!({"type": "image_url", "image_url": {"url": "https://x/y.png", "detail": "low"}});
         assert_eq!(count_part(Encoding::O200k, &low), 85);
+    }
+
+    #[test]
+    fn odd_data_urls_do_not_panic() {
+        for url in [
+            "data:image/png;base64,aaaé",
+            "data:;base64,",
+            "data:image/png;base64,é",
+            "data:x",
+        ] {
+            assert_eq!(image_size(url), None, "{url}");
+        }
+        let long = format!("data:image/png;base64,{}", "é".repeat(40));
+        assert_eq!(image_size(&long), None);
     }
 
     #[test]

@@ -43,7 +43,7 @@ enum Mode {
         overflow: bool,
     },
     Sse {
-        strip_usage_chunk: bool,
+        injected: bool,
         usage: Option<Usage>,
     },
 }
@@ -69,12 +69,13 @@ impl<S, O: UsageObserver> UsageTap<S, O> {
         )
     }
 
-    pub fn sse(inner: S, observer: O, strip_usage_chunk: bool) -> Self {
+    /// `injected`: condenser asked upstream for usage that the client did not want.
+    pub fn sse(inner: S, observer: O, injected: bool) -> Self {
         Self::with_mode(
             inner,
             observer,
             Mode::Sse {
-                strip_usage_chunk,
+                injected,
                 usage: None,
             },
         )
@@ -125,20 +126,54 @@ impl<S, O: UsageObserver> Drop for UsageTap<S, O> {
 
 /// Length of the first complete SSE event (blank-line terminated) in `buf`, terminator included.
 fn complete_event_len(buf: &[u8]) -> Option<usize> {
-    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|p| p + 2);
-    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4);
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
+    [&b"\n\n"[..], b"\r\n\r\n", b"\r\r"]
+        .iter()
+        .filter_map(|end| {
+            buf.windows(end.len())
+                .position(|w| w == *end)
+                .map(|p| p + end.len())
+        })
+        .min()
 }
 
-/// Whether to keep the event, recording any usage it carries.
-fn inspect_event(event: &[u8], strip_usage_chunk: bool, usage: &mut Option<Usage>) -> bool {
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Once usage is requested, OpenAI adds `"usage":null` to every chunk; a client that did not
+/// ask for usage gets its chunks without it.
+fn without_null_usage(event: &[u8]) -> Vec<u8> {
+    let text = String::from_utf8_lossy(event);
+    [
+        ",\"usage\":null",
+        ", \"usage\": null",
+        "\"usage\":null,",
+        "\"usage\": null, ",
+    ]
+    .iter()
+    .fold(text.into_owned(), |t, pattern| t.replace(pattern, ""))
+    .into_bytes()
+}
+
+/// Appends the event to `out` as the client should see it, recording any usage it carries.
+/// `injected`: condenser asked for usage and the client did not, so it is hidden.
+fn relay_event(event: &[u8], injected: bool, usage: &mut Option<Usage>, out: &mut BytesMut) {
     // Only chunks mentioning usage are worth parsing.
-    if !event.windows(7).any(|w| w == b"\"usage\"") {
-        return true;
+    if !contains(event, b"\"usage\"") {
+        out.extend_from_slice(event);
+        return;
     }
+    let cleaned;
+    let event = if injected && contains(event, b"null") {
+        cleaned = without_null_usage(event);
+        if !contains(&cleaned, b"\"usage\"") {
+            out.extend_from_slice(&cleaned);
+            return;
+        }
+        &cleaned[..]
+    } else {
+        event
+    };
     let text = String::from_utf8_lossy(event);
     for line in text.lines() {
         let Some(data) = line.strip_prefix("data:") else {
@@ -153,12 +188,12 @@ fn inspect_event(event: &[u8], strip_usage_chunk: bool, usage: &mut Option<Usage
                 .get("choices")
                 .and_then(Value::as_array)
                 .is_some_and(Vec::is_empty);
-            if strip_usage_chunk && usage_only {
-                return false;
+            if injected && usage_only {
+                return;
             }
         }
     }
-    true
+    out.extend_from_slice(event);
 }
 
 impl<S, O> Stream for UsageTap<S, O>
@@ -180,19 +215,16 @@ where
                 Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
                 None => {
                     this.done = true;
-                    let rest = this.pending.split().freeze();
-                    let keep = match &mut this.mode {
-                        Mode::Sse {
-                            strip_usage_chunk,
-                            usage,
-                        } => !rest.is_empty() && inspect_event(&rest, *strip_usage_chunk, usage),
-                        Mode::Json { .. } => false,
-                    };
-                    if keep {
+                    let rest = this.pending.split();
+                    let mut out = BytesMut::new();
+                    if let Mode::Sse { injected, usage } = &mut this.mode {
+                        relay_event(&rest, *injected, usage, &mut out);
+                    }
+                    if !out.is_empty() {
                         this.note_output();
                     }
                     this.finish();
-                    return Poll::Ready(keep.then_some(Ok(rest)));
+                    return Poll::Ready((!out.is_empty()).then(|| Ok(out.freeze())));
                 }
             };
             match &mut this.mode {
@@ -208,17 +240,12 @@ where
                     this.note_output();
                     return Poll::Ready(Some(Ok(chunk)));
                 }
-                Mode::Sse {
-                    strip_usage_chunk,
-                    usage,
-                } => {
+                Mode::Sse { injected, usage } => {
                     this.pending.extend_from_slice(&chunk);
                     let mut out = BytesMut::new();
                     while let Some(len) = complete_event_len(&this.pending) {
                         let event = this.pending.split_to(len);
-                        if inspect_event(&event, *strip_usage_chunk, usage) {
-                            out.extend_from_slice(&event);
-                        }
+                        relay_event(&event, *injected, usage, &mut out);
                     }
                     if !out.is_empty() {
                         this.note_output();
@@ -272,7 +299,7 @@ mod tests {
             vec![
                 "data: {\"choices\":[{\"delta\":{}}]}\n",
                 "\ndata: {\"choi",
-                &usage[11..],
+                &usage[12..],
                 "data: [DONE]\n\n",
             ],
             true,
@@ -293,5 +320,15 @@ mod tests {
         );
         let (text, _) = run(vec![usage, "data: [DONE]\n\n"], false).await;
         assert!(text.starts_with(usage));
+    }
+
+    #[tokio::test]
+    async fn null_usage_is_hidden_only_from_clients_that_did_not_ask() {
+        let chunk = "data: {\"id\":\"x\",\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\r\n\r\n";
+        let (text, seen) = run(vec![chunk, "data: [DONE]\r\n\r\n"], true).await;
+        assert_eq!(text, "data: {\"id\":\"x\",\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\r\n\r\ndata: [DONE]\r\n\r\n");
+        assert_eq!(seen.0.lock().unwrap().1, None);
+        let (text, _) = run(vec![chunk], false).await;
+        assert_eq!(text, chunk);
     }
 }

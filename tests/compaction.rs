@@ -487,3 +487,86 @@ async fn requests_for_several_choices_are_forwarded_as_sent() {
     assert_eq!(chat_requests(&upstream)[0], body);
     assert!(summarizer_requests(&upstream).is_empty());
 }
+
+#[tokio::test]
+async fn a_huge_tool_output_with_nothing_to_summarize_is_shortened() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let messages = vec![
+        json!({"role": "user", "content": "read the log"}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}]}),
+        json!({"role": "tool", "tool_call_id": "c1", "content": filler(3, 20_000)}),
+    ];
+    let response = post(&proxy, &chat_body(&messages), None).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "trimmed");
+    let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
+        .parse()
+        .unwrap();
+    assert!(forwarded <= 7_500, "{forwarded}");
+    let sent = &chat_requests(&upstream)[0]["messages"];
+    assert_eq!(sent[0], messages[0]);
+    assert_eq!(sent[1], messages[1]);
+    let cut = sent[2]["content"].as_str().unwrap();
+    assert!(cut.contains("tokens removed"), "{}", &cut[..200]);
+    assert!(summarizer_requests(&upstream).is_empty());
+}
+
+#[tokio::test]
+async fn the_summarizer_key_is_used_whichever_upstream_summarizes() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    std::env::set_var("CONDENSER_TEST_SUMMARIZER_KEY", "sk-summarizer");
+    let mut config = small_window_config(&upstream.url());
+    config.summarizer.api_key_env = "CONDENSER_TEST_SUMMARIZER_KEY".into();
+    let proxy = Proxy::start(config).await;
+    let response = post(&proxy, &chat_body(&conversation(40)), None).await;
+    assert_eq!(header(&response, "x-condenser-action"), "summarized");
+    let recorded = upstream.recorded();
+    let call = recorded.iter().find(|r| is_summarizer_call(r)).unwrap();
+    assert_eq!(call.headers["authorization"], "Bearer sk-summarizer");
+    let chat = recorded.iter().find(|r| !is_summarizer_call(r)).unwrap();
+    assert_eq!(chat.headers["authorization"], "Bearer sk-user-1");
+}
+
+#[tokio::test]
+async fn a_callers_refused_key_does_not_trip_the_breaker_for_everyone() {
+    let upstream = mock_llm(LlmBehaviour {
+        summarizer_status: Some(401),
+        ..Default::default()
+    })
+    .await;
+    let mut config = small_window_config(&upstream.url());
+    config.summarizer.breaker_failures = 2;
+    let proxy = Proxy::start(config).await;
+    for turns in 40..45 {
+        let response = post(&proxy, &chat_body(&conversation(turns)), None).await;
+        assert_eq!(header(&response, "x-condenser-action"), "trimmed");
+    }
+    assert_eq!(
+        summarizer_requests(&upstream).len(),
+        5,
+        "every request still tried"
+    );
+}
+
+#[tokio::test]
+async fn the_message_trigger_holds_on_every_turn() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let mut config = small_window_config(&upstream.url());
+    config.context.max_messages = 20;
+    config.context.keep_recent_messages = 4;
+    let proxy = Proxy::start(config).await;
+    let mut messages = vec![json!({"role": "system", "content": SYSTEM_PROMPT})];
+    for t in 0..40 {
+        messages.push(json!({"role": "user", "content": format!("msg-u{t}. short question")}));
+        let response = post(&proxy, &chat_body(&messages), None).await;
+        assert_eq!(response.status(), 200);
+        let sent = chat_requests(&upstream);
+        let forwarded = sent.last().unwrap()["messages"].as_array().unwrap().len();
+        assert!(forwarded <= 20, "turn {t}: {forwarded} messages forwarded");
+        messages.push(json!({"role": "assistant", "content": format!("msg-a{t}. short answer")}));
+        // Let background summaries land, as the time a user takes to reply would.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!summarizer_requests(&upstream).is_empty());
+}
