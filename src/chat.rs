@@ -275,43 +275,28 @@ pub async fn handle(
                 limit: *limit,
             })
         }
-        Decision::Precompute(split) => {
-            compaction::precompute(
-                state,
-                job(
-                    &prepared,
-                    split,
-                    &model,
-                    &upstream,
-                    authorization,
-                    &settings,
-                    mode,
-                    &input,
-                ),
-            );
-        }
-        Decision::Compact { split, .. } => {
-            let compacted = compaction::compact(
-                state,
-                job(
-                    &prepared,
-                    split,
-                    &model,
-                    &upstream,
-                    authorization,
-                    &settings,
-                    mode,
-                    &input,
-                ),
-            )
-            .await?;
-            if let Some(Rewrite {
+        Decision::Precompute(split) | Decision::Compact { split, .. } => {
+            let job = CompactionJob {
+                messages: messages(&prepared.body),
+                count: &prepared.count,
+                split,
+                model: &model,
+                info: &prepared.info,
+                upstream: &upstream,
+                authorization,
+                settings: &settings,
+                mode,
+                limits: Limits::new(&input),
+            };
+            if matches!(decision, Decision::Precompute(_)) {
+                compaction::precompute(state, job);
+            } else if let Some(Rewrite {
                 messages,
                 action,
                 cache,
                 summarized,
                 waited,
-            }) = compacted
+            }) = compaction::compact(state, job).await?
             {
                 outcome = Outcome {
                     action: action.name(),
@@ -465,31 +450,6 @@ fn request_usage_in_stream(body: &mut Map<String, Value>) {
     }
     if let Some(options) = options.as_object_mut() {
         options.insert("include_usage".into(), Value::Bool(true));
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn job<'a>(
-    prepared: &'a Prepared,
-    split: &'a plan::Split,
-    model: &'a str,
-    upstream: &'a Arc<crate::forward::Upstream>,
-    authorization: Option<&'a HeaderValue>,
-    settings: &'a ContextConfig,
-    mode: Mode,
-    input: &PlanInput,
-) -> CompactionJob<'a> {
-    CompactionJob {
-        messages: messages(&prepared.body),
-        count: &prepared.count,
-        split,
-        model,
-        info: &prepared.info,
-        upstream,
-        authorization,
-        settings,
-        mode,
-        limits: Limits::new(input),
     }
 }
 

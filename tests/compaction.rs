@@ -408,14 +408,7 @@ async fn two_hundred_turns_replayed() {
     let proxy = Proxy::start(small_window_config(&upstream.url())).await;
     let mut messages = vec![json!({"role": "system", "content": SYSTEM_PROMPT})];
     for t in 0..200 {
-        let planted = if t == 0 {
-            format!("{PLANTED}. ")
-        } else {
-            String::new()
-        };
-        messages.push(
-            json!({"role": "user", "content": format!("msg-u{t}. {planted}{}", filler(t, 100))}),
-        );
+        messages.push(user_turn(t));
         let response = post(&proxy, &chat_body(&messages), None).await;
         assert_eq!(response.status(), 200, "turn {t}");
         let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")

@@ -304,18 +304,21 @@ pub fn filler(seed: usize, words: usize) -> String {
 pub const SYSTEM_PROMPT: &str = "You are a careful assistant for the Falcon project.";
 pub const PLANTED: &str = "FACT: the deploy ticket is ORD-4411 and the budget is $1,200";
 
+/// Turn `t`'s user message, about 100 tokens, tagged `msg-u{t}`; the facts are planted in turn 0.
+pub fn user_turn(t: usize) -> Value {
+    let planted = if t == 0 {
+        format!("{PLANTED}. ")
+    } else {
+        String::new()
+    };
+    json!({"role": "user", "content": format!("msg-u{t}. {planted}{}", filler(t, 100))})
+}
+
 /// System prompt, then `turns` user/assistant pairs; facts planted in the first user turn.
 pub fn conversation(turns: usize) -> Vec<Value> {
     let mut messages = vec![json!({"role": "system", "content": SYSTEM_PROMPT})];
     for t in 0..turns {
-        let planted = if t == 0 {
-            format!("{PLANTED}. ")
-        } else {
-            String::new()
-        };
-        messages.push(
-            json!({"role": "user", "content": format!("msg-u{t}. {planted}{}", filler(t, 100))}),
-        );
+        messages.push(user_turn(t));
         messages.push(
             json!({"role": "assistant", "content": format!("msg-a{t}. {}", filler(t + 1000, 100))}),
         );
