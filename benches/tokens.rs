@@ -17,7 +17,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use serde_json::{json, Map, Value};
 
-use condenser::canonical::{hash_with_seed, write_canonical};
+use condenser::canonical::fast_hash_with_seed;
 use condenser::config::TokensConfig;
 use condenser::models::{Encoding, ModelCatalog, ModelInfo};
 use condenser::tokens::{count_text, TokenCounter};
@@ -242,8 +242,7 @@ fn bench_count(c: &mut Criterion) {
     group.finish();
 }
 
-/// Where the warm count's time goes: hashing every message's canonical form (which the
-/// cache lookup needs) against a count where nothing is new.
+/// Where the warm count's time goes: the cache keys, against a count where nothing is new.
 fn bench_hash(c: &mut Criterion) {
     let rt = runtime();
     let model = gpt_4o();
@@ -258,39 +257,17 @@ fn bench_hash(c: &mut Criterion) {
     group.bench_function("warm_no_new_message", |b| {
         b.iter(|| black_box(rt.block_on(warm.count_request(&body, &model)).total))
     });
-    // What the lookup key costs: canonical JSON streamed into blake3, as the proxy does.
-    group.bench_function("canonical_streamed_200_messages", |b| {
+    // The count cache's keys: the canonical form fed into xxh3, one message at a time.
+    group.bench_function("count_keys_200_messages", |b| {
         b.iter(|| {
             for m in &messages {
-                black_box(hash_with_seed(&[1], m));
+                black_box(fast_hash_with_seed(&[1], m));
             }
         })
     });
-    // The same bytes written to a buffer first, then hashed in one update.
-    let mut buffer = Vec::new();
-    group.bench_function("canonical_buffered_200_messages", |b| {
-        b.iter(|| {
-            for m in &messages {
-                buffer.clear();
-                buffer.push(1);
-                write_canonical(m, &mut buffer).unwrap();
-                black_box(blake3::hash(&buffer));
-            }
-        })
-    });
-    // Split of the buffered figure: the canonical writing alone, and blake3 alone.
-    group.bench_function("canonical_write_only_200_messages", |b| {
-        b.iter(|| {
-            for m in &messages {
-                buffer.clear();
-                write_canonical(m, &mut buffer).unwrap();
-                black_box(buffer.len());
-            }
-        })
-    });
-    let all = serde_json::to_vec(&messages).unwrap();
-    group.bench_function("blake3_only_630kb", |b| {
-        b.iter(|| black_box(blake3::hash(black_box(&all))))
+    // The summary cache's prefix chain: the same canonical form fed into blake3.
+    group.bench_function("prefix_chain_200_messages", |b| {
+        b.iter(|| black_box(condenser::cache::prefix_keys(&[0; 32], &messages).len()))
     });
     group.finish();
 }

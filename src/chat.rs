@@ -319,23 +319,27 @@ pub async fn handle(
     let inject_usage = stream && !client_wants_usage;
     let label = state.metrics.model_label(&model, &prepared.info);
     let received_tokens = prepared.count.total;
-    let (send_bytes, forwarded_count) = if rewritten.is_none() && !inject_usage {
-        (bytes, prepared.count.clone())
+    let (send_bytes, forwarded_tokens, forwarded_raw) = if rewritten.is_none() && !inject_usage {
+        (bytes, prepared.count.total, prepared.count.raw_total)
     } else {
         let mut body = prepared.body;
-        if let Some(messages) = rewritten {
-            body.insert("messages".into(), Value::Array(messages));
-        }
+        // Only new messages change the prompt; stream options do not.
+        let (total, raw) = match rewritten {
+            Some(messages) => {
+                body.insert("messages".into(), Value::Array(messages));
+                let count = state.counter.count_request(&body, &prepared.info).await;
+                (count.total, count.raw_total)
+            }
+            None => (prepared.count.total, prepared.count.raw_total),
+        };
         if inject_usage {
             request_usage_in_stream(&mut body);
         }
-        let count = state.counter.count_request(&body, &prepared.info).await;
         let bytes = Bytes::from(
             serde_json::to_vec(&body).map_err(|e| ProxyError::InvalidJson(e.to_string()))?,
         );
-        (bytes, count)
+        (bytes, total, raw)
     };
-    let forwarded_tokens = forwarded_count.total;
 
     let metrics = &state.metrics;
     metrics
@@ -412,7 +416,7 @@ pub async fn handle(
         status: status.as_u16(),
         received_tokens,
         forwarded_tokens,
-        forwarded_raw: forwarded_count.raw_total,
+        forwarded_raw,
         outcome,
         upstream_time,
         overhead,

@@ -9,7 +9,7 @@ use base64::Engine;
 use serde_json::{Map, Value};
 use tiktoken_rs::CoreBPE;
 
-use crate::canonical::hash_with_seed;
+use crate::canonical::fast_hash_with_seed;
 use crate::models::{base_name, Encoding, ModelInfo};
 
 /// Every chat message costs this much framing, and the reply is primed with as much.
@@ -52,7 +52,7 @@ pub struct PromptCount {
 }
 
 pub struct TokenCounter {
-    cache: moka::sync::Cache<[u8; 32], u32>,
+    cache: moka::sync::Cache<u128, u32>,
     messages_encoded: AtomicU64,
     learned: RwLock<HashMap<String, f64>>,
     unknown_margin: f64,
@@ -92,7 +92,7 @@ impl TokenCounter {
         let mut per_message = Vec::with_capacity(messages.len());
         let mut misses = Vec::new();
         for (index, message) in messages.iter().enumerate() {
-            let key = hash_with_seed(&seed, message);
+            let key = fast_hash_with_seed(&seed, message);
             match self.cache.get(&key) {
                 Some(tokens) => per_message.push(tokens),
                 None => {

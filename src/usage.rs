@@ -7,7 +7,8 @@ use std::task::{ready, Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
-use serde_json::Value;
+use serde::de::IgnoredAny;
+use serde::Deserialize;
 
 use crate::body::BoxError;
 
@@ -20,13 +21,30 @@ pub struct Usage {
     pub completion_tokens: u64,
 }
 
-impl Usage {
-    fn from_value(value: &Value) -> Option<Usage> {
-        let usage = value.get("usage")?.as_object()?;
-        let field = |k: &str| usage.get(k).and_then(Value::as_u64).unwrap_or(0);
-        Some(Usage {
-            prompt_tokens: field("prompt_tokens"),
-            completion_tokens: field("completion_tokens"),
+/// Just the part of a response that holds usage; the rest is skipped, not built.
+#[derive(Deserialize)]
+struct WithUsage {
+    usage: Option<UsageFields>,
+    choices: Option<Vec<IgnoredAny>>,
+}
+
+#[derive(Deserialize)]
+struct UsageFields {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+}
+
+impl WithUsage {
+    fn parse(bytes: &[u8]) -> Option<WithUsage> {
+        serde_json::from_slice(bytes).ok()
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        self.usage.as_ref().map(|u| Usage {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
         })
     }
 }
@@ -94,10 +112,9 @@ impl<S, O: UsageObserver> UsageTap<S, O> {
 
     fn finish(&mut self) {
         let usage = match &mut self.mode {
-            Mode::Json { copy, overflow } if !*overflow => serde_json::from_slice::<Value>(copy)
-                .ok()
-                .as_ref()
-                .and_then(Usage::from_value),
+            Mode::Json { copy, overflow } if !*overflow => {
+                WithUsage::parse(copy).and_then(|r| r.usage())
+            }
             Mode::Json { .. } => None,
             Mode::Sse { usage, .. } => *usage,
         };
@@ -179,15 +196,12 @@ fn relay_event(event: &[u8], injected: bool, usage: &mut Option<Usage>, out: &mu
         let Some(data) = line.strip_prefix("data:") else {
             continue;
         };
-        let Ok(chunk) = serde_json::from_str::<Value>(data.trim()) else {
+        let Some(chunk) = WithUsage::parse(data.trim().as_bytes()) else {
             continue;
         };
-        if let Some(found) = Usage::from_value(&chunk) {
+        if let Some(found) = chunk.usage() {
             *usage = Some(found);
-            let usage_only = chunk
-                .get("choices")
-                .and_then(Value::as_array)
-                .is_some_and(Vec::is_empty);
+            let usage_only = chunk.choices.as_ref().is_some_and(Vec::is_empty);
             if injected && usage_only {
                 return;
             }
