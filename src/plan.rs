@@ -311,26 +311,39 @@ fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, D
         tail_start = start;
         tail_tokens += unit_tokens;
     }
-    let summary_if_any = if tail_start > head { summary } else { 0 };
-    let mut split = Split {
-        head,
-        tail_start,
-        shorten: Vec::new(),
-        estimated_tokens: fixed + summary_if_any + tail_tokens,
+    // Keeping everything from `start` on, tool outputs shortened toward the target.
+    let kept_from = |start: usize| {
+        let summary_if_any = if start > head { summary } else { 0 };
+        let mut split = Split {
+            head,
+            tail_start: start,
+            shorten: Vec::new(),
+            estimated_tokens: fixed + summary_if_any + sum(&messages[start..]),
+        };
+        if split.estimated_tokens > limits.target {
+            shorten_tool_outputs(messages, &mut split, limits.target);
+        }
+        split
     };
-    if split.estimated_tokens > limits.target {
-        shorten_tool_outputs(messages, &mut split, limits.target);
-    }
-    if split.estimated_tokens <= limits.usable {
-        return Ok(split);
-    }
-    // The kept minimum cannot fit the window: keep only from the last user message on.
+    let planned = kept_from(tail_start);
     let last_user = units
         .iter()
         .rev()
         .copied()
-        .find(|&i| messages[i].role == Role::User)
-        .unwrap_or(head);
+        .find(|&i| messages[i].role == Role::User);
+    // The user's newest words stay verbatim whenever the window allows, even past the
+    // target (an agent's tool rounds can outnumber `keep_recent_messages`).
+    if let Some(last_user) = last_user.filter(|&u| u < planned.tail_start) {
+        let with_user = kept_from(last_user);
+        if with_user.estimated_tokens <= limits.usable {
+            return Ok(with_user);
+        }
+    }
+    if planned.estimated_tokens <= limits.usable {
+        return Ok(planned);
+    }
+    // The kept minimum cannot fit the window: keep only from the last user message on.
+    let last_user = last_user.unwrap_or(head);
     let reject = Decision::Reject {
         tokens: total_tokens(input),
         limit: limits.usable,
@@ -338,14 +351,7 @@ fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, D
     if fixed + u64::from(messages.get(last_user).map_or(0, |m| m.tokens)) > limits.usable {
         return Err(reject);
     }
-    let summary_if_any = if last_user > head { summary } else { 0 };
-    let mut split = Split {
-        head,
-        tail_start: last_user,
-        shorten: Vec::new(),
-        estimated_tokens: fixed + summary_if_any + sum(&messages[last_user..]),
-    };
-    shorten_tool_outputs(messages, &mut split, limits.target);
+    let split = kept_from(last_user);
     if split.estimated_tokens <= limits.usable {
         Ok(split)
     } else {
@@ -607,6 +613,61 @@ mod tests {
             panic!("expected compaction");
         };
         assert_eq!(split.tail_start, m.len() - 1);
+    }
+
+    #[test]
+    fn the_last_user_message_is_kept_through_an_agents_tool_rounds() {
+        let s = ContextConfig {
+            keep_recent_messages: 4,
+            ..settings()
+        };
+        let mut m = chat(30, 100);
+        let user = m.len();
+        m.push(msg(Role::User, 50));
+        for _ in 0..6 {
+            m.push(call(30));
+            m.push(msg(Role::Tool, 60));
+        }
+        let mut i = input(&m, &s);
+        i.mode = Mode::Force;
+        let Decision::Compact { split, .. } = plan(&i) else {
+            panic!("expected compaction");
+        };
+        assert_eq!(
+            split.tail_start, user,
+            "forced, yet the user's instruction is kept"
+        );
+        // Tool outputs are shortened before the instruction is given up...
+        let mut m = chat(30, 100);
+        m.push(msg(Role::User, 50));
+        for _ in 0..6 {
+            m.push(call(30));
+            m.push(msg(Role::Tool, 1_500));
+        }
+        let mut i = input(&m, &s);
+        i.mode = Mode::Force;
+        let Decision::Compact { split, .. } = plan(&i) else {
+            panic!("expected compaction");
+        };
+        assert_eq!(split.tail_start, user);
+        assert!(
+            !split.shorten.is_empty() && split.estimated_tokens <= 5_000,
+            "{split:?}"
+        );
+        // ...and when even that cannot fit the window, the planned tail wins.
+        let mut m = chat(30, 100);
+        m.push(msg(Role::User, 50));
+        for _ in 0..40 {
+            m.push(call(30));
+            m.push(msg(Role::Tool, 300));
+        }
+        let mut i = input(&m, &s);
+        i.mode = Mode::Force;
+        let Decision::Compact { split, .. } = plan(&i) else {
+            panic!("expected compaction");
+        };
+        assert!(split.tail_start > user);
+        assert!(split.estimated_tokens <= 10_000);
     }
 
     #[test]
