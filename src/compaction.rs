@@ -132,6 +132,23 @@ struct SpanSource {
     head: usize,
 }
 
+/// One summary to make: messages `head..end`, folded onto `base` (a summary of
+/// `head..base_end`) when there is one.
+struct SpanJob {
+    key: Key,
+    base: Option<(usize, Arc<Summary>)>,
+    source: SpanSource,
+    end: usize,
+}
+
+impl SpanJob {
+    /// The messages this job sends the summarizer: those after the base.
+    fn new_messages(&self) -> &[Evicted] {
+        let from = self.base.as_ref().map_or(self.source.head, |(e, _)| *e);
+        &self.source.evictable[from - self.source.head..self.end - self.source.head]
+    }
+}
+
 /// Where the summary a request can use right now comes from.
 enum Found {
     Exact(Arc<Summary>),
@@ -142,13 +159,25 @@ enum Found {
     Nothing,
 }
 
+/// The request's prefix keys and what its summaries are made from.
 struct Lookup {
     keys: Vec<Key>,
-    found: Found,
     source: SpanSource,
 }
 
-async fn lookup(state: &Arc<AppState>, job: &CompactionJob<'_>) -> Lookup {
+impl Lookup {
+    /// The job that makes the summary of messages up to `end`, from `base` if given.
+    fn span(&self, base: Option<(usize, Arc<Summary>)>, end: usize) -> SpanJob {
+        SpanJob {
+            key: self.keys[end - 1],
+            base,
+            source: self.source.clone(),
+            end,
+        }
+    }
+}
+
+async fn lookup(state: &Arc<AppState>, job: &CompactionJob<'_>) -> (Lookup, Found) {
     let compactor = &state.compactor;
     let summarizer_model = compactor.summarizer.model_for(job.model);
     let scope = scope(
@@ -194,9 +223,8 @@ async fn lookup(state: &Arc<AppState>, job: &CompactionJob<'_>) -> Lookup {
         })
         .collect();
     let summarizer_info = state.catalog.resolve(&summarizer_model);
-    Lookup {
+    let lookup = Lookup {
         keys,
-        found,
         source: SpanSource {
             upstream: compactor.summarizer.upstream_for(job.upstream),
             model: summarizer_model,
@@ -205,7 +233,8 @@ async fn lookup(state: &Arc<AppState>, job: &CompactionJob<'_>) -> Lookup {
             evictable,
             head: split.head,
         },
-    }
+    };
+    (lookup, found)
 }
 
 /// Framing of the summary message around its text.
@@ -259,11 +288,10 @@ pub async fn compact(
         // Only tool outputs to shorten: nothing for the summarizer.
         return Ok(Some(trimmed(&job, Duration::ZERO)));
     }
-    let lookup = lookup(state, &job).await;
-    let target_key = lookup.keys[split.tail_start - 1];
+    let (lookup, found) = lookup(state, &job).await;
     let started = Instant::now();
     // A summary already being made is joined rather than made again.
-    let (found, joined) = match lookup.found {
+    let (found, joined) = match found {
         Found::Pending(end, pending) => match pending.await {
             Ok(summary) if end == split.tail_start => (Found::Exact(summary), true),
             Ok(summary) => (Found::Shorter(end, summary), true),
@@ -282,28 +310,18 @@ pub async fn compact(
             if past_target(&job, &summary, end) {
                 drop(start_summary(
                     state,
-                    target_key,
-                    Some((end, summary.clone())),
-                    &lookup.source,
-                    split.tail_start,
+                    lookup.span(Some((end, summary.clone())), split.tail_start),
                 ));
             }
             (Ok(summary), end, CacheOutcome::Hit)
         }
         Found::Shorter(end, summary) => (
-            start_summary(
-                state,
-                target_key,
-                Some((end, summary)),
-                &lookup.source,
-                split.tail_start,
-            )
-            .await,
+            start_summary(state, lookup.span(Some((end, summary)), split.tail_start)).await,
             split.tail_start,
             CacheOutcome::Extended,
         ),
         Found::Nothing | Found::Pending(..) => (
-            start_summary(state, target_key, None, &lookup.source, split.tail_start).await,
+            start_summary(state, lookup.span(None, split.tail_start)).await,
             split.tail_start,
             CacheOutcome::Miss,
         ),
@@ -411,36 +429,30 @@ pub fn precompute(state: &Arc<AppState>, job: CompactionJob<'_>) {
             mode: Mode::Auto,
             limits,
         };
-        let lookup = lookup(&state, &job).await;
-        let base = match lookup.found {
+        let (lookup, found) = lookup(&state, &job).await;
+        let base = match found {
             Found::Exact(_) | Found::Pending(..) => return,
             Found::Shorter(end, summary) if under_triggers(&job, &summary, end) => return,
             Found::Shorter(end, summary) => Some((end, summary)),
             Found::Nothing => None,
         };
-        let key = lookup.keys[split.tail_start - 1];
-        let _ = start_summary(&state, key, base, &lookup.source, split.tail_start).await;
+        let _ = start_summary(&state, lookup.span(base, split.tail_start)).await;
     });
 }
 
-/// The one summarizer job for `key` (messages `head..end`), started now unless already
-/// running. The job runs on its own task, so a client that goes away strands nobody.
-fn start_summary(
-    state: &Arc<AppState>,
-    key: Key,
-    base: Option<(usize, Arc<Summary>)>,
-    source: &SpanSource,
-    end: usize,
-) -> SharedSummary {
+/// The one summarizer job for `job.key`, started now unless already running. The job runs
+/// on its own task, so a client that goes away strands nobody.
+fn start_summary(state: &Arc<AppState>, job: SpanJob) -> SharedSummary {
     let Ok(mut in_flight) = state.compactor.in_flight.lock() else {
         let error = SummarizeError::Upstream("summary bookkeeping poisoned".into());
         return futures_util::future::ready(Err(error)).boxed().shared();
     };
-    if let Some(job) = in_flight.get(&key) {
-        return job.clone();
+    if let Some(running) = in_flight.get(&job.key) {
+        return running.clone();
     }
-    let task = tokio::spawn(make_summary(state.clone(), key, base, source.clone(), end));
-    let job = async move {
+    let key = job.key;
+    let task = tokio::spawn(make_summary(state.clone(), job));
+    let shared = async move {
         task.await.unwrap_or_else(|e| {
             Err(SummarizeError::Upstream(format!(
                 "summary task failed: {e}"
@@ -449,23 +461,17 @@ fn start_summary(
     }
     .boxed()
     .shared();
-    in_flight.insert(key, job.clone());
-    job
+    in_flight.insert(key, shared.clone());
+    shared
 }
 
-async fn make_summary(
-    state: Arc<AppState>,
-    key: Key,
-    base: Option<(usize, Arc<Summary>)>,
-    source: SpanSource,
-    end: usize,
-) -> Result<Arc<Summary>, SummarizeError> {
+async fn make_summary(state: Arc<AppState>, job: SpanJob) -> Result<Arc<Summary>, SummarizeError> {
     // However the job ends, even by panic, it stops being the one others join.
     let _finished = InFlightEntry {
         state: state.clone(),
-        key,
+        key: job.key,
     };
-    make_shared_once(&state, key, base, &source, end).await
+    make_shared_once(&state, &job).await
 }
 
 struct InFlightEntry {
@@ -485,60 +491,46 @@ impl Drop for InFlightEntry {
 /// dies its lock expires and a waiter makes it instead.
 async fn make_shared_once(
     state: &Arc<AppState>,
-    key: Key,
-    base: Option<(usize, Arc<Summary>)>,
-    source: &SpanSource,
-    end: usize,
+    job: &SpanJob,
 ) -> Result<Arc<Summary>, SummarizeError> {
     let compactor = &state.compactor;
     let Some(shared) = compactor.cache.shared() else {
-        return summarize_and_store(state, key, base, source, end).await;
+        return summarize_and_store(state, job).await;
     };
     // Held for as long as the job may take: one summarizer timeout per chunk, with room.
-    let from = base.as_ref().map_or(source.head, |(e, _)| *e);
-    let span_tokens: u64 = source.evictable[from - source.head..end - source.head]
-        .iter()
-        .map(|m| u64::from(m.tokens))
-        .sum();
-    let chunks = span_tokens / (source.window / 2).max(1) + 1;
+    let span_tokens: u64 = job.new_messages().iter().map(|m| u64::from(m.tokens)).sum();
+    let chunks = span_tokens / (job.source.window / 2).max(1) + 1;
     let hold = Duration::from_secs(compactor.summarizer.config().timeout_secs * chunks + 5);
     loop {
-        match shared.try_lock(&key, hold).await {
+        match shared.try_lock(&job.key, hold).await {
             LockOutcome::HeldElsewhere => {
                 tokio::time::sleep(REMOTE_POLL).await;
-                if let Some(summary) = compactor.cache.get(&key).await {
+                if let Some(summary) = compactor.cache.get(&job.key).await {
                     return Ok(summary);
                 }
             }
             LockOutcome::Acquired(token) => {
-                let result = summarize_and_store(state, key, base, source, end).await;
-                shared.unlock(&key, &token).await;
+                let result = summarize_and_store(state, job).await;
+                shared.unlock(&job.key, &token).await;
                 return result;
             }
-            LockOutcome::Unavailable => {
-                return summarize_and_store(state, key, base, source, end).await
-            }
+            LockOutcome::Unavailable => return summarize_and_store(state, job).await,
         }
     }
 }
 
 async fn summarize_and_store(
     state: &Arc<AppState>,
-    key: Key,
-    base: Option<(usize, Arc<Summary>)>,
-    source: &SpanSource,
-    end: usize,
+    job: &SpanJob,
 ) -> Result<Arc<Summary>, SummarizeError> {
     let compactor = &state.compactor;
     // Another replica may have finished it while this one waited for the lock.
-    if let Some(summary) = compactor.cache.get(&key).await {
+    if let Some(summary) = compactor.cache.get(&job.key).await {
         return Ok(summary);
     }
-    let (from, previous) = match &base {
-        Some((base_end, summary)) => (*base_end, Some(summary.text.clone())),
-        None => (source.head, None),
-    };
-    let messages = source.evictable[from - source.head..end - source.head].to_vec();
+    let source = &job.source;
+    let previous = job.base.as_ref().map(|(_, summary)| summary.text.clone());
+    let messages = job.new_messages().to_vec();
     let started = Instant::now();
     compactor
         .summaries_made
@@ -563,18 +555,18 @@ async fn summarize_and_store(
     let summary = Arc::new(Summary {
         tokens: count_text(encoding, &text),
         text,
-        messages: end - source.head,
+        messages: job.end - source.head,
         model: source.model.clone(),
         prompt_version: PROMPT_VERSION,
         created_at: unix_now(),
     });
     tracing::info!(
         messages = summary.messages,
-        extended_from = base.as_ref().map(|(e, _)| e - source.head),
+        extended_from = job.base.as_ref().map(|(e, _)| e - source.head),
         summary_tokens = summary.tokens,
         summarizer_ms = started.elapsed().as_secs_f64() * 1e3,
         "summary made"
     );
-    compactor.cache.put(key, summary.clone()).await;
+    compactor.cache.put(job.key, summary.clone()).await;
     Ok(summary)
 }

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use common::*;
 use condenser::config::OnFailure;
-use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 async fn post(proxy: &Proxy, body: &Value, mode: Option<&str>) -> reqwest::Response {
@@ -293,11 +292,7 @@ async fn a_streamed_request_is_compacted_and_still_streams() {
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "summarized");
     assert!(header(&response, "content-type").starts_with("text/event-stream"));
-    let mut text = String::new();
-    let mut stream = response.bytes_stream();
-    while let Some(chunk) = within("stream", stream.next()).await {
-        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
-    }
+    let text = stream_text(response).await;
     assert!(
         text.contains("reply ") && text.ends_with("data: [DONE]\n\n"),
         "{text}"

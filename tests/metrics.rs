@@ -172,15 +172,6 @@ async fn counters_agree_with_a_known_sequence_of_requests() {
     assert!(samples.contains_key(r#"condenser_ttft_seconds_bucket{le="10"}"#));
 }
 
-async fn stream_text(response: reqwest::Response) -> String {
-    let mut text = String::new();
-    let mut stream = response.bytes_stream();
-    while let Some(chunk) = within("stream", stream.next()).await {
-        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
-    }
-    text
-}
-
 #[tokio::test]
 async fn usage_is_requested_for_streams_and_hidden_from_clients_that_did_not_ask() {
     let upstream = mock_llm(LlmBehaviour::default()).await;

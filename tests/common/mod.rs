@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use condenser::body::{full, ProxyBody};
 use condenser::{AppState, Config, Server};
+use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -351,4 +352,14 @@ pub fn header(response: &reqwest::Response, name: &str) -> String {
         .get(name)
         .map(|v| v.to_str().unwrap().to_string())
         .unwrap_or_default()
+}
+
+/// The whole body of a streamed response, read chunk by chunk as it arrives.
+pub async fn stream_text(response: reqwest::Response) -> String {
+    let mut text = String::new();
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = within("stream", stream.next()).await {
+        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    text
 }
