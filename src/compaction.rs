@@ -88,7 +88,6 @@ pub struct Compactor {
     cache: SummaryCache,
     summarizer: Summarizer,
     in_flight: Mutex<HashMap<Key, SharedSummary>>,
-    summaries_made: std::sync::atomic::AtomicU64,
 }
 
 impl Compactor {
@@ -105,18 +104,11 @@ impl Compactor {
             cache: SummaryCache::new(&config.cache, shared),
             summarizer: Summarizer::new(config.summarizer.clone())?,
             in_flight: Mutex::new(HashMap::new()),
-            summaries_made: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
     pub fn cached_entries(&self) -> u64 {
         self.cache.entries()
-    }
-
-    /// Summaries this replica has made (each possibly several chunked calls).
-    pub fn summaries_made(&self) -> u64 {
-        self.summaries_made
-            .load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -532,9 +524,6 @@ async fn summarize_and_store(
     let previous = job.base.as_ref().map(|(_, summary)| summary.text.clone());
     let messages = job.new_messages().to_vec();
     let started = Instant::now();
-    compactor
-        .summaries_made
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let text = compactor
         .summarizer
         .summarize(SummaryRequest {

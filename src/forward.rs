@@ -5,7 +5,6 @@ use std::error::Error as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Response, StatusCode};
 use wildmatch::WildMatch;
@@ -247,11 +246,6 @@ impl Upstreams {
     pub fn default_upstream(&self) -> &Arc<Upstream> {
         &self.default
     }
-}
-
-/// A body sent as-is, known in full.
-pub fn bytes_body(bytes: Bytes) -> reqwest::Body {
-    reqwest::Body::from(bytes)
 }
 
 #[cfg(test)]

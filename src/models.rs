@@ -146,10 +146,6 @@ impl ModelCatalog {
         }
     }
 
-    pub fn defaults(&self) -> &TokensConfig {
-        &self.defaults
-    }
-
     pub fn resolve(&self, model: &str) -> ModelInfo {
         let name = base_name(model);
         let known_encoding = ENCODINGS

@@ -158,7 +158,7 @@ impl TokenCounter {
             .unwrap_or(1.0 + self.unknown_margin)
     }
 
-    pub fn learned_ratio(&self, model_base_name: &str) -> Option<f64> {
+    fn learned_ratio(&self, model_base_name: &str) -> Option<f64> {
         self.learned
             .read()
             .ok()
