@@ -194,13 +194,9 @@ impl Prepared {
 pub fn settings_for(config: &Config, headers: &HeaderMap) -> Result<ContextConfig, ProxyError> {
     match headers.get(PROFILE_HEADER).map(|v| v.to_str()) {
         None => Ok(config.context.clone()),
-        Some(Ok(name)) => config
-            .profiles
-            .get(name)
-            .map(|p| config.context.with_profile(p))
-            .ok_or_else(|| {
-                ProxyError::invalid(format!("{PROFILE_HEADER}: no profile named {name:?}"), None)
-            }),
+        Some(Ok(name)) => config.context_for(Some(name)).ok_or_else(|| {
+            ProxyError::invalid(format!("{PROFILE_HEADER}: no profile named {name:?}"), None)
+        }),
         Some(Err(_)) => Err(ProxyError::invalid(
             format!("{PROFILE_HEADER} is not valid text"),
             None,

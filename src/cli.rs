@@ -7,7 +7,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::chat::{messages, model_name, parse_request, Prepared};
-use crate::config::{Config, ConfigError, ContextConfig, Overrides};
+use crate::config::{Config, ConfigError, Overrides};
 use crate::error::ProxyError;
 use crate::models::ModelCatalog;
 use crate::plan::{total_tokens, triggers, Decision, Limits, Mode};
@@ -113,14 +113,12 @@ pub async fn plan(
     input: &str,
     options: PlanOptions<'_>,
 ) -> Result<String, CommandError> {
-    let settings: ContextConfig = match options.profile {
-        None => config.context.clone(),
-        Some(name) => config
-            .profiles
-            .get(name)
-            .map(|p| config.context.with_profile(p))
-            .ok_or_else(|| ConfigError::Invalid(format!("no profile named {name:?}")))?,
-    };
+    let settings = config.context_for(options.profile).ok_or_else(|| {
+        ConfigError::Invalid(format!(
+            "no profile named {:?}",
+            options.profile.unwrap_or("")
+        ))
+    })?;
     let prepared = prepare(config, input, options.model).await?;
     let input = prepared.plan_input(config, &settings, options.mode);
     let limits = Limits::new(&input);

@@ -364,6 +364,17 @@ impl Config {
         Ok(())
     }
 
+    /// The `[context]` settings, with the named profile applied; `None` for an unknown name.
+    pub fn context_for(&self, profile: Option<&str>) -> Option<ContextConfig> {
+        match profile {
+            None => Some(self.context.clone()),
+            Some(name) => self
+                .profiles
+                .get(name)
+                .map(|p| self.context.with_profile(p)),
+        }
+    }
+
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
     }
