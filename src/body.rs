@@ -1,9 +1,15 @@
-//! The one response body type the server speaks, and ways to make it.
+//! The one body type the server and the upstream client speak, and ways to make it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::{Stream, StreamExt, TryStreamExt};
+use futures_util::{Stream, TryStreamExt};
 use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::Frame;
+use hyper::body::{Body, Frame, SizeHint};
+use tokio::time::{Instant, Sleep};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ProxyBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
@@ -28,19 +34,110 @@ where
 #[error("request body exceeds the limit of {0} bytes")]
 pub struct BodyLimitExceeded(pub usize);
 
-/// The client's body as a stream of data frames that fails once more than `limit` bytes
-/// have passed, without holding more than one frame.
-pub fn limited_stream(
-    body: hyper::body::Incoming,
+/// The client's body, relayed frame by frame, failing once more than `limit` bytes have
+/// passed. Its size hint stays, so a declared length is forwarded as such.
+pub fn limited(body: hyper::body::Incoming, limit: usize) -> ProxyBody {
+    Limit {
+        inner: body,
+        seen: 0,
+        limit,
+    }
+    .boxed_unsync()
+}
+
+struct Limit<B> {
+    inner: B,
+    seen: usize,
     limit: usize,
-) -> impl Stream<Item = Result<Bytes, BoxError>> + Send + 'static {
-    let mut seen = 0usize;
-    http_body_util::BodyDataStream::new(body).map(move |chunk| {
-        let chunk = chunk.map_err(BoxError::from)?;
-        seen += chunk.len();
-        if seen > limit {
-            return Err(BodyLimitExceeded(limit).into());
+}
+
+impl<B> Body for Limit<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        Poll::Ready(frame.map(|frame| {
+            let frame = frame.map_err(Into::into)?;
+            if let Some(data) = frame.data_ref() {
+                this.seen += data.len();
+                if this.seen > this.limit {
+                    return Err(BodyLimitExceeded(this.limit).into());
+                }
+            }
+            Ok(frame)
+        }))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Upstream sent nothing for longer than its timeout in the middle of a body.
+#[derive(Debug, thiserror::Error)]
+#[error("upstream sent nothing for {0} s")]
+pub struct UpstreamSilent(pub u64);
+
+/// `body`, failing once it has been waiting on upstream for `timeout` without a frame.
+pub fn with_idle_timeout<B>(body: B, timeout: Duration) -> IdleTimeout<B> {
+    IdleTimeout {
+        inner: body,
+        timeout,
+        silence: None,
+    }
+}
+
+pub struct IdleTimeout<B> {
+    inner: B,
+    timeout: Duration,
+    /// Armed when a poll finds nothing to read; a frame disarms it. A body that is always
+    /// ready never touches the timer.
+    silence: Option<Pin<Box<Sleep>>>,
+}
+
+impl<B> Body for IdleTimeout<B>
+where
+    B: Body<Data = Bytes, Error = BoxError> + Unpin,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            this.silence = None;
+            return Poll::Ready(frame);
         }
-        Ok(chunk)
-    })
+        let timeout = this.timeout;
+        let silence = this
+            .silence
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(Instant::now() + timeout)));
+        ready!(silence.as_mut().poll(cx));
+        this.silence = None;
+        Poll::Ready(Some(Err(UpstreamSilent(timeout.as_secs()).into())))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }

@@ -12,11 +12,11 @@ use hyper::{Method, Request, Response};
 use serde_json::{Map, Value};
 
 use crate::app::AppState;
-use crate::body::{streaming, ProxyBody};
+use crate::body::{full, streaming, ProxyBody};
 use crate::compaction::{self, CacheOutcome, CompactionJob, Rewrite};
 use crate::config::{Config, ContextConfig};
 use crate::error::ProxyError;
-use crate::forward::{forwardable_headers, response_head};
+use crate::forward::{forwardable_headers, strip_hop_by_hop};
 use crate::models::{ModelCatalog, ModelInfo};
 use crate::plan::{self, Decision, Limits, MessageMeta, Mode, PlanInput, Role};
 use crate::tokens::{PromptCount, TokenCounter};
@@ -368,19 +368,17 @@ pub async fn handle(
         .map_or(parts.uri.path(), |pq| pq.as_str());
     let sent = Instant::now();
     let response = upstream
-        .send(
-            Method::POST,
-            path_and_query,
-            &headers,
-            reqwest::Body::from(send_bytes),
-        )
+        .send(Method::POST, path_and_query, &headers, full(send_bytes))
         .await?;
     let upstream_time = sent.elapsed();
     metrics
         .upstream_seconds
         .observe(upstream_time.as_secs_f64());
 
-    let (status, mut response_headers) = response_head(&response);
+    let (mut head, upstream_body) = response.into_parts();
+    strip_hop_by_hop(&mut head.headers);
+    let status = head.status;
+    let response_headers = &mut head.headers;
     for (name, value) in [
         ("x-condenser-action", outcome.action.to_string()),
         ("x-condenser-prompt-tokens", received_tokens.to_string()),
@@ -417,7 +415,7 @@ pub async fn handle(
         upstream_time,
         overhead,
     };
-    let stream_body = response.bytes_stream();
+    let stream_body = http_body_util::BodyDataStream::new(upstream_body);
     let body = if is_sse {
         // Removing the usage chunk changes the length; the relay is chunked anyway.
         response_headers.remove(header::CONTENT_LENGTH);
@@ -425,10 +423,7 @@ pub async fn handle(
     } else {
         streaming(UsageTap::json(stream_body, observer))
     };
-    let mut out = Response::new(body);
-    *out.status_mut() = status;
-    *out.headers_mut() = response_headers;
-    Ok(out)
+    Ok(Response::from_parts(head, body))
 }
 
 /// The client's headers for upstream. The body may be rewritten, so its length is recomputed;

@@ -102,7 +102,7 @@ impl Compactor {
         };
         Ok(Compactor {
             cache: SummaryCache::new(&config.cache, shared),
-            summarizer: Summarizer::new(config.summarizer.clone())?,
+            summarizer: Summarizer::new(config.summarizer.clone(), config.server.worker_count())?,
             in_flight: Mutex::new(HashMap::new()),
         })
     }

@@ -40,6 +40,17 @@ pub struct ServerConfig {
     pub listen: String,
     pub max_body_bytes: usize,
     pub shutdown_grace_secs: u64,
+    /// Event-loop threads, each with its own listener and upstream pools; 0 = one per CPU.
+    pub workers: usize,
+}
+
+impl ServerConfig {
+    pub fn worker_count(&self) -> usize {
+        match self.workers {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            n => n,
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -48,6 +59,7 @@ impl Default for ServerConfig {
             listen: "127.0.0.1:8080".into(),
             max_body_bytes: 32 * 1024 * 1024,
             shutdown_grace_secs: 30,
+            workers: 0,
         }
     }
 }
@@ -381,13 +393,18 @@ impl Config {
 }
 
 fn validate_url(key: &str, value: &str) -> Result<(), ConfigError> {
-    match reqwest::Url::parse(value) {
-        Ok(url) if matches!(url.scheme(), "http" | "https") => Ok(()),
-        Ok(url) => Err(ConfigError::Invalid(format!(
+    let uri = value
+        .parse::<hyper::Uri>()
+        .map_err(|e| ConfigError::Invalid(format!("{key} {value:?}: {e}")))?;
+    match (uri.scheme_str(), uri.host()) {
+        (Some("http" | "https"), Some(host)) if !host.is_empty() => Ok(()),
+        (Some("http" | "https"), _) => {
+            Err(ConfigError::Invalid(format!("{key} {value:?}: no host")))
+        }
+        (scheme, _) => Err(ConfigError::Invalid(format!(
             "{key} {value:?}: scheme {} is not http or https",
-            url.scheme()
+            scheme.unwrap_or("(none)")
         ))),
-        Err(e) => Err(ConfigError::Invalid(format!("{key} {value:?}: {e}"))),
     }
 }
 

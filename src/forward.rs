@@ -1,23 +1,44 @@
 //! Upstreams: one pooled client each, model-based routing, and relaying requests and
 //! responses without collecting their bodies.
 
+use std::cell::Cell;
 use std::error::Error as _;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http_body_util::BodyExt;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
-use hyper::{Method, Response, StatusCode};
+use hyper::{Method, Request, Response, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use wildmatch::WildMatch;
 
-use crate::body::{streaming, ProxyBody};
+use crate::body::{with_idle_timeout, BodyLimitExceeded, ProxyBody};
 use crate::config::{Config, ConfigError};
 use crate::error::ProxyError;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, ProxyBody>;
+
+thread_local! {
+    static POOL: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Requests sent from this thread use connection pool `index` of each upstream. A server
+/// worker picks its own, so its upstream connections live on its own event loop.
+pub fn use_pool(index: usize) {
+    POOL.with(|pool| pool.set(index));
+}
 
 pub struct Upstream {
     base_url: String,
-    client: reqwest::Client,
+    /// `base_url` without a trailing `/v1`, which request paths bring themselves.
+    path_base: String,
+    /// One client (and so one connection pool) per server worker.
+    clients: Vec<HttpsClient>,
     api_key: Option<HeaderValue>,
     timeout: Duration,
 }
@@ -55,25 +76,46 @@ pub fn bearer_from_env(var: &str) -> Result<Option<HeaderValue>, ConfigError> {
     }
 }
 
+/// A pooled HTTP/1.1 and HTTP/2 (ALPN) client; TLS trusts the Mozilla root set.
+fn build_client() -> Result<HttpsClient, std::io::Error> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_webpki_roots()
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .build(connector))
+}
+
 impl Upstream {
     pub fn new(
         base_url: &str,
         api_key_env: &str,
         timeout: Duration,
+        pools: usize,
     ) -> Result<Upstream, ConfigError> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .read_timeout(timeout)
-            .pool_idle_timeout(Duration::from_secs(90))
-            .tcp_nodelay(true)
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
+        let clients = (0..pools.max(1))
+            .map(|_| build_client())
+            .collect::<Result<_, _>>()
             .map_err(|e| {
                 ConfigError::Invalid(format!("cannot build a client for {base_url}: {e}"))
             })?;
+        let base_url = base_url.trim_end_matches('/').to_string();
         Ok(Upstream {
-            base_url: base_url.trim_end_matches('/').to_string(),
-            client,
+            path_base: base_url
+                .strip_suffix("/v1")
+                .unwrap_or(&base_url)
+                .to_string(),
+            base_url,
+            clients,
             api_key: bearer_from_env(api_key_env)?,
             timeout,
         })
@@ -86,54 +128,54 @@ impl Upstream {
     /// `base_url` + the request's path and query; a base that already ends in `/v1` is not
     /// given a second one.
     pub fn url(&self, path_and_query: &str) -> String {
-        match (
-            self.base_url.strip_suffix("/v1"),
-            path_and_query.starts_with("/v1/"),
-        ) {
-            (Some(base), true) => format!("{base}{path_and_query}"),
-            _ => format!("{}{path_and_query}", self.base_url),
+        if path_and_query.starts_with("/v1/") {
+            format!("{}{path_and_query}", self.path_base)
+        } else {
+            format!("{}{path_and_query}", self.base_url)
         }
     }
 
-    /// Sends and waits for the response head, never for its body.
+    /// Sends and waits for the response head, never for its body. The body fails once
+    /// upstream stays silent for the upstream timeout.
     pub async fn send(
         &self,
         method: Method,
         path_and_query: &str,
         client_headers: &HeaderMap,
-        body: reqwest::Body,
-    ) -> Result<reqwest::Response, ProxyError> {
+        body: ProxyBody,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
         let mut headers = forwardable_headers(client_headers);
         if !headers.contains_key(header::AUTHORIZATION) {
             if let Some(key) = &self.api_key {
                 headers.insert(header::AUTHORIZATION, key.clone());
             }
         }
-        let request = self
-            .client
-            .request(method, self.url(path_and_query))
-            .headers(headers)
-            .body(body);
-        match tokio::time::timeout(self.timeout, request.send()).await {
+        let uri = Uri::try_from(self.url(path_and_query)).map_err(|e| {
+            ProxyError::UpstreamUnreachable(format!("{}: bad request path: {e}", self.base_url))
+        })?;
+        let mut request = Request::new(body);
+        *request.method_mut() = method;
+        *request.uri_mut() = uri;
+        *request.headers_mut() = headers;
+        let client = &self.clients[POOL.with(Cell::get) % self.clients.len()];
+        match tokio::time::timeout(self.timeout, client.request(request)).await {
             Err(_) => Err(ProxyError::UpstreamTimeout(self.timeout.as_secs())),
-            Ok(Ok(response)) => Ok(response),
+            Ok(Ok(response)) => Ok(response.map(|body| {
+                with_idle_timeout(body.map_err(Into::into), self.timeout).boxed_unsync()
+            })),
             Ok(Err(e)) => Err(self.classify(&e)),
         }
     }
 
-    fn classify(&self, error: &reqwest::Error) -> ProxyError {
+    fn classify(&self, error: &hyper_util::client::legacy::Error) -> ProxyError {
         let mut source = error.source();
         while let Some(cause) = source {
-            if let Some(limit) = cause.downcast_ref::<crate::body::BodyLimitExceeded>() {
+            if let Some(limit) = cause.downcast_ref::<BodyLimitExceeded>() {
                 return ProxyError::BodyTooLarge { limit: limit.0 };
             }
             source = cause.source();
         }
-        if error.is_timeout() && !error.is_connect() {
-            ProxyError::UpstreamTimeout(self.timeout.as_secs())
-        } else {
-            ProxyError::UpstreamUnreachable(format!("{}: {}", self.base_url, root_cause(error)))
-        }
+        ProxyError::UpstreamUnreachable(format!("{}: {}", self.base_url, root_cause(error)))
     }
 }
 
@@ -184,25 +226,23 @@ pub fn forwardable_headers(headers: &HeaderMap) -> HeaderMap {
     out
 }
 
-/// The upstream's response, head copied and body relayed as it arrives.
-pub fn relay_response(response: reqwest::Response) -> Response<ProxyBody> {
-    let (head, body) = response_head(&response);
-    let mut out = Response::new(streaming(response.bytes_stream()));
-    *out.status_mut() = head;
-    *out.headers_mut() = body;
-    out
+/// The upstream's response with its hop-by-hop headers dropped; the body is relayed as it
+/// arrives.
+pub fn relay_response(mut response: Response<ProxyBody>) -> Response<ProxyBody> {
+    strip_hop_by_hop(response.headers_mut());
+    response
 }
 
-/// Status and forwardable headers of an upstream response.
-pub fn response_head(response: &reqwest::Response) -> (StatusCode, HeaderMap) {
-    let listed = connection_listed(response.headers());
-    let mut headers = HeaderMap::with_capacity(response.headers().len());
-    for (name, value) in response.headers() {
-        if !is_hop_by_hop(name, &listed) {
-            headers.append(name.clone(), value.clone());
-        }
+/// Drops the headers that describe one hop of an upstream response.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let listed = connection_listed(headers);
+    for name in HOP_BY_HOP
+        .iter()
+        .copied()
+        .chain(listed.iter().map(String::as_str))
+    {
+        headers.remove(name);
     }
-    (response.status(), headers)
 }
 
 /// The configured upstreams and which model goes where.
@@ -214,17 +254,19 @@ pub struct Upstreams {
 impl Upstreams {
     pub fn from_config(config: &Config) -> Result<Upstreams, ConfigError> {
         let timeout = Duration::from_secs(config.upstream.timeout_secs);
+        let pools = config.server.worker_count();
         let default = Arc::new(Upstream::new(
             &config.upstream.base_url,
             &config.upstream.api_key_env,
             timeout,
+            pools,
         )?);
         let routes = config
             .routes
             .iter()
             .map(|route| {
                 let patterns = route.models.iter().map(|m| WildMatch::new(m)).collect();
-                Upstream::new(&route.base_url, &route.api_key_env, timeout)
+                Upstream::new(&route.base_url, &route.api_key_env, timeout, pools)
                     .map(|u| (patterns, Arc::new(u)))
             })
             .collect::<Result<_, _>>()?;
@@ -270,9 +312,9 @@ mod tests {
 
     #[test]
     fn base_with_v1_is_not_doubled() {
-        let u = Upstream::new("http://h:1/v1/", "", Duration::from_secs(1)).unwrap();
+        let u = Upstream::new("http://h:1/v1/", "", Duration::from_secs(1), 1).unwrap();
         assert_eq!(u.url("/v1/models?x=1"), "http://h:1/v1/models?x=1");
-        let u = Upstream::new("http://h:1/proxy", "", Duration::from_secs(1)).unwrap();
+        let u = Upstream::new("http://h:1/proxy", "", Duration::from_secs(1), 1).unwrap();
         assert_eq!(u.url("/v1/models"), "http://h:1/proxy/v1/models");
     }
 }

@@ -89,7 +89,8 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
-#[tokio::main]
+// The server runs one current-thread runtime per worker; this one is worker 0.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args = Args::parse();
     cli::init_logging(match args.log_format {
@@ -157,9 +158,8 @@ async fn serve(config: Config) -> ExitCode {
         Ok(server) => server,
         Err(e) => return fail(e),
     };
-    if let Ok(addr) = server.local_addr() {
-        tracing::info!(%addr, "condenser listening");
-    }
+    let addr = server.local_addr();
+    tracing::info!(%addr, "condenser listening");
     server.serve(shutdown_signal()).await;
     ExitCode::SUCCESS
 }

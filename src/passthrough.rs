@@ -4,7 +4,7 @@ use hyper::body::Incoming;
 use hyper::{header, Request, Response};
 
 use crate::app::AppState;
-use crate::body::{limited_stream, ProxyBody};
+use crate::body::{full, limited, ProxyBody};
 use crate::error::ProxyError;
 use crate::forward::relay_response;
 
@@ -31,9 +31,9 @@ pub async fn handle(
     let upstream = state.upstreams.default_upstream();
     // An absent body stays absent rather than becoming an empty chunked one.
     let body = if hyper::body::Body::is_end_stream(&body) {
-        reqwest::Body::from(bytes::Bytes::new())
+        full(bytes::Bytes::new())
     } else {
-        reqwest::Body::wrap_stream(limited_stream(body, limit))
+        limited(body, limit)
     };
     let response = upstream
         .send(parts.method.clone(), path_and_query, &parts.headers, body)

@@ -1,5 +1,11 @@
-//! The accept loop: HTTP/1.1 and h2c on one port, and a shutdown that drains in-flight
-//! requests (streams included) for up to `shutdown_grace_secs`.
+//! The accept loops: HTTP/1.1 and h2c on one port, served by one event-loop thread per
+//! worker, and a shutdown that drains in-flight requests (streams included) for up to
+//! `shutdown_grace_secs`.
+//!
+//! Each worker owns a current-thread runtime, its own `SO_REUSEPORT` listener and its own
+//! upstream connection pools, so a request is read, handled, forwarded and answered on one
+//! thread. A shared work-stealing runtime moved the client and upstream halves of a request
+//! between threads, and those wake-ups cost more than the proxying itself.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -12,95 +18,215 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 use crate::app::{AppState, StartError};
 use crate::config::Config;
+use crate::forward;
 use crate::routes;
 
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 const H2_KEEP_ALIVE: Duration = Duration::from_secs(30);
+const LISTEN_BACKLOG: i32 = 1024;
 
 pub struct Server {
-    listener: TcpListener,
+    /// One per worker, all bound to the same address.
+    listeners: Vec<std::net::TcpListener>,
+    local_addr: SocketAddr,
     state: Arc<AppState>,
 }
 
 impl Server {
     pub async fn bind(config: Config) -> Result<Server, StartError> {
         let addr = config.server.listen.clone();
+        let workers = config.server.worker_count();
         let state = Arc::new(AppState::new(config)?);
-        let listener = TcpListener::bind(&addr)
-            .await
-            .map_err(|source| StartError::Bind { addr, source })?;
-        Ok(Server { listener, state })
+        let (listeners, local_addr) =
+            bind_listeners(&addr, workers).map_err(|source| StartError::Bind { addr, source })?;
+        Ok(Server {
+            listeners,
+            local_addr,
+            state,
+        })
     }
 
-    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.listener.local_addr()
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
     }
 
     pub fn state(&self) -> Arc<AppState> {
         self.state.clone()
     }
 
-    /// Serves until `shutdown` resolves, then stops accepting and drains.
+    /// Serves until `shutdown` resolves, then stops accepting and drains. The first worker
+    /// runs on the calling runtime, the others on threads of their own.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
-        let Server { listener, state } = self;
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_READ_TIMEOUT);
-        builder
-            .http2()
-            .timer(TokioTimer::new())
-            .keep_alive_interval(H2_KEEP_ALIVE);
-        let graceful = GracefulShutdown::new();
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                accepted = listener.accept() => {
-                    let stream = match accepted {
-                        Ok((stream, _)) => stream,
-                        Err(error) => {
-                            // Out of file descriptors and the like: back off instead of spinning.
-                            tracing::warn!(%error, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                            continue;
-                        }
-                    };
-                    let _ = stream.set_nodelay(true);
-                    let state = state.clone();
-                    let service = service_fn(move |request| {
-                        let state = state.clone();
-                        async move { Ok::<_, Infallible>(routes::handle(state, request).await) }
-                    });
-                    let connection = builder
-                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                        .into_owned();
-                    let connection = graceful.watch(connection);
-                    tokio::spawn(async move {
-                        if let Err(error) = connection.await {
-                            tracing::debug!(%error, "connection ended with an error");
-                        }
-                    });
-                }
-                () = &mut shutdown => break,
+        let Server {
+            listeners, state, ..
+        } = self;
+        let (stop, stopped) = watch::channel(false);
+        let mut listeners = listeners.into_iter();
+        let first = listeners.next();
+        let threads: Vec<_> = listeners
+            .enumerate()
+            .filter_map(|(i, listener)| {
+                let worker = i + 1;
+                let (state, stopped) = (state.clone(), stopped.clone());
+                std::thread::Builder::new()
+                    .name(format!("condenser-worker-{worker}"))
+                    .spawn(move || run_worker(worker, listener, state, stopped))
+                    .map_err(|error| tracing::error!(%error, worker, "cannot start a worker"))
+                    .ok()
+            })
+            .collect();
+        let trigger = async {
+            shutdown.await;
+            state.ready.store(false, Ordering::Relaxed);
+            tracing::info!(
+                grace_secs = state.config.server.shutdown_grace_secs,
+                "shutting down: draining in-flight requests"
+            );
+            let _ = stop.send(true);
+        };
+        let local = async {
+            match first {
+                Some(listener) => accept_loop(listener, state.clone(), stopped).await,
+                None => true,
             }
-        }
-        drop(listener);
-        state.ready.store(false, Ordering::Relaxed);
-        let grace = Duration::from_secs(state.config.server.shutdown_grace_secs);
-        tracing::info!(
-            grace_secs = grace.as_secs(),
-            "shutting down: draining in-flight requests"
-        );
-        tokio::select! {
-            () = graceful.shutdown() => tracing::info!("drained"),
-            () = tokio::time::sleep(grace) => tracing::warn!("grace period over; closing remaining connections"),
+        };
+        let ((), local_drained) = tokio::join!(trigger, local);
+        let others_drained = tokio::task::spawn_blocking(move || {
+            // Every thread is joined, drained or not.
+            let drained: Vec<bool> = threads
+                .into_iter()
+                .map(|thread| thread.join().unwrap_or(false))
+                .collect();
+            drained.into_iter().all(|drained| drained)
+        })
+        .await
+        .unwrap_or(false);
+        if local_drained && others_drained {
+            tracing::info!("drained");
+        } else {
+            tracing::warn!("grace period over; closing remaining connections");
         }
     }
+}
+
+/// `count` listeners on one address; an address with port 0 gets the port the first one
+/// was given.
+fn bind_listeners(
+    addr: &str,
+    count: usize,
+) -> std::io::Result<(Vec<std::net::TcpListener>, SocketAddr)> {
+    let mut addr: SocketAddr = addr
+        .parse()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let mut listeners = Vec::with_capacity(count);
+    for _ in 0..count.max(1) {
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        socket.set_reuse_address(true)?;
+        if count > 1 {
+            socket.set_reuse_port(true)?;
+        }
+        socket.set_nonblocking(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(LISTEN_BACKLOG)?;
+        let listener = std::net::TcpListener::from(socket);
+        addr = listener.local_addr()?;
+        listeners.push(listener);
+    }
+    Ok((listeners, addr))
+}
+
+/// A worker thread: its own runtime and pools until the accept loop has drained. True when
+/// it drained within the grace period.
+fn run_worker(
+    worker: usize,
+    listener: std::net::TcpListener,
+    state: Arc<AppState>,
+    stopped: watch::Receiver<bool>,
+) -> bool {
+    forward::use_pool(worker);
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(accept_loop(listener, state, stopped)),
+        Err(error) => {
+            tracing::error!(%error, worker, "cannot start a worker runtime");
+            true
+        }
+    }
+}
+
+/// Accepts until told to stop, then drains this worker's connections. True when they
+/// finished within the grace period.
+async fn accept_loop(
+    listener: std::net::TcpListener,
+    state: Arc<AppState>,
+    mut stopped: watch::Receiver<bool>,
+) -> bool {
+    let listener = match TcpListener::from_std(listener) {
+        Ok(listener) => listener,
+        Err(error) => {
+            tracing::error!(%error, "cannot register a listener");
+            return true;
+        }
+    };
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(H2_KEEP_ALIVE);
+    let graceful = GracefulShutdown::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(error) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let state = state.clone();
+                let service = service_fn(move |request| {
+                    let state = state.clone();
+                    async move { Ok::<_, Infallible>(routes::handle(state, request).await) }
+                });
+                let connection = builder
+                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                    .into_owned();
+                let connection = graceful.watch(connection);
+                tokio::spawn(async move {
+                    if let Err(error) = connection.await {
+                        tracing::debug!(%error, "connection ended with an error");
+                    }
+                });
+            }
+            () = stop_requested(&mut stopped) => break,
+        }
+    }
+    drop(listener);
+    let grace = Duration::from_secs(state.config.server.shutdown_grace_secs);
+    tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_ok()
+}
+
+/// Resolves once stopping is asked for, or once the server is gone.
+async fn stop_requested(stopped: &mut watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|stop| *stop).await;
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use http_body_util::BodyExt;
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::Method;
 use regex::Regex;
@@ -107,12 +107,21 @@ pub struct Summarizer {
 }
 
 impl Summarizer {
-    pub fn new(config: SummarizerConfig) -> Result<Summarizer, crate::config::ConfigError> {
+    /// `pools`: one connection pool per server worker, as for every upstream.
+    pub fn new(
+        config: SummarizerConfig,
+        pools: usize,
+    ) -> Result<Summarizer, crate::config::ConfigError> {
         let timeout = Duration::from_secs(config.timeout_secs);
         let dedicated = if config.base_url.is_empty() {
             None
         } else {
-            Some(Arc::new(Upstream::new(&config.base_url, "", timeout)?))
+            Some(Arc::new(Upstream::new(
+                &config.base_url,
+                "",
+                timeout,
+                pools,
+            )?))
         };
         Ok(Summarizer {
             own_key: crate::forward::bearer_from_env(&config.api_key_env)?,
@@ -232,15 +241,17 @@ impl Summarizer {
                     Method::POST,
                     "/v1/chat/completions",
                     &headers,
-                    reqwest::Body::from(Bytes::from(body.to_string())),
+                    crate::body::full(body.to_string()),
                 )
                 .await
                 .map_err(|e| SummarizeError::Upstream(e.to_string()))?;
             let status = response.status();
             let bytes = response
-                .bytes()
+                .into_body()
+                .collect()
                 .await
-                .map_err(|e| SummarizeError::Upstream(e.to_string()))?;
+                .map_err(|e| SummarizeError::Upstream(e.to_string()))?
+                .to_bytes();
             if !status.is_success() {
                 return Err(SummarizeError::Status {
                     status: status.as_u16(),

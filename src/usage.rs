@@ -210,9 +210,10 @@ fn relay_event(event: &[u8], injected: bool, usage: &mut Option<Usage>, out: &mu
     out.extend_from_slice(event);
 }
 
-impl<S, O> Stream for UsageTap<S, O>
+impl<S, E, O> Stream for UsageTap<S, O>
 where
-    S: Stream<Item = Result<Bytes, reqwest::Error>> + Unpin,
+    S: Stream<Item = Result<Bytes, E>> + Unpin,
+    E: Into<BoxError>,
     O: UsageObserver + Unpin,
 {
     type Item = Result<Bytes, BoxError>;
@@ -294,7 +295,7 @@ mod tests {
         let inner = futures_util::stream::iter(
             chunks
                 .into_iter()
-                .map(|c| Ok::<_, reqwest::Error>(Bytes::from_static(c.as_bytes()))),
+                .map(|c| Ok::<_, BoxError>(Bytes::from_static(c.as_bytes()))),
         );
         let tap = UsageTap::sse(inner, seen.clone(), strip);
         let out: Vec<_> = tap.collect().await;

@@ -140,7 +140,7 @@ impl Proxy {
     pub async fn start(mut config: Config) -> Proxy {
         config.server.listen = "127.0.0.1:0".into();
         let server = Server::bind(config).await.unwrap();
-        let addr = server.local_addr().unwrap();
+        let addr = server.local_addr();
         let state = server.state();
         let (tx, rx) = oneshot::channel();
         let served = tokio::spawn(server.serve(async {
