@@ -1,6 +1,7 @@
 //! `POST /v1/chat/completions`: parse, count, plan, rewrite when needed, forward, and read
 //! usage on the way back.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -9,6 +10,8 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response};
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::app::AppState;
@@ -16,20 +19,12 @@ use crate::body::{full, streaming, ProxyBody};
 use crate::compaction::{self, CacheOutcome, CompactionJob, Rewrite};
 use crate::config::{Config, ContextConfig};
 use crate::error::ProxyError;
-use crate::forward::{forwardable_headers, strip_hop_by_hop};
+use crate::forward::{forwardable_headers, strip_hop_by_hop, Upstream};
 use crate::models::{ModelCatalog, ModelInfo};
-use crate::plan::{self, Decision, Limits, MessageMeta, Mode, PlanInput, Role};
-use crate::tokens::{PromptCount, TokenCounter};
+use crate::plan::{self, Decision, Limits, MessageMeta, Mode, PlanInput, VALID_ROLES};
+use crate::tokens::{message_meta, PromptCount, RawPrompt, TokenCounter};
 use crate::usage::{Usage, UsageObserver, UsageTap};
 
-const VALID_ROLES: &[&str] = &[
-    "system",
-    "developer",
-    "user",
-    "assistant",
-    "tool",
-    "function",
-];
 /// Framing of the summary message on top of its text.
 const SUMMARY_FRAMING_TOKENS: u32 = 20;
 
@@ -120,15 +115,7 @@ fn message_metas(messages: &[Value], counts: &[u32]) -> Vec<MessageMeta> {
     messages
         .iter()
         .zip(counts)
-        .map(|(message, &tokens)| MessageMeta {
-            role: Role::parse(message.get("role").and_then(Value::as_str).unwrap_or("")),
-            tokens,
-            has_tool_calls: message
-                .get("tool_calls")
-                .and_then(Value::as_array)
-                .is_some_and(|calls| !calls.is_empty())
-                || message.get("function_call").is_some_and(|c| !c.is_null()),
-        })
+        .map(|(message, &tokens)| message_meta(message, tokens))
         .collect()
 }
 
@@ -140,27 +127,55 @@ fn requested_completion_tokens(body: &Map<String, Value>) -> Option<u64> {
 
 /// A request counted and ready to plan; shared by the proxy and `condenser plan`.
 pub struct Prepared {
-    pub body: Map<String, Value>,
     pub info: ModelInfo,
     pub count: PromptCount,
     pub metas: Vec<MessageMeta>,
+    requested_completion_tokens: Option<u64>,
+    choices: u64,
 }
 
 impl Prepared {
     pub async fn new(
-        body: Map<String, Value>,
+        body: &Map<String, Value>,
         catalog: &ModelCatalog,
         counter: &TokenCounter,
     ) -> Prepared {
-        let info = catalog.resolve(model_name(&body));
-        let count = counter.count_request(&body, &info).await;
-        let metas = message_metas(messages(&body), &count.per_message);
+        let info = catalog.resolve(model_name(body));
+        let count = counter.count_request(body, &info).await;
+        let metas = message_metas(messages(body), &count.per_message);
         Prepared {
-            body,
             info,
             count,
             metas,
+            requested_completion_tokens: requested_completion_tokens(body),
+            choices: body.get("n").and_then(Value::as_u64).unwrap_or(1),
         }
+    }
+
+    /// Counted from raw JSON; None when the request must take the full path.
+    fn scanned(
+        request: &Scanned,
+        catalog: &ModelCatalog,
+        counter: &TokenCounter,
+    ) -> Option<Prepared> {
+        if request.messages.is_empty() {
+            return None;
+        }
+        let info = catalog.resolve(&request.model);
+        let prompt = RawPrompt {
+            messages: request.messages.clone(),
+            tools: request.tools,
+            tool_choice: request.tool_choice,
+            response_format: request.response_format,
+        };
+        let (count, metas) = counter.count_raw(&prompt, &request.model, &info)?;
+        Some(Prepared {
+            info,
+            count,
+            metas,
+            requested_completion_tokens: request.max_completion_tokens.or(request.max_tokens),
+            choices: request.n.unwrap_or(1),
+        })
     }
 
     pub fn plan_input<'a>(
@@ -173,7 +188,7 @@ impl Prepared {
             messages: &self.metas,
             fixed_tokens: self.count.fixed,
             context_window: self.info.context_window,
-            requested_completion_tokens: requested_completion_tokens(&self.body),
+            requested_completion_tokens: self.requested_completion_tokens,
             settings,
             mode,
             summary_tokens: config.summarizer.max_summary_tokens + SUMMARY_FRAMING_TOKENS,
@@ -182,12 +197,55 @@ impl Prepared {
 
     /// The planner's decision, except that requests asking for several choices go as sent.
     pub fn decide(&self, input: &PlanInput) -> Decision {
-        let choices = self.body.get("n").and_then(Value::as_u64).unwrap_or(1);
-        if choices > 1 {
+        if self.choices > 1 {
             return Decision::Forward(plan::ForwardReason::SeveralChoices);
         }
         plan::plan(input)
     }
+}
+
+/// The fields of a chat request that counting and planning read, deserialized without
+/// building a JSON tree. Anything irregular (a missing or mistyped field, a duplicate key)
+/// fails this and sends the request down the full path, which names the problem.
+#[derive(Deserialize)]
+struct Scanned<'a> {
+    #[serde(borrow)]
+    model: Cow<'a, str>,
+    #[serde(borrow)]
+    messages: Vec<&'a RawValue>,
+    n: Option<u64>,
+    stream: Option<bool>,
+    /// Present even when null, which the raw path leaves to the full one.
+    #[serde(borrow, default, deserialize_with = "present")]
+    stream_options: Option<&'a RawValue>,
+    max_completion_tokens: Option<u64>,
+    max_tokens: Option<u64>,
+    #[serde(borrow)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow)]
+    tool_choice: Option<&'a RawValue>,
+    #[serde(borrow)]
+    response_format: Option<&'a RawValue>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(value: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(value).map(Some)
+}
+
+/// `stream_options.include_usage` asked for upstream on behalf of a client that did not:
+/// spliced in as the first key, the rest of the body kept byte for byte.
+const INCLUDE_USAGE_FIELD: &[u8] = br#""stream_options":{"include_usage":true},"#;
+
+fn with_usage_requested(body: &[u8]) -> Option<Bytes> {
+    let open = body.iter().position(|b| !b.is_ascii_whitespace())?;
+    if body[open] != b'{' {
+        return None;
+    }
+    let mut out = Vec::with_capacity(body.len() + INCLUDE_USAGE_FIELD.len());
+    out.extend_from_slice(&body[..=open]);
+    out.extend_from_slice(INCLUDE_USAGE_FIELD);
+    out.extend_from_slice(&body[open + 1..]);
+    Some(Bytes::from(out))
 }
 
 /// The `[context]` settings for this request, after `x-condenser-profile`.
@@ -238,6 +296,30 @@ struct Outcome {
     summarizer_wait: Duration,
 }
 
+impl Outcome {
+    const FORWARDED: Outcome = Outcome {
+        action: "forwarded",
+        cache: CacheOutcome::None,
+        summarized: 0,
+        summarizer_wait: Duration::ZERO,
+    };
+}
+
+/// A request ready to go upstream, and what was done to it on the way.
+struct Outgoing {
+    model: String,
+    info: ModelInfo,
+    upstream: Arc<Upstream>,
+    body: Bytes,
+    /// `stream_options.include_usage` was asked for on the client's behalf.
+    inject_usage: bool,
+    received_tokens: u64,
+    forwarded_tokens: u64,
+    /// The unscaled count of what was forwarded, for the learned ratio.
+    forwarded_raw: u64,
+    outcome: Outcome,
+}
+
 pub async fn handle(
     state: &Arc<AppState>,
     request: Request<Incoming>,
@@ -248,94 +330,22 @@ pub async fn handle(
     let work_started = Instant::now();
     let mode = mode_for(&parts.headers)?;
     let settings = settings_for(&state.config, &parts.headers)?;
-    let body = parse_request(&bytes)?;
-    let model = model_name(&body).to_string();
-    let upstream = state.upstreams.for_model(Some(&model)).clone();
-    let prepared = Prepared::new(body, &state.catalog, &state.counter).await;
-    let input = prepared.plan_input(&state.config, &settings, mode);
-    let decision = prepared.decide(&input);
-    let authorization = parts.headers.get(header::AUTHORIZATION);
-
-    let mut outcome = Outcome {
-        action: "forwarded",
-        cache: CacheOutcome::None,
-        summarized: 0,
-        summarizer_wait: Duration::ZERO,
+    let outgoing = match forward_as_sent(state, &bytes, &settings, mode) {
+        Some(outgoing) => outgoing,
+        None => prepare_fully(state, bytes, &parts.headers, &settings, mode).await?,
     };
-    let mut rewritten: Option<Vec<Value>> = None;
-    match &decision {
-        Decision::Forward(_) => {}
-        Decision::Reject { tokens, limit } => {
-            return Err(ProxyError::ContextLengthExceeded {
-                tokens: *tokens,
-                limit: *limit,
-            })
-        }
-        Decision::Precompute(split) | Decision::Compact { split, .. } => {
-            let job = CompactionJob {
-                messages: messages(&prepared.body),
-                count: &prepared.count,
-                split,
-                model: &model,
-                info: &prepared.info,
-                upstream: &upstream,
-                authorization,
-                settings: &settings,
-                mode,
-                limits: Limits::new(&input),
-            };
-            if matches!(decision, Decision::Precompute(_)) {
-                compaction::precompute(state, job);
-            } else if let Some(Rewrite {
-                messages,
-                action,
-                cache,
-                summarized,
-                waited,
-            }) = compaction::compact(state, job).await?
-            {
-                outcome = Outcome {
-                    action: action.name(),
-                    cache,
-                    summarized,
-                    summarizer_wait: waited,
-                };
-                rewritten = Some(messages);
-            }
-        }
-    }
-
-    let stream = prepared.body.get("stream").and_then(Value::as_bool) == Some(true);
-    let client_wants_usage = prepared
-        .body
-        .get("stream_options")
-        .and_then(|options| options.get("include_usage"))
-        .and_then(Value::as_bool)
-        == Some(true);
-    let inject_usage = stream && !client_wants_usage;
-    let label = state.metrics.model_label(&model, &prepared.info);
-    let received_tokens = prepared.count.total;
-    let (send_bytes, forwarded_tokens, forwarded_raw) = if rewritten.is_none() && !inject_usage {
-        (bytes, prepared.count.total, prepared.count.raw_total)
-    } else {
-        let mut body = prepared.body;
-        // Only new messages change the prompt; stream options do not.
-        let (total, raw) = match rewritten {
-            Some(messages) => {
-                body.insert("messages".into(), Value::Array(messages));
-                let count = state.counter.count_request(&body, &prepared.info).await;
-                (count.total, count.raw_total)
-            }
-            None => (prepared.count.total, prepared.count.raw_total),
-        };
-        if inject_usage {
-            request_usage_in_stream(&mut body);
-        }
-        let bytes = Bytes::from(
-            serde_json::to_vec(&body).map_err(|e| ProxyError::InvalidJson(e.to_string()))?,
-        );
-        (bytes, total, raw)
-    };
+    let Outgoing {
+        model,
+        info,
+        upstream,
+        body: send_bytes,
+        inject_usage,
+        received_tokens,
+        forwarded_tokens,
+        forwarded_raw,
+        outcome,
+    } = outgoing;
+    let label = state.metrics.model_label(&model, &info);
 
     let metrics = &state.metrics;
     metrics
@@ -380,18 +390,19 @@ pub async fn handle(
     let status = head.status;
     let response_headers = &mut head.headers;
     for (name, value) in [
-        ("x-condenser-action", outcome.action.to_string()),
-        ("x-condenser-prompt-tokens", received_tokens.to_string()),
-        ("x-condenser-forwarded-tokens", forwarded_tokens.to_string()),
         (
-            "x-condenser-summarized-messages",
-            outcome.summarized.to_string(),
+            "x-condenser-action",
+            HeaderValue::from_static(outcome.action),
         ),
-        ("x-condenser-cache", outcome.cache.name().to_string()),
+        ("x-condenser-prompt-tokens", received_tokens.into()),
+        ("x-condenser-forwarded-tokens", forwarded_tokens.into()),
+        ("x-condenser-summarized-messages", outcome.summarized.into()),
+        (
+            "x-condenser-cache",
+            HeaderValue::from_static(outcome.cache.name()),
+        ),
     ] {
-        if let Ok(value) = HeaderValue::from_str(&value) {
-            response_headers.insert(HeaderName::from_static(name), value);
-        }
+        response_headers.insert(HeaderName::from_static(name), value);
     }
     let is_sse = response_headers
         .get(header::CONTENT_TYPE)
@@ -424,6 +435,147 @@ pub async fn handle(
         streaming(UsageTap::json(stream_body, observer))
     };
     Ok(Response::from_parts(head, body))
+}
+
+/// The common case, a request under every trigger, handled from its raw JSON without
+/// building a tree. None when the request needs the full path: to be compacted or rejected,
+/// to have stream options rewritten, or to have its problem named.
+fn forward_as_sent(
+    state: &AppState,
+    bytes: &Bytes,
+    settings: &ContextConfig,
+    mode: Mode,
+) -> Option<Outgoing> {
+    let request: Scanned = serde_json::from_slice(bytes).ok()?;
+    let prepared = Prepared::scanned(&request, &state.catalog, &state.counter)?;
+    let input = prepared.plan_input(&state.config, settings, mode);
+    if !matches!(prepared.decide(&input), Decision::Forward(_)) {
+        return None;
+    }
+    let (body, inject_usage) = match (request.stream == Some(true), request.stream_options) {
+        (false, _) => (bytes.clone(), false),
+        (true, None) => (with_usage_requested(bytes)?, true),
+        (true, Some(options)) => {
+            let options: Value = serde_json::from_str(options.get()).ok()?;
+            if options.get("include_usage").and_then(Value::as_bool) != Some(true) {
+                return None;
+            }
+            (bytes.clone(), false)
+        }
+    };
+    let model = request.model.into_owned();
+    Some(Outgoing {
+        upstream: state.upstreams.for_model(Some(&model)).clone(),
+        model,
+        info: prepared.info,
+        body,
+        inject_usage,
+        received_tokens: prepared.count.total,
+        forwarded_tokens: prepared.count.total,
+        forwarded_raw: prepared.count.raw_total,
+        outcome: Outcome::FORWARDED,
+    })
+}
+
+/// Every request the raw path declines: parsed into a tree, validated with errors that name
+/// the problem, counted, planned, compacted when due, and re-serialized only when changed.
+async fn prepare_fully(
+    state: &Arc<AppState>,
+    bytes: Bytes,
+    headers: &HeaderMap,
+    settings: &ContextConfig,
+    mode: Mode,
+) -> Result<Outgoing, ProxyError> {
+    let mut body = parse_request(&bytes)?;
+    let model = model_name(&body).to_string();
+    let upstream = state.upstreams.for_model(Some(&model)).clone();
+    let prepared = Prepared::new(&body, &state.catalog, &state.counter).await;
+    let input = prepared.plan_input(&state.config, settings, mode);
+    let decision = prepared.decide(&input);
+
+    let mut outcome = Outcome::FORWARDED;
+    let mut rewritten: Option<Vec<Value>> = None;
+    match &decision {
+        Decision::Forward(_) => {}
+        Decision::Reject { tokens, limit } => {
+            return Err(ProxyError::ContextLengthExceeded {
+                tokens: *tokens,
+                limit: *limit,
+            })
+        }
+        Decision::Precompute(split) | Decision::Compact { split, .. } => {
+            let job = CompactionJob {
+                messages: messages(&body),
+                count: &prepared.count,
+                split,
+                model: &model,
+                info: &prepared.info,
+                upstream: &upstream,
+                authorization: headers.get(header::AUTHORIZATION),
+                settings,
+                mode,
+                limits: Limits::new(&input),
+            };
+            if matches!(decision, Decision::Precompute(_)) {
+                compaction::precompute(state, job);
+            } else if let Some(Rewrite {
+                messages,
+                action,
+                cache,
+                summarized,
+                waited,
+            }) = compaction::compact(state, job).await?
+            {
+                outcome = Outcome {
+                    action: action.name(),
+                    cache,
+                    summarized,
+                    summarizer_wait: waited,
+                };
+                rewritten = Some(messages);
+            }
+        }
+    }
+
+    let stream = body.get("stream").and_then(Value::as_bool) == Some(true);
+    let client_wants_usage = body
+        .get("stream_options")
+        .and_then(|options| options.get("include_usage"))
+        .and_then(Value::as_bool)
+        == Some(true);
+    let inject_usage = stream && !client_wants_usage;
+    let received_tokens = prepared.count.total;
+    let (send_bytes, forwarded_tokens, forwarded_raw) = if rewritten.is_none() && !inject_usage {
+        (bytes, prepared.count.total, prepared.count.raw_total)
+    } else {
+        // Only new messages change the prompt; stream options do not.
+        let (total, raw) = match rewritten {
+            Some(messages) => {
+                body.insert("messages".into(), Value::Array(messages));
+                let count = state.counter.count_request(&body, &prepared.info).await;
+                (count.total, count.raw_total)
+            }
+            None => (prepared.count.total, prepared.count.raw_total),
+        };
+        if inject_usage {
+            request_usage_in_stream(&mut body);
+        }
+        let bytes = Bytes::from(
+            serde_json::to_vec(&body).map_err(|e| ProxyError::InvalidJson(e.to_string()))?,
+        );
+        (bytes, total, raw)
+    };
+    Ok(Outgoing {
+        model,
+        info: prepared.info,
+        upstream,
+        body: send_bytes,
+        inject_usage,
+        received_tokens,
+        forwarded_tokens,
+        forwarded_raw,
+        outcome,
+    })
 }
 
 /// The client's headers for upstream. The body may be rewritten, so its length is recomputed;

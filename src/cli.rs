@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use crate::chat::{messages, model_name, parse_request, Prepared};
 use crate::config::{Config, ConfigError, Overrides};
@@ -54,14 +54,15 @@ async fn prepare(
     config: &Config,
     input: &str,
     model: Option<&str>,
-) -> Result<Prepared, CommandError> {
+) -> Result<(Map<String, Value>, Prepared), CommandError> {
     let mut body = parse_request(input.as_bytes())?;
     if let Some(model) = model {
         body.insert("model".into(), Value::String(model.to_string()));
     }
     let catalog = ModelCatalog::new(config.models.clone(), config.tokens.clone());
     let counter = TokenCounter::new(config.tokens.unknown_model_margin);
-    Ok(Prepared::new(body, &catalog, &counter).await)
+    let prepared = Prepared::new(&body, &catalog, &counter).await;
+    Ok((body, prepared))
 }
 
 pub async fn count(
@@ -70,10 +71,10 @@ pub async fn count(
     model: Option<&str>,
     as_json: bool,
 ) -> Result<String, CommandError> {
-    let prepared = prepare(config, input, model).await?;
+    let (body, prepared) = prepare(config, input, model).await?;
     if as_json {
         Ok(json!({
-            "model": model_name(&prepared.body),
+            "model": model_name(&body),
             "encoding": prepared.info.encoding.name(),
             "prompt_tokens": prepared.count.total,
             "messages": prepared.count.per_message.len(),
@@ -119,13 +120,13 @@ pub async fn plan(
             options.profile.unwrap_or("")
         ))
     })?;
-    let prepared = prepare(config, input, options.model).await?;
+    let (body, prepared) = prepare(config, input, options.model).await?;
     let input = prepared.plan_input(config, &settings, options.mode);
     let limits = Limits::new(&input);
     let tokens = total_tokens(&input);
     let fired = triggers(&input, &limits);
     let mut out = String::new();
-    let model = model_name(&prepared.body);
+    let model = model_name(&body);
     let _ = writeln!(
         out,
         "model {model}: {} ({}), window {} tokens, {} usable after the response reserve",
@@ -176,7 +177,7 @@ pub async fn plan(
         let _ = writeln!(out, "fired: {}", names.join(", "));
     }
     out.push('\n');
-    let roles: Vec<&str> = messages(&prepared.body)
+    let roles: Vec<&str> = messages(&body)
         .iter()
         .map(|m| m.get("role").and_then(Value::as_str).unwrap_or("?"))
         .collect();

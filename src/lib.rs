@@ -9,6 +9,7 @@ pub mod chat;
 pub mod cli;
 pub mod compaction;
 pub mod config;
+pub mod count_cache;
 pub mod error;
 pub mod forward;
 pub mod metrics;

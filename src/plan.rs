@@ -24,6 +24,16 @@ impl Mode {
     }
 }
 
+/// The roles a chat message may have.
+pub const VALID_ROLES: &[&str] = &[
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+];
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     System,
@@ -48,7 +58,7 @@ impl Role {
 }
 
 /// What the planner needs of one message.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MessageMeta {
     pub role: Role,
     pub tokens: u32,

@@ -6,11 +6,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 
 use base64::Engine;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use tiktoken_rs::CoreBPE;
+use xxhash_rust::xxh3::{xxh3_128_with_seed, Xxh3};
 
 use crate::canonical::fast_hash_with_seed;
+use crate::count_cache::CountCache;
 use crate::models::{base_name, Encoding, ModelInfo};
+use crate::plan::{MessageMeta, Role, VALID_ROLES};
 
 /// Every chat message costs this much framing, and the reply is primed with as much.
 const TOKENS_PER_MESSAGE: u32 = 3;
@@ -23,7 +27,11 @@ const TOKENS_PER_TOOL_CALL: u32 = 3;
 const DEFAULT_IMAGE_TOKENS: u32 = 765;
 /// Uncached text beyond this many bytes is encoded on the blocking pool, off the async workers.
 const BLOCKING_THRESHOLD_BYTES: usize = 64 * 1024;
-const COUNT_CACHE_ENTRIES: u64 = 200_000;
+const COUNT_CACHE_ENTRIES: usize = 200_000;
+const EXTRAS_CACHE_ENTRIES: usize = 10_000;
+/// Seeds that keep the key spaces of raw-byte keys apart from each other.
+const RAW_MESSAGE_SEED: u64 = 0x6d65_7373_6167_6500;
+const RAW_EXTRAS_SEED: u64 = 0x6578_7472_6173_0000;
 const LEARNED_MODELS_MAX: usize = 1_000;
 
 pub fn bpe(encoding: Encoding) -> &'static CoreBPE {
@@ -51,8 +59,22 @@ pub struct PromptCount {
     pub raw_total: u64,
 }
 
+/// A request as raw JSON: each message, and the other fields that cost prompt tokens.
+#[derive(Default)]
+pub struct RawPrompt<'a> {
+    pub messages: Vec<&'a RawValue>,
+    pub tools: Option<&'a RawValue>,
+    pub tool_choice: Option<&'a RawValue>,
+    pub response_format: Option<&'a RawValue>,
+}
+
 pub struct TokenCounter {
-    cache: moka::sync::Cache<u128, u32>,
+    /// Per message, keyed by its canonical form (requests handled as a JSON tree).
+    cache: CountCache<u32>,
+    /// Per message, keyed by its raw bytes, with what planning needs of it.
+    raw_messages: CountCache<MessageMeta>,
+    /// Tools, tool_choice and response_format together, keyed by their raw bytes.
+    raw_extras: CountCache<u32>,
     messages_encoded: AtomicU64,
     learned: RwLock<HashMap<String, f64>>,
     unknown_margin: f64,
@@ -65,7 +87,9 @@ impl TokenCounter {
             bpe(encoding);
         }
         Self {
-            cache: moka::sync::Cache::new(COUNT_CACHE_ENTRIES),
+            cache: CountCache::new(COUNT_CACHE_ENTRIES),
+            raw_messages: CountCache::new(COUNT_CACHE_ENTRIES),
+            raw_extras: CountCache::new(EXTRAS_CACHE_ENTRIES),
             messages_encoded: AtomicU64::new(0),
             learned: RwLock::new(HashMap::new()),
             unknown_margin,
@@ -93,7 +117,7 @@ impl TokenCounter {
         let mut misses = Vec::new();
         for (index, message) in messages.iter().enumerate() {
             let key = fast_hash_with_seed(&seed, message);
-            match self.cache.get(&key) {
+            match self.cache.get(key) {
                 Some(tokens) => per_message.push(tokens),
                 None => {
                     per_message.push(0);
@@ -127,8 +151,107 @@ impl TokenCounter {
             self.cache.insert(key, tokens);
         }
         let fixed = REPLY_PRIMING + count_request_extras(encoding, request);
+        self.scaled(per_message, fixed, model_name_of(request), model)
+    }
+
+    /// Counts a request from its raw JSON, keyed by bytes, so a message seen before is
+    /// neither parsed nor encoded. Also returns what planning needs of each message. None
+    /// when a message is not a valid chat message, or when the uncached text is large enough
+    /// to belong on the blocking pool: the caller then takes the full path.
+    pub fn count_raw(
+        &self,
+        prompt: &RawPrompt,
+        model_name: &str,
+        model: &ModelInfo,
+    ) -> Option<(PromptCount, Vec<MessageMeta>)> {
+        let encoding = model.encoding;
+        let seed = RAW_MESSAGE_SEED | encoding as u64;
+        let mut metas = Vec::with_capacity(prompt.messages.len());
+        let mut misses = Vec::new();
+        let mut miss_bytes = 0;
+        for (index, raw) in prompt.messages.iter().enumerate() {
+            let key = xxh3_128_with_seed(raw.get().as_bytes(), seed);
+            match self.raw_messages.get(key) {
+                Some(meta) => metas.push(meta),
+                None => {
+                    miss_bytes += raw.get().len();
+                    metas.push(MessageMeta {
+                        role: Role::Other,
+                        tokens: 0,
+                        has_tool_calls: false,
+                    });
+                    misses.push((index, key));
+                }
+            }
+        }
+        if miss_bytes > BLOCKING_THRESHOLD_BYTES {
+            return None;
+        }
+        for (index, key) in misses.iter().copied() {
+            let message: Value = serde_json::from_str(prompt.messages[index].get()).ok()?;
+            let role = message.get("role").and_then(Value::as_str)?;
+            if !VALID_ROLES.contains(&role) {
+                return None;
+            }
+            let meta = message_meta(&message, count_message(encoding, &message));
+            self.raw_messages.insert(key, meta);
+            metas[index] = meta;
+        }
+        self.messages_encoded
+            .fetch_add(misses.len() as u64, Ordering::Relaxed);
+        let fixed = REPLY_PRIMING + self.count_raw_extras(prompt, encoding)?;
+        let count = self.scaled(
+            metas.iter().map(|meta| meta.tokens).collect(),
+            fixed,
+            model_name,
+            model,
+        );
+        for (meta, &tokens) in metas.iter_mut().zip(&count.per_message) {
+            meta.tokens = tokens;
+        }
+        Some((count, metas))
+    }
+
+    fn count_raw_extras(&self, prompt: &RawPrompt, encoding: Encoding) -> Option<u32> {
+        let fields = [
+            ("tools", prompt.tools),
+            ("tool_choice", prompt.tool_choice),
+            ("response_format", prompt.response_format),
+        ];
+        if fields.iter().all(|(_, raw)| raw.is_none()) {
+            return Some(0);
+        }
+        let mut hasher = Xxh3::with_seed(RAW_EXTRAS_SEED | encoding as u64);
+        for (_, raw) in &fields {
+            let text = raw.map_or("", |raw| raw.get());
+            hasher.update(&(text.len() as u64).to_le_bytes());
+            hasher.update(text.as_bytes());
+        }
+        let key = hasher.digest128();
+        if let Some(tokens) = self.raw_extras.get(key) {
+            return Some(tokens);
+        }
+        let mut extras = Map::new();
+        for (name, raw) in fields {
+            if let Some(raw) = raw {
+                extras.insert(name.into(), serde_json::from_str(raw.get()).ok()?);
+            }
+        }
+        let tokens = count_request_extras(encoding, &extras);
+        self.raw_extras.insert(key, tokens);
+        Some(tokens)
+    }
+
+    /// Raw counts as they stand for exact tokenizers, else scaled.
+    fn scaled(
+        &self,
+        per_message: Vec<u32>,
+        fixed: u32,
+        model_name: &str,
+        model: &ModelInfo,
+    ) -> PromptCount {
         let raw_total = per_message.iter().map(|&t| u64::from(t)).sum::<u64>() + u64::from(fixed);
-        let scale = self.scale(&base_name_of(request), model);
+        let scale = self.scale(model_name, model);
         if scale == 1.0 {
             return PromptCount {
                 per_message,
@@ -150,11 +273,11 @@ impl TokenCounter {
 
     /// The factor applied to raw counts: 1 where the tokenizer is exact, else what upstream
     /// usage taught us, else the configured safety margin.
-    pub fn scale(&self, model_base_name: &str, model: &ModelInfo) -> f64 {
+    fn scale(&self, model_name: &str, model: &ModelInfo) -> f64 {
         if model.exact {
             return 1.0;
         }
-        self.learned_ratio(model_base_name)
+        self.learned_ratio(&base_name(model_name))
             .unwrap_or(1.0 + self.unknown_margin)
     }
 
@@ -187,8 +310,21 @@ impl TokenCounter {
     }
 }
 
-fn base_name_of(request: &Map<String, Value>) -> String {
-    base_name(request.get("model").and_then(Value::as_str).unwrap_or(""))
+fn model_name_of(request: &Map<String, Value>) -> &str {
+    request.get("model").and_then(Value::as_str).unwrap_or("")
+}
+
+/// What the planner needs of one message, given its token count.
+pub fn message_meta(message: &Value, tokens: u32) -> MessageMeta {
+    MessageMeta {
+        role: Role::parse(message.get("role").and_then(Value::as_str).unwrap_or("")),
+        tokens,
+        has_tool_calls: message
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .is_some_and(|calls| !calls.is_empty())
+            || message.get("function_call").is_some_and(|c| !c.is_null()),
+    }
 }
 
 fn text_bytes(message: &Value) -> usize {

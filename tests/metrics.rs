@@ -173,6 +173,46 @@ async fn counters_agree_with_a_known_sequence_of_requests() {
 }
 
 #[tokio::test]
+async fn usage_is_requested_without_disturbing_the_rest_of_the_body() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let proxy = Proxy::start(config_for(&upstream.url())).await;
+    let post = |body: &'static str| {
+        client()
+            .post(proxy.url("/v1/chat/completions"))
+            .body(body)
+            .send()
+    };
+    // No stream options: the field is spliced in first and every other byte stays.
+    let plain = "  {\"model\":\"gpt-4o\", \"stream\":true,\"zeta\":[1.50],\"messages\":[{\"role\":\"user\",\"content\":\"caf\\u00e9\"}]}";
+    stream_text(post(plain).await.unwrap()).await;
+    let sent = upstream.recorded()[0].body.clone();
+    assert_eq!(
+        String::from_utf8_lossy(&sent),
+        format!(
+            "  {{\"stream_options\":{{\"include_usage\":true}},{}",
+            &plain[3..]
+        )
+    );
+    // Stream options that say no, or null: rewritten to ask, other options kept.
+    for (body, kept) in [
+        (
+            r#"{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":false,"x":1},"messages":[{"role":"user","content":"hi"}]}"#,
+            Some(1),
+        ),
+        (
+            r#"{"model":"gpt-4o","stream":true,"stream_options":null,"messages":[{"role":"user","content":"hi"}]}"#,
+            None,
+        ),
+    ] {
+        let text = stream_text(post(body).await.unwrap()).await;
+        assert!(!text.contains("\"usage\""), "{text}");
+        let sent = upstream.recorded().last().unwrap().json();
+        assert_eq!(sent["stream_options"]["include_usage"], true, "{body}");
+        assert_eq!(sent["stream_options"]["x"].as_i64(), kept, "{body}");
+    }
+}
+
+#[tokio::test]
 async fn usage_is_requested_for_streams_and_hidden_from_clients_that_did_not_ask() {
     let upstream = mock_llm(LlmBehaviour::default()).await;
     let proxy = Proxy::start(config_for(&upstream.url())).await;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use condenser::config::TokensConfig;
 use condenser::models::{Encoding, ModelCatalog};
-use condenser::tokens::{count_text, TokenCounter};
+use condenser::tokens::{count_text, RawPrompt, TokenCounter};
 use serde_json::{Map, Value};
 
 fn fixture(name: &str) -> Vec<Value> {
@@ -46,6 +46,7 @@ async fn every_chat_request_fixture_matches_the_cookbook() {
     assert!(cases.len() >= 60);
     let catalog = ModelCatalog::new(BTreeMap::new(), TokensConfig::default());
     let counter = TokenCounter::new(0.1);
+    let raw_counter = TokenCounter::new(0.1);
     let mut wrong = Vec::new();
     for (i, case) in cases.iter().enumerate() {
         let model = case["model"].as_str().unwrap();
@@ -70,6 +71,34 @@ async fn every_chat_request_fixture_matches_the_cookbook() {
                 case.get("tools").is_some()
             ));
         }
+        // The proxy's raw path: counted from the JSON text, then again from its cache.
+        let messages_json = request["messages"].to_string();
+        let tools_json = request.get("tools").map(Value::to_string);
+        let prompt = RawPrompt {
+            messages: serde_json::from_str(&messages_json).unwrap(),
+            tools: tools_json
+                .as_deref()
+                .map(|t| serde_json::from_str(t).unwrap()),
+            ..RawPrompt::default()
+        };
+        let mut encoded = Vec::new();
+        for pass in ["uncached", "cached"] {
+            let (count, metas) = raw_counter.count_raw(&prompt, model, &info).unwrap();
+            encoded.push(raw_counter.messages_encoded());
+            if count.total != want || metas.len() != prompt.messages.len() {
+                wrong.push(format!(
+                    "line {} ({model}, raw, {pass}): got {} want {want}",
+                    i + 1,
+                    count.total
+                ));
+            }
+        }
+        assert_eq!(
+            encoded[0],
+            encoded[1],
+            "line {}: the second pass encodes nothing",
+            i + 1
+        );
     }
     assert!(wrong.is_empty(), "{} mismatches: {:?}", wrong.len(), wrong);
 }
