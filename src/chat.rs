@@ -163,7 +163,7 @@ impl Prepared {
         }
         let info = catalog.resolve(&request.model);
         let prompt = RawPrompt {
-            messages: request.messages.clone(),
+            messages: &request.messages,
             tools: request.tools,
             tool_choice: request.tool_choice,
             response_format: request.response_format,
@@ -371,14 +371,14 @@ pub async fn handle(
         .saturating_sub(outcome.summarizer_wait);
     metrics.overhead_seconds.observe(overhead.as_secs_f64());
 
-    let headers = upstream_headers(&parts.headers);
     let path_and_query = parts
         .uri
         .path_and_query()
         .map_or(parts.uri.path(), |pq| pq.as_str());
+    let headers = upstream_headers(parts.headers);
     let sent = Instant::now();
     let response = upstream
-        .send(Method::POST, path_and_query, &headers, full(send_bytes))
+        .send(Method::POST, path_and_query, headers, full(send_bytes))
         .await?;
     let upstream_time = sent.elapsed();
     metrics
@@ -580,7 +580,7 @@ async fn prepare_fully(
 
 /// The client's headers for upstream. The body may be rewritten, so its length is recomputed;
 /// compression is refused so usage can be read from the response.
-fn upstream_headers(client: &HeaderMap) -> HeaderMap {
+fn upstream_headers(client: HeaderMap) -> HeaderMap {
     let mut headers = forwardable_headers(client);
     headers.remove(header::CONTENT_LENGTH);
     headers.remove(header::ACCEPT_ENCODING);

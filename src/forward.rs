@@ -141,7 +141,7 @@ impl Upstream {
         &self,
         method: Method,
         path_and_query: &str,
-        client_headers: &HeaderMap,
+        client_headers: HeaderMap,
         body: ProxyBody,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let mut headers = forwardable_headers(client_headers);
@@ -215,15 +215,10 @@ fn connection_listed(headers: &HeaderMap) -> Vec<String> {
 }
 
 /// The client's headers minus hop-by-hop ones and Host (the upstream's own is set).
-pub fn forwardable_headers(headers: &HeaderMap) -> HeaderMap {
-    let listed = connection_listed(headers);
-    let mut out = HeaderMap::with_capacity(headers.len());
-    for (name, value) in headers {
-        if name != header::HOST && !is_hop_by_hop(name, &listed) {
-            out.append(name.clone(), value.clone());
-        }
-    }
-    out
+pub fn forwardable_headers(mut headers: HeaderMap) -> HeaderMap {
+    strip_hop_by_hop(&mut headers);
+    headers.remove(header::HOST);
+    headers
 }
 
 /// The upstream's response with its hop-by-hop headers dropped; the body is relayed as it
@@ -233,9 +228,12 @@ pub fn relay_response(mut response: Response<ProxyBody>) -> Response<ProxyBody> 
     response
 }
 
-/// Drops the headers that describe one hop of an upstream response.
+/// Drops the headers that describe one hop, not the message.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let listed = connection_listed(headers);
+    if !headers.keys().any(|name| is_hop_by_hop(name, &listed)) {
+        return;
+    }
     for name in HOP_BY_HOP
         .iter()
         .copied()
@@ -305,7 +303,7 @@ mod tests {
         h.insert(header::HOST, HeaderValue::from_static("proxy"));
         h.insert(header::TE, HeaderValue::from_static("trailers"));
         h.insert("x-kept", HeaderValue::from_static("1"));
-        let out = forwardable_headers(&h);
+        let out = forwardable_headers(h);
         assert_eq!(out.len(), 1, "{out:?}");
         assert!(out.contains_key("x-kept"));
     }

@@ -36,7 +36,7 @@ pub async fn handle(
         limited(body, limit)
     };
     let response = upstream
-        .send(parts.method.clone(), path_and_query, &parts.headers, body)
+        .send(parts.method.clone(), path_and_query, parts.headers, body)
         .await?;
     Ok(relay_response(response))
 }

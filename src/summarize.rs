@@ -240,7 +240,7 @@ impl Summarizer {
                 .send(
                     Method::POST,
                     "/v1/chat/completions",
-                    &headers,
+                    headers,
                     crate::body::full(body.to_string()),
                 )
                 .await

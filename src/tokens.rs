@@ -62,7 +62,7 @@ pub struct PromptCount {
 /// A request as raw JSON: each message, and the other fields that cost prompt tokens.
 #[derive(Default)]
 pub struct RawPrompt<'a> {
-    pub messages: Vec<&'a RawValue>,
+    pub messages: &'a [&'a RawValue],
     pub tools: Option<&'a RawValue>,
     pub tool_choice: Option<&'a RawValue>,
     pub response_format: Option<&'a RawValue>,

@@ -49,6 +49,33 @@ impl WithUsage {
     }
 }
 
+#[derive(Deserialize)]
+struct StrictUsage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+}
+
+/// The usage of a whole JSON response. Chat completions end with it, so the last `"usage"`
+/// key is read first, without scanning the completion before it. Inside a string that key's
+/// quotes would be escaped, so what matches is a key or the string "usage"; anything but a
+/// usage object after it falls back to reading the whole body.
+fn json_usage(body: &[u8]) -> Option<Usage> {
+    tail_usage(body).or_else(|| WithUsage::parse(body).and_then(|r| r.usage()))
+}
+
+fn tail_usage(body: &[u8]) -> Option<Usage> {
+    const KEY: &[u8] = b"\"usage\"";
+    let at = body.windows(KEY.len()).rposition(|w| w == KEY)?;
+    let value = body[at + KEY.len()..]
+        .trim_ascii_start()
+        .strip_prefix(b":")?;
+    let usage = StrictUsage::deserialize(&mut serde_json::Deserializer::from_slice(value)).ok()?;
+    Some(Usage {
+        prompt_tokens: usage.prompt_tokens,
+        completion_tokens: usage.completion_tokens,
+    })
+}
+
 /// What the relay reports, once each: the first bytes out, and the usage at the end.
 pub trait UsageObserver: Send + 'static {
     fn first_bytes(&mut self);
@@ -112,9 +139,7 @@ impl<S, O: UsageObserver> UsageTap<S, O> {
 
     fn finish(&mut self) {
         let usage = match &mut self.mode {
-            Mode::Json { copy, overflow } if !*overflow => {
-                WithUsage::parse(copy).and_then(|r| r.usage())
-            }
+            Mode::Json { copy, overflow } if !*overflow => json_usage(copy),
             Mode::Json { .. } => None,
             Mode::Sse { usage, .. } => *usage,
         };
@@ -304,6 +329,23 @@ mod tests {
             .map(|r| String::from_utf8(r.unwrap().to_vec()).unwrap())
             .collect();
         (text, seen)
+    }
+
+    #[test]
+    fn json_usage_is_read_from_the_end_unless_the_end_is_a_string() {
+        let plain = br#"{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7},"system_fingerprint":"fp"}"#;
+        let found = json_usage(plain).unwrap();
+        assert_eq!((found.prompt_tokens, found.completion_tokens), (3, 4));
+        // The last "usage" is a string value, or a nested key of another shape: the whole
+        // body is read instead.
+        for tricky in [
+            &br#"{"usage":{"prompt_tokens":3,"completion_tokens":4},"meta":{"kind":"usage"}}"#[..],
+            br#"{"usage":{"prompt_tokens":3,"completion_tokens":4},"meta":{"usage":"n/a"}}"#,
+        ] {
+            let found = json_usage(tricky).unwrap();
+            assert_eq!((found.prompt_tokens, found.completion_tokens), (3, 4));
+        }
+        assert_eq!(json_usage(br#"{"choices":[]}"#), None);
     }
 
     #[tokio::test]

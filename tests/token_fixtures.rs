@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use condenser::config::TokensConfig;
 use condenser::models::{Encoding, ModelCatalog};
 use condenser::tokens::{count_text, RawPrompt, TokenCounter};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 fn fixture(name: &str) -> Vec<Value> {
@@ -74,8 +75,9 @@ async fn every_chat_request_fixture_matches_the_cookbook() {
         // The proxy's raw path: counted from the JSON text, then again from its cache.
         let messages_json = request["messages"].to_string();
         let tools_json = request.get("tools").map(Value::to_string);
+        let raw_messages: Vec<&RawValue> = serde_json::from_str(&messages_json).unwrap();
         let prompt = RawPrompt {
-            messages: serde_json::from_str(&messages_json).unwrap(),
+            messages: &raw_messages,
             tools: tools_json
                 .as_deref()
                 .map(|t| serde_json::from_str(t).unwrap()),
