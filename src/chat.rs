@@ -332,7 +332,9 @@ pub async fn handle(
     let settings = settings_for(&state.config, &parts.headers)?;
     let outgoing = match forward_as_sent(state, &bytes, &settings, mode) {
         Some(outgoing) => outgoing,
-        None => prepare_fully(state, bytes, &parts.headers, &settings, mode).await?,
+        // Boxed: the full path's future (summarizer calls included) is large, and the common
+        // case should not carry its size.
+        None => Box::pin(prepare_fully(state, bytes, &parts.headers, &settings, mode)).await?,
     };
     let Outgoing {
         model,
@@ -366,17 +368,16 @@ pub async fn handle(
             .with_label_values(&[outcome.action, outcome.cache.name()])
             .inc();
     }
-    let overhead = work_started
-        .elapsed()
-        .saturating_sub(outcome.summarizer_wait);
-    metrics.overhead_seconds.observe(overhead.as_secs_f64());
-
     let path_and_query = parts
         .uri
         .path_and_query()
         .map_or(parts.uri.path(), |pq| pq.as_str());
     let headers = upstream_headers(parts.headers);
     let sent = Instant::now();
+    let overhead = sent
+        .saturating_duration_since(work_started)
+        .saturating_sub(outcome.summarizer_wait);
+    metrics.overhead_seconds.observe(overhead.as_secs_f64());
     let response = upstream
         .send(Method::POST, path_and_query, headers, full(send_bytes))
         .await?;

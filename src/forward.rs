@@ -17,6 +17,7 @@ use wildmatch::WildMatch;
 use crate::body::{with_idle_timeout, BodyLimitExceeded, ProxyBody};
 use crate::config::{Config, ConfigError};
 use crate::error::ProxyError;
+use crate::routes::CHAT_COMPLETIONS;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -39,6 +40,8 @@ pub struct Upstream {
     path_base: String,
     /// One client (and so one connection pool) per server worker.
     clients: Vec<HttpsClient>,
+    /// The chat-completions URI, parsed once: nearly every request goes there.
+    chat_uri: Uri,
     api_key: Option<HeaderValue>,
     timeout: Duration,
 }
@@ -109,16 +112,21 @@ impl Upstream {
                 ConfigError::Invalid(format!("cannot build a client for {base_url}: {e}"))
             })?;
         let base_url = base_url.trim_end_matches('/').to_string();
-        Ok(Upstream {
+        let mut upstream = Upstream {
             path_base: base_url
                 .strip_suffix("/v1")
                 .unwrap_or(&base_url)
                 .to_string(),
             base_url,
             clients,
+            chat_uri: Uri::default(),
             api_key: bearer_from_env(api_key_env)?,
             timeout,
-        })
+        };
+        upstream.chat_uri = Uri::try_from(upstream.url(CHAT_COMPLETIONS)).map_err(|e| {
+            ConfigError::Invalid(format!("{}: not a usable base URL: {e}", upstream.base_url))
+        })?;
+        Ok(upstream)
     }
 
     pub fn base_url(&self) -> &str {
@@ -150,9 +158,13 @@ impl Upstream {
                 headers.insert(header::AUTHORIZATION, key.clone());
             }
         }
-        let uri = Uri::try_from(self.url(path_and_query)).map_err(|e| {
-            ProxyError::UpstreamUnreachable(format!("{}: bad request path: {e}", self.base_url))
-        })?;
+        let uri = if path_and_query == CHAT_COMPLETIONS {
+            self.chat_uri.clone()
+        } else {
+            Uri::try_from(self.url(path_and_query)).map_err(|e| {
+                ProxyError::UpstreamUnreachable(format!("{}: bad request path: {e}", self.base_url))
+            })?
+        };
         let mut request = Request::new(body);
         *request.method_mut() = method;
         *request.uri_mut() = uri;
@@ -231,14 +243,12 @@ pub fn relay_response(mut response: Response<ProxyBody>) -> Response<ProxyBody> 
 /// Drops the headers that describe one hop, not the message.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let listed = connection_listed(headers);
-    if !headers.keys().any(|name| is_hop_by_hop(name, &listed)) {
-        return;
-    }
-    for name in HOP_BY_HOP
-        .iter()
-        .copied()
-        .chain(listed.iter().map(String::as_str))
-    {
+    let doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| is_hop_by_hop(name, &listed))
+        .cloned()
+        .collect();
+    for name in doomed {
         headers.remove(name);
     }
 }
