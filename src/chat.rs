@@ -153,8 +153,8 @@ impl Prepared {
     }
 
     /// Counted from raw JSON; None when the request must take the full path.
-    fn scanned(
-        request: &Scanned,
+    async fn scanned(
+        request: &Scanned<'_>,
         catalog: &ModelCatalog,
         counter: &TokenCounter,
     ) -> Option<Prepared> {
@@ -168,7 +168,7 @@ impl Prepared {
             tool_choice: request.tool_choice,
             response_format: request.response_format,
         };
-        let (count, metas) = counter.count_raw(&prompt, &request.model, &info)?;
+        let (count, metas) = counter.count_raw(&prompt, &request.model, &info).await?;
         Some(Prepared {
             info,
             count,
@@ -330,7 +330,7 @@ pub async fn handle(
     let work_started = Instant::now();
     let mode = mode_for(&parts.headers)?;
     let settings = settings_for(&state.config, &parts.headers)?;
-    let outgoing = match forward_as_sent(state, &bytes, &settings, mode) {
+    let outgoing = match forward_as_sent(state, &bytes, &settings, mode).await {
         Some(outgoing) => outgoing,
         // Boxed: the full path's future (summarizer calls included) is large, and the common
         // case should not carry its size.
@@ -441,14 +441,14 @@ pub async fn handle(
 /// The common case, a request under every trigger, handled from its raw JSON without
 /// building a tree. None when the request needs the full path: to be compacted or rejected,
 /// to have stream options rewritten, or to have its problem named.
-fn forward_as_sent(
+async fn forward_as_sent(
     state: &AppState,
     bytes: &Bytes,
     settings: &ContextConfig,
     mode: Mode,
 ) -> Option<Outgoing> {
     let request: Scanned = serde_json::from_slice(bytes).ok()?;
-    let prepared = Prepared::scanned(&request, &state.catalog, &state.counter)?;
+    let prepared = Prepared::scanned(&request, &state.catalog, &state.counter).await?;
     let input = prepared.plan_input(&state.config, settings, mode);
     if !matches!(prepared.decide(&input), Decision::Forward(_)) {
         return None;

@@ -125,24 +125,13 @@ impl TokenCounter {
                 }
             }
         }
-        let miss_bytes: usize = misses.iter().map(|(i, _)| text_bytes(&messages[*i])).sum();
-        let counted: Vec<u32> = if miss_bytes > BLOCKING_THRESHOLD_BYTES {
-            let owned: Vec<Value> = misses.iter().map(|(i, _)| messages[*i].clone()).collect();
-            tokio::task::spawn_blocking(move || {
-                owned.iter().map(|m| count_message(encoding, m)).collect()
-            })
-            .await
-            .unwrap_or_else(|_| {
-                misses
-                    .iter()
-                    .map(|(i, _)| count_message(encoding, &messages[*i]))
-                    .collect()
-            })
-        } else {
-            misses
+        let missed = misses.iter().map(|(i, _)| messages[*i].clone()).collect();
+        let counted = match count_off_loop(encoding, missed).await {
+            Some(counted) => counted,
+            None => misses
                 .iter()
                 .map(|(i, _)| count_message(encoding, &messages[*i]))
-                .collect()
+                .collect(),
         };
         self.messages_encoded
             .fetch_add(misses.len() as u64, Ordering::Relaxed);
@@ -156,11 +145,11 @@ impl TokenCounter {
 
     /// Counts a request from its raw JSON, keyed by bytes, so a message seen before is
     /// neither parsed nor encoded. Also returns what planning needs of each message. None
-    /// when a message is not a valid chat message, or when the uncached text is large enough
-    /// to belong on the blocking pool: the caller then takes the full path.
-    pub fn count_raw(
+    /// when a message is not a valid chat message: the caller then takes the full path,
+    /// which names the problem.
+    pub async fn count_raw(
         &self,
-        prompt: &RawPrompt,
+        prompt: &RawPrompt<'_>,
         model_name: &str,
         model: &ModelInfo,
     ) -> Option<(PromptCount, Vec<MessageMeta>)> {
@@ -168,13 +157,11 @@ impl TokenCounter {
         let seed = RAW_MESSAGE_SEED | encoding as u64;
         let mut metas = Vec::with_capacity(prompt.messages.len());
         let mut misses = Vec::new();
-        let mut miss_bytes = 0;
         for (index, raw) in prompt.messages.iter().enumerate() {
             let key = xxh3_128_with_seed(raw.get().as_bytes(), seed);
             match self.raw_messages.get(key) {
                 Some(meta) => metas.push(meta),
                 None => {
-                    miss_bytes += raw.get().len();
                     metas.push(MessageMeta {
                         role: Role::Other,
                         tokens: 0,
@@ -184,18 +171,21 @@ impl TokenCounter {
                 }
             }
         }
-        if miss_bytes > BLOCKING_THRESHOLD_BYTES {
-            return None;
-        }
-        for (index, key) in misses.iter().copied() {
-            let message: Value = serde_json::from_str(prompt.messages[index].get()).ok()?;
+        let mut missed = Vec::with_capacity(misses.len());
+        for (index, _) in &misses {
+            let message: Value = serde_json::from_str(prompt.messages[*index].get()).ok()?;
             let role = message.get("role").and_then(Value::as_str)?;
             if !VALID_ROLES.contains(&role) {
                 return None;
             }
-            let meta = message_meta(&message, count_message(encoding, &message));
-            self.raw_messages.insert(key, meta);
-            metas[index] = meta;
+            missed.push(message);
+        }
+        let roles_and_calls: Vec<MessageMeta> = missed.iter().map(|m| message_meta(m, 0)).collect();
+        let counted = count_off_loop(encoding, missed).await?;
+        for (((index, key), mut meta), tokens) in misses.iter().zip(roles_and_calls).zip(counted) {
+            meta.tokens = tokens;
+            self.raw_messages.insert(*key, meta);
+            metas[*index] = meta;
         }
         self.messages_encoded
             .fetch_add(misses.len() as u64, Ordering::Relaxed);
@@ -308,6 +298,22 @@ impl TokenCounter {
             .or_insert(sample);
         Some(*ratio)
     }
+}
+
+/// Counts messages, on the blocking pool when there is enough new text to stall an event
+/// loop. None if that task failed.
+async fn count_off_loop(encoding: Encoding, messages: Vec<Value>) -> Option<Vec<u32>> {
+    let new_text: usize = messages.iter().map(text_bytes).sum();
+    let count_all = move || -> Vec<u32> {
+        messages
+            .iter()
+            .map(|message| count_message(encoding, message))
+            .collect()
+    };
+    if new_text <= BLOCKING_THRESHOLD_BYTES {
+        return Some(count_all());
+    }
+    tokio::task::spawn_blocking(count_all).await.ok()
 }
 
 fn model_name_of(request: &Map<String, Value>) -> &str {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use condenser::config::TokensConfig;
-use condenser::models::{Encoding, ModelCatalog};
+use condenser::models::{Encoding, ModelCatalog, ModelInfo};
 use condenser::tokens::{count_text, RawPrompt, TokenCounter};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -85,7 +85,7 @@ async fn every_chat_request_fixture_matches_the_cookbook() {
         };
         let mut encoded = Vec::new();
         for pass in ["uncached", "cached"] {
-            let (count, metas) = raw_counter.count_raw(&prompt, model, &info).unwrap();
+            let (count, metas) = raw_counter.count_raw(&prompt, model, &info).await.unwrap();
             encoded.push(raw_counter.messages_encoded());
             if count.total != want || metas.len() != prompt.messages.len() {
                 wrong.push(format!(
@@ -167,4 +167,41 @@ async fn estimates_for_unknown_tokenizers_carry_a_margin_then_learn() {
     request.insert("model".into(), Value::from("gpt-4o"));
     let c = counter.count_request(&request, &exact).await;
     assert_eq!(c.total, c.raw_total);
+}
+
+async fn count_raw_total(counter: &TokenCounter, messages: &[Value], info: &ModelInfo) -> u64 {
+    let json = Value::Array(messages.to_vec()).to_string();
+    let raw: Vec<&RawValue> = serde_json::from_str(&json).unwrap();
+    let prompt = RawPrompt {
+        messages: &raw,
+        ..RawPrompt::default()
+    };
+    let (count, _) = counter.count_raw(&prompt, "gpt-4o", info).await.unwrap();
+    count.total
+}
+
+#[tokio::test]
+async fn a_long_raw_conversation_is_counted_once_then_grows_by_one_encoding() {
+    let catalog = ModelCatalog::new(BTreeMap::new(), TokensConfig::default());
+    let info = catalog.resolve("gpt-4o");
+    // About 150 KB of new text: more than an event loop should encode inline.
+    let mut messages: Vec<Value> = (0..50)
+        .map(|i| serde_json::json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": format!("turn {i}: ").repeat(300)}))
+        .collect();
+    let counter = TokenCounter::new(0.1);
+    let first = count_raw_total(&counter, &messages, &info).await;
+    assert_eq!(counter.messages_encoded(), 50);
+    let mut by_value = Map::new();
+    by_value.insert("model".into(), Value::from("gpt-4o"));
+    by_value.insert("messages".into(), Value::Array(messages.clone()));
+    let reference = TokenCounter::new(0.1).count_request(&by_value, &info).await;
+    assert_eq!(first, reference.total, "raw and tree counts agree");
+    messages.push(serde_json::json!({"role": "user", "content": "and one more"}));
+    let grown = count_raw_total(&counter, &messages, &info).await;
+    assert_eq!(
+        counter.messages_encoded(),
+        51,
+        "only the new message was encoded"
+    );
+    assert!(grown > first);
 }
