@@ -15,12 +15,13 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use condenser::canonical::fast_hash_with_seed;
 use condenser::config::TokensConfig;
 use condenser::models::{Encoding, ModelCatalog, ModelInfo};
-use condenser::tokens::{count_text, TokenCounter};
+use condenser::tokens::{count_text, RawPrompt, TokenCounter};
 
 /// The conversation of the cold and warm benchmarks.
 const MESSAGES: usize = 200;
@@ -191,6 +192,44 @@ fn bench_count(c: &mut Criterion) {
     });
     let encoded = warm.messages_encoded() - before;
     println!("warm_plus_one: {turn} iterations encoded {encoded} messages (expected {turn})");
+
+    // The proxy's path for requests under every trigger: the messages array read as raw
+    // JSON (no tree), each message keyed by its bytes. Same growing conversation; building
+    // the JSON text is setup, not measured.
+    let raw_warm = TokenCounter::new(0.1);
+    let texts: Vec<String> = conversation().iter().map(Value::to_string).collect();
+    let raw_count = |counter: &TokenCounter, json: &str| {
+        let raw: Vec<&RawValue> = serde_json::from_str(json).unwrap();
+        let prompt = RawPrompt {
+            messages: &raw,
+            ..RawPrompt::default()
+        };
+        rt.block_on(counter.count_raw(&prompt, "gpt-4o", &model))
+            .unwrap()
+            .0
+            .total
+    };
+    raw_count(&raw_warm, &format!("[{}]", texts.join(",")));
+    let before = raw_warm.messages_encoded();
+    let mut raw_turn: u64 = 0;
+    group.bench_function("raw_warm_plus_one", |b| {
+        b.iter_batched(
+            || {
+                raw_turn += 1;
+                let next = message(
+                    "user",
+                    format!("Turn {raw_turn}: what does the summary say about the latency?"),
+                );
+                format!("[{},{next}]", texts.join(","))
+            },
+            |json| black_box(raw_count(&raw_warm, &json)),
+            BatchSize::LargeInput,
+        )
+    });
+    let encoded = raw_warm.messages_encoded() - before;
+    println!(
+        "raw_warm_plus_one: {raw_turn} iterations encoded {encoded} messages (expected {raw_turn})"
+    );
 
     // One 1 MB message, cold (it is encoded on the blocking pool, as in the proxy).
     let mut rng = Rng(0x0dd0_ba11);
