@@ -2,10 +2,11 @@
 //! worker, and a shutdown that drains in-flight requests (streams included) for up to
 //! `shutdown_grace_secs`.
 //!
-//! Each worker owns a current-thread runtime, its own `SO_REUSEPORT` listener and its own
-//! upstream connection pools, so a request is read, handled, forwarded and answered on one
-//! thread. A shared work-stealing runtime moved the client and upstream halves of a request
-//! between threads, and those wake-ups cost more than the proxying itself.
+//! Each worker owns a current-thread runtime, its own registration of the listening socket
+//! and its own upstream connection pools, so a request is read, handled, forwarded and
+//! answered on one thread. A shared work-stealing runtime moved the client and upstream
+//! halves of a request between threads, and those wake-ups cost more than the proxying
+//! itself. Whichever worker is free accepts the next connection.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -67,18 +68,28 @@ impl Server {
             listeners, state, ..
         } = self;
         let (stop, stopped) = watch::channel(false);
+        let barrier = DrainBarrier::new(
+            listeners.len(),
+            Duration::from_secs(state.config.server.shutdown_grace_secs),
+        );
         let mut listeners = listeners.into_iter();
         let first = listeners.next();
         let threads: Vec<_> = listeners
             .enumerate()
             .filter_map(|(i, listener)| {
                 let worker = i + 1;
-                let (state, stopped) = (state.clone(), stopped.clone());
-                std::thread::Builder::new()
+                let (state, stopped, theirs) = (state.clone(), stopped.clone(), barrier.clone());
+                let spawned = std::thread::Builder::new()
                     .name(format!("condenser-worker-{worker}"))
-                    .spawn(move || run_worker(worker, listener, state, stopped))
-                    .map_err(|error| tracing::error!(%error, worker, "cannot start a worker"))
-                    .ok()
+                    .spawn(move || run_worker(worker, listener, state, stopped, theirs));
+                match spawned {
+                    Ok(thread) => Some(thread),
+                    Err(error) => {
+                        tracing::error!(%error, worker, "cannot start a worker");
+                        barrier.arrive();
+                        None
+                    }
+                }
             })
             .collect();
         let trigger = async {
@@ -91,10 +102,12 @@ impl Server {
             let _ = stop.send(true);
         };
         let local = async {
-            match first {
+            let drained = match first {
                 Some(listener) => accept_loop(listener, state.clone(), stopped).await,
                 None => true,
-            }
+            };
+            barrier.arrive_and_wait().await;
+            drained
         };
         let ((), local_drained) = tokio::join!(trigger, local);
         let others_drained = tokio::task::spawn_blocking(move || {
@@ -115,48 +128,82 @@ impl Server {
     }
 }
 
-/// `count` listeners on one address; an address with port 0 gets the port the first one
-/// was given.
+/// Workers that have finished draining. Every runtime stays up until all have (or the grace
+/// period is over), so a summary job or the Redis connection that one worker started still
+/// serves requests draining on the others.
+#[derive(Clone)]
+struct DrainBarrier {
+    arrived: Arc<watch::Sender<usize>>,
+    workers: usize,
+    grace: Duration,
+}
+
+impl DrainBarrier {
+    fn new(workers: usize, grace: Duration) -> DrainBarrier {
+        DrainBarrier {
+            arrived: Arc::new(watch::Sender::new(0)),
+            workers,
+            grace,
+        }
+    }
+
+    fn arrive(&self) {
+        self.arrived.send_modify(|arrived| *arrived += 1);
+    }
+
+    async fn arrive_and_wait(&self) {
+        let mut arrived = self.arrived.subscribe();
+        self.arrive();
+        let everyone = arrived.wait_for(|arrived| *arrived >= self.workers);
+        let _ = tokio::time::timeout(self.grace, everyone).await;
+    }
+}
+
+/// One listening socket, shared by `count` workers; an address with port 0 gets a free port.
 fn bind_listeners(
     addr: &str,
     count: usize,
 ) -> std::io::Result<(Vec<std::net::TcpListener>, SocketAddr)> {
-    let mut addr: SocketAddr = addr
+    let addr: SocketAddr = addr
         .parse()
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let mut listeners = Vec::with_capacity(count);
-    for _ in 0..count.max(1) {
-        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-        socket.set_reuse_address(true)?;
-        if count > 1 {
-            socket.set_reuse_port(true)?;
-        }
-        socket.set_nonblocking(true)?;
-        socket.bind(&addr.into())?;
-        socket.listen(LISTEN_BACKLOG)?;
-        let listener = std::net::TcpListener::from(socket);
-        addr = listener.local_addr()?;
-        listeners.push(listener);
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    let listener = std::net::TcpListener::from(socket);
+    let local_addr = listener.local_addr()?;
+    let mut listeners = Vec::with_capacity(count.max(1));
+    for _ in 1..count.max(1) {
+        listeners.push(listener.try_clone()?);
     }
-    Ok((listeners, addr))
+    listeners.push(listener);
+    Ok((listeners, local_addr))
 }
 
-/// A worker thread: its own runtime and pools until the accept loop has drained. True when
-/// it drained within the grace period.
+/// A worker thread: its own runtime and pools until every worker has drained. True when its
+/// own connections drained within the grace period.
 fn run_worker(
     worker: usize,
     listener: std::net::TcpListener,
     state: Arc<AppState>,
     stopped: watch::Receiver<bool>,
+    barrier: DrainBarrier,
 ) -> bool {
     forward::use_pool(worker);
     match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
-        Ok(runtime) => runtime.block_on(accept_loop(listener, state, stopped)),
+        Ok(runtime) => runtime.block_on(async {
+            let drained = accept_loop(listener, state, stopped).await;
+            barrier.arrive_and_wait().await;
+            drained
+        }),
         Err(error) => {
             tracing::error!(%error, worker, "cannot start a worker runtime");
+            barrier.arrive();
             true
         }
     }
@@ -248,5 +295,33 @@ pub async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {},
         () = terminate => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn workers_wait_for_each_other_to_drain() {
+        let barrier = DrainBarrier::new(2, Duration::from_secs(3600));
+        let first = tokio::spawn({
+            let barrier = barrier.clone();
+            async move { barrier.arrive_and_wait().await }
+        });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!first.is_finished(), "one of two workers has arrived");
+        barrier.arrive_and_wait().await;
+        first.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_that_never_drains_holds_the_others_only_for_the_grace_period() {
+        let barrier = DrainBarrier::new(2, Duration::from_secs(30));
+        let started = tokio::time::Instant::now();
+        barrier.arrive_and_wait().await;
+        assert_eq!(started.elapsed().as_secs(), 30);
     }
 }
