@@ -330,11 +330,21 @@ pub async fn handle(
     let work_started = Instant::now();
     let mode = mode_for(&parts.headers)?;
     let settings = settings_for(&state.config, &parts.headers)?;
-    let outgoing = match forward_as_sent(state, &bytes, &settings, mode).await {
-        Some(outgoing) => outgoing,
+    let outgoing = match scan(state, &bytes, &settings, mode).await {
+        Ok(outgoing) => outgoing,
         // Boxed: the full path's future (summarizer calls included) is large, and the common
         // case should not carry its size.
-        None => Box::pin(prepare_fully(state, bytes, &parts.headers, &settings, mode)).await?,
+        Err(counted) => {
+            Box::pin(prepare_fully(
+                state,
+                bytes,
+                &parts.headers,
+                &settings,
+                mode,
+                counted,
+            ))
+            .await?
+        }
     };
     let Outgoing {
         model,
@@ -439,33 +449,50 @@ pub async fn handle(
 }
 
 /// The common case, a request under every trigger, handled from its raw JSON without
-/// building a tree. None when the request needs the full path: to be compacted or rejected,
-/// to have stream options rewritten, or to have its problem named.
-async fn forward_as_sent(
+/// building a tree. Otherwise the full path finishes the request: with the count when the
+/// raw path made one (for compaction, a rejection, a rewrite of stream options), without
+/// when the request was not read (the full path then validates it and names any problem).
+async fn scan(
     state: &AppState,
     bytes: &Bytes,
     settings: &ContextConfig,
     mode: Mode,
-) -> Option<Outgoing> {
-    let request: Scanned = serde_json::from_slice(bytes).ok()?;
-    let prepared = Prepared::scanned(&request, &state.catalog, &state.counter).await?;
+) -> Result<Outgoing, Option<Prepared>> {
+    // The derived reader would also take a JSON array for the struct, and skips the fields
+    // it does not read without checking their text; the full path rejects both.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(None);
+    }
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return Err(None);
+    };
+    let Ok(request) = serde_json::from_str::<Scanned>(text) else {
+        return Err(None);
+    };
+    let Some(prepared) = Prepared::scanned(&request, &state.catalog, &state.counter).await else {
+        return Err(None);
+    };
     let input = prepared.plan_input(&state.config, settings, mode);
     if !matches!(prepared.decide(&input), Decision::Forward(_)) {
-        return None;
+        return Err(Some(prepared));
     }
+    let wants_usage = |options: &RawValue| {
+        serde_json::from_str::<Value>(options.get())
+            .ok()
+            .and_then(|options| options.get("include_usage").and_then(Value::as_bool))
+            == Some(true)
+    };
     let (body, inject_usage) = match (request.stream == Some(true), request.stream_options) {
         (false, _) => (bytes.clone(), false),
-        (true, None) => (with_usage_requested(bytes)?, true),
-        (true, Some(options)) => {
-            let options: Value = serde_json::from_str(options.get()).ok()?;
-            if options.get("include_usage").and_then(Value::as_bool) != Some(true) {
-                return None;
-            }
-            (bytes.clone(), false)
-        }
+        (true, Some(options)) if wants_usage(options) => (bytes.clone(), false),
+        (true, None) => match with_usage_requested(bytes) {
+            Some(body) => (body, true),
+            None => return Err(Some(prepared)),
+        },
+        (true, Some(_)) => return Err(Some(prepared)),
     };
     let model = request.model.into_owned();
-    Some(Outgoing {
+    Ok(Outgoing {
         upstream: state.upstreams.for_model(Some(&model)).clone(),
         model,
         info: prepared.info,
@@ -478,19 +505,24 @@ async fn forward_as_sent(
     })
 }
 
-/// Every request the raw path declines: parsed into a tree, validated with errors that name
-/// the problem, counted, planned, compacted when due, and re-serialized only when changed.
+/// Every request the raw path does not forward: parsed into a tree, validated with errors
+/// that name the problem, counted (unless the raw path did), planned, compacted when due,
+/// and re-serialized only when changed.
 async fn prepare_fully(
     state: &Arc<AppState>,
     bytes: Bytes,
     headers: &HeaderMap,
     settings: &ContextConfig,
     mode: Mode,
+    counted: Option<Prepared>,
 ) -> Result<Outgoing, ProxyError> {
     let mut body = parse_request(&bytes)?;
     let model = model_name(&body).to_string();
     let upstream = state.upstreams.for_model(Some(&model)).clone();
-    let prepared = Prepared::new(&body, &state.catalog, &state.counter).await;
+    let prepared = match counted {
+        Some(prepared) => prepared,
+        None => Prepared::new(&body, &state.catalog, &state.counter).await,
+    };
     let input = prepared.plan_input(&state.config, settings, mode);
     let decision = prepared.decide(&input);
 

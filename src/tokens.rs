@@ -26,7 +26,7 @@ const TOKENS_PER_TOOL_CALL: u32 = 3;
 /// high detail (4 tiles).
 const DEFAULT_IMAGE_TOKENS: u32 = 765;
 /// Uncached text beyond this many bytes is encoded on the blocking pool, off the async workers.
-const BLOCKING_THRESHOLD_BYTES: usize = 64 * 1024;
+const BLOCKING_THRESHOLD_BYTES: usize = 16 * 1024;
 const COUNT_CACHE_ENTRIES: usize = 200_000;
 const EXTRAS_CACHE_ENTRIES: usize = 10_000;
 /// Seeds that keep the key spaces of raw-byte keys apart from each other.
@@ -125,14 +125,8 @@ impl TokenCounter {
                 }
             }
         }
-        let missed = misses.iter().map(|(i, _)| messages[*i].clone()).collect();
-        let counted = match count_off_loop(encoding, missed).await {
-            Some(counted) => counted,
-            None => misses
-                .iter()
-                .map(|(i, _)| count_message(encoding, &messages[*i]))
-                .collect(),
-        };
+        let missed: Vec<&Value> = misses.iter().map(|(i, _)| &messages[*i]).collect();
+        let counted = count_off_loop(encoding, &missed).await;
         self.messages_encoded
             .fetch_add(misses.len() as u64, Ordering::Relaxed);
         for ((index, key), tokens) in misses.into_iter().zip(counted) {
@@ -181,7 +175,7 @@ impl TokenCounter {
             missed.push(message);
         }
         let roles_and_calls: Vec<MessageMeta> = missed.iter().map(|m| message_meta(m, 0)).collect();
-        let counted = count_off_loop(encoding, missed).await?;
+        let counted = count_off_loop(encoding, &missed.iter().collect::<Vec<_>>()).await;
         for (((index, key), mut meta), tokens) in misses.iter().zip(roles_and_calls).zip(counted) {
             meta.tokens = tokens;
             self.raw_messages.insert(*key, meta);
@@ -301,19 +295,28 @@ impl TokenCounter {
 }
 
 /// Counts messages, on the blocking pool when there is enough new text to stall an event
-/// loop. None if that task failed.
-async fn count_off_loop(encoding: Encoding, messages: Vec<Value>) -> Option<Vec<u32>> {
-    let new_text: usize = messages.iter().map(text_bytes).sum();
-    let count_all = move || -> Vec<u32> {
+/// loop (each worker's loop serves all of its connections, streams included).
+async fn count_off_loop(encoding: Encoding, messages: &[&Value]) -> Vec<u32> {
+    let count_here = || -> Vec<u32> {
         messages
             .iter()
             .map(|message| count_message(encoding, message))
             .collect()
     };
+    let new_text: usize = messages.iter().map(|message| text_bytes(message)).sum();
     if new_text <= BLOCKING_THRESHOLD_BYTES {
-        return Some(count_all());
+        return count_here();
     }
-    tokio::task::spawn_blocking(count_all).await.ok()
+    let owned: Vec<Value> = messages.iter().map(|message| (*message).clone()).collect();
+    let counted = tokio::task::spawn_blocking(move || {
+        owned
+            .iter()
+            .map(|message| count_message(encoding, message))
+            .collect()
+    })
+    .await;
+    // No blocking pool (the runtime is shutting down): count here rather than not at all.
+    counted.unwrap_or_else(|_| count_here())
 }
 
 fn model_name_of(request: &Map<String, Value>) -> &str {

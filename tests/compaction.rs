@@ -89,6 +89,12 @@ async fn a_long_conversation_is_summarized_in_the_documented_shape() {
     let sent = chat_requests(&upstream);
     assert_eq!(sent.len(), 1);
     let forwarded_messages = sent[0]["messages"].as_array().unwrap();
+    // Each received message is encoded once (the raw path's count carries over to the full
+    // path), then what was forwarded is counted for its header.
+    assert_eq!(
+        proxy.state.counter.messages_encoded(),
+        (original.len() + forwarded_messages.len()) as u64
+    );
     let n = assert_compacted_shape(&original, forwarded_messages, 6);
     assert_eq!(
         header(&response, "x-condenser-summarized-messages"),

@@ -264,8 +264,24 @@ async fn bad_requests_get_openai_shaped_errors_and_never_reach_upstream() {
     let mut config = config_for(&upstream.url());
     config.server.max_body_bytes = 4096;
     let proxy = Proxy::start(config).await;
-    let cases: Vec<(String, u16, &str, &str)> = vec![
+    let cases: Vec<(Vec<u8>, u16, &str, &str)> = vec![
         ("{not json".into(), 400, "invalid_json", "not valid JSON"),
+        // Every field the raw path reads, in order, as an array: still not an object.
+        (
+            r#"["gpt-4o",[{"role":"user","content":"hi"}],null,null,null,null,null,null,null,null]"#
+                .into(),
+            400,
+            "invalid_request",
+            "must be a JSON object",
+        ),
+        // Invalid UTF-8 in a field nothing reads.
+        (
+            b"{\"model\":\"gpt-4o\",\"user\":\"\xff\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+                .to_vec(),
+            400,
+            "invalid_json",
+            "not valid JSON",
+        ),
         (
             "[1,2]".into(),
             400,
@@ -306,7 +322,8 @@ async fn bad_requests_get_openai_shaped_errors_and_never_reach_upstream() {
             format!(
                 r#"{{"model":"gpt-4o","messages":[{{"role":"user","content":"{}"}}]}}"#,
                 "x".repeat(5000)
-            ),
+            )
+            .into_bytes(),
             413,
             "request_too_large",
             "4096",
@@ -319,6 +336,7 @@ async fn bad_requests_get_openai_shaped_errors_and_never_reach_upstream() {
             .send()
             .await
             .unwrap();
+        let body = String::from_utf8_lossy(&body);
         let (got, error) = error_of(response).await;
         assert_eq!(got, status, "{body}: {error}");
         assert_eq!(error["error"]["code"], code, "{body}");
