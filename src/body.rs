@@ -97,15 +97,18 @@ pub fn with_idle_timeout<B>(body: B, timeout: Duration) -> IdleTimeout<B> {
         inner: body,
         timeout,
         silence: None,
+        armed: false,
     }
 }
 
 pub struct IdleTimeout<B> {
     inner: B,
     timeout: Duration,
-    /// Armed when a poll finds nothing to read; a frame disarms it. A body that is always
-    /// ready never touches the timer.
+    /// Made the first time a poll finds nothing to read, then re-armed: a body that is
+    /// always ready never touches the timer, and a stream does not allocate per pause.
     silence: Option<Pin<Box<Sleep>>>,
+    /// Whether `silence` counts from the current pause; a frame ends the pause.
+    armed: bool,
 }
 
 impl<B> Body for IdleTimeout<B>
@@ -121,16 +124,22 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            this.silence = None;
+            this.armed = false;
             return Poll::Ready(frame);
         }
         let timeout = this.timeout;
-        let silence = this
-            .silence
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(Instant::now() + timeout)));
+        let silence = match &mut this.silence {
+            Some(silence) if this.armed => silence,
+            Some(silence) => {
+                silence.as_mut().reset(Instant::now() + timeout);
+                silence
+            }
+            None => this.silence.insert(Box::pin(tokio::time::sleep(timeout))),
+        };
+        this.armed = true;
         ready!(silence.as_mut().poll(cx));
-        this.silence = None;
-        Poll::Ready(Some(Err(UpstreamSilent(timeout.as_secs()).into())))
+        this.armed = false;
+        Poll::Ready(Some(Err(UpstreamSilent(this.timeout.as_secs()).into())))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -139,5 +148,37 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::StreamBody;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_fails_after_a_silence_and_not_after_a_slow_stream() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(1);
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        let mut body =
+            with_idle_timeout(StreamBody::new(Box::pin(stream)), Duration::from_secs(10));
+        let started = Instant::now();
+        // Frames every 6 s: each pause is shorter than the timeout, their sum is not.
+        for i in 0..4u8 {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(6)).await;
+                let _ = tx.send(Ok(Frame::data(Bytes::from(vec![i])))).await;
+            });
+            let frame = body.frame().await.unwrap().unwrap();
+            assert_eq!(frame.into_data().unwrap(), Bytes::from(vec![i]));
+        }
+        assert_eq!(started.elapsed().as_secs(), 24);
+        // Then silence: the body fails 10 s later.
+        let error = body.frame().await.unwrap().unwrap_err();
+        assert!(error.is::<UpstreamSilent>(), "{error}");
+        assert_eq!(started.elapsed().as_secs(), 34);
     }
 }

@@ -79,23 +79,36 @@ pub fn bearer_from_env(var: &str) -> Result<Option<HeaderValue>, ConfigError> {
     }
 }
 
-/// A pooled HTTP/1.1 and HTTP/2 (ALPN) client; TLS trusts the Mozilla root set.
-fn build_client() -> Result<HttpsClient, std::io::Error> {
+/// TLS that trusts the Mozilla root set, with ring named as the crypto provider: rustls
+/// refuses to guess when more than one provider is compiled in.
+fn tls_config() -> Result<rustls::ClientConfig, rustls::Error> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth())
+}
+
+/// A pooled HTTP/1.1 and HTTP/2 (ALPN) client.
+fn build_client(tls: rustls::ClientConfig) -> HttpsClient {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(CONNECT_TIMEOUT));
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_webpki_roots()
+        .with_tls_config(tls)
         .https_or_http()
         .enable_http1()
         .enable_http2()
         .wrap_connector(http);
-    Ok(Client::builder(TokioExecutor::new())
+    Client::builder(TokioExecutor::new())
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())
-        .build(connector))
+        .build(connector)
 }
 
 impl Upstream {
@@ -105,12 +118,11 @@ impl Upstream {
         timeout: Duration,
         pools: usize,
     ) -> Result<Upstream, ConfigError> {
+        let tls = tls_config()
+            .map_err(|e| ConfigError::Invalid(format!("cannot set up TLS for {base_url}: {e}")))?;
         let clients = (0..pools.max(1))
-            .map(|_| build_client())
-            .collect::<Result<_, _>>()
-            .map_err(|e| {
-                ConfigError::Invalid(format!("cannot build a client for {base_url}: {e}"))
-            })?;
+            .map(|_| build_client(tls.clone()))
+            .collect();
         let base_url = base_url.trim_end_matches('/').to_string();
         let mut upstream = Upstream {
             path_base: base_url
@@ -253,6 +265,28 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Upstreams are reached directly. Egress proxies named in the environment are not used,
+/// which would otherwise surprise whoever set them.
+fn warn_about_proxy_variables() {
+    let set: Vec<&str> = [
+        "HTTPS_PROXY",
+        "https_proxy",
+        "HTTP_PROXY",
+        "http_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ]
+    .into_iter()
+    .filter(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))
+    .collect();
+    if !set.is_empty() {
+        tracing::warn!(
+            variables = ?set,
+            "proxy variables are set, but condenser connects to upstreams directly"
+        );
+    }
+}
+
 /// The configured upstreams and which model goes where.
 pub struct Upstreams {
     default: Arc<Upstream>,
@@ -261,6 +295,7 @@ pub struct Upstreams {
 
 impl Upstreams {
     pub fn from_config(config: &Config) -> Result<Upstreams, ConfigError> {
+        warn_about_proxy_variables();
         let timeout = Duration::from_secs(config.upstream.timeout_secs);
         let pools = config.server.worker_count();
         let default = Arc::new(Upstream::new(
