@@ -226,6 +226,31 @@ fn bench_count(c: &mut Criterion) {
             BatchSize::LargeInput,
         )
     });
+    // The full path on the same input, for comparison: the body parsed into a tree, then
+    // counted with the canonical-form keys.
+    let tree_warm = TokenCounter::new(0.1);
+    rt.block_on(tree_warm.count_request(&body, &model));
+    let mut tree_turn: u64 = 0;
+    group.bench_function("tree_warm_plus_one_with_parse", |b| {
+        b.iter_batched(
+            || {
+                tree_turn += 1;
+                let next = message(
+                    "user",
+                    format!("Turn {tree_turn}: what does the summary say about the latency?"),
+                );
+                format!(
+                    r#"{{"model":"gpt-4o","messages":[{},{next}]}}"#,
+                    texts.join(",")
+                )
+            },
+            |json| {
+                let parsed: Map<String, Value> = serde_json::from_str(&json).unwrap();
+                black_box(rt.block_on(tree_warm.count_request(&parsed, &model)).total)
+            },
+            BatchSize::LargeInput,
+        )
+    });
     let encoded = raw_warm.messages_encoded() - before;
     println!(
         "raw_warm_plus_one: {raw_turn} iterations encoded {encoded} messages (expected {raw_turn})"
