@@ -1,5 +1,5 @@
-//! Upstreams: one pooled client each, model-based routing, and relaying requests and
-//! responses without collecting their bodies.
+//! Upstreams: a pooled client per server worker each, model-based routing, and relaying
+//! requests and responses without collecting their bodies.
 
 use std::cell::Cell;
 use std::error::Error as _;
