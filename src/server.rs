@@ -33,7 +33,7 @@ const H2_KEEP_ALIVE: Duration = Duration::from_secs(30);
 const LISTEN_BACKLOG: i32 = 1024;
 
 pub struct Server {
-    /// One per worker, all bound to the same address.
+    /// One per worker: clones of one listening socket.
     listeners: Vec<std::net::TcpListener>,
     local_addr: SocketAddr,
     state: Arc<AppState>,
