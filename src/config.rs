@@ -40,7 +40,8 @@ pub struct ServerConfig {
     pub listen: String,
     pub max_body_bytes: usize,
     pub shutdown_grace_secs: u64,
-    /// Event-loop threads, each with its own listener and upstream pools; 0 = one per CPU.
+    /// Event-loop threads, each accepting on the shared listener, with its own upstream
+    /// pools; 0 = one per CPU.
     pub workers: usize,
 }
 
