@@ -11,18 +11,20 @@ use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
+use hyper_util::client::proxy::matcher::Matcher;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use wildmatch::WildMatch;
 
 use crate::body::{with_idle_timeout, BodyLimitExceeded, ProxyBody};
 use crate::config::{Config, ConfigError};
+use crate::egress::Egress;
 use crate::error::ProxyError;
 use crate::routes::CHAT_COMPLETIONS;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
-type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, ProxyBody>;
+type HttpsClient = Client<hyper_rustls::HttpsConnector<Egress>, ProxyBody>;
 
 thread_local! {
     static POOL: Cell<usize> = const { Cell::new(0) };
@@ -92,18 +94,24 @@ fn tls_config() -> Result<rustls::ClientConfig, rustls::Error> {
     .with_no_client_auth())
 }
 
-/// A pooled HTTP/1.1 and HTTP/2 (ALPN) client.
-fn build_client(tls: rustls::ClientConfig) -> HttpsClient {
+/// TCP connections as upstreams want them, directly or through the proxy the environment
+/// names.
+fn egress() -> Egress {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+    Egress::new(http, Matcher::from_env())
+}
+
+/// A pooled HTTP/1.1 and HTTP/2 (ALPN) client.
+fn build_client(tls: rustls::ClientConfig, egress: Egress) -> HttpsClient {
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http()
         .enable_http1()
         .enable_http2()
-        .wrap_connector(http);
+        .wrap_connector(egress);
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
         .pool_timer(TokioTimer::new())
@@ -120,8 +128,9 @@ impl Upstream {
     ) -> Result<Upstream, ConfigError> {
         let tls = tls_config()
             .map_err(|e| ConfigError::Invalid(format!("cannot set up TLS for {base_url}: {e}")))?;
+        let egress = egress();
         let clients = (0..pools.max(1))
-            .map(|_| build_client(tls.clone()))
+            .map(|_| build_client(tls.clone(), egress.clone()))
             .collect();
         let base_url = base_url.trim_end_matches('/').to_string();
         let mut upstream = Upstream {
@@ -138,6 +147,13 @@ impl Upstream {
         upstream.chat_uri = Uri::try_from(upstream.url(CHAT_COMPLETIONS)).map_err(|e| {
             ConfigError::Invalid(format!("{}: not a usable base URL: {e}", upstream.base_url))
         })?;
+        if let Some(proxy) = egress.proxy_for(&upstream.chat_uri) {
+            tracing::info!(
+                upstream = %upstream.base_url,
+                proxy = proxy.uri().host().unwrap_or(""),
+                "upstream reached through the proxy from the environment"
+            );
+        }
         Ok(upstream)
     }
 
@@ -265,28 +281,6 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Upstreams are reached directly. Egress proxies named in the environment are not used,
-/// which would otherwise surprise whoever set them.
-fn warn_about_proxy_variables() {
-    let set: Vec<&str> = [
-        "HTTPS_PROXY",
-        "https_proxy",
-        "HTTP_PROXY",
-        "http_proxy",
-        "ALL_PROXY",
-        "all_proxy",
-    ]
-    .into_iter()
-    .filter(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))
-    .collect();
-    if !set.is_empty() {
-        tracing::warn!(
-            variables = ?set,
-            "proxy variables are set, but condenser connects to upstreams directly"
-        );
-    }
-}
-
 /// The configured upstreams and which model goes where.
 pub struct Upstreams {
     default: Arc<Upstream>,
@@ -295,7 +289,6 @@ pub struct Upstreams {
 
 impl Upstreams {
     pub fn from_config(config: &Config) -> Result<Upstreams, ConfigError> {
-        warn_about_proxy_variables();
         let timeout = Duration::from_secs(config.upstream.timeout_secs);
         let pools = config.server.worker_count();
         let default = Arc::new(Upstream::new(

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod compaction;
 pub mod config;
 pub mod count_cache;
+pub mod egress;
 pub mod error;
 pub mod forward;
 pub mod metrics;
