@@ -19,10 +19,10 @@ use crate::body::{full, streaming, ProxyBody};
 use crate::compaction::{self, CacheOutcome, CompactionJob, Rewrite};
 use crate::config::{Config, ContextConfig};
 use crate::error::ProxyError;
-use crate::forward::{forwardable_headers, strip_hop_by_hop, Upstream};
+use crate::forward::{strip_hop_by_hop, Upstream};
 use crate::models::{ModelCatalog, ModelInfo};
 use crate::plan::{self, Decision, Limits, MessageMeta, Mode, PlanInput, VALID_ROLES};
-use crate::tokens::{message_meta, PromptCount, RawPrompt, TokenCounter};
+use crate::tokens::{message_meta, messages, model_name, PromptCount, RawPrompt, TokenCounter};
 use crate::usage::{Usage, UsageObserver, UsageTap};
 
 /// Framing of the summary message on top of its text.
@@ -99,16 +99,6 @@ pub fn parse_request(bytes: &[u8]) -> Result<Map<String, Value>, ProxyError> {
         }
     }
     Ok(body)
-}
-
-pub fn messages(body: &Map<String, Value>) -> &[Value] {
-    body.get("messages")
-        .and_then(Value::as_array)
-        .map_or(&[], Vec::as_slice)
-}
-
-pub fn model_name(body: &Map<String, Value>) -> &str {
-    body.get("model").and_then(Value::as_str).unwrap_or("")
 }
 
 fn message_metas(messages: &[Value], counts: &[u32]) -> Vec<MessageMeta> {
@@ -236,16 +226,13 @@ fn present<'de, D: serde::Deserializer<'de>>(value: D) -> Result<Option<&'de Raw
 /// spliced in as the first key, the rest of the body kept byte for byte.
 const INCLUDE_USAGE_FIELD: &[u8] = br#""stream_options":{"include_usage":true},"#;
 
-fn with_usage_requested(body: &[u8]) -> Option<Bytes> {
-    let open = body.iter().position(|b| !b.is_ascii_whitespace())?;
-    if body[open] != b'{' {
-        return None;
-    }
+/// `open`: where the body's opening brace is.
+fn with_usage_requested(body: &[u8], open: usize) -> Bytes {
     let mut out = Vec::with_capacity(body.len() + INCLUDE_USAGE_FIELD.len());
     out.extend_from_slice(&body[..=open]);
     out.extend_from_slice(INCLUDE_USAGE_FIELD);
     out.extend_from_slice(&body[open + 1..]);
-    Some(Bytes::from(out))
+    Bytes::from(out)
 }
 
 /// The `[context]` settings for this request, after `x-condenser-profile`.
@@ -460,9 +447,13 @@ async fn scan(
 ) -> Result<Outgoing, Option<Prepared>> {
     // The derived reader would also take a JSON array for the struct, and skips the fields
     // it does not read without checking their text; the full path rejects both.
-    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+    let Some(open) = bytes
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .filter(|&at| bytes[at] == b'{')
+    else {
         return Err(None);
-    }
+    };
     let Ok(text) = std::str::from_utf8(bytes) else {
         return Err(None);
     };
@@ -485,10 +476,7 @@ async fn scan(
     let (body, inject_usage) = match (request.stream == Some(true), request.stream_options) {
         (false, _) => (bytes.clone(), false),
         (true, Some(options)) if wants_usage(options) => (bytes.clone(), false),
-        (true, None) => match with_usage_requested(bytes) {
-            Some(body) => (body, true),
-            None => return Err(Some(prepared)),
-        },
+        (true, None) => (with_usage_requested(bytes, open), true),
         (true, Some(_)) => return Err(Some(prepared)),
     };
     let model = request.model.into_owned();
@@ -613,8 +601,7 @@ async fn prepare_fully(
 
 /// The client's headers for upstream. The body may be rewritten, so its length is recomputed;
 /// compression is refused so usage can be read from the response.
-fn upstream_headers(client: HeaderMap) -> HeaderMap {
-    let mut headers = forwardable_headers(client);
+fn upstream_headers(mut headers: HeaderMap) -> HeaderMap {
     headers.remove(header::CONTENT_LENGTH);
     headers.remove(header::ACCEPT_ENCODING);
     headers

@@ -6,12 +6,13 @@ use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
-use crate::chat::{messages, model_name, parse_request, Prepared};
+use crate::chat::{parse_request, Prepared};
 use crate::config::{Config, ConfigError, Overrides};
 use crate::error::ProxyError;
 use crate::models::ModelCatalog;
 use crate::plan::{total_tokens, triggers, Decision, Limits, Mode};
 use crate::tokens::TokenCounter;
+use crate::tokens::{messages, model_name};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {

@@ -106,11 +106,7 @@ impl TokenCounter {
         request: &Map<String, Value>,
         model: &ModelInfo,
     ) -> PromptCount {
-        let messages = request
-            .get("messages")
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
+        let messages = messages(request);
         let encoding = model.encoding;
         let seed = [encoding as u8];
         let mut per_message = Vec::with_capacity(messages.len());
@@ -134,7 +130,7 @@ impl TokenCounter {
             self.cache.insert(key, tokens);
         }
         let fixed = REPLY_PRIMING + count_request_extras(encoding, request);
-        self.scaled(per_message, fixed, model_name_of(request), model)
+        self.scaled(per_message, fixed, model_name(request), model)
     }
 
     /// Counts a request from its raw JSON, keyed by bytes, so a message seen before is
@@ -319,7 +315,15 @@ async fn count_off_loop(encoding: Encoding, messages: &[&Value]) -> Vec<u32> {
     counted.unwrap_or_else(|_| count_here())
 }
 
-fn model_name_of(request: &Map<String, Value>) -> &str {
+/// A chat request's messages; none when the field is missing or not an array.
+pub fn messages(request: &Map<String, Value>) -> &[Value] {
+    request
+        .get("messages")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+pub fn model_name(request: &Map<String, Value>) -> &str {
     request.get("model").and_then(Value::as_str).unwrap_or("")
 }
 

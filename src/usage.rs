@@ -15,7 +15,8 @@ use crate::body::BoxError;
 /// A JSON body larger than this is relayed without reading its usage.
 const MAX_JSON_COPY: usize = 16 * 1024 * 1024;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Both counts are required: a `"usage"` object without them is not a chat completion's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 pub struct Usage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
@@ -49,12 +50,6 @@ impl WithUsage {
     }
 }
 
-#[derive(Deserialize)]
-struct StrictUsage {
-    prompt_tokens: u64,
-    completion_tokens: u64,
-}
-
 /// The usage of a whole JSON response. Chat completions end with it, so the last `"usage"`
 /// key is read first, without scanning the completion before it. Inside a string that key's
 /// quotes would be escaped, so what matches is a key or the string "usage"; anything but a
@@ -69,11 +64,7 @@ fn tail_usage(body: &[u8]) -> Option<Usage> {
     let value = body[at + KEY.len()..]
         .trim_ascii_start()
         .strip_prefix(b":")?;
-    let usage = StrictUsage::deserialize(&mut serde_json::Deserializer::from_slice(value)).ok()?;
-    Some(Usage {
-        prompt_tokens: usage.prompt_tokens,
-        completion_tokens: usage.completion_tokens,
-    })
+    Usage::deserialize(&mut serde_json::Deserializer::from_slice(value)).ok()
 }
 
 /// What the relay reports, once each: the first bytes out, and the usage at the end.
