@@ -15,11 +15,12 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::app::AppState;
-use crate::body::{full, streaming, ProxyBody};
+use crate::body::{streaming, ProxyBody};
 use crate::compaction::{self, CacheOutcome, CompactionJob, Rewrite};
 use crate::config::{Config, ContextConfig};
 use crate::error::ProxyError;
 use crate::forward::{strip_hop_by_hop, Upstream};
+use crate::h1::RequestBody;
 use crate::models::{ModelCatalog, ModelInfo};
 use crate::plan::{self, Decision, Limits, MessageMeta, Mode, PlanInput, VALID_ROLES};
 use crate::tokens::{message_meta, messages, model_name, PromptCount, RawPrompt, TokenCounter};
@@ -376,7 +377,12 @@ pub async fn handle(
         .saturating_sub(outcome.summarizer_wait);
     metrics.overhead_seconds.observe(overhead.as_secs_f64());
     let response = upstream
-        .send(Method::POST, path_and_query, headers, full(send_bytes))
+        .send(
+            Method::POST,
+            path_and_query,
+            headers,
+            RequestBody::Full(send_bytes),
+        )
         .await?;
     let upstream_time = sent.elapsed();
     metrics

@@ -1,30 +1,30 @@
-//! Upstreams: a pooled client per server worker each, model-based routing, and relaying
-//! requests and responses without collecting their bodies.
+//! Upstreams: connection pools per server worker, model-based routing, and relaying requests
+//! and responses without collecting their bodies.
 
+use std::borrow::Cow;
 use std::cell::Cell;
-use std::error::Error as _;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http_body_util::BodyExt;
+use hyper::client::conn::http2;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, Uri};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::{Connection as _, HttpConnector};
 use hyper_util::client::proxy::matcher::Matcher;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tower_service::Service;
 use wildmatch::WildMatch;
 
-use crate::body::{with_idle_timeout, BodyLimitExceeded, ProxyBody};
+use crate::body::{with_idle_timeout, BodyLimitExceeded, BoxError, ProxyBody};
 use crate::config::{Config, ConfigError};
 use crate::egress::Egress;
 use crate::error::ProxyError;
-use crate::routes::CHAT_COMPLETIONS;
+use crate::h1::{self, RequestBody};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-
-type HttpsClient = Client<hyper_rustls::HttpsConnector<Egress>, ProxyBody>;
 
 thread_local! {
     static POOL: Cell<usize> = const { Cell::new(0) };
@@ -36,14 +36,46 @@ pub fn use_pool(index: usize) {
     POOL.with(|pool| pool.set(index));
 }
 
+/// One server worker's connections to one upstream: idle HTTP/1.1 ones, or the HTTP/2 one
+/// that all of the worker's requests share once ALPN has chosen it.
+#[derive(Default)]
+struct WorkerPool {
+    http1: Arc<h1::Pool>,
+    http2: Mutex<Option<http2::SendRequest<ProxyBody>>>,
+}
+
+impl WorkerPool {
+    fn live_http2(&self) -> Option<http2::SendRequest<ProxyBody>> {
+        let mut slot = self.http2.lock().ok()?;
+        match slot.as_ref() {
+            Some(sender) if !sender.is_closed() => Some(sender.clone()),
+            _ => {
+                *slot = None;
+                None
+            }
+        }
+    }
+}
+
+/// A new connection, as ALPN decided.
+enum Fresh {
+    Http1(h1::Connection),
+    Http2(http2::SendRequest<ProxyBody>),
+}
+
 pub struct Upstream {
     base_url: String,
     /// `base_url` without a trailing `/v1`, which request paths bring themselves.
     path_base: String,
-    /// One client (and so one connection pool) per server worker.
-    clients: Vec<HttpsClient>,
-    /// The chat-completions URI, parsed once: nearly every request goes there.
-    chat_uri: Uri,
+    /// The paths of `base_url` and `path_base`, put before request paths.
+    base_path: String,
+    path_base_path: String,
+    /// `scheme://authority/`, what the connector dials.
+    origin: Uri,
+    /// The `Host` upstream is sent.
+    host: String,
+    connector: HttpsConnector<Egress>,
+    pools: Vec<WorkerPool>,
     api_key: Option<HeaderValue>,
     timeout: Duration,
 }
@@ -104,21 +136,6 @@ fn egress() -> Egress {
     Egress::new(http, Matcher::from_env())
 }
 
-/// A pooled HTTP/1.1 and HTTP/2 (ALPN) client.
-fn build_client(tls: rustls::ClientConfig, egress: Egress) -> HttpsClient {
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .enable_http2()
-        .wrap_connector(egress);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .pool_timer(TokioTimer::new())
-        .timer(TokioTimer::new())
-        .build(connector)
-}
-
 impl Upstream {
     pub fn new(
         base_url: &str,
@@ -128,33 +145,59 @@ impl Upstream {
     ) -> Result<Upstream, ConfigError> {
         let tls = tls_config()
             .map_err(|e| ConfigError::Invalid(format!("cannot set up TLS for {base_url}: {e}")))?;
-        let egress = egress();
-        let clients = (0..pools.max(1))
-            .map(|_| build_client(tls.clone(), egress.clone()))
-            .collect();
         let base_url = base_url.trim_end_matches('/').to_string();
-        let mut upstream = Upstream {
-            path_base: base_url
-                .strip_suffix("/v1")
-                .unwrap_or(&base_url)
-                .to_string(),
-            base_url,
-            clients,
-            chat_uri: Uri::default(),
-            api_key: bearer_from_env(api_key_env)?,
-            timeout,
+        let unusable = |why: &dyn std::fmt::Display| {
+            ConfigError::Invalid(format!("{base_url}: not a usable base URL: {why}"))
         };
-        upstream.chat_uri = Uri::try_from(upstream.url(CHAT_COMPLETIONS)).map_err(|e| {
-            ConfigError::Invalid(format!("{}: not a usable base URL: {e}", upstream.base_url))
-        })?;
-        if let Some(proxy) = egress.proxy_for(&upstream.chat_uri) {
+        let parsed = Uri::try_from(base_url.as_str()).map_err(|e| unusable(&e))?;
+        let (Some(scheme), Some(authority)) = (parsed.scheme_str(), parsed.authority()) else {
+            return Err(unusable(&"it needs a scheme and a host"));
+        };
+        if scheme != "http" && scheme != "https" {
+            return Err(unusable(&"the scheme must be http or https"));
+        }
+        let origin = Uri::try_from(format!("{scheme}://{authority}/")).map_err(|e| unusable(&e))?;
+        let host = authority
+            .as_str()
+            .rsplit('@')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let base_path = parsed.path().trim_end_matches('/').to_string();
+        let path_base = base_url
+            .strip_suffix("/v1")
+            .unwrap_or(&base_url)
+            .to_string();
+        let egress = egress();
+        if let Some(proxy) = egress.proxy_for(&origin) {
             tracing::info!(
-                upstream = %upstream.base_url,
+                upstream = %base_url,
                 proxy = proxy.uri().host().unwrap_or(""),
                 "upstream reached through the proxy from the environment"
             );
         }
-        Ok(upstream)
+        // TLS for `https`, speaking HTTP/1.1 or HTTP/2 as ALPN settles.
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(egress);
+        Ok(Upstream {
+            path_base_path: base_path
+                .strip_suffix("/v1")
+                .unwrap_or(&base_path)
+                .to_string(),
+            base_path,
+            path_base,
+            base_url,
+            origin,
+            host,
+            connector,
+            pools: (0..pools.max(1)).map(|_| WorkerPool::default()).collect(),
+            api_key: bearer_from_env(api_key_env)?,
+            timeout,
+        })
     }
 
     pub fn base_url(&self) -> &str {
@@ -171,6 +214,20 @@ impl Upstream {
         }
     }
 
+    /// The request target sent upstream: [`Upstream::url`]'s path and query.
+    fn target<'a>(&self, path_and_query: &'a str) -> Cow<'a, str> {
+        let base = if path_and_query.starts_with("/v1/") {
+            &self.path_base_path
+        } else {
+            &self.base_path
+        };
+        if base.is_empty() {
+            Cow::Borrowed(path_and_query)
+        } else {
+            Cow::Owned(format!("{base}{path_and_query}"))
+        }
+    }
+
     /// Sends and waits for the response head, never for its body. The body fails once
     /// upstream stays silent for the upstream timeout.
     pub async fn send(
@@ -178,7 +235,7 @@ impl Upstream {
         method: Method,
         path_and_query: &str,
         client_headers: HeaderMap,
-        body: ProxyBody,
+        body: RequestBody,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let mut headers = forwardable_headers(client_headers);
         if !headers.contains_key(header::AUTHORIZATION) {
@@ -186,35 +243,134 @@ impl Upstream {
                 headers.insert(header::AUTHORIZATION, key.clone());
             }
         }
-        let uri = if path_and_query == CHAT_COMPLETIONS {
-            self.chat_uri.clone()
-        } else {
-            Uri::try_from(self.url(path_and_query)).map_err(|e| {
-                ProxyError::UpstreamUnreachable(format!("{}: bad request path: {e}", self.base_url))
-            })?
-        };
-        let mut request = Request::new(body);
-        *request.method_mut() = method;
-        *request.uri_mut() = uri;
-        *request.headers_mut() = headers;
-        let client = &self.clients[POOL.with(Cell::get) % self.clients.len()];
-        match tokio::time::timeout(self.timeout, client.request(request)).await {
+        let exchange = self.exchange(method, path_and_query, headers, body);
+        match tokio::time::timeout(self.timeout, exchange).await {
             Err(_) => Err(ProxyError::UpstreamTimeout(self.timeout.as_secs())),
-            Ok(Ok(response)) => Ok(response.map(|body| {
-                with_idle_timeout(body.map_err(Into::into), self.timeout).boxed_unsync()
-            })),
-            Ok(Err(e)) => Err(self.classify(&e)),
+            Ok(result) => result,
         }
     }
 
-    fn classify(&self, error: &hyper_util::client::legacy::Error) -> ProxyError {
-        let mut source = error.source();
-        while let Some(cause) = source {
-            if let Some(limit) = cause.downcast_ref::<BodyLimitExceeded>() {
-                return ProxyError::BodyTooLarge { limit: limit.0 };
+    async fn exchange(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        headers: HeaderMap,
+        body: RequestBody,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let pool = &self.pools[POOL.with(Cell::get) % self.pools.len()];
+        let connection = match pool.http1.take(POOL_IDLE_TIMEOUT) {
+            Some(connection) => connection,
+            None => match pool.live_http2() {
+                Some(sender) => {
+                    return self
+                        .exchange_http2(sender, method, path_and_query, headers, body)
+                        .await
+                }
+                None => match self
+                    .connect(pool)
+                    .await
+                    .map_err(|e| self.unreachable(&*e))?
+                {
+                    Fresh::Http1(connection) => connection,
+                    Fresh::Http2(sender) => {
+                        return self
+                            .exchange_http2(sender, method, path_and_query, headers, body)
+                            .await
+                    }
+                },
+            },
+        };
+        let expects_body = method != Method::HEAD;
+        let head = h1::encode_head(
+            &method,
+            &self.target(path_and_query),
+            &self.host,
+            &headers,
+            &body,
+        );
+        let reconnect = || async {
+            match self.connect(pool).await? {
+                Fresh::Http1(connection) => Ok(connection),
+                Fresh::Http2(_) => Err(BoxError::from("upstream switched to HTTP/2")),
             }
-            source = cause.source();
+        };
+        match h1::send(
+            &pool.http1,
+            connection,
+            reconnect,
+            &head,
+            body,
+            expects_body,
+        )
+        .await
+        {
+            Ok(response) => {
+                Ok(response.map(|body| with_idle_timeout(body, self.timeout).boxed_unsync()))
+            }
+            Err(h1::SendError::Connect(e)) => Err(self.unreachable(&*e)),
+            Err(h1::SendError::Exchange(h1::ExchangeError::RequestBody(e))) => {
+                Err(match e.downcast_ref::<BodyLimitExceeded>() {
+                    Some(limit) => ProxyError::BodyTooLarge { limit: limit.0 },
+                    None => ProxyError::ClientBody(e.to_string()),
+                })
+            }
+            Err(h1::SendError::Exchange(e)) => Err(self.unreachable(&e)),
         }
+    }
+
+    async fn connect(&self, pool: &WorkerPool) -> Result<Fresh, BoxError> {
+        let mut connector = self.connector.clone();
+        std::future::poll_fn(|cx| connector.poll_ready(cx)).await?;
+        let stream = connector.call(self.origin.clone()).await?;
+        if !stream.connected().is_negotiated_h2() {
+            return Ok(Fresh::Http1(h1::Connection::new(TokioIo::new(stream))));
+        }
+        let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .handshake(stream)
+            .await?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
+            }
+        });
+        if let Ok(mut slot) = pool.http2.lock() {
+            *slot = Some(sender.clone());
+        }
+        Ok(Fresh::Http2(sender))
+    }
+
+    async fn exchange_http2(
+        &self,
+        mut sender: http2::SendRequest<ProxyBody>,
+        method: Method,
+        path_and_query: &str,
+        headers: HeaderMap,
+        body: RequestBody,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let uri = Uri::try_from(self.url(path_and_query)).map_err(|e| self.unreachable(&e))?;
+        let mut request = Request::new(body.into_proxy_body());
+        *request.method_mut() = method;
+        *request.uri_mut() = uri;
+        *request.headers_mut() = headers;
+        match sender.send_request(request).await {
+            Ok(response) => Ok(response.map(|body| {
+                with_idle_timeout(body.map_err(Into::into), self.timeout).boxed_unsync()
+            })),
+            Err(e) => {
+                let mut source = std::error::Error::source(&e);
+                while let Some(cause) = source {
+                    if let Some(limit) = cause.downcast_ref::<BodyLimitExceeded>() {
+                        return Err(ProxyError::BodyTooLarge { limit: limit.0 });
+                    }
+                    source = cause.source();
+                }
+                Err(self.unreachable(&e))
+            }
+        }
+    }
+
+    fn unreachable(&self, error: &dyn std::error::Error) -> ProxyError {
         ProxyError::UpstreamUnreachable(format!("{}: {}", self.base_url, root_cause(error)))
     }
 }

@@ -13,6 +13,7 @@ pub mod count_cache;
 pub mod egress;
 pub mod error;
 pub mod forward;
+pub mod h1;
 pub mod metrics;
 pub mod models;
 pub mod passthrough;

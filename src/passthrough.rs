@@ -4,9 +4,10 @@ use hyper::body::Incoming;
 use hyper::{header, Request, Response};
 
 use crate::app::AppState;
-use crate::body::{full, limited, ProxyBody};
+use crate::body::{limited, ProxyBody};
 use crate::error::ProxyError;
 use crate::forward::relay_response;
+use crate::h1::RequestBody;
 
 pub async fn handle(
     state: &AppState,
@@ -31,9 +32,9 @@ pub async fn handle(
     let upstream = state.upstreams.default_upstream();
     // An absent body stays absent rather than becoming an empty chunked one.
     let body = if hyper::body::Body::is_end_stream(&body) {
-        full(bytes::Bytes::new())
+        RequestBody::Full(bytes::Bytes::new())
     } else {
-        limited(body, limit)
+        RequestBody::Streaming(limited(body, limit))
     };
     let response = upstream
         .send(parts.method.clone(), path_and_query, parts.headers, body)

@@ -241,7 +241,7 @@ impl Summarizer {
                     Method::POST,
                     "/v1/chat/completions",
                     headers,
-                    crate::body::full(body.to_string()),
+                    crate::h1::RequestBody::Full(body.to_string().into()),
                 )
                 .await
                 .map_err(|e| SummarizeError::Upstream(e.to_string()))?;

@@ -1,0 +1,949 @@
+//! HTTP/1.1 to upstreams, spoken in the task of the request that needs it.
+//!
+//! hyper's client runs each connection in a task of its own and hands requests and response
+//! frames across channels; for a proxy that answers each request with one upstream call, that
+//! is two task hand-offs per direction and most of the client's cost. Here the request's own
+//! task writes the request, reads the response head and, through the response body, the
+//! rest. A connection whose response was read to its end goes back to its worker's pool; one
+//! dropped earlier (a client that left mid-stream) is closed, which upstream sees at once.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame, SizeHint};
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::{Method, Response, StatusCode, Version};
+use hyper_rustls::MaybeHttpsStream;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+
+use crate::body::{BoxError, ProxyBody};
+
+/// A connection as the connector makes it: TCP, maybe TLS over it, maybe through a tunnel.
+pub type Stream = TokioIo<MaybeHttpsStream<TokioIo<TcpStream>>>;
+
+/// A response head larger than this is refused (hyper's client allows about as much).
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+const MAX_HEADERS: usize = 128;
+/// A chunk-size line or trailer line longer than this is refused.
+const MAX_LINE_BYTES: usize = 4 * 1024;
+/// Bodies up to this size are copied behind the head so both leave in one write.
+const COALESCE_BYTES: usize = 16 * 1024;
+const READ_CHUNK: usize = 16 * 1024;
+/// Idle connections each worker keeps per upstream.
+const MAX_IDLE: usize = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    #[error("upstream closed the connection before a response")]
+    ClosedBeforeResponse,
+    #[error("upstream sent a malformed response: {0}")]
+    Malformed(&'static str),
+    /// The client's request body failed while it was being relayed (its own error inside).
+    #[error("{0}")]
+    RequestBody(BoxError),
+}
+
+impl ExchangeError {
+    /// Nothing of a response arrived and the request may not have reached upstream: the
+    /// connection was an idle one that upstream closed as it was reused.
+    fn is_stale_connection(&self) -> bool {
+        match self {
+            ExchangeError::ClosedBeforeResponse => true,
+            ExchangeError::Io(e) => matches!(
+                e.kind(),
+                io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::ConnectionAborted
+            ),
+            _ => false,
+        }
+    }
+}
+
+/// A request body: bytes in hand (which can be sent again), or a stream relayed as it comes.
+pub enum RequestBody {
+    Full(Bytes),
+    Streaming(ProxyBody),
+}
+
+impl RequestBody {
+    pub fn into_proxy_body(self) -> ProxyBody {
+        match self {
+            RequestBody::Full(bytes) => crate::body::full(bytes),
+            RequestBody::Streaming(body) => body,
+        }
+    }
+}
+
+/// One upstream HTTP/1.1 connection and whatever it has sent that was not read yet.
+pub struct Connection {
+    /// Boxed: a TLS stream is over a kilobyte, and connections move in and out of the pool.
+    io: Box<Stream>,
+    read_buf: BytesMut,
+    /// It served a request before, so upstream may have closed it while it sat idle.
+    reused: bool,
+    idle_since: Instant,
+}
+
+impl Connection {
+    pub fn new(io: Stream) -> Connection {
+        Connection {
+            io: Box::new(io),
+            read_buf: BytesMut::new(),
+            reused: false,
+            idle_since: Instant::now(),
+        }
+    }
+
+    fn tcp(&self) -> &TcpStream {
+        match self.io.inner() {
+            MaybeHttpsStream::Http(tcp) => tcp.inner(),
+            MaybeHttpsStream::Https(tls) => tls.inner().get_ref().0.inner().inner(),
+        }
+    }
+
+    /// An idle connection that has become readable was closed by upstream, or sent something
+    /// unasked; either way it cannot carry a request. The readiness test costs no system
+    /// call; only a connection reported readable is read to tell which.
+    fn is_usable(&mut self) -> bool {
+        let mut cx = Context::from_waker(Waker::noop());
+        if self.tcp().poll_read_ready(&mut cx).is_pending() {
+            return true;
+        }
+        let mut probe = [0u8; 1];
+        let mut probe = ReadBuf::new(&mut probe);
+        Pin::new(&mut *self.io)
+            .poll_read(&mut cx, &mut probe)
+            .is_pending()
+    }
+
+    /// Writes the request and reads the response head; the body follows from the
+    /// connection, which returns to `pool` once the body has been read to its end.
+    async fn exchange(
+        mut self,
+        head: &[u8],
+        body: RequestBody,
+        expects_body: bool,
+        pool: &Arc<Pool>,
+    ) -> Result<Response<ResponseBody>, ExchangeError> {
+        self.write_request(head, body).await?;
+        self.read_head(expects_body, pool).await
+    }
+
+    async fn write_request(&mut self, head: &[u8], body: RequestBody) -> Result<(), ExchangeError> {
+        match body {
+            RequestBody::Full(bytes) if bytes.len() <= COALESCE_BYTES => {
+                let mut out = Vec::with_capacity(head.len() + bytes.len());
+                out.extend_from_slice(head);
+                out.extend_from_slice(&bytes);
+                self.io.write_all(&out).await?;
+            }
+            RequestBody::Full(bytes) => {
+                self.io.write_all(head).await?;
+                self.io.write_all(&bytes).await?;
+            }
+            RequestBody::Streaming(mut body) => {
+                let chunked = body.size_hint().exact().is_none();
+                self.io.write_all(head).await?;
+                while let Some(frame) = body.frame().await {
+                    let frame = frame.map_err(ExchangeError::RequestBody)?;
+                    let Ok(data) = frame.into_data() else {
+                        continue; // trailers are not relayed
+                    };
+                    if data.is_empty() {
+                        continue;
+                    }
+                    if chunked {
+                        let size = format!("{:x}\r\n", data.len());
+                        self.io.write_all(size.as_bytes()).await?;
+                        self.io.write_all(&data).await?;
+                        self.io.write_all(b"\r\n").await?;
+                    } else {
+                        self.io.write_all(&data).await?;
+                    }
+                }
+                if chunked {
+                    self.io.write_all(b"0\r\n\r\n").await?;
+                }
+            }
+        }
+        self.io.flush().await?;
+        Ok(())
+    }
+
+    /// Reads until a final (non-1xx) response head is complete.
+    async fn read_head(
+        mut self,
+        expects_body: bool,
+        pool: &Arc<Pool>,
+    ) -> Result<Response<ResponseBody>, ExchangeError> {
+        loop {
+            if !self.read_buf.is_empty() {
+                match parse_head(&mut self.read_buf, expects_body)? {
+                    Some(Parsed::Interim) => continue,
+                    Some(Parsed::Final(head, framing, keep_alive)) => {
+                        let body = ResponseBody {
+                            connection: Some(self),
+                            framing,
+                            keep_alive,
+                            pool: pool.clone(),
+                        };
+                        return Ok(Response::from_parts(head, body));
+                    }
+                    None => {}
+                }
+            }
+            if fill(&mut self.io, &mut self.read_buf).await? == 0 {
+                return Err(if self.read_buf.is_empty() {
+                    ExchangeError::ClosedBeforeResponse
+                } else {
+                    ExchangeError::Malformed("connection closed inside the response head")
+                });
+            }
+        }
+    }
+}
+
+async fn fill(io: &mut Stream, buf: &mut BytesMut) -> io::Result<usize> {
+    std::future::poll_fn(|cx| poll_fill(io, buf, cx)).await
+}
+
+fn poll_fill(io: &mut Stream, buf: &mut BytesMut, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+    buf.reserve(READ_CHUNK);
+    tokio_util::io::poll_read_buf(Pin::new(io), cx, buf)
+}
+
+enum Parsed {
+    /// A 1xx response (100 Continue, 103 Early Hints) was skipped.
+    Interim,
+    Final(hyper::http::response::Parts, Framing, bool),
+}
+
+/// Parses a response head at the front of `buf`, taking it out when complete; `None` when
+/// more bytes are needed.
+fn parse_head(buf: &mut BytesMut, expects_body: bool) -> Result<Option<Parsed>, ExchangeError> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut slots);
+    let len = match parsed.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => {
+            return Err(ExchangeError::Malformed("response head too large"));
+        }
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(ExchangeError::Malformed("too many response headers"));
+        }
+        Err(_) => return Err(ExchangeError::Malformed("unparsable response head")),
+    };
+    let code = parsed.code.unwrap_or_default();
+    let status =
+        StatusCode::from_u16(code).map_err(|_| ExchangeError::Malformed("bad status code"))?;
+    if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
+        buf.advance(len);
+        return Ok(Some(Parsed::Interim));
+    }
+    let version = if parsed.version == Some(0) {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    // Header values keep pointing into the head's bytes instead of being copied out.
+    let base = buf.as_ptr() as usize;
+    let mut fields = Vec::with_capacity(parsed.headers.len());
+    for field in parsed.headers.iter() {
+        let name = HeaderName::from_bytes(field.name.as_bytes())
+            .map_err(|_| ExchangeError::Malformed("bad header name"))?;
+        let start = field.value.as_ptr() as usize - base;
+        fields.push((name, start..start + field.value.len()));
+    }
+    let mut headers = HeaderMap::with_capacity(fields.len());
+    let head_bytes = buf.split_to(len).freeze();
+    for (name, span) in fields {
+        let value = HeaderValue::from_maybe_shared(head_bytes.slice(span))
+            .map_err(|_| ExchangeError::Malformed("bad header value"))?;
+        headers.append(name, value);
+    }
+
+    let framing = framing(&mut headers, status, expects_body)?;
+    let keep_alive = version == Version::HTTP_11
+        && !matches!(framing, Framing::UntilClose)
+        && !has_token(&headers, header::CONNECTION, "close");
+    let mut response = Response::new(());
+    *response.status_mut() = status;
+    *response.version_mut() = version;
+    *response.headers_mut() = headers;
+    Ok(Some(Parsed::Final(
+        response.into_parts().0,
+        framing,
+        keep_alive,
+    )))
+}
+
+fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
+}
+
+/// How the body's end is found (RFC 9112 §6.3). A chunked body's `Content-Length`, if any,
+/// is dropped: it does not describe what the client will get.
+fn framing(
+    headers: &mut HeaderMap,
+    status: StatusCode,
+    expects_body: bool,
+) -> Result<Framing, ExchangeError> {
+    if !expects_body || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        return Ok(Framing::Length(0));
+    }
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        let chunked_last = headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .next_back()
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.rsplit(',').next())
+            .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
+        headers.remove(header::CONTENT_LENGTH);
+        return Ok(if chunked_last {
+            Framing::Chunked(Chunked::Size)
+        } else {
+            Framing::UntilClose
+        });
+    }
+    let mut lengths = headers.get_all(header::CONTENT_LENGTH).iter();
+    let Some(first) = lengths.next() else {
+        return Ok(Framing::UntilClose);
+    };
+    let length = parse_length(first)?;
+    if lengths.any(|other| parse_length(other).ok() != Some(length)) {
+        return Err(ExchangeError::Malformed("conflicting content-length"));
+    }
+    Ok(Framing::Length(length))
+}
+
+fn parse_length(value: &HeaderValue) -> Result<u64, ExchangeError> {
+    value
+        .to_str()
+        .ok()
+        .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|v| v.parse().ok())
+        .ok_or(ExchangeError::Malformed("bad content-length"))
+}
+
+enum Framing {
+    /// Bytes still to come.
+    Length(u64),
+    Chunked(Chunked),
+    UntilClose,
+    Done,
+}
+
+/// Where a chunked decoder stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunked {
+    Size,
+    /// Bytes left in the current chunk.
+    Data(u64),
+    /// The CRLF after a chunk's data.
+    DataEnd,
+    Trailers,
+}
+
+enum Decoded {
+    Data(Bytes),
+    End,
+    NeedMore,
+}
+
+/// Takes what it can from `buf`: chunk data as it arrives (a chunk is never waited for
+/// whole, so a stream's events pass as they come), chunk framing and trailers dropped.
+fn decode_chunked(state: &mut Chunked, buf: &mut BytesMut) -> Result<Decoded, ExchangeError> {
+    loop {
+        match *state {
+            Chunked::Size => {
+                let Some(line) = take_line(buf)? else {
+                    return Ok(Decoded::NeedMore);
+                };
+                let digits = line.split(|&b| b == b';').next().unwrap_or_default();
+                let digits = digits.trim_ascii();
+                if digits.is_empty() || digits.len() > 16 {
+                    return Err(ExchangeError::Malformed("bad chunk size"));
+                }
+                let size = std::str::from_utf8(digits)
+                    .ok()
+                    .and_then(|d| u64::from_str_radix(d, 16).ok())
+                    .ok_or(ExchangeError::Malformed("bad chunk size"))?;
+                *state = if size == 0 {
+                    Chunked::Trailers
+                } else {
+                    Chunked::Data(size)
+                };
+            }
+            Chunked::Data(left) => {
+                if buf.is_empty() {
+                    return Ok(Decoded::NeedMore);
+                }
+                let take = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+                let data = buf.split_to(take).freeze();
+                let left = left - take as u64;
+                *state = if left == 0 {
+                    Chunked::DataEnd
+                } else {
+                    Chunked::Data(left)
+                };
+                return Ok(Decoded::Data(data));
+            }
+            Chunked::DataEnd => {
+                let Some(line) = take_line(buf)? else {
+                    return Ok(Decoded::NeedMore);
+                };
+                if !line.is_empty() {
+                    return Err(ExchangeError::Malformed("chunk longer than its size"));
+                }
+                *state = Chunked::Size;
+            }
+            Chunked::Trailers => {
+                let Some(line) = take_line(buf)? else {
+                    return Ok(Decoded::NeedMore);
+                };
+                if line.is_empty() {
+                    return Ok(Decoded::End);
+                }
+            }
+        }
+    }
+}
+
+/// The next line of `buf` without its line end, taken out of `buf`.
+fn take_line(buf: &mut BytesMut) -> Result<Option<Bytes>, ExchangeError> {
+    let Some(end) = buf.iter().position(|&b| b == b'\n') else {
+        if buf.len() > MAX_LINE_BYTES {
+            return Err(ExchangeError::Malformed("chunk line too long"));
+        }
+        return Ok(None);
+    };
+    let mut line = buf.split_to(end + 1).freeze();
+    line.truncate(end);
+    if line.last() == Some(&b'\r') {
+        line.truncate(end - 1);
+    }
+    Ok(Some(line))
+}
+
+/// A response body read from its connection as the client's side asks for it.
+pub struct ResponseBody {
+    connection: Option<Connection>,
+    framing: Framing,
+    keep_alive: bool,
+    pool: Arc<Pool>,
+}
+
+impl ResponseBody {
+    /// The body is complete: its connection can carry the next request, unless upstream
+    /// said otherwise or sent more than it should have.
+    fn finish(&mut self) {
+        self.framing = Framing::Done;
+        if let Some(connection) = self.connection.take() {
+            if self.keep_alive && connection.read_buf.is_empty() {
+                self.pool.put(connection);
+            }
+        }
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        loop {
+            let Some(connection) = this.connection.as_mut() else {
+                return Poll::Ready(None);
+            };
+            let buf = &mut connection.read_buf;
+            match &mut this.framing {
+                Framing::Done => return Poll::Ready(None),
+                Framing::Length(0) => {
+                    this.finish();
+                    return Poll::Ready(None);
+                }
+                Framing::Length(left) if !buf.is_empty() => {
+                    let take = usize::try_from(*left).unwrap_or(usize::MAX).min(buf.len());
+                    let data = buf.split_to(take).freeze();
+                    *left -= take as u64;
+                    if *left == 0 {
+                        this.finish();
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Framing::Chunked(state) if !buf.is_empty() => match decode_chunked(state, buf) {
+                    Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                    Ok(Decoded::End) => {
+                        this.finish();
+                        return Poll::Ready(None);
+                    }
+                    Ok(Decoded::NeedMore) => {}
+                    Err(e) => {
+                        this.connection = None;
+                        return Poll::Ready(Some(Err(e.into())));
+                    }
+                },
+                Framing::UntilClose if !buf.is_empty() => {
+                    let data = buf.split().freeze();
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                _ => {}
+            }
+            match ready!(poll_fill(&mut connection.io, &mut connection.read_buf, cx)) {
+                Ok(0) if matches!(this.framing, Framing::UntilClose) => {
+                    this.framing = Framing::Done;
+                    this.connection = None;
+                    return Poll::Ready(None);
+                }
+                Ok(0) => {
+                    this.connection = None;
+                    return Poll::Ready(Some(Err(
+                        "upstream closed the connection before the body's end".into(),
+                    )));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    this.connection = None;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.framing, Framing::Done | Framing::Length(0))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.framing {
+            Framing::Length(left) => SizeHint::with_exact(left),
+            Framing::Done => SizeHint::with_exact(0),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+/// One worker's idle connections to one upstream, the most recently used on top.
+#[derive(Default)]
+pub struct Pool {
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl Pool {
+    /// A live idle connection, if there is one. Connections idle too long, or closed by
+    /// upstream meanwhile, are dropped on the way.
+    pub fn take(&self, max_idle: Duration) -> Option<Connection> {
+        let mut idle = self.idle.lock().ok()?;
+        while let Some(mut connection) = idle.pop() {
+            if connection.idle_since.elapsed() < max_idle && connection.is_usable() {
+                connection.reused = true;
+                return Some(connection);
+            }
+        }
+        None
+    }
+
+    fn put(&self, mut connection: Connection) {
+        connection.idle_since = Instant::now();
+        if let Ok(mut idle) = self.idle.lock() {
+            if idle.len() < MAX_IDLE {
+                idle.push(connection);
+            }
+        }
+    }
+}
+
+/// The request line and headers, with the body's framing.
+pub fn encode_head(
+    method: &Method,
+    target: &str,
+    host: &str,
+    headers: &HeaderMap,
+    body: &RequestBody,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256 + headers.len() * 48);
+    out.extend_from_slice(method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    out.extend_from_slice(host.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in headers {
+        if name == header::HOST
+            || name == header::CONTENT_LENGTH
+            || name == header::TRANSFER_ENCODING
+        {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let length = match body {
+        RequestBody::Full(bytes) => Some(bytes.len() as u64),
+        RequestBody::Streaming(body) => body.size_hint().exact(),
+    };
+    match length {
+        // As hyper does: a bodyless GET or HEAD says nothing of a body.
+        Some(0) if matches!(*method, Method::GET | Method::HEAD) => {}
+        Some(length) => {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(length.to_string().as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        None => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// Sends one request over `connection`. A reused connection that turns out to have been
+/// closed by upstream while idle is replaced, once, by one from `reconnect` when the body can
+/// be sent again: nothing came back, and an upstream closing an idle connection has not read
+/// what was written into it.
+pub async fn send<C, F>(
+    pool: &Arc<Pool>,
+    connection: Connection,
+    reconnect: C,
+    head: &[u8],
+    body: RequestBody,
+    expects_body: bool,
+) -> Result<Response<ResponseBody>, SendError>
+where
+    C: FnOnce() -> F,
+    F: std::future::Future<Output = Result<Connection, BoxError>>,
+{
+    let replay = match &body {
+        RequestBody::Full(bytes) if connection.reused => Some(bytes.clone()),
+        _ => None,
+    };
+    match connection.exchange(head, body, expects_body, pool).await {
+        Err(e) if e.is_stale_connection() => match replay {
+            Some(bytes) => {
+                let fresh = reconnect().await.map_err(SendError::Connect)?;
+                fresh
+                    .exchange(head, RequestBody::Full(bytes), expects_body, pool)
+                    .await
+                    .map_err(SendError::Exchange)
+            }
+            None => Err(SendError::Exchange(e)),
+        },
+        result => result.map_err(SendError::Exchange),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("{0}")]
+    Connect(BoxError),
+    #[error(transparent)]
+    Exchange(ExchangeError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpListener;
+
+    fn decode_all(pieces: &[&[u8]]) -> Result<(Vec<u8>, BytesMut), ExchangeError> {
+        let mut state = Chunked::Size;
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        for (at, piece) in pieces.iter().enumerate() {
+            buf.extend_from_slice(piece);
+            loop {
+                match decode_chunked(&mut state, &mut buf)? {
+                    Decoded::Data(data) => out.extend_from_slice(&data),
+                    Decoded::NeedMore => break,
+                    Decoded::End => {
+                        pieces[at + 1..].iter().for_each(|p| buf.extend_from_slice(p));
+                        return Ok((out, buf));
+                    }
+                }
+            }
+        }
+        Err(ExchangeError::Malformed("no end"))
+    }
+
+    #[test]
+    fn chunked_bodies_decode_however_they_are_split() {
+        let wire: &[u8] =
+            b"5;ext=1\r\nhello\r\n7\r\n, world\r\nA\r\n0123456789\r\n0\r\nx-trailer: 1\r\n\r\nNEXT";
+        let expected = b"hello, world0123456789";
+        for split in 0..wire.len() {
+            let (out, rest) = decode_all(&[&wire[..split], &wire[split..]]).unwrap();
+            assert_eq!(out, expected, "split at {split}");
+            assert_eq!(&rest[..], b"NEXT", "split at {split}");
+        }
+        // Bare LF line ends are taken too.
+        let (out, _) = decode_all(&[b"3\nabc\n0\n\n"]).unwrap();
+        assert_eq!(out, b"abc");
+    }
+
+    #[test]
+    fn malformed_chunked_bodies_are_errors() {
+        for wire in [
+            &b"zz\r\nabc\r\n0\r\n\r\n"[..],
+            b"\r\nabc\r\n0\r\n\r\n",
+            b"3\r\nabcdef\r\n0\r\n\r\n",
+            b"11111111111111111\r\n",
+        ] {
+            assert!(
+                decode_all(&[wire]).is_err(),
+                "{}",
+                String::from_utf8_lossy(wire)
+            );
+        }
+        let endless_line = vec![b'1'; MAX_LINE_BYTES + 1];
+        assert!(decode_all(&[&endless_line]).is_err());
+    }
+
+    fn parse(wire: &[u8], expects_body: bool) -> (hyper::http::response::Parts, Framing, bool) {
+        let mut buf = BytesMut::from(wire);
+        loop {
+            match parse_head(&mut buf, expects_body).unwrap() {
+                Some(Parsed::Final(head, framing, keep_alive)) => {
+                    return (head, framing, keep_alive)
+                }
+                Some(Parsed::Interim) => {}
+                None => panic!("incomplete"),
+            }
+        }
+    }
+
+    #[test]
+    fn response_heads_set_framing_and_reuse() {
+        let (head, framing, keep_alive) = parse(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 12\r\nx-a: 1\r\nx-a: 2\r\n\r\n",
+            true,
+        );
+        assert_eq!(head.status, StatusCode::OK);
+        assert_eq!(head.headers.get_all("x-a").iter().count(), 2);
+        assert!(matches!(framing, Framing::Length(12)));
+        assert!(keep_alive);
+
+        let (head, framing, _) = parse(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\ntransfer-encoding: chunked\r\n\r\n",
+            true,
+        );
+        assert!(matches!(framing, Framing::Chunked(Chunked::Size)));
+        assert!(!head.headers.contains_key(header::CONTENT_LENGTH));
+
+        let (_, framing, keep_alive) = parse(b"HTTP/1.1 200 OK\r\n\r\n", true);
+        assert!(matches!(framing, Framing::UntilClose));
+        assert!(!keep_alive);
+
+        let (_, framing, keep_alive) =
+            parse(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n", false);
+        assert!(
+            matches!(framing, Framing::Length(0)),
+            "a HEAD answer has no body"
+        );
+        assert!(keep_alive);
+
+        let (_, framing, _) = parse(b"HTTP/1.1 204 No Content\r\n\r\n", true);
+        assert!(matches!(framing, Framing::Length(0)));
+
+        let (_, _, keep_alive) = parse(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: Close\r\n\r\n",
+            true,
+        );
+        assert!(!keep_alive);
+        let (_, _, keep_alive) = parse(b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n", true);
+        assert!(!keep_alive);
+
+        let mut partial = BytesMut::from(&b"HTTP/1.1 200 OK\r\ncontent-le"[..]);
+        assert!(parse_head(&mut partial, true).unwrap().is_none());
+        for bad in [
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+            b"NOT HTTP\r\n\r\n",
+        ] {
+            assert!(parse_head(&mut BytesMut::from(bad), true).is_err());
+        }
+    }
+
+    #[test]
+    fn request_heads_frame_the_body_and_drop_hop_headers() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::HOST, HeaderValue::from_static("client"));
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("999"));
+        headers.insert("x-kept", HeaderValue::from_static("yes"));
+        let full = RequestBody::Full(Bytes::from_static(b"{}"));
+        let head = encode_head(&Method::POST, "/v1/x?q=1", "up:1", &headers, &full);
+        assert_eq!(
+            String::from_utf8(head).unwrap(),
+            "POST /v1/x?q=1 HTTP/1.1\r\nhost: up:1\r\nx-kept: yes\r\ncontent-length: 2\r\n\r\n"
+        );
+        let empty = RequestBody::Full(Bytes::new());
+        let head = encode_head(&Method::GET, "/v1/models", "up", &HeaderMap::new(), &empty);
+        assert_eq!(
+            String::from_utf8(head).unwrap(),
+            "GET /v1/models HTTP/1.1\r\nhost: up\r\n\r\n"
+        );
+        let stream = futures_util::stream::iter([Ok::<_, BoxError>(Frame::data(Bytes::new()))]);
+        let unknown =
+            RequestBody::Streaming(http_body_util::StreamBody::new(stream).boxed_unsync());
+        let head = encode_head(&Method::POST, "/", "up", &HeaderMap::new(), &unknown);
+        assert!(String::from_utf8(head)
+            .unwrap()
+            .ends_with("transfer-encoding: chunked\r\n\r\n"));
+    }
+
+    async fn connect(addr: std::net::SocketAddr) -> Result<Connection, BoxError> {
+        let tcp = TcpStream::connect(addr).await?;
+        Ok(Connection::new(TokioIo::new(MaybeHttpsStream::Http(
+            TokioIo::new(tcp),
+        ))))
+    }
+
+    /// Reads one request head (and no body) from `stream`.
+    async fn read_request(stream: &mut TcpStream) -> Option<String> {
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            if stream.read(&mut byte).await.ok()? == 0 {
+                return None;
+            }
+            head.push(byte[0]);
+        }
+        Some(String::from_utf8_lossy(&head).into_owned())
+    }
+
+    async fn exchange_text(
+        pool: &Arc<Pool>,
+        connection: Connection,
+        addr: std::net::SocketAddr,
+    ) -> Result<String, BoxError> {
+        let head = encode_head(
+            &Method::GET,
+            "/",
+            "t",
+            &HeaderMap::new(),
+            &RequestBody::Full(Bytes::new()),
+        );
+        let response = send(
+            pool,
+            connection,
+            || connect(addr),
+            &head,
+            RequestBody::Full(Bytes::new()),
+            true,
+        )
+        .await?;
+        let body = response.into_body().collect().await?.to_bytes();
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// Each accepted connection answers its requests with `replies` in turn (chunked,
+    /// length-delimited), then closes.
+    async fn upstream(
+        replies: &'static [&'static [u8]],
+    ) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counter = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                counter.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    for reply in replies {
+                        if read_request(&mut stream).await.is_none() {
+                            return;
+                        }
+                        stream.write_all(reply).await.unwrap();
+                    }
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    #[tokio::test]
+    async fn connections_are_reused_and_replaced_once_upstream_closes_them() {
+        let (addr, accepted) = upstream(&[
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\none\r\n0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\ntwo",
+        ])
+        .await;
+        let pool = Arc::new(Pool::default());
+        let first = connect(addr).await.unwrap();
+        assert_eq!(exchange_text(&pool, first, addr).await.unwrap(), "one");
+        let again = pool
+            .take(Duration::from_secs(60))
+            .expect("the connection was pooled");
+        assert_eq!(exchange_text(&pool, again, addr).await.unwrap(), "two");
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+
+        // Upstream has closed it after its two replies: the pool notices, without a request.
+        let closed = pool.idle.lock().unwrap().len();
+        assert_eq!(closed, 1);
+        for _ in 0..100 {
+            let mut probe = pool.idle.lock().unwrap().pop().unwrap();
+            if !probe.is_usable() {
+                break;
+            }
+            pool.idle.lock().unwrap().push(probe);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(pool.take(Duration::from_secs(60)).is_none());
+        // A connection that is reused and found closed only once the request is written
+        // is replaced by a fresh one.
+        let mut stale = connect(addr).await.unwrap();
+        stale.reused = true;
+        stale.io.shutdown().await.unwrap();
+        assert_eq!(exchange_text(&pool, stale, addr).await.unwrap(), "one");
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn bodies_read_until_close_end_there_and_are_not_pooled() {
+        let (addr, _) = upstream(&[b"HTTP/1.1 200 OK\r\n\r\nuntil the end"]).await;
+        let pool = Arc::new(Pool::default());
+        let connection = connect(addr).await.unwrap();
+        assert_eq!(
+            exchange_text(&pool, connection, addr).await.unwrap(),
+            "until the end"
+        );
+        assert!(pool.idle.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_body_cut_short_is_an_error() {
+        let (addr, _) = upstream(&[b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort"]).await;
+        let pool = Arc::new(Pool::default());
+        let connection = connect(addr).await.unwrap();
+        let error = exchange_text(&pool, connection, addr).await.unwrap_err();
+        assert!(
+            error.to_string().contains("before the body's end"),
+            "{error}"
+        );
+        assert!(pool.idle.lock().unwrap().is_empty());
+    }
+}
