@@ -153,27 +153,35 @@ impl Connection {
             }
             RequestBody::Streaming(mut body) => {
                 let chunked = body.size_hint().exact().is_none();
-                self.io.write_all(head).await?;
+                // Head and frames go out together while more is at hand, and before any wait
+                // for the client, so a small body costs one write, as the full one does.
+                let mut pending = head.to_vec();
                 while let Some(frame) = body.frame().await {
                     let frame = frame.map_err(ExchangeError::RequestBody)?;
-                    let Ok(data) = frame.into_data() else {
-                        continue; // trailers are not relayed
-                    };
-                    if data.is_empty() {
-                        continue;
+                    if let Some(data) = frame.data_ref().filter(|data| !data.is_empty()) {
+                        if chunked {
+                            pending.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                        }
+                        if data.len() <= COALESCE_BYTES {
+                            pending.extend_from_slice(data);
+                        } else {
+                            self.io.write_all(&pending).await?;
+                            pending.clear();
+                            self.io.write_all(data).await?;
+                        }
+                        if chunked {
+                            pending.extend_from_slice(b"\r\n");
+                        }
                     }
-                    if chunked {
-                        let size = format!("{:x}\r\n", data.len());
-                        self.io.write_all(size.as_bytes()).await?;
-                        self.io.write_all(&data).await?;
-                        self.io.write_all(b"\r\n").await?;
-                    } else {
-                        self.io.write_all(&data).await?;
+                    if !body.is_end_stream() && !pending.is_empty() {
+                        self.io.write_all(&pending).await?;
+                        pending.clear();
                     }
                 }
                 if chunked {
-                    self.io.write_all(b"0\r\n\r\n").await?;
+                    pending.extend_from_slice(b"0\r\n\r\n");
                 }
+                self.io.write_all(&pending).await?;
             }
         }
         self.io.flush().await?;
@@ -231,9 +239,11 @@ enum Parsed {
 /// Parses a response head at the front of `buf`, taking it out when complete; `None` when
 /// more bytes are needed.
 fn parse_head(buf: &mut BytesMut, expects_body: bool) -> Result<Option<Parsed>, ExchangeError> {
-    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Response::new(&mut slots);
-    let len = match parsed.parse(buf) {
+    // Uninitialised: zeroing every slot costs more than parsing a typical head.
+    let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut []);
+    let config = httparse::ParserConfig::default();
+    let len = match config.parse_response_with_uninit_headers(&mut parsed, buf, &mut slots) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => {
             return Err(ExchangeError::Malformed("response head too large"));
@@ -680,7 +690,9 @@ mod tests {
                     Decoded::Data(data) => out.extend_from_slice(&data),
                     Decoded::NeedMore => break,
                     Decoded::End => {
-                        pieces[at + 1..].iter().for_each(|p| buf.extend_from_slice(p));
+                        pieces[at + 1..]
+                            .iter()
+                            .for_each(|p| buf.extend_from_slice(p));
                         return Ok((out, buf));
                     }
                 }
