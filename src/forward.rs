@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::cell::Cell;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,6 +15,8 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::{Connection as _, HttpConnector};
 use hyper_util::client::proxy::matcher::Matcher;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
 use tower_service::Service;
 use wildmatch::WildMatch;
 
@@ -113,17 +116,30 @@ pub fn bearer_from_env(var: &str) -> Result<Option<HeaderValue>, ConfigError> {
     }
 }
 
-/// TLS that trusts the Mozilla root set, with ring named as the crypto provider: rustls
-/// refuses to guess when more than one provider is compiled in.
-fn tls_config() -> Result<rustls::ClientConfig, rustls::Error> {
+/// The file of extra trusted roots (PEM), for upstreams behind a private CA: the variable
+/// OpenSSL, curl and Python's ssl module read too.
+const EXTRA_ROOTS_ENV: &str = "SSL_CERT_FILE";
+
+/// TLS that trusts the Mozilla root set and any roots in `extra_roots` (a PEM file), with ring
+/// named as the crypto provider: rustls refuses to guess when more than one is compiled in.
+fn tls_config(extra_roots: Option<&Path>) -> Result<rustls::ClientConfig, String> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth())
+    if let Some(file) = extra_roots {
+        let unreadable = |e: &dyn std::fmt::Display| format!("{}: {e}", file.display());
+        let certs = CertificateDer::pem_file_iter(file)
+            .map_err(|e| unreadable(&e))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| unreadable(&e))?;
+        let (added, _) = roots.add_parsable_certificates(certs);
+        if added == 0 {
+            return Err(unreadable(&"no usable certificate"));
+        }
+    }
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map(|config| config.with_root_certificates(roots).with_no_client_auth())
+        .map_err(|e| e.to_string())
 }
 
 /// TCP connections as upstreams want them, directly or through the proxy the environment
@@ -143,8 +159,19 @@ impl Upstream {
         timeout: Duration,
         pools: usize,
     ) -> Result<Upstream, ConfigError> {
-        let tls = tls_config()
+        let extra_roots = std::env::var_os(EXTRA_ROOTS_ENV).filter(|file| !file.is_empty());
+        let tls = tls_config(extra_roots.as_deref().map(Path::new))
             .map_err(|e| ConfigError::Invalid(format!("cannot set up TLS for {base_url}: {e}")))?;
+        Upstream::with_tls(base_url, api_key_env, timeout, pools, tls)
+    }
+
+    fn with_tls(
+        base_url: &str,
+        api_key_env: &str,
+        timeout: Duration,
+        pools: usize,
+        tls: rustls::ClientConfig,
+    ) -> Result<Upstream, ConfigError> {
         let base_url = base_url.trim_end_matches('/').to_string();
         let unusable = |why: &dyn std::fmt::Display| {
             ConfigError::Invalid(format!("{base_url}: not a usable base URL: {why}"))
@@ -500,6 +527,107 @@ mod tests {
         let out = forwardable_headers(h);
         assert_eq!(out.len(), 1, "{out:?}");
         assert!(out.contains_key("x-kept"));
+    }
+
+    /// An HTTPS upstream with the test CA's certificate for localhost, offering only `alpn`;
+    /// it answers with the version and path it saw, and counts connections.
+    async fn tls_upstream(alpn: &[u8]) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use hyper::service::service_fn;
+        use rustls::pki_types::PrivateKeyDer;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        let certs = CertificateDer::pem_file_iter("tests/tls/localhost.pem")
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_file("tests/tls/localhost.key").unwrap();
+        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+        config.alpn_protocols = vec![alpn.to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "https://localhost:{}",
+            listener.local_addr().unwrap().port()
+        );
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counter = connections.clone();
+        tokio::spawn(async move {
+            loop {
+                let (tcp, _) = listener.accept().await.unwrap();
+                counter.fetch_add(1, Ordering::SeqCst);
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let tls = TokioIo::new(acceptor.accept(tcp).await.unwrap());
+                    let echo = service_fn(|request: Request<hyper::body::Incoming>| async move {
+                        let seen = format!("{:?} {}", request.version(), request.uri().path());
+                        Ok::<_, std::convert::Infallible>(Response::new(crate::body::full(seen)))
+                    });
+                    let h2 = tls.inner().get_ref().1.alpn_protocol() == Some(b"h2");
+                    if h2 {
+                        let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                            .serve_connection(tls, echo)
+                            .await;
+                    } else {
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(tls, echo)
+                            .await;
+                    }
+                });
+            }
+        });
+        (url, connections)
+    }
+
+    async fn get_twice(url: &str) -> Vec<String> {
+        let tls = tls_config(Some(Path::new("tests/tls/ca.pem"))).unwrap();
+        let upstream = Upstream::with_tls(url, "", Duration::from_secs(5), 1, tls).unwrap();
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            let response = upstream
+                .send(
+                    Method::GET,
+                    "/v1/models",
+                    HeaderMap::new(),
+                    RequestBody::Full(Default::default()),
+                )
+                .await
+                .unwrap();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            seen.push(String::from_utf8(body.to_vec()).unwrap());
+        }
+        seen
+    }
+
+    #[tokio::test]
+    async fn https_upstreams_speak_http2_when_alpn_picks_it_and_keep_one_connection() {
+        let (url, connections) = tls_upstream(b"h2").await;
+        assert_eq!(get_twice(&url).await, ["HTTP/2.0 /v1/models"; 2]);
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn https_upstreams_speak_http1_over_tls_and_reuse_the_connection() {
+        let (url, connections) = tls_upstream(b"http/1.1").await;
+        assert_eq!(get_twice(&url).await, ["HTTP/1.1 /v1/models"; 2]);
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn extra_roots_must_hold_a_certificate() {
+        let empty = tempfile::NamedTempFile::new().unwrap();
+        let error = tls_config(Some(empty.path())).unwrap_err();
+        assert!(
+            error.contains(&empty.path().display().to_string()),
+            "{error}"
+        );
+        assert!(tls_config(Some(Path::new("tests/tls/ca.pem"))).is_ok());
     }
 
     #[test]
