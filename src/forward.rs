@@ -227,30 +227,33 @@ fn root_cause(error: &dyn std::error::Error) -> String {
     cause.to_string()
 }
 
-/// Headers that describe one hop, not the request: never forwarded either way.
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+/// Headers that describe one hop, not the request: never forwarded either way. Compared as
+/// `HeaderName`s, so a standard header is matched by its tag rather than its text.
+static HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
 
-fn is_hop_by_hop(name: &HeaderName, connection_listed: &[String]) -> bool {
-    HOP_BY_HOP.contains(&name.as_str()) || connection_listed.iter().any(|c| c == name.as_str())
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(name)
 }
 
-fn connection_listed(headers: &HeaderMap) -> Vec<String> {
+/// The header names a Connection header lists. A token that is no valid header name names
+/// no header present; a value that is not text is skipped whole.
+fn connection_listed(headers: &HeaderMap) -> Vec<HeaderName> {
     headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .map(|v| v.trim().to_ascii_lowercase())
+        .filter_map(|v| HeaderName::from_bytes(v.trim().as_bytes()).ok())
         .collect()
 }
 
@@ -268,15 +271,15 @@ pub fn relay_response(mut response: Response<ProxyBody>) -> Response<ProxyBody> 
     response
 }
 
-/// Drops the headers that describe one hop, not the message.
+/// Drops the headers that describe one hop, not the message. Listed names can only matter
+/// when a Connection header is present, which is itself hop-by-hop, so most messages are
+/// only looked over.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
     let listed = connection_listed(headers);
-    let doomed: Vec<HeaderName> = headers
-        .keys()
-        .filter(|name| is_hop_by_hop(name, &listed))
-        .cloned()
-        .collect();
-    for name in doomed {
+    for name in HOP_BY_HOP.iter().chain(&listed) {
         headers.remove(name);
     }
 }
@@ -335,15 +338,51 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(
             header::CONNECTION,
-            HeaderValue::from_static("keep-alive, x-secret-hop"),
+            HeaderValue::from_static("keep-alive, X-Secret-Hop,,"),
         );
+        h.append(header::CONNECTION, HeaderValue::from_static("x-other-hop"));
         h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert("x-other-hop", HeaderValue::from_static("1"));
         h.insert(header::HOST, HeaderValue::from_static("proxy"));
-        h.insert(header::TE, HeaderValue::from_static("trailers"));
+        for name in &HOP_BY_HOP {
+            h.append(name, HeaderValue::from_static("1"));
+        }
         h.insert("x-kept", HeaderValue::from_static("1"));
+        h.append("x-kept", HeaderValue::from_static("2"));
         let out = forwardable_headers(h);
-        assert_eq!(out.len(), 1, "{out:?}");
-        assert!(out.contains_key("x-kept"));
+        assert_eq!(out.keys().collect::<Vec<_>>(), ["x-kept"], "{out:?}");
+        assert_eq!(out.get_all("x-kept").iter().count(), 2);
+    }
+
+    #[test]
+    fn each_hop_by_hop_header_is_dropped_without_a_connection_header() {
+        for name in [
+            "keep-alive",
+            "proxy-connection",
+            "proxy-authenticate",
+            "proxy-authorization",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(name, HeaderValue::from_static("1"));
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+            strip_hop_by_hop(&mut h);
+            assert_eq!(h.keys().collect::<Vec<_>>(), ["content-type"], "{name}");
+        }
+    }
+
+    #[test]
+    fn headers_without_hop_by_hop_ones_are_left_as_they_are() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("a/b"));
+        h.insert("x-keep-alive-ish", HeaderValue::from_static("1"));
+        h.append("x-keep-alive-ish", HeaderValue::from_static("2"));
+        let before = h.clone();
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, before);
     }
 
     #[test]
