@@ -135,7 +135,10 @@ impl Metrics {
                 registry.register(Box::new(g.clone()))?;
                 g
             },
-            allowed_models: allowed_models.iter().map(|m| base_name(m)).collect(),
+            allowed_models: allowed_models
+                .iter()
+                .map(|m| base_name(m).into_owned())
+                .collect(),
             registry,
         };
         Ok(metrics)
@@ -144,10 +147,10 @@ impl Metrics {
     /// A bounded label for a model: a configured name, else its built-in family, else `other`.
     pub fn model_label(&self, model: &str, info: &ModelInfo) -> String {
         let name = base_name(model);
-        if self.allowed_models.contains(&name) {
-            return name;
+        if self.allowed_models.contains(name.as_ref()) {
+            return name.into_owned();
         }
-        info.family.clone().unwrap_or_else(|| "other".to_string())
+        info.family.as_deref().unwrap_or("other").to_string()
     }
 
     pub fn render(&self) -> String {
