@@ -20,6 +20,7 @@ use crate::compaction::{self, CacheOutcome, CompactionJob, Rewrite};
 use crate::config::{Config, ContextConfig};
 use crate::error::ProxyError;
 use crate::forward::{strip_hop_by_hop, Upstream};
+use crate::metrics::ModelSeries;
 use crate::models::{ModelCatalog, ModelInfo};
 use crate::plan::{self, Decision, Limits, MessageMeta, Mode, PlanInput, VALID_ROLES};
 use crate::tokens::{message_meta, messages, model_name, PromptCount, RawPrompt, TokenCounter};
@@ -344,20 +345,12 @@ pub async fn handle(
         forwarded_raw,
         outcome,
     } = outgoing;
-    let label = state.metrics.model_label(&model, &info);
-
     let metrics = &state.metrics;
-    metrics
-        .prompt_tokens
-        .with_label_values(&[&label])
-        .inc_by(received_tokens);
-    metrics
-        .forwarded_tokens
-        .with_label_values(&[&label])
-        .inc_by(forwarded_tokens);
-    metrics
+    let series = metrics.for_model(&model, &info);
+    series.prompt_tokens.inc_by(received_tokens);
+    series.forwarded_tokens.inc_by(forwarded_tokens);
+    series
         .saved_tokens
-        .with_label_values(&[&label])
         .inc_by(received_tokens.saturating_sub(forwarded_tokens));
     if outcome.action != "forwarded" {
         metrics
@@ -413,7 +406,7 @@ pub async fn handle(
     let observer = ChatObserver {
         state: state.clone(),
         model,
-        label,
+        series,
         stream: is_sse,
         received,
         status: status.as_u16(),
@@ -623,7 +616,7 @@ fn request_usage_in_stream(body: &mut Map<String, Value>) {
 struct ChatObserver {
     state: Arc<AppState>,
     model: String,
-    label: String,
+    series: Arc<ModelSeries>,
     stream: bool,
     received: Instant,
     status: u16,
@@ -646,22 +639,17 @@ impl UsageObserver for ChatObserver {
     }
 
     fn finished(&mut self, usage: Option<Usage>) {
-        let metrics = &self.state.metrics;
         let completion = usage.map_or(0, |u| u.completion_tokens);
         if let Some(usage) = usage {
-            metrics
-                .completion_tokens
-                .with_label_values(&[&self.label])
+            self.series
+                .completion_tokens()
                 .inc_by(usage.completion_tokens);
             if let Some(ratio) = self.state.counter.observe_usage(
                 &self.model,
                 self.forwarded_raw,
                 usage.prompt_tokens,
             ) {
-                metrics
-                    .token_ratio
-                    .with_label_values(&[&self.label])
-                    .set(ratio);
+                self.series.token_ratio().set(ratio);
             }
         }
         tracing::info!(
