@@ -32,6 +32,14 @@ const SUMMARY_FRAMING_TOKENS: u32 = 20;
 pub const MODE_HEADER: &str = "x-condenser-mode";
 pub const PROFILE_HEADER: &str = "x-condenser-profile";
 
+/// What condenser did, told to the client on every response; names checked at compile time
+/// rather than per request.
+const ACTION_HEADER: HeaderName = HeaderName::from_static("x-condenser-action");
+const PROMPT_TOKENS_HEADER: HeaderName = HeaderName::from_static("x-condenser-prompt-tokens");
+const FORWARDED_TOKENS_HEADER: HeaderName = HeaderName::from_static("x-condenser-forwarded-tokens");
+const SUMMARIZED_HEADER: HeaderName = HeaderName::from_static("x-condenser-summarized-messages");
+const CACHE_HEADER: HeaderName = HeaderName::from_static("x-condenser-cache");
+
 /// Checks what condenser relies on; everything else is left for upstream to judge.
 pub fn parse_request(bytes: &[u8]) -> Result<Map<String, Value>, ProxyError> {
     let value: Value =
@@ -381,19 +389,13 @@ pub async fn handle(
     let status = head.status;
     let response_headers = &mut head.headers;
     for (name, value) in [
-        (
-            "x-condenser-action",
-            HeaderValue::from_static(outcome.action),
-        ),
-        ("x-condenser-prompt-tokens", received_tokens.into()),
-        ("x-condenser-forwarded-tokens", forwarded_tokens.into()),
-        ("x-condenser-summarized-messages", outcome.summarized.into()),
-        (
-            "x-condenser-cache",
-            HeaderValue::from_static(outcome.cache.name()),
-        ),
+        (ACTION_HEADER, HeaderValue::from_static(outcome.action)),
+        (PROMPT_TOKENS_HEADER, received_tokens.into()),
+        (FORWARDED_TOKENS_HEADER, forwarded_tokens.into()),
+        (SUMMARIZED_HEADER, outcome.summarized.into()),
+        (CACHE_HEADER, HeaderValue::from_static(outcome.cache.name())),
     ] {
-        response_headers.insert(HeaderName::from_static(name), value);
+        response_headers.insert(name, value);
     }
     let is_sse = response_headers
         .get(header::CONTENT_TYPE)
