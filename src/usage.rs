@@ -3,6 +3,7 @@
 //! usage-only chunk that condenser itself asked for is dropped).
 
 use std::pin::Pin;
+use std::sync::LazyLock;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Bytes, BytesMut};
@@ -59,10 +60,15 @@ fn json_usage(body: &[u8]) -> Option<Usage> {
     tail_usage(body).or_else(|| WithUsage::parse(body).and_then(|r| r.usage()))
 }
 
+const USAGE_KEY: &[u8] = b"\"usage\"";
+
+/// Built once: on a small completion, building the searcher costs as much as the search.
+static USAGE_KEY_FROM_END: LazyLock<memmem::FinderRev<'static>> =
+    LazyLock::new(|| memmem::FinderRev::new(USAGE_KEY));
+
 fn tail_usage(body: &[u8]) -> Option<Usage> {
-    const KEY: &[u8] = b"\"usage\"";
-    let at = memmem::rfind(body, KEY)?;
-    let value = body[at + KEY.len()..]
+    let at = USAGE_KEY_FROM_END.rfind(body)?;
+    let value = body[at + USAGE_KEY.len()..]
         .trim_ascii_start()
         .strip_prefix(b":")?;
     Usage::deserialize(&mut serde_json::Deserializer::from_slice(value)).ok()
