@@ -21,6 +21,7 @@ use crate::config::{Config, ContextConfig};
 use crate::error::ProxyError;
 use crate::forward::{strip_hop_by_hop, Upstream};
 use crate::h1::RequestBody;
+use crate::metrics::ModelSeries;
 use crate::models::{ModelCatalog, ModelInfo};
 use crate::plan::{self, Decision, Limits, MessageMeta, Mode, PlanInput, VALID_ROLES};
 use crate::tokens::{message_meta, messages, model_name, PromptCount, RawPrompt, TokenCounter};
@@ -31,6 +32,14 @@ const SUMMARY_FRAMING_TOKENS: u32 = 20;
 
 pub const MODE_HEADER: &str = "x-condenser-mode";
 pub const PROFILE_HEADER: &str = "x-condenser-profile";
+
+/// What condenser did, told to the client on every response; names checked at compile time
+/// rather than per request.
+const ACTION_HEADER: HeaderName = HeaderName::from_static("x-condenser-action");
+const PROMPT_TOKENS_HEADER: HeaderName = HeaderName::from_static("x-condenser-prompt-tokens");
+const FORWARDED_TOKENS_HEADER: HeaderName = HeaderName::from_static("x-condenser-forwarded-tokens");
+const SUMMARIZED_HEADER: HeaderName = HeaderName::from_static("x-condenser-summarized-messages");
+const CACHE_HEADER: HeaderName = HeaderName::from_static("x-condenser-cache");
 
 /// Checks what condenser relies on; everything else is left for upstream to judge.
 pub fn parse_request(bytes: &[u8]) -> Result<Map<String, Value>, ProxyError> {
@@ -345,20 +354,12 @@ pub async fn handle(
         forwarded_raw,
         outcome,
     } = outgoing;
-    let label = state.metrics.model_label(&model, &info);
-
     let metrics = &state.metrics;
-    metrics
-        .prompt_tokens
-        .with_label_values(&[&label])
-        .inc_by(received_tokens);
-    metrics
-        .forwarded_tokens
-        .with_label_values(&[&label])
-        .inc_by(forwarded_tokens);
-    metrics
+    let series = metrics.for_model(&model, &info);
+    series.prompt_tokens.inc_by(received_tokens);
+    series.forwarded_tokens.inc_by(forwarded_tokens);
+    series
         .saved_tokens
-        .with_label_values(&[&label])
         .inc_by(received_tokens.saturating_sub(forwarded_tokens));
     if outcome.action != "forwarded" {
         metrics
@@ -394,19 +395,13 @@ pub async fn handle(
     let status = head.status;
     let response_headers = &mut head.headers;
     for (name, value) in [
-        (
-            "x-condenser-action",
-            HeaderValue::from_static(outcome.action),
-        ),
-        ("x-condenser-prompt-tokens", received_tokens.into()),
-        ("x-condenser-forwarded-tokens", forwarded_tokens.into()),
-        ("x-condenser-summarized-messages", outcome.summarized.into()),
-        (
-            "x-condenser-cache",
-            HeaderValue::from_static(outcome.cache.name()),
-        ),
+        (ACTION_HEADER, HeaderValue::from_static(outcome.action)),
+        (PROMPT_TOKENS_HEADER, received_tokens.into()),
+        (FORWARDED_TOKENS_HEADER, forwarded_tokens.into()),
+        (SUMMARIZED_HEADER, outcome.summarized.into()),
+        (CACHE_HEADER, HeaderValue::from_static(outcome.cache.name())),
     ] {
-        response_headers.insert(HeaderName::from_static(name), value);
+        response_headers.insert(name, value);
     }
     let is_sse = response_headers
         .get(header::CONTENT_TYPE)
@@ -419,7 +414,7 @@ pub async fn handle(
     let observer = ChatObserver {
         state: state.clone(),
         model,
-        label,
+        series,
         stream: is_sse,
         received,
         status: status.as_u16(),
@@ -629,7 +624,7 @@ fn request_usage_in_stream(body: &mut Map<String, Value>) {
 struct ChatObserver {
     state: Arc<AppState>,
     model: String,
-    label: String,
+    series: Arc<ModelSeries>,
     stream: bool,
     received: Instant,
     status: u16,
@@ -652,22 +647,17 @@ impl UsageObserver for ChatObserver {
     }
 
     fn finished(&mut self, usage: Option<Usage>) {
-        let metrics = &self.state.metrics;
         let completion = usage.map_or(0, |u| u.completion_tokens);
         if let Some(usage) = usage {
-            metrics
-                .completion_tokens
-                .with_label_values(&[&self.label])
+            self.series
+                .completion_tokens()
                 .inc_by(usage.completion_tokens);
             if let Some(ratio) = self.state.counter.observe_usage(
                 &self.model,
                 self.forwarded_raw,
                 usage.prompt_tokens,
             ) {
-                metrics
-                    .token_ratio
-                    .with_label_values(&[&self.label])
-                    .set(ratio);
+                self.series.token_ratio().set(ratio);
             }
         }
         tracing::info!(

@@ -423,18 +423,20 @@ const HOP_BY_HOP: &[&str] = &[
     "upgrade",
 ];
 
-fn is_hop_by_hop(name: &HeaderName, connection_listed: &[String]) -> bool {
-    HOP_BY_HOP.contains(&name.as_str()) || connection_listed.iter().any(|c| c == name.as_str())
+/// Case-insensitive, as Connection tokens are.
+fn is_hop_by_hop(name: &str) -> bool {
+    HOP_BY_HOP.iter().any(|hop| hop.eq_ignore_ascii_case(name))
 }
 
-fn connection_listed(headers: &HeaderMap) -> Vec<String> {
+/// The names the Connection header lists as hop-by-hop too, as written; a value that is not
+/// text is skipped whole.
+fn connection_listed(headers: &HeaderMap) -> impl Iterator<Item = &str> {
     headers
         .get_all(header::CONNECTION)
-        .iter()
+        .into_iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .map(|v| v.trim().to_ascii_lowercase())
-        .collect()
+        .map(str::trim)
 }
 
 /// The client's headers minus hop-by-hop ones and Host (the upstream's own is set).
@@ -451,12 +453,32 @@ pub fn relay_response(mut response: Response<ProxyBody>) -> Response<ProxyBody> 
     response
 }
 
-/// Drops the headers that describe one hop, not the message.
+/// Drops the headers that describe one hop, not the message, removing them in the map's
+/// order (which decides the order of those left). The two common shapes allocate nothing:
+/// no hop-by-hop header at all, and a Connection header alone (nginx sends
+/// `Connection: keep-alive` on every response) that lists no other header present.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let listed = connection_listed(headers);
+    let fixed = headers
+        .keys()
+        .filter(|name| is_hop_by_hop(name.as_str()))
+        .count();
+    if fixed == 0 {
+        return;
+    }
+    let lone_connection = fixed == 1
+        && headers.contains_key(header::CONNECTION)
+        && !connection_listed(headers)
+            .any(|token| !is_hop_by_hop(token) && headers.contains_key(token));
+    if lone_connection {
+        headers.remove(header::CONNECTION);
+        return;
+    }
     let doomed: Vec<HeaderName> = headers
         .keys()
-        .filter(|name| is_hop_by_hop(name, &listed))
+        .filter(|name| {
+            is_hop_by_hop(name.as_str())
+                || connection_listed(headers).any(|token| token.eq_ignore_ascii_case(name.as_str()))
+        })
         .cloned()
         .collect();
     for name in doomed {
@@ -518,15 +540,101 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(
             header::CONNECTION,
-            HeaderValue::from_static("keep-alive, x-secret-hop"),
+            HeaderValue::from_static("keep-alive, X-Secret-Hop,,"),
+        );
+        h.append(header::CONNECTION, HeaderValue::from_static("x-other-hop"));
+        h.append(
+            header::CONNECTION,
+            HeaderValue::from_bytes(b"x-kept, caf\xe9").unwrap(),
         );
         h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert("x-other-hop", HeaderValue::from_static("1"));
         h.insert(header::HOST, HeaderValue::from_static("proxy"));
-        h.insert(header::TE, HeaderValue::from_static("trailers"));
+        for name in HOP_BY_HOP {
+            h.append(*name, HeaderValue::from_static("1"));
+        }
         h.insert("x-kept", HeaderValue::from_static("1"));
+        h.append("x-kept", HeaderValue::from_static("2"));
         let out = forwardable_headers(h);
-        assert_eq!(out.len(), 1, "{out:?}");
-        assert!(out.contains_key("x-kept"));
+        assert_eq!(out.keys().collect::<Vec<_>>(), ["x-kept"], "{out:?}");
+        assert_eq!(out.get_all("x-kept").iter().count(), 2);
+    }
+
+    #[test]
+    fn each_hop_by_hop_header_is_dropped_without_a_connection_header() {
+        for name in [
+            "keep-alive",
+            "proxy-connection",
+            "proxy-authenticate",
+            "proxy-authorization",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(name, HeaderValue::from_static("1"));
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+            strip_hop_by_hop(&mut h);
+            assert_eq!(h.keys().collect::<Vec<_>>(), ["content-type"], "{name}");
+        }
+    }
+
+    #[test]
+    fn a_lone_connection_header_is_dropped_and_nothing_else() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("Keep-Alive"));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("317"));
+        h.insert("x-request-id", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<_> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["content-length", "x-request-id"]);
+
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("close, not a name, X-Hop"),
+        );
+        h.insert("x-hop", HeaderValue::from_static("1"));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("317"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.keys().collect::<Vec<_>>(), ["content-length"]);
+    }
+
+    #[test]
+    fn the_headers_left_keep_the_order_of_removing_in_map_order() {
+        let mut h = HeaderMap::new();
+        for name in [
+            "a",
+            "te",
+            "b",
+            "connection",
+            "c",
+            "x-hop",
+            "d",
+            "upgrade",
+            "e",
+        ] {
+            h.insert(name, HeaderValue::from_static("x-hop"));
+        }
+        let mut expected = h.clone();
+        for name in ["te", "connection", "x-hop", "upgrade"] {
+            expected.remove(name);
+        }
+        strip_hop_by_hop(&mut h);
+        assert!(h.iter().eq(expected.iter()), "{h:?}");
+    }
+
+    #[test]
+    fn headers_without_hop_by_hop_ones_are_left_as_they_are() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("a/b"));
+        h.insert("x-keep-alive-ish", HeaderValue::from_static("1"));
+        h.append("x-keep-alive-ish", HeaderValue::from_static("2"));
+        let before = h.clone();
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, before);
     }
 
     /// An HTTPS upstream with the test CA's certificate for localhost, offering only `alpn`;

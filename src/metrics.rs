@@ -1,9 +1,10 @@
 //! Prometheus metrics (names are part of the contract) with bounded label values.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts,
     Registry, TextEncoder,
 };
 
@@ -25,6 +26,46 @@ pub struct Metrics {
     pub cache_errors: IntCounter,
     pub token_ratio: GaugeVec,
     allowed_models: HashSet<String>,
+    /// Each label's series, so a request looks its label up once rather than per series.
+    by_label: RwLock<HashMap<String, Arc<ModelSeries>>>,
+}
+
+/// The per-model series of one label. Completion and ratio series are resolved on first
+/// use: they appear in the exposition only once upstream has reported usage.
+pub struct ModelSeries {
+    pub prompt_tokens: IntCounter,
+    pub forwarded_tokens: IntCounter,
+    pub saved_tokens: IntCounter,
+    completion_tokens: OnceLock<IntCounter>,
+    token_ratio: OnceLock<Gauge>,
+    label: String,
+    completion_vec: IntCounterVec,
+    ratio_vec: GaugeVec,
+}
+
+impl ModelSeries {
+    fn new(metrics: &Metrics, label: &str) -> ModelSeries {
+        ModelSeries {
+            prompt_tokens: metrics.prompt_tokens.with_label_values(&[label]),
+            forwarded_tokens: metrics.forwarded_tokens.with_label_values(&[label]),
+            saved_tokens: metrics.saved_tokens.with_label_values(&[label]),
+            completion_tokens: OnceLock::new(),
+            token_ratio: OnceLock::new(),
+            label: label.to_string(),
+            completion_vec: metrics.completion_tokens.clone(),
+            ratio_vec: metrics.token_ratio.clone(),
+        }
+    }
+
+    pub fn completion_tokens(&self) -> &IntCounter {
+        self.completion_tokens
+            .get_or_init(|| self.completion_vec.with_label_values(&[&self.label]))
+    }
+
+    pub fn token_ratio(&self) -> &Gauge {
+        self.token_ratio
+            .get_or_init(|| self.ratio_vec.with_label_values(&[&self.label]))
+    }
 }
 
 /// `start`, `start × 2`, … for `count` buckets, then `last`.
@@ -135,19 +176,40 @@ impl Metrics {
                 registry.register(Box::new(g.clone()))?;
                 g
             },
-            allowed_models: allowed_models.iter().map(|m| base_name(m)).collect(),
+            allowed_models: allowed_models
+                .iter()
+                .map(|m| base_name(m).into_owned())
+                .collect(),
+            by_label: RwLock::new(HashMap::new()),
             registry,
         };
         Ok(metrics)
     }
 
-    /// A bounded label for a model: a configured name, else its built-in family, else `other`.
-    pub fn model_label(&self, model: &str, info: &ModelInfo) -> String {
+    /// The series of a model's bounded label: a configured name, else its built-in family,
+    /// else `other`. The map only caches, so a poisoned lock is used as it stands.
+    pub fn for_model(&self, model: &str, info: &ModelInfo) -> Arc<ModelSeries> {
         let name = base_name(model);
-        if self.allowed_models.contains(&name) {
-            return name;
+        let label = if self.allowed_models.contains(name.as_ref()) {
+            name.as_ref()
+        } else {
+            info.family.as_deref().unwrap_or("other")
+        };
+        let known = self
+            .by_label
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(label)
+            .cloned();
+        if let Some(series) = known {
+            return series;
         }
-        info.family.clone().unwrap_or_else(|| "other".to_string())
+        self.by_label
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(label.to_string())
+            .or_insert_with(|| Arc::new(ModelSeries::new(self, label)))
+            .clone()
     }
 
     pub fn render(&self) -> String {
@@ -162,6 +224,51 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::TokensConfig;
+    use crate::models::ModelCatalog;
+    use std::collections::BTreeMap;
+
+    fn model_lines(text: &str) -> Vec<&str> {
+        text.lines()
+            .filter(|l| l.contains("{model="))
+            .collect::<Vec<_>>()
+    }
+
+    #[test]
+    fn model_series_use_bounded_labels_and_appear_when_used() {
+        let metrics = Metrics::new(&["Vendor/My-Model".to_string()]).unwrap();
+        let catalog = ModelCatalog::new(BTreeMap::new(), TokensConfig::default());
+        let series = |model: &str| metrics.for_model(model, &catalog.resolve(model));
+        let mine = series("other-vendor/MY-MODEL");
+        mine.prompt_tokens.inc_by(5);
+        mine.forwarded_tokens.inc_by(3);
+        mine.saved_tokens.inc_by(2);
+        series("claude-3-5-sonnet").prompt_tokens.inc_by(7);
+        series("anthropic/claude-opus-4").prompt_tokens.inc_by(1);
+        series("some-local-model").prompt_tokens.inc();
+        assert!(Arc::ptr_eq(&mine, &series("my-model")));
+        assert_eq!(
+            model_lines(&metrics.render()),
+            [
+                r#"condenser_forwarded_tokens_total{model="claude"} 0"#,
+                r#"condenser_forwarded_tokens_total{model="my-model"} 3"#,
+                r#"condenser_forwarded_tokens_total{model="other"} 0"#,
+                r#"condenser_prompt_tokens_total{model="claude"} 8"#,
+                r#"condenser_prompt_tokens_total{model="my-model"} 5"#,
+                r#"condenser_prompt_tokens_total{model="other"} 1"#,
+                r#"condenser_saved_tokens_total{model="claude"} 0"#,
+                r#"condenser_saved_tokens_total{model="my-model"} 2"#,
+                r#"condenser_saved_tokens_total{model="other"} 0"#,
+            ]
+        );
+        mine.completion_tokens().inc_by(4);
+        mine.token_ratio().set(1.5);
+        let text = metrics.render();
+        let lines = model_lines(&text);
+        assert!(lines.contains(&r#"condenser_completion_tokens_total{model="my-model"} 4"#));
+        assert!(lines.contains(&r#"condenser_token_estimate_ratio{model="my-model"} 1.5"#));
+        assert_eq!(lines.len(), 11, "{lines:?}");
+    }
 
     #[test]
     fn buckets_span_the_documented_ranges() {

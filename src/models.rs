@@ -1,5 +1,6 @@
 //! What condenser knows of a model: its tokenizer and its context window.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 
@@ -118,7 +119,7 @@ pub struct ModelInfo {
     /// The encoding is the model's own, so counts are exact; otherwise they are estimates.
     pub exact: bool,
     /// Built-in family (or configured name) for bounded metric labels.
-    pub family: Option<String>,
+    pub family: Option<Cow<'static, str>>,
 }
 
 pub struct ModelCatalog {
@@ -127,14 +128,15 @@ pub struct ModelCatalog {
     warned: Mutex<HashSet<String>>,
 }
 
-/// `openrouter/openai/gpt-4o` → `gpt-4o`; case-insensitive.
-pub fn base_name(model: &str) -> String {
-    model
-        .rsplit('/')
-        .next()
-        .unwrap_or(model)
-        .trim()
-        .to_ascii_lowercase()
+/// `openrouter/openai/gpt-4o` → `gpt-4o`; case-insensitive. Borrowed when already lower
+/// case, as nearly every model name is, since requests look it up several times each.
+pub fn base_name(model: &str) -> Cow<'_, str> {
+    let name = model.rsplit('/').next().unwrap_or(model).trim();
+    if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(name.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(name)
+    }
 }
 
 impl ModelCatalog {
@@ -159,7 +161,7 @@ impl ModelCatalog {
         let over = self
             .overrides
             .get(model)
-            .or_else(|| self.overrides.get(&name));
+            .or_else(|| self.overrides.get(name.as_ref()));
         let encoding = over
             .and_then(|o| o.encoding.as_deref())
             .and_then(Encoding::from_name)
@@ -175,9 +177,9 @@ impl ModelCatalog {
             encoding: encoding.unwrap_or(Encoding::O200k),
             context_window: context_window.unwrap_or(self.defaults.default_context_window),
             family: if over.is_some() {
-                Some(name.clone())
+                Some(Cow::Owned(name.into_owned()))
             } else {
-                window.map(|(prefix, _)| prefix.trim_end_matches('-').to_string())
+                window.map(|(prefix, _)| Cow::Borrowed(prefix.trim_end_matches('-')))
             },
         }
     }
@@ -267,6 +269,23 @@ mod tests {
     }
 
     #[test]
+    fn base_names_drop_the_provider_and_case() {
+        for (model, base) in [
+            ("gpt-4o", "gpt-4o"),
+            ("openrouter/openai/GPT-4o ", "gpt-4o"),
+            ("Anthropic/Claude-Sonnet-4-5", "claude-sonnet-4-5"),
+            (" my-model", "my-model"),
+            ("x/", ""),
+        ] {
+            assert_eq!(base_name(model), base, "{model}");
+        }
+        assert!(matches!(
+            base_name("openai/gpt-4o"),
+            Cow::Borrowed("gpt-4o")
+        ));
+    }
+
+    #[test]
     fn overrides_win() {
         let mut overrides = BTreeMap::new();
         overrides.insert(
@@ -280,5 +299,12 @@ mod tests {
         assert_eq!(info.context_window, 4096);
         assert_eq!(info.encoding, Encoding::Cl100k);
         assert!(info.exact);
+        assert_eq!(info.family.as_deref(), Some("my-local-model"));
+        let by_base = ModelCatalog::new(
+            BTreeMap::from([("my-local-model".to_string(), ModelOverride::default())]),
+            TokensConfig::default(),
+        )
+        .resolve("Vendor/My-Local-Model");
+        assert_eq!(by_base.family.as_deref(), Some("my-local-model"));
     }
 }

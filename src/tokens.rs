@@ -76,7 +76,10 @@ pub struct TokenCounter {
     /// Tools, tool_choice and response_format together, keyed by their raw bytes.
     raw_extras: CountCache<u32>,
     messages_encoded: AtomicU64,
-    learned: RwLock<HashMap<String, f64>>,
+    /// Smoothed ratio per model base name, as `f64` bits. The map is written only when a
+    /// model is first seen; every later observation updates its entry under the read lock,
+    /// so the workers do not queue behind each other once per response.
+    learned: RwLock<HashMap<String, AtomicU64>>,
     unknown_margin: f64,
 }
 
@@ -262,10 +265,11 @@ impl TokenCounter {
     }
 
     fn learned_ratio(&self, model_base_name: &str) -> Option<f64> {
-        self.learned
-            .read()
-            .ok()
-            .and_then(|learned| learned.get(model_base_name).copied())
+        self.learned.read().ok().and_then(|learned| {
+            learned
+                .get(model_base_name)
+                .map(|ratio| f64::from_bits(ratio.load(Ordering::Relaxed)))
+        })
     }
 
     /// Records upstream's `usage.prompt_tokens` against our unscaled estimate; returns the
@@ -277,17 +281,32 @@ impl TokenCounter {
         // Outliers (cached-token accounting, a misreporting upstream) must not make every
         // estimate absurd.
         let sample = (actual as f64 / raw_estimate as f64).clamp(0.5, 2.0);
-        let mut learned = self.learned.write().ok()?;
         let name = base_name(model);
-        if !learned.contains_key(&name) && learned.len() >= LEARNED_MODELS_MAX {
+        if let Some(ratio) = self.learned.read().ok()?.get(name.as_ref()) {
+            return Some(smooth(ratio, sample));
+        }
+        let mut learned = self.learned.write().ok()?;
+        // Another worker may have seen the model first, between the two locks.
+        if let Some(ratio) = learned.get(name.as_ref()) {
+            return Some(smooth(ratio, sample));
+        }
+        if learned.len() >= LEARNED_MODELS_MAX {
             return None;
         }
-        let ratio = learned
-            .entry(name)
-            .and_modify(|r| *r = 0.8 * *r + 0.2 * sample)
-            .or_insert(sample);
-        Some(*ratio)
+        learned.insert(name.into_owned(), AtomicU64::new(sample.to_bits()));
+        Some(sample)
     }
+}
+
+/// Moves a learned ratio a fifth of the way to `sample`, as one atomic step so concurrent
+/// observations are all applied; returns the new ratio.
+fn smooth(ratio: &AtomicU64, sample: f64) -> f64 {
+    let step = |bits: u64| 0.8 * f64::from_bits(bits) + 0.2 * sample;
+    let (Ok(before) | Err(before)) =
+        ratio.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+            Some(step(bits).to_bits())
+        });
+    step(before)
 }
 
 /// Counts messages, on the blocking pool when there is enough new text to stall an event
@@ -601,6 +620,79 @@ pub fn shorten_middle(text: &str, tokens: u32, keep_tokens: u32) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The ratio after each observation, computed as the smoothing is specified.
+    fn smoothed(samples: &[f64]) -> Vec<f64> {
+        let mut ratio = None;
+        samples
+            .iter()
+            .map(|&s| *ratio.insert(ratio.map_or(s, |r: f64| 0.8 * r + 0.2 * s)))
+            .collect()
+    }
+
+    #[test]
+    fn learned_ratio_smooths_each_observation_per_base_name() {
+        let counter = TokenCounter::new(0.1);
+        assert_eq!(counter.observe_usage("claude-x", 0, 10), None);
+        assert_eq!(counter.observe_usage("claude-x", 10, 0), None);
+        let observed: Vec<f64> = [
+            ("claude-x", 100, 120),
+            ("Anthropic/Claude-X", 100, 1_000),
+            ("claude-x ", 100, 10),
+            ("vendor/claude-x", 90, 100),
+        ]
+        .iter()
+        .map(|&(model, raw, actual)| counter.observe_usage(model, raw, actual).unwrap())
+        .collect();
+        // Samples are clamped to [0.5, 2].
+        assert_eq!(observed, smoothed(&[1.2, 2.0, 0.5, 100.0 / 90.0]));
+        assert_eq!(counter.learned_ratio("claude-x"), observed.last().copied());
+        let unknown = ModelInfo {
+            encoding: Encoding::O200k,
+            context_window: 1_000,
+            exact: false,
+            family: None,
+        };
+        assert_eq!(counter.scale("Claude-X", &unknown), observed[3]);
+        assert_eq!(counter.scale("other-model", &unknown), 1.1);
+    }
+
+    #[test]
+    fn learned_models_are_bounded_but_known_ones_keep_learning() {
+        let counter = TokenCounter::new(0.1);
+        for i in 0..LEARNED_MODELS_MAX {
+            assert_eq!(counter.observe_usage(&format!("m{i}"), 10, 10), Some(1.0));
+        }
+        assert_eq!(counter.observe_usage("one-too-many", 10, 20), None);
+        assert_eq!(counter.learned_ratio("one-too-many"), None);
+        assert_eq!(
+            counter.observe_usage("m7", 10, 20),
+            smoothed(&[1.0, 2.0]).last().copied()
+        );
+    }
+
+    #[test]
+    fn concurrent_observations_are_all_applied() {
+        const EACH: usize = 30;
+        let counter = TokenCounter::new(0.1);
+        counter.observe_usage("m", 10, 5);
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                scope.spawn(|| {
+                    for _ in 0..EACH {
+                        counter.observe_usage("m", 10, 20);
+                    }
+                });
+            }
+        });
+        // The same sample each time, so the order does not matter, only that none is lost.
+        let mut samples = vec![0.5];
+        samples.extend([2.0; 2 * EACH]);
+        assert_eq!(
+            counter.learned_ratio("m"),
+            smoothed(&samples).last().copied()
+        );
+    }
 
     #[test]
     fn tiles_follow_openai_examples() {

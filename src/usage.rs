@@ -1,12 +1,14 @@
 //! Reads token usage out of chat-completion responses as they pass, without delaying them:
-//! JSON bodies are copied aside while relayed, SSE streams are relayed event by event (the
+//! JSON bodies are kept aside while relayed, SSE streams are relayed event by event (the
 //! usage-only chunk that condenser itself asked for is dropped).
 
 use std::pin::Pin;
+use std::sync::LazyLock;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
+use memchr::memmem;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
@@ -58,10 +60,15 @@ fn json_usage(body: &[u8]) -> Option<Usage> {
     tail_usage(body).or_else(|| WithUsage::parse(body).and_then(|r| r.usage()))
 }
 
+const USAGE_KEY: &[u8] = b"\"usage\"";
+
+/// Built once: on a small completion, building the searcher costs as much as the search.
+static USAGE_KEY_FROM_END: LazyLock<memmem::FinderRev<'static>> =
+    LazyLock::new(|| memmem::FinderRev::new(USAGE_KEY));
+
 fn tail_usage(body: &[u8]) -> Option<Usage> {
-    const KEY: &[u8] = b"\"usage\"";
-    let at = body.windows(KEY.len()).rposition(|w| w == KEY)?;
-    let value = body[at + KEY.len()..]
+    let at = USAGE_KEY_FROM_END.rfind(body)?;
+    let value = body[at + USAGE_KEY.len()..]
         .trim_ascii_start()
         .strip_prefix(b":")?;
     Usage::deserialize(&mut serde_json::Deserializer::from_slice(value)).ok()
@@ -73,11 +80,52 @@ pub trait UsageObserver: Send + 'static {
     fn finished(&mut self, usage: Option<Usage>);
 }
 
+/// A JSON body as relayed so far. Most arrive in one chunk, which is kept by reference
+/// rather than copied; only a body of several chunks is joined.
+enum JsonCopy {
+    Empty,
+    One(Bytes),
+    Joined(BytesMut),
+    /// Beyond `MAX_JSON_COPY`: relayed without reading its usage.
+    Overflow,
+}
+
+impl JsonCopy {
+    fn push(&mut self, chunk: &Bytes) {
+        let held = match self {
+            JsonCopy::Empty => 0,
+            JsonCopy::One(first) => first.len(),
+            JsonCopy::Joined(joined) => joined.len(),
+            JsonCopy::Overflow => return,
+        };
+        if held + chunk.len() > MAX_JSON_COPY {
+            *self = JsonCopy::Overflow;
+            return;
+        }
+        match self {
+            JsonCopy::Empty => *self = JsonCopy::One(chunk.clone()),
+            JsonCopy::One(first) => {
+                let mut joined = BytesMut::with_capacity(held + chunk.len());
+                joined.extend_from_slice(first);
+                joined.extend_from_slice(chunk);
+                *self = JsonCopy::Joined(joined);
+            }
+            JsonCopy::Joined(joined) => joined.extend_from_slice(chunk),
+            JsonCopy::Overflow => {}
+        }
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        match self {
+            JsonCopy::One(body) => json_usage(body),
+            JsonCopy::Joined(body) => json_usage(body),
+            JsonCopy::Empty | JsonCopy::Overflow => None,
+        }
+    }
+}
+
 enum Mode {
-    Json {
-        copy: BytesMut,
-        overflow: bool,
-    },
+    Json(JsonCopy),
     Sse {
         injected: bool,
         usage: Option<Usage>,
@@ -95,14 +143,7 @@ pub struct UsageTap<S, O: UsageObserver> {
 
 impl<S, O: UsageObserver> UsageTap<S, O> {
     pub fn json(inner: S, observer: O) -> Self {
-        Self::with_mode(
-            inner,
-            observer,
-            Mode::Json {
-                copy: BytesMut::new(),
-                overflow: false,
-            },
-        )
+        Self::with_mode(inner, observer, Mode::Json(JsonCopy::Empty))
     }
 
     /// `injected`: condenser asked upstream for usage that the client did not want.
@@ -128,15 +169,16 @@ impl<S, O: UsageObserver> UsageTap<S, O> {
         }
     }
 
+    /// Runs at the end of the stream and again on drop; only the first reads the usage.
     fn finish(&mut self) {
-        let usage = match &mut self.mode {
-            Mode::Json { copy, overflow } if !*overflow => json_usage(copy),
-            Mode::Json { .. } => None,
+        let Some(mut observer) = self.observer.take() else {
+            return;
+        };
+        let usage = match &self.mode {
+            Mode::Json(copy) => copy.usage(),
             Mode::Sse { usage, .. } => *usage,
         };
-        if let Some(mut observer) = self.observer.take() {
-            observer.finished(usage);
-        }
+        observer.finished(usage);
     }
 
     fn note_output(&mut self) {
@@ -170,7 +212,7 @@ fn complete_event_len(buf: &[u8]) -> Option<usize> {
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+    memmem::find(haystack, needle).is_some()
 }
 
 /// Once usage is requested, OpenAI adds `"usage":null` to every chunk; a client that did not
@@ -259,15 +301,8 @@ where
                 }
             };
             match &mut this.mode {
-                Mode::Json { copy, overflow } => {
-                    if !*overflow {
-                        if copy.len() + chunk.len() > MAX_JSON_COPY {
-                            *overflow = true;
-                            *copy = BytesMut::new();
-                        } else {
-                            copy.extend_from_slice(&chunk);
-                        }
-                    }
+                Mode::Json(copy) => {
+                    copy.push(&chunk);
                     this.note_output();
                     return Poll::Ready(Some(Ok(chunk)));
                 }
@@ -308,18 +343,86 @@ mod tests {
 
     async fn run(chunks: Vec<&'static str>, strip: bool) -> (String, Seen) {
         let seen = Seen::default();
-        let inner = futures_util::stream::iter(
+        let chunks = chunks.into_iter().map(|c| Bytes::from_static(c.as_bytes()));
+        let tap = UsageTap::sse(stream_of(chunks), seen.clone(), strip);
+        (relayed(tap).await, seen)
+    }
+
+    fn stream_of(
+        chunks: impl IntoIterator<Item = Bytes>,
+    ) -> impl Stream<Item = Result<Bytes, BoxError>> + Unpin {
+        futures_util::stream::iter(
             chunks
                 .into_iter()
-                .map(|c| Ok::<_, BoxError>(Bytes::from_static(c.as_bytes()))),
-        );
-        let tap = UsageTap::sse(inner, seen.clone(), strip);
+                .map(Ok::<_, BoxError>)
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    async fn relayed<S: Stream<Item = Result<Bytes, BoxError>> + Unpin>(
+        tap: UsageTap<S, Seen>,
+    ) -> String {
         let out: Vec<_> = tap.collect().await;
-        let text = out
-            .into_iter()
+        out.into_iter()
             .map(|r| String::from_utf8(r.unwrap().to_vec()).unwrap())
-            .collect();
+            .collect()
+    }
+
+    const COMPLETION: &str = r#"{"id":"c","choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}"#;
+
+    /// Relays `body` cut at `cuts` and returns what the observer saw.
+    async fn json_relay(body: &'static str, cuts: &[usize]) -> (String, Seen) {
+        let seen = Seen::default();
+        let mut chunks = Vec::new();
+        let mut from = 0;
+        for &at in cuts.iter().chain([&body.len()]) {
+            chunks.push(Bytes::from_static(&body.as_bytes()[from..at]));
+            from = at;
+        }
+        let text = relayed(UsageTap::json(stream_of(chunks), seen.clone())).await;
         (text, seen)
+    }
+
+    #[tokio::test]
+    async fn json_usage_is_read_from_one_chunk_or_several() {
+        let key = COMPLETION.find("\"usage\"").unwrap();
+        for cuts in [
+            &[][..],
+            &[0],
+            &[10],
+            &[key + 3],
+            &[5, key + 3, COMPLETION.len() - 2],
+            &[COMPLETION.len()],
+        ] {
+            let (text, seen) = json_relay(COMPLETION, cuts).await;
+            assert_eq!(text, COMPLETION, "{cuts:?}");
+            let (first, usage) = *seen.0.lock().unwrap();
+            assert_eq!(first, 1, "{cuts:?}");
+            assert_eq!(
+                usage,
+                Some(Usage {
+                    prompt_tokens: 3,
+                    completion_tokens: 4
+                }),
+                "{cuts:?}"
+            );
+        }
+        let (_, seen) = json_relay(r#"{"choices":[]}"#, &[4]).await;
+        assert_eq!(seen.0.lock().unwrap().1, None);
+    }
+
+    #[tokio::test]
+    async fn json_body_beyond_the_copy_limit_is_relayed_without_usage() {
+        let filler = Bytes::from(vec![b' '; MAX_JSON_COPY / 2]);
+        let chunks = [
+            filler.clone(),
+            filler,
+            Bytes::from_static(COMPLETION.as_bytes()),
+        ];
+        let seen = Seen::default();
+        let text = relayed(UsageTap::json(stream_of(chunks), seen.clone())).await;
+        assert_eq!(text.len(), MAX_JSON_COPY + COMPLETION.len());
+        assert_eq!(seen.0.lock().unwrap().1, None);
     }
 
     #[test]
