@@ -285,27 +285,23 @@ impl Upstream {
         body: RequestBody,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let pool = &self.pools[POOL.with(Cell::get) % self.pools.len()];
-        let connection = match pool.http1.take(POOL_IDLE_TIMEOUT) {
-            Some(connection) => connection,
+        // Connecting and HTTP/2 are boxed: their futures are kilobytes, and the common case
+        // (an idle HTTP/1.1 connection) would otherwise carry and copy them on every request.
+        let fresh = match pool.http1.take(POOL_IDLE_TIMEOUT) {
+            Some(connection) => Fresh::Http1(connection),
             None => match pool.live_http2() {
-                Some(sender) => {
-                    return self
-                        .exchange_http2(sender, method, path_and_query, headers, body)
-                        .await
-                }
-                None => match self
-                    .connect(pool)
+                Some(sender) => Fresh::Http2(sender),
+                None => Box::pin(self.connect(pool))
                     .await
-                    .map_err(|e| self.unreachable(&*e))?
-                {
-                    Fresh::Http1(connection) => connection,
-                    Fresh::Http2(sender) => {
-                        return self
-                            .exchange_http2(sender, method, path_and_query, headers, body)
-                            .await
-                    }
-                },
+                    .map_err(|e| self.unreachable(&*e))?,
             },
+        };
+        let connection = match fresh {
+            Fresh::Http1(connection) => connection,
+            Fresh::Http2(sender) => {
+                return Box::pin(self.exchange_http2(sender, method, path_and_query, headers, body))
+                    .await
+            }
         };
         let expects_body = method != Method::HEAD;
         let head = h1::encode_head(
@@ -316,7 +312,7 @@ impl Upstream {
             &body,
         );
         let reconnect = || async {
-            match self.connect(pool).await? {
+            match Box::pin(self.connect(pool)).await? {
                 Fresh::Http1(connection) => Ok(connection),
                 Fresh::Http2(_) => Err(BoxError::from("upstream switched to HTTP/2")),
             }

@@ -266,12 +266,15 @@ fn parse_head(buf: &mut BytesMut, expects_body: bool) -> Result<Option<Parsed>, 
     } else {
         Version::HTTP_11
     };
-    // Header values keep pointing into the head's bytes instead of being copied out.
+    // Header values keep pointing into the head's bytes instead of being copied out. What
+    // frames the body is read on the way, so no header is looked up twice.
     let base = buf.as_ptr() as usize;
     let mut fields = Vec::with_capacity(parsed.headers.len());
+    let mut delimiters = Delimiters::default();
     for field in parsed.headers.iter() {
         let name = HeaderName::from_bytes(field.name.as_bytes())
             .map_err(|_| ExchangeError::Malformed("bad header name"))?;
+        delimiters.note(&name, field.value)?;
         let start = field.value.as_ptr() as usize - base;
         fields.push((name, start..start + field.value.len()));
     }
@@ -283,10 +286,13 @@ fn parse_head(buf: &mut BytesMut, expects_body: bool) -> Result<Option<Parsed>, 
         headers.append(name, value);
     }
 
-    let framing = framing(&mut headers, status, expects_body)?;
-    let keep_alive = version == Version::HTTP_11
-        && !matches!(framing, Framing::UntilClose)
-        && !has_token(&headers, header::CONNECTION, "close");
+    let framing = delimiters.framing(status, expects_body);
+    if matches!(framing, Framing::Chunked(_)) {
+        // It does not describe what the client will get.
+        headers.remove(header::CONTENT_LENGTH);
+    }
+    let keep_alive =
+        version == Version::HTTP_11 && !matches!(framing, Framing::UntilClose) && !delimiters.close;
     let mut response = Response::new(());
     *response.status_mut() = status;
     *response.version_mut() = version;
@@ -298,58 +304,51 @@ fn parse_head(buf: &mut BytesMut, expects_body: bool) -> Result<Option<Parsed>, 
     )))
 }
 
-fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
-    headers
-        .get_all(name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case(token))
+/// The headers that say where a response ends.
+#[derive(Default)]
+struct Delimiters {
+    content_length: Option<u64>,
+    /// Some when `Transfer-Encoding` was sent: whether its last coding is chunked.
+    chunked: Option<bool>,
+    /// `Connection: close`.
+    close: bool,
 }
 
-/// How the body's end is found (RFC 9112 §6.3). A chunked body's `Content-Length`, if any,
-/// is dropped: it does not describe what the client will get.
-fn framing(
-    headers: &mut HeaderMap,
-    status: StatusCode,
-    expects_body: bool,
-) -> Result<Framing, ExchangeError> {
-    if !expects_body || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
-        return Ok(Framing::Length(0));
+impl Delimiters {
+    fn note(&mut self, name: &HeaderName, value: &[u8]) -> Result<(), ExchangeError> {
+        if name == header::CONTENT_LENGTH {
+            let length = std::str::from_utf8(value)
+                .ok()
+                .map(str::trim)
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse().ok())
+                .ok_or(ExchangeError::Malformed("bad content-length"))?;
+            if self.content_length.is_some_and(|seen| seen != length) {
+                return Err(ExchangeError::Malformed("conflicting content-length"));
+            }
+            self.content_length = Some(length);
+        } else if name == header::TRANSFER_ENCODING {
+            let last = value.rsplit(|&b| b == b',').next().unwrap_or_default();
+            self.chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        } else if name == header::CONNECTION {
+            self.close |= value
+                .split(|&b| b == b',')
+                .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"close"));
+        }
+        Ok(())
     }
-    if headers.contains_key(header::TRANSFER_ENCODING) {
-        let chunked_last = headers
-            .get_all(header::TRANSFER_ENCODING)
-            .iter()
-            .next_back()
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.rsplit(',').next())
-            .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
-        headers.remove(header::CONTENT_LENGTH);
-        return Ok(if chunked_last {
-            Framing::Chunked(Chunked::Size)
-        } else {
-            Framing::UntilClose
-        });
-    }
-    let mut lengths = headers.get_all(header::CONTENT_LENGTH).iter();
-    let Some(first) = lengths.next() else {
-        return Ok(Framing::UntilClose);
-    };
-    let length = parse_length(first)?;
-    if lengths.any(|other| parse_length(other).ok() != Some(length)) {
-        return Err(ExchangeError::Malformed("conflicting content-length"));
-    }
-    Ok(Framing::Length(length))
-}
 
-fn parse_length(value: &HeaderValue) -> Result<u64, ExchangeError> {
-    value
-        .to_str()
-        .ok()
-        .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|v| v.parse().ok())
-        .ok_or(ExchangeError::Malformed("bad content-length"))
+    /// How the body's end is found (RFC 9112 §6.3).
+    fn framing(&self, status: StatusCode, expects_body: bool) -> Framing {
+        if !expects_body || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+            return Framing::Length(0);
+        }
+        match (self.chunked, self.content_length) {
+            (Some(true), _) => Framing::Chunked(Chunked::Size),
+            (Some(false), _) | (None, None) => Framing::UntilClose,
+            (None, Some(length)) => Framing::Length(length),
+        }
+    }
 }
 
 enum Framing {
@@ -651,12 +650,16 @@ where
     };
     match connection.exchange(head, body, expects_body, pool).await {
         Err(e) if e.is_stale_connection() => match replay {
+            // Boxed: this rare path would otherwise double the common future's size.
             Some(bytes) => {
-                let fresh = reconnect().await.map_err(SendError::Connect)?;
-                fresh
-                    .exchange(head, RequestBody::Full(bytes), expects_body, pool)
-                    .await
-                    .map_err(SendError::Exchange)
+                Box::pin(async move {
+                    let fresh = reconnect().await.map_err(SendError::Connect)?;
+                    fresh
+                        .exchange(head, RequestBody::Full(bytes), expects_body, pool)
+                        .await
+                        .map_err(SendError::Exchange)
+                })
+                .await
             }
             None => Err(SendError::Exchange(e)),
         },
