@@ -85,6 +85,26 @@ async fn embeddings_and_large_bodies_pass_through_unchanged() {
     assert_eq!(echoed.len(), large.len());
     assert!(echoed.as_ref() == large.as_slice());
     assert_eq!(upstream.recorded()[1].path_and_query, "/v1/files");
+
+    // A body of unknown length goes upstream chunked, whole and in order.
+    let pieces: Vec<Vec<u8>> = (0..5u8)
+        .map(|i| vec![b'a' + i; 1000 * (i as usize + 1)])
+        .collect();
+    let expected = pieces.concat();
+    let stream = futures_util::stream::iter(pieces.into_iter().map(Ok::<_, std::io::Error>));
+    let echoed = client()
+        .post(proxy.url("/v1/uploads"))
+        .body(reqwest::Body::wrap_stream(stream))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert!(echoed.as_ref() == expected.as_slice());
+    let seen = &upstream.recorded()[2];
+    assert_eq!(seen.headers["transfer-encoding"], "chunked");
+    assert!(seen.headers.get("content-length").is_none());
 }
 
 #[tokio::test]
