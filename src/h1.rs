@@ -199,12 +199,17 @@ impl Connection {
                 match parse_head(&mut self.read_buf, expects_body)? {
                     Some(Parsed::Interim) => continue,
                     Some(Parsed::Final(head, framing, keep_alive)) => {
-                        let body = ResponseBody {
+                        let mut body = ResponseBody {
                             connection: Some(self),
                             framing,
                             keep_alive,
                             pool: pool.clone(),
                         };
+                        // hyper never polls a body that says it is empty, so it would be
+                        // dropped, and its connection with it.
+                        if body.is_end_stream() {
+                            body.finish();
+                        }
                         return Ok(Response::from_parts(head, body));
                     }
                     None => {}
@@ -935,6 +940,44 @@ mod tests {
         stale.io.shutdown().await.unwrap();
         assert_eq!(exchange_text(&pool, stale, addr).await.unwrap(), "one");
         assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn an_empty_response_frees_its_connection_at_once() {
+        let (addr, accepted) = upstream(&[
+            b"HTTP/1.1 204 No Content\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+        ])
+        .await;
+        let pool = Arc::new(Pool::default());
+        for _ in 0..2 {
+            let connection = match pool.take(Duration::from_secs(60)) {
+                Some(connection) => connection,
+                None => connect(addr).await.unwrap(),
+            };
+            let head = encode_head(
+                &Method::GET,
+                "/",
+                "t",
+                &HeaderMap::new(),
+                &RequestBody::Full(Bytes::new()),
+            );
+            let response = send(
+                &pool,
+                connection,
+                || connect(addr),
+                &head,
+                RequestBody::Full(Bytes::new()),
+                true,
+            )
+            .await
+            .unwrap();
+            assert!(response.body().is_end_stream());
+            // Dropped unread, as hyper does with a body that says it is empty.
+            drop(response);
+            assert_eq!(pool.idle.lock().unwrap().len(), 1);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]
