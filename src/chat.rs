@@ -30,8 +30,8 @@ use crate::usage::{Usage, UsageObserver, UsageTap};
 /// Framing of the summary message on top of its text.
 const SUMMARY_FRAMING_TOKENS: u32 = 20;
 
-pub const MODE_HEADER: &str = "x-condenser-mode";
-pub const PROFILE_HEADER: &str = "x-condenser-profile";
+pub const MODE_HEADER: HeaderName = HeaderName::from_static("x-condenser-mode");
+pub const PROFILE_HEADER: HeaderName = HeaderName::from_static("x-condenser-profile");
 
 /// What condenser did, told to the client on every response; names checked at compile time
 /// rather than per request.
@@ -245,13 +245,20 @@ fn with_usage_requested(body: &[u8], open: usize) -> Bytes {
     Bytes::from(out)
 }
 
-/// The `[context]` settings for this request, after `x-condenser-profile`.
-pub fn settings_for(config: &Config, headers: &HeaderMap) -> Result<ContextConfig, ProxyError> {
+/// The `[context]` settings for this request, after `x-condenser-profile`: the config's own
+/// unless a profile is named, since most requests name none.
+pub fn settings_for<'a>(
+    config: &'a Config,
+    headers: &HeaderMap,
+) -> Result<Cow<'a, ContextConfig>, ProxyError> {
     match headers.get(PROFILE_HEADER).map(|v| v.to_str()) {
-        None => Ok(config.context.clone()),
-        Some(Ok(name)) => config.context_for(Some(name)).ok_or_else(|| {
-            ProxyError::invalid(format!("{PROFILE_HEADER}: no profile named {name:?}"), None)
-        }),
+        None => Ok(Cow::Borrowed(&config.context)),
+        Some(Ok(name)) => config
+            .context_for(Some(name))
+            .map(Cow::Owned)
+            .ok_or_else(|| {
+                ProxyError::invalid(format!("{PROFILE_HEADER}: no profile named {name:?}"), None)
+            }),
         Some(Err(_)) => Err(ProxyError::invalid(
             format!("{PROFILE_HEADER} is not valid text"),
             None,
@@ -731,6 +738,54 @@ mod tests {
     async fn read(frames: Frames, limit: usize) -> Result<Bytes, ProxyError> {
         let body = StreamBody::new(stream::iter(frames));
         read_body(body, &HeaderMap::new(), limit).await
+    }
+
+    #[test]
+    fn settings_and_mode_follow_the_headers_and_name_their_problems() {
+        let mut config = Config::default();
+        config.profiles.insert(
+            "lean".into(),
+            crate::config::Profile {
+                max_messages: Some(7),
+                ..Default::default()
+            },
+        );
+        let mut headers = HeaderMap::new();
+        let settings = settings_for(&config, &headers).unwrap();
+        assert!(matches!(settings, Cow::Borrowed(s) if std::ptr::eq(s, &config.context)));
+        assert_eq!(mode_for(&headers).unwrap(), Mode::Auto);
+        headers.insert("x-condenser-profile", HeaderValue::from_static("lean"));
+        headers.insert("x-condenser-mode", HeaderValue::from_static("Force"));
+        assert_eq!(settings_for(&config, &headers).unwrap().max_messages, 7);
+        assert_eq!(mode_for(&headers).unwrap(), Mode::Force);
+        let message = |error: ProxyError| error.to_string();
+        headers.insert("x-condenser-profile", HeaderValue::from_static("nope"));
+        headers.insert("x-condenser-mode", HeaderValue::from_static("sometimes"));
+        assert_eq!(
+            message(settings_for(&config, &headers).unwrap_err()),
+            message(ProxyError::invalid(
+                "x-condenser-profile: no profile named \"nope\"",
+                None
+            ))
+        );
+        assert_eq!(
+            message(mode_for(&headers).unwrap_err()),
+            message(ProxyError::invalid(
+                "x-condenser-mode must be auto, off or force",
+                None
+            ))
+        );
+        headers.insert(
+            "x-condenser-profile",
+            HeaderValue::from_bytes(b"caf\xe9").unwrap(),
+        );
+        assert_eq!(
+            message(settings_for(&config, &headers).unwrap_err()),
+            message(ProxyError::invalid(
+                "x-condenser-profile is not valid text",
+                None
+            ))
+        );
     }
 
     #[tokio::test]
