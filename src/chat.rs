@@ -437,7 +437,14 @@ pub async fn handle(
         (ACTION_HEADER, HeaderValue::from_static(outcome.action)),
         (PROMPT_TOKENS_HEADER, received_tokens.into()),
         (FORWARDED_TOKENS_HEADER, forwarded_tokens.into()),
-        (SUMMARIZED_HEADER, outcome.summarized.into()),
+        // Nothing summarized, as for every forwarded request: no buffer to format it in.
+        (
+            SUMMARIZED_HEADER,
+            match outcome.summarized {
+                0 => HeaderValue::from_static("0"),
+                n => n.into(),
+            },
+        ),
         (CACHE_HEADER, HeaderValue::from_static(outcome.cache.name())),
     ] {
         response_headers.insert(name, value);
