@@ -5,9 +5,9 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
+use hyper::body::{Body, Incoming};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response};
 use serde::Deserialize;
@@ -30,8 +30,8 @@ use crate::usage::{Usage, UsageObserver, UsageTap};
 /// Framing of the summary message on top of its text.
 const SUMMARY_FRAMING_TOKENS: u32 = 20;
 
-pub const MODE_HEADER: &str = "x-condenser-mode";
-pub const PROFILE_HEADER: &str = "x-condenser-profile";
+pub const MODE_HEADER: HeaderName = HeaderName::from_static("x-condenser-mode");
+pub const PROFILE_HEADER: HeaderName = HeaderName::from_static("x-condenser-profile");
 
 /// What condenser did, told to the client on every response; names checked at compile time
 /// rather than per request.
@@ -245,13 +245,20 @@ fn with_usage_requested(body: &[u8], open: usize) -> Bytes {
     Bytes::from(out)
 }
 
-/// The `[context]` settings for this request, after `x-condenser-profile`.
-pub fn settings_for(config: &Config, headers: &HeaderMap) -> Result<ContextConfig, ProxyError> {
+/// The `[context]` settings for this request, after `x-condenser-profile`: the config's own
+/// unless a profile is named, since most requests name none.
+pub fn settings_for<'a>(
+    config: &'a Config,
+    headers: &HeaderMap,
+) -> Result<Cow<'a, ContextConfig>, ProxyError> {
     match headers.get(PROFILE_HEADER).map(|v| v.to_str()) {
-        None => Ok(config.context.clone()),
-        Some(Ok(name)) => config.context_for(Some(name)).ok_or_else(|| {
-            ProxyError::invalid(format!("{PROFILE_HEADER}: no profile named {name:?}"), None)
-        }),
+        None => Ok(Cow::Borrowed(&config.context)),
+        Some(Ok(name)) => config
+            .context_for(Some(name))
+            .map(Cow::Owned)
+            .ok_or_else(|| {
+                ProxyError::invalid(format!("{PROFILE_HEADER}: no profile named {name:?}"), None)
+            }),
         Some(Err(_)) => Err(ProxyError::invalid(
             format!("{PROFILE_HEADER} is not valid text"),
             None,
@@ -268,7 +275,14 @@ pub fn mode_for(headers: &HeaderMap) -> Result<Mode, ProxyError> {
     }
 }
 
-async fn read_body(body: Incoming, headers: &HeaderMap, limit: usize) -> Result<Bytes, ProxyError> {
+/// The body as one `Bytes`. A small body with a Content-Length arrives as one frame and is
+/// returned as it came, with no copy or buffer list; only a body in several frames is joined.
+/// Reading stops once the body says it has ended, without waiting for its channel to close.
+async fn read_body<B>(body: B, headers: &HeaderMap, limit: usize) -> Result<Bytes, ProxyError>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -276,13 +290,38 @@ async fn read_body(body: Incoming, headers: &HeaderMap, limit: usize) -> Result<
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(ProxyError::BodyTooLarge { limit })
+    let mut body = Limited::new(body, limit);
+    let mut first = Bytes::new();
+    let mut joined = BytesMut::new();
+    while !body.is_end_stream() {
+        let Some(frame) = body.frame().await else {
+            break;
+        };
+        let frame = frame.map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                ProxyError::BodyTooLarge { limit }
+            } else {
+                ProxyError::ClientBody(e.to_string())
+            }
+        })?;
+        // Trailers are not part of the body.
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if first.is_empty() {
+            first = data;
+        } else {
+            if joined.is_empty() {
+                joined.extend_from_slice(&first);
+            }
+            joined.extend_from_slice(&data);
         }
-        Err(e) => Err(ProxyError::ClientBody(e.to_string())),
     }
+    Ok(if joined.is_empty() {
+        first
+    } else {
+        joined.freeze()
+    })
 }
 
 /// What was done to the request, for headers, metrics and the log.
@@ -398,7 +437,14 @@ pub async fn handle(
         (ACTION_HEADER, HeaderValue::from_static(outcome.action)),
         (PROMPT_TOKENS_HEADER, received_tokens.into()),
         (FORWARDED_TOKENS_HEADER, forwarded_tokens.into()),
-        (SUMMARIZED_HEADER, outcome.summarized.into()),
+        // Nothing summarized, as for every forwarded request: no buffer to format it in.
+        (
+            SUMMARIZED_HEADER,
+            match outcome.summarized {
+                0 => HeaderValue::from_static("0"),
+                n => n.into(),
+            },
+        ),
         (CACHE_HEADER, HeaderValue::from_static(outcome.cache.name())),
     ] {
         response_headers.insert(name, value);
@@ -677,5 +723,121 @@ impl UsageObserver for ChatObserver {
             overhead_ms = self.overhead.as_secs_f64() * 1e3,
             "chat completion"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::stream;
+    use http_body_util::{Full, StreamBody};
+    use hyper::body::Frame;
+
+    type Frames = Vec<Result<Frame<Bytes>, std::io::Error>>;
+
+    fn frames(parts: &[&'static str]) -> Frames {
+        parts
+            .iter()
+            .map(|part| Ok(Frame::data(Bytes::from_static(part.as_bytes()))))
+            .collect()
+    }
+
+    async fn read(frames: Frames, limit: usize) -> Result<Bytes, ProxyError> {
+        let body = StreamBody::new(stream::iter(frames));
+        read_body(body, &HeaderMap::new(), limit).await
+    }
+
+    #[test]
+    fn settings_and_mode_follow_the_headers_and_name_their_problems() {
+        let mut config = Config::default();
+        config.profiles.insert(
+            "lean".into(),
+            crate::config::Profile {
+                max_messages: Some(7),
+                ..Default::default()
+            },
+        );
+        let mut headers = HeaderMap::new();
+        let settings = settings_for(&config, &headers).unwrap();
+        assert!(matches!(settings, Cow::Borrowed(s) if std::ptr::eq(s, &config.context)));
+        assert_eq!(mode_for(&headers).unwrap(), Mode::Auto);
+        headers.insert("x-condenser-profile", HeaderValue::from_static("lean"));
+        headers.insert("x-condenser-mode", HeaderValue::from_static("Force"));
+        assert_eq!(settings_for(&config, &headers).unwrap().max_messages, 7);
+        assert_eq!(mode_for(&headers).unwrap(), Mode::Force);
+        let message = |error: ProxyError| error.to_string();
+        headers.insert("x-condenser-profile", HeaderValue::from_static("nope"));
+        headers.insert("x-condenser-mode", HeaderValue::from_static("sometimes"));
+        assert_eq!(
+            message(settings_for(&config, &headers).unwrap_err()),
+            message(ProxyError::invalid(
+                "x-condenser-profile: no profile named \"nope\"",
+                None
+            ))
+        );
+        assert_eq!(
+            message(mode_for(&headers).unwrap_err()),
+            message(ProxyError::invalid(
+                "x-condenser-mode must be auto, off or force",
+                None
+            ))
+        );
+        headers.insert(
+            "x-condenser-profile",
+            HeaderValue::from_bytes(b"caf\xe9").unwrap(),
+        );
+        assert_eq!(
+            message(settings_for(&config, &headers).unwrap_err()),
+            message(ProxyError::invalid(
+                "x-condenser-profile is not valid text",
+                None
+            ))
+        );
+    }
+
+    #[tokio::test]
+    async fn one_frame_is_returned_as_it_came() {
+        let sent = Bytes::from(r#"{"model":"gpt-4o"}"#.to_string());
+        let got = read_body(Full::new(sent.clone()), &HeaderMap::new(), 100)
+            .await
+            .unwrap();
+        assert_eq!(got, sent);
+        assert_eq!(got.as_ptr(), sent.as_ptr(), "copied");
+    }
+
+    #[tokio::test]
+    async fn frames_are_joined_in_order_and_trailers_left_out() {
+        let mut sent = frames(&["", "{\"a\":", "", "1", "}"]);
+        sent.push(Ok(Frame::trailers(HeaderMap::new())));
+        assert_eq!(read(sent, 100).await.unwrap(), "{\"a\":1}");
+        assert_eq!(read(frames(&["", "x"]), 100).await.unwrap(), "x");
+        assert_eq!(read(Vec::new(), 100).await.unwrap(), "");
+    }
+
+    #[tokio::test]
+    async fn the_limit_holds_for_declared_and_for_grown_bodies() {
+        let too_large = |result: Result<Bytes, ProxyError>| {
+            matches!(result, Err(ProxyError::BodyTooLarge { limit: 8 }))
+        };
+        assert_eq!(
+            read(frames(&["1234", "5678"]), 8).await.unwrap(),
+            "12345678"
+        );
+        assert!(too_large(read(frames(&["1234", "5678", "9"]), 8).await));
+        assert!(too_large(read(frames(&["123456789"]), 8).await));
+        let mut declared = HeaderMap::new();
+        declared.insert(header::CONTENT_LENGTH, HeaderValue::from_static("9"));
+        let small = Full::new(Bytes::from_static(b"1"));
+        assert!(too_large(read_body(small, &declared, 8).await));
+    }
+
+    #[tokio::test]
+    async fn client_body_errors_are_reported_as_such() {
+        let mut sent = frames(&["12"]);
+        sent.push(Err(std::io::Error::other("connection reset")));
+        match read(sent, 100).await {
+            Err(ProxyError::ClientBody(message)) => assert_eq!(message, "connection reset"),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -3,16 +3,22 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 
+use hyper::StatusCode;
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts,
     Registry, TextEncoder,
 };
 
 use crate::models::{base_name, ModelInfo};
+use crate::routes::Route;
 
 pub struct Metrics {
     registry: Registry,
-    pub requests: IntCounterVec,
+    requests: IntCounterVec,
+    /// Each route's `200` series, where nearly all of its requests land, resolved on first
+    /// use (so it appears once counted, as any series does) rather than by hashing both
+    /// labels under the vector's lock per request.
+    requests_ok: [OnceLock<IntCounter>; Route::ALL.len()],
     pub compactions: IntCounterVec,
     pub prompt_tokens: IntCounterVec,
     pub forwarded_tokens: IntCounterVec,
@@ -181,6 +187,7 @@ impl Metrics {
                 .map(|m| base_name(m).into_owned())
                 .collect(),
             by_label: RwLock::new(HashMap::new()),
+            requests_ok: [const { OnceLock::new() }; Route::ALL.len()],
             registry,
         };
         Ok(metrics)
@@ -210,6 +217,16 @@ impl Metrics {
             .entry(label.to_string())
             .or_insert_with(|| Arc::new(ModelSeries::new(self, label)))
             .clone()
+    }
+
+    pub fn count_request(&self, route: Route, status: StatusCode) {
+        let labels = [route.name(), status.as_str()];
+        match self.requests_ok.get(route as usize) {
+            Some(ok) if status == StatusCode::OK => ok
+                .get_or_init(|| self.requests.with_label_values(&labels))
+                .inc(),
+            _ => self.requests.with_label_values(&labels).inc(),
+        }
     }
 
     pub fn render(&self) -> String {
@@ -268,6 +285,42 @@ mod tests {
         assert!(lines.contains(&r#"condenser_completion_tokens_total{model="my-model"} 4"#));
         assert!(lines.contains(&r#"condenser_token_estimate_ratio{model="my-model"} 1.5"#));
         assert_eq!(lines.len(), 11, "{lines:?}");
+    }
+
+    #[test]
+    fn requests_are_counted_by_route_and_status_and_appear_when_counted() {
+        let metrics = Metrics::new(&[]).unwrap();
+        let request_lines = || {
+            metrics
+                .render()
+                .lines()
+                .filter(|l| l.starts_with("condenser_requests_total{"))
+                .map(String::from)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(request_lines(), Vec::<String>::new());
+        for (i, route) in Route::ALL.into_iter().enumerate() {
+            assert_eq!(route as usize, i, "{route:?}");
+            for _ in 0..=i {
+                metrics.count_request(route, StatusCode::OK);
+            }
+        }
+        metrics.count_request(Route::ChatCompletions, StatusCode::PAYLOAD_TOO_LARGE);
+        metrics.count_request(Route::ChatCompletions, StatusCode::PAYLOAD_TOO_LARGE);
+        metrics.count_request(Route::Readyz, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            request_lines(),
+            [
+                r#"condenser_requests_total{route="chat_completions",status="200"} 4"#,
+                r#"condenser_requests_total{route="chat_completions",status="413"} 2"#,
+                r#"condenser_requests_total{route="healthz",status="200"} 1"#,
+                r#"condenser_requests_total{route="metrics",status="200"} 3"#,
+                r#"condenser_requests_total{route="other",status="200"} 6"#,
+                r#"condenser_requests_total{route="passthrough",status="200"} 5"#,
+                r#"condenser_requests_total{route="readyz",status="200"} 2"#,
+                r#"condenser_requests_total{route="readyz",status="503"} 1"#,
+            ]
+        );
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! What condenser knows of a model: its tokenizer and its context window.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashSet};
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Mutex, PoisonError, RwLock};
 
 use crate::config::{ModelOverride, TokensConfig};
 
@@ -122,10 +122,17 @@ pub struct ModelInfo {
     pub family: Option<Cow<'static, str>>,
 }
 
+/// Clients choose model names, so the resolutions kept are bounded; names beyond are
+/// resolved each time, as they were before any were kept.
+const RESOLVED_MAX: usize = 1_000;
+
 pub struct ModelCatalog {
     overrides: BTreeMap<String, ModelOverride>,
     defaults: TokensConfig,
     warned: Mutex<HashSet<String>>,
+    /// By exact model string: a request's model costs one lookup rather than every prefix
+    /// and override. The map only caches, so a poisoned lock is used as it stands.
+    resolved: RwLock<HashMap<String, ModelInfo>>,
 }
 
 /// `openrouter/openai/gpt-4o` → `gpt-4o`; case-insensitive. Borrowed when already lower
@@ -145,10 +152,32 @@ impl ModelCatalog {
             overrides,
             defaults,
             warned: Mutex::new(HashSet::new()),
+            resolved: RwLock::new(HashMap::new()),
         }
     }
 
     pub fn resolve(&self, model: &str) -> ModelInfo {
+        let known = self
+            .resolved
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(model)
+            .cloned();
+        if let Some(info) = known {
+            return info;
+        }
+        let info = self.resolve_uncached(model);
+        let mut resolved = self
+            .resolved
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if resolved.len() < RESOLVED_MAX {
+            resolved.insert(model.to_string(), info.clone());
+        }
+        info
+    }
+
+    fn resolve_uncached(&self, model: &str) -> ModelInfo {
         let name = base_name(model);
         let known_encoding = ENCODINGS
             .iter()
@@ -283,6 +312,35 @@ mod tests {
             base_name("openai/gpt-4o"),
             Cow::Borrowed("gpt-4o")
         ));
+    }
+
+    #[test]
+    fn kept_resolutions_match_fresh_ones_and_stay_bounded() {
+        let overrides = BTreeMap::from([(
+            "my-local-model".to_string(),
+            ModelOverride {
+                context_window: Some(4096),
+                encoding: None,
+            },
+        )]);
+        let c = ModelCatalog::new(overrides, TokensConfig::default());
+        let names: Vec<String> = ["gpt-4o", "Vendor/My-Local-Model", "claude-x", "unknown"]
+            .map(String::from)
+            .into_iter()
+            .chain((0..RESOLVED_MAX + 50).map(|i| format!("gpt-4o-{i}")))
+            .collect();
+        for _ in 0..2 {
+            for name in &names {
+                assert_eq!(c.resolve(name), c.resolve_uncached(name), "{name}");
+            }
+        }
+        assert_eq!(c.resolved.read().unwrap().len(), RESOLVED_MAX);
+        assert_eq!(c.resolve("gpt-4o-1049").context_window, 128_000);
+        assert_eq!(
+            c.warned.lock().unwrap().len(),
+            1,
+            "warned once, for unknown"
+        );
     }
 
     #[test]

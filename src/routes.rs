@@ -15,6 +15,40 @@ use crate::{chat, passthrough};
 
 pub const CHAT_COMPLETIONS: &str = "/v1/chat/completions";
 
+/// What served a request: its `route` label in metrics and in the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Healthz,
+    Readyz,
+    Metrics,
+    ChatCompletions,
+    Passthrough,
+    Other,
+}
+
+impl Route {
+    /// In declaration order, so `route as usize` indexes it.
+    pub const ALL: [Route; 6] = [
+        Route::Healthz,
+        Route::Readyz,
+        Route::Metrics,
+        Route::ChatCompletions,
+        Route::Passthrough,
+        Route::Other,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Route::Healthz => "healthz",
+            Route::Readyz => "readyz",
+            Route::Metrics => "metrics",
+            Route::ChatCompletions => "chat_completions",
+            Route::Passthrough => "passthrough",
+            Route::Other => "other",
+        }
+    }
+}
+
 pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Response<ProxyBody> {
     let received = Instant::now();
     let method = request.method().clone();
@@ -22,40 +56,38 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     let uri = request.uri().clone();
     let path = uri.path();
     let (route, result) = match (request.method(), path) {
-        (&Method::GET, "/healthz") => ("healthz", Ok(text(StatusCode::OK, "ok\n"))),
-        (&Method::GET, "/readyz") => ("readyz", Ok(readiness(&state))),
-        (&Method::GET, "/metrics") => ("metrics", Ok(metrics(&state))),
+        (&Method::GET, "/healthz") => (Route::Healthz, Ok(text(StatusCode::OK, "ok\n"))),
+        (&Method::GET, "/readyz") => (Route::Readyz, Ok(readiness(&state))),
+        (&Method::GET, "/metrics") => (Route::Metrics, Ok(metrics(&state))),
         (&Method::POST, CHAT_COMPLETIONS) => (
-            "chat_completions",
+            Route::ChatCompletions,
             chat::handle(&state, request, received).await,
         ),
-        (_, p) if p.starts_with("/v1/") => {
-            ("passthrough", passthrough::handle(&state, request).await)
-        }
-        _ => ("other", Err(ProxyError::NotFound(path.to_string()))),
+        (_, p) if p.starts_with("/v1/") => (
+            Route::Passthrough,
+            passthrough::handle(&state, request).await,
+        ),
+        _ => (Route::Other, Err(ProxyError::NotFound(path.to_string()))),
     };
     // A relayed chat completion logs its own line when its body ends, with its usage.
-    let logged_by_chat = route == "chat_completions" && result.is_ok();
+    let logged_by_chat = route == Route::ChatCompletions && result.is_ok();
+    let route_name = route.name();
     let response = result.unwrap_or_else(|error| {
         if error.status().is_server_error() {
-            tracing::warn!(route, %error, "request failed");
+            tracing::warn!(route = route_name, %error, "request failed");
         }
         error.to_response()
     });
     if !logged_by_chat {
         let status = response.status().as_u16();
         let elapsed_ms = received.elapsed().as_secs_f64() * 1e3;
-        if matches!(route, "healthz" | "readyz" | "metrics") {
-            tracing::debug!(method = %method, path = %path, route, status, elapsed_ms, "request");
+        if matches!(route, Route::Healthz | Route::Readyz | Route::Metrics) {
+            tracing::debug!(method = %method, path = %path, route = route_name, status, elapsed_ms, "request");
         } else {
-            tracing::info!(method = %method, path = %path, route, status, elapsed_ms, "request");
+            tracing::info!(method = %method, path = %path, route = route_name, status, elapsed_ms, "request");
         }
     }
-    state
-        .metrics
-        .requests
-        .with_label_values(&[route, response.status().as_str()])
-        .inc();
+    state.metrics.count_request(route, response.status());
     response
 }
 

@@ -165,6 +165,54 @@ async fn an_unchanged_chat_request_is_forwarded_byte_for_byte() {
     assert_eq!(upstream.recorded()[0].body.as_ref(), body.as_bytes());
 }
 
+#[tokio::test]
+async fn a_chunked_chat_request_arrives_whole_and_one_too_large_is_refused() {
+    let upstream = MockUpstream::start(handler(|_| async {
+        json_response(200, &completion("hi", 20, 2))
+    }))
+    .await;
+    let mut config = config_for(&upstream.url());
+    config.server.max_body_bytes = 4096;
+    let proxy = Proxy::start(config).await;
+    let chunked = |parts: Vec<String>| {
+        let parts = parts.into_iter().map(Ok::<_, std::io::Error>);
+        reqwest::Body::wrap_stream(futures_util::stream::iter(parts))
+    };
+    let parts: Vec<String> = [
+        r#"{"model":"gpt-4o","#,
+        r#""messages":[{"role":"user","#,
+        r#""content":"hello"}]}"#,
+    ]
+    .map(String::from)
+    .to_vec();
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .body(chunked(parts.clone()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-condenser-action"], "forwarded");
+    assert_eq!(
+        upstream.recorded()[0].body.as_ref(),
+        parts.concat().as_bytes()
+    );
+    // No Content-Length to refuse it by: the body is over the limit only once it has grown.
+    let mut parts = vec![r#"{"model":"gpt-4o","messages":[{"role":"user","content":""#.to_string()];
+    parts.extend((0..3).map(|_| "x".repeat(2000)));
+    parts.push(r#""}]}"#.to_string());
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .body(chunked(parts))
+        .send()
+        .await
+        .unwrap();
+    let (status, error) = error_of(response).await;
+    assert_eq!(status, 413, "{error}");
+    assert_eq!(error["error"]["code"], "request_too_large");
+    assert_eq!(upstream.recorded().len(), 1);
+}
+
 /// An upstream that sends SSE events one at a time, each only after the test says the
 /// client received the previous one.
 async fn gated_stream_upstream(
