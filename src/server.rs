@@ -29,6 +29,7 @@ use crate::forward;
 use crate::routes;
 
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+const HEARTBEAT: Duration = Duration::from_secs(1);
 const H2_KEEP_ALIVE: Duration = Duration::from_secs(30);
 const LISTEN_BACKLOG: i32 = 1024;
 
@@ -233,8 +234,15 @@ async fn accept_loop(
         .timer(TokioTimer::new())
         .keep_alive_interval(H2_KEEP_ALIVE);
     let graceful = GracefulShutdown::new();
+    // tokio wakes its event loop through an eventfd whenever a timer is set earlier than any
+    // pending one, and hyper sets a header-read timer after every response: on a quiet worker
+    // that is a system call per request. A timer always due within a second is earlier than
+    // all of those, at the price of one wake-up a second.
+    let mut heartbeat = tokio::time::interval(HEARTBEAT);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            _ = heartbeat.tick() => {}
             accepted = listener.accept() => {
                 let stream = match accepted {
                     Ok((stream, _)) => stream,
