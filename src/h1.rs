@@ -854,28 +854,28 @@ mod tests {
         Some(String::from_utf8_lossy(&head).into_owned())
     }
 
+    /// A bodiless GET over `connection`, reconnecting to `addr` if need be.
+    async fn get(
+        pool: &Arc<Pool>,
+        connection: Connection,
+        addr: std::net::SocketAddr,
+    ) -> Result<Response<ResponseBody>, SendError> {
+        let nothing = || RequestBody::Full(Bytes::new());
+        let head = encode_head(&Method::GET, "/", "t", &HeaderMap::new(), &nothing());
+        send(pool, connection, || connect(addr), &head, nothing(), true).await
+    }
+
     async fn exchange_text(
         pool: &Arc<Pool>,
         connection: Connection,
         addr: std::net::SocketAddr,
     ) -> Result<String, BoxError> {
-        let head = encode_head(
-            &Method::GET,
-            "/",
-            "t",
-            &HeaderMap::new(),
-            &RequestBody::Full(Bytes::new()),
-        );
-        let response = send(
-            pool,
-            connection,
-            || connect(addr),
-            &head,
-            RequestBody::Full(Bytes::new()),
-            true,
-        )
-        .await?;
-        let body = response.into_body().collect().await?.to_bytes();
+        let body = get(pool, connection, addr)
+            .await?
+            .into_body()
+            .collect()
+            .await?
+            .to_bytes();
         Ok(String::from_utf8_lossy(&body).into_owned())
     }
 
@@ -955,23 +955,7 @@ mod tests {
                 Some(connection) => connection,
                 None => connect(addr).await.unwrap(),
             };
-            let head = encode_head(
-                &Method::GET,
-                "/",
-                "t",
-                &HeaderMap::new(),
-                &RequestBody::Full(Bytes::new()),
-            );
-            let response = send(
-                &pool,
-                connection,
-                || connect(addr),
-                &head,
-                RequestBody::Full(Bytes::new()),
-                true,
-            )
-            .await
-            .unwrap();
+            let response = get(&pool, connection, addr).await.unwrap();
             assert!(response.body().is_end_stream());
             // Dropped unread, as hyper does with a body that says it is empty.
             drop(response);
