@@ -60,7 +60,7 @@ impl WorkerPool {
     }
 }
 
-/// A new connection, as ALPN decided.
+/// Where a request goes: an HTTP/1.1 connection (idle or new), or the worker's HTTP/2 one.
 enum Fresh {
     Http1(h1::Connection),
     Http2(http2::SendRequest<ProxyBody>),
@@ -740,5 +740,20 @@ mod tests {
         assert_eq!(u.url("/v1/models?x=1"), "http://h:1/v1/models?x=1");
         let u = Upstream::new("http://h:1/proxy", "", Duration::from_secs(1), 1).unwrap();
         assert_eq!(u.url("/v1/models"), "http://h:1/proxy/v1/models");
+        // What goes on the request line is the same URL's path and query.
+        assert_eq!(u.target("/v1/models?x=1"), "/proxy/v1/models?x=1");
+        let u = Upstream::new("http://h:1/v1/", "", Duration::from_secs(1), 1).unwrap();
+        assert_eq!(u.target("/v1/models?x=1"), "/v1/models?x=1");
+        assert_eq!(u.target("/other"), "/v1/other");
+        assert_eq!(u.host, "h:1");
+        let u = Upstream::new(
+            "https://user:pw@api.example.com",
+            "",
+            Duration::from_secs(1),
+            1,
+        )
+        .unwrap();
+        assert_eq!(u.host, "api.example.com");
+        assert_eq!(u.origin, "https://user:pw@api.example.com/");
     }
 }
