@@ -14,6 +14,7 @@ pub mod egress;
 pub mod error;
 pub mod forward;
 pub mod h1;
+pub mod memo;
 pub mod metrics;
 pub mod models;
 pub mod passthrough;

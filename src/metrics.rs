@@ -1,7 +1,7 @@
 //! Prometheus metrics (names are part of the contract) with bounded label values.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, OnceLock, PoisonError, RwLock};
+use std::collections::HashSet;
+use std::sync::{Arc, OnceLock};
 
 use hyper::StatusCode;
 use prometheus::{
@@ -9,6 +9,7 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
+use crate::memo::Memo;
 use crate::models::{base_name, ModelInfo};
 use crate::routes::Route;
 
@@ -33,7 +34,7 @@ pub struct Metrics {
     pub token_ratio: GaugeVec,
     allowed_models: HashSet<String>,
     /// Each label's series, so a request looks its label up once rather than per series.
-    by_label: RwLock<HashMap<String, Arc<ModelSeries>>>,
+    by_label: Memo<Arc<ModelSeries>>,
 }
 
 /// The per-model series of one label. Completion and ratio series are resolved on first
@@ -186,7 +187,8 @@ impl Metrics {
                 .iter()
                 .map(|m| base_name(m).into_owned())
                 .collect(),
-            by_label: RwLock::new(HashMap::new()),
+            // Labels are bounded by construction: configured names, families, `other`.
+            by_label: Memo::new(usize::MAX),
             requests_ok: [const { OnceLock::new() }; Route::ALL.len()],
             registry,
         };
@@ -194,7 +196,7 @@ impl Metrics {
     }
 
     /// The series of a model's bounded label: a configured name, else its built-in family,
-    /// else `other`. The map only caches, so a poisoned lock is used as it stands.
+    /// else `other`.
     pub fn for_model(&self, model: &str, info: &ModelInfo) -> Arc<ModelSeries> {
         let name = base_name(model);
         let label = if self.allowed_models.contains(name.as_ref()) {
@@ -202,21 +204,8 @@ impl Metrics {
         } else {
             info.family.as_deref().unwrap_or("other")
         };
-        let known = self
-            .by_label
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(label)
-            .cloned();
-        if let Some(series) = known {
-            return series;
-        }
         self.by_label
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(label.to_string())
-            .or_insert_with(|| Arc::new(ModelSeries::new(self, label)))
-            .clone()
+            .get_or_derive(label, || Arc::new(ModelSeries::new(self, label)))
     }
 
     pub fn count_request(&self, route: Route, status: StatusCode) {

@@ -1,10 +1,11 @@
 //! What condenser knows of a model: its tokenizer and its context window.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Mutex, PoisonError, RwLock};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Mutex;
 
 use crate::config::{ModelOverride, TokensConfig};
+use crate::memo::Memo;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Encoding {
@@ -132,7 +133,7 @@ pub struct ModelCatalog {
     warned: Mutex<HashSet<String>>,
     /// By exact model string: a request's model costs one lookup rather than every prefix
     /// and override. The map only caches, so a poisoned lock is used as it stands.
-    resolved: RwLock<HashMap<String, ModelInfo>>,
+    resolved: Memo<ModelInfo>,
 }
 
 /// `openrouter/openai/gpt-4o` → `gpt-4o`; case-insensitive. Borrowed when already lower
@@ -152,29 +153,13 @@ impl ModelCatalog {
             overrides,
             defaults,
             warned: Mutex::new(HashSet::new()),
-            resolved: RwLock::new(HashMap::new()),
+            resolved: Memo::new(RESOLVED_MAX),
         }
     }
 
     pub fn resolve(&self, model: &str) -> ModelInfo {
-        let known = self
-            .resolved
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(model)
-            .cloned();
-        if let Some(info) = known {
-            return info;
-        }
-        let info = self.resolve_uncached(model);
-        let mut resolved = self
-            .resolved
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        if resolved.len() < RESOLVED_MAX {
-            resolved.insert(model.to_string(), info.clone());
-        }
-        info
+        self.resolved
+            .get_or_derive(model, || self.resolve_uncached(model))
     }
 
     fn resolve_uncached(&self, model: &str) -> ModelInfo {
@@ -334,7 +319,7 @@ mod tests {
                 assert_eq!(c.resolve(name), c.resolve_uncached(name), "{name}");
             }
         }
-        assert_eq!(c.resolved.read().unwrap().len(), RESOLVED_MAX);
+        assert_eq!(c.resolved.kept(), RESOLVED_MAX);
         assert_eq!(c.resolve("gpt-4o-1049").context_window, 128_000);
         assert_eq!(
             c.warned.lock().unwrap().len(),
