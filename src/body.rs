@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, TryStreamExt};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Body, Frame, SizeHint};
@@ -27,6 +27,48 @@ where
     E: Into<BoxError> + 'static,
 {
     StreamBody::new(stream.map_ok(Frame::data).map_err(Into::into)).boxed_unsync()
+}
+
+/// Chunks gathered into one body. Most bodies come in one chunk, which is kept as it came;
+/// only several are joined.
+#[derive(Default)]
+pub enum Gathered {
+    #[default]
+    Empty,
+    One(Bytes),
+    Joined(BytesMut),
+}
+
+impl Gathered {
+    pub fn push(&mut self, chunk: &Bytes) {
+        match self {
+            _ if chunk.is_empty() => {}
+            Gathered::Empty => *self = Gathered::One(chunk.clone()),
+            Gathered::One(first) => {
+                let mut joined = BytesMut::with_capacity(first.len() + chunk.len());
+                joined.extend_from_slice(first);
+                joined.extend_from_slice(chunk);
+                *self = Gathered::Joined(joined);
+            }
+            Gathered::Joined(joined) => joined.extend_from_slice(chunk),
+        }
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Gathered::Empty => &[],
+            Gathered::One(body) => body,
+            Gathered::Joined(body) => body,
+        }
+    }
+
+    pub fn into_bytes(self) -> Bytes {
+        match self {
+            Gathered::Empty => Bytes::new(),
+            Gathered::One(body) => body,
+            Gathered::Joined(body) => body.freeze(),
+        }
+    }
 }
 
 /// A request body grew past `max_body_bytes` while it was being relayed.

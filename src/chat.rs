@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body, Incoming};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -15,7 +15,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::app::AppState;
-use crate::body::{streaming, ProxyBody};
+use crate::body::{streaming, Gathered, ProxyBody};
 use crate::compaction::{self, CacheOutcome, CompactionJob, Rewrite};
 use crate::config::{Config, ContextConfig};
 use crate::error::ProxyError;
@@ -291,8 +291,7 @@ where
         return Err(ProxyError::BodyTooLarge { limit });
     }
     let mut body = Limited::new(body, limit);
-    let mut first = Bytes::new();
-    let mut joined = BytesMut::new();
+    let mut gathered = Gathered::Empty;
     while !body.is_end_stream() {
         let Some(frame) = body.frame().await else {
             break;
@@ -305,23 +304,11 @@ where
             }
         })?;
         // Trailers are not part of the body.
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        if first.is_empty() {
-            first = data;
-        } else {
-            if joined.is_empty() {
-                joined.extend_from_slice(&first);
-            }
-            joined.extend_from_slice(&data);
+        if let Some(data) = frame.data_ref() {
+            gathered.push(data);
         }
     }
-    Ok(if joined.is_empty() {
-        first
-    } else {
-        joined.freeze()
-    })
+    Ok(gathered.into_bytes())
 }
 
 /// What was done to the request, for headers, metrics and the log.

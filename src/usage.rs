@@ -12,7 +12,7 @@ use memchr::memmem;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
-use crate::body::BoxError;
+use crate::body::{BoxError, Gathered};
 
 /// A JSON body larger than this is relayed without reading its usage.
 const MAX_JSON_COPY: usize = 16 * 1024 * 1024;
@@ -80,52 +80,10 @@ pub trait UsageObserver: Send + 'static {
     fn finished(&mut self, usage: Option<Usage>);
 }
 
-/// A JSON body as relayed so far. Most arrive in one chunk, which is kept by reference
-/// rather than copied; only a body of several chunks is joined.
-enum JsonCopy {
-    Empty,
-    One(Bytes),
-    Joined(BytesMut),
-    /// Beyond `MAX_JSON_COPY`: relayed without reading its usage.
-    Overflow,
-}
-
-impl JsonCopy {
-    fn push(&mut self, chunk: &Bytes) {
-        let held = match self {
-            JsonCopy::Empty => 0,
-            JsonCopy::One(first) => first.len(),
-            JsonCopy::Joined(joined) => joined.len(),
-            JsonCopy::Overflow => return,
-        };
-        if held + chunk.len() > MAX_JSON_COPY {
-            *self = JsonCopy::Overflow;
-            return;
-        }
-        match self {
-            JsonCopy::Empty => *self = JsonCopy::One(chunk.clone()),
-            JsonCopy::One(first) => {
-                let mut joined = BytesMut::with_capacity(held + chunk.len());
-                joined.extend_from_slice(first);
-                joined.extend_from_slice(chunk);
-                *self = JsonCopy::Joined(joined);
-            }
-            JsonCopy::Joined(joined) => joined.extend_from_slice(chunk),
-            JsonCopy::Overflow => {}
-        }
-    }
-
-    fn usage(&self) -> Option<Usage> {
-        match self {
-            JsonCopy::One(body) => json_usage(body),
-            JsonCopy::Joined(body) => json_usage(body),
-            JsonCopy::Empty | JsonCopy::Overflow => None,
-        }
-    }
-}
-
 enum Mode {
-    Json(JsonCopy),
+    /// The body as relayed so far; `None` beyond `MAX_JSON_COPY`, where it is relayed
+    /// without reading its usage.
+    Json(Option<Gathered>),
     Sse {
         injected: bool,
         usage: Option<Usage>,
@@ -143,7 +101,7 @@ pub struct UsageTap<S, O: UsageObserver> {
 
 impl<S, O: UsageObserver> UsageTap<S, O> {
     pub fn json(inner: S, observer: O) -> Self {
-        Self::with_mode(inner, observer, Mode::Json(JsonCopy::Empty))
+        Self::with_mode(inner, observer, Mode::Json(Some(Gathered::Empty)))
     }
 
     /// `injected`: condenser asked upstream for usage that the client did not want.
@@ -175,7 +133,7 @@ impl<S, O: UsageObserver> UsageTap<S, O> {
             return;
         };
         let usage = match &self.mode {
-            Mode::Json(copy) => copy.usage(),
+            Mode::Json(copy) => copy.as_ref().and_then(|body| json_usage(body.bytes())),
             Mode::Sse { usage, .. } => *usage,
         };
         observer.finished(usage);
@@ -302,7 +260,13 @@ where
             };
             match &mut this.mode {
                 Mode::Json(copy) => {
-                    copy.push(&chunk);
+                    match copy {
+                        Some(body) if body.bytes().len() + chunk.len() > MAX_JSON_COPY => {
+                            *copy = None
+                        }
+                        Some(body) => body.push(&chunk),
+                        None => {}
+                    }
                     this.note_output();
                     return Poll::Ready(Some(Ok(chunk)));
                 }
