@@ -6,8 +6,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use futures_util::{Stream, TryStreamExt};
-use http_body_util::{BodyExt, Full, StreamBody};
+use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
@@ -18,15 +17,6 @@ pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
     Full::new(bytes.into())
         .map_err(|never| match never {})
         .boxed_unsync()
-}
-
-/// A body relayed frame by frame as the stream yields, never collected.
-pub fn streaming<S, E>(stream: S) -> ProxyBody
-where
-    S: Stream<Item = Result<Bytes, E>> + Send + 'static,
-    E: Into<BoxError> + 'static,
-{
-    StreamBody::new(stream.map_ok(Frame::data).map_err(Into::into)).boxed_unsync()
 }
 
 /// Chunks gathered into one body. Most bodies come in one chunk, which is kept as it came;

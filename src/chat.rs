@@ -15,7 +15,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::app::AppState;
-use crate::body::{streaming, Gathered, ProxyBody};
+use crate::body::{Gathered, ProxyBody};
 use crate::compaction::{self, CacheOutcome, CompactionJob, Rewrite};
 use crate::config::{Config, ContextConfig};
 use crate::error::ProxyError;
@@ -211,7 +211,7 @@ impl Prepared {
 struct Scanned<'a> {
     #[serde(borrow)]
     model: Cow<'a, str>,
-    #[serde(borrow)]
+    #[serde(borrow, deserialize_with = "message_list")]
     messages: Vec<&'a RawValue>,
     n: Option<u64>,
     stream: Option<bool>,
@@ -226,6 +226,33 @@ struct Scanned<'a> {
     tool_choice: Option<&'a RawValue>,
     #[serde(borrow)]
     response_format: Option<&'a RawValue>,
+}
+
+/// Sized for a typical conversation up front: grown from empty, the list is reallocated
+/// four times on the way to twenty messages.
+fn message_list<'de, D: serde::Deserializer<'de>>(
+    messages: D,
+) -> Result<Vec<&'de RawValue>, D::Error> {
+    struct List;
+    impl<'de> serde::de::Visitor<'de> for List {
+        type Value = Vec<&'de RawValue>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an array of messages")
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut list = Vec::with_capacity(seq.size_hint().unwrap_or(32));
+            while let Some(message) = seq.next_element()? {
+                list.push(message);
+            }
+            Ok(list)
+        }
+    }
+    messages.deserialize_seq(List)
 }
 
 fn present<'de, D: serde::Deserializer<'de>>(value: D) -> Result<Option<&'de RawValue>, D::Error> {
@@ -458,13 +485,12 @@ pub async fn handle(
         upstream_time,
         overhead,
     };
-    let stream_body = http_body_util::BodyDataStream::new(upstream_body);
     let body = if is_sse {
         // Removing the usage chunk changes the length; the relay is chunked anyway.
         response_headers.remove(header::CONTENT_LENGTH);
-        streaming(UsageTap::sse(stream_body, observer, inject_usage))
+        UsageTap::sse(upstream_body, observer, inject_usage).boxed_unsync()
     } else {
-        streaming(UsageTap::json(stream_body, observer))
+        UsageTap::json(upstream_body, observer).boxed_unsync()
     };
     Ok(Response::from_parts(head, body))
 }

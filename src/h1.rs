@@ -38,6 +38,9 @@ const COALESCE_BYTES: usize = 16 * 1024;
 const READ_CHUNK: usize = 16 * 1024;
 /// Idle connections each worker keeps per upstream.
 const MAX_IDLE: usize = 256;
+/// Room left in a response's header map for the headers the proxy adds on the way out
+/// (`x-condenser-*`), so adding them does not grow and rehash it.
+const ADDED_HEADERS_ROOM: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExchangeError {
@@ -283,7 +286,7 @@ fn parse_head(buf: &mut BytesMut, expects_body: bool) -> Result<Option<Parsed>, 
         let start = field.value.as_ptr() as usize - base;
         fields.push((name, start..start + field.value.len()));
     }
-    let mut headers = HeaderMap::with_capacity(fields.len());
+    let mut headers = HeaderMap::with_capacity(fields.len() + ADDED_HEADERS_ROOM);
     let head_bytes = buf.split_to(len).freeze();
     for (name, span) in fields {
         let value = HeaderValue::from_maybe_shared(head_bytes.slice(span))

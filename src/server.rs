@@ -260,7 +260,7 @@ async fn accept_loop(
                     async move { Ok::<_, Infallible>(routes::handle(state, request).await) }
                 });
                 let connection = builder
-                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                    .serve_connection(TokioIo::new(stream), service)
                     .into_owned();
                 let connection = graceful.watch(connection);
                 tokio::spawn(async move {

@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use futures_util::Stream;
+use hyper::body::{Body, Frame, SizeHint};
 use memchr::memmem;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
@@ -226,23 +226,33 @@ fn relay_event(event: &[u8], injected: bool, usage: &mut Option<Usage>, out: &mu
     out.extend_from_slice(event);
 }
 
-impl<S, E, O> Stream for UsageTap<S, O>
+/// A body itself rather than a stream adapted into one: hyper polls it directly, and a JSON
+/// body keeps its length and end-of-stream as upstream declared them.
+impl<B, O> Body for UsageTap<B, O>
 where
-    S: Stream<Item = Result<Bytes, E>> + Unpin,
-    E: Into<BoxError>,
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
     O: UsageObserver + Unpin,
 {
-    type Item = Result<Bytes, BoxError>;
+    type Data = Bytes;
+    type Error = BoxError;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         if this.done {
             return Poll::Ready(None);
         }
         loop {
-            let next = ready!(Pin::new(&mut this.inner).poll_next(cx));
+            let next = ready!(Pin::new(&mut this.inner).poll_frame(cx));
             let chunk = match next {
-                Some(Ok(chunk)) => chunk,
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(chunk) => chunk,
+                    // Trailers: nothing to read in them.
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
                 Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
                 None => {
                     this.done = true;
@@ -255,7 +265,7 @@ where
                         this.note_output();
                     }
                     this.finish();
-                    return Poll::Ready((!out.is_empty()).then(|| Ok(out.freeze())));
+                    return Poll::Ready((!out.is_empty()).then(|| Ok(Frame::data(out.freeze()))));
                 }
             };
             match &mut this.mode {
@@ -268,7 +278,7 @@ where
                         None => {}
                     }
                     this.note_output();
-                    return Poll::Ready(Some(Ok(chunk)));
+                    return Poll::Ready(Some(Ok(Frame::data(chunk))));
                 }
                 Mode::Sse { injected, usage } => {
                     this.pending.extend_from_slice(&chunk);
@@ -279,10 +289,24 @@ where
                     }
                     if !out.is_empty() {
                         this.note_output();
-                        return Poll::Ready(Some(Ok(out.freeze())));
+                        return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
                     }
                 }
             }
+        }
+    }
+
+    /// Once a JSON body's declared length has passed, hyper need not poll again; dropping the
+    /// tap then reads the usage.
+    fn is_end_stream(&self) -> bool {
+        self.done || matches!(self.mode, Mode::Json(_)) && self.inner.is_end_stream()
+    }
+
+    /// An SSE stream may lose its usage chunk on the way, so only a JSON body's size stands.
+    fn size_hint(&self) -> SizeHint {
+        match self.mode {
+            Mode::Json(_) => self.inner.size_hint(),
+            Mode::Sse { .. } => SizeHint::default(),
         }
     }
 }
@@ -290,7 +314,8 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use futures_util::StreamExt;
+    use futures_util::Stream;
+    use http_body_util::{BodyExt, Full, StreamBody};
     use std::sync::{Arc, Mutex};
 
     #[derive(Clone, Default)]
@@ -314,22 +339,25 @@ mod tests {
 
     fn stream_of(
         chunks: impl IntoIterator<Item = Bytes>,
-    ) -> impl Stream<Item = Result<Bytes, BoxError>> + Unpin {
-        futures_util::stream::iter(
+    ) -> StreamBody<impl Stream<Item = Result<Frame<Bytes>, BoxError>> + Unpin> {
+        StreamBody::new(futures_util::stream::iter(
             chunks
                 .into_iter()
-                .map(Ok::<_, BoxError>)
+                .map(|chunk| Ok::<_, BoxError>(Frame::data(chunk)))
                 .collect::<Vec<_>>(),
-        )
+        ))
     }
 
-    async fn relayed<S: Stream<Item = Result<Bytes, BoxError>> + Unpin>(
-        tap: UsageTap<S, Seen>,
-    ) -> String {
-        let out: Vec<_> = tap.collect().await;
-        out.into_iter()
-            .map(|r| String::from_utf8(r.unwrap().to_vec()).unwrap())
-            .collect()
+    async fn relayed<B>(mut tap: UsageTap<B, Seen>) -> String
+    where
+        B: Body<Data = Bytes, Error = BoxError> + Unpin,
+    {
+        let mut text = String::new();
+        while let Some(frame) = tap.frame().await {
+            let data = frame.unwrap().into_data().unwrap();
+            text.push_str(std::str::from_utf8(&data).unwrap());
+        }
+        text
     }
 
     const COMPLETION: &str = r#"{"id":"c","choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}"#;
@@ -373,6 +401,35 @@ mod tests {
         }
         let (_, seen) = json_relay(r#"{"choices":[]}"#, &[4]).await;
         assert_eq!(seen.0.lock().unwrap().1, None);
+    }
+
+    #[tokio::test]
+    async fn a_json_body_keeps_its_length_and_ends_without_another_poll() {
+        let seen = Seen::default();
+        let body = Full::new(Bytes::from_static(COMPLETION.as_bytes())).map_err(BoxError::from);
+        let mut tap = UsageTap::json(body, seen.clone());
+        assert_eq!(tap.size_hint().exact(), Some(COMPLETION.len() as u64));
+        assert!(!tap.is_end_stream());
+        let data = tap.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(data, COMPLETION.as_bytes());
+        // hyper stops here and drops the body: that is when the usage is read.
+        assert!(tap.is_end_stream());
+        assert_eq!(seen.0.lock().unwrap().1, None);
+        drop(tap);
+        assert_eq!(
+            seen.0.lock().unwrap().1,
+            Some(Usage {
+                prompt_tokens: 3,
+                completion_tokens: 4
+            })
+        );
+
+        let sse = UsageTap::sse(
+            Full::new(Bytes::from_static(b"data: [DONE]\n\n")).map_err(BoxError::from),
+            Seen::default(),
+            true,
+        );
+        assert_eq!(sse.size_hint().exact(), None, "an SSE body may shrink");
     }
 
     #[tokio::test]

@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use condenser::body::streaming;
+use condenser::body::{BoxError, ProxyBody};
 use futures_util::StreamExt;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
 use hyper::Response;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -247,7 +249,7 @@ async fn gated_stream_upstream(
             });
             Response::builder()
                 .header("content-type", "text/event-stream")
-                .body(streaming(tokio_stream_from(rx)))
+                .body(body_from(rx))
                 .unwrap()
         }
     }))
@@ -255,10 +257,11 @@ async fn gated_stream_upstream(
     (upstream, gate_tx, closed_rx)
 }
 
-fn tokio_stream_from(
-    mut rx: mpsc::Receiver<Result<Bytes, std::io::Error>>,
-) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
-    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+/// The chunks sent on `rx` as a body, relayed frame by frame as they come.
+fn body_from(mut rx: mpsc::Receiver<Result<Bytes, std::io::Error>>) -> ProxyBody {
+    let frames = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+        .map(|chunk| chunk.map(Frame::data).map_err(BoxError::from));
+    StreamBody::new(frames).boxed_unsync()
 }
 
 fn stream_request() -> String {
