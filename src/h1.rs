@@ -95,6 +95,7 @@ pub struct Connection {
     /// It served a request before, so upstream may have closed it while it sat idle.
     reused: bool,
     idle_since: Instant,
+    names: KnownNames,
 }
 
 impl Connection {
@@ -104,6 +105,7 @@ impl Connection {
             read_buf: BytesMut::new(),
             reused: false,
             idle_since: Instant::now(),
+            names: KnownNames::default(),
         }
     }
 
@@ -199,7 +201,7 @@ impl Connection {
     ) -> Result<Response<ResponseBody>, ExchangeError> {
         loop {
             if !self.read_buf.is_empty() {
-                match parse_head(&mut self.read_buf, expects_body)? {
+                match parse_head(&mut self.read_buf, &mut self.names, expects_body)? {
                     Some(Parsed::Interim) => continue,
                     Some(Parsed::Final(head, framing, keep_alive)) => {
                         let mut body = ResponseBody {
@@ -246,7 +248,11 @@ enum Parsed {
 
 /// Parses a response head at the front of `buf`, taking it out when complete; `None` when
 /// more bytes are needed.
-fn parse_head(buf: &mut BytesMut, expects_body: bool) -> Result<Option<Parsed>, ExchangeError> {
+fn parse_head(
+    buf: &mut BytesMut,
+    names: &mut KnownNames,
+    expects_body: bool,
+) -> Result<Option<Parsed>, ExchangeError> {
     // Uninitialised: zeroing every slot costs more than parsing a typical head.
     let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
     let mut parsed = httparse::Response::new(&mut []);
@@ -279,9 +285,8 @@ fn parse_head(buf: &mut BytesMut, expects_body: bool) -> Result<Option<Parsed>, 
     let base = buf.as_ptr() as usize;
     let mut fields = Vec::with_capacity(parsed.headers.len());
     let mut delimiters = Delimiters::default();
-    for field in parsed.headers.iter() {
-        let name = HeaderName::from_bytes(field.name.as_bytes())
-            .map_err(|_| ExchangeError::Malformed("bad header name"))?;
+    for (index, field) in parsed.headers.iter().enumerate() {
+        let name = names.name(index, field.name.as_bytes())?;
         delimiters.note(&name, field.value)?;
         let start = field.value.as_ptr() as usize - base;
         fields.push((name, start..start + field.value.len()));
@@ -310,6 +315,31 @@ fn parse_head(buf: &mut BytesMut, expects_body: bool) -> Result<Option<Parsed>, 
         framing,
         keep_alive,
     )))
+}
+
+/// The header names of the last response on a connection, with the bytes each was read
+/// from. An upstream sends the same names in the same order response after response, and
+/// comparing a few bytes costs less than parsing a name.
+#[derive(Default)]
+struct KnownNames(Vec<(Box<[u8]>, HeaderName)>);
+
+impl KnownNames {
+    /// The name of the response's `index`th header, read from `raw`.
+    fn name(&mut self, index: usize, raw: &[u8]) -> Result<HeaderName, ExchangeError> {
+        if let Some((known, name)) = self.0.get(index) {
+            if **known == *raw {
+                return Ok(name.clone());
+            }
+        }
+        let name =
+            HeaderName::from_bytes(raw).map_err(|_| ExchangeError::Malformed("bad header name"))?;
+        let entry = (raw.into(), name.clone());
+        match self.0.get_mut(index) {
+            Some(known) => *known = entry,
+            None => self.0.push(entry),
+        }
+        Ok(name)
+    }
 }
 
 /// The headers that say where a response ends.
@@ -748,7 +778,7 @@ mod tests {
     fn parse(wire: &[u8], expects_body: bool) -> (hyper::http::response::Parts, Framing, bool) {
         let mut buf = BytesMut::from(wire);
         loop {
-            match parse_head(&mut buf, expects_body).unwrap() {
+            match parse_head(&mut buf, &mut KnownNames::default(), expects_body).unwrap() {
                 Some(Parsed::Final(head, framing, keep_alive)) => {
                     return (head, framing, keep_alive)
                 }
@@ -800,14 +830,46 @@ mod tests {
         assert!(!keep_alive);
 
         let mut partial = BytesMut::from(&b"HTTP/1.1 200 OK\r\ncontent-le"[..]);
-        assert!(parse_head(&mut partial, true).unwrap().is_none());
+        let names = &mut KnownNames::default();
+        assert!(parse_head(&mut partial, names, true).unwrap().is_none());
         for bad in [
             &b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n"[..],
             b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
             b"NOT HTTP\r\n\r\n",
         ] {
-            assert!(parse_head(&mut BytesMut::from(bad), true).is_err());
+            assert!(parse_head(&mut BytesMut::from(bad), names, true).is_err());
         }
+    }
+
+    #[test]
+    fn header_names_are_remembered_by_position_and_reread_when_they_change() {
+        let names = &mut KnownNames::default();
+        let mut keys = |wire: &[u8]| match parse_head(&mut BytesMut::from(wire), names, true) {
+            Ok(Some(Parsed::Final(head, _, _))) => head
+                .headers
+                .iter()
+                .map(|(name, value)| format!("{name}={}", value.to_str().unwrap()))
+                .collect::<Vec<_>>(),
+            _ => panic!("not a head"),
+        };
+        let first = keys(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-A: 1\r\n\r\n");
+        assert_eq!(first, ["content-length=0", "x-a=1"]);
+        let same = keys(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-A: 2\r\n\r\n");
+        assert_eq!(same, ["content-length=0", "x-a=2"]);
+        let changed =
+            keys(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-B: 3\r\nx-a: 4\r\nX-C: 5\r\n\r\n");
+        assert_eq!(changed, ["content-length=0", "x-b=3", "x-a=4", "x-c=5"]);
+        let fewer = keys(b"HTTP/1.1 200 OK\r\nX-C: 6\r\n\r\n");
+        assert_eq!(fewer, ["x-c=6"]);
+        assert!(
+            parse_head(
+                &mut BytesMut::from(&b"HTTP/1.1 200 OK\r\nX A: 1\r\n\r\n"[..]),
+                names,
+                true
+            )
+            .is_err(),
+            "a name that is not a token"
+        );
     }
 
     #[test]
