@@ -6,121 +6,47 @@
 #   bash bench/load.sh
 #
 # Environment:
-#   CONDENSER_BIN   use this binary instead of building (default: cargo build --release,
-#                   honouring CARGO_TARGET_DIR)
+#   CONDENSER_BIN   use this binary instead of building one
+#   PGO             1 (default): build with scripts/pgo-build.sh, as releases are built;
+#                   0: a plain `cargo build --release` (both honour CARGO_TARGET_DIR)
 #   DURATION        seconds per measured wrk run (default 5)
 #   ROUNDS          rounds over all targets; the report shows medians (default 3)
 #   WARMUP          seconds of warm-up per target (default 2)
 #   CONNECTIONS     connections of the throughput run (default 32)
 #   RUST_LOG        condenser's log filter (default warn; info logs one line per request)
 set -euo pipefail
+SCRIPT=load
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DURATION=${DURATION:-5}
 ROUNDS=${ROUNDS:-3}
 WARMUP=${WARMUP:-2}
 CONNECTIONS=${CONNECTIONS:-32}
 export RUST_LOG=${RUST_LOG:-warn}
 
-log() { echo "load.sh: $*" >&2; }
-die() { log "$*"; exit 1; }
-
-# --- tools -------------------------------------------------------------------------------
-if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
-    [ "$(id -u)" = 0 ] || die "nginx and wrk are needed: apt-get install -y nginx wrk"
-    log "installing nginx and wrk"
-    apt-get update -qq >/dev/null
-    # policy-rc.d in containers keeps the packaged nginx service from starting.
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk >/dev/null
-fi
-NGINX=$(command -v nginx)
-for tool in curl wrk awk; do command -v "$tool" >/dev/null || die "$tool not found"; done
-
 # --- condenser binary ----------------------------------------------------------------------
 if [ -n "${CONDENSER_BIN:-}" ]; then
     BIN=$CONDENSER_BIN
+    BUILD="given ($BIN)"
+elif [ "${PGO:-1}" = 1 ]; then
+    log "building condenser with PGO (scripts/pgo-build.sh, a few minutes)"
+    BIN=$(bash "$ROOT/scripts/pgo-build.sh" | tail -1)
+    BUILD="release with PGO (scripts/pgo-build.sh)"
 else
     log "building condenser (release)"
     (cd "$ROOT" && cargo build --release --quiet --bin condenser)
     BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/condenser
+    BUILD="release without PGO"
 fi
 [ -x "$BIN" ] || die "no condenser binary at $BIN"
 
-# --- temp dir, ports, clean-up -----------------------------------------------------------
-WORK=$(mktemp -d /tmp/condenser-load.XXXXXX)
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do
-        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-USED_PORTS=" "
-free_port() {
-    local port
-    for _ in $(seq 100); do
-        port=$((20000 + RANDOM % 40000))
-        case $USED_PORTS in *" $port "*) continue ;; esac
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-            USED_PORTS="$USED_PORTS$port "
-            echo "$port"
-            return 0
-        fi
-    done
-    return 1
-}
 UP_PORT=$(free_port)
 PROXY_PORT=$(free_port)
 CONDENSER_PORT=$(free_port)
-
-# --- nginx #1, the upstream: a canned chat.completion --------------------------------------
-COMPLETION='{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"gpt-4o-2024-08-06","choices":[{"index":0,"message":{"role":"assistant","content":"Sure. The deployment looks healthy: latency is within budget and no errors were logged.","refusal":null},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":120,"completion_tokens":18,"total_tokens":138},"system_fingerprint":"fp_bench"}'
-
-nginx_common() { # $1 = prefix dir
-    cat <<EOF
-worker_processes auto;
-daemon off;
-pid $1/nginx.pid;
-error_log $1/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $1/body;
-    proxy_temp_path $1/proxy;
-    fastcgi_temp_path $1/fastcgi;
-    uwsgi_temp_path $1/uwsgi;
-    scgi_temp_path $1/scgi;
-    keepalive_requests 1000000;
-    keepalive_timeout 75s;
-EOF
-}
-
-mkdir -p "$WORK/upstream" "$WORK/proxy"
-{
-    nginx_common "$WORK/upstream"
-    cat <<EOF
-    server {
-        listen 127.0.0.1:$UP_PORT;
-        # Any POST under /v1/, so condenser's pass-through path can be measured as well.
-        location /v1/ {
-            if (\$request_method != POST) { return 405; }
-            default_type application/json;
-            return 200 '$COMPLETION';
-        }
-        location / { return 404; }
-    }
-}
-EOF
-} >"$WORK/upstream/nginx.conf"
+start_upstream "$UP_PORT"
 
 # --- nginx #2, a plain reverse proxy with a keep-alive pool ---------------------------------
+mkdir -p "$WORK/proxy"
 {
     nginx_common "$WORK/proxy"
     cat <<EOF
@@ -150,9 +76,6 @@ listen = "127.0.0.1:$CONDENSER_PORT"
 base_url = "http://127.0.0.1:$UP_PORT"
 EOF
 
-"$NGINX" -p "$WORK/upstream" -c "$WORK/upstream/nginx.conf" -e "$WORK/upstream/error.log" &
-UP_PID=$!
-PIDS+=("$UP_PID")
 "$NGINX" -p "$WORK/proxy" -c "$WORK/proxy/nginx.conf" -e "$WORK/proxy/error.log" &
 PROXY_PID=$!
 PIDS+=("$PROXY_PID")
@@ -160,49 +83,8 @@ PIDS+=("$PROXY_PID")
 CONDENSER_PID=$!
 PIDS+=("$CONDENSER_PID")
 
-wait_up() { # $1 = url
-    for _ in $(seq 100); do
-        curl -s -o /dev/null "$1" && return 0
-        sleep 0.1
-    done
-    return 1
-}
-wait_up "http://127.0.0.1:$UP_PORT/" || die "upstream nginx did not start: $(cat "$WORK/upstream/error.log")"
 wait_up "http://127.0.0.1:$PROXY_PORT/" || die "proxy nginx did not start: $(cat "$WORK/proxy/error.log")"
 wait_up "http://127.0.0.1:$CONDENSER_PORT/healthz" || die "condenser did not start: $(cat "$WORK/condenser.log")"
-
-# --- the request mix: under-threshold conversations of 1 to 20 messages, round-robin ------
-cat >"$WORK/mix.lua" <<'EOF'
-local words = {"the", "deployment", "latency", "is", "within", "budget", "and", "we", "should",
-  "check", "the", "logs", "for", "errors", "before", "the", "release", "of", "version", "two",
-  "please", "summarize", "what", "changed", "in", "the", "config", "since", "last", "week"}
-local seed = 7
-local function word()
-  seed = (seed * 1103515245 + 12345) % 2147483648
-  return words[seed % #words + 1]
-end
-local function sentence(n)
-  local out = {}
-  for i = 1, n do out[i] = word() end
-  return table.concat(out, " ")
-end
-local bodies = {}
-for _, n in ipairs({1, 2, 4, 7, 10, 14, 20}) do
-  local messages = {'{"role":"system","content":"You are a helpful assistant."}'}
-  for i = 1, n - 1 do
-    local role = (i % 2 == 1) and "user" or "assistant"
-    messages[#messages + 1] = '{"role":"' .. role .. '","content":"' .. sentence(10 + (i * 7) % 40) .. '"}'
-  end
-  bodies[#bodies + 1] = '{"model":"gpt-4o","max_tokens":256,"messages":[' .. table.concat(messages, ",") .. ']}'
-end
-local headers = {["Content-Type"] = "application/json", ["Authorization"] = "Bearer sk-bench"}
-local path = os.getenv("BENCH_PATH") or "/v1/chat/completions"
-local next_body = 0
-request = function()
-  next_body = next_body % #bodies + 1
-  return wrk.format("POST", path, headers, bodies[next_body])
-end
-EOF
 
 # --- sanity: each target answers 200 with the completion; condenser says it forwarded ------
 BODY='{"model":"gpt-4o","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Is the deployment healthy?"}]}'
@@ -301,6 +183,7 @@ WARNINGS=$(grep -ciE 'warn|error' "$WORK/condenser.log" || true)
 
 # --- report ---------------------------------------------------------------------------------
 echo
+echo "condenser build: $BUILD"
 echo "condenser load benchmark: $(nproc) cores, wrk -t1, median of $ROUNDS rounds of ${DURATION}s per figure, RUST_LOG=$RUST_LOG"
 echo "upstream: nginx $("$NGINX" -v 2>&1 | sed 's/.*\///'), canned chat.completion; mix: 7 conversations of 1-20 messages"
 echo "cond-passthru: the same bodies to condenser's /v1/embeddings, relayed without parsing"
