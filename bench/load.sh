@@ -26,7 +26,7 @@ export RUST_LOG=${RUST_LOG:-warn}
 
 # --- condenser binary ----------------------------------------------------------------------
 if [ -n "${CONDENSER_BIN:-}" ]; then
-    BIN=$CONDENSER_BIN
+    BIN=$(realpath "$CONDENSER_BIN")
     BUILD="given ($BIN)"
 elif [ "${PGO:-1}" = 1 ]; then
     log "building condenser with PGO (scripts/pgo-build.sh, a few minutes)"

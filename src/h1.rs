@@ -38,9 +38,9 @@ const COALESCE_BYTES: usize = 16 * 1024;
 const READ_CHUNK: usize = 16 * 1024;
 /// Idle connections each worker keeps per upstream.
 const MAX_IDLE: usize = 256;
-/// Room left in a response's header map for the headers the proxy adds on the way out
-/// (`x-condenser-*`), so adding them does not grow and rehash it.
-const ADDED_HEADERS_ROOM: usize = 8;
+/// Room left in a response's header map for the headers the proxy adds on the way out (the
+/// five `x-condenser-*` ones), so adding them does not grow and rehash it.
+const ADDED_HEADERS_ROOM: usize = 5;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExchangeError {
