@@ -116,6 +116,17 @@ EOF
     wait_up "http://127.0.0.1:$1/" || die "upstream nginx did not start: $(cat "$WORK/upstream/error.log")"
 }
 
+# A config for condenser on $1 in front of the upstream on $2.
+condenser_config() {
+    cat <<EOF
+[server]
+listen = "127.0.0.1:$1"
+
+[upstream]
+base_url = "http://127.0.0.1:$2"
+EOF
+}
+
 # --- the request mix: under-threshold conversations of 1 to 20 messages, round-robin ------
 # In wrk's environment: BENCH_PATH (default /v1/chat/completions), MIX_MODEL (default gpt-4o),
 # MIX_STREAM=1 to ask for streamed answers.

@@ -24,13 +24,7 @@ fi
 UP_PORT=$(free_port)
 CONDENSER_PORT=$(free_port)
 start_upstream "$UP_PORT"
-cat >"$WORK/condenser.toml" <<EOF
-[server]
-listen = "127.0.0.1:$CONDENSER_PORT"
-
-[upstream]
-base_url = "http://127.0.0.1:$UP_PORT"
-EOF
+condenser_config "$CONDENSER_PORT" "$UP_PORT" >"$WORK/condenser.toml"
 (cd "$WORK" && RUST_LOG=warn exec valgrind --tool=callgrind --callgrind-out-file="$WORK/callgrind.out" \
     "$BIN" --config "$WORK/condenser.toml") 2>"$WORK/condenser.log" &
 PIDS+=("$!")

@@ -68,13 +68,7 @@ EOF
 } >"$WORK/proxy/nginx.conf"
 
 # --- condenser ------------------------------------------------------------------------------
-cat >"$WORK/condenser.toml" <<EOF
-[server]
-listen = "127.0.0.1:$CONDENSER_PORT"
-
-[upstream]
-base_url = "http://127.0.0.1:$UP_PORT"
-EOF
+condenser_config "$CONDENSER_PORT" "$UP_PORT" >"$WORK/condenser.toml"
 
 "$NGINX" -p "$WORK/proxy" -c "$WORK/proxy/nginx.conf" -e "$WORK/proxy/error.log" &
 PROXY_PID=$!

@@ -63,18 +63,16 @@ log "building the instrumented binary"
 UP_PORT=$(free_port)
 CONDENSER_PORT=$(free_port)
 start_upstream "$UP_PORT"
-cat >"$WORK/condenser.toml" <<EOF
-[server]
-listen = "127.0.0.1:$CONDENSER_PORT"
-
-[upstream]
-base_url = "http://127.0.0.1:$UP_PORT"
+{
+    condenser_config "$CONDENSER_PORT" "$UP_PORT"
+    cat <<EOF
 
 # Streamed answers come from the upstream's /sse/ location.
 [[routes]]
 models = ["gpt-4o-mini"]
 base_url = "http://127.0.0.1:$UP_PORT/sse"
 EOF
+} >"$WORK/condenser.toml"
 (cd "$WORK" && RUST_LOG=warn exec "$TARGET/pgo-instrumented/release/condenser" --config "$WORK/condenser.toml") \
     2>"$WORK/condenser.log" &
 CONDENSER_PID=$!
