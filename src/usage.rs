@@ -71,7 +71,68 @@ fn tail_usage(body: &[u8]) -> Option<Usage> {
     let value = body[at + USAGE_KEY.len()..]
         .trim_ascii_start()
         .strip_prefix(b":")?;
-    Usage::deserialize(&mut serde_json::Deserializer::from_slice(value)).ok()
+    plain_usage(value)
+        .or_else(|| Usage::deserialize(&mut serde_json::Deserializer::from_slice(value)).ok())
+}
+
+/// The usage object as upstreams write it, read without `serde`, which costs several times
+/// more on a response's path: its two counts as plain integers, each once, among other
+/// members that are skipped (nested objects included). Anything else is `None`, and `serde`
+/// reads the object instead.
+fn plain_usage(object: &[u8]) -> Option<Usage> {
+    let mut prompt = None;
+    let mut completion = None;
+    let mut depth = 0usize;
+    let mut at = 0;
+    while let Some(&byte) = object.get(at) {
+        at += 1;
+        match byte {
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(Usage {
+                        prompt_tokens: prompt?,
+                        completion_tokens: completion?,
+                    });
+                }
+            }
+            b'"' => {
+                let start = at;
+                // A string with an escape in it is left to serde, which decodes it.
+                at += memchr::memchr2(b'"', b'\\', &object[at..])?;
+                if object[at] == b'\\' {
+                    return None;
+                }
+                let text = &object[start..at];
+                at += 1;
+                let rest = object[at..].trim_ascii_start();
+                let Some(value) = rest.strip_prefix(b":") else {
+                    continue;
+                };
+                let slot = match (depth, text) {
+                    (1, b"prompt_tokens") => &mut prompt,
+                    (1, b"completion_tokens") => &mut completion,
+                    _ => continue,
+                };
+                let value = value.trim_ascii_start();
+                let digits = value.iter().take_while(|b| b.is_ascii_digit()).count();
+                let after = value[digits..].trim_ascii_start().first();
+                let leading_zero = digits > 1 && value[0] == b'0';
+                if slot.is_some()
+                    || digits == 0
+                    || leading_zero
+                    || !matches!(after, Some(b',' | b'}'))
+                {
+                    return None;
+                }
+                *slot = Some(std::str::from_utf8(&value[..digits]).ok()?.parse().ok()?);
+                at = object.len() - value.len() + digits;
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// What the relay reports, once each: the first bytes out, and the usage at the end.
@@ -461,6 +522,57 @@ mod tests {
             assert_eq!((found.prompt_tokens, found.completion_tokens), (3, 4));
         }
         assert_eq!(json_usage(br#"{"choices":[]}"#), None);
+    }
+
+    /// The plain reader against `serde` on the shapes upstreams send and on ones it must
+    /// leave to `serde`: where it reads a usage, `serde` reads the same.
+    #[test]
+    fn plain_usage_agrees_with_serde() {
+        let serde =
+            |object: &str| Usage::deserialize(&mut serde_json::Deserializer::from_str(object)).ok();
+        let read = [
+            r#"{"prompt_tokens":120,"completion_tokens":18,"total_tokens":138}"#,
+            r#"{ "completion_tokens" : 7 , "prompt_tokens" : 0 }"#,
+            r#"{"prompt_tokens":19,"completion_tokens":10,"total_tokens":29,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"accepted_prediction_tokens":0}}"#,
+            r#"{"x":{"prompt_tokens":1,"completion_tokens":2},"prompt_tokens":3,"completion_tokens":4}"#,
+            r#"{"note":"a } and a { and \"quotes\"","prompt_tokens":5,"completion_tokens":6}"#,
+        ];
+        for object in read {
+            let plain = if object.contains('\\') {
+                None
+            } else {
+                plain_usage(object.as_bytes())
+            };
+            assert_eq!(plain.or_else(|| serde(object)), serde(object), "{object}");
+            assert!(serde(object).is_some(), "{object}");
+        }
+        assert_eq!(
+            plain_usage(read[3].as_bytes()),
+            Some(Usage {
+                prompt_tokens: 3,
+                completion_tokens: 4
+            }),
+            "nested counts are not the response's"
+        );
+        for object in [
+            r#"{"prompt_tokens":1.5,"completion_tokens":2}"#,
+            r#"{"prompt_tokens":-1,"completion_tokens":2}"#,
+            r#"{"prompt_tokens":01,"completion_tokens":2}"#,
+            r#"{"prompt_tokens":1,"prompt_tokens":2,"completion_tokens":2}"#,
+            r#"{"prompt_tokens":1}"#,
+            r#"{"prompt_tokens":"1","completion_tokens":2}"#,
+            r#"{"prompt_tokens":1,"completion_tokens":99999999999999999999999}"#,
+            r#"{"prompt_tokens":1,"completion_tokens":2"#,
+            r#"{"pro\u006dpt_tokens":1,"completion_tokens":2}"#,
+        ] {
+            assert_eq!(plain_usage(object.as_bytes()), None, "{object}");
+        }
+        // What serde makes of those, the tap still gets: the plain reader only steps aside.
+        let escaped = br#"{"pro\u006dpt_tokens":1,"completion_tokens":2}"#;
+        assert_eq!(
+            tail_usage(&[&b"{\"usage\":"[..], escaped, b"}"].concat()),
+            serde(std::str::from_utf8(escaped).unwrap())
+        );
     }
 
     #[tokio::test]
