@@ -19,7 +19,7 @@ use crate::body::{Gathered, ProxyBody};
 use crate::compaction::{self, CacheOutcome, CompactionJob, Rewrite};
 use crate::config::{Config, ContextConfig};
 use crate::error::ProxyError;
-use crate::forward::{strip_hop_by_hop, Upstream};
+use crate::forward::Upstream;
 use crate::h1::RequestBody;
 use crate::metrics::ModelSeries;
 use crate::models::{ModelCatalog, ModelInfo};
@@ -444,7 +444,6 @@ pub async fn handle(
         .observe(upstream_time.as_secs_f64());
 
     let (mut head, upstream_body) = response.into_parts();
-    strip_hop_by_hop(&mut head.headers);
     let status = head.status;
     let response_headers = &mut head.headers;
     for (name, value) in [

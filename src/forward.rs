@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http_body_util::BodyExt;
 use hyper::client::conn::http2;
-use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Method, Request, Response, Uri};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::{Connection as _, HttpConnector};
@@ -24,7 +24,7 @@ use crate::body::{with_idle_timeout, BodyLimitExceeded, BoxError, ProxyBody};
 use crate::config::{Config, ConfigError};
 use crate::egress::Egress;
 use crate::error::ProxyError;
-use crate::h1::{self, RequestBody};
+use crate::h1::{self, strip_hop_by_hop, RequestBody};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -256,7 +256,8 @@ impl Upstream {
     }
 
     /// Sends and waits for the response head, never for its body. The body fails once
-    /// upstream stays silent for the upstream timeout.
+    /// upstream stays silent for the upstream timeout. The response's headers are its own:
+    /// HTTP/1.1 leaves hop-by-hop ones out as it reads them, and HTTP/2 has none.
     pub async fn send(
         &self,
         method: Method,
@@ -406,84 +407,11 @@ fn root_cause(error: &dyn std::error::Error) -> String {
     cause.to_string()
 }
 
-/// Headers that describe one hop, not the request: never forwarded either way. As names,
-/// so telling a header from them is a few integer compares rather than string ones.
-const HOP_BY_HOP: [HeaderName; 9] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
-
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    HOP_BY_HOP.contains(name)
-}
-
-/// Case-insensitive, as Connection tokens are.
-fn is_hop_by_hop_token(token: &str) -> bool {
-    HOP_BY_HOP
-        .iter()
-        .any(|hop| hop.as_str().eq_ignore_ascii_case(token))
-}
-
-/// The names the Connection header lists as hop-by-hop too, as written; a value that is not
-/// text is skipped whole.
-fn connection_listed(headers: &HeaderMap) -> impl Iterator<Item = &str> {
-    headers
-        .get_all(header::CONNECTION)
-        .into_iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-}
-
 /// The client's headers minus hop-by-hop ones and Host (the upstream's own is set).
 pub fn forwardable_headers(mut headers: HeaderMap) -> HeaderMap {
     strip_hop_by_hop(&mut headers);
     headers.remove(header::HOST);
     headers
-}
-
-/// The upstream's response with its hop-by-hop headers dropped; the body is relayed as it
-/// arrives.
-pub fn relay_response(mut response: Response<ProxyBody>) -> Response<ProxyBody> {
-    strip_hop_by_hop(response.headers_mut());
-    response
-}
-
-/// Drops the headers that describe one hop, not the message, removing them in the map's
-/// order (which decides the order of those left). The two common shapes allocate nothing:
-/// no hop-by-hop header at all, and a Connection header alone (nginx sends
-/// `Connection: keep-alive` on every response) that lists no other header present.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let fixed = headers.keys().filter(|name| is_hop_by_hop(name)).count();
-    if fixed == 0 {
-        return;
-    }
-    let lone_connection = fixed == 1
-        && headers.contains_key(header::CONNECTION)
-        && !connection_listed(headers)
-            .any(|token| !is_hop_by_hop_token(token) && headers.contains_key(token));
-    if lone_connection {
-        headers.remove(header::CONNECTION);
-        return;
-    }
-    let doomed: Vec<HeaderName> = headers
-        .keys()
-        .filter(|name| {
-            is_hop_by_hop(name)
-                || connection_listed(headers).any(|token| token.eq_ignore_ascii_case(name.as_str()))
-        })
-        .cloned()
-        .collect();
-    for name in doomed {
-        headers.remove(name);
-    }
 }
 
 /// The configured upstreams and which model goes where.
@@ -534,6 +462,7 @@ impl Upstreams {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::h1::HOP_BY_HOP;
 
     #[test]
     fn hop_by_hop_and_connection_listed_headers_are_dropped() {
@@ -558,83 +487,6 @@ mod tests {
         let out = forwardable_headers(h);
         assert_eq!(out.keys().collect::<Vec<_>>(), ["x-kept"], "{out:?}");
         assert_eq!(out.get_all("x-kept").iter().count(), 2);
-    }
-
-    #[test]
-    fn each_hop_by_hop_header_is_dropped_without_a_connection_header() {
-        for name in [
-            "keep-alive",
-            "proxy-connection",
-            "proxy-authenticate",
-            "proxy-authorization",
-            "te",
-            "trailer",
-            "transfer-encoding",
-            "upgrade",
-        ] {
-            let mut h = HeaderMap::new();
-            h.insert(name, HeaderValue::from_static("1"));
-            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-            strip_hop_by_hop(&mut h);
-            assert_eq!(h.keys().collect::<Vec<_>>(), ["content-type"], "{name}");
-        }
-    }
-
-    #[test]
-    fn a_lone_connection_header_is_dropped_and_nothing_else() {
-        let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("Keep-Alive"));
-        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("317"));
-        h.insert("x-request-id", HeaderValue::from_static("1"));
-        strip_hop_by_hop(&mut h);
-        let mut left: Vec<_> = h.keys().map(HeaderName::as_str).collect();
-        left.sort_unstable();
-        assert_eq!(left, ["content-length", "x-request-id"]);
-
-        let mut h = HeaderMap::new();
-        h.insert(
-            header::CONNECTION,
-            HeaderValue::from_static("close, not a name, X-Hop"),
-        );
-        h.insert("x-hop", HeaderValue::from_static("1"));
-        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("317"));
-        strip_hop_by_hop(&mut h);
-        assert_eq!(h.keys().collect::<Vec<_>>(), ["content-length"]);
-    }
-
-    #[test]
-    fn the_headers_left_keep_the_order_of_removing_in_map_order() {
-        let mut h = HeaderMap::new();
-        for name in [
-            "a",
-            "te",
-            "b",
-            "connection",
-            "c",
-            "x-hop",
-            "d",
-            "upgrade",
-            "e",
-        ] {
-            h.insert(name, HeaderValue::from_static("x-hop"));
-        }
-        let mut expected = h.clone();
-        for name in ["te", "connection", "x-hop", "upgrade"] {
-            expected.remove(name);
-        }
-        strip_hop_by_hop(&mut h);
-        assert!(h.iter().eq(expected.iter()), "{h:?}");
-    }
-
-    #[test]
-    fn headers_without_hop_by_hop_ones_are_left_as_they_are() {
-        let mut h = HeaderMap::new();
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("a/b"));
-        h.insert("x-keep-alive-ish", HeaderValue::from_static("1"));
-        h.append("x-keep-alive-ish", HeaderValue::from_static("2"));
-        let before = h.clone();
-        strip_hop_by_hop(&mut h);
-        assert_eq!(h, before);
     }
 
     /// An HTTPS upstream with the test CA's certificate for localhost, offering only `alpn`;

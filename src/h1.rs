@@ -247,7 +247,8 @@ enum Parsed {
 }
 
 /// Parses a response head at the front of `buf`, taking it out when complete; `None` when
-/// more bytes are needed.
+/// more bytes are needed. Hop-by-hop headers, and those `Connection` names, frame the body
+/// and are then left out: the head is the response's own.
 fn parse_head(
     buf: &mut BytesMut,
     names: &mut KnownNames,
@@ -288,6 +289,10 @@ fn parse_head(
     for (index, field) in parsed.headers.iter().enumerate() {
         let name = names.name(index, field.name.as_bytes())?;
         delimiters.note(&name, field.value)?;
+        // About this connection, not the response: read for framing, never relayed.
+        if is_hop_by_hop(&name) {
+            continue;
+        }
         let start = field.value.as_ptr() as usize - base;
         fields.push((name, start..start + field.value.len()));
     }
@@ -299,6 +304,9 @@ fn parse_head(
         headers.append(name, value);
     }
 
+    for listed in &delimiters.listed {
+        headers.remove(listed);
+    }
     let framing = delimiters.framing(status, expects_body);
     if matches!(framing, Framing::Chunked(_)) {
         // It does not describe what the client will get.
@@ -315,6 +323,74 @@ fn parse_head(
         framing,
         keep_alive,
     )))
+}
+
+/// Headers that describe one HTTP/1.1 hop, not the message: dropped from requests before
+/// they go upstream (`strip_hop_by_hop`), and from responses as their heads are read
+/// (`parse_head`). As names, so telling a header from them is a few integer compares rather
+/// than string ones.
+pub const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(name)
+}
+
+/// Case-insensitive, as Connection tokens are.
+fn is_hop_by_hop_token(token: &str) -> bool {
+    HOP_BY_HOP
+        .iter()
+        .any(|hop| hop.as_str().eq_ignore_ascii_case(token))
+}
+
+/// The names the Connection header lists as hop-by-hop too, as written; a value that is not
+/// text is skipped whole.
+fn connection_listed(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
+        .get_all(header::CONNECTION)
+        .into_iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+}
+
+/// Drops the headers that describe one hop, not the message, removing them in the map's
+/// order (which decides the order of those left). The two common shapes allocate nothing:
+/// no hop-by-hop header at all, and a Connection header alone (most clients send
+/// `Connection: keep-alive`) that lists no other header present.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let fixed = headers.keys().filter(|name| is_hop_by_hop(name)).count();
+    if fixed == 0 {
+        return;
+    }
+    let lone_connection = fixed == 1
+        && headers.contains_key(header::CONNECTION)
+        && !connection_listed(headers)
+            .any(|token| !is_hop_by_hop_token(token) && headers.contains_key(token));
+    if lone_connection {
+        headers.remove(header::CONNECTION);
+        return;
+    }
+    let doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| {
+            is_hop_by_hop(name)
+                || connection_listed(headers).any(|token| token.eq_ignore_ascii_case(name.as_str()))
+        })
+        .cloned()
+        .collect();
+    for name in doomed {
+        headers.remove(name);
+    }
 }
 
 /// The header names of the last response on a connection, with the bytes each was read
@@ -350,6 +426,8 @@ struct Delimiters {
     chunked: Option<bool>,
     /// `Connection: close`.
     close: bool,
+    /// Other headers that `Connection` names as hop-by-hop.
+    listed: Vec<HeaderName>,
 }
 
 impl Delimiters {
@@ -369,9 +447,14 @@ impl Delimiters {
             let last = value.rsplit(|&b| b == b',').next().unwrap_or_default();
             self.chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
         } else if name == header::CONNECTION {
-            self.close |= value
-                .split(|&b| b == b',')
-                .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"close"));
+            for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                if token.eq_ignore_ascii_case(b"close") {
+                    self.close = true;
+                } else if !token.eq_ignore_ascii_case(b"keep-alive") {
+                    // A token that is not a header name names nothing to remove.
+                    self.listed.extend(HeaderName::from_bytes(token).ok());
+                }
+            }
         }
         Ok(())
     }
@@ -842,6 +925,23 @@ mod tests {
     }
 
     #[test]
+    fn response_heads_leave_out_hop_by_hop_headers_after_framing_by_them() {
+        let (head, framing, keep_alive) = parse(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: keep-alive, X-Hop, close\r\n\
+              Keep-Alive: timeout=5\r\nX-Hop: 1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\
+              Proxy-Connection: keep-alive\r\nX-Kept: 2\r\n\r\n",
+            true,
+        );
+        let names: Vec<_> = head.headers.keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, ["content-type", "x-kept"]);
+        assert!(matches!(framing, Framing::Chunked(_)));
+        assert!(
+            !keep_alive,
+            "Connection: close was read before being dropped"
+        );
+    }
+
+    #[test]
     fn header_names_are_remembered_by_position_and_reread_when_they_change() {
         let names = &mut KnownNames::default();
         let mut keys = |wire: &[u8]| match parse_head(&mut BytesMut::from(wire), names, true) {
@@ -1052,5 +1152,82 @@ mod tests {
             "{error}"
         );
         assert!(pool.idle.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn each_hop_by_hop_header_is_dropped_without_a_connection_header() {
+        for name in [
+            "keep-alive",
+            "proxy-connection",
+            "proxy-authenticate",
+            "proxy-authorization",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(name, HeaderValue::from_static("1"));
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+            strip_hop_by_hop(&mut h);
+            assert_eq!(h.keys().collect::<Vec<_>>(), ["content-type"], "{name}");
+        }
+    }
+
+    #[test]
+    fn a_lone_connection_header_is_dropped_and_nothing_else() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("Keep-Alive"));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("317"));
+        h.insert("x-request-id", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<_> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["content-length", "x-request-id"]);
+
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("close, not a name, X-Hop"),
+        );
+        h.insert("x-hop", HeaderValue::from_static("1"));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("317"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.keys().collect::<Vec<_>>(), ["content-length"]);
+    }
+
+    #[test]
+    fn the_headers_left_keep_the_order_of_removing_in_map_order() {
+        let mut h = HeaderMap::new();
+        for name in [
+            "a",
+            "te",
+            "b",
+            "connection",
+            "c",
+            "x-hop",
+            "d",
+            "upgrade",
+            "e",
+        ] {
+            h.insert(name, HeaderValue::from_static("x-hop"));
+        }
+        let mut expected = h.clone();
+        for name in ["te", "connection", "x-hop", "upgrade"] {
+            expected.remove(name);
+        }
+        strip_hop_by_hop(&mut h);
+        assert!(h.iter().eq(expected.iter()), "{h:?}");
+    }
+
+    #[test]
+    fn headers_without_hop_by_hop_ones_are_left_as_they_are() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("a/b"));
+        h.insert("x-keep-alive-ish", HeaderValue::from_static("1"));
+        h.append("x-keep-alive-ish", HeaderValue::from_static("2"));
+        let before = h.clone();
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, before);
     }
 }

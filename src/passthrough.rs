@@ -6,7 +6,6 @@ use hyper::{header, Request, Response};
 use crate::app::AppState;
 use crate::body::{limited, ProxyBody};
 use crate::error::ProxyError;
-use crate::forward::relay_response;
 use crate::h1::RequestBody;
 
 pub async fn handle(
@@ -36,8 +35,7 @@ pub async fn handle(
     } else {
         RequestBody::Streaming(limited(body, limit))
     };
-    let response = upstream
+    upstream
         .send(parts.method.clone(), path_and_query, parts.headers, body)
-        .await?;
-    Ok(relay_response(response))
+        .await
 }

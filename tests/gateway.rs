@@ -22,9 +22,12 @@ async fn get_models_passes_through_with_query_and_headers() {
             200,
             &json!({"object": "list", "data": [{"id": "gpt-4o"}], "path": r.path_and_query}),
         );
-        response
-            .headers_mut()
-            .insert("x-upstream", "yes".parse().unwrap());
+        let headers = response.headers_mut();
+        headers.insert("x-upstream", "yes".parse().unwrap());
+        // Hop-by-hop on the way back: not for the client.
+        headers.insert("connection", "x-up-hop".parse().unwrap());
+        headers.insert("x-up-hop", "1".parse().unwrap());
+        headers.insert("keep-alive", "timeout=5".parse().unwrap());
         response
     }))
     .await;
@@ -40,6 +43,9 @@ async fn get_models_passes_through_with_query_and_headers() {
         .unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["x-upstream"], "yes");
+    for hop in ["x-up-hop", "keep-alive"] {
+        assert!(response.headers().get(hop).is_none(), "{hop} relayed");
+    }
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["data"][0]["id"], "gpt-4o");
     let seen = &upstream.recorded()[0];
