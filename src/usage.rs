@@ -62,12 +62,28 @@ fn json_usage(body: &[u8]) -> Option<Usage> {
 
 const USAGE_KEY: &[u8] = b"\"usage\"";
 
-/// Built once: on a small completion, building the searcher costs as much as the search.
+/// Built once: on a small completion, building a searcher costs as much as the search.
+static USAGE_KEY_FORWARD: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(USAGE_KEY));
 static USAGE_KEY_FROM_END: LazyLock<memmem::FinderRev<'static>> =
     LazyLock::new(|| memmem::FinderRev::new(USAGE_KEY));
 
+/// How far from its end a completion's usage normally sits (a few members follow it). The
+/// forward search is vectorized and the reverse one is not, so this stretch is searched
+/// forward, and only a body whose usage lies further back is searched in reverse.
+const USAGE_TAIL_BYTES: usize = 1024;
+
+/// Where the last `"usage"` in `body` starts.
+fn last_usage_key(body: &[u8]) -> Option<usize> {
+    let tail = body.len().saturating_sub(USAGE_TAIL_BYTES);
+    match USAGE_KEY_FORWARD.find_iter(&body[tail..]).last() {
+        Some(at) => Some(tail + at),
+        None => USAGE_KEY_FROM_END.rfind(body),
+    }
+}
+
 fn tail_usage(body: &[u8]) -> Option<Usage> {
-    let at = USAGE_KEY_FROM_END.rfind(body)?;
+    let at = last_usage_key(body)?;
     let value = body[at + USAGE_KEY.len()..]
         .trim_ascii_start()
         .strip_prefix(b":")?;
@@ -522,6 +538,52 @@ mod tests {
             assert_eq!((found.prompt_tokens, found.completion_tokens), (3, 4));
         }
         assert_eq!(json_usage(br#"{"choices":[]}"#), None);
+    }
+
+    #[test]
+    fn the_last_usage_key_is_found_near_the_end_or_further_back() {
+        let usage = br#""usage":{"prompt_tokens":3,"completion_tokens":4}"#;
+        for (before, after) in [
+            (0, 0),
+            (10, 10),
+            (5_000, 10),
+            (10, 5_000),
+            (5_000, USAGE_TAIL_BYTES - 30),
+        ] {
+            let body = [
+                &br#"{"a":""#[..],
+                &vec![b'x'; before],
+                br#"","usage":{"prompt_tokens":1,"completion_tokens":1},"#,
+                usage,
+                br#","b":""#,
+                &vec![b'y'; after],
+                br#""}"#,
+            ]
+            .concat();
+            let at = last_usage_key(&body).unwrap();
+            assert_eq!(&body[at..at + usage.len()], usage, "{before}/{after}");
+            assert_eq!(
+                json_usage(&body),
+                Some(Usage {
+                    prompt_tokens: 3,
+                    completion_tokens: 4
+                }),
+                "{before}/{after}"
+            );
+        }
+        // The key straddling the edge of the searched tail: it starts 3 bytes before it.
+        let filler = USAGE_TAIL_BYTES + 4 - (1 + usage.len() + 6 + 2);
+        let body = [
+            &b"{"[..],
+            usage,
+            br#","b":""#,
+            &vec![b'y'; filler],
+            br#""}"#,
+        ]
+        .concat();
+        assert_eq!(body.len() - USAGE_TAIL_BYTES, 4);
+        assert_eq!(last_usage_key(&body), Some(1));
+        assert_eq!(last_usage_key(br#"{"choices":[]}"#), None);
     }
 
     /// The plain reader against `serde` on the shapes upstreams send and on ones it must
