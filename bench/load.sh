@@ -30,7 +30,8 @@ if [ -n "${CONDENSER_BIN:-}" ]; then
     BUILD="given ($BIN)"
 elif [ "${PGO:-1}" = 1 ]; then
     log "building condenser with PGO (scripts/pgo-build.sh, a few minutes)"
-    BIN=$(bash "$ROOT/scripts/pgo-build.sh" | tail -1)
+    BIN=$(bash "$ROOT/scripts/pgo-build.sh" | tail -1) ||
+        die "the PGO build failed (above); PGO=0 measures a plain release build"
     BUILD="release with PGO (scripts/pgo-build.sh)"
 else
     log "building condenser (release)"
