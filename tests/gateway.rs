@@ -173,8 +173,9 @@ async fn an_unchanged_chat_request_is_forwarded_byte_for_byte() {
     assert_eq!(upstream.recorded()[0].body.as_ref(), body.as_bytes());
 }
 
-#[tokio::test]
-async fn a_chunked_chat_request_arrives_whole_and_one_too_large_is_refused() {
+/// A proxy that takes request bodies of up to 4 KiB, in front of an upstream that answers
+/// every request with one completion.
+async fn small_body_proxy() -> (MockUpstream, Proxy) {
     let upstream = MockUpstream::start(handler(|_| async {
         json_response(200, &completion("hi", 20, 2))
     }))
@@ -182,6 +183,12 @@ async fn a_chunked_chat_request_arrives_whole_and_one_too_large_is_refused() {
     let mut config = config_for(&upstream.url());
     config.server.max_body_bytes = 4096;
     let proxy = Proxy::start(config).await;
+    (upstream, proxy)
+}
+
+#[tokio::test]
+async fn a_chunked_chat_request_arrives_whole_and_one_too_large_is_refused() {
+    let (upstream, proxy) = small_body_proxy().await;
     let chunked = |parts: Vec<String>| {
         let parts = parts.into_iter().map(Ok::<_, std::io::Error>);
         reqwest::Body::wrap_stream(futures_util::stream::iter(parts))
@@ -334,13 +341,7 @@ async fn error_of(response: reqwest::Response) -> (u16, Value) {
 
 #[tokio::test]
 async fn bad_requests_get_openai_shaped_errors_and_never_reach_upstream() {
-    let upstream = MockUpstream::start(handler(|_| async {
-        json_response(200, &completion("x", 1, 1))
-    }))
-    .await;
-    let mut config = config_for(&upstream.url());
-    config.server.max_body_bytes = 4096;
-    let proxy = Proxy::start(config).await;
+    let (upstream, proxy) = small_body_proxy().await;
     let cases: Vec<(Vec<u8>, u16, &str, &str)> = vec![
         ("{not json".into(), 400, "invalid_json", "not valid JSON"),
         // Every field the raw path reads, in order, as an array: still not an object.
