@@ -58,6 +58,12 @@ async fn get_models_passes_through_with_query_and_headers() {
     assert!(seen.headers.get("transfer-encoding").is_none());
 }
 
+/// The body the proxy answers a POST of `body` to `path` with.
+async fn post_bytes(proxy: &Proxy, path: &str, body: impl Into<reqwest::Body>) -> bytes::Bytes {
+    let response = client().post(proxy.url(path)).body(body).send().await;
+    response.unwrap().bytes().await.unwrap()
+}
+
 #[tokio::test]
 async fn embeddings_and_large_bodies_pass_through_unchanged() {
     let upstream = MockUpstream::start(handler(|r| async move {
@@ -70,26 +76,10 @@ async fn embeddings_and_large_bodies_pass_through_unchanged() {
     .await;
     let proxy = Proxy::start(config_for(&upstream.url())).await;
     let embed = br#"{"model":"text-embedding-3-small","input":"hello"}"#.to_vec();
-    let echoed = client()
-        .post(proxy.url("/v1/embeddings"))
-        .body(embed.clone())
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    let echoed = post_bytes(&proxy, "/v1/embeddings", embed.clone()).await;
     assert_eq!(echoed.as_ref(), embed.as_slice());
     let large: Vec<u8> = (0..8 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
-    let echoed = client()
-        .post(proxy.url("/v1/files"))
-        .body(large.clone())
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    let echoed = post_bytes(&proxy, "/v1/files", large.clone()).await;
     assert_eq!(echoed.len(), large.len());
     assert!(echoed.as_ref() == large.as_slice());
     assert_eq!(upstream.recorded()[1].path_and_query, "/v1/files");
@@ -100,15 +90,7 @@ async fn embeddings_and_large_bodies_pass_through_unchanged() {
         .collect();
     let expected = pieces.concat();
     let stream = futures_util::stream::iter(pieces.into_iter().map(Ok::<_, std::io::Error>));
-    let echoed = client()
-        .post(proxy.url("/v1/uploads"))
-        .body(reqwest::Body::wrap_stream(stream))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    let echoed = post_bytes(&proxy, "/v1/uploads", reqwest::Body::wrap_stream(stream)).await;
     assert!(echoed.as_ref() == expected.as_slice());
     let seen = &upstream.recorded()[2];
     assert_eq!(seen.headers["transfer-encoding"], "chunked");
