@@ -200,6 +200,7 @@ fn bench_count(c: &mut Criterion) {
     let texts: Vec<String> = conversation().iter().map(Value::to_string).collect();
     let raw_count = |counter: &TokenCounter, json: &str| {
         let raw: Vec<&RawValue> = serde_json::from_str(json).unwrap();
+        let raw: Vec<&[u8]> = raw.iter().map(|m| m.get().as_bytes()).collect();
         let prompt = RawPrompt {
             messages: &raw,
             ..RawPrompt::default()

@@ -21,6 +21,7 @@ use crate::config::{Config, ContextConfig};
 use crate::error::ProxyError;
 use crate::forward::Upstream;
 use crate::h1::RequestBody;
+use crate::message_spans;
 use crate::metrics::ModelSeries;
 use crate::models::{ModelCatalog, ModelInfo};
 use crate::plan::{self, Decision, Limits, MessageMeta, Mode, PlanInput, VALID_ROLES};
@@ -155,15 +156,16 @@ impl Prepared {
     /// Counted from raw JSON; None when the request must take the full path.
     async fn scanned(
         request: &Scanned<'_>,
+        messages: &[&[u8]],
         catalog: &ModelCatalog,
         counter: &TokenCounter,
     ) -> Option<Prepared> {
-        if request.messages.is_empty() {
+        if messages.is_empty() {
             return None;
         }
         let info = catalog.resolve(&request.model);
         let prompt = RawPrompt {
-            messages: &request.messages,
+            messages,
             tools: request.tools,
             tool_choice: request.tool_choice,
             response_format: request.response_format,
@@ -211,8 +213,10 @@ impl Prepared {
 struct Scanned<'a> {
     #[serde(borrow)]
     model: Cow<'a, str>,
-    #[serde(borrow, deserialize_with = "message_list")]
-    messages: Vec<&'a RawValue>,
+    /// Emptied by `message_spans::split`, which found the messages; declared so that a
+    /// second `messages` key is refused rather than ignored.
+    #[serde(rename = "messages")]
+    _messages: serde::de::IgnoredAny,
     n: Option<u64>,
     stream: Option<bool>,
     /// Present even when null, which the raw path leaves to the full one.
@@ -226,33 +230,6 @@ struct Scanned<'a> {
     tool_choice: Option<&'a RawValue>,
     #[serde(borrow)]
     response_format: Option<&'a RawValue>,
-}
-
-/// Sized for a typical conversation up front: grown from empty, the list is reallocated
-/// four times on the way to twenty messages.
-fn message_list<'de, D: serde::Deserializer<'de>>(
-    messages: D,
-) -> Result<Vec<&'de RawValue>, D::Error> {
-    struct List;
-    impl<'de> serde::de::Visitor<'de> for List {
-        type Value = Vec<&'de RawValue>;
-
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("an array of messages")
-        }
-
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(
-            self,
-            mut seq: A,
-        ) -> Result<Self::Value, A::Error> {
-            let mut list = Vec::with_capacity(seq.size_hint().unwrap_or(32));
-            while let Some(message) = seq.next_element()? {
-                list.push(message);
-            }
-            Ok(list)
-        }
-    }
-    messages.deserialize_seq(List)
 }
 
 fn present<'de, D: serde::Deserializer<'de>>(value: D) -> Result<Option<&'de RawValue>, D::Error> {
@@ -513,13 +490,20 @@ async fn scan(
     else {
         return Err(None);
     };
-    let Ok(text) = std::str::from_utf8(bytes) else {
+    // The messages are checked as they are counted (`TokenCounter::count_raw`), the rest
+    // of the body here.
+    let Some(split) = message_spans::split(bytes) else {
         return Err(None);
     };
-    let Ok(request) = serde_json::from_str::<Scanned>(text) else {
+    let Ok(rest) = std::str::from_utf8(&split.rest) else {
         return Err(None);
     };
-    let Some(prepared) = Prepared::scanned(&request, &state.catalog, &state.counter).await else {
+    let Ok(request) = serde_json::from_str::<Scanned>(rest) else {
+        return Err(None);
+    };
+    let Some(prepared) =
+        Prepared::scanned(&request, &split.messages, &state.catalog, &state.counter).await
+    else {
         return Err(None);
     };
     let input = prepared.plan_input(&state.config, settings, mode);

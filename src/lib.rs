@@ -15,6 +15,7 @@ pub mod error;
 pub mod forward;
 pub mod h1;
 pub mod memo;
+pub mod message_spans;
 pub mod metrics;
 pub mod models;
 pub mod passthrough;

@@ -62,7 +62,9 @@ pub struct PromptCount {
 /// A request as raw JSON: each message, and the other fields that cost prompt tokens.
 #[derive(Default)]
 pub struct RawPrompt<'a> {
-    pub messages: &'a [&'a RawValue],
+    /// Each message as written. Bytes the counter has not seen before are checked (UTF-8,
+    /// JSON, a valid role) before they are counted; bytes it has were checked then.
+    pub messages: &'a [&'a [u8]],
     pub tools: Option<&'a RawValue>,
     pub tool_choice: Option<&'a RawValue>,
     pub response_format: Option<&'a RawValue>,
@@ -151,7 +153,7 @@ impl TokenCounter {
         let mut metas = Vec::with_capacity(prompt.messages.len());
         let mut misses = Vec::new();
         for (index, raw) in prompt.messages.iter().enumerate() {
-            let key = xxh3_128_with_seed(raw.get().as_bytes(), seed);
+            let key = xxh3_128_with_seed(raw, seed);
             match self.raw_messages.get(key) {
                 Some(meta) => metas.push(meta),
                 None => {
@@ -166,7 +168,8 @@ impl TokenCounter {
         }
         let mut missed = Vec::with_capacity(misses.len());
         for (index, _) in &misses {
-            let message: Value = serde_json::from_str(prompt.messages[*index].get()).ok()?;
+            let text = std::str::from_utf8(prompt.messages[*index]).ok()?;
+            let message: Value = serde_json::from_str(text).ok()?;
             let role = message.get("role").and_then(Value::as_str)?;
             if !VALID_ROLES.contains(&role) {
                 return None;

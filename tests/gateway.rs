@@ -442,6 +442,53 @@ async fn bad_requests_get_openai_shaped_errors_and_never_reach_upstream() {
     assert_eq!(error_of(response).await.0, 404);
 }
 
+/// Messages the proxy has counted are not parsed again, only located: a body that repeats
+/// them in a broken array, or adds a broken message beside them, is still refused.
+#[tokio::test]
+async fn known_messages_in_a_broken_body_are_still_refused() {
+    let (upstream, proxy) = small_body_proxy().await;
+    let a = r#"{"role":"system","content":"be terse"}"#;
+    let b = r#"{"role":"user","content":"is it \"up\"?"}"#;
+    let body = |messages: &str| format!(r#"{{"model":"gpt-4o","messages":{messages}}}"#);
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .body(body(&format!("[{a},{b}]")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(upstream.recorded().len(), 1);
+    let broken: Vec<Vec<u8>> = vec![
+        body(&format!("[{a} {b}]")).into(),
+        body(&format!("[{a},{b},]")).into(),
+        body(&format!("[{a}:{b}]")).into(),
+        format!(r#"{{"model":"gpt-4o","messages":[{a},{b}}}"#).into(),
+        format!("{} x", body(&format!("[{a},{b}]"))).into(),
+        body(&format!(
+            "[{a},{b},{{\"role\":\"user\",\"content\":\"a\x01b\"}}]"
+        ))
+        .into(),
+        [
+            body(&format!("[{a},{b},")).trim_end_matches('}').as_bytes(),
+            b"{\"role\":\"user\",\"content\":\"\xff\"}]}",
+        ]
+        .concat(),
+    ];
+    for sent in broken {
+        let response = client()
+            .post(proxy.url("/v1/chat/completions"))
+            .body(sent.clone())
+            .send()
+            .await
+            .unwrap();
+        let (status, error) = error_of(response).await;
+        let sent = String::from_utf8_lossy(&sent);
+        assert_eq!(status, 400, "{sent}: {error}");
+        assert_eq!(error["error"]["code"], "invalid_json", "{sent}: {error}");
+    }
+    assert_eq!(upstream.recorded().len(), 1);
+}
+
 #[tokio::test]
 async fn unreachable_upstream_is_502_and_slow_upstream_is_504() {
     // A port that was just free: nothing listens there.

@@ -76,6 +76,7 @@ async fn every_chat_request_fixture_matches_the_cookbook() {
         let messages_json = request["messages"].to_string();
         let tools_json = request.get("tools").map(Value::to_string);
         let raw_messages: Vec<&RawValue> = serde_json::from_str(&messages_json).unwrap();
+        let raw_messages: Vec<&[u8]> = raw_messages.iter().map(|m| m.get().as_bytes()).collect();
         let prompt = RawPrompt {
             messages: &raw_messages,
             tools: tools_json
@@ -172,6 +173,7 @@ async fn estimates_for_unknown_tokenizers_carry_a_margin_then_learn() {
 async fn count_raw_total(counter: &TokenCounter, messages: &[Value], info: &ModelInfo) -> u64 {
     let json = Value::Array(messages.to_vec()).to_string();
     let raw: Vec<&RawValue> = serde_json::from_str(&json).unwrap();
+    let raw: Vec<&[u8]> = raw.iter().map(|m| m.get().as_bytes()).collect();
     let prompt = RawPrompt {
         messages: &raw,
         ..RawPrompt::default()
