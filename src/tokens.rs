@@ -9,7 +9,7 @@ use base64::Engine;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use tiktoken_rs::CoreBPE;
-use xxhash_rust::xxh3::{xxh3_128_with_seed, Xxh3};
+use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
 use crate::canonical::fast_hash_with_seed;
 use crate::count_cache::CountCache;
@@ -149,11 +149,13 @@ impl TokenCounter {
         model: &ModelInfo,
     ) -> Option<(PromptCount, Vec<MessageMeta>)> {
         let encoding = model.encoding;
-        let seed = RAW_MESSAGE_SEED | encoding as u64;
+        // Xor-ed into the plain hash rather than given as xxh3's seed, which derives a new
+        // secret on every call for messages over 240 bytes.
+        let seed = u128::from(RAW_MESSAGE_SEED | encoding as u64);
         let mut metas = Vec::with_capacity(prompt.messages.len());
         let mut misses = Vec::new();
         for (index, raw) in prompt.messages.iter().enumerate() {
-            let key = xxh3_128_with_seed(raw, seed);
+            let key = xxh3_128(raw) ^ seed;
             match self.raw_messages.get(key) {
                 Some(meta) => metas.push(meta),
                 None => {
