@@ -425,14 +425,14 @@ pub async fn handle(
     let response_headers = &mut head.headers;
     for (name, value) in [
         (ACTION_HEADER, HeaderValue::from_static(outcome.action)),
-        (PROMPT_TOKENS_HEADER, received_tokens.into()),
-        (FORWARDED_TOKENS_HEADER, forwarded_tokens.into()),
+        (PROMPT_TOKENS_HEADER, decimal_value(received_tokens)),
+        (FORWARDED_TOKENS_HEADER, decimal_value(forwarded_tokens)),
         // Nothing summarized, as for every forwarded request: no buffer to format it in.
         (
             SUMMARIZED_HEADER,
             match outcome.summarized {
                 0 => HeaderValue::from_static("0"),
-                n => n.into(),
+                n => decimal_value(n as u64),
             },
         ),
         (CACHE_HEADER, HeaderValue::from_static(outcome.cache.name())),
@@ -640,6 +640,14 @@ async fn prepare_fully(
         forwarded_raw,
         outcome,
     })
+}
+
+/// One allocation, where `HeaderValue::from(u64)` makes two (a buffer, then a shared
+/// handle for it).
+fn decimal_value(n: u64) -> HeaderValue {
+    let mut digits = [0; 20];
+    // Digits are always a valid value; the fallback only restates that without a panic.
+    HeaderValue::from_bytes(crate::h1::decimal(n, &mut digits)).unwrap_or_else(|_| n.into())
 }
 
 /// The client's headers for upstream. The body may be rewritten, so its length is recomputed;

@@ -305,29 +305,21 @@ impl Upstream {
             }
         };
         let expects_body = method != Method::HEAD;
-        let head = h1::encode_head(
+        let request = h1::encode_request(
             &method,
             &self.target(path_and_query),
             &self.host,
             &headers,
-            &body,
+            body,
         );
+
         let reconnect = || async {
             match Box::pin(self.connect(pool)).await? {
                 Fresh::Http1(connection) => Ok(connection),
                 Fresh::Http2(_) => Err(BoxError::from("upstream switched to HTTP/2")),
             }
         };
-        match h1::send(
-            &pool.http1,
-            connection,
-            reconnect,
-            &head,
-            body,
-            expects_body,
-        )
-        .await
-        {
+        match h1::send(&pool.http1, connection, reconnect, request, expects_body).await {
             Ok(response) => {
                 Ok(response.map(|body| with_idle_timeout(body, self.timeout).boxed_unsync()))
             }

@@ -135,32 +135,32 @@ impl Connection {
     /// connection, which returns to `pool` once the body has been read to its end.
     async fn exchange(
         mut self,
-        head: &[u8],
-        body: RequestBody,
+        wire: &[u8],
+        body: Option<RequestBody>,
         expects_body: bool,
         pool: &Arc<Pool>,
     ) -> Result<Response<ResponseBody>, ExchangeError> {
-        self.write_request(head, body).await?;
+        self.write_request(wire, body).await?;
         self.read_head(expects_body, pool).await
     }
 
-    async fn write_request(&mut self, head: &[u8], body: RequestBody) -> Result<(), ExchangeError> {
+    /// `wire` first, then whatever of the body did not fit in it.
+    async fn write_request(
+        &mut self,
+        wire: &[u8],
+        body: Option<RequestBody>,
+    ) -> Result<(), ExchangeError> {
         match body {
-            RequestBody::Full(bytes) if bytes.len() <= COALESCE_BYTES => {
-                let mut out = Vec::with_capacity(head.len() + bytes.len());
-                out.extend_from_slice(head);
-                out.extend_from_slice(&bytes);
-                self.io.write_all(&out).await?;
-            }
-            RequestBody::Full(bytes) => {
-                self.io.write_all(head).await?;
+            None => self.io.write_all(wire).await?,
+            Some(RequestBody::Full(bytes)) => {
+                self.io.write_all(wire).await?;
                 self.io.write_all(&bytes).await?;
             }
-            RequestBody::Streaming(mut body) => {
+            Some(RequestBody::Streaming(mut body)) => {
                 let chunked = body.size_hint().exact().is_none();
                 // Head and frames go out together while more is at hand, and before any wait
                 // for the client, so a small body costs one write, as the full one does.
-                let mut pending = head.to_vec();
+                let mut pending = wire.to_vec();
                 while let Some(frame) = body.frame().await {
                     let frame = frame.map_err(ExchangeError::RequestBody)?;
                     if let Some(data) = frame.data_ref().filter(|data| !data.is_empty()) {
@@ -704,15 +704,30 @@ impl Pool {
     }
 }
 
-/// The request line and headers, with the body's framing.
-pub fn encode_head(
+/// A request as it goes on the wire: the request line and headers with the body's framing,
+/// and a small whole body right behind them, so that one write sends both and a retry needs
+/// nothing else. A larger or streamed body follows on its own.
+pub struct EncodedRequest {
+    wire: Vec<u8>,
+    body: Option<RequestBody>,
+}
+
+pub fn encode_request(
     method: &Method,
     target: &str,
     host: &str,
     headers: &HeaderMap,
-    body: &RequestBody,
-) -> Vec<u8> {
-    let mut out = Vec::with_capacity(256 + headers.len() * 48);
+    body: RequestBody,
+) -> EncodedRequest {
+    let length = match &body {
+        RequestBody::Full(bytes) => Some(bytes.len() as u64),
+        RequestBody::Streaming(body) => body.size_hint().exact(),
+    };
+    let coalesced = match &body {
+        RequestBody::Full(bytes) if bytes.len() <= COALESCE_BYTES => bytes.len(),
+        _ => 0,
+    };
+    let mut out = Vec::with_capacity(256 + headers.len() * 48 + coalesced);
     out.extend_from_slice(method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(target.as_bytes());
@@ -731,22 +746,43 @@ pub fn encode_head(
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    let length = match body {
-        RequestBody::Full(bytes) => Some(bytes.len() as u64),
-        RequestBody::Streaming(body) => body.size_hint().exact(),
-    };
     match length {
         // As hyper does: a bodyless GET or HEAD says nothing of a body.
         Some(0) if matches!(*method, Method::GET | Method::HEAD) => {}
         Some(length) => {
             out.extend_from_slice(b"content-length: ");
-            out.extend_from_slice(length.to_string().as_bytes());
+            out.extend_from_slice(decimal(length, &mut [0; 20]));
             out.extend_from_slice(b"\r\n");
         }
         None => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
     }
     out.extend_from_slice(b"\r\n");
-    out
+    match body {
+        RequestBody::Full(bytes) if bytes.len() <= COALESCE_BYTES => {
+            out.extend_from_slice(&bytes);
+            EncodedRequest {
+                wire: out,
+                body: None,
+            }
+        }
+        body => EncodedRequest {
+            wire: out,
+            body: Some(body),
+        },
+    }
+}
+
+/// `n` in decimal, written into `digits`: header values and lengths without a `String`.
+pub fn decimal(mut n: u64, digits: &mut [u8; 20]) -> &[u8] {
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &digits[start..];
+        }
+    }
 }
 
 /// Sends one request over `connection`. A reused connection that turns out to have been
@@ -757,26 +793,27 @@ pub async fn send<C, F>(
     pool: &Arc<Pool>,
     connection: Connection,
     reconnect: C,
-    head: &[u8],
-    body: RequestBody,
+    request: EncodedRequest,
     expects_body: bool,
 ) -> Result<Response<ResponseBody>, SendError>
 where
     C: FnOnce() -> F,
     F: std::future::Future<Output = Result<Connection, BoxError>>,
 {
+    let EncodedRequest { wire, body } = request;
     let replay = match &body {
-        RequestBody::Full(bytes) if connection.reused => Some(bytes.clone()),
+        None if connection.reused => Some(None),
+        Some(RequestBody::Full(bytes)) if connection.reused => Some(Some(bytes.clone())),
         _ => None,
     };
-    match connection.exchange(head, body, expects_body, pool).await {
+    match connection.exchange(&wire, body, expects_body, pool).await {
         Err(e) if e.is_stale_connection() => match replay {
             // Boxed: this rare path would otherwise double the common future's size.
-            Some(bytes) => {
+            Some(rest) => {
                 Box::pin(async move {
                     let fresh = reconnect().await.map_err(SendError::Connect)?;
                     fresh
-                        .exchange(head, RequestBody::Full(bytes), expects_body, pool)
+                        .exchange(&wire, rest.map(RequestBody::Full), expects_body, pool)
                         .await
                         .map_err(SendError::Exchange)
                 })
@@ -979,24 +1016,42 @@ mod tests {
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("999"));
         headers.insert("x-kept", HeaderValue::from_static("yes"));
         let full = RequestBody::Full(Bytes::from_static(b"{}"));
-        let head = encode_head(&Method::POST, "/v1/x?q=1", "up:1", &headers, &full);
+        let small = encode_request(&Method::POST, "/v1/x?q=1", "up:1", &headers, full);
         assert_eq!(
-            String::from_utf8(head).unwrap(),
-            "POST /v1/x?q=1 HTTP/1.1\r\nhost: up:1\r\nx-kept: yes\r\ncontent-length: 2\r\n\r\n"
+            String::from_utf8(small.wire).unwrap(),
+            "POST /v1/x?q=1 HTTP/1.1\r\nhost: up:1\r\nx-kept: yes\r\ncontent-length: 2\r\n\r\n{}"
         );
+        assert!(
+            small.body.is_none(),
+            "a small body travels in the wire buffer"
+        );
+        let large = Bytes::from(vec![b'x'; COALESCE_BYTES + 1]);
+        let large = encode_request(&Method::POST, "/", "up", &headers, RequestBody::Full(large));
+        assert!(String::from_utf8(large.wire)
+            .unwrap()
+            .ends_with(&format!("content-length: {}\r\n\r\n", COALESCE_BYTES + 1)));
+        assert!(matches!(large.body, Some(RequestBody::Full(b)) if b.len() == COALESCE_BYTES + 1));
         let empty = RequestBody::Full(Bytes::new());
-        let head = encode_head(&Method::GET, "/v1/models", "up", &HeaderMap::new(), &empty);
+        let get = encode_request(&Method::GET, "/v1/models", "up", &HeaderMap::new(), empty);
         assert_eq!(
-            String::from_utf8(head).unwrap(),
+            String::from_utf8(get.wire).unwrap(),
             "GET /v1/models HTTP/1.1\r\nhost: up\r\n\r\n"
         );
         let stream = futures_util::stream::iter([Ok::<_, BoxError>(Frame::data(Bytes::new()))]);
         let unknown =
             RequestBody::Streaming(http_body_util::StreamBody::new(stream).boxed_unsync());
-        let head = encode_head(&Method::POST, "/", "up", &HeaderMap::new(), &unknown);
-        assert!(String::from_utf8(head)
+        let streamed = encode_request(&Method::POST, "/", "up", &HeaderMap::new(), unknown);
+        assert!(String::from_utf8(streamed.wire)
             .unwrap()
             .ends_with("transfer-encoding: chunked\r\n\r\n"));
+        assert!(matches!(streamed.body, Some(RequestBody::Streaming(_))));
+    }
+
+    #[test]
+    fn decimals_are_written_in_full() {
+        for n in [0, 7, 10, 99, 100, 4_096, 1_000_000_007, u64::MAX] {
+            assert_eq!(decimal(n, &mut [0; 20]), n.to_string().as_bytes());
+        }
     }
 
     async fn connect(addr: std::net::SocketAddr) -> Result<Connection, BoxError> {
@@ -1025,9 +1080,9 @@ mod tests {
         connection: Connection,
         addr: std::net::SocketAddr,
     ) -> Result<Response<ResponseBody>, SendError> {
-        let nothing = || RequestBody::Full(Bytes::new());
-        let head = encode_head(&Method::GET, "/", "t", &HeaderMap::new(), &nothing());
-        send(pool, connection, || connect(addr), &head, nothing(), true).await
+        let nothing = RequestBody::Full(Bytes::new());
+        let request = encode_request(&Method::GET, "/", "t", &HeaderMap::new(), nothing);
+        send(pool, connection, || connect(addr), request, true).await
     }
 
     async fn exchange_text(
