@@ -249,13 +249,36 @@ fn with_usage_requested(body: &[u8], open: usize) -> Bytes {
     Bytes::from(out)
 }
 
+/// The request headers addressed to condenser, found in one pass over the few headers a
+/// client sends: a hashed lookup of each of these long names costs more than the pass.
+#[derive(Default)]
+pub struct Directives<'a> {
+    mode: Option<&'a HeaderValue>,
+    profile: Option<&'a HeaderValue>,
+}
+
+impl<'a> Directives<'a> {
+    /// The first value of each, as `HeaderMap::get` would find.
+    pub fn of(headers: &'a HeaderMap) -> Directives<'a> {
+        let mut found = Directives::default();
+        for (name, value) in headers {
+            if *name == MODE_HEADER {
+                found.mode.get_or_insert(value);
+            } else if *name == PROFILE_HEADER {
+                found.profile.get_or_insert(value);
+            }
+        }
+        found
+    }
+}
+
 /// The `[context]` settings for this request, after `x-condenser-profile`: the config's own
 /// unless a profile is named, since most requests name none.
 pub fn settings_for<'a>(
     config: &'a Config,
-    headers: &HeaderMap,
+    directives: &Directives,
 ) -> Result<Cow<'a, ContextConfig>, ProxyError> {
-    match headers.get(PROFILE_HEADER).map(|v| v.to_str()) {
+    match directives.profile.map(|v| v.to_str()) {
         None => Ok(Cow::Borrowed(&config.context)),
         Some(Ok(name)) => config
             .context_for(Some(name))
@@ -270,8 +293,8 @@ pub fn settings_for<'a>(
     }
 }
 
-pub fn mode_for(headers: &HeaderMap) -> Result<Mode, ProxyError> {
-    match headers.get(MODE_HEADER) {
+pub fn mode_for(directives: &Directives) -> Result<Mode, ProxyError> {
+    match directives.mode {
         None => Ok(Mode::Auto),
         Some(value) => value.to_str().ok().and_then(Mode::parse).ok_or_else(|| {
             ProxyError::invalid(format!("{MODE_HEADER} must be auto, off or force"), None)
@@ -355,8 +378,9 @@ pub async fn handle(
     let (parts, body) = request.into_parts();
     let bytes = read_body(body, &parts.headers, state.config.server.max_body_bytes).await?;
     let work_started = Instant::now();
-    let mode = mode_for(&parts.headers)?;
-    let settings = settings_for(&state.config, &parts.headers)?;
+    let directives = Directives::of(&parts.headers);
+    let mode = mode_for(&directives)?;
+    let settings = settings_for(&state.config, &directives)?;
     let outgoing = match scan(state, &bytes, &settings, mode).await {
         Ok(outgoing) => outgoing,
         // Boxed: the full path's future (summarizer calls included) is large, and the common
@@ -650,10 +674,9 @@ fn decimal_value(n: u64) -> HeaderValue {
     HeaderValue::from_bytes(crate::h1::decimal(n, &mut digits)).unwrap_or_else(|_| n.into())
 }
 
-/// The client's headers for upstream. The body may be rewritten, so its length is recomputed;
-/// compression is refused so usage can be read from the response.
+/// The client's headers for upstream: compression is refused so usage can be read from the
+/// response. (The body's length, which a rewrite changes, is framed by the upstream hop.)
 fn upstream_headers(mut headers: HeaderMap) -> HeaderMap {
-    headers.remove(header::CONTENT_LENGTH);
     headers.remove(header::ACCEPT_ENCODING);
     headers
 }
@@ -762,25 +785,30 @@ mod tests {
             },
         );
         let mut headers = HeaderMap::new();
-        let settings = settings_for(&config, &headers).unwrap();
+        let settings = settings_for(&config, &Directives::of(&headers)).unwrap();
         assert!(matches!(settings, Cow::Borrowed(s) if std::ptr::eq(s, &config.context)));
-        assert_eq!(mode_for(&headers).unwrap(), Mode::Auto);
+        assert_eq!(mode_for(&Directives::of(&headers)).unwrap(), Mode::Auto);
         headers.insert("x-condenser-profile", HeaderValue::from_static("lean"));
         headers.insert("x-condenser-mode", HeaderValue::from_static("Force"));
-        assert_eq!(settings_for(&config, &headers).unwrap().max_messages, 7);
-        assert_eq!(mode_for(&headers).unwrap(), Mode::Force);
+        assert_eq!(
+            settings_for(&config, &Directives::of(&headers))
+                .unwrap()
+                .max_messages,
+            7
+        );
+        assert_eq!(mode_for(&Directives::of(&headers)).unwrap(), Mode::Force);
         let message = |error: ProxyError| error.to_string();
         headers.insert("x-condenser-profile", HeaderValue::from_static("nope"));
         headers.insert("x-condenser-mode", HeaderValue::from_static("sometimes"));
         assert_eq!(
-            message(settings_for(&config, &headers).unwrap_err()),
+            message(settings_for(&config, &Directives::of(&headers)).unwrap_err()),
             message(ProxyError::invalid(
                 "x-condenser-profile: no profile named \"nope\"",
                 None
             ))
         );
         assert_eq!(
-            message(mode_for(&headers).unwrap_err()),
+            message(mode_for(&Directives::of(&headers)).unwrap_err()),
             message(ProxyError::invalid(
                 "x-condenser-mode must be auto, off or force",
                 None
@@ -791,7 +819,7 @@ mod tests {
             HeaderValue::from_bytes(b"caf\xe9").unwrap(),
         );
         assert_eq!(
-            message(settings_for(&config, &headers).unwrap_err()),
+            message(settings_for(&config, &Directives::of(&headers)).unwrap_err()),
             message(ProxyError::invalid(
                 "x-condenser-profile is not valid text",
                 None

@@ -361,9 +361,12 @@ impl Upstream {
         mut sender: http2::SendRequest<ProxyBody>,
         method: Method,
         path_and_query: &str,
-        headers: HeaderMap,
+        mut headers: HeaderMap,
         body: RequestBody,
     ) -> Result<Response<ProxyBody>, ProxyError> {
+        // Framing belongs to this hop, and the body may have been rewritten: hyper states the
+        // length of what is sent, as `h1::encode_request` does over HTTP/1.1.
+        headers.remove(header::CONTENT_LENGTH);
         let uri = Uri::try_from(self.url(path_and_query)).map_err(|e| self.unreachable(&e))?;
         let mut request = Request::new(body.into_proxy_body());
         *request.method_mut() = method;
@@ -518,7 +521,16 @@ mod tests {
                 tokio::spawn(async move {
                     let tls = TokioIo::new(acceptor.accept(tcp).await.unwrap());
                     let echo = service_fn(|request: Request<hyper::body::Incoming>| async move {
-                        let seen = format!("{:?} {}", request.version(), request.uri().path());
+                        let mut seen = format!("{:?} {}", request.version(), request.uri().path());
+                        let (_, body) = request.into_parts();
+                        let body = body
+                            .collect()
+                            .await
+                            .map(|b| b.to_bytes())
+                            .unwrap_or_default();
+                        if !body.is_empty() {
+                            seen.push_str(&format!(" {}", String::from_utf8_lossy(&body)));
+                        }
                         Ok::<_, std::convert::Infallible>(Response::new(crate::body::full(seen)))
                     });
                     let h2 = tls.inner().get_ref().1.alpn_protocol() == Some(b"h2");
@@ -562,6 +574,32 @@ mod tests {
         let (url, connections) = tls_upstream(b"h2").await;
         assert_eq!(get_twice(&url).await, ["HTTP/2.0 /v1/models"; 2]);
         assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    /// A client's Content-Length no longer describes a rewritten body; each hop states its own.
+    #[tokio::test]
+    async fn the_body_sent_is_framed_by_its_own_length_on_both_versions() {
+        for (alpn, version) in [(&b"h2"[..], "HTTP/2.0"), (b"http/1.1", "HTTP/1.1")] {
+            let (url, _) = tls_upstream(alpn).await;
+            let tls = tls_config(Some(Path::new("tests/tls/ca.pem"))).unwrap();
+            let upstream = Upstream::with_tls(&url, "", Duration::from_secs(5), 1, tls).unwrap();
+            let mut headers = HeaderMap::new();
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("99"));
+            let response = upstream
+                .send(
+                    Method::POST,
+                    "/v1/chat/completions",
+                    headers,
+                    RequestBody::Full(bytes::Bytes::from_static(b"{\"rewritten\":true}")),
+                )
+                .await
+                .unwrap();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(
+                body,
+                format!("{version} /v1/chat/completions {{\"rewritten\":true}}").as_bytes()
+            );
+        }
     }
 
     #[tokio::test]
