@@ -3,9 +3,10 @@
 //!
 //! Parsing every message on every request cost a fifth of the chat path, though most
 //! messages were seen before: a conversation resends its history each turn. The spans found
-//! here are keyed into the token counter's cache by their exact bytes. A message found there
-//! was parsed and checked when it was first counted, so its bytes are known to be valid
-//! UTF-8 and JSON; one not found there is checked and parsed then. The rest of the body, with the messages taken out, still
+//! here are keyed into the token counter's cache by their exact bytes (a 128-bit hash under
+//! a secret that is random per process, so unchecked bytes cannot be made to match). A
+//! message found there was parsed and checked when it was first counted, so its bytes are
+//! known to be valid UTF-8 and JSON; one not found there is checked and parsed then. The rest of the body, with the messages taken out, still
 //! goes through `serde_json`. So a body these spans come from is valid JSON whenever every
 //! message in it is, and the caller checks every message one way or the other.
 

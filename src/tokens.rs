@@ -9,7 +9,7 @@ use base64::Engine;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use tiktoken_rs::CoreBPE;
-use xxhash_rust::xxh3::{xxh3_128, Xxh3};
+use xxhash_rust::xxh3::{self, Xxh3};
 
 use crate::canonical::fast_hash_with_seed;
 use crate::count_cache::CountCache;
@@ -33,6 +33,8 @@ const EXTRAS_CACHE_ENTRIES: usize = 10_000;
 const RAW_MESSAGE_SEED: u64 = 0x6d65_7373_6167_6500;
 const RAW_EXTRAS_SEED: u64 = 0x6578_7472_6173_0000;
 const LEARNED_MODELS_MAX: usize = 1_000;
+/// xxh3's default secret size (at least 136 bytes are required).
+const MESSAGE_SECRET_BYTES: usize = 192;
 
 pub fn bpe(encoding: Encoding) -> &'static CoreBPE {
     match encoding {
@@ -75,6 +77,10 @@ pub struct TokenCounter {
     cache: CountCache<u32>,
     /// Per message, keyed by its raw bytes, with what planning needs of it.
     raw_messages: CountCache<MessageMeta>,
+    /// Hashes `raw_messages`' keys. A key found there vouches that the bytes were checked
+    /// (see `message_spans`), so keys must not be collidable by someone who knows the hash
+    /// function: the secret is random per process.
+    raw_message_secret: [u8; MESSAGE_SECRET_BYTES],
     /// Tools, tool_choice and response_format together, keyed by their raw bytes.
     raw_extras: CountCache<u32>,
     messages_encoded: AtomicU64,
@@ -94,6 +100,7 @@ impl TokenCounter {
         Self {
             cache: CountCache::new(COUNT_CACHE_ENTRIES),
             raw_messages: CountCache::new(COUNT_CACHE_ENTRIES),
+            raw_message_secret: random_secret(),
             raw_extras: CountCache::new(EXTRAS_CACHE_ENTRIES),
             messages_encoded: AtomicU64::new(0),
             learned: RwLock::new(HashMap::new()),
@@ -149,13 +156,13 @@ impl TokenCounter {
         model: &ModelInfo,
     ) -> Option<(PromptCount, Vec<MessageMeta>)> {
         let encoding = model.encoding;
-        // Xor-ed into the plain hash rather than given as xxh3's seed, which derives a new
-        // secret on every call for messages over 240 bytes.
+        // Xor-ed into the hash rather than given as xxh3's seed, which derives a new secret
+        // on every call for messages over 240 bytes.
         let seed = u128::from(RAW_MESSAGE_SEED | encoding as u64);
         let mut metas = Vec::with_capacity(prompt.messages.len());
         let mut misses = Vec::new();
         for (index, raw) in prompt.messages.iter().enumerate() {
-            let key = xxh3_128(raw) ^ seed;
+            let key = xxh3::xxh3_128_with_secret(raw, &self.raw_message_secret) ^ seed;
             match self.raw_messages.get(key) {
                 Some(meta) => metas.push(meta),
                 None => {
@@ -312,6 +319,17 @@ fn smooth(ratio: &AtomicU64, sample: f64) -> f64 {
             Some(step(bits).to_bits())
         });
     step(before)
+}
+
+/// Random bytes for an xxh3 secret, from the standard library's per-process random keys.
+fn random_secret() -> [u8; MESSAGE_SECRET_BYTES] {
+    use std::hash::BuildHasher;
+    let keys = std::collections::hash_map::RandomState::new();
+    let mut secret = [0; MESSAGE_SECRET_BYTES];
+    for (i, word) in secret.chunks_exact_mut(8).enumerate() {
+        word.copy_from_slice(&keys.hash_one(i).to_le_bytes());
+    }
+    secret
 }
 
 /// Counts messages, on the blocking pool when there is enough new text to stall an event
@@ -633,6 +651,16 @@ mod tests {
             .iter()
             .map(|&s| *ratio.insert(ratio.map_or(s, |r: f64| 0.8 * r + 0.2 * s)))
             .collect()
+    }
+
+    #[test]
+    fn each_counter_keys_raw_messages_with_its_own_random_secret() {
+        let (one, two) = (random_secret(), random_secret());
+        assert_ne!(one, two);
+        assert!(
+            one.windows(8).any(|w| w != &one[..8]),
+            "not one word repeated"
+        );
     }
 
     #[test]
