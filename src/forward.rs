@@ -312,7 +312,6 @@ impl Upstream {
             &headers,
             body,
         );
-
         let reconnect = || async {
             match Box::pin(self.connect(pool)).await? {
                 Fresh::Http1(connection) => Ok(connection),
