@@ -6,9 +6,10 @@
 //! here are keyed into the token counter's cache by their exact bytes (a 128-bit hash under
 //! a secret that is random per process, so unchecked bytes cannot be made to match). A
 //! message found there was parsed and checked when it was first counted, so its bytes are
-//! known to be valid UTF-8 and JSON; one not found there is checked and parsed then. The rest of the body, with the messages taken out, still
-//! goes through `serde_json`. So a body these spans come from is valid JSON whenever every
-//! message in it is, and the caller checks every message one way or the other.
+//! known to be valid UTF-8 and JSON; one not found there is checked and parsed then. The
+//! rest of the body, with the messages taken out, still goes through `serde_json`. So a body
+//! these spans come from is valid JSON whenever every message in it is, and the caller
+//! checks every message one way or the other.
 
 /// A chat body split at its `messages` array.
 pub struct Split<'a> {
@@ -22,8 +23,8 @@ pub struct Split<'a> {
 /// Finds the top-level `messages` array of a JSON object and the span of each of its
 /// elements. None for anything irregular, which the caller leaves to a full parse: a body
 /// that is not an object, no `messages` array, an element that is not an object, or a
-/// structure that does not close. Text outside the array is not
-/// checked here; neither is text inside strings.
+/// structure that does not close. Text outside the array is not checked here; neither is
+/// text inside strings.
 pub fn split(bytes: &[u8]) -> Option<Split<'_>> {
     let mut at = skip_whitespace(bytes, 0);
     if bytes.get(at) != Some(&b'{') {
@@ -320,7 +321,8 @@ mod tests {
                 .is_ok_and(|rest| serde_json::from_str::<Value>(rest).is_ok());
             if messages_valid && rest_valid {
                 let body = std::str::from_utf8(&bytes);
-                prop_assert!(body.is_ok_and(|b| serde_json::from_str::<Value>(b).is_ok()), "{:?}", body);
+                let parses = body.is_ok_and(|b| serde_json::from_str::<Value>(b).is_ok());
+                prop_assert!(parses, "{:?}", body);
                 let body = body.unwrap_or_default();
                 if let Some(expected) = serde_view(body) {
                     prop_assert_eq!(split_view(body), Some(expected), "{}", body);
