@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use condenser::config::TokensConfig;
+use condenser::message_spans;
 use condenser::models::{Encoding, ModelCatalog, ModelInfo};
 use condenser::tokens::{count_text, RawPrompt, TokenCounter};
 use serde_json::value::RawValue;
@@ -73,12 +74,12 @@ async fn every_chat_request_fixture_matches_the_cookbook() {
             ));
         }
         // The proxy's raw path: counted from the JSON text, then again from its cache.
-        let messages_json = request["messages"].to_string();
+        // Located as the proxy locates them in a request body.
+        let body = serde_json::json!({ "messages": request["messages"] }).to_string();
+        let split = message_spans::split(body.as_bytes()).unwrap();
         let tools_json = request.get("tools").map(Value::to_string);
-        let raw_messages: Vec<&RawValue> = serde_json::from_str(&messages_json).unwrap();
-        let raw_messages: Vec<&[u8]> = raw_messages.iter().map(|m| m.get().as_bytes()).collect();
         let prompt = RawPrompt {
-            messages: &raw_messages,
+            messages: &split.messages,
             tools: tools_json
                 .as_deref()
                 .map(|t| serde_json::from_str(t).unwrap()),
