@@ -1,6 +1,7 @@
 //! Everything a request handler needs, built once from the config.
 
 use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use crate::compaction::Compactor;
 use crate::config::{Config, ConfigError};
@@ -50,4 +51,13 @@ impl AppState {
             ready: AtomicBool::new(true),
         })
     }
+}
+
+/// One server worker's handle on the shared state, cloned for each request it serves. Every
+/// clone of the state's own `Arc` writes its reference count, and with every worker doing so
+/// for every request, that cache line kept moving between the cores; each worker's handle
+/// has lines of its own.
+#[repr(align(128))]
+pub struct Worker {
+    pub state: Arc<AppState>,
 }

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::app::AppState;
+use crate::app::{AppState, Worker};
 use crate::body::{Gathered, ProxyBody};
 use crate::compaction::{self, CacheOutcome, CompactionJob, Rewrite};
 use crate::config::{Config, ContextConfig};
@@ -356,10 +356,10 @@ impl Outcome {
 }
 
 /// A request ready to go upstream, and what was done to it on the way.
-struct Outgoing {
+struct Outgoing<'s> {
     model: String,
     info: ModelInfo,
-    upstream: Arc<Upstream>,
+    upstream: &'s Arc<Upstream>,
     body: Bytes,
     /// `stream_options.include_usage` was asked for on the client's behalf.
     inject_usage: bool,
@@ -371,10 +371,11 @@ struct Outgoing {
 }
 
 pub async fn handle(
-    state: &Arc<AppState>,
+    worker: &Arc<Worker>,
     request: Request<Incoming>,
     received: Instant,
 ) -> Result<Response<ProxyBody>, ProxyError> {
+    let state = &worker.state;
     let (parts, body) = request.into_parts();
     let bytes = read_body(body, &parts.headers, state.config.server.max_body_bytes).await?;
     let work_started = Instant::now();
@@ -472,7 +473,7 @@ pub async fn handle(
         tracing::debug!("stream requested but upstream answered without SSE");
     }
     let observer = ChatObserver {
-        state: state.clone(),
+        worker: worker.clone(),
         model,
         series,
         stream: is_sse,
@@ -499,12 +500,12 @@ pub async fn handle(
 /// building a tree. Otherwise the full path finishes the request: with the count when the
 /// raw path made one (for compaction, a rejection, a rewrite of stream options), without
 /// when the request was not read (the full path then validates it and names any problem).
-async fn scan(
-    state: &AppState,
+async fn scan<'s>(
+    state: &'s AppState,
     bytes: &Bytes,
     settings: &ContextConfig,
     mode: Mode,
-) -> Result<Outgoing, Option<Prepared>> {
+) -> Result<Outgoing<'s>, Option<Prepared>> {
     // The derived reader would also take a JSON array for the struct, and skips the fields
     // it does not read without checking their text; the full path rejects both.
     let Some(open) = bytes
@@ -548,7 +549,7 @@ async fn scan(
     };
     let model = request.model.into_owned();
     Ok(Outgoing {
-        upstream: state.upstreams.for_model(Some(&model)).clone(),
+        upstream: state.upstreams.for_model(Some(&model)),
         model,
         info: prepared.info,
         body,
@@ -563,17 +564,17 @@ async fn scan(
 /// Every request the raw path does not forward: parsed into a tree, validated with errors
 /// that name the problem, counted (unless the raw path did), planned, compacted when due,
 /// and re-serialized only when changed.
-async fn prepare_fully(
-    state: &Arc<AppState>,
+async fn prepare_fully<'s>(
+    state: &'s Arc<AppState>,
     bytes: Bytes,
     headers: &HeaderMap,
     settings: &ContextConfig,
     mode: Mode,
     counted: Option<Prepared>,
-) -> Result<Outgoing, ProxyError> {
+) -> Result<Outgoing<'s>, ProxyError> {
     let mut body = parse_request(&bytes)?;
     let model = model_name(&body).to_string();
-    let upstream = state.upstreams.for_model(Some(&model)).clone();
+    let upstream = state.upstreams.for_model(Some(&model));
     let prepared = match counted {
         Some(prepared) => prepared,
         None => Prepared::new(&body, &state.catalog, &state.counter).await,
@@ -598,7 +599,7 @@ async fn prepare_fully(
                 split,
                 model: &model,
                 info: &prepared.info,
-                upstream: &upstream,
+                upstream,
                 authorization: headers.get(header::AUTHORIZATION),
                 settings,
                 mode,
@@ -695,7 +696,7 @@ fn request_usage_in_stream(body: &mut Map<String, Value>) {
 }
 
 struct ChatObserver {
-    state: Arc<AppState>,
+    worker: Arc<Worker>,
     model: String,
     series: Arc<ModelSeries>,
     stream: bool,
@@ -712,7 +713,8 @@ struct ChatObserver {
 impl UsageObserver for ChatObserver {
     fn first_bytes(&mut self) {
         if self.stream {
-            self.state
+            self.worker
+                .state
                 .metrics
                 .ttft_seconds
                 .observe(self.received.elapsed().as_secs_f64());
@@ -725,7 +727,7 @@ impl UsageObserver for ChatObserver {
             self.series
                 .completion_tokens()
                 .inc_by(usage.completion_tokens);
-            if let Some(ratio) = self.state.counter.observe_usage(
+            if let Some(ratio) = self.worker.state.counter.observe_usage(
                 &self.model,
                 self.forwarded_raw,
                 usage.prompt_tokens,

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::{header, Method, Request, Response, StatusCode};
 
-use crate::app::AppState;
+use crate::app::{AppState, Worker};
 use crate::body::{full, ProxyBody};
 use crate::error::ProxyError;
 use crate::{chat, passthrough};
@@ -49,7 +49,8 @@ impl Route {
     }
 }
 
-pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Response<ProxyBody> {
+pub async fn handle(worker: Arc<Worker>, request: Request<Incoming>) -> Response<ProxyBody> {
+    let state = &worker.state;
     let received = Instant::now();
     let method = request.method().clone();
     // A Uri clone shares its bytes: no copy for the log line.
@@ -57,15 +58,15 @@ pub async fn handle(state: Arc<AppState>, request: Request<Incoming>) -> Respons
     let path = uri.path();
     let (route, result) = match (request.method(), path) {
         (&Method::GET, "/healthz") => (Route::Healthz, Ok(text(StatusCode::OK, "ok\n"))),
-        (&Method::GET, "/readyz") => (Route::Readyz, Ok(readiness(&state))),
-        (&Method::GET, "/metrics") => (Route::Metrics, Ok(metrics(&state))),
+        (&Method::GET, "/readyz") => (Route::Readyz, Ok(readiness(state))),
+        (&Method::GET, "/metrics") => (Route::Metrics, Ok(metrics(state))),
         (&Method::POST, CHAT_COMPLETIONS) => (
             Route::ChatCompletions,
-            chat::handle(&state, request, received).await,
+            chat::handle(&worker, request, received).await,
         ),
         (_, p) if p.starts_with("/v1/") => (
             Route::Passthrough,
-            passthrough::handle(&state, request).await,
+            passthrough::handle(state, request).await,
         ),
         _ => (Route::Other, Err(ProxyError::NotFound(path.to_string()))),
     };

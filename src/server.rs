@@ -23,7 +23,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::app::{AppState, StartError};
+use crate::app::{AppState, StartError, Worker};
 use crate::config::Config;
 use crate::forward;
 use crate::routes;
@@ -234,6 +234,9 @@ async fn accept_loop(
         .timer(TokioTimer::new())
         .keep_alive_interval(H2_KEEP_ALIVE);
     let graceful = GracefulShutdown::new();
+    let worker = Arc::new(Worker {
+        state: state.clone(),
+    });
     // tokio wakes its event loop through an eventfd whenever a timer is set earlier than any
     // pending one, and hyper sets a header-read timer after every response: on a quiet worker
     // that is a system call per request. A timer always due within a second is earlier than
@@ -254,10 +257,10 @@ async fn accept_loop(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let state = state.clone();
+                let worker = worker.clone();
                 let service = service_fn(move |request| {
-                    let state = state.clone();
-                    async move { Ok::<_, Infallible>(routes::handle(state, request).await) }
+                    let worker = worker.clone();
+                    async move { Ok::<_, Infallible>(routes::handle(worker, request).await) }
                 });
                 let connection = builder
                     .serve_connection(TokioIo::new(stream), service)

@@ -1,9 +1,7 @@
 //! Exact prompt-token counts by OpenAI's cookbook formula, cached per message so a growing
 //! conversation only encodes what is new.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::RwLock;
 
 use base64::Engine;
 use serde_json::value::RawValue;
@@ -12,7 +10,8 @@ use tiktoken_rs::CoreBPE;
 use xxhash_rust::xxh3::{self, Xxh3};
 
 use crate::canonical::fast_hash_with_seed;
-use crate::count_cache::CountCache;
+use crate::count_cache::{CountCache, Packed};
+use crate::memo::Memo;
 use crate::models::{base_name, Encoding, ModelInfo};
 use crate::plan::{MessageMeta, Role, VALID_ROLES};
 
@@ -87,7 +86,7 @@ pub struct TokenCounter {
     /// Smoothed ratio per model base name, as `f64` bits. The map is written only when a
     /// model is first seen; every later observation updates its entry under the read lock,
     /// so the workers do not queue behind each other once per response.
-    learned: RwLock<HashMap<String, AtomicU64>>,
+    learned: Memo<AtomicU64>,
     unknown_margin: f64,
 }
 
@@ -103,7 +102,7 @@ impl TokenCounter {
             raw_message_secret: random_secret(),
             raw_extras: CountCache::new(EXTRAS_CACHE_ENTRIES),
             messages_encoded: AtomicU64::new(0),
-            learned: RwLock::new(HashMap::new()),
+            learned: Memo::new(LEARNED_MODELS_MAX),
             unknown_margin,
         }
     }
@@ -277,11 +276,9 @@ impl TokenCounter {
     }
 
     fn learned_ratio(&self, model_base_name: &str) -> Option<f64> {
-        self.learned.read().ok().and_then(|learned| {
-            learned
-                .get(model_base_name)
-                .map(|ratio| f64::from_bits(ratio.load(Ordering::Relaxed)))
-        })
+        self.learned
+            .get(model_base_name)
+            .map(|ratio| f64::from_bits(ratio.load(Ordering::Relaxed)))
     }
 
     /// Records upstream's `usage.prompt_tokens` against our unscaled estimate; returns the
@@ -294,19 +291,12 @@ impl TokenCounter {
         // estimate absurd.
         let sample = (actual as f64 / raw_estimate as f64).clamp(0.5, 2.0);
         let name = base_name(model);
-        if let Some(ratio) = self.learned.read().ok()?.get(name.as_ref()) {
+        if let Some(ratio) = self.learned.get(&name) {
             return Some(smooth(ratio, sample));
         }
-        let mut learned = self.learned.write().ok()?;
-        // Another worker may have seen the model first, between the two locks.
-        if let Some(ratio) = learned.get(name.as_ref()) {
-            return Some(smooth(ratio, sample));
-        }
-        if learned.len() >= LEARNED_MODELS_MAX {
-            return None;
-        }
-        learned.insert(name.into_owned(), AtomicU64::new(sample.to_bits()));
-        Some(sample)
+        // A first sample kept as the ratio: smoothing it towards itself leaves it as it is.
+        let ratio = self.learned.keep(&name, AtomicU64::new(sample.to_bits()))?;
+        Some(smooth(ratio, sample))
     }
 }
 
@@ -319,6 +309,30 @@ fn smooth(ratio: &AtomicU64, sample: f64) -> f64 {
             Some(step(bits).to_bits())
         });
     step(before)
+}
+
+/// Cached as one word: the count, the role's place in `ROLES`, and the tool-calls flag.
+impl Packed for MessageMeta {
+    fn pack(self) -> u64 {
+        u64::from(self.tokens) | (self.role as u64) << 32 | u64::from(self.has_tool_calls) << 40
+    }
+
+    fn unpack(bits: u64) -> Option<MessageMeta> {
+        /// In declaration order, as `role as u64` numbers them.
+        const ROLES: [Role; 6] = [
+            Role::System,
+            Role::Developer,
+            Role::User,
+            Role::Assistant,
+            Role::Tool,
+            Role::Other,
+        ];
+        Some(MessageMeta {
+            tokens: bits as u32,
+            role: *ROLES.get((bits >> 32 & 0xff) as usize)?,
+            has_tool_calls: bits >> 40 & 1 == 1,
+        })
+    }
 }
 
 /// Random bytes for an xxh3 secret, from the standard library's per-process random keys.
@@ -661,6 +675,22 @@ mod tests {
             one.windows(8).any(|w| w != &one[..8]),
             "not one word repeated"
         );
+    }
+
+    #[test]
+    fn message_metas_survive_the_cache_word() {
+        for role in ["system", "developer", "user", "assistant", "tool", "other"] {
+            for (tokens, has_tool_calls) in [(0, false), (7, true), (u32::MAX, true)] {
+                let meta = MessageMeta {
+                    role: Role::parse(role),
+                    tokens,
+                    has_tool_calls,
+                };
+                assert_eq!(MessageMeta::unpack(meta.pack()), Some(meta));
+                assert_eq!(meta.pack() >> 63, 0, "the top bit is the cache's");
+            }
+        }
+        assert_eq!(MessageMeta::unpack(6 << 32), None, "no seventh role");
     }
 
     #[test]
