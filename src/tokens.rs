@@ -112,6 +112,15 @@ impl TokenCounter {
         self.messages_encoded.load(Ordering::Relaxed)
     }
 
+    /// Skipped when nothing was encoded, as for most requests: every worker adding even a
+    /// zero would keep the counter's cache line moving between their cores.
+    fn note_encoded(&self, messages: usize) {
+        if messages > 0 {
+            self.messages_encoded
+                .fetch_add(messages as u64, Ordering::Relaxed);
+        }
+    }
+
     pub async fn count_request(
         &self,
         request: &Map<String, Value>,
@@ -134,8 +143,7 @@ impl TokenCounter {
         }
         let missed: Vec<&Value> = misses.iter().map(|(i, _)| &messages[*i]).collect();
         let counted = count_off_loop(encoding, &missed).await;
-        self.messages_encoded
-            .fetch_add(misses.len() as u64, Ordering::Relaxed);
+        self.note_encoded(misses.len());
         for ((index, key), tokens) in misses.into_iter().zip(counted) {
             per_message[index] = tokens;
             self.cache.insert(key, tokens);
@@ -191,8 +199,7 @@ impl TokenCounter {
             self.raw_messages.insert(*key, meta);
             metas[*index] = meta;
         }
-        self.messages_encoded
-            .fetch_add(misses.len() as u64, Ordering::Relaxed);
+        self.note_encoded(misses.len());
         let fixed = REPLY_PRIMING + self.count_raw_extras(prompt, encoding)?;
         let count = self.scaled(
             metas.iter().map(|meta| meta.tokens).collect(),
