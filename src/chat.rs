@@ -22,7 +22,7 @@ use crate::error::ProxyError;
 use crate::forward::Upstream;
 use crate::h1::RequestBody;
 use crate::message_spans;
-use crate::metrics::ModelSeries;
+use crate::metrics::ModelLabel;
 use crate::models::{ModelCatalog, ModelInfo};
 use crate::plan::{self, Decision, Limits, MessageMeta, Mode, PlanInput, VALID_ROLES};
 use crate::tokens::{message_meta, messages, model_name, PromptCount, RawPrompt, TokenCounter};
@@ -409,12 +409,10 @@ pub async fn handle(
         outcome,
     } = outgoing;
     let metrics = &state.metrics;
-    let series = metrics.for_model(&model, &info);
-    series.prompt_tokens.inc_by(received_tokens);
-    series.forwarded_tokens.inc_by(forwarded_tokens);
-    series
-        .saved_tokens
-        .inc_by(received_tokens.saturating_sub(forwarded_tokens));
+    let model_label = metrics.for_model(&model, &info);
+    metrics
+        .model(model_label)
+        .count_prompt(received_tokens, forwarded_tokens);
     if outcome.action != "forwarded" {
         metrics
             .compactions
@@ -474,7 +472,7 @@ pub async fn handle(
     let observer = ChatObserver {
         state: state.clone(),
         model,
-        series,
+        model_label,
         stream: is_sse,
         received,
         status: status.as_u16(),
@@ -697,7 +695,7 @@ fn request_usage_in_stream(body: &mut Map<String, Value>) {
 struct ChatObserver {
     state: Arc<AppState>,
     model: String,
-    series: Arc<ModelSeries>,
+    model_label: ModelLabel,
     stream: bool,
     received: Instant,
     status: u16,
@@ -722,15 +720,14 @@ impl UsageObserver for ChatObserver {
     fn finished(&mut self, usage: Option<Usage>) {
         let completion = usage.map_or(0, |u| u.completion_tokens);
         if let Some(usage) = usage {
-            self.series
-                .completion_tokens()
-                .inc_by(usage.completion_tokens);
+            let series = self.state.metrics.model(self.model_label);
+            series.count_completion(usage.completion_tokens);
             if let Some(ratio) = self.state.counter.observe_usage(
                 &self.model,
                 self.forwarded_raw,
                 usage.prompt_tokens,
             ) {
-                self.series.token_ratio().set(ratio);
+                series.set_token_ratio(ratio);
             }
         }
         tracing::info!(
