@@ -39,7 +39,7 @@ impl AppState {
         let upstreams = Upstreams::from_config(&config)?;
         let catalog = ModelCatalog::new(config.models.clone(), config.tokens.clone());
         let counter = TokenCounter::new(config.tokens.unknown_model_margin);
-        let metrics = Metrics::new(&config.metrics.models)?;
+        let metrics = Metrics::new(&config.metrics.models, catalog.families())?;
         let compactor = Compactor::new(&config, metrics.cache_errors.clone())?;
         Ok(AppState {
             config,

@@ -22,7 +22,7 @@ use crate::error::ProxyError;
 use crate::forward::Upstream;
 use crate::h1::RequestBody;
 use crate::message_spans;
-use crate::metrics::ModelSeries;
+use crate::metrics::ModelLabel;
 use crate::models::{ModelCatalog, ModelInfo};
 use crate::plan::{self, Decision, Limits, MessageMeta, Mode, PlanInput, VALID_ROLES};
 use crate::tokens::{message_meta, messages, model_name, PromptCount, RawPrompt, TokenCounter};
@@ -410,12 +410,10 @@ pub async fn handle(
         outcome,
     } = outgoing;
     let metrics = &state.metrics;
-    let series = metrics.for_model(&model, &info);
-    series.prompt_tokens.inc_by(received_tokens);
-    series.forwarded_tokens.inc_by(forwarded_tokens);
-    series
-        .saved_tokens
-        .inc_by(received_tokens.saturating_sub(forwarded_tokens));
+    let model_label = metrics.for_model(&model, &info);
+    metrics
+        .model(model_label)
+        .count_prompt(received_tokens, forwarded_tokens);
     if outcome.action != "forwarded" {
         metrics
             .compactions
@@ -475,7 +473,7 @@ pub async fn handle(
     let observer = ChatObserver {
         worker: worker.clone(),
         model,
-        series,
+        model_label,
         stream: is_sse,
         received,
         status: status.as_u16(),
@@ -698,7 +696,7 @@ fn request_usage_in_stream(body: &mut Map<String, Value>) {
 struct ChatObserver {
     worker: Arc<Worker>,
     model: String,
-    series: Arc<ModelSeries>,
+    model_label: ModelLabel,
     stream: bool,
     received: Instant,
     status: u16,
@@ -724,15 +722,15 @@ impl UsageObserver for ChatObserver {
     fn finished(&mut self, usage: Option<Usage>) {
         let completion = usage.map_or(0, |u| u.completion_tokens);
         if let Some(usage) = usage {
-            self.series
-                .completion_tokens()
-                .inc_by(usage.completion_tokens);
-            if let Some(ratio) = self.worker.state.counter.observe_usage(
-                &self.model,
-                self.forwarded_raw,
-                usage.prompt_tokens,
-            ) {
-                self.series.token_ratio().set(ratio);
+            let state = &self.worker.state;
+            let series = state.metrics.model(self.model_label);
+            series.count_completion(usage.completion_tokens);
+            if let Some(ratio) =
+                state
+                    .counter
+                    .observe_usage(&self.model, self.forwarded_raw, usage.prompt_tokens)
+            {
+                series.set_token_ratio(ratio);
             }
         }
         tracing::info!(

@@ -153,6 +153,11 @@ pub fn base_name(model: &str) -> Cow<'_, str> {
     }
 }
 
+/// `claude-` → `claude`.
+fn window_family(prefix: &'static str) -> &'static str {
+    prefix.trim_end_matches('-')
+}
+
 impl ModelCatalog {
     pub fn new(overrides: BTreeMap<String, ModelOverride>, defaults: TokensConfig) -> Self {
         Self {
@@ -199,9 +204,19 @@ impl ModelCatalog {
             family: if over.is_some() {
                 Some(Cow::Owned(name.into_owned()))
             } else {
-                window.map(|(prefix, _)| Cow::Borrowed(prefix.trim_end_matches('-')))
+                window.map(|(prefix, _)| Cow::Borrowed(window_family(prefix)))
             },
         }
+    }
+
+    /// Every family `resolve` can name: the built-in ones and the overridden models'.
+    pub fn families(&self) -> impl Iterator<Item = Cow<'_, str>> {
+        WINDOWS
+            .iter()
+            .map(|(prefix, _)| Cow::Borrowed(window_family(prefix)))
+            // An override matches by the full name or by its base name, so either way the
+            // family is its key's base name.
+            .chain(self.overrides.keys().map(|model| base_name(model)))
     }
 
     fn warn_once(&self, model: &str) {
@@ -332,6 +347,36 @@ mod tests {
             1,
             "warned once, for unknown"
         );
+    }
+
+    #[test]
+    fn families_name_every_family_a_resolution_can_have() {
+        let overrides = BTreeMap::from(
+            ["Corp/Local-Model", "plain-model", "gpt-4o-custom"]
+                .map(|model| (model.to_string(), ModelOverride::default())),
+        );
+        let c = ModelCatalog::new(overrides, TokensConfig::default());
+        let families: HashSet<String> = c.families().map(Cow::into_owned).collect();
+        let models = WINDOWS
+            .iter()
+            .flat_map(|(prefix, _)| [prefix.to_string(), format!("Vendor/{prefix}x-1")])
+            .chain(
+                [
+                    "Corp/Local-Model",
+                    "other/PLAIN-model",
+                    "gpt-4o-custom",
+                    "unknown",
+                ]
+                .map(String::from),
+            );
+        let mut resolved = 0;
+        for model in models {
+            if let Some(family) = c.resolve(&model).family {
+                assert!(families.contains(family.as_ref()), "{model}: {family}");
+                resolved += 1;
+            }
+        }
+        assert_eq!(resolved, 2 * WINDOWS.len() + 3);
     }
 
     #[test]
