@@ -10,7 +10,7 @@
 #   PGO             1 (default): build with scripts/pgo-build.sh, as releases are built;
 #                   0: a plain `cargo build --release` (both honour CARGO_TARGET_DIR)
 #   DURATION        seconds per measured wrk run (default 5)
-#   ROUNDS          rounds over all targets; the report shows medians (default 3)
+#   ROUNDS          rounds over all targets; the report shows medians (default 5)
 #   WARMUP          seconds of warm-up per target (default 2)
 #   CONNECTIONS     connections of the throughput run (default 32)
 #   RUST_LOG        condenser's log filter (default warn; info logs one line per request)
@@ -19,7 +19,7 @@ SCRIPT=load
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 DURATION=${DURATION:-5}
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-5}
 WARMUP=${WARMUP:-2}
 CONNECTIONS=${CONNECTIONS:-32}
 export RUST_LOG=${RUST_LOG:-warn}
