@@ -83,9 +83,9 @@ pub struct TokenCounter {
     /// Tools, tool_choice and response_format together, keyed by their raw bytes.
     raw_extras: CountCache<u32>,
     messages_encoded: AtomicU64,
-    /// Smoothed ratio per model base name, as `f64` bits. The map is written only when a
-    /// model is first seen; every later observation updates its entry under the read lock,
-    /// so the workers do not queue behind each other once per response.
+    /// Smoothed ratio per model base name, as `f64` bits. A model's slot is kept when it is
+    /// first seen; later observations find it without a lock and update it in one atomic
+    /// step.
     learned: Memo<AtomicU64>,
     unknown_margin: f64,
 }
@@ -301,8 +301,12 @@ impl TokenCounter {
         if let Some(ratio) = self.learned.get(&name) {
             return Some(smooth(ratio, sample));
         }
-        // A first sample kept as the ratio: smoothing it towards itself leaves it as it is.
         let ratio = self.learned.keep(&name, AtomicU64::new(sample.to_bits()))?;
+        // The first sample is the ratio as it stands, unless another response's was kept
+        // first: then this one is smoothed into that.
+        if ratio.load(Ordering::Relaxed) == sample.to_bits() {
+            return Some(sample);
+        }
         Some(smooth(ratio, sample))
     }
 }
