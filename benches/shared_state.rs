@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 
-use condenser::count_cache::CountCache;
 use condenser::memo::Memo;
-use condenser::metrics::Metrics;
+use condenser::observe::metrics::Metrics;
+use condenser::tokens::count_cache::CountCache;
 
 const KEYS: u64 = 16;
 

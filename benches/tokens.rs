@@ -21,7 +21,7 @@ use serde_json::{json, Map, Value};
 use condenser::canonical::fast_hash_with_seed;
 use condenser::config::TokensConfig;
 use condenser::models::{Encoding, ModelCatalog, ModelInfo};
-use condenser::tokens::{count_text, RawPrompt, TokenCounter};
+use condenser::tokens::counter::{count_text, RawPrompt, TokenCounter};
 
 /// The conversation of the cold and warm benchmarks.
 const MESSAGES: usize = 200;
@@ -332,7 +332,7 @@ fn bench_hash(c: &mut Criterion) {
     });
     // The summary cache's prefix chain: the same canonical form fed into blake3.
     group.bench_function("prefix_chain_200_messages", |b| {
-        b.iter(|| black_box(condenser::cache::prefix_keys(&[0; 32], &messages).len()))
+        b.iter(|| black_box(condenser::compaction::cache::prefix_keys(&[0; 32], &messages).len()))
     });
     group.finish();
 }

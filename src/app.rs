@@ -3,12 +3,12 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use crate::compaction::Compactor;
+use crate::compaction::compactor::Compactor;
 use crate::config::{Config, ConfigError};
-use crate::forward::Upstreams;
-use crate::metrics::{Metrics, MetricsError};
+use crate::http::upstream::Upstreams;
 use crate::models::ModelCatalog;
-use crate::tokens::TokenCounter;
+use crate::observe::metrics::{Metrics, MetricsError};
+use crate::tokens::counter::TokenCounter;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {

@@ -6,13 +6,13 @@ use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
-use crate::chat::{parse_request, Prepared};
+use crate::compaction::plan::{total_tokens, triggers, Decision, Limits, Mode};
 use crate::config::{Config, ConfigError, Overrides};
+use crate::dialect::chat::{parse_request, Prepared};
 use crate::error::ProxyError;
 use crate::models::ModelCatalog;
-use crate::plan::{total_tokens, triggers, Decision, Limits, Mode};
-use crate::tokens::TokenCounter;
-use crate::tokens::{messages, model_name};
+use crate::tokens::counter::TokenCounter;
+use crate::tokens::counter::{messages, model_name};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {
@@ -182,7 +182,7 @@ pub async fn plan(
         .iter()
         .map(|m| m.get("role").and_then(Value::as_str).unwrap_or("?"))
         .collect();
-    let describe = |out: &mut String, split: &crate::plan::Split| {
+    let describe = |out: &mut String, split: &crate::compaction::plan::Split| {
         let _ = writeln!(
             out,
             "keep head      messages 0..{} ({})",

@@ -4,7 +4,7 @@ use bytes::Bytes;
 use hyper::{header, Response, StatusCode};
 use serde_json::json;
 
-use crate::body::{full, ProxyBody};
+use crate::http::body::{full, ProxyBody};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {

@@ -9,9 +9,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use condenser::cli::{self, LogFormat, PlanOptions};
+use condenser::compaction::plan::Mode;
 use condenser::config::{Config, Overrides};
-use condenser::plan::Mode;
-use condenser::server::{shutdown_signal, Server};
+use condenser::http::server::{shutdown_signal, Server};
 
 // Many small allocations per request (JSON values, headers, buffers): mimalloc serves them
 // faster than the system allocator under load.

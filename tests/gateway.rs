@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use condenser::body::{BoxError, ProxyBody};
+use condenser::http::body::{BoxError, ProxyBody};
 use futures_util::StreamExt;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
@@ -70,7 +70,7 @@ async fn embeddings_and_large_bodies_pass_through_unchanged() {
         Response::builder()
             .status(200)
             .header("content-type", "application/octet-stream")
-            .body(condenser::body::full(r.body))
+            .body(condenser::http::body::full(r.body))
             .unwrap()
     }))
     .await;

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use condenser::config::TokensConfig;
-use condenser::message_spans;
+use condenser::dialect::message_spans;
 use condenser::models::{Encoding, ModelCatalog, ModelInfo};
-use condenser::tokens::{count_text, RawPrompt, TokenCounter};
+use condenser::tokens::counter::{count_text, RawPrompt, TokenCounter};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 

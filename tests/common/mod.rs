@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use condenser::body::{full, ProxyBody};
+use condenser::http::body::{full, ProxyBody};
 use condenser::{AppState, Config, Server};
 use futures_util::StreamExt;
 use http_body_util::BodyExt;

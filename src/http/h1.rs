@@ -23,7 +23,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::body::{BoxError, ProxyBody};
+use crate::http::body::{BoxError, ProxyBody};
 
 /// A connection as the connector makes it: TCP, maybe TLS over it, maybe through a tunnel.
 pub type Stream = TokioIo<MaybeHttpsStream<TokioIo<TcpStream>>>;
@@ -81,7 +81,7 @@ pub enum RequestBody {
 impl RequestBody {
     pub fn into_proxy_body(self) -> ProxyBody {
         match self {
-            RequestBody::Full(bytes) => crate::body::full(bytes),
+            RequestBody::Full(bytes) => crate::http::body::full(bytes),
             RequestBody::Streaming(body) => body,
         }
     }

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::canonical::hash_with_seed;
+use crate::compaction::redis::RedisStore;
 use crate::config::CacheConfig;
-use crate::redis_store::RedisStore;
 
 pub type Key = [u8; 32];
 

@@ -11,15 +11,17 @@ use hyper::header::HeaderValue;
 use serde_json::{json, Value};
 
 use crate::app::AppState;
-use crate::cache::{prefix_keys, scope, Key, Summary, SummaryCache};
+use crate::compaction::cache::{prefix_keys, scope, Key, Summary, SummaryCache};
+use crate::compaction::plan::{Limits, Mode, Split};
+use crate::compaction::redis::{unix_now, LockOutcome, RedisStore};
+use crate::compaction::summarizer::{
+    Evicted, SummarizeError, Summarizer, SummaryRequest, PROMPT_VERSION,
+};
 use crate::config::{Config, ConfigError, ContextConfig, OnFailure};
 use crate::error::ProxyError;
-use crate::forward::Upstream;
+use crate::http::upstream::Upstream;
 use crate::models::ModelInfo;
-use crate::plan::{Limits, Mode, Split};
-use crate::redis_store::{unix_now, LockOutcome, RedisStore};
-use crate::summarize::{Evicted, SummarizeError, Summarizer, SummaryRequest, PROMPT_VERSION};
-use crate::tokens::{count_text, shorten_middle, PromptCount};
+use crate::tokens::counter::{count_text, shorten_middle, PromptCount};
 
 /// Poll interval while another replica makes a summary this one needs.
 const REMOTE_POLL: Duration = Duration::from_millis(100);
@@ -383,7 +385,7 @@ fn kept_tail(job: &CompactionJob<'_>, start: usize) -> Vec<Value> {
             match job.split.shorten.iter().find(|s| s.index == index) {
                 Some(cut) => {
                     let mut message = message.clone();
-                    let text = crate::summarize::content_text(&message);
+                    let text = crate::compaction::summarizer::content_text(&message);
                     message["content"] =
                         Value::String(shorten_middle(&text, cut.tokens, cut.keep_tokens));
                     message

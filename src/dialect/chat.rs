@@ -15,18 +15,20 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::app::{AppState, Worker};
-use crate::body::{Gathered, ProxyBody};
-use crate::compaction::{self, CacheOutcome, CompactionJob, Rewrite};
+use crate::compaction::compactor::{self, CacheOutcome, CompactionJob, Rewrite};
+use crate::compaction::plan::{self, Decision, Limits, MessageMeta, Mode, PlanInput, VALID_ROLES};
 use crate::config::{Config, ContextConfig};
+use crate::dialect::message_spans;
 use crate::error::ProxyError;
-use crate::forward::Upstream;
-use crate::h1::RequestBody;
-use crate::message_spans;
-use crate::metrics::ModelLabel;
+use crate::http::body::{Gathered, ProxyBody};
+use crate::http::h1::RequestBody;
+use crate::http::upstream::Upstream;
 use crate::models::{ModelCatalog, ModelInfo};
-use crate::plan::{self, Decision, Limits, MessageMeta, Mode, PlanInput, VALID_ROLES};
-use crate::tokens::{message_meta, messages, model_name, PromptCount, RawPrompt, TokenCounter};
-use crate::usage::{Usage, UsageObserver, UsageTap};
+use crate::observe::metrics::ModelLabel;
+use crate::observe::usage::{Usage, UsageObserver, UsageTap};
+use crate::tokens::counter::{
+    message_meta, messages, model_name, PromptCount, RawPrompt, TokenCounter,
+};
 
 /// Framing of the summary message on top of its text.
 const SUMMARY_FRAMING_TOKENS: u32 = 20;
@@ -604,14 +606,14 @@ async fn prepare_fully<'s>(
                 limits: Limits::new(&input),
             };
             if matches!(decision, Decision::Precompute(_)) {
-                compaction::precompute(state, job);
+                compactor::precompute(state, job);
             } else if let Some(Rewrite {
                 messages,
                 action,
                 cache,
                 summarized,
                 waited,
-            }) = compaction::compact(state, job).await?
+            }) = compactor::compact(state, job).await?
             {
                 outcome = Outcome {
                     action: action.name(),
@@ -670,7 +672,7 @@ async fn prepare_fully<'s>(
 fn decimal_value(n: u64) -> HeaderValue {
     let mut digits = [0; 20];
     // Digits are always a valid value; the fallback only restates that without a panic.
-    HeaderValue::from_bytes(crate::h1::decimal(n, &mut digits)).unwrap_or_else(|_| n.into())
+    HeaderValue::from_bytes(crate::http::h1::decimal(n, &mut digits)).unwrap_or_else(|_| n.into())
 }
 
 /// The client's headers for upstream: compression is refused so usage can be read from the
@@ -735,7 +737,7 @@ impl UsageObserver for ChatObserver {
         }
         tracing::info!(
             method = "POST",
-            path = crate::routes::CHAT_COMPLETIONS,
+            path = crate::http::routes::CHAT_COMPLETIONS,
             model = %self.model,
             status = self.status,
             stream = self.stream,

@@ -10,10 +10,10 @@ use tiktoken_rs::CoreBPE;
 use xxhash_rust::xxh3::{self, Xxh3};
 
 use crate::canonical::fast_hash_with_seed;
-use crate::count_cache::{CountCache, Packed};
+use crate::compaction::plan::{MessageMeta, Role, VALID_ROLES};
 use crate::memo::Memo;
 use crate::models::{base_name, Encoding, ModelInfo};
-use crate::plan::{MessageMeta, Role, VALID_ROLES};
+use crate::tokens::count_cache::{CountCache, Packed};
 
 /// Every chat message costs this much framing, and the reply is primed with as much.
 const TOKENS_PER_MESSAGE: u32 = 3;

@@ -9,9 +9,10 @@ use hyper::body::Incoming;
 use hyper::{header, Method, Request, Response, StatusCode};
 
 use crate::app::{AppState, Worker};
-use crate::body::{full, ProxyBody};
+use crate::dialect::chat;
 use crate::error::ProxyError;
-use crate::{chat, passthrough};
+use crate::http::body::{full, ProxyBody};
+use crate::http::passthrough;
 
 pub const CHAT_COMPLETIONS: &str = "/v1/chat/completions";
 

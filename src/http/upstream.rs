@@ -20,11 +20,11 @@ use rustls::pki_types::CertificateDer;
 use tower_service::Service;
 use wildmatch::WildMatch;
 
-use crate::body::{with_idle_timeout, BodyLimitExceeded, BoxError, ProxyBody};
 use crate::config::{Config, ConfigError};
-use crate::egress::Egress;
 use crate::error::ProxyError;
-use crate::h1::{self, strip_hop_by_hop, RequestBody};
+use crate::http::body::{with_idle_timeout, BodyLimitExceeded, BoxError, ProxyBody};
+use crate::http::egress::Egress;
+use crate::http::h1::{self, strip_hop_by_hop, RequestBody};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -456,7 +456,7 @@ impl Upstreams {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::h1::HOP_BY_HOP;
+    use crate::http::h1::HOP_BY_HOP;
 
     #[test]
     fn hop_by_hop_and_connection_listed_headers_are_dropped() {
@@ -530,7 +530,9 @@ mod tests {
                         if !body.is_empty() {
                             seen.push_str(&format!(" {}", String::from_utf8_lossy(&body)));
                         }
-                        Ok::<_, std::convert::Infallible>(Response::new(crate::body::full(seen)))
+                        Ok::<_, std::convert::Infallible>(Response::new(crate::http::body::full(
+                            seen,
+                        )))
                     });
                     let h2 = tls.inner().get_ref().1.alpn_protocol() == Some(b"h2");
                     if h2 {

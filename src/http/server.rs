@@ -25,8 +25,8 @@ use tokio::sync::watch;
 
 use crate::app::{AppState, StartError, Worker};
 use crate::config::Config;
-use crate::forward;
-use crate::routes;
+use crate::http::routes;
+use crate::http::upstream;
 
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -192,7 +192,7 @@ fn run_worker(
     stopped: watch::Receiver<bool>,
     barrier: DrainBarrier,
 ) -> bool {
-    forward::use_pool(worker);
+    upstream::use_pool(worker);
     match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -12,8 +12,8 @@ use regex::Regex;
 use serde_json::{json, Value};
 
 use crate::config::SummarizerConfig;
-use crate::forward::Upstream;
-use crate::tokens::shorten_middle;
+use crate::http::upstream::Upstream;
+use crate::tokens::counter::shorten_middle;
 
 /// Bumped whenever the prompt changes, so summaries made by another prompt are not reused.
 pub const PROMPT_VERSION: u32 = 1;
@@ -124,7 +124,7 @@ impl Summarizer {
             )?))
         };
         Ok(Summarizer {
-            own_key: crate::forward::bearer_from_env(&config.api_key_env)?,
+            own_key: crate::http::upstream::bearer_from_env(&config.api_key_env)?,
             config,
             dedicated,
             breakers: Mutex::new(HashMap::new()),
@@ -241,7 +241,7 @@ impl Summarizer {
                     Method::POST,
                     "/v1/chat/completions",
                     headers,
-                    crate::h1::RequestBody::Full(body.to_string().into()),
+                    crate::http::h1::RequestBody::Full(body.to_string().into()),
                 )
                 .await
                 .map_err(|e| SummarizeError::Upstream(e.to_string()))?;

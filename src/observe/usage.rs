@@ -12,7 +12,7 @@ use memchr::memmem;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
-use crate::body::{BoxError, Gathered};
+use crate::http::body::{BoxError, Gathered};
 
 /// A JSON body larger than this is relayed without reading its usage.
 const MAX_JSON_COPY: usize = 16 * 1024 * 1024;

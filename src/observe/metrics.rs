@@ -17,8 +17,8 @@ use prometheus::{
     TextEncoder,
 };
 
+use crate::http::routes::Route;
 use crate::models::{base_name, ModelInfo};
-use crate::routes::Route;
 
 pub struct Metrics {
     registry: Registry,

@@ -4,9 +4,9 @@ use hyper::body::Incoming;
 use hyper::{header, Request, Response};
 
 use crate::app::AppState;
-use crate::body::{limited, ProxyBody};
 use crate::error::ProxyError;
-use crate::h1::RequestBody;
+use crate::http::body::{limited, ProxyBody};
+use crate::http::h1::RequestBody;
 
 pub async fn handle(
     state: &AppState,

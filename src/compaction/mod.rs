@@ -1,0 +1,8 @@
+//! Compaction: the pure planner, the summarizer, the summary cache and its shared Redis level,
+//! and the compactor that carries a plan out.
+
+pub mod cache;
+pub mod compactor;
+pub mod plan;
+pub mod redis;
+pub mod summarizer;

@@ -1,0 +1,4 @@
+//! One adapter per API that condenser compacts.
+
+pub mod chat;
+pub mod message_spans;
