@@ -20,8 +20,9 @@ use serde_json::{json, Map, Value};
 
 use condenser::canonical::fast_hash_with_seed;
 use condenser::config::TokensConfig;
-use condenser::models::{Encoding, ModelCatalog, ModelInfo};
+use condenser::models::{ModelCatalog, ModelInfo};
 use condenser::tokens::counter::{count_text, RawPrompt, TokenCounter};
+use condenser::tokens::encoding::Encoding;
 
 /// The conversation of the cold and warm benchmarks.
 const MESSAGES: usize = 200;

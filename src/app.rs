@@ -26,10 +26,10 @@ pub enum StartError {
 pub struct AppState {
     pub config: Config,
     pub upstreams: Upstreams,
-    pub catalog: ModelCatalog,
+    pub catalog: Arc<ModelCatalog>,
     pub counter: TokenCounter,
     pub metrics: Metrics,
-    pub compactor: Compactor,
+    pub compactor: Arc<Compactor>,
     /// False once shutdown begins, so load balancers stop sending new work.
     pub ready: AtomicBool,
 }
@@ -37,10 +37,18 @@ pub struct AppState {
 impl AppState {
     pub fn new(config: Config) -> Result<AppState, StartError> {
         let upstreams = Upstreams::from_config(&config)?;
-        let catalog = ModelCatalog::new(config.models.clone(), config.tokens.clone());
+        let catalog = Arc::new(ModelCatalog::new(
+            config.models.clone(),
+            config.tokens.clone(),
+        ));
         let counter = TokenCounter::new(config.tokens.unknown_model_margin);
         let metrics = Metrics::new(&config.metrics.models, catalog.families())?;
-        let compactor = Compactor::new(&config, metrics.cache_errors.clone())?;
+        let compactor = Arc::new(Compactor::new(
+            &config,
+            catalog.clone(),
+            metrics.cache_errors.clone(),
+            metrics.summarize_seconds.clone(),
+        )?);
         Ok(AppState {
             config,
             upstreams,

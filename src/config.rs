@@ -362,7 +362,7 @@ impl Config {
         }
         for (name, model) in &self.models {
             if let Some(encoding) = &model.encoding {
-                if crate::models::Encoding::from_name(encoding).is_none() {
+                if crate::tokens::encoding::Encoding::from_name(encoding).is_none() {
                     return Err(ConfigError::Invalid(format!(
                         "models.\"{name}\".encoding {encoding:?} is not one of cl100k_base, o200k_base, o200k_harmony"
                     )));

@@ -6,8 +6,9 @@ use std::path::PathBuf;
 
 use condenser::config::TokensConfig;
 use condenser::dialect::message_spans;
-use condenser::models::{Encoding, ModelCatalog, ModelInfo};
+use condenser::models::{ModelCatalog, ModelInfo};
 use condenser::tokens::counter::{count_text, RawPrompt, TokenCounter};
+use condenser::tokens::encoding::Encoding;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 

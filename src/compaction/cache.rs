@@ -4,25 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::canonical::hash_with_seed;
 use crate::compaction::redis::RedisStore;
+use crate::compaction::summary::{Key, Summary};
 use crate::config::CacheConfig;
-
-pub type Key = [u8; 32];
-
-/// A summary of `messages` messages that follow the head of a conversation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Summary {
-    pub text: String,
-    pub messages: usize,
-    pub tokens: u32,
-    pub model: String,
-    pub prompt_version: u32,
-    pub created_at: u64,
-}
 
 /// The hash every prefix chain starts from: who asks (their key's hash), which model
 /// summarizes, and with which prompt.

@@ -6,3 +6,4 @@ pub mod compactor;
 pub mod plan;
 pub mod redis;
 pub mod summarizer;
+pub mod summary;

@@ -10,7 +10,7 @@ use prometheus::IntCounter;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::AsyncCommands;
 
-use crate::compaction::cache::{Key, Summary};
+use crate::compaction::summary::{Key, Summary};
 use crate::config::{CacheConfig, ConfigError};
 
 /// After a failed connection attempt, requests go on without Redis this long before the next.

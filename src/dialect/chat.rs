@@ -30,6 +30,8 @@ use crate::tokens::counter::{
     message_meta, messages, model_name, PromptCount, RawPrompt, TokenCounter,
 };
 
+pub const CHAT_COMPLETIONS: &str = "/v1/chat/completions";
+
 /// Framing of the summary message on top of its text.
 const SUMMARY_FRAMING_TOKENS: u32 = 20;
 
@@ -606,14 +608,14 @@ async fn prepare_fully<'s>(
                 limits: Limits::new(&input),
             };
             if matches!(decision, Decision::Precompute(_)) {
-                compactor::precompute(state, job);
+                compactor::precompute(&state.compactor, job);
             } else if let Some(Rewrite {
                 messages,
                 action,
                 cache,
                 summarized,
                 waited,
-            }) = compactor::compact(state, job).await?
+            }) = compactor::compact(&state.compactor, job).await?
             {
                 outcome = Outcome {
                     action: action.name(),
@@ -737,7 +739,7 @@ impl UsageObserver for ChatObserver {
         }
         tracing::info!(
             method = "POST",
-            path = crate::http::routes::CHAT_COMPLETIONS,
+            path = CHAT_COMPLETIONS,
             model = %self.model,
             status = self.status,
             stream = self.stream,

@@ -9,46 +9,11 @@ use hyper::body::Incoming;
 use hyper::{header, Method, Request, Response, StatusCode};
 
 use crate::app::{AppState, Worker};
-use crate::dialect::chat;
+use crate::dialect::chat::{self, CHAT_COMPLETIONS};
 use crate::error::ProxyError;
 use crate::http::body::{full, ProxyBody};
 use crate::http::passthrough;
-
-pub const CHAT_COMPLETIONS: &str = "/v1/chat/completions";
-
-/// What served a request: its `route` label in metrics and in the log.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
-    Healthz,
-    Readyz,
-    Metrics,
-    ChatCompletions,
-    Passthrough,
-    Other,
-}
-
-impl Route {
-    /// In declaration order, so `route as usize` indexes it.
-    pub const ALL: [Route; 6] = [
-        Route::Healthz,
-        Route::Readyz,
-        Route::Metrics,
-        Route::ChatCompletions,
-        Route::Passthrough,
-        Route::Other,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Route::Healthz => "healthz",
-            Route::Readyz => "readyz",
-            Route::Metrics => "metrics",
-            Route::ChatCompletions => "chat_completions",
-            Route::Passthrough => "passthrough",
-            Route::Other => "other",
-        }
-    }
-}
+use crate::observe::metrics::Route;
 
 pub async fn handle(worker: Arc<Worker>, request: Request<Incoming>) -> Response<ProxyBody> {
     let state = &worker.state;

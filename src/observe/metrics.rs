@@ -17,8 +17,41 @@ use prometheus::{
     TextEncoder,
 };
 
-use crate::http::routes::Route;
 use crate::models::{base_name, ModelInfo};
+
+/// What served a request: its `route` label in metrics and in the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Healthz,
+    Readyz,
+    Metrics,
+    ChatCompletions,
+    Passthrough,
+    Other,
+}
+
+impl Route {
+    /// In declaration order, so `route as usize` indexes it.
+    pub const ALL: [Route; 6] = [
+        Route::Healthz,
+        Route::Readyz,
+        Route::Metrics,
+        Route::ChatCompletions,
+        Route::Passthrough,
+        Route::Other,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Route::Healthz => "healthz",
+            Route::Readyz => "readyz",
+            Route::Metrics => "metrics",
+            Route::ChatCompletions => "chat_completions",
+            Route::Passthrough => "passthrough",
+            Route::Other => "other",
+        }
+    }
+}
 
 pub struct Metrics {
     registry: Registry,

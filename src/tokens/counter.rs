@@ -12,8 +12,9 @@ use xxhash_rust::xxh3::{self, Xxh3};
 use crate::canonical::fast_hash_with_seed;
 use crate::compaction::plan::{MessageMeta, Role, VALID_ROLES};
 use crate::memo::Memo;
-use crate::models::{base_name, Encoding, ModelInfo};
+use crate::models::{base_name, ModelInfo};
 use crate::tokens::count_cache::{CountCache, Packed};
+use crate::tokens::encoding::Encoding;
 
 /// Every chat message costs this much framing, and the reply is primed with as much.
 const TOKENS_PER_MESSAGE: u32 = 3;

@@ -2,3 +2,4 @@
 
 pub mod count_cache;
 pub mod counter;
+pub mod encoding;
