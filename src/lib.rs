@@ -6,6 +6,7 @@ pub mod canonical;
 pub mod cli;
 pub mod compaction;
 pub mod config;
+pub mod conversation;
 pub mod dialect;
 pub mod error;
 pub mod http;

@@ -2,6 +2,7 @@
 //! what to keep, what to summarize and what to refuse. Pure: no I/O, no clock.
 
 use crate::config::ContextConfig;
+use crate::conversation::{head_len, units, Item, Kind, Role};
 
 /// Tool outputs in the kept tail are never shortened below this many tokens.
 const SHORTEN_FLOOR_TOKENS: u32 = 256;
@@ -24,51 +25,9 @@ impl Mode {
     }
 }
 
-/// The roles a chat message may have.
-pub const VALID_ROLES: &[&str] = &[
-    "system",
-    "developer",
-    "user",
-    "assistant",
-    "tool",
-    "function",
-];
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    System,
-    Developer,
-    User,
-    Assistant,
-    Tool,
-    Other,
-}
-
-impl Role {
-    pub fn parse(role: &str) -> Role {
-        match role {
-            "system" => Role::System,
-            "developer" => Role::Developer,
-            "user" => Role::User,
-            "assistant" => Role::Assistant,
-            "tool" | "function" => Role::Tool,
-            _ => Role::Other,
-        }
-    }
-}
-
-/// What the planner needs of one message.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct MessageMeta {
-    pub role: Role,
-    pub tokens: u32,
-    /// Whether an assistant message carries `tool_calls` (its answers must stay with it).
-    pub has_tool_calls: bool,
-}
-
 #[derive(Debug, Clone)]
 pub struct PlanInput<'a> {
-    pub messages: &'a [MessageMeta],
+    pub messages: &'a [Item],
     /// Tokens outside the messages: reply priming, tools, response format.
     pub fixed_tokens: u32,
     pub context_window: u64,
@@ -203,7 +162,7 @@ pub fn total_tokens(input: &PlanInput) -> u64 {
     sum(input.messages) + u64::from(input.fixed_tokens)
 }
 
-fn sum(messages: &[MessageMeta]) -> u64 {
+fn sum(messages: &[Item]) -> u64 {
     messages.iter().map(|m| u64::from(m.tokens)).sum()
 }
 
@@ -267,33 +226,6 @@ pub fn plan(input: &PlanInput) -> Decision {
         split,
         triggers: fired,
     }
-}
-
-/// Where each atomic unit after the head starts: a lone message, or an assistant message with
-/// `tool_calls` together with the tool messages that follow it. `None` when a tool message
-/// follows no call, a conversation the planner does not understand.
-pub fn units(messages: &[MessageMeta]) -> Option<Vec<usize>> {
-    let head = head_len(messages);
-    let mut starts = Vec::new();
-    let mut open_call = false;
-    for (i, message) in messages.iter().enumerate().skip(head) {
-        if message.role == Role::Tool {
-            if !open_call {
-                return None;
-            }
-            continue;
-        }
-        open_call = message.role == Role::Assistant && message.has_tool_calls;
-        starts.push(i);
-    }
-    Some(starts)
-}
-
-pub fn head_len(messages: &[MessageMeta]) -> usize {
-    messages
-        .iter()
-        .take_while(|m| matches!(m.role, Role::System | Role::Developer))
-        .count()
 }
 
 fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, Decision> {
@@ -371,9 +303,11 @@ fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, D
 
 /// Cuts the largest tool outputs of the tail first, each no lower than the floor, until the
 /// estimate reaches `budget` or nothing is left to cut.
-fn shorten_tool_outputs(messages: &[MessageMeta], split: &mut Split, budget: u64) {
+fn shorten_tool_outputs(messages: &[Item], split: &mut Split, budget: u64) {
     let mut candidates: Vec<usize> = (split.tail_start..messages.len())
-        .filter(|&i| messages[i].role == Role::Tool && messages[i].tokens > SHORTEN_FLOOR_TOKENS)
+        .filter(|&i| {
+            messages[i].kind == Kind::ToolResult && messages[i].tokens > SHORTEN_FLOOR_TOKENS
+        })
         .collect();
     candidates.sort_by_key(|&i| std::cmp::Reverse(messages[i].tokens));
     for index in candidates {
@@ -398,19 +332,20 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn msg(role: Role, tokens: u32) -> MessageMeta {
-        MessageMeta {
-            role,
-            tokens,
-            has_tool_calls: false,
-        }
+    fn msg(role: Role, tokens: u32) -> Item {
+        let kind = if role == Role::Tool {
+            Kind::ToolResult
+        } else {
+            Kind::Message
+        };
+        Item { role, kind, tokens }
     }
 
-    fn call(tokens: u32) -> MessageMeta {
-        MessageMeta {
+    fn call(tokens: u32) -> Item {
+        Item {
             role: Role::Assistant,
+            kind: Kind::ToolCall,
             tokens,
-            has_tool_calls: true,
         }
     }
 
@@ -421,7 +356,7 @@ mod tests {
         }
     }
 
-    fn input<'a>(messages: &'a [MessageMeta], settings: &'a ContextConfig) -> PlanInput<'a> {
+    fn input<'a>(messages: &'a [Item], settings: &'a ContextConfig) -> PlanInput<'a> {
         PlanInput {
             messages,
             fixed_tokens: 3,
@@ -434,7 +369,7 @@ mod tests {
     }
 
     /// system + `turns` × (user, assistant), each message `each` tokens.
-    fn chat(turns: usize, each: u32) -> Vec<MessageMeta> {
+    fn chat(turns: usize, each: u32) -> Vec<Item> {
         let mut m = vec![msg(Role::System, 100)];
         for _ in 0..turns {
             m.push(msg(Role::User, each));
@@ -691,7 +626,7 @@ mod tests {
         );
     }
 
-    fn arb_conversation() -> impl Strategy<Value = Vec<MessageMeta>> {
+    fn arb_conversation() -> impl Strategy<Value = Vec<Item>> {
         let unit = prop_oneof![
             (1u32..3000).prop_map(|t| vec![msg(Role::User, t)]),
             (1u32..3000).prop_map(|t| vec![msg(Role::Assistant, t)]),

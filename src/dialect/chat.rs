@@ -16,8 +16,9 @@ use serde_json::{Map, Value};
 
 use crate::app::{AppState, Worker};
 use crate::compaction::compactor::{self, CacheOutcome, CompactionJob, Rewrite};
-use crate::compaction::plan::{self, Decision, Limits, MessageMeta, Mode, PlanInput, VALID_ROLES};
+use crate::compaction::plan::{self, Decision, Limits, Mode, PlanInput};
 use crate::config::{Config, ContextConfig};
+use crate::conversation::{Item, VALID_ROLES};
 use crate::dialect::message_spans;
 use crate::error::ProxyError;
 use crate::http::body::{Gathered, ProxyBody};
@@ -116,7 +117,7 @@ pub fn parse_request(bytes: &[u8]) -> Result<Map<String, Value>, ProxyError> {
     Ok(body)
 }
 
-fn message_metas(messages: &[Value], counts: &[u32]) -> Vec<MessageMeta> {
+fn message_metas(messages: &[Value], counts: &[u32]) -> Vec<Item> {
     messages
         .iter()
         .zip(counts)
@@ -134,7 +135,7 @@ fn requested_completion_tokens(body: &Map<String, Value>) -> Option<u64> {
 pub struct Prepared {
     pub info: ModelInfo,
     pub count: PromptCount,
-    pub metas: Vec<MessageMeta>,
+    pub metas: Vec<Item>,
     requested_completion_tokens: Option<u64>,
     choices: u64,
 }

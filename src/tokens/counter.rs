@@ -10,7 +10,7 @@ use tiktoken_rs::CoreBPE;
 use xxhash_rust::xxh3::{self, Xxh3};
 
 use crate::canonical::fast_hash_with_seed;
-use crate::compaction::plan::{MessageMeta, Role, VALID_ROLES};
+use crate::conversation::{Item, Kind, Role, VALID_ROLES};
 use crate::memo::Memo;
 use crate::models::{base_name, ModelInfo};
 use crate::tokens::count_cache::{CountCache, Packed};
@@ -76,7 +76,7 @@ pub struct TokenCounter {
     /// Per message, keyed by its canonical form (requests handled as a JSON tree).
     cache: CountCache<u32>,
     /// Per message, keyed by its raw bytes, with what planning needs of it.
-    raw_messages: CountCache<MessageMeta>,
+    raw_messages: CountCache<Item>,
     /// Hashes `raw_messages`' keys. A key found there vouches that the bytes were checked
     /// (see `message_spans`), so keys must not be collidable by someone who knows the hash
     /// function: the secret is random per process.
@@ -162,7 +162,7 @@ impl TokenCounter {
         prompt: &RawPrompt<'_>,
         model_name: &str,
         model: &ModelInfo,
-    ) -> Option<(PromptCount, Vec<MessageMeta>)> {
+    ) -> Option<(PromptCount, Vec<Item>)> {
         let encoding = model.encoding;
         // Xor-ed into the hash rather than given as xxh3's seed, which derives a new secret
         // on every call for messages over 240 bytes.
@@ -174,10 +174,10 @@ impl TokenCounter {
             match self.raw_messages.get(key) {
                 Some(meta) => metas.push(meta),
                 None => {
-                    metas.push(MessageMeta {
+                    metas.push(Item {
                         role: Role::Other,
+                        kind: Kind::Other,
                         tokens: 0,
-                        has_tool_calls: false,
                     });
                     misses.push((index, key));
                 }
@@ -193,7 +193,7 @@ impl TokenCounter {
             }
             missed.push(message);
         }
-        let roles_and_calls: Vec<MessageMeta> = missed.iter().map(|m| message_meta(m, 0)).collect();
+        let roles_and_calls: Vec<Item> = missed.iter().map(|m| message_meta(m, 0)).collect();
         let counted = count_off_loop(encoding, &missed.iter().collect::<Vec<_>>()).await;
         for (((index, key), mut meta), tokens) in misses.iter().zip(roles_and_calls).zip(counted) {
             meta.tokens = tokens;
@@ -323,26 +323,17 @@ fn smooth(ratio: &AtomicU64, sample: f64) -> f64 {
     step(before)
 }
 
-/// Cached as one word: the count, the role's place in `ROLES`, and the tool-calls flag.
-impl Packed for MessageMeta {
+/// Cached as one word: the count, then the role's and the kind's places in their `ALL`.
+impl Packed for Item {
     fn pack(self) -> u64 {
-        u64::from(self.tokens) | (self.role as u64) << 32 | u64::from(self.has_tool_calls) << 40
+        u64::from(self.tokens) | (self.role as u64) << 32 | (self.kind as u64) << 40
     }
 
-    fn unpack(bits: u64) -> Option<MessageMeta> {
-        /// In declaration order, as `role as u64` numbers them.
-        const ROLES: [Role; 6] = [
-            Role::System,
-            Role::Developer,
-            Role::User,
-            Role::Assistant,
-            Role::Tool,
-            Role::Other,
-        ];
-        Some(MessageMeta {
+    fn unpack(bits: u64) -> Option<Item> {
+        Some(Item {
             tokens: bits as u32,
-            role: *ROLES.get((bits >> 32 & 0xff) as usize)?,
-            has_tool_calls: bits >> 40 & 1 == 1,
+            role: *Role::ALL.get((bits >> 32 & 0xff) as usize)?,
+            kind: *Kind::ALL.get((bits >> 40 & 0xff) as usize)?,
         })
     }
 }
@@ -395,17 +386,20 @@ pub fn model_name(request: &Map<String, Value>) -> &str {
     request.get("model").and_then(Value::as_str).unwrap_or("")
 }
 
-/// What the planner needs of one message, given its token count.
-pub fn message_meta(message: &Value, tokens: u32) -> MessageMeta {
-    MessageMeta {
-        role: Role::parse(message.get("role").and_then(Value::as_str).unwrap_or("")),
-        tokens,
-        has_tool_calls: message
-            .get("tool_calls")
-            .and_then(Value::as_array)
-            .is_some_and(|calls| !calls.is_empty())
-            || message.get("function_call").is_some_and(|c| !c.is_null()),
-    }
+/// What the planner needs of one chat message, given its token count.
+pub fn message_meta(message: &Value, tokens: u32) -> Item {
+    let role = Role::parse(message.get("role").and_then(Value::as_str).unwrap_or(""));
+    let calls_tools = message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .is_some_and(|calls| !calls.is_empty())
+        || message.get("function_call").is_some_and(|c| !c.is_null());
+    let kind = match role {
+        Role::Tool => Kind::ToolResult,
+        _ if calls_tools => Kind::ToolCall,
+        _ => Kind::Message,
+    };
+    Item { role, kind, tokens }
 }
 
 fn text_bytes(message: &Value) -> usize {
@@ -690,19 +684,23 @@ mod tests {
     }
 
     #[test]
-    fn message_metas_survive_the_cache_word() {
-        for role in ["system", "developer", "user", "assistant", "tool", "other"] {
-            for (tokens, has_tool_calls) in [(0, false), (7, true), (u32::MAX, true)] {
-                let meta = MessageMeta {
-                    role: Role::parse(role),
-                    tokens,
-                    has_tool_calls,
-                };
-                assert_eq!(MessageMeta::unpack(meta.pack()), Some(meta));
+    fn items_survive_the_cache_word() {
+        for role in Role::ALL {
+            for (tokens, kind) in [
+                (0, Kind::Message),
+                (7, Kind::ToolCall),
+                (u32::MAX, Kind::Other),
+            ]
+            .into_iter()
+            .chain(Kind::ALL.map(|kind| (1, kind)))
+            {
+                let meta = Item { role, kind, tokens };
+                assert_eq!(Item::unpack(meta.pack()), Some(meta));
                 assert_eq!(meta.pack() >> 63, 0, "the top bit is the cache's");
             }
         }
-        assert_eq!(MessageMeta::unpack(6 << 32), None, "no seventh role");
+        assert_eq!(Item::unpack(6 << 32), None, "no seventh role");
+        assert_eq!(Item::unpack(5 << 40), None, "no sixth kind");
     }
 
     #[test]

@@ -1,0 +1,162 @@
+//! The conversation as every dialect presents it to counting, planning and compaction: a head
+//! that is always kept, then items, each with a role and a kind, grouped into units that are
+//! never split. A dialect maps its own request onto this (chat messages, Responses input
+//! items, Anthropic messages); the planner and the compactor see nothing else.
+
+/// The role names of OpenAI's chat messages and Responses input messages.
+pub const VALID_ROLES: &[&str] = &[
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+    Other,
+}
+
+impl Role {
+    /// In declaration order, as `role as usize` numbers them.
+    pub const ALL: [Role; 6] = [
+        Role::System,
+        Role::Developer,
+        Role::User,
+        Role::Assistant,
+        Role::Tool,
+        Role::Other,
+    ];
+
+    pub fn parse(role: &str) -> Role {
+        match role {
+            "system" => Role::System,
+            "developer" => Role::Developer,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "tool" | "function" => Role::Tool,
+            _ => Role::Other,
+        }
+    }
+}
+
+/// What an item is, whatever its dialect calls it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Text (and other content) from a participant.
+    Message,
+    /// Asks for one or more tool calls: a chat assistant message with `tool_calls`, a
+    /// Responses `function_call`, an Anthropic assistant turn with `tool_use` blocks.
+    ToolCall,
+    /// Answers the calls before it: a chat `tool` message, a `function_call_output`, an
+    /// Anthropic user turn with `tool_result` blocks.
+    ToolResult,
+    /// The model's reasoning, kept with the item it leads to.
+    Reasoning,
+    /// Anything else: a unit of its own, kept as sent.
+    Other,
+}
+
+impl Kind {
+    /// In declaration order, as `kind as usize` numbers them.
+    pub const ALL: [Kind; 5] = [
+        Kind::Message,
+        Kind::ToolCall,
+        Kind::ToolResult,
+        Kind::Reasoning,
+        Kind::Other,
+    ];
+}
+
+/// What the planner needs of one item.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Item {
+    pub role: Role,
+    pub kind: Kind,
+    pub tokens: u32,
+}
+
+/// How many leading items are the head (system and developer messages), always kept.
+pub fn head_len(items: &[Item]) -> usize {
+    items
+        .iter()
+        .take_while(|m| matches!(m.role, Role::System | Role::Developer))
+        .count()
+}
+
+/// Where each unit after the head starts. A unit is an item and whatever must travel with
+/// it: tool calls with every result that answers them (parallel calls included), and
+/// reasoning with the item it leads to. `None` when a tool result follows no call, a
+/// conversation the planner does not understand.
+pub fn units(items: &[Item]) -> Option<Vec<usize>> {
+    let head = head_len(items);
+    let mut starts = Vec::new();
+    let mut open_call = false;
+    let mut previous = None;
+    for (i, item) in items.iter().enumerate().skip(head) {
+        let joins_previous = match item.kind {
+            Kind::ToolResult if !open_call => return None,
+            Kind::ToolResult => true,
+            Kind::ToolCall => matches!(previous, Some(Kind::ToolCall | Kind::Reasoning)),
+            _ => previous == Some(Kind::Reasoning),
+        };
+        if !joins_previous {
+            starts.push(i);
+        }
+        open_call = match item.kind {
+            Kind::ToolCall => true,
+            Kind::ToolResult => open_call,
+            _ => false,
+        };
+        previous = Some(item.kind);
+    }
+    Some(starts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(role: Role, kind: Kind) -> Item {
+        Item {
+            role,
+            kind,
+            tokens: 1,
+        }
+    }
+
+    #[test]
+    fn calls_results_and_reasoning_stay_with_what_they_belong_to() {
+        use Kind::*;
+        let items = [
+            item(Role::System, Message),
+            item(Role::User, Message),
+            item(Role::Assistant, Reasoning),
+            item(Role::Assistant, ToolCall),
+            item(Role::Assistant, ToolCall),
+            item(Role::Tool, ToolResult),
+            item(Role::Tool, ToolResult),
+            item(Role::Assistant, Message),
+            item(Role::User, ToolResult),
+        ];
+        assert_eq!(head_len(&items), 1);
+        assert_eq!(units(&items[..8]), Some(vec![1, 2, 7]));
+        assert_eq!(
+            units(&items),
+            None,
+            "a result after a plain message answers nothing"
+        );
+        let answered_in_a_user_turn = [
+            item(Role::Assistant, ToolCall),
+            item(Role::User, ToolResult),
+            item(Role::User, Message),
+        ];
+        assert_eq!(units(&answered_in_a_user_turn), Some(vec![0, 2]));
+    }
+}
