@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use hyper::header::HeaderValue;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::compaction::cache::{prefix_keys, scope, SummaryCache};
 use crate::compaction::plan::{Limits, Mode, Split};
@@ -21,7 +21,7 @@ use crate::config::{Config, ConfigError, ContextConfig, OnFailure};
 use crate::error::ProxyError;
 use crate::http::upstream::Upstream;
 use crate::models::{ModelCatalog, ModelInfo};
-use crate::tokens::counter::{count_text, shorten_middle, PromptCount};
+use crate::tokens::counter::{count_text, PromptCount};
 
 /// Poll interval while another replica makes a summary this one needs.
 const REMOTE_POLL: Duration = Duration::from_millis(100);
@@ -62,10 +62,13 @@ impl CacheOutcome {
     }
 }
 
-/// The rewritten messages and how they came about.
+/// What the request becomes, for its dialect to write out: the head, then `summary` when
+/// there is one (of the items `head..kept_from`), then the items from `kept_from` on, tool
+/// outputs shortened as planned.
 #[derive(Debug)]
 pub struct Rewrite {
-    pub messages: Vec<Value>,
+    pub summary: Option<Arc<Summary>>,
+    pub kept_from: usize,
     pub action: Action,
     pub cache: CacheOutcome,
     pub summarized: usize,
@@ -187,16 +190,10 @@ async fn lookup(compactor: &Arc<Compactor>, job: &CompactionJob<'_>) -> (Lookup,
     );
     let split = job.split;
     let keys = prefix_keys(&scope, &job.messages[..split.tail_start]);
-    // A summary may end only where a unit starts: never just before a tool message.
-    let candidates: Vec<(usize, Key)> = (split.head + 1..=split.tail_start)
-        .filter(|&end| {
-            job.messages
-                .get(end)
-                .and_then(|m| m.get("role"))
-                .and_then(Value::as_str)
-                .is_none_or(|r| r != "tool" && r != "function")
-        })
-        .map(|end| (end, keys[end - 1]))
+    let candidates: Vec<(usize, Key)> = split
+        .summary_ends
+        .iter()
+        .map(|&end| (end, keys[end - 1]))
         .collect();
     let candidate_keys: Vec<Key> = candidates.iter().map(|(_, k)| *k).collect();
     let found = match compactor.cache.longest(&candidate_keys).await {
@@ -331,7 +328,6 @@ pub async fn compact(
         ),
     };
     let waited = started.elapsed();
-    let role = job.settings.summary_role.as_str();
     match summary {
         // A summary that came out too large to fit: without it, the plan fits.
         Ok(summary) if estimate_with(&job, &summary, end).0 > job.limits.usable => {
@@ -341,26 +337,14 @@ pub async fn compact(
             );
             Ok(Some(trimmed(&job, waited)))
         }
-        Ok(summary) => {
-            let mut messages = Vec::with_capacity(split.head + 1 + job.messages.len() - end);
-            messages.extend_from_slice(&job.messages[..split.head]);
-            messages.push(json!({
-                "role": role,
-                "content": format!(
-                    "[Context summary: {} earlier messages]\n\n{}",
-                    end - split.head,
-                    summary.text
-                ),
-            }));
-            messages.extend(kept_tail(&job, end));
-            Ok(Some(Rewrite {
-                messages,
-                action: Action::Summarized,
-                cache,
-                summarized: end - split.head,
-                waited,
-            }))
-        }
+        Ok(summary) => Ok(Some(Rewrite {
+            summary: Some(summary),
+            kept_from: end,
+            action: Action::Summarized,
+            cache,
+            summarized: end - split.head,
+            waited,
+        })),
         Err(error) => {
             tracing::warn!(%error, on_failure = ?job.settings.on_failure, "summarizer failed");
             match job.settings.on_failure {
@@ -374,36 +358,14 @@ pub async fn compact(
 
 /// The head and the planned tail, without a summary.
 fn trimmed(job: &CompactionJob<'_>, waited: Duration) -> Rewrite {
-    let mut messages = job.messages[..job.split.head].to_vec();
-    messages.extend(kept_tail(job, job.split.tail_start));
     Rewrite {
-        messages,
+        summary: None,
+        kept_from: job.split.tail_start,
         action: Action::Trimmed,
         cache: CacheOutcome::None,
         summarized: 0,
         waited,
     }
-}
-
-/// The messages from `start` on, verbatim except tool outputs the plan shortens.
-fn kept_tail(job: &CompactionJob<'_>, start: usize) -> Vec<Value> {
-    job.messages[start..]
-        .iter()
-        .enumerate()
-        .map(|(offset, message)| {
-            let index = start + offset;
-            match job.split.shorten.iter().find(|s| s.index == index) {
-                Some(cut) => {
-                    let mut message = message.clone();
-                    let text = crate::compaction::summarizer::content_text(&message);
-                    message["content"] =
-                        Value::String(shorten_middle(&text, cut.tokens, cut.keep_tokens));
-                    message
-                }
-                None => message.clone(),
-            }
-        })
-        .collect()
 }
 
 /// From the precompute band: make the summary the plan would need, in the background,

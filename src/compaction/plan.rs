@@ -94,6 +94,9 @@ pub struct Shorten {
 pub struct Split {
     pub head: usize,
     pub tail_start: usize,
+    /// Where a summary of the items after the head may end: every unit start up to and
+    /// including `tail_start`, so that no summary splits a unit.
+    pub summary_ends: Vec<usize>,
     pub shorten: Vec<Shorten>,
     /// Estimated forwarded prompt with a summary of at most `summary_tokens`.
     pub estimated_tokens: u64,
@@ -259,6 +262,12 @@ fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, D
         let mut split = Split {
             head,
             tail_start: start,
+            summary_ends: units
+                .iter()
+                .copied()
+                .filter(|&unit| head < unit && unit < start)
+                .chain((head < start).then_some(start))
+                .collect(),
             shorten: Vec::new(),
             estimated_tokens: fixed + summary_if_any + sum(&messages[start..]),
         };

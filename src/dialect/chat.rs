@@ -12,11 +12,12 @@ use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response};
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 use crate::app::{AppState, Worker};
 use crate::compaction::compactor::{self, CacheOutcome, CompactionJob, Rewrite};
-use crate::compaction::plan::{self, Decision, Limits, Mode, PlanInput};
+use crate::compaction::plan::{self, Decision, Limits, Mode, PlanInput, Split};
+use crate::compaction::summarizer::content_text;
 use crate::config::{Config, ContextConfig};
 use crate::conversation::{Item, VALID_ROLES};
 use crate::dialect::message_spans;
@@ -28,7 +29,7 @@ use crate::models::{ModelCatalog, ModelInfo};
 use crate::observe::metrics::ModelLabel;
 use crate::observe::usage::{Usage, UsageObserver, UsageTap};
 use crate::tokens::counter::{
-    message_meta, messages, model_name, PromptCount, RawPrompt, TokenCounter,
+    message_meta, messages, model_name, shorten_middle, PromptCount, RawPrompt, TokenCounter,
 };
 
 pub const CHAT_COMPLETIONS: &str = "/v1/chat/completions";
@@ -245,6 +246,30 @@ fn present<'de, D: serde::Deserializer<'de>>(value: D) -> Result<Option<&'de Raw
 /// spliced in as the first key, the rest of the body kept byte for byte.
 const INCLUDE_USAGE_FIELD: &[u8] = br#""stream_options":{"include_usage":true},"#;
 
+/// Whether condenser asks upstream for a stream's usage on the client's behalf, and how.
+/// Decided the same way on both paths; only a merge needs the parsed body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UsageRequest {
+    /// Not a stream, or a stream that asks for usage itself: the body stands.
+    None,
+    /// A stream without `stream_options`: the field is spliced in.
+    Splice,
+    /// A stream whose `stream_options` leave usage out: usage is merged into them.
+    Merge,
+}
+
+impl UsageRequest {
+    /// `options`: None when the client sent no `stream_options`, else whether they ask for
+    /// usage.
+    fn new(stream: bool, options: Option<bool>) -> UsageRequest {
+        match (stream, options) {
+            (false, _) | (true, Some(true)) => UsageRequest::None,
+            (true, None) => UsageRequest::Splice,
+            (true, Some(false)) => UsageRequest::Merge,
+        }
+    }
+}
+
 /// `open`: where the body's opening brace is.
 fn with_usage_requested(body: &[u8], open: usize) -> Bytes {
     let mut out = Vec::with_capacity(body.len() + INCLUDE_USAGE_FIELD.len());
@@ -360,6 +385,13 @@ impl Outcome {
     };
 }
 
+/// A request the raw path counted and planned, for the full path to finish without
+/// counting or planning it again.
+struct Planned {
+    prepared: Prepared,
+    decision: Decision,
+}
+
 /// A request ready to go upstream, and what was done to it on the way.
 struct Outgoing<'s> {
     model: String,
@@ -391,14 +423,14 @@ pub async fn handle(
         Ok(outgoing) => outgoing,
         // Boxed: the full path's future (summarizer calls included) is large, and the common
         // case should not carry its size.
-        Err(counted) => {
+        Err(planned) => {
             Box::pin(prepare_fully(
                 state,
                 bytes,
                 &parts.headers,
                 &settings,
                 mode,
-                counted,
+                planned,
             ))
             .await?
         }
@@ -508,7 +540,7 @@ async fn scan<'s>(
     bytes: &Bytes,
     settings: &ContextConfig,
     mode: Mode,
-) -> Result<Outgoing<'s>, Option<Prepared>> {
+) -> Result<Outgoing<'s>, Option<Planned>> {
     // The derived reader would also take a JSON array for the struct, and skips the fields
     // it does not read without checking their text; the full path rejects both.
     let Some(open) = bytes
@@ -535,20 +567,23 @@ async fn scan<'s>(
         return Err(None);
     };
     let input = prepared.plan_input(&state.config, settings, mode);
-    if !matches!(prepared.decide(&input), Decision::Forward(_)) {
-        return Err(Some(prepared));
+    let decision = prepared.decide(&input);
+    if !matches!(decision, Decision::Forward(_)) {
+        return Err(Some(Planned { prepared, decision }));
     }
-    let wants_usage = |options: &RawValue| {
+    let asks_usage = |options: &RawValue| {
         serde_json::from_str::<Value>(options.get())
             .ok()
-            .and_then(|options| options.get("include_usage").and_then(Value::as_bool))
-            == Some(true)
+            .is_some_and(|options| asks_for_usage(&options))
     };
-    let (body, inject_usage) = match (request.stream == Some(true), request.stream_options) {
-        (false, _) => (bytes.clone(), false),
-        (true, Some(options)) if wants_usage(options) => (bytes.clone(), false),
-        (true, None) => (with_usage_requested(bytes, open), true),
-        (true, Some(_)) => return Err(Some(prepared)),
+    let usage = UsageRequest::new(
+        request.stream == Some(true),
+        request.stream_options.map(asks_usage),
+    );
+    let body = match usage {
+        UsageRequest::None => bytes.clone(),
+        UsageRequest::Splice => with_usage_requested(bytes, open),
+        UsageRequest::Merge => return Err(Some(Planned { prepared, decision })),
     };
     let model = request.model.into_owned();
     Ok(Outgoing {
@@ -556,7 +591,7 @@ async fn scan<'s>(
         model,
         info: prepared.info,
         body,
-        inject_usage,
+        inject_usage: usage != UsageRequest::None,
         received_tokens: prepared.count.total,
         forwarded_tokens: prepared.count.total,
         forwarded_raw: prepared.count.raw_total,
@@ -573,17 +608,20 @@ async fn prepare_fully<'s>(
     headers: &HeaderMap,
     settings: &ContextConfig,
     mode: Mode,
-    counted: Option<Prepared>,
+    planned: Option<Planned>,
 ) -> Result<Outgoing<'s>, ProxyError> {
     let mut body = parse_request(&bytes)?;
     let model = model_name(&body).to_string();
     let upstream = state.upstreams.for_model(Some(&model));
-    let prepared = match counted {
-        Some(prepared) => prepared,
-        None => Prepared::new(&body, &state.catalog, &state.counter).await,
+    let (prepared, decision) = match planned {
+        Some(Planned { prepared, decision }) => (prepared, Some(decision)),
+        None => (
+            Prepared::new(&body, &state.catalog, &state.counter).await,
+            None,
+        ),
     };
     let input = prepared.plan_input(&state.config, settings, mode);
-    let decision = prepared.decide(&input);
+    let decision = decision.unwrap_or_else(|| prepared.decide(&input));
 
     let mut outcome = Outcome::FORWARDED;
     let mut rewritten: Option<Vec<Value>> = None;
@@ -610,64 +648,105 @@ async fn prepare_fully<'s>(
             };
             if matches!(decision, Decision::Precompute(_)) {
                 compactor::precompute(&state.compactor, job);
-            } else if let Some(Rewrite {
-                messages,
-                action,
-                cache,
-                summarized,
-                waited,
-            }) = compactor::compact(&state.compactor, job).await?
-            {
+            } else if let Some(rewrite) = compactor::compact(&state.compactor, job).await? {
+                rewritten = Some(compacted_messages(
+                    messages(&body),
+                    split,
+                    &rewrite,
+                    settings.summary_role.as_str(),
+                ));
                 outcome = Outcome {
-                    action: action.name(),
-                    cache,
-                    summarized,
-                    summarizer_wait: waited,
+                    action: rewrite.action.name(),
+                    cache: rewrite.cache,
+                    summarized: rewrite.summarized,
+                    summarizer_wait: rewrite.waited,
                 };
-                rewritten = Some(messages);
             }
         }
     }
 
-    let stream = body.get("stream").and_then(Value::as_bool) == Some(true);
-    let client_wants_usage = body
-        .get("stream_options")
-        .and_then(|options| options.get("include_usage"))
-        .and_then(Value::as_bool)
-        == Some(true);
-    let inject_usage = stream && !client_wants_usage;
+    let usage = UsageRequest::new(
+        body.get("stream").and_then(Value::as_bool) == Some(true),
+        body.get("stream_options").map(asks_for_usage),
+    );
     let received_tokens = prepared.count.total;
-    let (send_bytes, forwarded_tokens, forwarded_raw) = if rewritten.is_none() && !inject_usage {
-        (bytes, prepared.count.total, prepared.count.raw_total)
-    } else {
-        // Only new messages change the prompt; stream options do not.
-        let (total, raw) = match rewritten {
-            Some(messages) => {
-                body.insert("messages".into(), Value::Array(messages));
-                let count = state.counter.count_request(&body, &prepared.info).await;
-                (count.total, count.raw_total)
+    let (send_bytes, forwarded_tokens, forwarded_raw) =
+        if rewritten.is_none() && usage != UsageRequest::Merge {
+            (bytes, prepared.count.total, prepared.count.raw_total)
+        } else {
+            // Only new messages change the prompt; stream options do not.
+            let (total, raw) = match rewritten {
+                Some(messages) => {
+                    body.insert("messages".into(), Value::Array(messages));
+                    let count = state.counter.count_request(&body, &prepared.info).await;
+                    (count.total, count.raw_total)
+                }
+                None => (prepared.count.total, prepared.count.raw_total),
+            };
+            if usage == UsageRequest::Merge {
+                request_usage_in_stream(&mut body);
             }
-            None => (prepared.count.total, prepared.count.raw_total),
+            let bytes = Bytes::from(
+                serde_json::to_vec(&body).map_err(|e| ProxyError::InvalidJson(e.to_string()))?,
+            );
+            (bytes, total, raw)
         };
-        if inject_usage {
-            request_usage_in_stream(&mut body);
+    let send_bytes = match usage {
+        UsageRequest::Splice => {
+            // `parse_request` found an object, so the body has an opening brace.
+            let open = send_bytes.iter().position(|&b| b == b'{').unwrap_or(0);
+            with_usage_requested(&send_bytes, open)
         }
-        let bytes = Bytes::from(
-            serde_json::to_vec(&body).map_err(|e| ProxyError::InvalidJson(e.to_string()))?,
-        );
-        (bytes, total, raw)
+        UsageRequest::None | UsageRequest::Merge => send_bytes,
     };
     Ok(Outgoing {
         model,
         info: prepared.info,
         upstream,
         body: send_bytes,
-        inject_usage,
+        inject_usage: usage != UsageRequest::None,
         received_tokens,
         forwarded_tokens,
         forwarded_raw,
         outcome,
     })
+}
+
+/// The chat messages a compaction leaves: the head, the summary as one message of
+/// `summary_role`, then the kept messages, tool outputs shortened as planned.
+fn compacted_messages(
+    messages: &[Value],
+    split: &Split,
+    rewrite: &Rewrite,
+    summary_role: &str,
+) -> Vec<Value> {
+    let kept = &messages[rewrite.kept_from..];
+    let mut out = Vec::with_capacity(split.head + 1 + kept.len());
+    out.extend_from_slice(&messages[..split.head]);
+    if let Some(summary) = &rewrite.summary {
+        out.push(json!({
+            "role": summary_role,
+            "content": format!(
+                "[Context summary: {} earlier messages]\n\n{}",
+                rewrite.kept_from - split.head,
+                summary.text
+            ),
+        }));
+    }
+    out.extend(kept.iter().enumerate().map(|(offset, message)| {
+        let index = rewrite.kept_from + offset;
+        match split.shorten.iter().find(|cut| cut.index == index) {
+            Some(cut) => {
+                let mut message = message.clone();
+                let text = content_text(&message);
+                message["content"] =
+                    Value::String(shorten_middle(&text, cut.tokens, cut.keep_tokens));
+                message
+            }
+            None => message.clone(),
+        }
+    }));
+    out
 }
 
 /// One allocation, where `HeaderValue::from(u64)` makes two (a buffer, then a shared
@@ -683,6 +762,10 @@ fn decimal_value(n: u64) -> HeaderValue {
 fn upstream_headers(mut headers: HeaderMap) -> HeaderMap {
     headers.remove(header::ACCEPT_ENCODING);
     headers
+}
+
+fn asks_for_usage(stream_options: &Value) -> bool {
+    stream_options.get("include_usage").and_then(Value::as_bool) == Some(true)
 }
 
 /// `stream_options.include_usage = true`, keeping any other stream options.
@@ -830,6 +913,20 @@ mod tests {
                 None
             ))
         );
+    }
+
+    #[test]
+    fn usage_is_asked_for_only_in_streams_that_leave_it_out() {
+        assert_eq!(UsageRequest::new(false, None), UsageRequest::None);
+        assert_eq!(UsageRequest::new(false, Some(false)), UsageRequest::None);
+        assert_eq!(UsageRequest::new(true, Some(true)), UsageRequest::None);
+        assert_eq!(UsageRequest::new(true, None), UsageRequest::Splice);
+        assert_eq!(UsageRequest::new(true, Some(false)), UsageRequest::Merge);
+        let body = br#" {"model":"m","stream":true}"#;
+        let spliced = with_usage_requested(body, 1);
+        let parsed: Value = serde_json::from_slice(&spliced).unwrap();
+        assert_eq!(parsed["stream_options"]["include_usage"], true);
+        assert_eq!(&spliced[spliced.len() - 26..], &body[body.len() - 26..]);
     }
 
     #[tokio::test]
