@@ -8,9 +8,10 @@ use serde_json::{json, Map, Value};
 
 use crate::compaction::plan::{total_tokens, triggers, Decision, Limits, Mode};
 use crate::config::{Config, ConfigError, Overrides};
-use crate::dialect::chat::{parse_request, Prepared};
+use crate::dialect::chat::{counted, parse_request};
 use crate::error::ProxyError;
 use crate::models::ModelCatalog;
+use crate::pipeline::Prepared;
 use crate::tokens::counter::TokenCounter;
 use crate::tokens::counter::{messages, model_name};
 
@@ -62,7 +63,7 @@ async fn prepare(
     }
     let catalog = ModelCatalog::new(config.models.clone(), config.tokens.clone());
     let counter = TokenCounter::new(config.tokens.unknown_model_margin);
-    let prepared = Prepared::new(&body, &catalog, &counter).await;
+    let prepared = counted(&body, &catalog, &counter).await;
     Ok((body, prepared))
 }
 

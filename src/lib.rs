@@ -13,6 +13,7 @@ pub mod http;
 pub mod memo;
 pub mod models;
 pub mod observe;
+pub mod pipeline;
 pub mod tokens;
 
 pub use app::AppState;

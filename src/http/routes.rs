@@ -9,11 +9,12 @@ use hyper::body::Incoming;
 use hyper::{header, Method, Request, Response, StatusCode};
 
 use crate::app::{AppState, Worker};
-use crate::dialect::chat::{self, CHAT_COMPLETIONS};
+use crate::dialect::chat::{Chat, CHAT_COMPLETIONS};
 use crate::error::ProxyError;
 use crate::http::body::{full, ProxyBody};
 use crate::http::passthrough;
 use crate::observe::metrics::Route;
+use crate::pipeline;
 
 pub async fn handle(worker: Arc<Worker>, request: Request<Incoming>) -> Response<ProxyBody> {
     let state = &worker.state;
@@ -28,7 +29,7 @@ pub async fn handle(worker: Arc<Worker>, request: Request<Incoming>) -> Response
         (&Method::GET, "/metrics") => (Route::Metrics, Ok(metrics(state))),
         (&Method::POST, CHAT_COMPLETIONS) => (
             Route::ChatCompletions,
-            chat::handle(&worker, request, received).await,
+            pipeline::handle::<Chat>(&worker, request, received).await,
         ),
         (_, p) if p.starts_with("/v1/") => (
             Route::Passthrough,

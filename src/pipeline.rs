@@ -1,0 +1,671 @@
+//! One pipeline for every dialect: read → parse → count → plan → (cache | summarizer) →
+//! rewrite → forward → relay with usage. A dialect supplies the stages that depend on its
+//! request's shape (`Dialect`); the order, the plan, the compaction and the relay are here.
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::{Body, Incoming};
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::{Method, Request, Response};
+use serde_json::Value;
+
+use crate::app::{AppState, Worker};
+use crate::compaction::compactor::{self, CacheOutcome, CompactionJob, Rewrite};
+use crate::compaction::plan::{self, Decision, Limits, Mode, PlanInput, Split};
+use crate::config::{Config, ContextConfig};
+use crate::conversation::Item;
+use crate::error::ProxyError;
+use crate::http::body::{Gathered, ProxyBody};
+use crate::http::h1::RequestBody;
+use crate::http::upstream::Upstream;
+use crate::models::{ModelCatalog, ModelInfo};
+use crate::observe::metrics::ModelLabel;
+use crate::observe::usage::{Usage, UsageObserver, UsageTap};
+use crate::tokens::counter::{PromptCount, TokenCounter};
+
+/// Framing of the summary message on top of its text.
+const SUMMARY_FRAMING_TOKENS: u32 = 20;
+
+pub const MODE_HEADER: HeaderName = HeaderName::from_static("x-condenser-mode");
+pub const PROFILE_HEADER: HeaderName = HeaderName::from_static("x-condenser-profile");
+
+/// What condenser did, told to the client on every response; names checked at compile time
+/// rather than per request.
+const ACTION_HEADER: HeaderName = HeaderName::from_static("x-condenser-action");
+const PROMPT_TOKENS_HEADER: HeaderName = HeaderName::from_static("x-condenser-prompt-tokens");
+const FORWARDED_TOKENS_HEADER: HeaderName = HeaderName::from_static("x-condenser-forwarded-tokens");
+const SUMMARIZED_HEADER: HeaderName = HeaderName::from_static("x-condenser-summarized-messages");
+const CACHE_HEADER: HeaderName = HeaderName::from_static("x-condenser-cache");
+
+/// What the pipeline needs of one API. Each stage is the dialect's; their order, the plan,
+/// the compaction and the relay are the pipeline's, the same for every dialect.
+pub trait Dialect {
+    /// The path it serves, for the log line.
+    const PATH: &'static str;
+    /// A request parsed for counting, planning and rewriting.
+    type Request: Send + Sync;
+
+    /// Stage one, for a dialect that can: a request under every trigger, counted, planned
+    /// and made ready from its raw bytes without a JSON tree. `Err` hands the request on to
+    /// the full stages, with the count and the plan when this made them.
+    fn scan<'s>(
+        state: &'s AppState,
+        bytes: &Bytes,
+        settings: &ContextConfig,
+        mode: Mode,
+    ) -> impl Future<Output = Result<Outgoing<'s>, Option<Planned>>> + Send;
+
+    /// The request, checked for what condenser relies on, with errors that name the problem.
+    fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError>;
+
+    fn model(request: &Self::Request) -> &str;
+
+    fn count(
+        request: &Self::Request,
+        catalog: &ModelCatalog,
+        counter: &TokenCounter,
+    ) -> impl Future<Output = Prepared> + Send;
+
+    /// The conversation as chat messages, one per counted item: what compaction hashes into
+    /// cache keys and what the summarizer reads.
+    fn conversation(request: &Self::Request) -> Cow<'_, [Value]>;
+
+    /// Writes a compaction into the request: the head, the summary, the kept items.
+    fn rewrite(
+        request: &mut Self::Request,
+        split: &Split,
+        rewrite: &Rewrite,
+        settings: &ContextConfig,
+    );
+
+    /// The body to send: `original` unless the request was rewritten or must ask upstream
+    /// for usage; and whether usage was asked for on the client's behalf.
+    fn outgoing_body(
+        request: Self::Request,
+        original: Bytes,
+        rewritten: bool,
+    ) -> Result<(Bytes, bool), ProxyError>;
+}
+
+/// A request counted and ready to plan, whatever its dialect; shared by the proxy and
+/// `condenser plan`.
+pub struct Prepared {
+    pub info: ModelInfo,
+    pub count: PromptCount,
+    /// The conversation's items after counting, one per entry of `count.per_message`.
+    pub metas: Vec<Item>,
+    /// What the request reserves for the reply, when it says.
+    pub requested_completion_tokens: Option<u64>,
+    pub choices: u64,
+}
+
+impl Prepared {
+    pub fn plan_input<'a>(
+        &'a self,
+        config: &Config,
+        settings: &'a ContextConfig,
+        mode: Mode,
+    ) -> PlanInput<'a> {
+        PlanInput {
+            messages: &self.metas,
+            fixed_tokens: self.count.fixed,
+            context_window: self.info.context_window,
+            requested_completion_tokens: self.requested_completion_tokens,
+            settings,
+            mode,
+            summary_tokens: config.summarizer.max_summary_tokens + SUMMARY_FRAMING_TOKENS,
+        }
+    }
+
+    /// The planner's decision, except that requests asking for several choices go as sent.
+    pub fn decide(&self, input: &PlanInput) -> Decision {
+        if self.choices > 1 {
+            return Decision::Forward(plan::ForwardReason::SeveralChoices);
+        }
+        plan::plan(input)
+    }
+}
+
+/// The request headers addressed to condenser, found in one pass over the few headers a
+/// client sends: a hashed lookup of each of these long names costs more than the pass.
+#[derive(Default)]
+pub struct Directives<'a> {
+    mode: Option<&'a HeaderValue>,
+    profile: Option<&'a HeaderValue>,
+}
+
+impl<'a> Directives<'a> {
+    /// The first value of each, as `HeaderMap::get` would find.
+    pub fn of(headers: &'a HeaderMap) -> Directives<'a> {
+        let mut found = Directives::default();
+        for (name, value) in headers {
+            if *name == MODE_HEADER {
+                found.mode.get_or_insert(value);
+            } else if *name == PROFILE_HEADER {
+                found.profile.get_or_insert(value);
+            }
+        }
+        found
+    }
+}
+
+/// The `[context]` settings for this request, after `x-condenser-profile`: the config's own
+/// unless a profile is named, since most requests name none.
+pub fn settings_for<'a>(
+    config: &'a Config,
+    directives: &Directives,
+) -> Result<Cow<'a, ContextConfig>, ProxyError> {
+    match directives.profile.map(|v| v.to_str()) {
+        None => Ok(Cow::Borrowed(&config.context)),
+        Some(Ok(name)) => config
+            .context_for(Some(name))
+            .map(Cow::Owned)
+            .ok_or_else(|| {
+                ProxyError::invalid(format!("{PROFILE_HEADER}: no profile named {name:?}"), None)
+            }),
+        Some(Err(_)) => Err(ProxyError::invalid(
+            format!("{PROFILE_HEADER} is not valid text"),
+            None,
+        )),
+    }
+}
+
+pub fn mode_for(directives: &Directives) -> Result<Mode, ProxyError> {
+    match directives.mode {
+        None => Ok(Mode::Auto),
+        Some(value) => value.to_str().ok().and_then(Mode::parse).ok_or_else(|| {
+            ProxyError::invalid(format!("{MODE_HEADER} must be auto, off or force"), None)
+        }),
+    }
+}
+
+/// The body as one `Bytes`. A small body with a Content-Length arrives as one frame and is
+/// returned as it came, with no copy or buffer list; only a body in several frames is joined.
+/// Reading stops once the body says it has ended, without waiting for its channel to close.
+async fn read_body<B>(body: B, headers: &HeaderMap, limit: usize) -> Result<Bytes, ProxyError>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(ProxyError::BodyTooLarge { limit });
+    }
+    let mut body = Limited::new(body, limit);
+    let mut gathered = Gathered::Empty;
+    while !body.is_end_stream() {
+        let Some(frame) = body.frame().await else {
+            break;
+        };
+        let frame = frame.map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                ProxyError::BodyTooLarge { limit }
+            } else {
+                ProxyError::ClientBody(e.to_string())
+            }
+        })?;
+        // Trailers are not part of the body.
+        if let Some(data) = frame.data_ref() {
+            gathered.push(data);
+        }
+    }
+    Ok(gathered.into_bytes())
+}
+
+/// What was done to the request, for headers, metrics and the log.
+pub struct Outcome {
+    pub action: &'static str,
+    pub cache: CacheOutcome,
+    pub summarized: usize,
+    pub summarizer_wait: Duration,
+}
+
+impl Outcome {
+    pub const FORWARDED: Outcome = Outcome {
+        action: "forwarded",
+        cache: CacheOutcome::None,
+        summarized: 0,
+        summarizer_wait: Duration::ZERO,
+    };
+}
+
+/// A request the raw path counted and planned, for the full path to finish without
+/// counting or planning it again.
+pub struct Planned {
+    pub prepared: Prepared,
+    pub decision: Decision,
+}
+
+/// A request ready to go upstream, and what was done to it on the way.
+pub struct Outgoing<'s> {
+    pub model: String,
+    pub info: ModelInfo,
+    pub upstream: &'s Arc<Upstream>,
+    pub body: Bytes,
+    /// Usage was asked of upstream on the client's behalf, and is kept from it.
+    pub inject_usage: bool,
+    pub received_tokens: u64,
+    pub forwarded_tokens: u64,
+    /// The unscaled count of what was forwarded, for the learned ratio.
+    pub forwarded_raw: u64,
+    pub outcome: Outcome,
+}
+
+/// One request of dialect `D`, from its body to the relayed reply.
+pub async fn handle<D: Dialect>(
+    worker: &Arc<Worker>,
+    request: Request<Incoming>,
+    received: Instant,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let state = &worker.state;
+    let (parts, body) = request.into_parts();
+    let bytes = read_body(body, &parts.headers, state.config.server.max_body_bytes).await?;
+    let work_started = Instant::now();
+    let directives = Directives::of(&parts.headers);
+    let mode = mode_for(&directives)?;
+    let settings = settings_for(&state.config, &directives)?;
+    let outgoing = match D::scan(state, &bytes, &settings, mode).await {
+        Ok(outgoing) => outgoing,
+        // Boxed: the full path's future (summarizer calls included) is large, and the common
+        // case should not carry its size.
+        Err(planned) => {
+            Box::pin(prepare::<D>(
+                state,
+                bytes,
+                &parts.headers,
+                &settings,
+                mode,
+                planned,
+            ))
+            .await?
+        }
+    };
+    let Outgoing {
+        model,
+        info,
+        upstream,
+        body: send_bytes,
+        inject_usage,
+        received_tokens,
+        forwarded_tokens,
+        forwarded_raw,
+        outcome,
+    } = outgoing;
+    let metrics = &state.metrics;
+    let model_label = metrics.for_model(&model, &info);
+    metrics
+        .model(model_label)
+        .count_prompt(received_tokens, forwarded_tokens);
+    if outcome.action != "forwarded" {
+        metrics
+            .compactions
+            .with_label_values(&[outcome.action, outcome.cache.name()])
+            .inc();
+    }
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or(parts.uri.path(), |pq| pq.as_str());
+    let headers = upstream_headers(parts.headers);
+    let sent = Instant::now();
+    let overhead = sent
+        .saturating_duration_since(work_started)
+        .saturating_sub(outcome.summarizer_wait);
+    metrics.overhead_seconds.observe(overhead.as_secs_f64());
+    let response = upstream
+        .send(
+            Method::POST,
+            path_and_query,
+            headers,
+            RequestBody::Full(send_bytes),
+        )
+        .await?;
+    let upstream_time = sent.elapsed();
+    metrics
+        .upstream_seconds
+        .observe(upstream_time.as_secs_f64());
+
+    let (mut head, upstream_body) = response.into_parts();
+    let status = head.status;
+    let response_headers = &mut head.headers;
+    for (name, value) in [
+        (ACTION_HEADER, HeaderValue::from_static(outcome.action)),
+        (PROMPT_TOKENS_HEADER, decimal_value(received_tokens)),
+        (FORWARDED_TOKENS_HEADER, decimal_value(forwarded_tokens)),
+        // Nothing summarized, as for every forwarded request: no buffer to format it in.
+        (
+            SUMMARIZED_HEADER,
+            match outcome.summarized {
+                0 => HeaderValue::from_static("0"),
+                n => decimal_value(n as u64),
+            },
+        ),
+        (CACHE_HEADER, HeaderValue::from_static(outcome.cache.name())),
+    ] {
+        response_headers.insert(name, value);
+    }
+    let is_sse = response_headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if inject_usage && !is_sse {
+        // The body is not a stream, so its length is unchanged and may stand.
+        tracing::debug!("stream requested but upstream answered without SSE");
+    }
+    let observer = Observer {
+        worker: worker.clone(),
+        path: D::PATH,
+        model,
+        model_label,
+        stream: is_sse,
+        received,
+        status: status.as_u16(),
+        received_tokens,
+        forwarded_tokens,
+        forwarded_raw,
+        outcome,
+        upstream_time,
+        overhead,
+    };
+    let body = if is_sse {
+        // Removing the usage chunk changes the length; the relay is chunked anyway.
+        response_headers.remove(header::CONTENT_LENGTH);
+        UsageTap::sse(upstream_body, observer, inject_usage).boxed_unsync()
+    } else {
+        UsageTap::json(upstream_body, observer).boxed_unsync()
+    };
+    Ok(Response::from_parts(head, body))
+}
+
+/// Every request the raw stage does not forward: parsed, validated with errors that name the
+/// problem, counted and planned (unless the raw stage did), compacted when due, and written
+/// out again only when changed.
+async fn prepare<'s, D: Dialect>(
+    state: &'s Arc<AppState>,
+    bytes: Bytes,
+    headers: &HeaderMap,
+    settings: &ContextConfig,
+    mode: Mode,
+    planned: Option<Planned>,
+) -> Result<Outgoing<'s>, ProxyError> {
+    let mut request = D::parse(&bytes)?;
+    let model = D::model(&request).to_string();
+    let upstream = state.upstreams.for_model(Some(&model));
+    let (prepared, decision) = match planned {
+        Some(Planned { prepared, decision }) => (prepared, Some(decision)),
+        None => (
+            D::count(&request, &state.catalog, &state.counter).await,
+            None,
+        ),
+    };
+    let input = prepared.plan_input(&state.config, settings, mode);
+    let decision = decision.unwrap_or_else(|| prepared.decide(&input));
+
+    let mut outcome = Outcome::FORWARDED;
+    let mut rewritten = false;
+    match &decision {
+        Decision::Forward(_) => {}
+        Decision::Reject { tokens, limit } => {
+            return Err(ProxyError::ContextLengthExceeded {
+                tokens: *tokens,
+                limit: *limit,
+            })
+        }
+        Decision::Precompute(split) | Decision::Compact { split, .. } => {
+            let conversation = D::conversation(&request);
+            let job = CompactionJob {
+                messages: &conversation,
+                count: &prepared.count,
+                split,
+                model: &model,
+                info: &prepared.info,
+                upstream,
+                authorization: headers.get(header::AUTHORIZATION),
+                settings,
+                mode,
+                limits: Limits::new(&input),
+            };
+            if matches!(decision, Decision::Precompute(_)) {
+                compactor::precompute(&state.compactor, job);
+            } else if let Some(rewrite) = compactor::compact(&state.compactor, job).await? {
+                drop(conversation);
+                D::rewrite(&mut request, split, &rewrite, settings);
+                rewritten = true;
+                outcome = Outcome {
+                    action: rewrite.action.name(),
+                    cache: rewrite.cache,
+                    summarized: rewrite.summarized,
+                    summarizer_wait: rewrite.waited,
+                };
+            }
+        }
+    }
+    let received_tokens = prepared.count.total;
+    // Only a rewrite changes the prompt.
+    let (forwarded_tokens, forwarded_raw) = if rewritten {
+        let count = D::count(&request, &state.catalog, &state.counter)
+            .await
+            .count;
+        (count.total, count.raw_total)
+    } else {
+        (prepared.count.total, prepared.count.raw_total)
+    };
+    let (body, inject_usage) = D::outgoing_body(request, bytes, rewritten)?;
+    Ok(Outgoing {
+        model,
+        info: prepared.info,
+        upstream,
+        body,
+        inject_usage,
+        received_tokens,
+        forwarded_tokens,
+        forwarded_raw,
+        outcome,
+    })
+}
+
+/// One allocation, where `HeaderValue::from(u64)` makes two (a buffer, then a shared
+/// handle for it).
+fn decimal_value(n: u64) -> HeaderValue {
+    let mut digits = [0; 20];
+    // Digits are always a valid value; the fallback only restates that without a panic.
+    HeaderValue::from_bytes(crate::http::h1::decimal(n, &mut digits)).unwrap_or_else(|_| n.into())
+}
+
+/// The client's headers for upstream: compression is refused so usage can be read from the
+/// response. (The body's length, which a rewrite changes, is framed by the upstream hop.)
+fn upstream_headers(mut headers: HeaderMap) -> HeaderMap {
+    headers.remove(header::ACCEPT_ENCODING);
+    headers
+}
+
+/// Counts and logs a relayed reply once it ends, with the usage read from it.
+struct Observer {
+    worker: Arc<Worker>,
+    path: &'static str,
+    model: String,
+    model_label: ModelLabel,
+    stream: bool,
+    received: Instant,
+    status: u16,
+    received_tokens: u64,
+    forwarded_tokens: u64,
+    forwarded_raw: u64,
+    outcome: Outcome,
+    upstream_time: Duration,
+    overhead: Duration,
+}
+
+impl UsageObserver for Observer {
+    fn first_bytes(&mut self) {
+        if self.stream {
+            self.worker
+                .state
+                .metrics
+                .ttft_seconds
+                .observe(self.received.elapsed().as_secs_f64());
+        }
+    }
+
+    fn finished(&mut self, usage: Option<Usage>) {
+        let completion = usage.map_or(0, |u| u.completion_tokens);
+        if let Some(usage) = usage {
+            let state = &self.worker.state;
+            let series = state.metrics.model(self.model_label);
+            series.count_completion(usage.completion_tokens);
+            if let Some(ratio) =
+                state
+                    .counter
+                    .observe_usage(&self.model, self.forwarded_raw, usage.prompt_tokens)
+            {
+                series.set_token_ratio(ratio);
+            }
+        }
+        tracing::info!(
+            method = "POST",
+            path = self.path,
+            model = %self.model,
+            status = self.status,
+            stream = self.stream,
+            prompt_tokens = self.received_tokens,
+            forwarded_tokens = self.forwarded_tokens,
+            completion_tokens = completion,
+            action = self.outcome.action,
+            cache = self.outcome.cache.name(),
+            summarized_messages = self.outcome.summarized,
+            upstream_ms = self.upstream_time.as_secs_f64() * 1e3,
+            summarizer_ms = self.outcome.summarizer_wait.as_secs_f64() * 1e3,
+            overhead_ms = self.overhead.as_secs_f64() * 1e3,
+            "chat completion"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::stream;
+    use http_body_util::{Full, StreamBody};
+    use hyper::body::Frame;
+
+    type Frames = Vec<Result<Frame<Bytes>, std::io::Error>>;
+
+    fn frames(parts: &[&'static str]) -> Frames {
+        parts
+            .iter()
+            .map(|part| Ok(Frame::data(Bytes::from_static(part.as_bytes()))))
+            .collect()
+    }
+
+    async fn read(frames: Frames, limit: usize) -> Result<Bytes, ProxyError> {
+        let body = StreamBody::new(stream::iter(frames));
+        read_body(body, &HeaderMap::new(), limit).await
+    }
+
+    #[test]
+    fn settings_and_mode_follow_the_headers_and_name_their_problems() {
+        let mut config = Config::default();
+        config.profiles.insert(
+            "lean".into(),
+            crate::config::Profile {
+                max_messages: Some(7),
+                ..Default::default()
+            },
+        );
+        let mut headers = HeaderMap::new();
+        let settings = settings_for(&config, &Directives::of(&headers)).unwrap();
+        assert!(matches!(settings, Cow::Borrowed(s) if std::ptr::eq(s, &config.context)));
+        assert_eq!(mode_for(&Directives::of(&headers)).unwrap(), Mode::Auto);
+        headers.insert("x-condenser-profile", HeaderValue::from_static("lean"));
+        headers.insert("x-condenser-mode", HeaderValue::from_static("Force"));
+        assert_eq!(
+            settings_for(&config, &Directives::of(&headers))
+                .unwrap()
+                .max_messages,
+            7
+        );
+        assert_eq!(mode_for(&Directives::of(&headers)).unwrap(), Mode::Force);
+        let message = |error: ProxyError| error.to_string();
+        headers.insert("x-condenser-profile", HeaderValue::from_static("nope"));
+        headers.insert("x-condenser-mode", HeaderValue::from_static("sometimes"));
+        assert_eq!(
+            message(settings_for(&config, &Directives::of(&headers)).unwrap_err()),
+            message(ProxyError::invalid(
+                "x-condenser-profile: no profile named \"nope\"",
+                None
+            ))
+        );
+        assert_eq!(
+            message(mode_for(&Directives::of(&headers)).unwrap_err()),
+            message(ProxyError::invalid(
+                "x-condenser-mode must be auto, off or force",
+                None
+            ))
+        );
+        headers.insert(
+            "x-condenser-profile",
+            HeaderValue::from_bytes(b"caf\xe9").unwrap(),
+        );
+        assert_eq!(
+            message(settings_for(&config, &Directives::of(&headers)).unwrap_err()),
+            message(ProxyError::invalid(
+                "x-condenser-profile is not valid text",
+                None
+            ))
+        );
+    }
+
+    #[tokio::test]
+    async fn one_frame_is_returned_as_it_came() {
+        let sent = Bytes::from(r#"{"model":"gpt-4o"}"#.to_string());
+        let got = read_body(Full::new(sent.clone()), &HeaderMap::new(), 100)
+            .await
+            .unwrap();
+        assert_eq!(got, sent);
+        assert_eq!(got.as_ptr(), sent.as_ptr(), "copied");
+    }
+
+    #[tokio::test]
+    async fn frames_are_joined_in_order_and_trailers_left_out() {
+        let mut sent = frames(&["", "{\"a\":", "", "1", "}"]);
+        sent.push(Ok(Frame::trailers(HeaderMap::new())));
+        assert_eq!(read(sent, 100).await.unwrap(), "{\"a\":1}");
+        assert_eq!(read(frames(&["", "x"]), 100).await.unwrap(), "x");
+        assert_eq!(read(Vec::new(), 100).await.unwrap(), "");
+    }
+
+    #[tokio::test]
+    async fn the_limit_holds_for_declared_and_for_grown_bodies() {
+        let too_large = |result: Result<Bytes, ProxyError>| {
+            matches!(result, Err(ProxyError::BodyTooLarge { limit: 8 }))
+        };
+        assert_eq!(
+            read(frames(&["1234", "5678"]), 8).await.unwrap(),
+            "12345678"
+        );
+        assert!(too_large(read(frames(&["1234", "5678", "9"]), 8).await));
+        assert!(too_large(read(frames(&["123456789"]), 8).await));
+        let mut declared = HeaderMap::new();
+        declared.insert(header::CONTENT_LENGTH, HeaderValue::from_static("9"));
+        let small = Full::new(Bytes::from_static(b"1"));
+        assert!(too_large(read_body(small, &declared, 8).await));
+    }
+
+    #[tokio::test]
+    async fn client_body_errors_are_reported_as_such() {
+        let mut sent = frames(&["12"]);
+        sent.push(Err(std::io::Error::other("connection reset")));
+        match read(sent, 100).await {
+            Err(ProxyError::ClientBody(message)) => assert_eq!(message, "connection reset"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
