@@ -7,11 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::{BoxFuture, FutureExt, Shared};
-use hyper::header::HeaderValue;
+use hyper::header::HeaderMap;
 use serde_json::{json, Value};
 
-use crate::app::AppState;
-use crate::compaction::cache::{prefix_keys, scope, Key, Summary, SummaryCache};
+use crate::compaction::cache::{prefix_keys, scope, Key, ScopeHeaders, Summary, SummaryCache};
 use crate::compaction::plan::{Limits, Mode, Split};
 use crate::compaction::redis::{unix_now, LockOutcome, RedisStore};
 use crate::compaction::summarizer::{
@@ -20,7 +19,7 @@ use crate::compaction::summarizer::{
 use crate::config::{Config, ConfigError, ContextConfig, OnFailure};
 use crate::error::ProxyError;
 use crate::http::upstream::Upstream;
-use crate::models::ModelInfo;
+use crate::models::{ModelCatalog, ModelInfo};
 use crate::tokens::counter::{count_text, shorten_middle, PromptCount};
 
 /// Poll interval while another replica makes a summary this one needs.
@@ -80,13 +79,15 @@ pub struct CompactionJob<'a> {
     pub model: &'a str,
     pub info: &'a ModelInfo,
     pub upstream: &'a Arc<Upstream>,
-    pub authorization: Option<&'a HeaderValue>,
+    /// The request's headers: who the caller is, and the credentials its summaries are paid with.
+    pub headers: &'a HeaderMap,
     pub settings: &'a ContextConfig,
     pub mode: Mode,
     pub limits: Limits,
 }
 
 pub struct Compactor {
+    scope_headers: ScopeHeaders,
     cache: SummaryCache,
     summarizer: Summarizer,
     in_flight: Mutex<HashMap<Key, SharedSummary>>,
@@ -103,6 +104,7 @@ impl Compactor {
             Some(RedisStore::new(&config.cache, cache_errors)?)
         };
         Ok(Compactor {
+            scope_headers: ScopeHeaders::new(&config.cache)?,
             cache: SummaryCache::new(&config.cache, shared),
             summarizer: Summarizer::new(config.summarizer.clone(), config.server.worker_count())?,
             in_flight: Mutex::new(HashMap::new()),
@@ -119,7 +121,9 @@ impl Compactor {
 struct SpanSource {
     upstream: Arc<Upstream>,
     model: String,
-    authorization: Option<HeaderValue>,
+    /// The hash of the caller's identity.
+    caller: Key,
+    credentials: HeaderMap,
     window: u64,
     /// The messages after the head, with their token counts.
     evictable: Arc<[Evicted]>,
@@ -171,14 +175,12 @@ impl Lookup {
     }
 }
 
-async fn lookup(state: &Arc<AppState>, job: &CompactionJob<'_>) -> (Lookup, Found) {
-    let compactor = &state.compactor;
+async fn lookup(compactor: &Arc<Compactor>, job: &CompactionJob<'_>) -> (Lookup, Found) {
     let summarizer_model = compactor.summarizer.model_for(job.model);
-    let scope = scope(
-        job.authorization.map(HeaderValue::as_bytes),
-        &summarizer_model,
-        PROMPT_VERSION,
-    );
+    // Every key below descends from the caller's: memory, Redis, single-flight jobs and
+    // cross-replica locks are all per caller.
+    let caller = compactor.scope_headers.caller(job.headers);
+    let scope = scope(&caller, &summarizer_model, PROMPT_VERSION);
     let split = job.split;
     let keys = prefix_keys(&scope, &job.messages[..split.tail_start]);
     // A summary may end only where a unit starts: never just before a tool message.
@@ -216,13 +218,14 @@ async fn lookup(state: &Arc<AppState>, job: &CompactionJob<'_>) -> (Lookup, Foun
             tokens,
         })
         .collect();
-    let summarizer_info = state.catalog.resolve(&summarizer_model);
+    let summarizer_info = compactor.catalog.resolve(&summarizer_model);
     let lookup = Lookup {
         keys,
         source: SpanSource {
             upstream: compactor.summarizer.upstream_for(job.upstream),
             model: summarizer_model,
-            authorization: compactor.summarizer.authorization_for(job.authorization),
+            caller,
+            credentials: compactor.summarizer.credentials_for(job.headers),
             window: summarizer_info.context_window,
             evictable,
             head: split.head,
@@ -274,7 +277,7 @@ fn past_target(job: &CompactionJob<'_>, summary: &Summary, end: usize) -> bool {
 /// Summarizes the planned span, or uses what the cache already has, and rewrites the
 /// request. `Ok(None)`: forward the original (`on_failure = forward`).
 pub async fn compact(
-    state: &Arc<AppState>,
+    compactor: &Arc<Compactor>,
     job: CompactionJob<'_>,
 ) -> Result<Option<Rewrite>, ProxyError> {
     let split = job.split;
@@ -282,7 +285,7 @@ pub async fn compact(
         // Only tool outputs to shorten: nothing for the summarizer.
         return Ok(Some(trimmed(&job, Duration::ZERO)));
     }
-    let (lookup, found) = lookup(state, &job).await;
+    let (lookup, found) = lookup(compactor, &job).await;
     let started = Instant::now();
     // A summary already being made is joined rather than made again.
     let (found, joined) = match found {
@@ -303,19 +306,23 @@ pub async fn compact(
             // the target, so no request waits for the summarizer.
             if past_target(&job, &summary, end) {
                 drop(start_summary(
-                    state,
+                    compactor,
                     lookup.span(Some((end, summary.clone())), split.tail_start),
                 ));
             }
             (Ok(summary), end, CacheOutcome::Hit)
         }
         Found::Shorter(end, summary) => (
-            start_summary(state, lookup.span(Some((end, summary)), split.tail_start)).await,
+            start_summary(
+                compactor,
+                lookup.span(Some((end, summary)), split.tail_start),
+            )
+            .await,
             split.tail_start,
             CacheOutcome::Extended,
         ),
         Found::Nothing | Found::Pending(..) => (
-            start_summary(state, lookup.span(None, split.tail_start)).await,
+            start_summary(compactor, lookup.span(None, split.tail_start)).await,
             split.tail_start,
             CacheOutcome::Miss,
         ),
@@ -398,8 +405,8 @@ fn kept_tail(job: &CompactionJob<'_>, start: usize) -> Vec<Value> {
 
 /// From the precompute band: make the summary the plan would need, in the background,
 /// unless the cache already holds one that would do.
-pub fn precompute(state: &Arc<AppState>, job: CompactionJob<'_>) {
-    let state = state.clone();
+pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) {
+    let compactor = compactor.clone();
     // The lookup needs owned inputs to run after the request moves on.
     let messages: Vec<Value> = job.messages.to_vec();
     let count = job.count.clone();
@@ -407,7 +414,7 @@ pub fn precompute(state: &Arc<AppState>, job: CompactionJob<'_>) {
     let model = job.model.to_string();
     let info = job.info.clone();
     let upstream = job.upstream.clone();
-    let authorization = job.authorization.cloned();
+    let headers = job.headers.clone();
     let settings = job.settings.clone();
     let limits = job.limits;
     tokio::spawn(async move {
@@ -418,26 +425,26 @@ pub fn precompute(state: &Arc<AppState>, job: CompactionJob<'_>) {
             model: &model,
             info: &info,
             upstream: &upstream,
-            authorization: authorization.as_ref(),
+            headers: &headers,
             settings: &settings,
             mode: Mode::Auto,
             limits,
         };
-        let (lookup, found) = lookup(&state, &job).await;
+        let (lookup, found) = lookup(&compactor, &job).await;
         let base = match found {
             Found::Exact(_) | Found::Pending(..) => return,
             Found::Shorter(end, summary) if under_triggers(&job, &summary, end) => return,
             Found::Shorter(end, summary) => Some((end, summary)),
             Found::Nothing => None,
         };
-        let _ = start_summary(&state, lookup.span(base, split.tail_start)).await;
+        let _ = start_summary(&compactor, lookup.span(base, split.tail_start)).await;
     });
 }
 
 /// The one summarizer job for `job.key`, started now unless already running. The job runs
 /// on its own task, so a client that goes away strands nobody.
-fn start_summary(state: &Arc<AppState>, job: SpanJob) -> SharedSummary {
-    let Ok(mut in_flight) = state.compactor.in_flight.lock() else {
+fn start_summary(compactor: &Arc<Compactor>, job: SpanJob) -> SharedSummary {
+    let Ok(mut in_flight) = compactor.in_flight.lock() else {
         let error = SummarizeError::Upstream("summary bookkeeping poisoned".into());
         return futures_util::future::ready(Err(error)).boxed().shared();
     };
@@ -445,7 +452,7 @@ fn start_summary(state: &Arc<AppState>, job: SpanJob) -> SharedSummary {
         return running.clone();
     }
     let key = job.key;
-    let task = tokio::spawn(make_summary(state.clone(), job));
+    let task = tokio::spawn(make_summary(compactor.clone(), job));
     let shared = async move {
         task.await.unwrap_or_else(|e| {
             Err(SummarizeError::Upstream(format!(
@@ -459,23 +466,26 @@ fn start_summary(state: &Arc<AppState>, job: SpanJob) -> SharedSummary {
     shared
 }
 
-async fn make_summary(state: Arc<AppState>, job: SpanJob) -> Result<Arc<Summary>, SummarizeError> {
+async fn make_summary(
+    compactor: Arc<Compactor>,
+    job: SpanJob,
+) -> Result<Arc<Summary>, SummarizeError> {
     // However the job ends, even by panic, it stops being the one others join.
     let _finished = InFlightEntry {
-        state: state.clone(),
+        compactor: compactor.clone(),
         key: job.key,
     };
-    make_shared_once(&state, &job).await
+    make_shared_once(&compactor, &job).await
 }
 
 struct InFlightEntry {
-    state: Arc<AppState>,
+    compactor: Arc<Compactor>,
     key: Key,
 }
 
 impl Drop for InFlightEntry {
     fn drop(&mut self) {
-        if let Ok(mut in_flight) = self.state.compactor.in_flight.lock() {
+        if let Ok(mut in_flight) = self.compactor.in_flight.lock() {
             in_flight.remove(&self.key);
         }
     }
@@ -484,12 +494,11 @@ impl Drop for InFlightEntry {
 /// With Redis, one replica makes a given summary while the others wait for it; if the maker
 /// dies its lock expires and a waiter makes it instead.
 async fn make_shared_once(
-    state: &Arc<AppState>,
+    compactor: &Arc<Compactor>,
     job: &SpanJob,
 ) -> Result<Arc<Summary>, SummarizeError> {
-    let compactor = &state.compactor;
     let Some(shared) = compactor.cache.shared() else {
-        return summarize_and_store(state, job).await;
+        return summarize_and_store(compactor, job).await;
     };
     // Held for as long as the job may take: one summarizer timeout per chunk, with room.
     let span_tokens: u64 = job.new_messages().iter().map(|m| u64::from(m.tokens)).sum();
@@ -504,20 +513,19 @@ async fn make_shared_once(
                 }
             }
             LockOutcome::Acquired(token) => {
-                let result = summarize_and_store(state, job).await;
+                let result = summarize_and_store(compactor, job).await;
                 shared.unlock(&job.key, &token).await;
                 return result;
             }
-            LockOutcome::Unavailable => return summarize_and_store(state, job).await,
+            LockOutcome::Unavailable => return summarize_and_store(compactor, job).await,
         }
     }
 }
 
 async fn summarize_and_store(
-    state: &Arc<AppState>,
+    compactor: &Arc<Compactor>,
     job: &SpanJob,
 ) -> Result<Arc<Summary>, SummarizeError> {
-    let compactor = &state.compactor;
     // Another replica may have finished it while this one waited for the lock.
     if let Some(summary) = compactor.cache.get(&job.key).await {
         return Ok(summary);
@@ -531,18 +539,18 @@ async fn summarize_and_store(
         .summarize(SummaryRequest {
             upstream: source.upstream.clone(),
             model: source.model.clone(),
-            authorization: source.authorization.clone(),
+            caller: source.caller,
+            credentials: source.credentials.clone(),
             previous,
             messages,
             window: source.window,
         })
         .await;
-    state
-        .metrics
+    compactor
         .summarize_seconds
         .observe(started.elapsed().as_secs_f64());
     let text = text?;
-    let encoding = state.catalog.resolve(&source.model).encoding;
+    let encoding = compactor.catalog.resolve(&source.model).encoding;
     let summary = Arc::new(Summary {
         tokens: count_text(encoding, &text),
         text,

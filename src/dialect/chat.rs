@@ -600,7 +600,7 @@ async fn prepare_fully<'s>(
                 model: &model,
                 info: &prepared.info,
                 upstream,
-                authorization: headers.get(header::AUTHORIZATION),
+                headers,
                 settings,
                 mode,
                 limits: Limits::new(&input),
