@@ -241,6 +241,8 @@ pub struct CacheConfig {
     pub redis_url: String,
     pub redis_key_prefix: String,
     pub redis_timeout_ms: u64,
+    /// The request headers that name the caller: summaries and breakers never cross them.
+    pub scope_headers: Vec<String>,
 }
 
 impl Default for CacheConfig {
@@ -251,7 +253,34 @@ impl Default for CacheConfig {
             redis_url: String::new(),
             redis_key_prefix: "condenser:".into(),
             redis_timeout_ms: 250,
+            scope_headers: ["authorization", "x-api-key", "api-key"]
+                .map(String::from)
+                .to_vec(),
         }
+    }
+}
+
+impl CacheConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid =
+            |why: String| Err(ConfigError::Invalid(format!("cache.scope_headers: {why}")));
+        if self.scope_headers.is_empty() {
+            // An empty list would let every caller read every other caller's summaries.
+            return invalid(
+                "name at least one header (default: authorization, x-api-key, api-key)".into(),
+            );
+        }
+        for (i, name) in self.scope_headers.iter().enumerate() {
+            if hyper::header::HeaderName::from_lowercase(name.as_bytes()).is_err() {
+                return invalid(format!(
+                    "{name:?} is not a header name written in lower case"
+                ));
+            }
+            if self.scope_headers[..i].contains(name) {
+                return invalid(format!("{name:?} is listed twice"));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -355,6 +384,7 @@ impl Config {
             validate_url("summarizer.base_url", &self.summarizer.base_url)?;
         }
         self.context.validate("context")?;
+        self.cache.validate()?;
         for (name, profile) in &self.profiles {
             self.context
                 .with_profile(profile)
@@ -438,5 +468,28 @@ mod tests {
     fn bad_ratio_is_rejected() {
         assert!(Config::from_toml("[context]\ntarget_ratio = 0.9\n", "t").is_err());
         assert!(Config::from_toml("[upstream]\nbase_url = \"ftp://x\"\n", "t").is_err());
+    }
+
+    #[test]
+    fn scope_headers_are_lower_case_header_names_listed_once() {
+        let scope =
+            |list: &str| Config::from_toml(&format!("[cache]\nscope_headers = {list}\n"), "t");
+        let config = scope(r#"["authorization", "x-user-id"]"#).unwrap();
+        assert_eq!(config.cache.scope_headers, ["authorization", "x-user-id"]);
+        assert_eq!(
+            Config::default().cache.scope_headers,
+            ["authorization", "x-api-key", "api-key"]
+        );
+        // check-config prints it with the rest.
+        assert!(Config::default().to_toml().contains(r#"scope_headers = ["#));
+        for bad in [
+            r#"[]"#,
+            r#"["X-User-Id"]"#,
+            r#"["x user"]"#,
+            r#"["api-key", "api-key"]"#,
+        ] {
+            let err = scope(bad).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains("cache.scope_headers"), "{bad}: {err}");
+        }
     }
 }

@@ -428,7 +428,7 @@ async fn prepare<'s, D: Dialect>(
                 model: &model,
                 info: &prepared.info,
                 upstream,
-                authorization: headers.get(header::AUTHORIZATION),
+                headers,
                 settings,
                 mode,
                 limits: Limits::new(&input),

@@ -1,79 +1,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-//! Replicas sharing summaries through a real `redis-server` (Debian package), started here on
-//! a free port.
+//! Replicas sharing summaries through a real `redis-server` (Debian package), started on a
+//! free port.
 
 mod common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
-use tokio::process::{Child, Command};
-
-struct Redis {
-    port: u16,
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-}
-
-impl Redis {
-    async fn start() -> Redis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut redis = Redis {
-            port,
-            child: None,
-            dir: tempfile::tempdir().unwrap(),
-        };
-        redis.restart().await;
-        redis
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    async fn restart(&mut self) {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("redis-server must be installed (apt-get install redis-server)");
-        self.child = Some(child);
-        within("redis up", async {
-            while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-                .await
-                .is_err()
-            {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await;
-    }
-
-    async fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().await.unwrap();
-            child.wait().await.unwrap();
-        }
-    }
-}
 
 fn shared_config(upstream: &str, redis: &Redis) -> condenser::Config {
     let mut config = small_window_config(upstream);

@@ -4,19 +4,57 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use hyper::header::{HeaderMap, HeaderName};
 use serde_json::Value;
 
 use crate::canonical::hash_with_seed;
 use crate::compaction::redis::RedisStore;
 use crate::compaction::summary::{Key, Summary};
-use crate::config::CacheConfig;
+use crate::config::{CacheConfig, ConfigError};
 
-/// The hash every prefix chain starts from: who asks (their key's hash), which model
+/// The request headers that say who the caller is (`cache.scope_headers`), in configured order.
+pub struct ScopeHeaders(Vec<HeaderName>);
+
+impl ScopeHeaders {
+    pub fn new(config: &CacheConfig) -> Result<ScopeHeaders, ConfigError> {
+        config
+            .scope_headers
+            .iter()
+            .map(|name| {
+                HeaderName::from_lowercase(name.as_bytes()).map_err(|_| {
+                    ConfigError::Invalid(format!(
+                        "cache.scope_headers: {name:?} is not a header name"
+                    ))
+                })
+            })
+            .collect::<Result<_, _>>()
+            .map(ScopeHeaders)
+    }
+
+    /// The hash of the caller's identity: every scope header it sent, name and value, in
+    /// configured order (so `x-api-key: K` and `api-key: K` are different callers). Callers
+    /// who send none of them are one caller, the anonymous one.
+    pub fn caller(&self, headers: &HeaderMap) -> Key {
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(b"condenser caller v1");
+        for name in &self.0 {
+            for value in headers.get_all(name) {
+                // Length-prefixed, so no two different header sets hash the same bytes.
+                for part in [name.as_str().as_bytes(), value.as_bytes()] {
+                    hasher.update(&(part.len() as u64).to_le_bytes());
+                    hasher.update(part);
+                }
+            }
+        }
+        *hasher.finalize().as_bytes()
+    }
+}
+
+/// The hash every prefix chain starts from: who asks ([`ScopeHeaders::caller`]), which model
 /// summarizes, and with which prompt.
-pub fn scope(authorization: Option<&[u8]>, summarizer_model: &str, prompt_version: u32) -> Key {
-    let caller = blake3::hash(authorization.unwrap_or(b"anonymous"));
+pub fn scope(caller: &Key, summarizer_model: &str, prompt_version: u32) -> Key {
     let mut hasher = blake3::Hasher::new();
-    hasher.update(caller.as_bytes());
+    hasher.update(caller);
     hasher.update(summarizer_model.as_bytes());
     hasher.update(&prompt_version.to_le_bytes());
     *hasher.finalize().as_bytes()
@@ -101,19 +139,81 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn scope_headers(names: &[&str]) -> ScopeHeaders {
+        let config = CacheConfig {
+            scope_headers: names.iter().map(|n| n.to_string()).collect(),
+            ..CacheConfig::default()
+        };
+        ScopeHeaders::new(&config).unwrap()
+    }
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(*name, hyper::header::HeaderValue::from_static(value));
+        }
+        map
+    }
+
+    #[test]
+    fn the_caller_is_every_scope_header_sent_by_name_and_value() {
+        let default = ScopeHeaders::new(&CacheConfig::default()).unwrap();
+        let caller = |pairs| default.caller(&headers(pairs));
+        // The header's name counts, not only its value.
+        assert_ne!(caller(&[("x-api-key", "K")]), caller(&[("api-key", "K")]));
+        assert_ne!(caller(&[("x-api-key", "K")]), caller(&[("x-api-key", "L")]));
+        assert_ne!(
+            caller(&[("authorization", "Bearer K")]),
+            caller(&[("authorization", "Bearer L")])
+        );
+        // Every one sent counts, whatever order the request lists them in.
+        let both = caller(&[("authorization", "Bearer A"), ("x-api-key", "K")]);
+        assert_ne!(both, caller(&[("authorization", "Bearer A")]));
+        assert_eq!(
+            both,
+            caller(&[("x-api-key", "K"), ("authorization", "Bearer A")])
+        );
+        // Headers outside the list do not; a caller with none of the listed is anonymous.
+        let anonymous = caller(&[]);
+        assert_eq!(
+            caller(&[("x-user-id", "alice"), ("user-agent", "sdk")]),
+            anonymous
+        );
+        assert_ne!(caller(&[("api-key", "")]), anonymous);
+        // An operator's extra header splits callers who share a key.
+        let gateway = scope_headers(&["authorization", "x-user-id"]);
+        let user = |id| {
+            gateway.caller(&headers(&[
+                ("authorization", "Bearer shared"),
+                ("x-user-id", id),
+            ]))
+        };
+        assert_ne!(user("alice"), user("bob"));
+        assert_eq!(user("alice"), user("alice"));
+        // Hashed in configured order: the same pair of values under swapped names differs.
+        assert_ne!(
+            gateway.caller(&headers(&[("authorization", "a"), ("x-user-id", "b")])),
+            gateway.caller(&headers(&[("authorization", "b"), ("x-user-id", "a")]))
+        );
+    }
+
     #[test]
     fn prefix_keys_roll_and_depend_on_scope() {
         let messages = vec![
             json!({"role": "user", "content": "a"}),
             json!({"role": "assistant", "content": "b"}),
         ];
-        let s1 = scope(Some(b"Bearer k1"), "gpt-4o", 1);
-        let s2 = scope(Some(b"Bearer k2"), "gpt-4o", 1);
+        let default = ScopeHeaders::new(&CacheConfig::default()).unwrap();
+        let k1 = default.caller(&headers(&[("authorization", "Bearer k1")]));
+        let k2 = default.caller(&headers(&[("authorization", "Bearer k2")]));
+        let s1 = scope(&k1, "gpt-4o", 1);
+        let s2 = scope(&k2, "gpt-4o", 1);
         let a = prefix_keys(&s1, &messages);
         let b = prefix_keys(&s1, &messages[..1]);
         assert_eq!(a[0], b[0]);
         assert_ne!(a[0], a[1]);
         assert_ne!(prefix_keys(&s2, &messages)[1], a[1]);
-        assert_ne!(scope(Some(b"Bearer k1"), "gpt-4o", 2), s1);
+        assert_ne!(scope(&k1, "gpt-4o", 2), s1);
+        assert_ne!(scope(&k1, "gpt-4o-mini", 1), s1);
     }
 }

@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::{BoxFuture, FutureExt, Shared};
-use hyper::header::HeaderValue;
+use hyper::header::HeaderMap;
 use serde_json::Value;
 
-use crate::compaction::cache::{prefix_keys, scope, SummaryCache};
+use crate::compaction::cache::{prefix_keys, scope, ScopeHeaders, SummaryCache};
 use crate::compaction::plan::{Limits, Mode, Split};
 use crate::compaction::redis::{unix_now, LockOutcome, RedisStore};
 use crate::compaction::summarizer::{
@@ -83,13 +83,15 @@ pub struct CompactionJob<'a> {
     pub model: &'a str,
     pub info: &'a ModelInfo,
     pub upstream: &'a Arc<Upstream>,
-    pub authorization: Option<&'a HeaderValue>,
+    /// The request's headers: who the caller is, and the credentials its summaries are paid with.
+    pub headers: &'a HeaderMap,
     pub settings: &'a ContextConfig,
     pub mode: Mode,
     pub limits: Limits,
 }
 
 pub struct Compactor {
+    scope_headers: ScopeHeaders,
     cache: SummaryCache,
     summarizer: Summarizer,
     in_flight: Mutex<HashMap<Key, SharedSummary>>,
@@ -111,6 +113,7 @@ impl Compactor {
             Some(RedisStore::new(&config.cache, cache_errors)?)
         };
         Ok(Compactor {
+            scope_headers: ScopeHeaders::new(&config.cache)?,
             cache: SummaryCache::new(&config.cache, shared),
             summarizer: Summarizer::new(config.summarizer.clone(), config.server.worker_count())?,
             in_flight: Mutex::new(HashMap::new()),
@@ -129,7 +132,9 @@ impl Compactor {
 struct SpanSource {
     upstream: Arc<Upstream>,
     model: String,
-    authorization: Option<HeaderValue>,
+    /// The hash of the caller's identity.
+    caller: Key,
+    credentials: HeaderMap,
     window: u64,
     /// The messages after the head, with their token counts.
     evictable: Arc<[Evicted]>,
@@ -183,11 +188,10 @@ impl Lookup {
 
 async fn lookup(compactor: &Arc<Compactor>, job: &CompactionJob<'_>) -> (Lookup, Found) {
     let summarizer_model = compactor.summarizer.model_for(job.model);
-    let scope = scope(
-        job.authorization.map(HeaderValue::as_bytes),
-        &summarizer_model,
-        PROMPT_VERSION,
-    );
+    // Every key below descends from the caller's: memory, Redis, single-flight jobs and
+    // cross-replica locks are all per caller.
+    let caller = compactor.scope_headers.caller(job.headers);
+    let scope = scope(&caller, &summarizer_model, PROMPT_VERSION);
     let split = job.split;
     let keys = prefix_keys(&scope, &job.messages[..split.tail_start]);
     let candidates: Vec<(usize, Key)> = split
@@ -225,7 +229,8 @@ async fn lookup(compactor: &Arc<Compactor>, job: &CompactionJob<'_>) -> (Lookup,
         source: SpanSource {
             upstream: compactor.summarizer.upstream_for(job.upstream),
             model: summarizer_model,
-            authorization: compactor.summarizer.authorization_for(job.authorization),
+            caller,
+            credentials: compactor.summarizer.credentials_for(job.headers),
             window: summarizer_info.context_window,
             evictable,
             head: split.head,
@@ -379,7 +384,7 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) {
     let model = job.model.to_string();
     let info = job.info.clone();
     let upstream = job.upstream.clone();
-    let authorization = job.authorization.cloned();
+    let headers = job.headers.clone();
     let settings = job.settings.clone();
     let limits = job.limits;
     tokio::spawn(async move {
@@ -390,7 +395,7 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) {
             model: &model,
             info: &info,
             upstream: &upstream,
-            authorization: authorization.as_ref(),
+            headers: &headers,
             settings: &settings,
             mode: Mode::Auto,
             limits,
@@ -504,7 +509,8 @@ async fn summarize_and_store(
         .summarize(SummaryRequest {
             upstream: source.upstream.clone(),
             model: source.model.clone(),
-            authorization: source.authorization.clone(),
+            caller: source.caller,
+            credentials: source.credentials.clone(),
             previous,
             messages,
             window: source.window,

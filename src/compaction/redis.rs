@@ -10,7 +10,7 @@ use prometheus::IntCounter;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::AsyncCommands;
 
-use crate::compaction::summary::{Key, Summary};
+use crate::compaction::summary::{hex, Key, Summary};
 use crate::config::{CacheConfig, ConfigError};
 
 /// After a failed connection attempt, requests go on without Redis this long before the next.
@@ -25,10 +25,6 @@ pub struct RedisStore {
     timeout: Duration,
     healthy: AtomicBool,
     errors: IntCounter,
-}
-
-fn hex(key: &Key) -> String {
-    key.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 pub enum LockOutcome {

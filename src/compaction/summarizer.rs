@@ -1,16 +1,17 @@
 //! The summarizer: a non-streaming chat completion that folds evicted messages into a
-//! structured summary, with a circuit breaker per upstream.
+//! structured summary, with a circuit breaker per upstream and caller.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
-use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::Method;
 use regex::Regex;
 use serde_json::{json, Value};
 
+use crate::compaction::summary::{hex, Key};
 use crate::config::SummarizerConfig;
 use crate::http::upstream::Upstream;
 use crate::tokens::counter::shorten_middle;
@@ -26,6 +27,18 @@ const MAX_APPENDED_IDENTIFIERS: usize = 60;
 const MAX_APPENDED_CHARS: usize = 2_000;
 /// Completion budget reasoning models get on top of `max_summary_tokens` for their thinking.
 const REASONING_ALLOWANCE_TOKENS: u32 = 2_048;
+/// Characters of an upstream's error body kept in the error (and so in the log).
+const ERROR_BODY_CHARS: usize = 300;
+
+/// The caller's headers a summarizer call paid by the caller carries: its key, however its
+/// SDK sends it, and the organization and project to bill.
+const CALLER_CREDENTIALS: [HeaderName; 5] = [
+    header::AUTHORIZATION,
+    HeaderName::from_static("x-api-key"),
+    HeaderName::from_static("api-key"),
+    HeaderName::from_static("openai-organization"),
+    HeaderName::from_static("openai-project"),
+];
 
 const INSTRUCTIONS: &str = "You compress the earlier part of a conversation between a user and an AI assistant \
 so the assistant can continue the work without the original messages. Write a faithful summary with exactly \
@@ -55,22 +68,23 @@ pub enum SummarizeError {
     Status { status: u16, body: String },
     #[error("summarizer timed out after {0:?}")]
     Timeout(Duration),
+    #[error("summarizer reply malformed: {0}")]
+    Malformed(String),
     #[error("summary rejected: {0}")]
-    Invalid(String),
+    Rejected(String),
 }
 
 impl SummarizeError {
-    /// Whether the failure says the summarizer's upstream is unwell (and so counts toward
-    /// the breaker), rather than this caller's request being refused.
+    /// Whether the failure says the summarizer's upstream itself is unwell (and so counts
+    /// toward the breaker). A 4xx (429 included) or a refused summary is about this caller's
+    /// key, quota or content, and must not turn summarizing off for it.
     fn is_upstream_fault(&self) -> bool {
         match self {
-            SummarizeError::CircuitOpen(_) => false,
-            SummarizeError::Status { status, .. } => {
-                *status >= 500 || *status == 408 || *status == 429
-            }
+            SummarizeError::Status { status, .. } => *status >= 500,
             SummarizeError::Upstream(_)
             | SummarizeError::Timeout(_)
-            | SummarizeError::Invalid(_) => true,
+            | SummarizeError::Malformed(_) => true,
+            SummarizeError::CircuitOpen(_) | SummarizeError::Rejected(_) => false,
         }
     }
 }
@@ -85,7 +99,10 @@ pub struct Evicted {
 pub struct SummaryRequest {
     pub upstream: Arc<Upstream>,
     pub model: String,
-    pub authorization: Option<HeaderValue>,
+    /// The hash of the caller's identity: the breaker is per upstream and caller.
+    pub caller: Key,
+    /// From [`Summarizer::credentials_for`].
+    pub credentials: HeaderMap,
     pub previous: Option<String>,
     pub messages: Vec<Evicted>,
     /// The summarizer model's context window.
@@ -103,8 +120,12 @@ pub struct Summarizer {
     dedicated: Option<Arc<Upstream>>,
     /// From `api_key_env`: sent instead of the caller's key, whichever upstream summarizes.
     own_key: Option<HeaderValue>,
-    breakers: Mutex<HashMap<String, Breaker>>,
+    /// Only upstream-and-caller pairs with failures since their last success.
+    breakers: Mutex<HashMap<BreakerKey, Breaker>>,
 }
+
+/// An upstream's base URL and a caller's identity hash.
+type BreakerKey = (String, Key);
 
 impl Summarizer {
     /// `pools`: one connection pool per server worker, as for every upstream.
@@ -151,16 +172,28 @@ impl Summarizer {
             .unwrap_or_else(|| request_upstream.clone())
     }
 
-    /// Whose key pays: the summarizer's own `api_key_env` when set, else the caller's
-    /// Authorization (and without either, the upstream's configured key).
-    pub fn authorization_for(&self, caller: Option<&HeaderValue>) -> Option<HeaderValue> {
-        self.own_key.clone().or_else(|| caller.cloned())
+    /// Whose key pays: the summarizer's own `api_key_env` alone when set, else the caller's
+    /// credential headers (and without any key, the upstream's configured one).
+    pub fn credentials_for(&self, request_headers: &HeaderMap) -> HeaderMap {
+        let mut credentials = HeaderMap::new();
+        if let Some(key) = &self.own_key {
+            credentials.insert(header::AUTHORIZATION, key.clone());
+            return credentials;
+        }
+        for name in CALLER_CREDENTIALS {
+            for value in request_headers.get_all(&name) {
+                let mut value = value.clone();
+                value.set_sensitive(true);
+                credentials.append(name.clone(), value);
+            }
+        }
+        credentials
     }
 
     /// Summarizes `request.messages` (folded into `request.previous` when given), in chunks
     /// that fit the summarizer's window.
     pub async fn summarize(&self, request: SummaryRequest) -> Result<String, SummarizeError> {
-        let breaker_key = request.upstream.base_url().to_string();
+        let breaker_key = (request.upstream.base_url().to_string(), request.caller);
         self.check_breaker(&breaker_key)?;
         let result = self.fold(&request).await;
         match &result {
@@ -183,7 +216,7 @@ impl Summarizer {
             let transcript = render_transcript(chunk, budget);
             summary = Some(self.call(request, summary.as_deref(), &transcript).await?);
         }
-        summary.ok_or_else(|| SummarizeError::Invalid("nothing to summarize".into()))
+        summary.ok_or_else(|| SummarizeError::Rejected("nothing to summarize".into()))
     }
 
     async fn call(
@@ -225,14 +258,11 @@ impl Summarizer {
             body["max_tokens"] = json!(self.config.max_summary_tokens);
             body["temperature"] = json!(0);
         }
-        let mut headers = HeaderMap::new();
+        let mut headers = request.credentials.clone();
         headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        if let Some(auth) = &request.authorization {
-            headers.insert(header::AUTHORIZATION, auth.clone());
-        }
         let timeout = Duration::from_secs(self.config.timeout_secs);
         let call = async {
             let response = request
@@ -255,7 +285,7 @@ impl Summarizer {
             if !status.is_success() {
                 return Err(SummarizeError::Status {
                     status: status.as_u16(),
-                    body: String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned(),
+                    body: error_excerpt(&bytes, &request.credentials),
                 });
             }
             Ok(bytes)
@@ -264,30 +294,33 @@ impl Summarizer {
             .await
             .map_err(|_| SummarizeError::Timeout(timeout))??;
         let reply: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| SummarizeError::Invalid(format!("not JSON: {e}")))?;
+            .map_err(|e| SummarizeError::Malformed(format!("not JSON: {e}")))?;
         let choice = reply.pointer("/choices/0");
         if choice
             .and_then(|c| c.get("finish_reason"))
             .and_then(Value::as_str)
             == Some("content_filter")
         {
-            return Err(SummarizeError::Invalid("content filtered".into()));
+            return Err(SummarizeError::Rejected("content filtered".into()));
         }
-        let text = choice
-            .and_then(|c| c.pointer("/message/content"))
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        validate(text)
+        let message = choice
+            .and_then(|c| c.get("message"))
+            .ok_or_else(|| SummarizeError::Malformed("no choices[0].message".into()))?;
+        // A null content is well-formed (e.g. a reasoning model out of budget): no summary,
+        // but no fault of the upstream either.
+        validate(message.get("content").and_then(Value::as_str).unwrap_or(""))
     }
 
-    fn check_breaker(&self, key: &str) -> Result<(), SummarizeError> {
+    fn check_breaker(&self, key: &BreakerKey) -> Result<(), SummarizeError> {
         let Ok(mut breakers) = self.breakers.lock() else {
             return Ok(());
         };
-        let breaker = breakers.entry(key.to_string()).or_default();
+        let Some(breaker) = breakers.get_mut(key) else {
+            return Ok(());
+        };
         match breaker.open_until {
             Some(until) if Instant::now() < until => {
-                Err(SummarizeError::CircuitOpen(key.to_string()))
+                Err(SummarizeError::CircuitOpen(key.0.clone()))
             }
             Some(_) => {
                 // Half-open: let this one try; one more failure re-opens at once.
@@ -299,21 +332,23 @@ impl Summarizer {
         }
     }
 
-    fn record(&self, key: &str, success: bool) {
+    fn record(&self, key: &BreakerKey, success: bool) {
         let Ok(mut breakers) = self.breakers.lock() else {
             return;
         };
-        let breaker = breakers.entry(key.to_string()).or_default();
         if success {
-            *breaker = Breaker::default();
+            // A healthy pair keeps no entry, so the map holds only callers seeing faults.
+            breakers.remove(key);
             return;
         }
+        let breaker = breakers.entry(key.clone()).or_default();
         breaker.failures += 1;
         if breaker.failures >= self.config.breaker_failures.max(1) && breaker.open_until.is_none() {
             let cooldown = Duration::from_secs(self.config.breaker_cooldown_secs);
             breaker.open_until = Some(Instant::now() + cooldown);
             tracing::warn!(
-                upstream = key,
+                upstream = key.0,
+                caller = &hex(&key.1)[..16],
                 failures = breaker.failures,
                 cooldown_secs = cooldown.as_secs(),
                 "summarizer circuit open: compaction falls back until the cooldown ends"
@@ -326,7 +361,7 @@ impl Summarizer {
 fn validate(text: &str) -> Result<String, SummarizeError> {
     let text = text.trim();
     if text.is_empty() {
-        return Err(SummarizeError::Invalid("empty summary".into()));
+        return Err(SummarizeError::Rejected("empty summary".into()));
     }
     let lower = text.to_lowercase();
     let refusals = [
@@ -340,11 +375,28 @@ fn validate(text: &str) -> Result<String, SummarizeError> {
     ];
     if refusals.iter().any(|r| lower.starts_with(r)) {
         let head: String = text.chars().take(80).collect();
-        return Err(SummarizeError::Invalid(format!(
+        return Err(SummarizeError::Rejected(format!(
             "looks like an error: {head}"
         )));
     }
     Ok(text.to_string())
+}
+
+/// The start of an upstream's error body, fit for a log line: any of the credentials sent
+/// that the upstream echoed back is blanked out.
+fn error_excerpt(body: &[u8], credentials: &HeaderMap) -> String {
+    let mut text =
+        String::from_utf8_lossy(&body[..body.len().min(ERROR_BODY_CHARS * 4)]).into_owned();
+    for value in credentials.values() {
+        let value = String::from_utf8_lossy(value.as_bytes());
+        let token = value.strip_prefix("Bearer ").unwrap_or(&value);
+        for secret in [&*value, token] {
+            if !secret.is_empty() {
+                text = text.replace(secret, "[redacted]");
+            }
+        }
+    }
+    text.chars().take(ERROR_BODY_CHARS).collect()
 }
 
 /// Groups messages, in order, so each group's tokens stay under the budget.
@@ -548,6 +600,106 @@ mod tests {
         assert!(validate("  ").is_err());
         assert!(validate("I'm sorry, I can't help with that").is_err());
         assert!(validate("## Goal and constraints\nnone").is_ok());
+    }
+
+    fn summarizer(api_key_env: &str) -> Summarizer {
+        let config = SummarizerConfig {
+            api_key_env: api_key_env.into(),
+            ..SummarizerConfig::default()
+        };
+        Summarizer::new(config, 1).unwrap()
+    }
+
+    #[test]
+    fn only_faults_of_the_upstream_itself_count_toward_the_breaker() {
+        let status = |status| SummarizeError::Status {
+            status,
+            body: String::new(),
+        };
+        for fault in [
+            status(500),
+            status(503),
+            SummarizeError::Upstream("connection refused".into()),
+            SummarizeError::Timeout(Duration::from_secs(1)),
+            SummarizeError::Malformed("not JSON".into()),
+        ] {
+            assert!(fault.is_upstream_fault(), "{fault}");
+        }
+        for refusal in [
+            status(400),
+            status(401),
+            status(408),
+            status(429),
+            SummarizeError::Rejected("content filtered".into()),
+            SummarizeError::CircuitOpen("x".into()),
+        ] {
+            assert!(!refusal.is_upstream_fault(), "{refusal}");
+        }
+    }
+
+    #[test]
+    fn the_breaker_opens_for_one_caller_of_an_upstream_only() {
+        let summarizer = summarizer("");
+        let upstream = "http://llm.test".to_string();
+        let (a, b) = ((upstream.clone(), [1; 32]), (upstream, [2; 32]));
+        for _ in 0..summarizer.config.breaker_failures {
+            assert!(summarizer.check_breaker(&a).is_ok());
+            summarizer.record(&a, false);
+        }
+        assert!(matches!(
+            summarizer.check_breaker(&a),
+            Err(SummarizeError::CircuitOpen(_))
+        ));
+        assert!(summarizer.check_breaker(&b).is_ok());
+        summarizer.record(&b, true);
+        assert_eq!(
+            summarizer.breakers.lock().unwrap().len(),
+            1,
+            "a healthy caller keeps no entry"
+        );
+    }
+
+    #[test]
+    fn the_callers_credentials_are_carried_unless_the_summarizer_has_its_own_key() {
+        let mut request = HeaderMap::new();
+        for (name, value) in [
+            ("x-api-key", "sk-ant-caller"),
+            ("openai-project", "proj_1"),
+            ("openai-organization", "org_1"),
+            ("x-user-id", "alice"),
+            ("cookie", "session=1"),
+        ] {
+            request.insert(name, HeaderValue::from_static(value));
+        }
+        let carried = summarizer("").credentials_for(&request);
+        assert_eq!(carried.len(), 3);
+        assert_eq!(carried["x-api-key"], "sk-ant-caller");
+        assert_eq!(carried["openai-project"], "proj_1");
+        assert_eq!(carried["openai-organization"], "org_1");
+        assert!(carried.values().all(HeaderValue::is_sensitive));
+
+        std::env::set_var("CONDENSER_UNIT_SUMMARIZER_KEY", "sk-own");
+        let own = summarizer("CONDENSER_UNIT_SUMMARIZER_KEY").credentials_for(&request);
+        assert_eq!(own.len(), 1);
+        assert_eq!(own[header::AUTHORIZATION], "Bearer sk-own");
+    }
+
+    #[test]
+    fn echoed_credentials_are_blanked_from_error_bodies() {
+        let mut credentials = HeaderMap::new();
+        credentials.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer sk-secret-1"),
+        );
+        credentials.insert("api-key", HeaderValue::from_static("azure-secret-2"));
+        let body = br#"{"error":"bad key sk-secret-1 or azure-secret-2"}"#;
+        let excerpt = error_excerpt(body, &credentials);
+        assert_eq!(excerpt, r#"{"error":"bad key [redacted] or [redacted]"}"#);
+        let long = "x".repeat(5_000);
+        assert_eq!(
+            error_excerpt(long.as_bytes(), &credentials).len(),
+            ERROR_BODY_CHARS
+        );
     }
 
     #[test]

@@ -4,6 +4,11 @@ use serde::{Deserialize, Serialize};
 
 pub type Key = [u8; 32];
 
+/// A key as it may be shown: in logs and Redis, never the headers it was made from.
+pub fn hex(key: &Key) -> String {
+    key.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// A summary of `messages` messages that follow the head of a conversation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Summary {

@@ -5,6 +5,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
+use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
 
 /// A request as the upstream received it.
@@ -202,6 +204,9 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
     })
 }
 
+/// Decides, per summarizer call (e.g. by its caller's key), a status and body to answer it with.
+pub type SummarizerError = Arc<dyn Fn(&Recorded) -> Option<(u16, Value)> + Send + Sync>;
+
 /// How the mock LLM behaves: chat answers and summarizer calls.
 #[derive(Clone, Default)]
 pub struct LlmBehaviour {
@@ -209,6 +214,8 @@ pub struct LlmBehaviour {
     pub summarizer_latency: Duration,
     /// Summarizer calls answer this status instead of a summary.
     pub summarizer_status: Option<u16>,
+    /// Summarizer calls for which this gives an answer get it instead of a summary.
+    pub summarizer_error: Option<SummarizerError>,
 }
 
 /// A transcript containing this makes the mock summarizer fail.
@@ -255,6 +262,9 @@ pub async fn mock_llm(behaviour: LlmBehaviour) -> MockUpstream {
             let request: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
             if is_summarizer_call(&r) {
                 tokio::time::sleep(behaviour.summarizer_latency).await;
+                if let Some((status, body)) = behaviour.summarizer_error.as_ref().and_then(|f| f(&r)) {
+                    return json_response(status, &body);
+                }
                 let poisoned = request["messages"][1]["content"].as_str().is_some_and(|c| c.contains(FAIL_SUMMARY));
                 if let Some(status) = behaviour.summarizer_status.or(poisoned.then_some(500)) {
                     return json_response(status, &json!({"error": {"message": "summarizer down"}}));
@@ -362,4 +372,69 @@ pub async fn stream_text(response: reqwest::Response) -> String {
         text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
     }
     text
+}
+
+/// A real `redis-server` (Debian package) on a free port, killed when dropped.
+pub struct Redis {
+    port: u16,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl Redis {
+    pub async fn start() -> Redis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut redis = Redis {
+            port,
+            child: None,
+            dir: tempfile::tempdir().unwrap(),
+        };
+        redis.restart().await;
+        redis
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub async fn restart(&mut self) {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("redis-server must be installed (apt-get install redis-server)");
+        self.child = Some(child);
+        within("redis up", async {
+            while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .is_err()
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+    }
+
+    pub async fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().await.unwrap();
+            child.wait().await.unwrap();
+        }
+    }
 }

@@ -1,0 +1,355 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Tenant isolation: summaries, breakers and credentials scoped to the caller, and no key in
+//! any log line or metric.
+
+mod common;
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use common::*;
+use condenser::config::OnFailure;
+use serde_json::{json, Value};
+
+/// Sends `body` with `headers` and checks the request itself succeeded.
+async fn post_as(proxy: &Proxy, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
+    let mut request = client().post(proxy.url("/v1/chat/completions")).json(body);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.unwrap();
+    assert_eq!(response.status(), 200, "as {headers:?}");
+    response
+}
+
+fn summarizer_calls(upstream: &MockUpstream) -> Vec<Recorded> {
+    upstream
+        .recorded()
+        .into_iter()
+        .filter(is_summarizer_call)
+        .collect()
+}
+
+/// Summarizer calls carrying `value` in header `name`.
+fn summarizer_calls_with(upstream: &MockUpstream, name: &str, value: &str) -> usize {
+    summarizer_calls(upstream)
+        .iter()
+        .filter(|r| r.headers.get(name).is_some_and(|v| v == value))
+        .count()
+}
+
+/// A conversation over every trigger, unlike any other `tag`'s (its system prompt differs).
+fn long_conversation(tag: &str) -> Value {
+    let mut messages = conversation(40);
+    messages[0] = json!({"role": "system", "content": format!("{SYSTEM_PROMPT} Topic: {tag}.")});
+    chat_body(&messages)
+}
+
+#[tokio::test]
+async fn callers_by_x_api_key_or_api_key_each_get_their_own_summaries() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let body = long_conversation("shared");
+    let mut calls = 0;
+    // `api-key: sk-a` is another caller than `x-api-key: sk-a`: the header's name counts.
+    for name in ["x-api-key", "api-key"] {
+        let first = post_as(&proxy, &body, &[(name, "sk-a")]).await;
+        assert_eq!(header(&first, "x-condenser-action"), "summarized");
+        assert_eq!(header(&first, "x-condenser-cache"), "miss", "{name}: sk-a");
+        let other = post_as(&proxy, &body, &[(name, "sk-b")]).await;
+        assert_eq!(header(&other, "x-condenser-action"), "summarized");
+        assert_eq!(header(&other, "x-condenser-cache"), "miss", "{name}: sk-b");
+        calls += 2;
+        assert_eq!(summarizer_calls(&upstream).len(), calls);
+        let again = post_as(&proxy, &body, &[(name, "sk-a")]).await;
+        assert_eq!(
+            header(&again, "x-condenser-cache"),
+            "hit",
+            "{name}: sk-a again"
+        );
+        assert_eq!(summarizer_calls(&upstream).len(), calls);
+    }
+    assert_eq!(summarizer_calls_with(&upstream, "x-api-key", "sk-a"), 1);
+    assert_eq!(summarizer_calls_with(&upstream, "api-key", "sk-a"), 1);
+}
+
+#[tokio::test]
+async fn a_configured_user_header_splits_users_behind_one_injected_key() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let body = long_conversation("gateway");
+    let as_user =
+        |user: &'static str| [("authorization", "Bearer sk-gateway"), ("x-user-id", user)];
+
+    // By default the one key is one caller: bob is served alice's summary.
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    post_as(&proxy, &body, &as_user("alice")).await;
+    let bob = post_as(&proxy, &body, &as_user("bob")).await;
+    assert_eq!(header(&bob, "x-condenser-cache"), "hit");
+    assert_eq!(summarizer_calls(&upstream).len(), 1);
+
+    let mut config = small_window_config(&upstream.url());
+    config.cache.scope_headers = vec!["authorization".into(), "x-user-id".into()];
+    let proxy = Proxy::start(config).await;
+    let alice = post_as(&proxy, &body, &as_user("alice")).await;
+    assert_eq!(header(&alice, "x-condenser-cache"), "miss");
+    let bob = post_as(&proxy, &body, &as_user("bob")).await;
+    assert_eq!(header(&bob, "x-condenser-action"), "summarized");
+    assert_eq!(header(&bob, "x-condenser-cache"), "miss");
+    assert_eq!(summarizer_calls(&upstream).len(), 3);
+    let alice = post_as(&proxy, &body, &as_user("alice")).await;
+    assert_eq!(header(&alice, "x-condenser-cache"), "hit");
+    assert_eq!(summarizer_calls(&upstream).len(), 3);
+}
+
+#[tokio::test]
+async fn replicas_sharing_redis_keep_callers_apart() {
+    let redis = Redis::start().await;
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let replica = || {
+        let mut config = small_window_config(&upstream.url());
+        config.cache.redis_url = redis.url();
+        config.cache.redis_key_prefix = "tenants:".into();
+        Proxy::start(config)
+    };
+    let (a, b) = (replica().await, replica().await);
+    let body = long_conversation("replicas");
+    let first = post_as(&a, &body, &[("x-api-key", "sk-one")]).await;
+    assert_eq!(header(&first, "x-condenser-cache"), "miss");
+    // Another caller on the other replica does not get the first one's summary from Redis...
+    let other = post_as(&b, &body, &[("x-api-key", "sk-two")]).await;
+    assert_eq!(header(&other, "x-condenser-action"), "summarized");
+    assert_eq!(header(&other, "x-condenser-cache"), "miss");
+    assert_eq!(summarizer_calls(&upstream).len(), 2);
+    // ...while the same caller does, on either replica.
+    let same = post_as(&b, &body, &[("x-api-key", "sk-one")]).await;
+    assert_eq!(header(&same, "x-condenser-cache"), "hit");
+    let same = post_as(&a, &body, &[("x-api-key", "sk-two")]).await;
+    assert_eq!(header(&same, "x-condenser-cache"), "hit");
+    assert_eq!(summarizer_calls(&upstream).len(), 2);
+}
+
+#[tokio::test]
+async fn one_callers_rate_limit_never_turns_summaries_off_for_another() {
+    // The summarizer rate-limits one key and is broken for another.
+    let refuse: SummarizerError = Arc::new(|r: &Recorded| {
+        let status = match r.headers.get("x-api-key")?.to_str().ok()? {
+            "sk-limited" => 429,
+            "sk-broken" => 503,
+            _ => return None,
+        };
+        Some((status, json!({"error": {"message": "not now"}})))
+    });
+    let upstream = mock_llm(LlmBehaviour {
+        summarizer_error: Some(refuse),
+        ..Default::default()
+    })
+    .await;
+    let mut config = small_window_config(&upstream.url());
+    config.summarizer.breaker_failures = 2;
+    config.summarizer.breaker_cooldown_secs = 600;
+    let proxy = Proxy::start(config).await;
+    let limited = [("x-api-key", "sk-limited")];
+    let broken = [("x-api-key", "sk-broken")];
+    let healthy = [("x-api-key", "sk-healthy")];
+
+    for turn in 0..10 {
+        let response = post_as(
+            &proxy,
+            &long_conversation(&format!("limited {turn}")),
+            &limited,
+        )
+        .await;
+        assert_eq!(header(&response, "x-condenser-action"), "trimmed");
+    }
+    assert_eq!(
+        summarizer_calls_with(&upstream, "x-api-key", "sk-limited"),
+        10,
+        "a 429 is no fault of the upstream: every request still tried"
+    );
+    let response = post_as(&proxy, &long_conversation("healthy 0"), &healthy).await;
+    assert_eq!(header(&response, "x-condenser-action"), "summarized");
+
+    // A 5xx run still opens the breaker, for that caller.
+    for turn in 0..4 {
+        let response = post_as(
+            &proxy,
+            &long_conversation(&format!("broken {turn}")),
+            &broken,
+        )
+        .await;
+        assert_eq!(header(&response, "x-condenser-action"), "trimmed");
+    }
+    assert_eq!(
+        summarizer_calls_with(&upstream, "x-api-key", "sk-broken"),
+        2,
+        "no calls for this caller once its breaker is open"
+    );
+    let response = post_as(&proxy, &long_conversation("healthy 1"), &healthy).await;
+    assert_eq!(header(&response, "x-condenser-action"), "summarized");
+    post_as(&proxy, &long_conversation("limited again"), &limited).await;
+    assert_eq!(
+        summarizer_calls_with(&upstream, "x-api-key", "sk-limited"),
+        11
+    );
+}
+
+#[tokio::test]
+async fn the_summarizer_call_carries_the_callers_credentials_or_only_its_own_key() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let anthropic_style = [
+        ("x-api-key", "sk-ant-caller"),
+        ("openai-organization", "org-caller"),
+        ("openai-project", "proj-caller"),
+        ("x-user-id", "alice"),
+    ];
+    post_as(&proxy, &long_conversation("anthropic"), &anthropic_style).await;
+    let azure_style = [("api-key", "azure-caller")];
+    post_as(&proxy, &long_conversation("azure"), &azure_style).await;
+    let calls = summarizer_calls(&upstream);
+    assert_eq!(calls.len(), 2);
+    let headers = &calls[0].headers;
+    assert_eq!(headers["x-api-key"], "sk-ant-caller");
+    assert_eq!(headers["openai-organization"], "org-caller");
+    assert_eq!(headers["openai-project"], "proj-caller");
+    for absent in ["authorization", "api-key", "x-user-id"] {
+        assert!(!headers.contains_key(absent), "{absent} sent: {headers:?}");
+    }
+    assert_eq!(calls[1].headers["api-key"], "azure-caller");
+    assert!(!calls[1].headers.contains_key("x-api-key"));
+
+    std::env::set_var("CONDENSER_TENANTS_SUMMARIZER_KEY", "sk-summarizer-own");
+    let mut config = small_window_config(&upstream.url());
+    config.summarizer.api_key_env = "CONDENSER_TENANTS_SUMMARIZER_KEY".into();
+    let proxy = Proxy::start(config).await;
+    let caller = [
+        ("authorization", "Bearer sk-caller"),
+        ("x-api-key", "sk-ant-caller"),
+        ("api-key", "azure-caller"),
+        ("openai-project", "proj-caller"),
+    ];
+    post_as(&proxy, &long_conversation("own key"), &caller).await;
+    let calls = summarizer_calls(&upstream);
+    assert_eq!(calls.len(), 3);
+    let headers = &calls[2].headers;
+    assert_eq!(headers["authorization"], "Bearer sk-summarizer-own");
+    for absent in [
+        "x-api-key",
+        "api-key",
+        "openai-project",
+        "openai-organization",
+    ] {
+        assert!(!headers.contains_key(absent), "{absent} sent: {headers:?}");
+    }
+}
+
+/// Every log line this test binary writes, at every level, from every thread.
+fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let sink = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(move || Sink(sink.clone()))
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).unwrap();
+        logs
+    })
+    .clone()
+}
+
+struct Sink(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Sink {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn no_key_is_logged_at_any_level_nor_shown_in_metrics() {
+    let logs = captured_logs();
+    const SECRETS: [&str; 3] = [
+        "sk-log-authorization-0001",
+        "sk-ant-log-x-api-key-0002",
+        "azure-log-api-key-0003",
+    ];
+    let caller = |project: &'static str| {
+        [
+            ("authorization", "Bearer sk-log-authorization-0001"),
+            ("x-api-key", "sk-ant-log-x-api-key-0002"),
+            ("api-key", "azure-log-api-key-0003"),
+            ("openai-project", project),
+        ]
+    };
+    // The summarizer refuses one project echoing every credential it got, as some gateways
+    // do, and is broken for another.
+    let refuse: SummarizerError =
+        Arc::new(
+            |r: &Recorded| match r.headers.get("openai-project")?.to_str().ok()? {
+                "proj-refused" => {
+                    let echoed: Vec<_> = r.headers.values().map(|v| v.to_str().unwrap()).collect();
+                    Some((
+                        401,
+                        json!({"error": {"message": format!("refused: {echoed:?}")}}),
+                    ))
+                }
+                "proj-broken" => Some((500, json!({"error": {"message": "down"}}))),
+                _ => None,
+            },
+        );
+    let upstream = mock_llm(LlmBehaviour {
+        summarizer_error: Some(refuse),
+        ..Default::default()
+    })
+    .await;
+    let mut config = small_window_config(&upstream.url());
+    config.context.on_failure = OnFailure::Error;
+    config.summarizer.breaker_failures = 1;
+    let proxy = Proxy::start(config).await;
+
+    let made = post_as(&proxy, &long_conversation("logged"), &caller("proj-ok")).await;
+    assert_eq!(header(&made, "x-condenser-action"), "summarized");
+    let mut refused = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .json(&long_conversation("refused"));
+    for (name, value) in caller("proj-refused") {
+        refused = refused.header(name, value);
+    }
+    let refused = refused.send().await.unwrap();
+    assert_eq!(refused.status(), 502);
+    let answer = refused.text().await.unwrap();
+    assert!(answer.contains("[redacted]"), "{answer}");
+    let mut broken = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .json(&long_conversation("broken"));
+    for (name, value) in caller("proj-broken") {
+        broken = broken.header(name, value);
+    }
+    assert_eq!(broken.send().await.unwrap().status(), 502);
+    let metrics = proxy.metrics().await;
+
+    let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    // The lines that could have carried a key were written, and at the levels below info too.
+    for line in [
+        "summary made",
+        "summarizer failed",
+        "[redacted]",
+        "summarizer circuit open",
+        "caller=",
+        "DEBUG",
+    ] {
+        assert!(logs.contains(line), "{line:?} not logged:\n{logs}");
+    }
+    for secret in SECRETS {
+        assert!(!logs.contains(secret), "{secret} logged:\n{logs}");
+        assert!(!metrics.contains(secret), "{secret} in metrics");
+        assert!(!answer.contains(secret), "{secret} answered: {answer}");
+    }
+}
