@@ -25,7 +25,7 @@ use crate::http::h1::RequestBody;
 use crate::http::upstream::Upstream;
 use crate::models::{ModelCatalog, ModelInfo};
 use crate::observe::metrics::ModelLabel;
-use crate::observe::usage::{Usage, UsageObserver, UsageTap};
+use crate::observe::usage::{Usage, UsageFormat, UsageObserver, UsageTap};
 use crate::tokens::counter::{PromptCount, TokenCounter};
 
 /// Framing of the summary message on top of its text.
@@ -47,6 +47,8 @@ const CACHE_HEADER: HeaderName = HeaderName::from_static("x-condenser-cache");
 pub trait Dialect {
     /// The path it serves, for the log line.
     const PATH: &'static str;
+    /// How its replies carry usage.
+    const USAGE: UsageFormat;
     /// A request parsed for counting, planning and rewriting.
     type Request: Send + Sync;
 
@@ -378,9 +380,13 @@ pub async fn handle<D: Dialect>(
     let body = if is_sse {
         // Removing the usage chunk changes the length; the relay is chunked anyway.
         response_headers.remove(header::CONTENT_LENGTH);
-        UsageTap::sse(upstream_body, observer, inject_usage).boxed_unsync()
+        UsageTap::sse(upstream_body, observer, inject_usage)
+            .reading(D::USAGE)
+            .boxed_unsync()
     } else {
-        UsageTap::json(upstream_body, observer).boxed_unsync()
+        UsageTap::json(upstream_body, observer)
+            .reading(D::USAGE)
+            .boxed_unsync()
     };
     Ok(Response::from_parts(head, body))
 }

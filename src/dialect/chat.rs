@@ -20,6 +20,7 @@ use crate::conversation::{Item, VALID_ROLES};
 use crate::dialect::message_spans;
 use crate::error::ProxyError;
 use crate::models::ModelCatalog;
+use crate::observe::usage::UsageFormat;
 use crate::pipeline::{Dialect, Outcome, Outgoing, Planned, Prepared};
 use crate::tokens::counter::{
     message_meta, messages, model_name, shorten_middle, RawPrompt, TokenCounter,
@@ -32,6 +33,7 @@ pub struct Chat;
 
 impl Dialect for Chat {
     const PATH: &'static str = CHAT_COMPLETIONS;
+    const USAGE: UsageFormat = UsageFormat::Chat;
     type Request = Map<String, Value>;
 
     fn scan<'s>(

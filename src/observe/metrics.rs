@@ -26,17 +26,21 @@ pub enum Route {
     Readyz,
     Metrics,
     ChatCompletions,
+    Responses,
+    Messages,
     Passthrough,
     Other,
 }
 
 impl Route {
     /// In declaration order, so `route as usize` indexes it.
-    pub const ALL: [Route; 6] = [
+    pub const ALL: [Route; 8] = [
         Route::Healthz,
         Route::Readyz,
         Route::Metrics,
         Route::ChatCompletions,
+        Route::Responses,
+        Route::Messages,
         Route::Passthrough,
         Route::Other,
     ];
@@ -47,6 +51,8 @@ impl Route {
             Route::Readyz => "readyz",
             Route::Metrics => "metrics",
             Route::ChatCompletions => "chat_completions",
+            Route::Responses => "responses",
+            Route::Messages => "messages",
             Route::Passthrough => "passthrough",
             Route::Other => "other",
         }
@@ -770,11 +776,13 @@ mod tests {
                 r#"condenser_requests_total{route="chat_completions",status="200"} 4"#,
                 r#"condenser_requests_total{route="chat_completions",status="413"} 2"#,
                 r#"condenser_requests_total{route="healthz",status="200"} 1"#,
+                r#"condenser_requests_total{route="messages",status="200"} 6"#,
                 r#"condenser_requests_total{route="metrics",status="200"} 3"#,
-                r#"condenser_requests_total{route="other",status="200"} 6"#,
-                r#"condenser_requests_total{route="passthrough",status="200"} 5"#,
+                r#"condenser_requests_total{route="other",status="200"} 8"#,
+                r#"condenser_requests_total{route="passthrough",status="200"} 7"#,
                 r#"condenser_requests_total{route="readyz",status="200"} 2"#,
                 r#"condenser_requests_total{route="readyz",status="503"} 1"#,
+                r#"condenser_requests_total{route="responses",status="200"} 5"#,
             ]
         );
     }

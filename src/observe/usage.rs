@@ -1,6 +1,7 @@
-//! Reads token usage out of chat-completion responses as they pass, without delaying them:
-//! JSON bodies are kept aside while relayed, SSE streams are relayed event by event (the
-//! usage-only chunk that condenser itself asked for is dropped).
+//! Reads token usage out of responses as they pass, without delaying them: JSON bodies are
+//! kept aside while relayed, SSE streams are relayed event by event (the usage-only chunk
+//! that condenser itself asked for of a chat completion is dropped). Each dialect writes
+//! usage its own way (`UsageFormat`).
 
 use std::pin::Pin;
 use std::sync::LazyLock;
@@ -151,6 +152,92 @@ fn plain_usage(object: &[u8]) -> Option<Usage> {
     None
 }
 
+/// How a dialect's replies carry usage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsageFormat {
+    /// `usage.prompt_tokens`/`completion_tokens`, last in a body or in a stream's final chunk.
+    Chat,
+    /// `usage.input_tokens`/`output_tokens` of the response, in a body or in the stream's
+    /// `response.completed` event.
+    Responses,
+    /// Anthropic: `usage.input_tokens` (with `cache_creation_input_tokens` and
+    /// `cache_read_input_tokens`, all of them prompt) and `output_tokens`, in a body, or in a
+    /// stream's `message_start` and then its `message_delta` events.
+    Messages,
+}
+
+/// Usage as the Responses API and Anthropic write it; every count optional, since a stream
+/// gives them a few at a time.
+#[derive(Deserialize)]
+struct TypedUsage {
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    cache_creation_input_tokens: Option<u64>,
+    cache_read_input_tokens: Option<u64>,
+}
+
+impl TypedUsage {
+    /// Folds these counts into what was read so far: a prompt count replaces the prompt, an
+    /// output count the completion (Anthropic's `message_delta` counts are cumulative).
+    fn fold_into(&self, usage: &mut Option<Usage>) {
+        let prompt = self.input_tokens.map(|input| {
+            input
+                + self.cache_creation_input_tokens.unwrap_or(0)
+                + self.cache_read_input_tokens.unwrap_or(0)
+        });
+        if prompt.is_none() && self.output_tokens.is_none() {
+            return;
+        }
+        let current = usage.get_or_insert_with(Usage::default);
+        if let Some(prompt) = prompt {
+            current.prompt_tokens = prompt;
+        }
+        if let Some(output) = self.output_tokens {
+            current.completion_tokens = output;
+        }
+    }
+}
+
+/// A Responses or Anthropic body, or one of their stream events: the usage may sit at the top
+/// (a body, `message_delta`), in `response` (`response.completed`) or in `message`
+/// (`message_start`).
+#[derive(Deserialize)]
+struct TypedReply {
+    usage: Option<TypedUsage>,
+    response: Option<Box<TypedReply>>,
+    message: Option<Box<TypedReply>>,
+}
+
+impl TypedReply {
+    fn fold_into(&self, usage: &mut Option<Usage>) {
+        for nested in [&self.response, &self.message].into_iter().flatten() {
+            nested.fold_into(usage);
+        }
+        if let Some(found) = &self.usage {
+            found.fold_into(usage);
+        }
+    }
+}
+
+fn typed_usage(bytes: &[u8], usage: &mut Option<Usage>) {
+    if let Ok(reply) = serde_json::from_slice::<TypedReply>(bytes) {
+        reply.fold_into(usage);
+    }
+}
+
+impl UsageFormat {
+    fn body_usage(self, body: &[u8]) -> Option<Usage> {
+        match self {
+            UsageFormat::Chat => json_usage(body),
+            UsageFormat::Responses | UsageFormat::Messages => {
+                let mut usage = None;
+                typed_usage(body, &mut usage);
+                usage
+            }
+        }
+    }
+}
+
 /// What the relay reports, once each: the first bytes out, and the usage at the end.
 pub trait UsageObserver: Send + 'static {
     fn first_bytes(&mut self);
@@ -169,6 +256,7 @@ enum Mode {
 
 pub struct UsageTap<S, O: UsageObserver> {
     inner: S,
+    format: UsageFormat,
     pending: BytesMut,
     mode: Mode,
     observer: Option<O>,
@@ -196,6 +284,7 @@ impl<S, O: UsageObserver> UsageTap<S, O> {
     fn with_mode(inner: S, observer: O, mode: Mode) -> Self {
         UsageTap {
             inner,
+            format: UsageFormat::Chat,
             pending: BytesMut::new(),
             mode,
             observer: Some(observer),
@@ -204,13 +293,21 @@ impl<S, O: UsageObserver> UsageTap<S, O> {
         }
     }
 
+    /// Reads usage as `format` writes it; a chat completion's unless said.
+    pub fn reading(mut self, format: UsageFormat) -> Self {
+        self.format = format;
+        self
+    }
+
     /// Runs at the end of the stream and again on drop; only the first reads the usage.
     fn finish(&mut self) {
         let Some(mut observer) = self.observer.take() else {
             return;
         };
         let usage = match &self.mode {
-            Mode::Json(copy) => copy.as_ref().and_then(|body| json_usage(body.bytes())),
+            Mode::Json(copy) => copy
+                .as_ref()
+                .and_then(|body| self.format.body_usage(body.bytes())),
             Mode::Sse { usage, .. } => *usage,
         };
         observer.finished(usage);
@@ -267,7 +364,25 @@ fn without_null_usage(event: &[u8]) -> Vec<u8> {
 
 /// Appends the event to `out` as the client should see it, recording any usage it carries.
 /// `injected`: condenser asked for usage and the client did not, so it is hidden.
-fn relay_event(event: &[u8], injected: bool, usage: &mut Option<Usage>, out: &mut BytesMut) {
+fn relay_event(
+    event: &[u8],
+    format: UsageFormat,
+    injected: bool,
+    usage: &mut Option<Usage>,
+    out: &mut BytesMut,
+) {
+    if format != UsageFormat::Chat {
+        // Relayed as it came; only events that mention usage are parsed.
+        if contains(event, b"\"usage\"") {
+            for line in String::from_utf8_lossy(event).lines() {
+                if let Some(data) = line.strip_prefix("data:") {
+                    typed_usage(data.trim().as_bytes(), usage);
+                }
+            }
+        }
+        out.extend_from_slice(event);
+        return;
+    }
     // Only chunks mentioning usage are worth parsing.
     if !contains(event, b"\"usage\"") {
         out.extend_from_slice(event);
@@ -336,7 +451,7 @@ where
                     let rest = this.pending.split();
                     let mut out = BytesMut::new();
                     if let Mode::Sse { injected, usage } = &mut this.mode {
-                        relay_event(&rest, *injected, usage, &mut out);
+                        relay_event(&rest, this.format, *injected, usage, &mut out);
                     }
                     if !out.is_empty() {
                         this.note_output();
@@ -362,7 +477,7 @@ where
                     let mut out = BytesMut::new();
                     while let Some(len) = complete_event_len(&this.pending) {
                         let event = this.pending.split_to(len);
-                        relay_event(&event, *injected, usage, &mut out);
+                        relay_event(&event, this.format, *injected, usage, &mut out);
                     }
                     if !out.is_empty() {
                         this.note_output();
@@ -435,6 +550,81 @@ mod tests {
             text.push_str(std::str::from_utf8(&data).unwrap());
         }
         text
+    }
+
+    async fn typed(format: UsageFormat, chunks: Vec<&'static str>, sse: bool) -> (String, Seen) {
+        let seen = Seen::default();
+        let chunks = chunks.into_iter().map(|c| Bytes::from_static(c.as_bytes()));
+        let tap = if sse {
+            UsageTap::sse(stream_of(chunks), seen.clone(), false)
+        } else {
+            UsageTap::json(stream_of(chunks), seen.clone())
+        };
+        (relayed(tap.reading(format)).await, seen)
+    }
+
+    #[tokio::test]
+    async fn a_responses_stream_is_relayed_as_sent_and_its_usage_read_at_completion() {
+        let events = vec![
+            "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"usage\":null}}\n\n",
+            "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"usage\"}\n\n",
+            "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"output\":[],",
+            "\"usage\":{\"input_tokens\":120,\"input_tokens_details\":{\"cached_tokens\":100},\"output_tokens\":9}}}\n\n",
+        ];
+        let sent: String = events.concat();
+        let (text, seen) = typed(UsageFormat::Responses, events, true).await;
+        assert_eq!(text, sent);
+        let usage = seen.0.lock().unwrap().1;
+        assert_eq!(
+            usage,
+            Some(Usage {
+                prompt_tokens: 120,
+                completion_tokens: 9
+            })
+        );
+        let body = r#"{"id":"r","output":[],"usage":{"input_tokens":5,"output_tokens":2,"total_tokens":7}}"#;
+        let (_, seen) = typed(UsageFormat::Responses, vec![body], false).await;
+        assert_eq!(
+            seen.0
+                .lock()
+                .unwrap()
+                .1
+                .map(|u| (u.prompt_tokens, u.completion_tokens)),
+            Some((5, 2))
+        );
+    }
+
+    #[tokio::test]
+    async fn an_anthropic_stream_counts_cache_tokens_as_prompt_and_the_last_delta_as_output() {
+        let events = vec![
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"usage\":{\"input_tokens\":10,\"cache_creation_input_tokens\":3,\"cache_read_input_tokens\":5,\"output_tokens\":1}}}\n\n",
+            "event: ping\ndata: {\"type\":\"ping\"}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":7}}\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        ];
+        let sent: String = events.concat();
+        let (text, seen) = typed(UsageFormat::Messages, events, true).await;
+        assert_eq!(text, sent);
+        assert_eq!(
+            seen.0.lock().unwrap().1,
+            Some(Usage {
+                prompt_tokens: 18,
+                completion_tokens: 7
+            })
+        );
+        let body = r#"{"id":"m","content":[],"usage":{"input_tokens":4,"cache_read_input_tokens":6,"output_tokens":2}}"#;
+        let (_, seen) = typed(UsageFormat::Messages, vec![body], false).await;
+        assert_eq!(
+            seen.0
+                .lock()
+                .unwrap()
+                .1
+                .map(|u| (u.prompt_tokens, u.completion_tokens)),
+            Some((10, 2))
+        );
+        let (_, seen) = typed(UsageFormat::Messages, vec![r#"{"type":"error"}"#], false).await;
+        assert_eq!(seen.0.lock().unwrap().1, None, "no usage, none read");
     }
 
     const COMPLETION: &str = r#"{"id":"c","choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}"#;

@@ -19,7 +19,7 @@ use crate::tokens::encoding::Encoding;
 /// Every chat message costs this much framing, and the reply is primed with as much.
 const TOKENS_PER_MESSAGE: u32 = 3;
 const TOKENS_PER_NAME: u32 = 1;
-const REPLY_PRIMING: u32 = 3;
+pub const REPLY_PRIMING: u32 = 3;
 /// Framing of one entry of an assistant's `tool_calls` (not in the cookbook; measured estimate).
 const TOKENS_PER_TOOL_CALL: u32 = 3;
 /// An image whose size cannot be read from the request: OpenAI's cost of a 1024×1024 image at
@@ -127,7 +127,21 @@ impl TokenCounter {
         request: &Map<String, Value>,
         model: &ModelInfo,
     ) -> PromptCount {
-        let messages = messages(request);
+        let fixed = REPLY_PRIMING + count_request_extras(model.encoding, request);
+        self.count_messages(messages(request), fixed, model_name(request), model)
+            .await
+    }
+
+    /// Counts a conversation given as chat messages, which is how every dialect presents
+    /// its items, each cached by its canonical form; `fixed` is what the request costs
+    /// besides them (reply priming, instructions, tools), already counted.
+    pub async fn count_messages(
+        &self,
+        messages: &[Value],
+        fixed: u32,
+        model_name: &str,
+        model: &ModelInfo,
+    ) -> PromptCount {
         let encoding = model.encoding;
         let seed = [encoding as u8];
         let mut per_message = Vec::with_capacity(messages.len());
@@ -149,8 +163,7 @@ impl TokenCounter {
             per_message[index] = tokens;
             self.cache.insert(key, tokens);
         }
-        let fixed = REPLY_PRIMING + count_request_extras(encoding, request);
-        self.scaled(per_message, fixed, model_name(request), model)
+        self.scaled(per_message, fixed, model_name, model)
     }
 
     /// Counts a request from its raw JSON, keyed by bytes, so a message seen before is
