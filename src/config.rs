@@ -212,6 +212,9 @@ pub struct SummarizerConfig {
     pub base_url: String,
     pub api_key_env: String,
     pub max_summary_tokens: u32,
+    /// The API the summarizer is called in: "" for the dialect of the request's route, or
+    /// one of `Api`'s names.
+    pub api: String,
     pub timeout_secs: u64,
     /// Consecutive failures against one upstream that open the circuit breaker.
     pub breaker_failures: u32,
@@ -226,9 +229,32 @@ impl Default for SummarizerConfig {
             base_url: String::new(),
             api_key_env: String::new(),
             max_summary_tokens: 1024,
+            api: String::new(),
             timeout_secs: 60,
             breaker_failures: 5,
             breaker_cooldown_secs: 30,
+        }
+    }
+}
+
+/// The APIs condenser speaks, as a request's dialect and as the summarizer's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// OpenAI Chat Completions.
+    Chat,
+    /// The OpenAI Responses API.
+    Responses,
+    /// Anthropic Messages.
+    Messages,
+}
+
+impl Api {
+    pub fn parse(name: &str) -> Option<Api> {
+        match name {
+            "chat" => Some(Api::Chat),
+            "responses" => Some(Api::Responses),
+            "messages" => Some(Api::Messages),
+            _ => None,
         }
     }
 }
@@ -382,6 +408,12 @@ impl Config {
         }
         if !self.summarizer.base_url.is_empty() {
             validate_url("summarizer.base_url", &self.summarizer.base_url)?;
+        }
+        if !self.summarizer.api.is_empty() && Api::parse(&self.summarizer.api).is_none() {
+            return Err(ConfigError::Invalid(format!(
+                "summarizer.api {:?} is not one of chat, responses, messages (or \"\" for the route's own)",
+                self.summarizer.api
+            )));
         }
         self.context.validate("context")?;
         self.cache.validate()?;

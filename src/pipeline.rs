@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::app::{AppState, Worker};
 use crate::compaction::compactor::{self, CacheOutcome, CompactionJob, Rewrite};
 use crate::compaction::plan::{self, Decision, Limits, Mode, PlanInput, Split};
-use crate::config::{Config, ContextConfig};
+use crate::config::{Api, Config, ContextConfig};
 use crate::conversation::Item;
 use crate::error::ProxyError;
 use crate::http::body::{Gathered, ProxyBody};
@@ -49,6 +49,8 @@ pub trait Dialect {
     const PATH: &'static str;
     /// How its replies carry usage.
     const USAGE: UsageFormat;
+    /// Its API, which its summaries are asked in unless `summarizer.api` says otherwise.
+    const API: Api;
     /// A request parsed for counting, planning and rewriting.
     type Request: Send + Sync;
 
@@ -435,6 +437,7 @@ async fn prepare<'s, D: Dialect>(
                 info: &prepared.info,
                 upstream,
                 headers,
+                api: D::API,
                 settings,
                 mode,
                 limits: Limits::new(&input),

@@ -17,7 +17,7 @@ use crate::compaction::summarizer::{
     Evicted, SummarizeError, Summarizer, SummaryRequest, PROMPT_VERSION,
 };
 use crate::compaction::summary::{Key, Summary};
-use crate::config::{Config, ConfigError, ContextConfig, OnFailure};
+use crate::config::{Api, Config, ConfigError, ContextConfig, OnFailure};
 use crate::error::ProxyError;
 use crate::http::upstream::Upstream;
 use crate::models::{ModelCatalog, ModelInfo};
@@ -85,6 +85,8 @@ pub struct CompactionJob<'a> {
     pub upstream: &'a Arc<Upstream>,
     /// The request's headers: who the caller is, and the credentials its summaries are paid with.
     pub headers: &'a HeaderMap,
+    /// The request's own API, which its summaries are asked in unless `summarizer.api` says.
+    pub api: Api,
     pub settings: &'a ContextConfig,
     pub mode: Mode,
     pub limits: Limits,
@@ -131,6 +133,7 @@ impl Compactor {
 #[derive(Clone)]
 struct SpanSource {
     upstream: Arc<Upstream>,
+    api: Api,
     model: String,
     /// The hash of the caller's identity.
     caller: Key,
@@ -224,13 +227,15 @@ async fn lookup(compactor: &Arc<Compactor>, job: &CompactionJob<'_>) -> (Lookup,
         })
         .collect();
     let summarizer_info = compactor.catalog.resolve(&summarizer_model);
+    let api = compactor.summarizer.api_for(job.api);
     let lookup = Lookup {
         keys,
         source: SpanSource {
             upstream: compactor.summarizer.upstream_for(job.upstream),
             model: summarizer_model,
             caller,
-            credentials: compactor.summarizer.credentials_for(job.headers),
+            api,
+            credentials: compactor.summarizer.credentials_for(job.headers, api),
             window: summarizer_info.context_window,
             evictable,
             head: split.head,
@@ -385,6 +390,7 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) {
     let info = job.info.clone();
     let upstream = job.upstream.clone();
     let headers = job.headers.clone();
+    let api = job.api;
     let settings = job.settings.clone();
     let limits = job.limits;
     tokio::spawn(async move {
@@ -396,6 +402,7 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) {
             info: &info,
             upstream: &upstream,
             headers: &headers,
+            api,
             settings: &settings,
             mode: Mode::Auto,
             limits,
@@ -508,6 +515,7 @@ async fn summarize_and_store(
         .summarizer
         .summarize(SummaryRequest {
             upstream: source.upstream.clone(),
+            api: source.api,
             model: source.model.clone(),
             caller: source.caller,
             credentials: source.credentials.clone(),

@@ -12,7 +12,7 @@ use regex::Regex;
 use serde_json::{json, Value};
 
 use crate::compaction::summary::{hex, Key};
-use crate::config::SummarizerConfig;
+use crate::config::{Api, SummarizerConfig};
 use crate::http::upstream::Upstream;
 use crate::tokens::counter::shorten_middle;
 
@@ -30,11 +30,15 @@ const REASONING_ALLOWANCE_TOKENS: u32 = 2_048;
 /// Characters of an upstream's error body kept in the error (and so in the log).
 const ERROR_BODY_CHARS: usize = 300;
 
+/// Anthropic's key header, and the API version its requests must name.
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+
 /// The caller's headers a summarizer call paid by the caller carries: its key, however its
 /// SDK sends it, and the organization and project to bill.
 const CALLER_CREDENTIALS: [HeaderName; 5] = [
     header::AUTHORIZATION,
-    HeaderName::from_static("x-api-key"),
+    X_API_KEY,
     HeaderName::from_static("api-key"),
     HeaderName::from_static("openai-organization"),
     HeaderName::from_static("openai-project"),
@@ -74,6 +78,17 @@ pub enum SummarizeError {
     Rejected(String),
 }
 
+impl Api {
+    /// Where a summary is asked for in this API.
+    fn summarizer_path(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Responses => "/v1/responses",
+            Api::Messages => "/v1/messages",
+        }
+    }
+}
+
 impl SummarizeError {
     /// Whether the failure says the summarizer's upstream itself is unwell (and so counts
     /// toward the breaker). A 4xx (429 included) or a refused summary is about this caller's
@@ -98,6 +113,8 @@ pub struct Evicted {
 
 pub struct SummaryRequest {
     pub upstream: Arc<Upstream>,
+    /// The API it is asked in (from [`Summarizer::api_for`]).
+    pub api: Api,
     pub model: String,
     /// The hash of the caller's identity: the breaker is per upstream and caller.
     pub caller: Key,
@@ -120,6 +137,8 @@ pub struct Summarizer {
     dedicated: Option<Arc<Upstream>>,
     /// From `api_key_env`: sent instead of the caller's key, whichever upstream summarizes.
     own_key: Option<HeaderValue>,
+    /// From `api`: the API every summary is asked in, whatever the request's.
+    api: Option<Api>,
     /// Only upstream-and-caller pairs with failures since their last success.
     breakers: Mutex<HashMap<BreakerKey, Breaker>>,
 }
@@ -146,6 +165,7 @@ impl Summarizer {
         };
         Ok(Summarizer {
             own_key: crate::http::upstream::bearer_from_env(&config.api_key_env)?,
+            api: Api::parse(&config.api),
             config,
             dedicated,
             breakers: Mutex::new(HashMap::new()),
@@ -172,12 +192,30 @@ impl Summarizer {
             .unwrap_or_else(|| request_upstream.clone())
     }
 
-    /// Whose key pays: the summarizer's own `api_key_env` alone when set, else the caller's
-    /// credential headers (and without any key, the upstream's configured one).
-    pub fn credentials_for(&self, request_headers: &HeaderMap) -> HeaderMap {
+    /// The API a summary is asked in: the configured one, else the request's own.
+    pub fn api_for(&self, request_api: Api) -> Api {
+        self.api.unwrap_or(request_api)
+    }
+
+    /// Whose key pays: the summarizer's own `api_key_env` alone when set (as `x-api-key`
+    /// for Anthropic's API, a bearer token otherwise), else the caller's credential headers
+    /// (and without any key, the upstream's configured one).
+    pub fn credentials_for(&self, request_headers: &HeaderMap, api: Api) -> HeaderMap {
         let mut credentials = HeaderMap::new();
         if let Some(key) = &self.own_key {
-            credentials.insert(header::AUTHORIZATION, key.clone());
+            let bare = key
+                .as_bytes()
+                .strip_prefix(b"Bearer ")
+                .unwrap_or(key.as_bytes());
+            match (api, HeaderValue::from_bytes(bare)) {
+                (Api::Messages, Ok(mut bare)) => {
+                    bare.set_sensitive(true);
+                    credentials.insert(X_API_KEY, bare);
+                }
+                _ => {
+                    credentials.insert(header::AUTHORIZATION, key.clone());
+                }
+            }
             return credentials;
         }
         for name in CALLER_CREDENTIALS {
@@ -231,45 +269,27 @@ impl Summarizer {
             ),
             None => format!("<transcript>\n{transcript}</transcript>"),
         };
-        let mut body = json!({
-            "model": request.model,
-            "messages": [
-                {"role": "system", "content": INSTRUCTIONS},
-                {"role": "user", "content": user},
-            ],
-            "stream": false,
-        });
-        // Reasoning models take neither `max_tokens` nor a temperature, and spend part of
-        // their completion budget thinking: ask for little of it and leave room for it.
-        let name = crate::models::base_name(&request.model);
-        if ["o1", "o3", "o4", "gpt-5"]
-            .iter()
-            .any(|p| name.starts_with(p))
-        {
-            body["max_completion_tokens"] =
-                json!(self.config.max_summary_tokens + REASONING_ALLOWANCE_TOKENS);
-            let effort = if name.starts_with("gpt-5") {
-                "minimal"
-            } else {
-                "low"
-            };
-            body["reasoning_effort"] = json!(effort);
-        } else {
-            body["max_tokens"] = json!(self.config.max_summary_tokens);
-            body["temperature"] = json!(0);
-        }
+        let body = request_body(
+            request.api,
+            &request.model,
+            &user,
+            self.config.max_summary_tokens,
+        );
         let mut headers = request.credentials.clone();
         headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if request.api == Api::Messages {
+            headers.insert(ANTHROPIC_VERSION, HeaderValue::from_static("2023-06-01"));
+        }
         let timeout = Duration::from_secs(self.config.timeout_secs);
         let call = async {
             let response = request
                 .upstream
                 .send(
                     Method::POST,
-                    "/v1/chat/completions",
+                    request.api.summarizer_path(),
                     headers,
                     crate::http::h1::RequestBody::Full(body.to_string().into()),
                 )
@@ -295,20 +315,7 @@ impl Summarizer {
             .map_err(|_| SummarizeError::Timeout(timeout))??;
         let reply: Value = serde_json::from_slice(&bytes)
             .map_err(|e| SummarizeError::Malformed(format!("not JSON: {e}")))?;
-        let choice = reply.pointer("/choices/0");
-        if choice
-            .and_then(|c| c.get("finish_reason"))
-            .and_then(Value::as_str)
-            == Some("content_filter")
-        {
-            return Err(SummarizeError::Rejected("content filtered".into()));
-        }
-        let message = choice
-            .and_then(|c| c.get("message"))
-            .ok_or_else(|| SummarizeError::Malformed("no choices[0].message".into()))?;
-        // A null content is well-formed (e.g. a reasoning model out of budget): no summary,
-        // but no fault of the upstream either.
-        validate(message.get("content").and_then(Value::as_str).unwrap_or(""))
+        reply_text(request.api, &reply)
     }
 
     fn check_breaker(&self, key: &BreakerKey) -> Result<(), SummarizeError> {
@@ -358,6 +365,135 @@ impl Summarizer {
 }
 
 /// Accepts a summary only if it has content and is not an apology or an error text.
+/// Reasoning models take neither a token limit nor a temperature the usual way, and spend
+/// part of their completion budget thinking: they are asked for little of it, with room.
+fn reasoning_effort(model: &str) -> Option<&'static str> {
+    let name = crate::models::base_name(model);
+    if name.starts_with("gpt-5") {
+        Some("minimal")
+    } else if ["o1", "o3", "o4"].iter().any(|p| name.starts_with(p)) {
+        Some("low")
+    } else {
+        None
+    }
+}
+
+/// The summarizer request, in `api`: the instructions as its system text, the transcript as
+/// the user's, a completion of at most `max_tokens`.
+fn request_body(api: Api, model: &str, user: &str, max_tokens: u32) -> Value {
+    let effort = reasoning_effort(model);
+    let mut body = match api {
+        Api::Chat => json!({
+            "model": model,
+            "messages": [
+                {"role": "system", "content": INSTRUCTIONS},
+                {"role": "user", "content": user},
+            ],
+            "stream": false,
+        }),
+        Api::Responses => json!({
+            "model": model,
+            "instructions": INSTRUCTIONS,
+            "input": user,
+            "store": false,
+            "stream": false,
+        }),
+        Api::Messages => json!({
+            "model": model,
+            "system": INSTRUCTIONS,
+            "messages": [{"role": "user", "content": user}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": false,
+        }),
+    };
+    match (api, effort) {
+        (Api::Chat, Some(effort)) => {
+            body["max_completion_tokens"] = json!(max_tokens + REASONING_ALLOWANCE_TOKENS);
+            body["reasoning_effort"] = json!(effort);
+        }
+        (Api::Chat, None) => {
+            body["max_tokens"] = json!(max_tokens);
+            body["temperature"] = json!(0);
+        }
+        (Api::Responses, Some(effort)) => {
+            body["max_output_tokens"] = json!(max_tokens + REASONING_ALLOWANCE_TOKENS);
+            body["reasoning"] = json!({ "effort": effort });
+        }
+        (Api::Responses, None) => {
+            body["max_output_tokens"] = json!(max_tokens);
+            body["temperature"] = json!(0);
+        }
+        (Api::Messages, _) => {}
+    }
+    body
+}
+
+/// The summary's text from a successful reply in `api`. A reply without the shape of its
+/// API is malformed (the upstream's fault); a refusal or an empty text is a rejected summary.
+fn reply_text(api: Api, reply: &Value) -> Result<String, SummarizeError> {
+    let text_of = |parts: &[Value], kind: &str| -> String {
+        parts
+            .iter()
+            .filter(|part| part.get("type").and_then(Value::as_str) == Some(kind))
+            .filter_map(|part| part.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("")
+    };
+    match api {
+        Api::Chat => {
+            let choice = reply.pointer("/choices/0");
+            if choice
+                .and_then(|c| c.get("finish_reason"))
+                .and_then(Value::as_str)
+                == Some("content_filter")
+            {
+                return Err(SummarizeError::Rejected("content filtered".into()));
+            }
+            let message = choice
+                .and_then(|c| c.get("message"))
+                .ok_or_else(|| SummarizeError::Malformed("no choices[0].message".into()))?;
+            // A null content is well-formed (e.g. a reasoning model out of budget): no
+            // summary, but no fault of the upstream either.
+            validate(message.get("content").and_then(Value::as_str).unwrap_or(""))
+        }
+        Api::Responses => {
+            let output = reply
+                .get("output")
+                .and_then(Value::as_array)
+                .ok_or_else(|| SummarizeError::Malformed("no output".into()))?;
+            let messages = output
+                .iter()
+                .filter(|item| item.get("type").and_then(Value::as_str) == Some("message"));
+            let mut text = String::new();
+            for message in messages {
+                let parts = message
+                    .get("content")
+                    .and_then(Value::as_array)
+                    .map_or(&[][..], Vec::as_slice);
+                if parts
+                    .iter()
+                    .any(|part| part.get("type").and_then(Value::as_str) == Some("refusal"))
+                {
+                    return Err(SummarizeError::Rejected("refused".into()));
+                }
+                text.push_str(&text_of(parts, "output_text"));
+            }
+            validate(&text)
+        }
+        Api::Messages => {
+            if reply.get("stop_reason").and_then(Value::as_str) == Some("refusal") {
+                return Err(SummarizeError::Rejected("refused".into()));
+            }
+            let content = reply
+                .get("content")
+                .and_then(Value::as_array)
+                .ok_or_else(|| SummarizeError::Malformed("no content".into()))?;
+            validate(&text_of(content, "text"))
+        }
+    }
+}
+
 fn validate(text: &str) -> Result<String, SummarizeError> {
     let text = text.trim();
     if text.is_empty() {
@@ -671,7 +807,7 @@ mod tests {
         ] {
             request.insert(name, HeaderValue::from_static(value));
         }
-        let carried = summarizer("").credentials_for(&request);
+        let carried = summarizer("").credentials_for(&request, Api::Chat);
         assert_eq!(carried.len(), 3);
         assert_eq!(carried["x-api-key"], "sk-ant-caller");
         assert_eq!(carried["openai-project"], "proj_1");
@@ -679,9 +815,69 @@ mod tests {
         assert!(carried.values().all(HeaderValue::is_sensitive));
 
         std::env::set_var("CONDENSER_UNIT_SUMMARIZER_KEY", "sk-own");
-        let own = summarizer("CONDENSER_UNIT_SUMMARIZER_KEY").credentials_for(&request);
+        let own = summarizer("CONDENSER_UNIT_SUMMARIZER_KEY").credentials_for(&request, Api::Chat);
         assert_eq!(own.len(), 1);
         assert_eq!(own[header::AUTHORIZATION], "Bearer sk-own");
+        let own =
+            summarizer("CONDENSER_UNIT_SUMMARIZER_KEY").credentials_for(&request, Api::Messages);
+        assert_eq!(own.len(), 1);
+        assert_eq!(
+            own[X_API_KEY], "sk-own",
+            "Anthropic's API takes its key bare"
+        );
+        assert!(own[X_API_KEY].is_sensitive());
+    }
+
+    #[test]
+    fn each_api_is_asked_its_own_way_and_its_reply_read_its_own_way() {
+        let chat = request_body(Api::Chat, "gpt-4o", "T", 100);
+        assert_eq!(chat["messages"][1]["content"], "T");
+        assert_eq!(chat["max_tokens"], 100);
+        let reasoning = request_body(Api::Responses, "o3-mini", "T", 100);
+        assert_eq!(reasoning["input"], "T");
+        assert_eq!(reasoning["instructions"], INSTRUCTIONS);
+        assert_eq!(
+            reasoning["max_output_tokens"],
+            100 + REASONING_ALLOWANCE_TOKENS
+        );
+        assert_eq!(reasoning["reasoning"]["effort"], "low");
+        let claude = request_body(Api::Messages, "claude-sonnet-4", "T", 100);
+        assert_eq!(claude["system"], INSTRUCTIONS);
+        assert_eq!(claude["messages"][0]["content"], "T");
+        assert_eq!(claude["max_tokens"], 100);
+
+        let summary = "## Goal and constraints\nship it";
+        let responses = json!({"output": [
+            {"type": "reasoning", "summary": []},
+            {"type": "message", "content": [{"type": "output_text", "text": summary}]},
+        ]});
+        assert_eq!(reply_text(Api::Responses, &responses).unwrap(), summary);
+        let messages =
+            json!({"content": [{"type": "text", "text": summary}], "stop_reason": "end_turn"});
+        assert_eq!(reply_text(Api::Messages, &messages).unwrap(), summary);
+        let refused = json!({"content": [], "stop_reason": "refusal"});
+        assert!(matches!(
+            reply_text(Api::Messages, &refused),
+            Err(SummarizeError::Rejected(_))
+        ));
+        let refused = json!({"output": [{"type": "message", "content": [{"type": "refusal", "refusal": "no"}]}]});
+        assert!(matches!(
+            reply_text(Api::Responses, &refused),
+            Err(SummarizeError::Rejected(_))
+        ));
+        for (api, shapeless) in [
+            (Api::Responses, json!({"id": "r"})),
+            (Api::Messages, json!({"id": "m"})),
+            (Api::Chat, json!({})),
+        ] {
+            assert!(
+                matches!(
+                    reply_text(api, &shapeless),
+                    Err(SummarizeError::Malformed(_))
+                ),
+                "{api:?}"
+            );
+        }
     }
 
     #[test]

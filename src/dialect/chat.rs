@@ -15,7 +15,7 @@ use crate::app::AppState;
 use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{Decision, Mode, Split};
 use crate::compaction::summarizer::content_text;
-use crate::config::ContextConfig;
+use crate::config::{Api, ContextConfig};
 use crate::conversation::{Item, VALID_ROLES};
 use crate::dialect::message_spans;
 use crate::error::ProxyError;
@@ -34,6 +34,7 @@ pub struct Chat;
 impl Dialect for Chat {
     const PATH: &'static str = CHAT_COMPLETIONS;
     const USAGE: UsageFormat = UsageFormat::Chat;
+    const API: Api = Api::Chat;
     type Request = Map<String, Value>;
 
     fn scan<'s>(

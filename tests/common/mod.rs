@@ -225,21 +225,58 @@ pub const ERROR_USER: &str = "make-an-error";
 
 pub const SUMMARIZER_MARKER: &str = "You compress the earlier part";
 
+/// Whether a summarizer's instructions are where some API puts them: a chat system message,
+/// the Responses `instructions`, Anthropic's `system`.
+fn has_summarizer_instructions(body: &Value) -> bool {
+    [
+        &body["messages"][0]["content"],
+        &body["instructions"],
+        &body["system"],
+    ]
+    .into_iter()
+    .filter_map(Value::as_str)
+    .any(|text| text.starts_with(SUMMARIZER_MARKER))
+}
+
 pub fn is_summarizer_call(r: &Recorded) -> bool {
-    serde_json::from_slice::<Value>(&r.body)
-        .ok()
-        .and_then(|b| {
-            b["messages"][0]["content"]
-                .as_str()
-                .map(|c| c.starts_with(SUMMARIZER_MARKER))
-        })
-        .unwrap_or(false)
+    serde_json::from_slice::<Value>(&r.body).is_ok_and(|b| has_summarizer_instructions(&b))
+}
+
+/// The transcript a summarizer call sends, in any of the three APIs.
+pub fn summarizer_prompt(request: &Value) -> &str {
+    [
+        &request["messages"][1]["content"],
+        &request["input"],
+        &request["messages"][0]["content"],
+    ]
+    .into_iter()
+    .find_map(Value::as_str)
+    .filter(|text| !text.starts_with(SUMMARIZER_MARKER))
+    .unwrap_or("")
+}
+
+/// A summarizer's answer in the API of the path it was asked on.
+fn summary_reply(path: &str, text: &str) -> Value {
+    match path {
+        "/v1/responses" => json!({
+            "id": "resp_summary", "object": "response", "status": "completed",
+            "output": [{"type": "message", "role": "assistant",
+                        "content": [{"type": "output_text", "text": text}]}],
+            "usage": {"input_tokens": 100, "output_tokens": 60},
+        }),
+        "/v1/messages" => json!({
+            "id": "msg_summary", "type": "message", "role": "assistant",
+            "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
+            "usage": {"input_tokens": 100, "output_tokens": 60},
+        }),
+        _ => completion(text, 100, 60),
+    }
 }
 
 /// The mock summarizer keeps every line that mentions a FACT, from the existing summary and
 /// the new transcript: a faithful model, deterministic.
 fn mock_summary(request: &Value) -> String {
-    let prompt = request["messages"][1]["content"].as_str().unwrap_or("");
+    let prompt = summarizer_prompt(request);
     let mut facts: Vec<&str> = Vec::new();
     for line in prompt.lines() {
         for piece in line.split(". ") {
@@ -265,11 +302,12 @@ pub async fn mock_llm(behaviour: LlmBehaviour) -> MockUpstream {
                 if let Some((status, body)) = behaviour.summarizer_error.as_ref().and_then(|f| f(&r)) {
                     return json_response(status, &body);
                 }
-                let poisoned = request["messages"][1]["content"].as_str().is_some_and(|c| c.contains(FAIL_SUMMARY));
+                let poisoned = summarizer_prompt(&request).contains(FAIL_SUMMARY);
                 if let Some(status) = behaviour.summarizer_status.or(poisoned.then_some(500)) {
                     return json_response(status, &json!({"error": {"message": "summarizer down"}}));
                 }
-                return json_response(200, &completion(&mock_summary(&request), 100, 60));
+                let path = r.path_and_query.split('?').next().unwrap_or("");
+                return json_response(200, &summary_reply(path, &mock_summary(&request)));
             }
             tokio::time::sleep(behaviour.chat_latency).await;
             if request["user"] == ERROR_USER {
