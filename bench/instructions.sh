@@ -28,6 +28,9 @@ condenser_config "$CONDENSER_PORT" "$UP_PORT" >"$WORK/condenser.toml"
 (cd "$WORK" && RUST_LOG=warn exec valgrind --tool=callgrind --callgrind-out-file="$WORK/callgrind.out" \
     "$BIN" --config "$WORK/condenser.toml") 2>"$WORK/condenser.log" &
 PIDS+=("$!")
+# Named in every callgrind_control call: without a pid, it zeroes and dumps every callgrind
+# run on the machine, and two benchmarks at once would count each other's requests.
+VALGRIND_PID=$!
 URL="http://127.0.0.1:$CONDENSER_PORT$BENCH_PATH"
 # Loading the tokenizers takes a while at valgrind's pace.
 up=0
@@ -37,9 +40,9 @@ for _ in $(seq 600); do
 done
 [ "$up" = 1 ] || die "condenser did not start under valgrind: $(tail -5 "$WORK/condenser.log")"
 wrk -t1 -c"$CONNS" -d3s -s "$WORK/mix.lua" "$URL" >/dev/null
-callgrind_control --zero >/dev/null
+callgrind_control --zero "$VALGRIND_PID" >/dev/null
 out=$(wrk -t1 -c"$CONNS" -d5s -s "$WORK/mix.lua" "$URL")
-callgrind_control --dump >/dev/null
+callgrind_control --dump "$VALGRIND_PID" >/dev/null
 grep -q 'Non-2xx' <<<"$out" && die "requests failed: $out"
 requests=$(awk '/requests in/ {print $1}' <<<"$out")
 # The dump holds what ran since the counters were zeroed.
