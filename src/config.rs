@@ -212,6 +212,8 @@ pub struct SummarizerConfig {
     pub base_url: String,
     pub api_key_env: String,
     pub max_summary_tokens: u32,
+    /// Budget for the identifiers carried verbatim from the messages a summary replaces.
+    pub max_artifact_tokens: u32,
     /// The API the summarizer is called in: "" for the dialect of the request's route, or
     /// one of `Api`'s names.
     pub api: String,
@@ -229,6 +231,7 @@ impl Default for SummarizerConfig {
             base_url: String::new(),
             api_key_env: String::new(),
             max_summary_tokens: 1024,
+            max_artifact_tokens: 512,
             api: String::new(),
             timeout_secs: 60,
             breaker_failures: 5,

@@ -3,6 +3,8 @@
 //! never split. A dialect maps its own request onto this (chat messages, Responses input
 //! items, Anthropic messages); the planner and the compactor see nothing else.
 
+use serde_json::Value;
+
 /// The role names of OpenAI's chat messages and Responses input messages.
 pub const VALID_ROLES: &[&str] = &[
     "system",
@@ -72,6 +74,25 @@ impl Kind {
         Kind::Reasoning,
         Kind::Other,
     ];
+}
+
+/// The text of a message's content: a string, or its text parts with placeholders for the rest.
+pub fn content_text(message: &Value) -> String {
+    match message.get("content") {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .map(|part| match part.get("text").and_then(Value::as_str) {
+                Some(text) => text.to_string(),
+                None => format!(
+                    "[{}]",
+                    part.get("type").and_then(Value::as_str).unwrap_or("part")
+                ),
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
 }
 
 /// What the planner needs of one item.

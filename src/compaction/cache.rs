@@ -51,12 +51,12 @@ impl ScopeHeaders {
 }
 
 /// The hash every prefix chain starts from: who asks ([`ScopeHeaders::caller`]), which model
-/// summarizes, and with which prompt.
-pub fn scope(caller: &Key, summarizer_model: &str, prompt_version: u32) -> Key {
+/// summarizes, and everything else that shapes a summary (`Summarizer::settings_key`).
+pub fn scope(caller: &Key, summarizer_model: &str, settings: &Key) -> Key {
     let mut hasher = blake3::Hasher::new();
     hasher.update(caller);
     hasher.update(summarizer_model.as_bytes());
-    hasher.update(&prompt_version.to_le_bytes());
+    hasher.update(settings);
     *hasher.finalize().as_bytes()
 }
 
@@ -206,14 +206,14 @@ mod tests {
         let default = ScopeHeaders::new(&CacheConfig::default()).unwrap();
         let k1 = default.caller(&headers(&[("authorization", "Bearer k1")]));
         let k2 = default.caller(&headers(&[("authorization", "Bearer k2")]));
-        let s1 = scope(&k1, "gpt-4o", 1);
-        let s2 = scope(&k2, "gpt-4o", 1);
+        let s1 = scope(&k1, "gpt-4o", &[1; 32]);
+        let s2 = scope(&k2, "gpt-4o", &[1; 32]);
         let a = prefix_keys(&s1, &messages);
         let b = prefix_keys(&s1, &messages[..1]);
         assert_eq!(a[0], b[0]);
         assert_ne!(a[0], a[1]);
         assert_ne!(prefix_keys(&s2, &messages)[1], a[1]);
-        assert_ne!(scope(&k1, "gpt-4o", 2), s1);
-        assert_ne!(scope(&k1, "gpt-4o-mini", 1), s1);
+        assert_ne!(scope(&k1, "gpt-4o", &[2; 32]), s1);
+        assert_ne!(scope(&k1, "gpt-4o-mini", &[1; 32]), s1);
     }
 }

@@ -13,15 +13,14 @@ use serde_json::Value;
 use crate::compaction::cache::{prefix_keys, scope, ScopeHeaders, SummaryCache};
 use crate::compaction::plan::{Limits, Mode, Split};
 use crate::compaction::redis::{unix_now, LockOutcome, RedisStore};
-use crate::compaction::summarizer::{
-    Evicted, SummarizeError, Summarizer, SummaryRequest, PROMPT_VERSION,
-};
+use crate::compaction::summarizer::{Evicted, SummarizeError, Summarizer, SummaryRequest};
 use crate::compaction::summary::{Key, Summary};
 use crate::config::{Api, Config, ConfigError, ContextConfig, OnFailure};
 use crate::error::ProxyError;
 use crate::http::upstream::Upstream;
 use crate::models::{ModelCatalog, ModelInfo};
 use crate::tokens::counter::{count_text, PromptCount};
+use crate::tokens::encoding::Encoding;
 
 /// Poll interval while another replica makes a summary this one needs.
 const REMOTE_POLL: Duration = Duration::from_millis(100);
@@ -139,6 +138,8 @@ struct SpanSource {
     caller: Key,
     credentials: HeaderMap,
     window: u64,
+    /// The request model's, in which the summary is counted.
+    encoding: Encoding,
     /// The messages after the head, with their token counts.
     evictable: Arc<[Evicted]>,
     head: usize,
@@ -194,7 +195,11 @@ async fn lookup(compactor: &Arc<Compactor>, job: &CompactionJob<'_>) -> (Lookup,
     // Every key below descends from the caller's: memory, Redis, single-flight jobs and
     // cross-replica locks are all per caller.
     let caller = compactor.scope_headers.caller(job.headers);
-    let scope = scope(&caller, &summarizer_model, PROMPT_VERSION);
+    let scope = scope(
+        &caller,
+        &summarizer_model,
+        &compactor.summarizer.settings_key(),
+    );
     let split = job.split;
     let keys = prefix_keys(&scope, &job.messages[..split.tail_start]);
     let candidates: Vec<(usize, Key)> = split
@@ -237,6 +242,7 @@ async fn lookup(compactor: &Arc<Compactor>, job: &CompactionJob<'_>) -> (Lookup,
             api,
             credentials: compactor.summarizer.credentials_for(job.headers, api),
             window: summarizer_info.context_window,
+            encoding: job.info.encoding,
             evictable,
             head: split.head,
         },
@@ -522,19 +528,18 @@ async fn summarize_and_store(
             previous,
             messages,
             window: source.window,
+            encoding: source.encoding,
         })
         .await;
     compactor
         .summarize_seconds
         .observe(started.elapsed().as_secs_f64());
     let text = text?;
-    let encoding = compactor.catalog.resolve(&source.model).encoding;
     let summary = Arc::new(Summary {
-        tokens: count_text(encoding, &text),
+        tokens: count_text(source.encoding, &text),
         text,
         messages: job.end - source.head,
         model: source.model.clone(),
-        prompt_version: PROMPT_VERSION,
         created_at: unix_now(),
     });
     tracing::info!(

@@ -1,6 +1,7 @@
 //! Compaction: the pure planner, the summarizer, the summary cache and its shared Redis level,
 //! and the compactor that carries a plan out.
 
+pub mod artifacts;
 pub mod cache;
 pub mod compactor;
 pub mod plan;

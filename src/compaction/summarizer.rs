@@ -2,29 +2,26 @@
 //! structured summary, with a circuit breaker per upstream and caller.
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::Method;
-use regex::Regex;
 use serde_json::{json, Value};
 
+use crate::compaction::artifacts;
 use crate::compaction::summary::{hex, Key};
 use crate::config::{Api, SummarizerConfig};
+use crate::conversation::content_text;
 use crate::http::upstream::Upstream;
 use crate::tokens::counter::shorten_middle;
+use crate::tokens::encoding::Encoding;
 
-/// Bumped whenever the prompt changes, so summaries made by another prompt are not reused.
-pub const PROMPT_VERSION: u32 = 1;
 /// Tool outputs are cut to this many tokens (head and end) before the summarizer sees them.
 const TOOL_OUTPUT_TOKENS: u32 = 600;
 /// Room for the instructions and a previous summary, besides the transcript.
 const PROMPT_OVERHEAD_TOKENS: u64 = 2_500;
-const MAX_APPENDED_IDENTIFIERS: usize = 60;
-/// Appended identifiers stop at this many characters, so they cannot outgrow the summary.
-const MAX_APPENDED_CHARS: usize = 2_000;
 /// Completion budget reasoning models get on top of `max_summary_tokens` for their thinking.
 const REASONING_ALLOWANCE_TOKENS: u32 = 2_048;
 /// Characters of an upstream's error body kept in the error (and so in the log).
@@ -124,6 +121,8 @@ pub struct SummaryRequest {
     pub messages: Vec<Evicted>,
     /// The summarizer model's context window.
     pub window: u64,
+    /// The request model's: the artifact budget is counted in it.
+    pub encoding: Encoding,
 }
 
 #[derive(Default)]
@@ -139,6 +138,8 @@ pub struct Summarizer {
     own_key: Option<HeaderValue>,
     /// From `api`: the API every summary is asked in, whatever the request's.
     api: Option<Api>,
+    /// See [`Summarizer::settings_key`].
+    settings: Key,
     /// Only upstream-and-caller pairs with failures since their last success.
     breakers: Mutex<HashMap<BreakerKey, Breaker>>,
 }
@@ -163,12 +164,21 @@ impl Summarizer {
                 pools,
             )?))
         };
+        let settings = settings_key(
+            &[INSTRUCTIONS, EXTEND_INSTRUCTIONS],
+            &[
+                TOOL_OUTPUT_TOKENS,
+                config.max_summary_tokens,
+                config.max_artifact_tokens,
+            ],
+        );
         Ok(Summarizer {
             own_key: crate::http::upstream::bearer_from_env(&config.api_key_env)?,
             api: Api::parse(&config.api),
             config,
             dedicated,
             breakers: Mutex::new(HashMap::new()),
+            settings,
         })
     }
 
@@ -190,6 +200,13 @@ impl Summarizer {
         self.dedicated
             .clone()
             .unwrap_or_else(|| request_upstream.clone())
+    }
+
+    /// What shapes a summary besides its model and its messages: the prompt's text, how tool
+    /// outputs are cut, the summary's and the artifact ledger's budgets. Summaries made
+    /// under other settings are not reused, with no version number to remember to bump.
+    pub fn settings_key(&self) -> Key {
+        self.settings
     }
 
     /// The API a summary is asked in: the configured one, else the request's own.
@@ -240,7 +257,13 @@ impl Summarizer {
             Err(_) => {}
         }
         let summary = result?;
-        Ok(with_identifiers(summary, &request.messages))
+        Ok(artifacts::carry(
+            summary,
+            request.previous.as_deref(),
+            request.messages.iter().map(|m| &m.message),
+            self.config.max_artifact_tokens,
+            request.encoding,
+        ))
     }
 
     async fn fold(&self, request: &SummaryRequest) -> Result<String, SummarizeError> {
@@ -365,6 +388,18 @@ impl Summarizer {
 }
 
 /// Accepts a summary only if it has content and is not an apology or an error text.
+fn settings_key(texts: &[&str], numbers: &[u32]) -> Key {
+    let mut hasher = blake3::Hasher::new();
+    for text in texts {
+        hasher.update(&(text.len() as u64).to_le_bytes());
+        hasher.update(text.as_bytes());
+    }
+    for number in numbers {
+        hasher.update(&number.to_le_bytes());
+    }
+    *hasher.finalize().as_bytes()
+}
+
 /// Reasoning models take neither a token limit nor a temperature the usual way, and spend
 /// part of their completion budget thinking: they are asked for little of it, with room.
 fn reasoning_effort(model: &str) -> Option<&'static str> {
@@ -576,25 +611,6 @@ fn transcript_tokens(m: &Evicted, budget: u32) -> u32 {
     m.tokens.min(keep_tokens(m, budget) + 20)
 }
 
-/// The text of a message's content: a string, or its text parts with placeholders for the rest.
-pub fn content_text(message: &Value) -> String {
-    match message.get("content") {
-        Some(Value::String(text)) => text.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .map(|part| match part.get("text").and_then(Value::as_str) {
-                Some(text) => text.to_string(),
-                None => format!(
-                    "[{}]",
-                    part.get("type").and_then(Value::as_str).unwrap_or("part")
-                ),
-            })
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
-    }
-}
-
 fn render_transcript(messages: &[Evicted], budget: u32) -> String {
     let mut out = String::new();
     for m in messages {
@@ -635,101 +651,9 @@ fn render_transcript(messages: &[Evicted], budget: u32) -> String {
     out
 }
 
-static IDENTIFIER: LazyLock<Option<Regex>> = LazyLock::new(|| {
-    Regex::new(concat!(
-        r"https?://[^\s<>()\[\]{}'`]+[^\s<>()\[\]{}'`.,;:!?]",
-        r"|(?:~|\.{1,2})?/[A-Za-z0-9_.\-]+(?:/[A-Za-z0-9_.\-]+)+",
-        r"|[A-Za-z0-9_\-]+\.(?:rs|py|js|ts|go|java|toml|json|yaml|yml|md|txt|csv|sql|sh|c|h|cpp)\b",
-        r"|\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b",
-        r"|\b[A-Z][A-Z0-9]+[-_][A-Z0-9][A-Z0-9\-_]*\d[A-Z0-9]*\b",
-        r"|\$\d[\d,]*(?:\.\d+)?",
-        r"|\b\d+(?:[.,]\d+)?\s?(?:ms|s|min|h|KB|MB|GB|TB|KiB|MiB|GiB|kg|km|mg|ml|px|%|USD|EUR|GBP)(?:\b|$)",
-    ))
-    .ok()
-});
-
-/// Paths, URLs, numbers with units and IDs found in text, in order of first appearance.
-pub fn identifiers(text: &str) -> Vec<String> {
-    let Some(re) = IDENTIFIER.as_ref() else {
-        return Vec::new();
-    };
-    let mut found: Vec<String> = Vec::new();
-    for m in re.find_iter(text) {
-        let id = m.as_str().trim().to_string();
-        if !found.contains(&id) {
-            found.push(id);
-        }
-    }
-    found
-}
-
-/// Appends, under "Artifacts", any identifier from the evicted user messages that the summary
-/// dropped, so no model paraphrase can lose it.
-fn with_identifiers(summary: String, messages: &[Evicted]) -> String {
-    let mut missing = Vec::new();
-    for m in messages {
-        if m.message.get("role").and_then(Value::as_str) != Some("user") {
-            continue;
-        }
-        for id in identifiers(&content_text(&m.message)) {
-            if !summary.contains(&id) && !missing.contains(&id) {
-                missing.push(id);
-            }
-        }
-    }
-    if missing.is_empty() {
-        return summary;
-    }
-    missing.truncate(MAX_APPENDED_IDENTIFIERS);
-    let mut used = 0;
-    let list: Vec<String> = missing
-        .into_iter()
-        .take_while(|id| {
-            used += id.len() + 3;
-            used <= MAX_APPENDED_CHARS
-        })
-        .map(|id| format!("- {id}"))
-        .collect();
-    format!(
-        "{summary}\n\n## Artifacts (verbatim from the user's messages)\n{}",
-        list.join("\n")
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn identifiers_are_found() {
-        let text = "Deploy ORD-77812 to https://example.com/api/v2, config at /etc/app/conf.toml, \
-                    budget $1,200.50, timeout 250ms, disk 40 GB, id 123e4567-e89b-12d3-a456-426614174000, see main.rs.";
-        let ids = identifiers(text);
-        for want in [
-            "ORD-77812",
-            "https://example.com/api/v2",
-            "/etc/app/conf.toml",
-            "$1,200.50",
-            "250ms",
-            "40 GB",
-            "123e4567-e89b-12d3-a456-426614174000",
-            "main.rs",
-        ] {
-            assert!(ids.iter().any(|i| i == want), "{want} not in {ids:?}");
-        }
-    }
-
-    #[test]
-    fn dropped_identifiers_are_appended() {
-        let messages = vec![Evicted {
-            message: json!({"role": "user", "content": "ticket ORD-4411 costs $90"}),
-            tokens: 10,
-        }];
-        let out = with_identifiers("The user has a ticket ORD-4411.".into(), &messages);
-        assert!(out.contains("## Artifacts"));
-        assert!(out.contains("- $90"));
-        assert!(!out.contains("- ORD-4411"));
-    }
 
     #[test]
     fn bad_summaries_are_rejected() {
@@ -826,6 +750,28 @@ mod tests {
             "Anthropic's API takes its key bare"
         );
         assert!(own[X_API_KEY].is_sensitive());
+    }
+
+    #[test]
+    fn the_settings_key_follows_the_prompt_text_and_the_budgets() {
+        let base = settings_key(&["prompt", "extend"], &[600, 1024, 512]);
+        assert_eq!(base, settings_key(&["prompt", "extend"], &[600, 1024, 512]));
+        assert_ne!(
+            base,
+            settings_key(&["prompt!", "extend"], &[600, 1024, 512])
+        );
+        assert_ne!(base, settings_key(&["promp", "textend"], &[600, 1024, 512]));
+        assert_ne!(base, settings_key(&["prompt", "extend"], &[600, 1000, 512]));
+        assert_ne!(base, settings_key(&["prompt", "extend"], &[600, 1024, 256]));
+        let config = |max_summary_tokens, max_artifact_tokens| SummarizerConfig {
+            max_summary_tokens,
+            max_artifact_tokens,
+            ..SummarizerConfig::default()
+        };
+        let key = |config| Summarizer::new(config, 1).unwrap().settings_key();
+        assert_eq!(key(config(1024, 512)), key(config(1024, 512)));
+        assert_ne!(key(config(1024, 512)), key(config(900, 512)));
+        assert_ne!(key(config(1024, 512)), key(config(1024, 100)));
     }
 
     #[test]

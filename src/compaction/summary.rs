@@ -16,6 +16,5 @@ pub struct Summary {
     pub messages: usize,
     pub tokens: u32,
     pub model: String,
-    pub prompt_version: u32,
     pub created_at: u64,
 }
