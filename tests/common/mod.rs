@@ -216,7 +216,13 @@ pub struct LlmBehaviour {
     pub summarizer_status: Option<u16>,
     /// Summarizer calls for which this gives an answer get it instead of a summary.
     pub summarizer_error: Option<SummarizerError>,
+    /// The summarizer keeps nothing of what it is sent: only code can carry identifiers.
+    pub lossy_summarizer: bool,
 }
+
+/// What a summarizer that keeps nothing answers.
+pub const LOSSY_SUMMARY: &str =
+    "## Goal and constraints\nkeep going\n## Artifacts\nnone\n## Next step\nnone";
 
 /// A transcript containing this makes the mock summarizer fail.
 pub const FAIL_SUMMARY: &str = "FAIL-THIS-SUMMARY";
@@ -307,7 +313,12 @@ pub async fn mock_llm(behaviour: LlmBehaviour) -> MockUpstream {
                     return json_response(status, &json!({"error": {"message": "summarizer down"}}));
                 }
                 let path = r.path_and_query.split('?').next().unwrap_or("");
-                return json_response(200, &summary_reply(path, &mock_summary(&request)));
+                let summary = if behaviour.lossy_summarizer {
+                    LOSSY_SUMMARY.to_string()
+                } else {
+                    mock_summary(&request)
+                };
+                return json_response(200, &summary_reply(path, &summary));
             }
             tokio::time::sleep(behaviour.chat_latency).await;
             if request["user"] == ERROR_USER {

@@ -1,0 +1,162 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Every identifier an agent saw stays in the conversation: with a summarizer that keeps
+//! nothing, code carries the identifiers of the summarized messages in the summary's Artifacts
+//! section, from every role, and an extended summary keeps them. And a summary made under other
+//! settings is not reused.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+/// The identifiers planted in turn `t`: in the user's text, in a tool call's arguments, in the
+/// tool's result, and in the assistant's answer.
+fn planted(t: usize) -> [String; 4] {
+    [
+        format!("ORD-{}", 7100 + t),
+        format!("/srv/agent/job{t}/input.csv"),
+        format!("E{}", 4100 + t),
+        format!("${}", 300 + t),
+    ]
+}
+
+/// One agent turn, about 400 tokens: a request, a tool call and its result, an answer.
+fn agent_turn(t: usize) -> Vec<Value> {
+    let [ticket, path, error, amount] = planted(t);
+    let call_id = format!("call_{t}");
+    vec![
+        json!({"role": "user", "content": format!("Work on {ticket}. {}", filler(t, 90))}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{
+            "id": call_id, "type": "function",
+            "function": {"name": "read_file", "arguments": json!({"path": path}).to_string()},
+        }]}),
+        json!({"role": "tool", "tool_call_id": call_id,
+               "content": format!("failed with {error}. {}", filler(t + 500, 90))}),
+        json!({"role": "assistant", "content": format!("Budgeted {amount} for it. {}", filler(t + 900, 90))}),
+    ]
+}
+
+fn agent_session(turns: usize) -> Vec<Value> {
+    let mut messages = vec![json!({"role": "system", "content": SYSTEM_PROMPT})];
+    for t in 0..turns {
+        messages.extend(agent_turn(t));
+    }
+    messages
+}
+
+/// Sends the session compacted now (`force`) and returns the share of the summarized
+/// messages' identifiers found in what was forwarded, and the ledger's size in tokens.
+async fn identifiers_kept(proxy: &Proxy, upstream: &MockUpstream, turns: usize) -> (f64, usize) {
+    let messages = agent_session(turns);
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .header("x-condenser-mode", "force")
+        .json(&chat_body(&messages))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "summarized");
+    let summarized: usize = header(&response, "x-condenser-summarized-messages")
+        .parse()
+        .unwrap();
+    let forwarded = upstream
+        .recorded()
+        .iter()
+        .rev()
+        .find(|r| !is_summarizer_call(r))
+        .unwrap()
+        .json();
+    let summary = forwarded["messages"][1]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        summary.contains("keep going"),
+        "the lossy summary is used: {summary}"
+    );
+    let text = forwarded["messages"].to_string();
+    // Messages 1..=summarized were evicted; turn t holds messages 4t+1..4t+4.
+    let evicted_turns = summarized.div_ceil(4);
+    assert!(evicted_turns >= 3, "enough evicted to judge: {summarized}");
+    let expected: Vec<String> = (0..evicted_turns)
+        .flat_map(|t| {
+            let ids = planted(t);
+            // Of a partly evicted last turn, only the parts evicted count.
+            let parts = (summarized - 4 * t).min(4);
+            ids.into_iter().take(parts)
+        })
+        .collect();
+    let kept = expected
+        .iter()
+        .filter(|id| text.contains(id.as_str()))
+        .count();
+    let ledger = summary.split("Carried verbatim").nth(1).map_or(0, |l| {
+        condenser::tokens::counter::count_text(condenser::tokens::encoding::Encoding::O200k, l)
+            as usize
+    });
+    (kept as f64 / expected.len() as f64, ledger)
+}
+
+#[tokio::test]
+async fn a_lossy_summarizer_loses_no_identifier_and_an_extended_summary_keeps_them() {
+    let upstream = mock_llm(LlmBehaviour {
+        lossy_summarizer: true,
+        ..LlmBehaviour::default()
+    })
+    .await;
+    let config = small_window_config(&upstream.url());
+    let budget = config.summarizer.max_artifact_tokens as usize;
+    let proxy = Proxy::start(config).await;
+    for (turns, step) in [
+        (10, "first summary"),
+        (12, "extended"),
+        (14, "extended again"),
+    ] {
+        let (share, ledger) = identifiers_kept(&proxy, &upstream, turns).await;
+        println!("{step}: {share:.3} of the summarized identifiers kept, ledger {ledger} tokens");
+        assert!(share >= 0.95, "{step}: {share:.2} of the identifiers kept");
+        assert!(ledger <= budget + 16, "{step}: ledger of {ledger} tokens");
+    }
+    let calls = upstream
+        .recorded()
+        .iter()
+        .filter(|r| is_summarizer_call(r))
+        .count();
+    assert!(calls >= 3, "each step summarized: {calls}");
+}
+
+#[tokio::test]
+async fn a_summary_made_under_other_settings_is_not_reused() {
+    let redis = Redis::start().await;
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let replica = |max_summary_tokens: u32| {
+        let mut config = small_window_config(&upstream.url());
+        config.cache.redis_url = redis.url();
+        config.summarizer.max_summary_tokens = max_summary_tokens;
+        config
+    };
+    let send = |proxy: &Proxy| {
+        client()
+            .post(proxy.url("/v1/chat/completions"))
+            .json(&chat_body(&conversation(40)))
+            .send()
+    };
+    let first = Proxy::start(replica(1024)).await;
+    assert_eq!(
+        header(&send(&first).await.unwrap(), "x-condenser-cache"),
+        "miss"
+    );
+    let other_budget = Proxy::start(replica(900)).await;
+    assert_eq!(
+        header(&send(&other_budget).await.unwrap(), "x-condenser-cache"),
+        "miss",
+        "another max_summary_tokens"
+    );
+    let same = Proxy::start(replica(1024)).await;
+    assert_eq!(
+        header(&send(&same).await.unwrap(), "x-condenser-cache"),
+        "hit",
+        "the same settings share through Redis"
+    );
+}
