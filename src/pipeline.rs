@@ -15,8 +15,10 @@ use hyper::{Method, Request, Response};
 use serde_json::Value;
 
 use crate::app::{AppState, Worker};
-use crate::compaction::compactor::{self, CacheOutcome, CompactionJob, Rewrite};
-use crate::compaction::plan::{self, Decision, Limits, Mode, PlanInput, Split};
+use crate::compaction::compactor::{self, Action, CacheOutcome, CompactionJob, Rewrite};
+use crate::compaction::plan::{
+    self, Decision, Limits, Mode, PlanInput, Split, SUMMARY_FRAMING_TOKENS,
+};
 use crate::config::{Api, Config, ContextConfig};
 use crate::conversation::Item;
 use crate::error::ProxyError;
@@ -27,9 +29,6 @@ use crate::models::{ModelCatalog, ModelInfo};
 use crate::observe::metrics::ModelLabel;
 use crate::observe::usage::{Usage, UsageFormat, UsageObserver, UsageTap};
 use crate::tokens::counter::{PromptCount, TokenCounter};
-
-/// Framing of the summary message on top of its text.
-const SUMMARY_FRAMING_TOKENS: u32 = 20;
 
 pub const MODE_HEADER: HeaderName = HeaderName::from_static("x-condenser-mode");
 pub const PROFILE_HEADER: HeaderName = HeaderName::from_static("x-condenser-profile");
@@ -308,7 +307,7 @@ pub async fn handle<D: Dialect>(
     metrics
         .model(model_label)
         .count_prompt(received_tokens, forwarded_tokens);
-    if outcome.action != "forwarded" {
+    if outcome.action != "forwarded" || outcome.cache != CacheOutcome::None {
         metrics
             .compactions
             .with_label_values(&[outcome.action, outcome.cache.name()])
@@ -444,10 +443,13 @@ async fn prepare<'s, D: Dialect>(
             };
             if matches!(decision, Decision::Precompute(_)) {
                 compactor::precompute(&state.compactor, job);
-            } else if let Some(rewrite) = compactor::compact(&state.compactor, job).await? {
+            } else {
+                let rewrite = compactor::compact(&state.compactor, job).await?;
                 drop(conversation);
-                D::rewrite(&mut request, split, &rewrite, settings);
-                rewritten = true;
+                if rewrite.action != Action::Forwarded {
+                    D::rewrite(&mut request, split, &rewrite, settings);
+                    rewritten = true;
+                }
                 outcome = Outcome {
                     action: rewrite.action.name(),
                     cache: rewrite.cache,

@@ -97,32 +97,31 @@ impl SummaryCache {
         self.shared.as_ref()
     }
 
-    /// The last of `keys` that has a summary, with its position: memory first, then one
-    /// round trip to the shared level for all of them. Found shared entries are kept in memory.
-    pub async fn longest(&self, keys: &[Key]) -> Option<(usize, Arc<Summary>)> {
-        let mut found = None;
-        for (i, key) in keys.iter().enumerate().rev() {
+    /// Every summary cached under `keys`, by index, in order: those memory holds, and the
+    /// longest beyond them that another replica stored in Redis.
+    pub async fn cached(&self, keys: &[Key]) -> Vec<(usize, Arc<Summary>)> {
+        let mut found = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
             if let Some(summary) = self.memory.get(key).await {
-                found = Some((i, summary));
-                break;
+                found.push((i, summary));
             }
         }
-        // Another replica may hold a longer one than memory has.
-        let after = found.as_ref().map_or(0, |(i, _)| i + 1);
+        let after = found.last().map_or(0, |(i, _)| i + 1);
         let Some(shared) = self.shared.as_ref().filter(|_| after < keys.len()) else {
             return found;
         };
-        let Some((i, summary)) = shared.longest(&keys[after..]).await else {
-            return found;
-        };
-        let summary = Arc::new(summary);
-        self.memory.insert(keys[after + i], summary.clone()).await;
-        Some((after + i, summary))
+        if let Some((i, summary)) = shared.longest(&keys[after..]).await {
+            let summary = Arc::new(summary);
+            self.memory.insert(keys[after + i], summary.clone()).await;
+            found.push((after + i, summary));
+        }
+        found
     }
 
     pub async fn get(&self, key: &Key) -> Option<Arc<Summary>> {
-        self.longest(std::slice::from_ref(key))
+        self.cached(std::slice::from_ref(key))
             .await
+            .pop()
             .map(|(_, s)| s)
     }
 

@@ -11,7 +11,7 @@ use hyper::header::HeaderMap;
 use serde_json::Value;
 
 use crate::compaction::cache::{prefix_keys, scope, ScopeHeaders, SummaryCache};
-use crate::compaction::plan::{Limits, Mode, Split};
+use crate::compaction::plan::{Limits, Mode, Split, Tier, SUMMARY_FRAMING_TOKENS};
 use crate::compaction::redis::{unix_now, LockOutcome, RedisStore};
 use crate::compaction::summarizer::{Evicted, SummarizeError, Summarizer, SummaryRequest};
 use crate::compaction::summary::{Key, Summary};
@@ -31,6 +31,8 @@ type SharedSummary = Shared<BoxFuture<'static, Result<Arc<Summary>, SummarizeErr
 pub enum Action {
     Summarized,
     Trimmed,
+    /// Sent unchanged.
+    Forwarded,
 }
 
 impl Action {
@@ -38,15 +40,23 @@ impl Action {
         match self {
             Action::Summarized => "summarized",
             Action::Trimmed => "trimmed",
+            Action::Forwarded => "forwarded",
         }
     }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CacheOutcome {
+    /// A cached summary that keeps the prompt under every trigger.
     Hit,
+    /// Made while the request waited.
     Miss,
+    /// A cached summary extended while the request waited.
     Extended,
+    /// Over a trigger: a summary on hand went now, the one the plan wants is being made.
+    Stale,
+    /// Over a trigger with no summary on hand: sent as it came while one is made.
+    Deferred,
     None,
 }
 
@@ -56,6 +66,8 @@ impl CacheOutcome {
             CacheOutcome::Hit => "hit",
             CacheOutcome::Miss => "miss",
             CacheOutcome::Extended => "extended",
+            CacheOutcome::Stale => "stale",
+            CacheOutcome::Deferred => "deferred",
             CacheOutcome::None => "none",
         }
     }
@@ -162,14 +174,33 @@ impl SpanJob {
     }
 }
 
-/// Where the summary a request can use right now comes from.
-enum Found {
-    Exact(Arc<Summary>),
-    /// A summary of a shorter prefix, ending before message `end`.
-    Shorter(usize, Arc<Summary>),
-    /// Not cached, but being made (ahead of need, or for another request), ending before `end`.
-    Pending(usize, SharedSummary),
-    Nothing,
+/// What this request's conversation already has: summaries cached at its candidate ends,
+/// and a summary being made for one of them.
+struct OnHand {
+    /// By end, shortest first.
+    cached: Vec<(usize, Arc<Summary>)>,
+    /// The latest-ending summary being made (ahead of need, or for another request).
+    pending: Option<(usize, SharedSummary)>,
+}
+
+impl OnHand {
+    fn exact(&self, end: usize) -> Option<Arc<Summary>> {
+        self.cached
+            .iter()
+            .find(|(e, _)| *e == end)
+            .map(|(_, s)| s.clone())
+    }
+
+    /// The latest-ending cached summary, which any new one extends.
+    fn longest(&self) -> Option<(usize, Arc<Summary>)> {
+        self.cached.last().cloned()
+    }
+
+    /// Whether anything on hand or being made ends after `end`: the next step exists.
+    fn beyond(&self, end: usize) -> bool {
+        self.cached.last().is_some_and(|(e, _)| *e > end)
+            || self.pending.as_ref().is_some_and(|(e, _)| *e > end)
+    }
 }
 
 /// The request's prefix keys and what its summaries are made from.
@@ -190,7 +221,7 @@ impl Lookup {
     }
 }
 
-async fn lookup(compactor: &Arc<Compactor>, job: &CompactionJob<'_>) -> (Lookup, Found) {
+async fn lookup(compactor: &Arc<Compactor>, job: &CompactionJob<'_>) -> (Lookup, OnHand) {
     let summarizer_model = compactor.summarizer.model_for(job.model);
     // Every key below descends from the caller's: memory, Redis, single-flight jobs and
     // cross-replica locks are all per caller.
@@ -208,21 +239,20 @@ async fn lookup(compactor: &Arc<Compactor>, job: &CompactionJob<'_>) -> (Lookup,
         .map(|&end| (end, keys[end - 1]))
         .collect();
     let candidate_keys: Vec<Key> = candidates.iter().map(|(_, k)| *k).collect();
-    let found = match compactor.cache.longest(&candidate_keys).await {
-        Some((i, summary)) if candidates[i].0 == split.tail_start => Found::Exact(summary),
-        Some((i, summary)) => Found::Shorter(candidates[i].0, summary),
-        None => compactor
-            .in_flight
-            .lock()
-            .ok()
-            .and_then(|in_flight| {
-                candidates
-                    .iter()
-                    .rev()
-                    .find_map(|(end, key)| Some(Found::Pending(*end, in_flight.get(key)?.clone())))
-            })
-            .unwrap_or(Found::Nothing),
-    };
+    let cached = compactor
+        .cache
+        .cached(&candidate_keys)
+        .await
+        .into_iter()
+        .map(|(i, summary)| (candidates[i].0, summary))
+        .collect();
+    let pending = compactor.in_flight.lock().ok().and_then(|in_flight| {
+        candidates
+            .iter()
+            .rev()
+            .find_map(|(end, key)| Some((*end, in_flight.get(key)?.clone())))
+    });
+    let on_hand = OnHand { cached, pending };
     let evictable: Arc<[Evicted]> = job.messages[split.head..]
         .iter()
         .zip(&job.count.per_message[split.head..])
@@ -247,11 +277,8 @@ async fn lookup(compactor: &Arc<Compactor>, job: &CompactionJob<'_>) -> (Lookup,
             head: split.head,
         },
     };
-    (lookup, found)
+    (lookup, on_hand)
 }
-
-/// Framing of the summary message around its text.
-const SUMMARY_MESSAGE_TOKENS: u64 = 20;
 
 /// Estimated prompt, and message count, if `summary` (ending before message `end`) is
 /// forwarded with everything after it (tool outputs shortened as planned).
@@ -268,107 +295,158 @@ fn estimate_with(job: &CompactionJob<'_>, summary: &Summary, end: usize) -> (u64
         .sum();
     let tokens = head
         + u64::from(summary.tokens)
-        + SUMMARY_MESSAGE_TOKENS
+        + u64::from(SUMMARY_FRAMING_TOKENS)
         + rest
         + u64::from(job.count.fixed);
     (tokens, job.split.head + 1 + job.messages.len() - end)
 }
 
-/// Whether forwarding with `summary` would be under every trigger of this request.
-fn under_triggers(job: &CompactionJob<'_>, summary: &Summary, end: usize) -> bool {
+/// Where forwarding with `summary` (ending before message `end`) would stand.
+fn tier_with(job: &CompactionJob<'_>, summary: &Summary, end: usize) -> Tier {
     let (tokens, messages) = estimate_with(job, summary, end);
-    let s = job.settings;
-    tokens <= job.limits.trigger
-        && (s.max_prompt_tokens == 0 || tokens <= s.max_prompt_tokens)
-        && (s.max_messages == 0 || messages <= s.max_messages)
+    job.limits.tier(job.settings, tokens, messages)
 }
 
-/// Whether a compacted request with `summary` has grown past what compaction aims for.
-fn past_target(job: &CompactionJob<'_>, summary: &Summary, end: usize) -> bool {
-    let (tokens, messages) = estimate_with(job, summary, end);
-    tokens > job.limits.target
-        || (job.limits.message_target > 0 && messages > job.limits.message_target)
-}
-
-/// Summarizes the planned span, or uses what the cache already has, and rewrites the
-/// request. `Ok(None)`: forward the original (`on_failure = forward`).
+/// Carries the plan out and says how the request goes: rewritten with a summary, trimmed,
+/// or as sent. In `auto` mode a request waits for the summarizer only when nothing on hand
+/// fits the hard limit; under `force` it always goes with the summary the plan wants.
 pub async fn compact(
     compactor: &Arc<Compactor>,
     job: CompactionJob<'_>,
-) -> Result<Option<Rewrite>, ProxyError> {
+) -> Result<Rewrite, ProxyError> {
     let split = job.split;
     if split.summarized() == 0 {
         // Only tool outputs to shorten: nothing for the summarizer.
-        return Ok(Some(trimmed(&job, Duration::ZERO)));
+        return Ok(trimmed(&job, Duration::ZERO));
     }
-    let (lookup, found) = lookup(compactor, &job).await;
-    let started = Instant::now();
-    // A summary already being made is joined rather than made again.
-    let (found, joined) = match found {
-        Found::Pending(end, pending) => match pending.await {
-            Ok(summary) if end == split.tail_start => (Found::Exact(summary), true),
-            Ok(summary) => (Found::Shorter(end, summary), true),
-            Err(_) => (Found::Nothing, true),
-        },
-        found => (found, false),
-    };
-    let (summary, end, cache) = match found {
-        Found::Exact(summary) if joined => (Ok(summary), split.tail_start, CacheOutcome::Miss),
-        Found::Exact(summary) => (Ok(summary), split.tail_start, CacheOutcome::Hit),
-        Found::Shorter(end, summary)
-            if job.mode == Mode::Auto && under_triggers(&job, &summary, end) =>
-        {
-            // Good enough now; bring it up to date in the background once it grows past
-            // the target, so no request waits for the summarizer.
-            if past_target(&job, &summary, end) {
-                drop(start_summary(
-                    compactor,
-                    lookup.span(Some((end, summary.clone())), split.tail_start),
-                ));
-            }
-            (Ok(summary), end, CacheOutcome::Hit)
+    let (lookup, on_hand) = lookup(compactor, &job).await;
+    if job.mode == Mode::Auto {
+        if let Some(rewrite) = without_waiting(compactor, &job, &lookup, &on_hand) {
+            return Ok(rewrite);
         }
-        Found::Shorter(end, summary) => (
-            start_summary(
-                compactor,
-                lookup.span(Some((end, summary)), split.tail_start),
+    }
+    let wanted = split.tail_start;
+    let started = Instant::now();
+    let (summary, cache) = match (on_hand.exact(wanted), on_hand.pending.clone()) {
+        (Some(summary), _) => (Ok(summary), CacheOutcome::Hit),
+        (None, Some((end, pending))) if end == wanted => (pending.await, CacheOutcome::Miss),
+        (None, _) => {
+            let base = on_hand.longest();
+            let cache = if base.is_some() {
+                CacheOutcome::Extended
+            } else {
+                CacheOutcome::Miss
+            };
+            (
+                start_summary(compactor, lookup.span(base, wanted)).await,
+                cache,
             )
-            .await,
-            split.tail_start,
-            CacheOutcome::Extended,
-        ),
-        Found::Nothing | Found::Pending(..) => (
-            start_summary(compactor, lookup.span(None, split.tail_start)).await,
-            split.tail_start,
-            CacheOutcome::Miss,
-        ),
+        }
     };
     let waited = started.elapsed();
     match summary {
         // A summary that came out too large to fit: without it, the plan fits.
-        Ok(summary) if estimate_with(&job, &summary, end).0 > job.limits.usable => {
+        Ok(summary) if tier_with(&job, &summary, wanted) == Tier::Hard => {
             tracing::warn!(
                 summary_tokens = summary.tokens,
                 "summary too large for the window; trimming instead"
             );
-            Ok(Some(trimmed(&job, waited)))
+            Ok(trimmed(&job, waited))
         }
-        Ok(summary) => Ok(Some(Rewrite {
-            summary: Some(summary),
-            kept_from: end,
-            action: Action::Summarized,
-            cache,
-            summarized: end - split.head,
-            waited,
-        })),
+        Ok(summary) => Ok(summarized(&job, summary, wanted, cache, waited)),
         Err(error) => {
             tracing::warn!(%error, on_failure = ?job.settings.on_failure, "summarizer failed");
             match job.settings.on_failure {
-                OnFailure::Forward => Ok(None),
+                OnFailure::Forward => Ok(as_sent(CacheOutcome::None, waited)),
                 OnFailure::Error => Err(ProxyError::SummarizerFailed(error.to_string())),
-                OnFailure::Trim => Ok(Some(trimmed(&job, waited))),
+                OnFailure::Trim => Ok(trimmed(&job, waited)),
             }
         }
+    }
+}
+
+/// The request as it may go now, with what is on hand, if anything fits the hard limit. The
+/// summary in use stays while it keeps the prompt under every trigger, so that what is
+/// forwarded only grows at its end between compactions (and a provider's prompt cache stays
+/// warm): the shortest summary on hand that does so is that summary. Past the precompute
+/// line the next step is made ahead; over a trigger, the plan's summary is made while the
+/// request goes with the most compact one on hand, or as sent.
+fn without_waiting(
+    compactor: &Arc<Compactor>,
+    job: &CompactionJob<'_>,
+    lookup: &Lookup,
+    on_hand: &OnHand,
+) -> Option<Rewrite> {
+    let wanted = job.split.tail_start;
+    let make_wanted = || {
+        if on_hand.exact(wanted).is_none() {
+            drop(start_summary(
+                compactor,
+                lookup.span(on_hand.longest(), wanted),
+            ));
+        }
+    };
+    let steady = on_hand
+        .cached
+        .iter()
+        .map(|(end, summary)| (*end, summary, tier_with(job, summary, *end)))
+        .find(|(_, _, tier)| *tier <= Tier::Precompute);
+    if let Some((end, summary, tier)) = steady {
+        if tier == Tier::Precompute && !on_hand.beyond(end) {
+            make_wanted();
+        }
+        return Some(summarized(
+            job,
+            summary.clone(),
+            end,
+            CacheOutcome::Hit,
+            Duration::ZERO,
+        ));
+    }
+    let fits_now = on_hand
+        .longest()
+        .filter(|(end, summary)| tier_with(job, summary, *end) < Tier::Hard);
+    let as_sent_fits = job
+        .limits
+        .tier(job.settings, job.count.total, job.messages.len())
+        < Tier::Hard;
+    if fits_now.is_none() && !as_sent_fits {
+        return None;
+    }
+    make_wanted();
+    Some(match fits_now {
+        Some((end, summary)) => summarized(job, summary, end, CacheOutcome::Stale, Duration::ZERO),
+        None => as_sent(CacheOutcome::Deferred, Duration::ZERO),
+    })
+}
+
+fn summarized(
+    job: &CompactionJob<'_>,
+    summary: Arc<Summary>,
+    end: usize,
+    cache: CacheOutcome,
+    waited: Duration,
+) -> Rewrite {
+    Rewrite {
+        summary: Some(summary),
+        kept_from: end,
+        action: Action::Summarized,
+        cache,
+        summarized: end - job.split.head,
+        waited,
+    }
+}
+
+/// The request unchanged: while its summary is made, or when the summarizer failed and
+/// `on_failure = forward`.
+fn as_sent(cache: CacheOutcome, waited: Duration) -> Rewrite {
+    Rewrite {
+        summary: None,
+        kept_from: 0,
+        action: Action::Forwarded,
+        cache,
+        summarized: 0,
+        waited,
     }
 }
 
@@ -385,7 +463,7 @@ fn trimmed(job: &CompactionJob<'_>, waited: Duration) -> Rewrite {
 }
 
 /// From the precompute band: make the summary the plan would need, in the background,
-/// unless the cache already holds one that would do.
+/// unless what is on hand would do.
 pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) {
     let compactor = compactor.clone();
     // The lookup needs owned inputs to run after the request moves on.
@@ -413,14 +491,16 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) {
             mode: Mode::Auto,
             limits,
         };
-        let (lookup, found) = lookup(&compactor, &job).await;
-        let base = match found {
-            Found::Exact(_) | Found::Pending(..) => return,
-            Found::Shorter(end, summary) if under_triggers(&job, &summary, end) => return,
-            Found::Shorter(end, summary) => Some((end, summary)),
-            Found::Nothing => None,
-        };
-        let _ = start_summary(&compactor, lookup.span(base, split.tail_start)).await;
+        let (lookup, on_hand) = lookup(&compactor, &job).await;
+        let ready = on_hand.pending.is_some()
+            || on_hand
+                .cached
+                .iter()
+                .any(|(end, summary)| tier_with(&job, summary, *end) <= Tier::Precompute);
+        if !ready {
+            let _ =
+                start_summary(&compactor, lookup.span(on_hand.longest(), split.tail_start)).await;
+        }
     });
 }
 

@@ -7,6 +7,10 @@ use crate::conversation::{head_len, units, Item, Kind, Role};
 /// Tool outputs in the kept tail are never shortened below this many tokens.
 const SHORTEN_FLOOR_TOKENS: u32 = 256;
 
+/// What a summary message costs on top of its text: its role and the
+/// `[Context summary: N earlier messages]` line.
+pub const SUMMARY_FRAMING_TOKENS: u32 = 20;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     Auto,
@@ -134,6 +138,8 @@ pub struct Limits {
     pub target: u64,
     /// A compacted request aims at no more messages than this (0: no cap).
     pub message_target: usize,
+    /// `max_messages` × `precompute_ratio`: from here, the next step is made ahead (0: no cap).
+    pub message_precompute: usize,
 }
 
 impl Limits {
@@ -157,6 +163,56 @@ impl Limits {
             precompute: share(s.precompute_ratio),
             target,
             message_target: (s.max_messages as f64 * s.target_ratio) as usize,
+            message_precompute: (s.max_messages as f64 * s.precompute_ratio) as usize,
+        }
+    }
+}
+
+/// Where a prompt stands against a request's limits, from least to most pressing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Tier {
+    /// Under the precompute line: nothing to prepare.
+    Settled,
+    /// Past the precompute line, under every trigger: the next compaction is made ahead.
+    Precompute,
+    /// Over the token trigger (soft), within the hard limits: it may go upstream as it is
+    /// while the compaction it needs is made.
+    Soft,
+    /// Over a hard limit (the window less the reserve, or an operator's cap,
+    /// `max_messages` or `max_prompt_tokens`): it cannot go upstream as it is.
+    Hard,
+}
+
+impl Limits {
+    /// The token and message triggers that a prompt of `tokens` in `items` items fires.
+    pub fn fired(&self, settings: &ContextConfig, tokens: u64, items: usize) -> Vec<Trigger> {
+        let mut fired = Vec::new();
+        if tokens > self.trigger {
+            fired.push(Trigger::Tokens);
+        }
+        if settings.max_messages > 0 && items > settings.max_messages {
+            fired.push(Trigger::Messages);
+        }
+        if settings.max_prompt_tokens > 0 && tokens > settings.max_prompt_tokens {
+            fired.push(Trigger::PromptTokens);
+        }
+        fired
+    }
+
+    /// The tier of a prompt of `tokens` in `items` items: the rule by which the planner
+    /// plans, and by which compaction judges what it could forward instead.
+    pub fn tier(&self, settings: &ContextConfig, tokens: u64, items: usize) -> Tier {
+        let fired = self.fired(settings, tokens, items);
+        if tokens > self.usable || fired.iter().any(|t| *t != Trigger::Tokens) {
+            Tier::Hard
+        } else if !fired.is_empty() {
+            Tier::Soft
+        } else if tokens > self.precompute
+            || (self.message_precompute > 0 && items > self.message_precompute)
+        {
+            Tier::Precompute
+        } else {
+            Tier::Settled
         }
     }
 }
@@ -170,21 +226,11 @@ fn sum(messages: &[Item]) -> u64 {
 }
 
 pub fn triggers(input: &PlanInput, limits: &Limits) -> Vec<Trigger> {
-    let s = input.settings;
-    let tokens = total_tokens(input);
     let mut fired = Vec::new();
     if input.mode == Mode::Force {
         fired.push(Trigger::Forced);
     }
-    if tokens > limits.trigger {
-        fired.push(Trigger::Tokens);
-    }
-    if s.max_messages > 0 && input.messages.len() > s.max_messages {
-        fired.push(Trigger::Messages);
-    }
-    if s.max_prompt_tokens > 0 && tokens > s.max_prompt_tokens {
-        fired.push(Trigger::PromptTokens);
-    }
+    fired.extend(limits.fired(input.settings, total_tokens(input), input.messages.len()));
     fired
 }
 
@@ -195,7 +241,8 @@ pub fn plan(input: &PlanInput) -> Decision {
     let limits = Limits::new(input);
     let fired = triggers(input, &limits);
     let tokens = total_tokens(input);
-    if fired.is_empty() && tokens <= limits.precompute {
+    let tier = limits.tier(input.settings, tokens, input.messages.len());
+    if fired.is_empty() && tier == Tier::Settled {
         return Decision::Forward(ForwardReason::UnderTriggers);
     }
     let Some(units) = units(input.messages) else {

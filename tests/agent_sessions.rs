@@ -1,0 +1,169 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Compaction as an agent meets it: a request every fraction of a second, a summarizer that
+//! takes longer than a turn. Nobody waits while the window has room; what is forwarded only
+//! grows at its end between compactions, so a provider's prompt cache stays warm.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+/// What the client is told of each turn: the cache outcome and the tokens forwarded.
+struct Turn {
+    cache: String,
+    forwarded_tokens: u64,
+}
+
+async fn send(proxy: &Proxy, messages: &[Value]) -> Turn {
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .json(&chat_body(messages))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    Turn {
+        cache: header(&response, "x-condenser-cache"),
+        forwarded_tokens: header(&response, "x-condenser-forwarded-tokens")
+            .parse()
+            .unwrap(),
+    }
+}
+
+/// A waited request is one whose summary was made while it waited.
+fn waited(turn: &Turn) -> bool {
+    matches!(turn.cache.as_str(), "miss" | "extended")
+}
+
+fn with_window(upstream: &MockUpstream, window: u64) -> condenser::Config {
+    let mut config = small_window_config(&upstream.url());
+    config.models.get_mut("gpt-4o").unwrap().context_window = Some(window);
+    config
+}
+
+/// 8,000 tokens less `chat_body`'s 500 reserved for the reply.
+const HARD_LIMIT: u64 = 7_500;
+
+#[tokio::test]
+async fn a_growing_conversation_never_waits_for_a_slower_summarizer() {
+    let upstream = mock_llm(LlmBehaviour {
+        summarizer_latency: Duration::from_millis(600),
+        ..LlmBehaviour::default()
+    })
+    .await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let mut turns = Vec::new();
+    for t in 1..=60 {
+        turns.push(send(&proxy, &conversation(t)).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let outcomes: Vec<&str> = turns.iter().map(|t| t.cache.as_str()).collect();
+    assert_eq!(
+        turns.iter().filter(|t| waited(t)).count(),
+        0,
+        "{outcomes:?}"
+    );
+    assert!(
+        turns.iter().all(|t| t.forwarded_tokens <= HARD_LIMIT),
+        "over the hard limit: {:?}",
+        turns.iter().map(|t| t.forwarded_tokens).collect::<Vec<_>>()
+    );
+    assert!(
+        outcomes.contains(&"hit"),
+        "compacted along the way: {outcomes:?}"
+    );
+    assert!(
+        upstream.recorded().iter().any(is_summarizer_call),
+        "summaries were made, in the background"
+    );
+}
+
+#[tokio::test]
+async fn a_conversation_past_the_hard_limit_in_one_request_waits_and_is_compacted() {
+    let upstream = mock_llm(LlmBehaviour {
+        summarizer_latency: Duration::from_millis(300),
+        ..LlmBehaviour::default()
+    })
+    .await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let turn = send(&proxy, &conversation(40)).await;
+    assert_eq!(turn.cache, "miss");
+    assert!(
+        turn.forwarded_tokens <= HARD_LIMIT,
+        "{}",
+        turn.forwarded_tokens
+    );
+}
+
+#[tokio::test]
+async fn over_the_trigger_within_the_hard_limit_a_request_goes_at_once() {
+    let upstream = mock_llm(LlmBehaviour {
+        summarizer_latency: Duration::from_millis(300),
+        ..LlmBehaviour::default()
+    })
+    .await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    // 6,516 tokens: over the trigger (6,000), under the hard limit, nothing on hand.
+    let turn = send(&proxy, &conversation(30)).await;
+    assert_eq!(turn.cache, "deferred");
+    let sent = upstream
+        .recorded()
+        .into_iter()
+        .filter(|r| !is_summarizer_call(r))
+        .count();
+    assert_eq!(sent, 1, "forwarded as sent");
+    // The summary it needed was started for it; the next turn finds it, once made.
+    let mut next = send(&proxy, &conversation(31)).await;
+    while next.cache != "hit" {
+        assert!(!waited(&next), "{}", next.cache);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        next = send(&proxy, &conversation(31)).await;
+    }
+}
+
+/// The share of each forwarded prompt that repeats the start of the previous one, averaged
+/// over the replay: what a provider's prompt cache can bill at its discount.
+fn prefix_reuse(prompts: &[String]) -> f64 {
+    let shares: Vec<f64> = prompts
+        .windows(2)
+        .map(|pair| {
+            let (before, now) = (pair[0].as_bytes(), pair[1].as_bytes());
+            let common = before.iter().zip(now).take_while(|(a, b)| a == b).count();
+            common as f64 / now.len() as f64
+        })
+        .collect();
+    shares.iter().sum::<f64>() / shares.len() as f64
+}
+
+#[tokio::test]
+async fn a_long_replay_forwards_prompts_that_repeat_the_previous_ones_start() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let proxy = Proxy::start(with_window(&upstream, 32_000)).await;
+    let mut compacted = 0;
+    for t in 1..=150 {
+        let turn = send(&proxy, &conversation(t)).await;
+        compacted += usize::from(turn.cache == "hit");
+        // Let background summaries land, as the time an agent's tool call takes would.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let prompts: Vec<String> = upstream
+        .recorded()
+        .iter()
+        .filter(|r| !is_summarizer_call(r))
+        .map(|r| r.json()["messages"].to_string())
+        .collect();
+    assert_eq!(prompts.len(), 150);
+    let reuse = prefix_reuse(&prompts);
+    println!("prefix reuse over 150 turns: {reuse:.3}, {compacted} turns compacted");
+    assert!(compacted >= 20, "compaction ran: {compacted}");
+    assert!(reuse >= 0.9, "prefix reuse {reuse:.3}");
+}
+
+#[test]
+fn prefix_reuse_is_the_repeated_share() {
+    let prompts = ["abcd".to_string(), "abcdef".into(), "xbcdefgh".into()];
+    let reuse = prefix_reuse(&prompts);
+    assert!((reuse - (4.0 / 6.0 + 0.0) / 2.0).abs() < 1e-9, "{reuse}");
+}
