@@ -32,13 +32,15 @@ PIDS+=("$!")
 # run on the machine, and two benchmarks at once would count each other's requests.
 VALGRIND_PID=$!
 URL="http://127.0.0.1:$CONDENSER_PORT$BENCH_PATH"
-# Loading the tokenizers takes a while at valgrind's pace.
 up=0
 for _ in $(seq 600); do
     curl -s -o /dev/null "http://127.0.0.1:$CONDENSER_PORT/healthz" && { up=1; break; }
     sleep 0.2
 done
 [ "$up" = 1 ] || die "condenser did not start under valgrind: $(tail -5 "$WORK/condenser.log")"
+# An encoding is built by the first request that needs it: here, before the warm-up.
+curl -s -o /dev/null --max-time 600 "http://127.0.0.1:$CONDENSER_PORT/v1/chat/completions" \
+    -d '{"model":"'"${MIX_MODEL:-gpt-4o}"'","messages":[{"role":"user","content":"warm up"}]}'
 wrk -t1 -c"$CONNS" -d3s -s "$WORK/mix.lua" "$URL" >/dev/null
 callgrind_control --zero "$VALGRIND_PID" >/dev/null
 out=$(wrk -t1 -c"$CONNS" -d5s -s "$WORK/mix.lua" "$URL")

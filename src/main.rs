@@ -16,48 +16,7 @@ use condenser::http::server::{shutdown_signal, Server};
 // Many small allocations per request (JSON values, headers, buffers): mimalloc serves them
 // faster than the system allocator under load.
 #[global_allocator]
-static ALLOCATOR: Allocator = Allocator;
-
-/// mimalloc, asked for an alignment only when a type needs more than every block has.
-/// `mimalloc::MiMalloc` asks on every call, and mimalloc's aligned entry point falls back to
-/// over-allocating whenever the free list's next block is not already aligned: a quarter of
-/// this proxy's allocations took that path.
-struct Allocator;
-
-/// Every mimalloc block is at least word-aligned: block sizes are multiples of a word.
-const BLOCK_ALIGN: usize = std::mem::size_of::<usize>();
-
-// SAFETY: each call hands mimalloc's own result back; `mi_malloc` and friends are used
-// only for alignments every block satisfies, the aligned calls otherwise.
-unsafe impl std::alloc::GlobalAlloc for Allocator {
-    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
-        if layout.align() <= BLOCK_ALIGN {
-            unsafe { libmimalloc_sys::mi_malloc(layout.size()).cast() }
-        } else {
-            unsafe { libmimalloc_sys::mi_malloc_aligned(layout.size(), layout.align()).cast() }
-        }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
-        if layout.align() <= BLOCK_ALIGN {
-            unsafe { libmimalloc_sys::mi_zalloc(layout.size()).cast() }
-        } else {
-            unsafe { libmimalloc_sys::mi_zalloc_aligned(layout.size(), layout.align()).cast() }
-        }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, _layout: std::alloc::Layout) {
-        unsafe { libmimalloc_sys::mi_free(ptr.cast()) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
-        if layout.align() <= BLOCK_ALIGN {
-            unsafe { libmimalloc_sys::mi_realloc(ptr.cast(), size).cast() }
-        } else {
-            unsafe { libmimalloc_sys::mi_realloc_aligned(ptr.cast(), size, layout.align()).cast() }
-        }
-    }
-}
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(
@@ -203,49 +162,4 @@ async fn serve(config: Config) -> ExitCode {
     tracing::info!(%addr, "condenser listening");
     server.serve(shutdown_signal()).await;
     ExitCode::SUCCESS
-}
-
-#[cfg(test)]
-mod tests {
-    use std::alloc::{GlobalAlloc, Layout};
-
-    use super::Allocator;
-
-    /// Every alignment is honoured, on both mimalloc paths, and contents survive growing
-    /// and shrinking.
-    #[test]
-    fn blocks_are_aligned_as_asked_and_keep_their_contents() {
-        for align in [1, 2, 4, 8, 16, 32, 64, 128, 4096] {
-            for size in [1, 3, 8, 24, 40, 100, 1000, 5000, 70_000] {
-                let layout = Layout::from_size_align(size, align).unwrap();
-                unsafe {
-                    for zeroed in [false, true] {
-                        let block = if zeroed {
-                            Allocator.alloc_zeroed(layout)
-                        } else {
-                            Allocator.alloc(layout)
-                        };
-                        assert!(!block.is_null());
-                        assert_eq!(block as usize % align, 0, "{size}/{align}");
-                        if zeroed {
-                            assert!((0..size).all(|i| *block.add(i) == 0), "{size}/{align}");
-                        }
-                        for i in 0..size {
-                            *block.add(i) = i as u8;
-                        }
-                        let mut block = block;
-                        let mut layout = layout;
-                        for new_size in [size * 3, size.div_ceil(2)] {
-                            block = Allocator.realloc(block, layout, new_size);
-                            assert_eq!(block as usize % align, 0, "{size}/{align}");
-                            let kept = layout.size().min(new_size);
-                            assert!((0..kept).all(|i| *block.add(i) == i as u8));
-                            layout = Layout::from_size_align(new_size, align).unwrap();
-                        }
-                        Allocator.dealloc(block, layout);
-                    }
-                }
-            }
-        }
-    }
 }

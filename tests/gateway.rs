@@ -657,3 +657,173 @@ async fn a_stream_in_flight_at_shutdown_finishes() {
     );
     within("drained", &mut proxy.served).await.unwrap();
 }
+
+/// Sends `head` as written on a new connection and reads until condenser closes it: the
+/// status and the body. For what a client library would not send.
+async fn raw_request(proxy: &Proxy, head: &[u8]) -> (u16, Bytes) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream.write_all(head).await.unwrap();
+    let mut response = Vec::new();
+    within("the response", stream.read_to_end(&mut response))
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&response);
+    let (head, body) = text.split_once("\r\n\r\n").expect("a response head");
+    let status = head
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|line| line.get(..3))
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("a status line: {head}"));
+    (status, Bytes::copy_from_slice(body.as_bytes()))
+}
+
+#[tokio::test]
+async fn heads_the_server_refuses_get_their_status_and_never_reach_upstream() {
+    let (upstream, proxy) = small_body_proxy().await;
+    // Oversized header fields: an OpenAI-shaped 431.
+    let huge = format!(
+        "GET /v1/models HTTP/1.1\r\nhost: condenser\r\nconnection: close\r\nx-padding: {}\r\n\r\n",
+        "a".repeat(100_000)
+    );
+    let (status, body) = raw_request(&proxy, huge.as_bytes()).await;
+    assert_eq!(status, 431);
+    let error: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(error["error"]["type"], "invalid_request_error", "{error}");
+    assert_eq!(error["error"]["code"], "headers_too_large", "{error}");
+    assert!(error["error"]["param"].is_null(), "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("65536"),
+        "{error}"
+    );
+    // The same over h2c, whose header list is counted against a limit of its own.
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let response = h2
+        .get(proxy.url("/v1/models"))
+        .header("x-padding", "a".repeat(100_000))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.version(), reqwest::Version::HTTP_2);
+    let (status, error) = error_of(response).await;
+    assert_eq!(status, 431, "{error}");
+    assert_eq!(error["error"]["code"], "headers_too_large", "{error}");
+    // Conflicting lengths: hyper refuses the head before condenser sees it, with a bare 400
+    // (see `server.rs`). Only the head is sent, so nothing is left unread when it closes.
+    let conflicting = "POST /v1/chat/completions HTTP/1.1\r\nhost: condenser\r\n\
+                       content-length: 5\r\ncontent-length: 6\r\n\r\n";
+    let (status, _) = raw_request(&proxy, conflicting.as_bytes()).await;
+    assert_eq!(status, 400);
+    assert!(upstream.recorded().is_empty());
+    let metrics = proxy.metrics().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            r#"condenser_requests_total{route="other",status="431"}"#
+        ),
+        Some(2.0)
+    );
+    // Header fields just under the limit pass.
+    let response = client()
+        .get(proxy.url("/v1/models"))
+        .header("x-padding", "a".repeat(60_000))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(upstream.recorded()[0].headers["x-padding"].len(), 60_000);
+}
+
+#[tokio::test]
+async fn a_chunked_pass_through_body_is_relayed_up_to_the_limit_and_refused_past_it() {
+    let (upstream, proxy) = small_body_proxy().await;
+    let chunked = |parts: Vec<String>| {
+        let parts = parts.into_iter().map(Ok::<_, std::io::Error>);
+        reqwest::Body::wrap_stream(futures_util::stream::iter(parts))
+    };
+    let under: Vec<String> = (0..2).map(|_| "u".repeat(2000)).collect();
+    let response = client()
+        .post(proxy.url("/v1/files"))
+        .body(chunked(under.clone()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        upstream.recorded()[0].body.as_ref(),
+        under.concat().as_bytes()
+    );
+    // No Content-Length to refuse it by: the body is over the limit only once it has grown.
+    let over: Vec<String> = (0..3).map(|_| "o".repeat(2000)).collect();
+    let response = client()
+        .post(proxy.url("/v1/files"))
+        .body(chunked(over))
+        .send()
+        .await
+        .unwrap();
+    let (status, error) = error_of(response).await;
+    assert_eq!(status, 413, "{error}");
+    assert_eq!(error["error"]["code"], "request_too_large", "{error}");
+    assert!(
+        error["error"]["message"].as_str().unwrap().contains("4096"),
+        "{error}"
+    );
+    // Whatever upstream saw of it, it never saw all of it.
+    assert!(upstream.recorded()[1..]
+        .iter()
+        .all(|r| r.body.len() <= 4096));
+}
+
+/// serde_json reads 127 levels and refuses a 128th; the raw path, which would forward a
+/// body without building its tree, holds to the same rule.
+#[tokio::test]
+async fn a_body_nested_too_deep_is_refused_alike_on_every_path() {
+    let (upstream, proxy) = small_body_proxy().await;
+    let bodies = |levels: usize| {
+        let deep = format!("{}1{}", "[".repeat(levels), "]".repeat(levels));
+        let message = r#"{"role":"user","content":"hi"}"#;
+        let deep_message = format!(r#"{{"role":"user","content":"hi","x":{deep}}}"#);
+        [
+            (format!(r#""metadata":{deep}"#), message.to_string()),
+            (r#""user":"u""#.to_string(), deep_message),
+        ]
+        .map(|(field, message)| {
+            // Without stream options the raw path takes it; with them, the full path.
+            [
+                format!(r#"{{"model":"gpt-4o",{field},"messages":[{message}]}}"#),
+                format!(
+                    r#"{{"model":"gpt-4o","stream":true,"stream_options":{{"include_usage":false}},{field},"messages":[{message}]}}"#
+                ),
+            ]
+        })
+    };
+    for body in bodies(200).concat() {
+        let response = client()
+            .post(proxy.url("/v1/chat/completions"))
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        let (status, error) = error_of(response).await;
+        assert_eq!(status, 400, "{body}: {error}");
+        assert_eq!(error["error"]["code"], "invalid_json", "{body}");
+    }
+    assert!(upstream.recorded().is_empty());
+    // Nested as deep as serde_json reads, on both paths: forwarded.
+    for body in bodies(100).concat() {
+        let response = client()
+            .post(proxy.url("/v1/chat/completions"))
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{body}");
+    }
+    assert_eq!(upstream.recorded().len(), 4);
+}

@@ -10,6 +10,13 @@
 //! rest of the body, with the messages taken out, still goes through `serde_json`. So a body
 //! these spans come from is valid JSON whenever every message in it is, and the caller
 //! checks every message one way or the other.
+//!
+//! Nesting is held to what `serde_json` reads, so one rule holds on both paths: a body
+//! nested deeper is left to the full parse, which refuses it.
+
+/// Levels of arrays and objects, the body's own object counted: serde_json's recursion limit
+/// (128) refuses the 128th.
+pub const MAX_DEPTH: usize = 127;
 
 /// A chat body split at its `messages` array.
 pub struct Split<'a> {
@@ -22,9 +29,9 @@ pub struct Split<'a> {
 
 /// Finds the top-level `messages` array of a JSON object and the span of each of its
 /// elements. None for anything irregular, which the caller leaves to a full parse: a body
-/// that is not an object, no `messages` array, an element that is not an object, or a
-/// structure that does not close. Text outside the array is not checked here; neither is
-/// text inside strings.
+/// that is not an object, no `messages` array, an element that is not an object, a
+/// structure that does not close, or one nested deeper than `MAX_DEPTH`. Text outside the
+/// array is not checked here; neither is text inside strings.
 pub fn split(bytes: &[u8]) -> Option<Split<'_>> {
     let mut at = skip_whitespace(bytes, 0);
     if bytes.get(at) != Some(&b'{') {
@@ -87,7 +94,8 @@ fn elements(bytes: &[u8], mut at: usize) -> Option<(usize, Vec<&[u8]>)> {
         if bytes.get(at) != Some(&b'{') {
             return None;
         }
-        let end = nested_end(bytes, at)?;
+        // Inside the body's object and the array.
+        let end = nested_end(bytes, at, MAX_DEPTH - 2)?;
         messages.push(&bytes[at..end]);
         at = skip_whitespace(bytes, end);
         match bytes.get(at) {
@@ -98,12 +106,12 @@ fn elements(bytes: &[u8], mut at: usize) -> Option<(usize, Vec<&[u8]>)> {
     }
 }
 
-/// Where the value starting at `at` ends: a string, an object or array, or a scalar running
-/// to the next delimiter.
+/// Where the value starting at `at`, a field of the body's object, ends: a string, an
+/// object or array, or a scalar running to the next delimiter.
 fn value_end(bytes: &[u8], at: usize) -> Option<usize> {
     match bytes.get(at)? {
         b'"' => string_end(bytes, at),
-        b'{' | b'[' => nested_end(bytes, at),
+        b'{' | b'[' => nested_end(bytes, at, MAX_DEPTH - 1),
         _ => {
             let len = bytes[at..]
                 .iter()
@@ -114,10 +122,11 @@ fn value_end(bytes: &[u8], at: usize) -> Option<usize> {
     }
 }
 
-/// Where the object or array opening at `at` closes, counting brackets outside strings.
-/// A mismatched pair is not noticed here: what it encloses is not valid JSON, which the
-/// caller's check of the text finds.
-fn nested_end(bytes: &[u8], mut at: usize) -> Option<usize> {
+/// Where the object or array opening at `at` closes, counting brackets outside strings;
+/// None when it nests more than `max_depth` levels, itself included. A mismatched pair is
+/// not noticed here: what it encloses is not valid JSON, which the caller's check of the
+/// text finds.
+fn nested_end(bytes: &[u8], mut at: usize, max_depth: usize) -> Option<usize> {
     let mut depth = 0usize;
     loop {
         match bytes.get(at)? {
@@ -125,7 +134,12 @@ fn nested_end(bytes: &[u8], mut at: usize) -> Option<usize> {
                 at = string_end(bytes, at)?;
                 continue;
             }
-            b'{' | b'[' => depth += 1,
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > max_depth {
+                    return None;
+                }
+            }
             b'}' | b']' => {
                 depth -= 1;
                 if depth == 0 {
@@ -235,6 +249,31 @@ mod tests {
         let rest = std::str::from_utf8(&split.rest).expect("text");
         assert!(rest.contains(r#""messages" : [], "n": 1"#), "{rest}");
         assert_eq!(split_view(body), serde_view(body));
+    }
+
+    /// A body nested `depth` levels deep, its own object included, in a message or in
+    /// another field.
+    fn nested(depth: usize, in_message: bool) -> String {
+        // The body's object, then the messages array and a message.
+        let levels = if in_message { depth - 3 } else { depth - 1 };
+        let value = format!("{}1{}", "[".repeat(levels), "]".repeat(levels));
+        if in_message {
+            format!(r#"{{"model":"m","messages":[{{"role":"user","content":{value}}}]}}"#)
+        } else {
+            format!(r#"{{"model":"m","meta":{value},"messages":[{{"role":"user"}}]}}"#)
+        }
+    }
+
+    #[test]
+    fn nesting_is_held_where_serde_json_holds_it() {
+        for in_message in [false, true] {
+            let deepest = nested(MAX_DEPTH, in_message);
+            assert!(serde_json::from_str::<Value>(&deepest).is_ok());
+            assert!(split(deepest.as_bytes()).is_some(), "{deepest}");
+            let deeper = nested(MAX_DEPTH + 1, in_message);
+            assert!(serde_json::from_str::<Value>(&deeper).is_err());
+            assert!(split(deeper.as_bytes()).is_none(), "{deeper}");
+        }
     }
 
     #[test]

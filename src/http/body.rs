@@ -6,7 +6,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
@@ -67,55 +67,19 @@ impl Gathered {
 pub struct BodyLimitExceeded(pub usize);
 
 /// The client's body, relayed frame by frame, failing once more than `limit` bytes have
-/// passed. Its size hint stays, so a declared length is forwarded as such.
+/// passed. A declared length within the limit stays in the size hint, so it is forwarded as
+/// such.
 pub fn limited(body: hyper::body::Incoming, limit: usize) -> ProxyBody {
-    Limit {
-        inner: body,
-        seen: 0,
-        limit,
-    }
-    .boxed_unsync()
-}
-
-struct Limit<B> {
-    inner: B,
-    seen: usize,
-    limit: usize,
-}
-
-impl<B> Body for Limit<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
-        Poll::Ready(frame.map(|frame| {
-            let frame = frame.map_err(Into::into)?;
-            if let Some(data) = frame.data_ref() {
-                this.seen += data.len();
-                if this.seen > this.limit {
-                    return Err(BodyLimitExceeded(this.limit).into());
-                }
+    // `Limited`'s own error does not say what the limit was; the client's 413 does.
+    Limited::new(body, limit)
+        .map_err(move |error| {
+            if error.is::<LengthLimitError>() {
+                BodyLimitExceeded(limit).into()
+            } else {
+                error
             }
-            Ok(frame)
-        }))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
+        })
+        .boxed_unsync()
 }
 
 /// Upstream sent nothing for longer than its timeout in the middle of a body.

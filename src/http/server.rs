@@ -15,7 +15,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use hyper::service::service_fn;
+use hyper::{header, Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -25,13 +27,26 @@ use tokio::sync::watch;
 
 use crate::app::{AppState, StartError, Worker};
 use crate::config::Config;
+use crate::http::body::{full, ProxyBody};
 use crate::http::routes;
 use crate::http::upstream;
+use crate::observe::metrics::Route;
 
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 const HEARTBEAT: Duration = Duration::from_secs(1);
 const H2_KEEP_ALIVE: Duration = Duration::from_secs(30);
 const LISTEN_BACKLOG: i32 = 1024;
+/// Request header fields, names and values with their framing, in bytes. Anything over it gets
+/// condenser's OpenAI-shaped 431. hyper refuses some heads before condenser sees them, and
+/// gives no way to shape its answer: over HTTP/1.1 a head over its read buffer (about
+/// 400 KiB) or with more than 100 fields gets a bare 431 (and conflicting `Content-Length`
+/// headers a bare 400); over HTTP/2 a header list over `H2_MAX_HEADER_LIST_BYTES` ends the
+/// connection.
+const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// HTTP/2 counts 32 bytes more per field than `MAX_HEADER_BYTES` does. At hyper's default
+/// (16 KiB), 100 KB of headers ended an HTTP/2 client's connection (GOAWAY) where HTTP/1.1
+/// got the shaped 431, and headers HTTP/1.1 takes were refused.
+const H2_MAX_HEADER_LIST_BYTES: u32 = 256 * 1024;
 
 pub struct Server {
     /// One per worker: clones of one listening socket.
@@ -232,7 +247,8 @@ async fn accept_loop(
     builder
         .http2()
         .timer(TokioTimer::new())
-        .keep_alive_interval(H2_KEEP_ALIVE);
+        .keep_alive_interval(H2_KEEP_ALIVE)
+        .max_header_list_size(H2_MAX_HEADER_LIST_BYTES);
     let graceful = GracefulShutdown::new();
     let worker = Arc::new(Worker {
         state: state.clone(),
@@ -260,7 +276,12 @@ async fn accept_loop(
                 let worker = worker.clone();
                 let service = service_fn(move |request| {
                     let worker = worker.clone();
-                    async move { Ok::<_, Infallible>(routes::handle(worker, request).await) }
+                    async move {
+                        if let Some(refused) = refuse_oversized_headers(&worker.state, &request) {
+                            return Ok(refused);
+                        }
+                        Ok::<_, Infallible>(routes::handle(worker, request).await)
+                    }
                 });
                 let connection = builder
                     .serve_connection(TokioIo::new(stream), service)
@@ -280,6 +301,53 @@ async fn accept_loop(
     tokio::time::timeout(grace, graceful.shutdown())
         .await
         .is_ok()
+}
+
+/// A 431 in the OpenAI shape when the header fields are over `MAX_HEADER_BYTES`, logged and
+/// counted as routes count theirs.
+fn refuse_oversized_headers<B>(
+    state: &AppState,
+    request: &Request<B>,
+) -> Option<Response<ProxyBody>> {
+    // As written on the wire: `name: value` and a line break.
+    let size: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    if size <= MAX_HEADER_BYTES {
+        return None;
+    }
+    let response = headers_too_large();
+    let status = response.status();
+    tracing::info!(
+        method = %request.method(),
+        path = %request.uri().path(),
+        status = status.as_u16(),
+        "request"
+    );
+    state.metrics.count_request(Route::Other, status);
+    Some(response)
+}
+
+/// The one error answered before routing, in the shape `ProxyError::to_response` gives the
+/// others.
+fn headers_too_large() -> Response<ProxyBody> {
+    let body = serde_json::json!({
+        "error": {
+            "message": format!("request header fields exceed the limit of {MAX_HEADER_BYTES} bytes"),
+            "type": "invalid_request_error",
+            "param": null,
+            "code": "headers_too_large",
+        }
+    });
+    let mut response = Response::new(full(Bytes::from(body.to_string())));
+    *response.status_mut() = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 /// Resolves once stopping is asked for, or once the server is gone.

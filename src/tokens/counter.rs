@@ -2,6 +2,7 @@
 //! conversation only encodes what is new.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use base64::Engine;
 use serde_json::value::RawValue;
@@ -27,7 +28,10 @@ const TOKENS_PER_TOOL_CALL: u32 = 3;
 const DEFAULT_IMAGE_TOKENS: u32 = 765;
 /// Uncached text beyond this many bytes is encoded on the blocking pool, off the async workers.
 const BLOCKING_THRESHOLD_BYTES: usize = 16 * 1024;
-const COUNT_CACHE_ENTRIES: usize = 200_000;
+/// Messages whose counts are kept, per cache: 4 MiB of table each (the capacity is rounded up
+/// to a power of two, 131,072), allocated whole on first use. Twice that kept idle memory
+/// over 64 MB once an encoding was built.
+const COUNT_CACHE_ENTRIES: usize = 100_000;
 const EXTRAS_CACHE_ENTRIES: usize = 10_000;
 /// Seeds that keep the key spaces of raw-byte keys apart from each other.
 const RAW_MESSAGE_SEED: u64 = 0x6d65_7373_6167_6500;
@@ -36,11 +40,30 @@ const LEARNED_MODELS_MAX: usize = 1_000;
 /// xxh3's default secret size (at least 136 bytes are required).
 const MESSAGE_SECRET_BYTES: usize = 192;
 
+/// Each encoding takes tens of megabytes, so it is built by the first request that needs it
+/// rather than at start: a proxy in front of one model family holds one.
 pub fn bpe(encoding: Encoding) -> &'static CoreBPE {
-    match encoding {
+    loaded(encoding).get_or_init(|| match encoding {
         Encoding::Cl100k => tiktoken_rs::cl100k_base_singleton(),
         Encoding::O200k => tiktoken_rs::o200k_base_singleton(),
         Encoding::O200kHarmony => tiktoken_rs::o200k_harmony_singleton(),
+    })
+}
+
+/// Whether `encoding` has been built in this process.
+pub fn is_loaded(encoding: Encoding) -> bool {
+    loaded(encoding).get().is_some()
+}
+
+/// Set once `encoding` is built; tiktoken's own singletons do not say whether they are.
+fn loaded(encoding: Encoding) -> &'static OnceLock<&'static CoreBPE> {
+    static CL100K: OnceLock<&CoreBPE> = OnceLock::new();
+    static O200K: OnceLock<&CoreBPE> = OnceLock::new();
+    static O200K_HARMONY: OnceLock<&CoreBPE> = OnceLock::new();
+    match encoding {
+        Encoding::Cl100k => &CL100K,
+        Encoding::O200k => &O200K,
+        Encoding::O200kHarmony => &O200K_HARMONY,
     }
 }
 
@@ -92,11 +115,7 @@ pub struct TokenCounter {
 }
 
 impl TokenCounter {
-    /// Loads every encoding now, so no request pays for it.
     pub fn new(unknown_margin: f64) -> Self {
-        for encoding in [Encoding::Cl100k, Encoding::O200k, Encoding::O200kHarmony] {
-            bpe(encoding);
-        }
         Self {
             cache: CountCache::new(COUNT_CACHE_ENTRIES),
             raw_messages: CountCache::new(COUNT_CACHE_ENTRIES),
@@ -676,6 +695,16 @@ pub fn shorten_middle(text: &str, tokens: u32, keep_tokens: u32) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// No other unit test counts with o200k_harmony, so it is still unbuilt here until this
+    /// test uses it.
+    #[test]
+    fn an_encoding_is_built_on_first_use_not_at_start() {
+        let _counter = TokenCounter::new(1.0);
+        assert!(!is_loaded(Encoding::O200kHarmony));
+        assert!(count_text(Encoding::O200kHarmony, "hello world") > 0);
+        assert!(is_loaded(Encoding::O200kHarmony));
+    }
 
     /// The ratio after each observation, computed as the smoothing is specified.
     fn smoothed(samples: &[f64]) -> Vec<f64> {
