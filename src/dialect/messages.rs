@@ -176,7 +176,7 @@ fn messages(body: &Map<String, Value>) -> &[Value] {
         .map_or(&[], Vec::as_slice)
 }
 
-/// The content blocks of a message; a string content is one text block.
+/// The content blocks of a message; none when its content is a string.
 fn blocks(message: &Value) -> &[Value] {
     message
         .get("content")
@@ -442,16 +442,20 @@ fn user_turn(text: String) -> Value {
 
 /// The summary as a text block before the turn's own content.
 fn prepend_text(message: &mut Value, text: String) {
-    let block = json!({"type": "text", "text": text});
-    let content = match message.get_mut("content") {
-        Some(Value::Array(blocks)) => {
-            blocks.insert(0, block);
-            return;
-        }
-        Some(Value::String(own)) => vec![block, json!({"type": "text", "text": own})],
-        _ => vec![block],
+    let Some(message) = message.as_object_mut() else {
+        return;
     };
-    message["content"] = Value::Array(content);
+    let block = json!({"type": "text", "text": text});
+    // Taken and put back in its place, so the turn's keys keep their order.
+    let content = message.entry("content").or_insert(Value::Null);
+    *content = Value::Array(match std::mem::take(content) {
+        Value::Array(mut blocks) => {
+            blocks.insert(0, block);
+            blocks
+        }
+        Value::String(own) => vec![block, json!({"type": "text", "text": own})],
+        _ => vec![block],
+    });
 }
 
 /// After the original `system`: joined to a string, or a text block after its blocks (their
@@ -627,12 +631,37 @@ mod tests {
         assert_eq!(requested_completion_tokens(&body(json!({}))), None);
     }
 
-    #[test]
-    fn errors_take_anthropics_shape() {
-        let response = error_response(&ProxyError::InvalidJson("eof".into()));
-        assert_eq!(response.status(), 400);
-        let response = error_response(&ProxyError::UpstreamTimeout(5));
-        assert_eq!(response.status(), 504);
+    #[tokio::test]
+    async fn errors_take_anthropics_shape() {
+        use http_body_util::BodyExt;
+        for (error, status, kind) in [
+            (
+                ProxyError::InvalidJson("eof".into()),
+                400,
+                "invalid_request_error",
+            ),
+            (
+                ProxyError::BodyTooLarge { limit: 9 },
+                413,
+                "request_too_large",
+            ),
+            (ProxyError::NotFound("/x".into()), 404, "not_found_error"),
+            (
+                ProxyError::UpstreamUnreachable("refused".into()),
+                502,
+                "api_error",
+            ),
+            (ProxyError::UpstreamTimeout(5), 504, "api_error"),
+        ] {
+            let response = error_response(&error);
+            assert_eq!(response.status(), status);
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            let body: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(
+                body,
+                json!({"type": "error", "error": {"type": kind, "message": error.to_string()}})
+            );
+        }
     }
 
     #[test]
