@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test on a fresh Debian machine: installs what the tests need first
-# (redis-server for the shared-cache tests, the OpenAI Python SDK, PyYAML for deploy/ checks).
+# (redis-server for the shared-cache tests, the OpenAI and Anthropic Python SDKs, PyYAML for
+# deploy/ checks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,7 +11,7 @@ if ! command -v redis-server >/dev/null; then
   sudo_if_needed apt-get update -qq
   sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
 fi
-python3 -c "import openai, yaml" 2>/dev/null || python3 -m pip install -q --disable-pip-version-check openai pyyaml
+python3 -c "import openai, anthropic, yaml" 2>/dev/null || python3 -m pip install -q --disable-pip-version-check openai anthropic pyyaml
 
 cargo test --locked
 cargo build --locked --quiet

@@ -10,6 +10,7 @@ use hyper::{header, Method, Request, Response, StatusCode};
 
 use crate::app::{AppState, Worker};
 use crate::dialect::chat::{Chat, CHAT_COMPLETIONS};
+use crate::dialect::messages::{self, Messages, MESSAGES};
 use crate::error::ProxyError;
 use crate::http::body::{full, ProxyBody};
 use crate::http::passthrough;
@@ -31,22 +32,31 @@ pub async fn handle(worker: Arc<Worker>, request: Request<Incoming>) -> Response
             Route::ChatCompletions,
             pipeline::handle::<Chat>(&worker, request, received).await,
         ),
+        (&Method::POST, MESSAGES) => (
+            Route::Messages,
+            pipeline::handle::<Messages>(&worker, request, received).await,
+        ),
         (_, p) if p.starts_with("/v1/") => (
             Route::Passthrough,
             passthrough::handle(state, request).await,
         ),
         _ => (Route::Other, Err(ProxyError::NotFound(path.to_string()))),
     };
-    // A relayed chat completion logs its own line when its body ends, with its usage.
-    let logged_by_chat = route == Route::ChatCompletions && result.is_ok();
+    // A relayed reply of the pipeline logs its own line when its body ends, with its usage.
+    let logged_by_pipeline =
+        matches!(route, Route::ChatCompletions | Route::Messages) && result.is_ok();
     let route_name = route.name();
     let response = result.unwrap_or_else(|error| {
         if error.status().is_server_error() {
             tracing::warn!(route = route_name, %error, "request failed");
         }
-        error.to_response()
+        // Each dialect's clients read errors in its own shape.
+        match route {
+            Route::Messages => messages::error_response(&error),
+            _ => error.to_response(),
+        }
     });
-    if !logged_by_chat {
+    if !logged_by_pipeline {
         let status = response.status().as_u16();
         // Read in the log call, so only when that line is written: a clock read per request.
         let elapsed_ms = || received.elapsed().as_secs_f64() * 1e3;

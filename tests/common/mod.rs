@@ -487,3 +487,143 @@ impl Redis {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Anthropic Messages (`/v1/messages`): a mock Claude in front of `mock_llm`.
+// ---------------------------------------------------------------------------------------
+
+/// How the mock Claude behaves.
+#[derive(Clone, Default)]
+pub struct ClaudeBehaviour {
+    /// The chat completions it hands to `mock_llm` (the summarizer's calls).
+    pub llm: LlmBehaviour,
+    /// When set, a stream sends `message_start`, then waits for one permit before the rest.
+    pub stream_gate: Option<Arc<tokio::sync::Notify>>,
+    /// The `input_tokens` its usage reports, `CLAUDE_INPUT_TOKENS` unless set.
+    pub input_tokens: Option<u64>,
+}
+
+/// Usage of every mock Claude reply: the prompt is all three input counts.
+pub const CLAUDE_INPUT_TOKENS: u64 = 11;
+pub const CLAUDE_CACHE_CREATION_TOKENS: u64 = 2;
+pub const CLAUDE_CACHE_READ_TOKENS: u64 = 3;
+pub const CLAUDE_OUTPUT_TOKENS: u64 = 4;
+
+/// An upstream that answers `POST /v1/messages` as Claude does (JSON, or SSE events when
+/// `stream` is true) and hands every other request to a `mock_llm` behind it; all of them
+/// are recorded here.
+pub async fn mock_claude(behaviour: ClaudeBehaviour) -> MockUpstream {
+    let llm = mock_llm(behaviour.llm.clone()).await.url();
+    let relay = client();
+    MockUpstream::start(handler(move |r| {
+        let behaviour = behaviour.clone();
+        let llm = llm.clone();
+        let relay = relay.clone();
+        async move {
+            if r.path_and_query != "/v1/messages" {
+                let answer = relay
+                    .post(format!("{llm}{}", r.path_and_query))
+                    .body(r.body.clone())
+                    .send()
+                    .await
+                    .unwrap();
+                let status = answer.status().as_u16();
+                return json_response(status, &answer.json().await.unwrap());
+            }
+            let request: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+            let reply = format!(
+                "reply to {} messages",
+                request["messages"].as_array().map_or(0, Vec::len)
+            );
+            let model = request["model"].clone();
+            let usage = json!({
+                "input_tokens": behaviour.input_tokens.unwrap_or(CLAUDE_INPUT_TOKENS),
+                "cache_creation_input_tokens": CLAUDE_CACHE_CREATION_TOKENS,
+                "cache_read_input_tokens": CLAUDE_CACHE_READ_TOKENS,
+                "output_tokens": 1,
+            });
+            let message = |content: Value, stop: Value, usage: Value| {
+                json!({"id": "msg_test", "type": "message", "role": "assistant", "model": model,
+                    "content": content, "stop_reason": stop, "stop_sequence": null, "usage": usage})
+            };
+            if request["stream"] != json!(true) {
+                let mut usage = usage;
+                usage["output_tokens"] = json!(CLAUDE_OUTPUT_TOKENS);
+                let body = message(json!([{"type": "text", "text": reply}]), json!("end_turn"), usage);
+                return json_response(200, &body);
+            }
+            let event = |name: &str, data: Value| Bytes::from(format!("event: {name}\ndata: {data}\n\n"));
+            let mut rest = vec![
+                event("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
+                event("ping", json!({"type": "ping"})),
+            ];
+            for word in reply.split(' ') {
+                rest.push(event("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": format!("{word} ")}})));
+            }
+            rest.push(event("content_block_stop", json!({"type": "content_block_stop", "index": 0})));
+            rest.push(event("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": CLAUDE_OUTPUT_TOKENS}})));
+            rest.push(event("message_stop", json!({"type": "message_stop"})));
+            let start = event("message_start", json!({"type": "message_start", "message": message(json!([]), Value::Null, usage)}));
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(1);
+            tokio::spawn(async move {
+                if tx.send(start).await.is_err() {
+                    return;
+                }
+                if let Some(gate) = behaviour.stream_gate {
+                    gate.notified().await;
+                }
+                for chunk in rest {
+                    if tx.send(chunk).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            let frames = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+                .map(|chunk| Ok::<_, condenser::http::body::BoxError>(hyper::body::Frame::data(chunk)));
+            Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(http_body_util::StreamBody::new(frames).boxed_unsync())
+                .unwrap()
+        }
+    }))
+    .await
+}
+
+/// `turns` rounds of a Claude agent, each about 300 tokens: a user turn, then an assistant
+/// turn calling a tool, the user turn answering it, and the assistant's reply; facts planted
+/// in the first user turn. `4 * turns + 1` messages, the last a user question.
+pub fn claude_conversation(turns: usize) -> Vec<Value> {
+    let mut messages = Vec::new();
+    for t in 0..turns {
+        messages.push(user_turn(t));
+        messages.push(json!({"role": "assistant", "content": [
+            {"type": "text", "text": format!("msg-c{t}. Let me look.")},
+            {"type": "tool_use", "id": format!("toolu_{t}"), "name": "lookup", "input": {"q": format!("q{t}")}}]}));
+        messages.push(json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": format!("toolu_{t}"), "content": format!("msg-r{t}. {}", filler(t + 500, 100))}]}));
+        messages.push(json!({"role": "assistant", "content": [
+            {"type": "text", "text": format!("msg-a{t}. {}", filler(t + 1000, 100))}]}));
+    }
+    messages.push(json!({"role": "user", "content": "what next?"}));
+    messages
+}
+
+pub const CLAUDE_SYSTEM: &str = "You are Claude, careful with the Falcon project.";
+
+/// A config whose claude-sonnet-4-5 has an 8,000-token window; summaries by gpt-4o-mini
+/// over chat completions.
+pub fn claude_config(upstream: &str) -> Config {
+    let mut config = small_window_config(upstream);
+    config.models.insert(
+        "claude-sonnet-4-5".into(),
+        condenser::config::ModelOverride {
+            context_window: Some(8_000),
+            encoding: None,
+        },
+    );
+    config
+}
+
+pub fn messages_body(messages: &[Value]) -> Value {
+    json!({"model": "claude-sonnet-4-5", "max_tokens": 500, "system": CLAUDE_SYSTEM, "messages": messages})
+}

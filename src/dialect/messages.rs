@@ -1,0 +1,835 @@
+//! Anthropic Messages (`POST /v1/messages`): the dialect's stages of the pipeline. The head
+//! is `system`, never changed (save for the summary when `summary_role = "system"`); each
+//! message is one conversation item, seen by counting and the summarizer as a chat message;
+//! an assistant turn's `tool_use` blocks and the next user turn's `tool_result` blocks are
+//! one unit. A compacted `messages` starts with a user turn and alternates roles.
+
+use std::borrow::Cow;
+use std::future::Future;
+
+use bytes::Bytes;
+use hyper::{header, Response, StatusCode};
+use serde_json::{json, Map, Value};
+
+use crate::app::AppState;
+use crate::compaction::compactor::Rewrite;
+use crate::compaction::plan::{Mode, Shorten, Split};
+use crate::config::{ContextConfig, SummaryRole};
+use crate::conversation::{Item, Kind, Role};
+use crate::error::ProxyError;
+use crate::http::body::{full, ProxyBody};
+use crate::models::ModelCatalog;
+use crate::observe::usage::UsageFormat;
+use crate::pipeline::{Dialect, Outgoing, Planned, Prepared};
+use crate::tokens::counter::{
+    count_text, count_tools, shorten_middle, TokenCounter, REPLY_PRIMING,
+};
+use crate::tokens::encoding::Encoding;
+
+pub const MESSAGES: &str = "/v1/messages";
+
+/// Anthropic Messages.
+pub struct Messages;
+
+/// A Messages request, with its messages as chat messages for counting and compaction.
+pub struct MessagesRequest {
+    body: Map<String, Value>,
+    /// One per entry of `body.messages`, same order.
+    chat: Vec<Value>,
+}
+
+impl Dialect for Messages {
+    const PATH: &'static str = MESSAGES;
+    const USAGE: UsageFormat = UsageFormat::Messages;
+    type Request = MessagesRequest;
+
+    /// No raw path: every request is parsed.
+    fn scan<'s>(
+        _state: &'s AppState,
+        _bytes: &Bytes,
+        _settings: &ContextConfig,
+        _mode: Mode,
+    ) -> impl Future<Output = Result<Outgoing<'s>, Option<Planned>>> + Send {
+        std::future::ready(Err(None))
+    }
+
+    fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError> {
+        let body = parse_request(bytes)?;
+        let chat = as_chat(messages(&body));
+        Ok(MessagesRequest { body, chat })
+    }
+
+    fn model(request: &Self::Request) -> &str {
+        request
+            .body
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    }
+
+    fn count(
+        request: &Self::Request,
+        catalog: &ModelCatalog,
+        counter: &TokenCounter,
+    ) -> impl Future<Output = Prepared> + Send {
+        counted(request, catalog, counter)
+    }
+
+    fn conversation(request: &Self::Request) -> Cow<'_, [Value]> {
+        Cow::Borrowed(&request.chat)
+    }
+
+    fn rewrite(
+        request: &mut Self::Request,
+        split: &Split,
+        rewrite: &Rewrite,
+        settings: &ContextConfig,
+    ) {
+        let sent = match request.body.get_mut("messages") {
+            Some(Value::Array(messages)) => std::mem::take(messages),
+            _ => Vec::new(),
+        };
+        let summary = rewrite.summary.as_ref().map(|summary| {
+            format!(
+                "[Context summary: {} earlier messages]\n\n{}",
+                rewrite.kept_from - split.head,
+                summary.text
+            )
+        });
+        let compacted = compacted_messages(
+            &mut request.body,
+            sent,
+            split,
+            rewrite.kept_from,
+            summary,
+            settings.summary_role,
+        );
+        request.chat = as_chat(&compacted);
+        request
+            .body
+            .insert("messages".into(), Value::Array(compacted));
+    }
+
+    /// Anthropic streams always carry usage (`message_start`, `message_delta`): nothing to
+    /// ask for on the client's behalf.
+    fn outgoing_body(
+        request: Self::Request,
+        original: Bytes,
+        rewritten: bool,
+    ) -> Result<(Bytes, bool), ProxyError> {
+        if !rewritten {
+            return Ok((original, false));
+        }
+        let body = serde_json::to_vec(&request.body)
+            .map_err(|e| ProxyError::InvalidJson(e.to_string()))?;
+        Ok((Bytes::from(body), false))
+    }
+}
+
+/// Checks what condenser relies on; everything else is left for upstream to judge.
+fn parse_request(bytes: &[u8]) -> Result<Map<String, Value>, ProxyError> {
+    let value: Value =
+        serde_json::from_slice(bytes).map_err(|e| ProxyError::InvalidJson(e.to_string()))?;
+    let Value::Object(body) = value else {
+        return Err(ProxyError::invalid(
+            "request body must be a JSON object",
+            None,
+        ));
+    };
+    match body.get("model") {
+        Some(Value::String(_)) => {}
+        None => return Err(ProxyError::invalid("model: Field required", Some("model"))),
+        Some(_) => return Err(ProxyError::invalid("model must be a string", Some("model"))),
+    }
+    let messages = match body.get("messages") {
+        Some(Value::Array(messages)) => messages,
+        None => {
+            return Err(ProxyError::invalid(
+                "messages: Field required",
+                Some("messages"),
+            ))
+        }
+        Some(_) => {
+            return Err(ProxyError::invalid(
+                "messages must be an array",
+                Some("messages"),
+            ))
+        }
+    };
+    for (i, message) in messages.iter().enumerate() {
+        match message.get("role").and_then(Value::as_str) {
+            Some("user" | "assistant") => {}
+            _ => {
+                return Err(ProxyError::invalid(
+                    format!("messages.{i}.role must be \"user\" or \"assistant\""),
+                    Some("messages"),
+                ))
+            }
+        }
+    }
+    Ok(body)
+}
+
+fn messages(body: &Map<String, Value>) -> &[Value] {
+    body.get("messages")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+/// The content blocks of a message; none when its content is a string.
+fn blocks(message: &Value) -> &[Value] {
+    message
+        .get("content")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+fn block_type(block: &Value) -> &str {
+    block.get("type").and_then(Value::as_str).unwrap_or("")
+}
+
+fn has_block(message: &Value, kind: &str) -> bool {
+    blocks(message).iter().any(|b| block_type(b) == kind)
+}
+
+fn is_user(message: &Value) -> bool {
+    message.get("role").and_then(Value::as_str) == Some("user")
+}
+
+/// What the planner sees of a message: an assistant turn with `tool_use` is a call, a user
+/// turn with `tool_result` answers it.
+fn item(message: &Value, tokens: u32) -> Item {
+    let (role, kind) = if is_user(message) {
+        let kind = if has_block(message, "tool_result") {
+            Kind::ToolResult
+        } else {
+            Kind::Message
+        };
+        (Role::User, kind)
+    } else {
+        let kind = if has_block(message, "tool_use") {
+            Kind::ToolCall
+        } else {
+            Kind::Message
+        };
+        (Role::Assistant, kind)
+    };
+    Item { role, kind, tokens }
+}
+
+/// Each message as a chat message: text as text, images as image parts, `tool_use` as
+/// `tool_calls`, `tool_result` as text naming its call. Thinking blocks are left out:
+/// Anthropic drops earlier turns' thinking from the context, and the summarizer is not to
+/// restate it. Other blocks are kept whole, counted as their JSON.
+fn as_chat(messages: &[Value]) -> Vec<Value> {
+    messages.iter().map(chat_message).collect()
+}
+
+fn chat_message(message: &Value) -> Value {
+    let role = if is_user(message) {
+        "user"
+    } else {
+        "assistant"
+    };
+    let Some(Value::Array(content)) = message.get("content") else {
+        return json!({"role": role, "content": message.get("content").cloned().unwrap_or(Value::Null)});
+    };
+    let mut parts = Vec::new();
+    let mut calls = Vec::new();
+    for block in content {
+        match block_type(block) {
+            "text" => parts.push(
+                json!({"type": "text", "text": block.get("text").cloned().unwrap_or_default()}),
+            ),
+            "image" => parts.push(image_part(block)),
+            "thinking" | "redacted_thinking" => {}
+            "tool_use" => calls.push(json!({
+                "id": block.get("id").cloned().unwrap_or_default(),
+                "type": "function",
+                "function": {
+                    "name": block.get("name").cloned().unwrap_or_default(),
+                    "arguments": block.get("input").map_or_else(String::new, Value::to_string),
+                },
+            })),
+            "tool_result" => parts.push(json!({"type": "text", "text": tool_result_text(block)})),
+            _ => parts.push(block.clone()),
+        }
+    }
+    let mut chat = json!({"role": role, "content": parts});
+    if !calls.is_empty() {
+        chat["tool_calls"] = Value::Array(calls);
+    }
+    chat
+}
+
+/// An Anthropic image as an OpenAI image part, so it is counted as one.
+fn image_part(block: &Value) -> Value {
+    let source = block.get("source");
+    let field = |name: &str| {
+        source
+            .and_then(|s| s.get(name))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    };
+    let url = match field("type") {
+        "base64" => format!("data:{};base64,{}", field("media_type"), field("data")),
+        _ => field("url").to_string(),
+    };
+    json!({"type": "image_url", "image_url": {"url": url}})
+}
+
+fn tool_result_text(block: &Value) -> String {
+    let id = block
+        .get("tool_use_id")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let error = if block.get("is_error").and_then(Value::as_bool) == Some(true) {
+        " (error)"
+    } else {
+        ""
+    };
+    let content = match block.get("content") {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .map(|part| match part.get("text").and_then(Value::as_str) {
+                Some(text) => text.to_string(),
+                None => format!("[{}]", block_type(part)),
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    };
+    format!("[tool result {id}{error}]\n{content}")
+}
+
+/// The text of `system`, a string or text blocks.
+fn system_tokens(encoding: Encoding, system: Option<&Value>) -> u32 {
+    match system {
+        Some(Value::String(text)) => count_text(encoding, text),
+        Some(Value::Array(blocks)) => blocks
+            .iter()
+            .map(|block| match block.get("text").and_then(Value::as_str) {
+                Some(text) => count_text(encoding, text),
+                None => count_text(encoding, &block.to_string()),
+            })
+            .sum(),
+        Some(other) => count_text(encoding, &other.to_string()),
+        None => 0,
+    }
+}
+
+/// Client tools in the shape `count_tools` reads; server tools (no `input_schema`) are
+/// counted as their JSON.
+fn tools_tokens(encoding: Encoding, body: &Map<String, Value>) -> u32 {
+    let Some(Value::Array(tools)) = body.get("tools") else {
+        return 0;
+    };
+    let (client, server): (Vec<&Value>, Vec<&Value>) =
+        tools.iter().partition(|t| t.get("input_schema").is_some());
+    let as_functions: Vec<Value> = client
+        .iter()
+        .map(|tool| {
+            json!({"type": "function", "function": {
+                "name": tool.get("name").cloned().unwrap_or_default(),
+                "description": tool.get("description").cloned().unwrap_or_default(),
+                "parameters": tool.get("input_schema").cloned().unwrap_or_default(),
+            }})
+        })
+        .collect();
+    count_tools(encoding, &as_functions)
+        + server
+            .iter()
+            .map(|tool| count_text(encoding, &tool.to_string()))
+            .sum::<u32>()
+}
+
+/// The reply's reserve: `max_tokens`, which Anthropic requires to exceed
+/// `thinking.budget_tokens` (thinking is output within `max_tokens`). Interleaved thinking
+/// with tools may set a budget past `max_tokens`; the larger is reserved then.
+fn requested_completion_tokens(body: &Map<String, Value>) -> Option<u64> {
+    let max_tokens = body.get("max_tokens").and_then(Value::as_u64);
+    let budget = body
+        .get("thinking")
+        .and_then(|t| t.get("budget_tokens"))
+        .and_then(Value::as_u64);
+    match (max_tokens, budget) {
+        (Some(max), Some(budget)) => Some(max.max(budget)),
+        (max, budget) => max.or(budget),
+    }
+}
+
+/// A parsed request counted for planning: `system`, tools and `tool_choice` as fixed
+/// tokens, each message as its chat form.
+async fn counted(
+    request: &MessagesRequest,
+    catalog: &ModelCatalog,
+    counter: &TokenCounter,
+) -> Prepared {
+    let body = &request.body;
+    let model = Messages::model(request);
+    let info = catalog.resolve(model);
+    let encoding = info.encoding;
+    let fixed = REPLY_PRIMING
+        + system_tokens(encoding, body.get("system"))
+        + tools_tokens(encoding, body)
+        + body
+            .get("tool_choice")
+            .map_or(0, |choice| count_text(encoding, &choice.to_string()));
+    let count = counter
+        .count_messages(&request.chat, fixed, model, &info)
+        .await;
+    let metas = messages(body)
+        .iter()
+        .zip(&count.per_message)
+        .map(|(message, &tokens)| item(message, tokens))
+        .collect();
+    Prepared {
+        info,
+        count,
+        metas,
+        requested_completion_tokens: requested_completion_tokens(body),
+        choices: 1,
+    }
+}
+
+/// The messages a compaction leaves, starting with a user turn: the summary merged into the
+/// first kept user turn, or in a user turn of its own before a kept assistant turn, or in
+/// `system` when so configured (and the kept part starts with a user turn); then the kept
+/// messages, tool results shortened as planned.
+fn compacted_messages(
+    body: &mut Map<String, Value>,
+    mut sent: Vec<Value>,
+    split: &Split,
+    kept_from: usize,
+    summary: Option<String>,
+    summary_role: SummaryRole,
+) -> Vec<Value> {
+    let mut kept = sent.split_off(kept_from.min(sent.len()));
+    for cut in &split.shorten {
+        if let Some(message) = cut
+            .index
+            .checked_sub(kept_from)
+            .and_then(|at| kept.get_mut(at))
+        {
+            shorten_tool_results(message, cut);
+        }
+    }
+    let starts_with_user = kept.first().is_some_and(is_user);
+    match summary {
+        Some(summary) if summary_role == SummaryRole::System && starts_with_user => {
+            append_to_system(body, summary);
+        }
+        Some(summary) if starts_with_user => {
+            if let Some(first) = kept.first_mut() {
+                prepend_text(first, summary);
+            }
+        }
+        Some(summary) => kept.insert(0, user_turn(summary)),
+        // Trimmed without a summary: Anthropic's first turn must be the user's.
+        None if !starts_with_user => kept.insert(
+            0,
+            user_turn(format!("[{} earlier messages omitted]", kept_from)),
+        ),
+        None => {}
+    }
+    kept
+}
+
+fn user_turn(text: String) -> Value {
+    json!({"role": "user", "content": [{"type": "text", "text": text}]})
+}
+
+/// The summary as a text block before the turn's own content.
+fn prepend_text(message: &mut Value, text: String) {
+    let Some(message) = message.as_object_mut() else {
+        return;
+    };
+    let block = json!({"type": "text", "text": text});
+    // Taken and put back in its place, so the turn's keys keep their order.
+    let content = message.entry("content").or_insert(Value::Null);
+    *content = Value::Array(match std::mem::take(content) {
+        Value::Array(mut blocks) => {
+            blocks.insert(0, block);
+            blocks
+        }
+        Value::String(own) => vec![block, json!({"type": "text", "text": own})],
+        _ => vec![block],
+    });
+}
+
+/// After the original `system`: joined to a string, or a text block after its blocks (their
+/// `cache_control` marks untouched, so a cached prefix stays cached).
+fn append_to_system(body: &mut Map<String, Value>, summary: String) {
+    match body.get_mut("system") {
+        Some(Value::String(system)) if !system.is_empty() => {
+            system.push_str("\n\n");
+            system.push_str(&summary);
+        }
+        Some(Value::Array(blocks)) => blocks.push(json!({"type": "text", "text": summary})),
+        _ => {
+            body.insert("system".into(), Value::String(summary));
+        }
+    }
+}
+
+/// Cuts a user turn's tool results by the planned share, each text in proportion to its
+/// length, middles removed.
+fn shorten_tool_results(message: &mut Value, cut: &Shorten) {
+    let Some(Value::Array(blocks)) = message.get_mut("content") else {
+        return;
+    };
+    let mut texts: Vec<&mut String> = Vec::new();
+    for block in blocks.iter_mut() {
+        if block_type(block) != "tool_result" {
+            continue;
+        }
+        match block.get_mut("content") {
+            Some(Value::String(text)) => texts.push(text),
+            Some(Value::Array(parts)) => {
+                texts.extend(
+                    parts
+                        .iter_mut()
+                        .filter_map(|part| match part.get_mut("text") {
+                            Some(Value::String(text)) => Some(text),
+                            _ => None,
+                        }),
+                )
+            }
+            _ => {}
+        }
+    }
+    let total_chars: usize = texts.iter().map(|t| t.chars().count()).sum();
+    if total_chars == 0 {
+        return;
+    }
+    for text in texts {
+        let share = |tokens: u32| {
+            (u64::from(tokens) * text.chars().count() as u64 / total_chars as u64) as u32
+        };
+        let shortened = shorten_middle(text, share(cut.tokens), share(cut.keep_tokens));
+        *text = shortened;
+    }
+}
+
+/// An error in Anthropic's shape, `{"type":"error","error":{"type","message"}}`, with the
+/// status condenser gives it.
+pub fn error_response(error: &ProxyError) -> Response<ProxyBody> {
+    let status = error.status();
+    let kind = match status {
+        StatusCode::BAD_REQUEST => "invalid_request_error",
+        StatusCode::UNAUTHORIZED => "authentication_error",
+        StatusCode::FORBIDDEN => "permission_error",
+        StatusCode::NOT_FOUND => "not_found_error",
+        StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+        StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+        s if s.as_u16() == 529 => "overloaded_error",
+        _ => "api_error",
+    };
+    let body = json!({
+        "type": "error",
+        "error": {"type": kind, "message": error.to_string()},
+    });
+    let mut response = Response::new(full(Bytes::from(body.to_string())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compaction::compactor::{Action, CacheOutcome};
+    use crate::compaction::plan::{plan, Decision, PlanInput};
+    use crate::compaction::summary::Summary;
+    use proptest::prelude::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn request(body: Value) -> MessagesRequest {
+        Messages::parse(body.to_string().as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn messages_map_to_chat_messages_one_for_one() {
+        let request = request(
+            json!({"model": "claude-sonnet-4-5", "max_tokens": 10, "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "hmm", "signature": "s"},
+                    {"type": "text", "text": "looking"},
+                    {"type": "tool_use", "id": "tu_1", "name": "grep", "input": {"q": "x"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "tu_1", "content": "found", "is_error": true}]},
+            ]}),
+        );
+        let chat = Messages::conversation(&request);
+        assert_eq!(chat.len(), 3);
+        assert_eq!(chat[0], json!({"role": "user", "content": "hi"}));
+        assert_eq!(
+            chat[1],
+            json!({"role": "assistant", "content": [{"type": "text", "text": "looking"}],
+                "tool_calls": [{"id": "tu_1", "type": "function",
+                    "function": {"name": "grep", "arguments": "{\"q\":\"x\"}"}}]})
+        );
+        assert_eq!(
+            chat[2]["content"][0]["text"],
+            "[tool result tu_1 (error)]\nfound"
+        );
+        let kinds: Vec<Kind> = messages(&request.body)
+            .iter()
+            .map(|m| item(m, 1).kind)
+            .collect();
+        assert_eq!(kinds, [Kind::Message, Kind::ToolCall, Kind::ToolResult]);
+    }
+
+    #[test]
+    fn what_condenser_relies_on_is_checked() {
+        let message = |body: &str| {
+            Messages::parse(body.as_bytes())
+                .err()
+                .map(|e| e.to_string())
+        };
+        assert!(message("{")
+            .unwrap()
+            .starts_with("request body is not valid JSON"));
+        assert_eq!(message("[]").unwrap(), "request body must be a JSON object");
+        assert_eq!(
+            message(r#"{"messages":[]}"#).unwrap(),
+            "model: Field required"
+        );
+        assert_eq!(
+            message(r#"{"model":"claude-x"}"#).unwrap(),
+            "messages: Field required"
+        );
+        assert_eq!(
+            message(r#"{"model":"claude-x","messages":[{"role":"system","content":"x"}]}"#)
+                .unwrap(),
+            "messages.0.role must be \"user\" or \"assistant\""
+        );
+        assert_eq!(message(r#"{"model":"claude-x","messages":[]}"#), None);
+    }
+
+    #[test]
+    fn the_reserve_is_max_tokens_or_a_larger_thinking_budget() {
+        let body = |v: Value| v.as_object().unwrap().clone();
+        assert_eq!(
+            requested_completion_tokens(&body(
+                json!({"max_tokens": 16000, "thinking": {"type": "enabled", "budget_tokens": 10000}})
+            )),
+            Some(16000)
+        );
+        assert_eq!(
+            requested_completion_tokens(&body(
+                json!({"max_tokens": 4000, "thinking": {"type": "enabled", "budget_tokens": 10000}})
+            )),
+            Some(10000)
+        );
+        assert_eq!(requested_completion_tokens(&body(json!({}))), None);
+    }
+
+    #[tokio::test]
+    async fn errors_take_anthropics_shape() {
+        use http_body_util::BodyExt;
+        for (error, status, kind) in [
+            (
+                ProxyError::InvalidJson("eof".into()),
+                400,
+                "invalid_request_error",
+            ),
+            (
+                ProxyError::BodyTooLarge { limit: 9 },
+                413,
+                "request_too_large",
+            ),
+            (ProxyError::NotFound("/x".into()), 404, "not_found_error"),
+            (
+                ProxyError::UpstreamUnreachable("refused".into()),
+                502,
+                "api_error",
+            ),
+            (ProxyError::UpstreamTimeout(5), 504, "api_error"),
+        ] {
+            let response = error_response(&error);
+            assert_eq!(response.status(), status);
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            let body: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(
+                body,
+                json!({"type": "error", "error": {"type": kind, "message": error.to_string()}})
+            );
+        }
+    }
+
+    #[test]
+    fn the_summary_goes_into_system_after_the_original() {
+        let mut body = json!({"system": [{"type": "text", "text": "rules", "cache_control": {"type": "ephemeral"}}]})
+            .as_object()
+            .unwrap()
+            .clone();
+        append_to_system(&mut body, "S".into());
+        assert_eq!(
+            body["system"],
+            json!([{"type": "text", "text": "rules", "cache_control": {"type": "ephemeral"}},
+                {"type": "text", "text": "S"}])
+        );
+        let mut body = json!({"system": "rules"}).as_object().unwrap().clone();
+        append_to_system(&mut body, "S".into());
+        assert_eq!(body["system"], "rules\n\nS");
+    }
+
+    #[test]
+    fn tool_results_are_shortened_in_proportion() {
+        let long = "x".repeat(4000);
+        let mut message = json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "a", "content": long},
+            {"type": "tool_result", "tool_use_id": "b", "content": [{"type": "text", "text": long}]}]});
+        shorten_tool_results(
+            &mut message,
+            &Shorten {
+                index: 0,
+                tokens: 1000,
+                keep_tokens: 500,
+            },
+        );
+        let a = message["content"][0]["content"].as_str().unwrap();
+        let b = message["content"][1]["content"][0]["text"]
+            .as_str()
+            .unwrap();
+        assert!(a.len() < 2100 && a.contains("250 tokens removed"), "{a}");
+        assert_eq!(a, b);
+    }
+
+    /// Random alternating conversations, user first, where an assistant turn may call tools
+    /// (with thinking) and the next user turn answers every call.
+    fn conversation() -> impl Strategy<Value = Vec<Value>> {
+        prop::collection::vec((any::<bool>(), 1u32..4, 1usize..400), 1..40).prop_map(|turns| {
+            let mut messages = Vec::new();
+            let mut pending: Vec<String> = Vec::new();
+            for (t, (calls, n, size)) in turns.into_iter().enumerate() {
+                let text = "word ".repeat(size);
+                let mut user = Vec::new();
+                for id in pending.drain(..) {
+                    user.push(json!({"type": "tool_result", "tool_use_id": id, "content": text}));
+                }
+                if user.is_empty() {
+                    user.push(json!({"type": "text", "text": text}));
+                }
+                messages.push(json!({"role": "user", "content": user}));
+                let mut assistant = vec![json!({"type": "text", "text": text})];
+                if calls {
+                    assistant.insert(
+                        0,
+                        json!({"type": "thinking", "thinking": "t", "signature": "s"}),
+                    );
+                    for c in 0..n {
+                        let id = format!("tu_{t}_{c}");
+                        assistant
+                            .push(json!({"type": "tool_use", "id": id, "name": "f", "input": {}}));
+                        pending.push(id);
+                    }
+                }
+                messages.push(json!({"role": "assistant", "content": assistant}));
+            }
+            if !pending.is_empty() {
+                let results: Vec<Value> = pending
+                    .drain(..)
+                    .map(|id| json!({"type": "tool_result", "tool_use_id": id, "content": "ok"}))
+                    .collect();
+                messages.push(json!({"role": "user", "content": results}));
+            }
+            messages
+        })
+    }
+
+    fn tool_ids(message: &Value, kind: &str, field: &str) -> Vec<String> {
+        blocks(message)
+            .iter()
+            .filter(|b| block_type(b) == kind)
+            .filter_map(|b| b.get(field).and_then(Value::as_str).map(String::from))
+            .collect()
+    }
+
+    proptest! {
+        #[test]
+        fn compacted_conversations_alternate_start_with_a_user_and_orphan_nothing(
+            sent in conversation(),
+            window in 2_000u64..40_000,
+            keep in 0usize..8,
+            summary_at in any::<prop::sample::Index>(),
+            with_summary in any::<bool>(),
+            role_system in any::<bool>(),
+        ) {
+            let mut request = request(json!({"model": "claude-sonnet-4-5", "max_tokens": 500,
+                "system": "rules", "messages": sent}));
+            let counter = TokenCounter::new(0.1);
+            let overrides = [("claude-sonnet-4-5".to_string(), crate::config::ModelOverride {
+                context_window: Some(window),
+                encoding: None,
+            })];
+            let catalog = ModelCatalog::new(overrides.into_iter().collect(), Default::default());
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let prepared = runtime.block_on(counted(&request, &catalog, &counter));
+            let mut settings = ContextConfig { keep_recent_messages: keep, ..Default::default() };
+            settings.summary_role = if role_system { SummaryRole::System } else { SummaryRole::User };
+            let input = PlanInput {
+                messages: &prepared.metas,
+                fixed_tokens: prepared.count.fixed,
+                context_window: prepared.info.context_window,
+                requested_completion_tokens: prepared.requested_completion_tokens,
+                settings: &settings,
+                mode: Mode::Force,
+                summary_tokens: 200,
+            };
+            let split = match plan(&input) {
+                Decision::Compact { split, .. } => split,
+                Decision::Forward(_) | Decision::Reject { .. } | Decision::Precompute(_) => return Ok(()),
+            };
+            // A shorter cached summary may be used: any planned summary end.
+            let kept_from = if split.summary_ends.is_empty() {
+                split.tail_start
+            } else {
+                split.summary_ends[summary_at.index(split.summary_ends.len())]
+            };
+            let rewrite = Rewrite {
+                summary: with_summary.then(|| Arc::new(Summary {
+                    text: "the story so far".into(),
+                    messages: kept_from,
+                    tokens: 5,
+                    model: "m".into(),
+                    prompt_version: 1,
+                    created_at: 0,
+                })),
+                kept_from,
+                action: Action::Summarized,
+                cache: CacheOutcome::Miss,
+                summarized: kept_from,
+                waited: Duration::ZERO,
+            };
+            Messages::rewrite(&mut request, &split, &rewrite, &settings);
+            let out = messages(&request.body);
+            prop_assert!(!out.is_empty());
+            prop_assert!(is_user(&out[0]), "first turn is not the user's");
+            for pair in out.windows(2) {
+                prop_assert_ne!(is_user(&pair[0]), is_user(&pair[1]), "roles do not alternate");
+            }
+            for (i, message) in out.iter().enumerate() {
+                let results = tool_ids(message, "tool_result", "tool_use_id");
+                if results.is_empty() {
+                    continue;
+                }
+                prop_assert!(i > 0, "a tool result opens the conversation");
+                let calls = tool_ids(&out[i - 1], "tool_use", "id");
+                for id in results {
+                    prop_assert!(calls.contains(&id), "orphan tool result {}", id);
+                }
+            }
+            let text = serde_json::to_string(&request.body).unwrap();
+            prop_assert_eq!(text.contains("the story so far"), with_summary);
+            prop_assert_eq!(Messages::conversation(&request).len(), out.len());
+        }
+    }
+}

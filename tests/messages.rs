@@ -1,0 +1,535 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Anthropic Messages (`POST /v1/messages`) through condenser, over HTTP against a recording
+//! mock Claude whose summarizer calls go to chat completions on the same upstream.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+fn claude_requests(upstream: &MockUpstream) -> Vec<Value> {
+    upstream
+        .recorded()
+        .iter()
+        .filter(|r| r.path_and_query == "/v1/messages")
+        .map(Recorded::json)
+        .collect()
+}
+
+fn summarizer_calls(upstream: &MockUpstream) -> usize {
+    upstream
+        .recorded()
+        .iter()
+        .filter(|r| is_summarizer_call(r))
+        .count()
+}
+
+async fn post(proxy: &Proxy, body: &Value) -> reqwest::Response {
+    client()
+        .post(proxy.url("/v1/messages"))
+        .header("x-api-key", "sk-ant-test")
+        .header("anthropic-version", "2023-06-01")
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+fn tool_ids<'a>(message: &'a Value, kind: &str, field: &str) -> Vec<&'a str> {
+    message["content"]
+        .as_array()
+        .map(|blocks| {
+            blocks
+                .iter()
+                .filter(|b| b["type"] == kind)
+                .filter_map(|b| b[field].as_str())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What Anthropic demands of `messages`: a user turn first, roles alternating, each
+/// `tool_result` answering a `tool_use` of the turn just before it.
+fn assert_valid_messages(messages: &[Value]) {
+    assert_eq!(messages[0]["role"], "user", "{:#}", messages[0]);
+    for pair in messages.windows(2) {
+        assert_ne!(pair[0]["role"], pair[1]["role"], "roles do not alternate");
+    }
+    for (i, message) in messages.iter().enumerate() {
+        for id in tool_ids(message, "tool_result", "tool_use_id") {
+            assert!(i > 0, "the conversation opens with a tool result");
+            let calls = tool_ids(&messages[i - 1], "tool_use", "id");
+            assert!(calls.contains(&id), "orphan tool result {id}");
+        }
+    }
+}
+
+/// Where the summary went, and the kept messages after it.
+#[derive(Debug, PartialEq)]
+enum Placement {
+    /// Prepended to the first kept turn, a user turn.
+    MergedIntoUserTurn,
+    /// A user turn of its own, before a kept assistant turn.
+    OwnUserTurn,
+    /// After the original `system`.
+    System,
+}
+
+/// One over-threshold request: the 121-message agent conversation, tool pairs included.
+/// Checks what every compaction must be (valid messages, the summary with the planted fact,
+/// the kept tail verbatim, every other field as sent) and returns where the summary went.
+async fn compact_once(
+    summary_role: condenser::config::SummaryRole,
+    force_keeping: Option<usize>,
+    system: Value,
+) -> (Placement, Value) {
+    let upstream = mock_claude(ClaudeBehaviour::default()).await;
+    let mut config = claude_config(&upstream.url());
+    config.context.summary_role = summary_role;
+    if let Some(keep) = force_keeping {
+        config.context.keep_recent_messages = keep;
+    }
+    let proxy = Proxy::start(config).await;
+    let original = claude_conversation(30);
+    assert_eq!(original.len(), 121);
+    let mut body = messages_body(&original);
+    body["system"] = system.clone();
+    let mut request = client()
+        .post(proxy.url("/v1/messages"))
+        .header("x-api-key", "sk-ant-test")
+        .json(&body);
+    if force_keeping.is_some() {
+        // Force keeps only the required recent messages: the kept part starts where
+        // `keep_recent_messages` puts it.
+        request = request.header("x-condenser-mode", "force");
+    }
+    let response = request.send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "summarized");
+    let received: u64 = header(&response, "x-condenser-prompt-tokens")
+        .parse()
+        .unwrap();
+    let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
+        .parse()
+        .unwrap();
+    eprintln!("received {received} tokens, forwarded {forwarded}");
+    assert!(forwarded < received, "{received} → {forwarded}");
+    let reply: Value = response.json().await.unwrap();
+    assert_eq!(reply["type"], "message");
+
+    let sent = claude_requests(&upstream);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(summarizer_calls(&upstream), 1);
+    let mut sent = sent.into_iter().next().unwrap();
+    let messages = sent["messages"].as_array().unwrap().clone();
+    assert!(messages.len() < original.len());
+    assert_valid_messages(&messages);
+    // Every other field as sent.
+    let mut rest = sent.as_object().unwrap().clone();
+    rest.remove("messages");
+    rest.remove("system");
+    let mut expected = body.as_object().unwrap().clone();
+    expected.remove("messages");
+    expected.remove("system");
+    assert_eq!(rest, expected);
+
+    let is_summary = |text: &Value| {
+        let text = text.as_str().unwrap_or("");
+        text.starts_with("[Context summary: ") && text.contains("ORD-4411")
+    };
+    // A kept turn's own content may be a string: then the summary was not put there.
+    let first = messages[0]["content"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
+    let placement = if sent["system"] != system {
+        assert!(
+            !Value::Array(messages.clone())
+                .to_string()
+                .contains("[Context summary"),
+            "the summary is in system only"
+        );
+        Placement::System
+    } else if first.len() == 1 && is_summary(&first[0]["text"]) {
+        Placement::OwnUserTurn
+    } else {
+        assert!(is_summary(&first[0]["text"]), "{first:?}");
+        Placement::MergedIntoUserTurn
+    };
+    let kept = match placement {
+        Placement::System | Placement::MergedIntoUserTurn => messages.len(),
+        Placement::OwnUserTurn => messages.len() - 1,
+    };
+    let tail = &original[original.len() - kept..];
+    match placement {
+        Placement::System => assert_eq!(messages, tail),
+        Placement::OwnUserTurn => {
+            assert_eq!(tail[0]["role"], "assistant");
+            assert_eq!(messages[1..], *tail);
+        }
+        Placement::MergedIntoUserTurn => {
+            assert_eq!(tail[0]["role"], "user");
+            assert_eq!(
+                first[1..],
+                [json!({"type": "text", "text": tail[0]["content"]})],
+                "the kept turn's own text follows the summary"
+            );
+            assert_eq!(messages[1..], tail[1..]);
+        }
+    }
+    sent.as_object_mut().unwrap().remove("messages");
+    (placement, sent["system"].clone())
+}
+
+#[tokio::test]
+async fn with_summary_role_user_the_summary_is_merged_into_the_first_kept_user_turn() {
+    let system = json!(CLAUDE_SYSTEM);
+    let (placement, sent_system) = compact_once(
+        condenser::config::SummaryRole::User,
+        Some(5),
+        system.clone(),
+    )
+    .await;
+    assert_eq!(placement, Placement::MergedIntoUserTurn);
+    assert_eq!(sent_system, system, "system is never changed");
+}
+
+#[tokio::test]
+async fn a_summary_before_a_kept_assistant_turn_is_a_user_turn_of_its_own() {
+    // Unforced, the planner keeps from an assistant turn (a tool call and its results).
+    let system = json!(CLAUDE_SYSTEM);
+    let (placement, sent_system) =
+        compact_once(condenser::config::SummaryRole::User, None, system.clone()).await;
+    assert_eq!(placement, Placement::OwnUserTurn);
+    assert_eq!(sent_system, system);
+    // With summary_role = system too: the conversation must still open with a user turn.
+    let (placement, sent_system) =
+        compact_once(condenser::config::SummaryRole::System, None, system.clone()).await;
+    assert_eq!(placement, Placement::OwnUserTurn);
+    assert_eq!(sent_system, system);
+}
+
+#[tokio::test]
+async fn with_summary_role_system_the_summary_follows_the_original_system() {
+    let blocks =
+        json!([{"type": "text", "text": CLAUDE_SYSTEM, "cache_control": {"type": "ephemeral"}}]);
+    let (placement, sent_system) = compact_once(
+        condenser::config::SummaryRole::System,
+        Some(5),
+        blocks.clone(),
+    )
+    .await;
+    assert_eq!(placement, Placement::System);
+    let sent_system = sent_system.as_array().unwrap();
+    assert_eq!(sent_system.len(), 2);
+    assert_eq!(
+        sent_system[0], blocks[0],
+        "the original block, cache_control kept"
+    );
+    let summary = sent_system[1]["text"].as_str().unwrap();
+    assert!(summary.starts_with("[Context summary: ") && summary.contains("ORD-4411"));
+
+    let (placement, sent_system) = compact_once(
+        condenser::config::SummaryRole::System,
+        Some(5),
+        json!(CLAUDE_SYSTEM),
+    )
+    .await;
+    assert_eq!(placement, Placement::System);
+    let text = sent_system.as_str().unwrap();
+    assert!(
+        text.starts_with(&format!("{CLAUDE_SYSTEM}\n\n[Context summary: ")),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn under_the_trigger_the_body_is_forwarded_byte_for_byte() {
+    let upstream = mock_claude(ClaudeBehaviour::default()).await;
+    let proxy = Proxy::start(claude_config(&upstream.url())).await;
+    let sent = "{ \"messages\" : [{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"hi \\u00e9\"}]}],\n \"model\":\"claude-sonnet-4-5\", \"max_tokens\":64, \"x_unknown\": 1.50 }";
+    let response = client()
+        .post(proxy.url("/v1/messages"))
+        .header("x-api-key", "sk-ant-test")
+        .header("anthropic-version", "2023-06-01")
+        .header("anthropic-beta", "prompt-caching-2024-07-31")
+        .body(sent)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "forwarded");
+    let recorded = upstream.recorded();
+    assert_eq!(recorded.len(), 1);
+    assert_eq!(recorded[0].body, sent.as_bytes());
+    for (name, value) in [
+        ("x-api-key", "sk-ant-test"),
+        ("anthropic-version", "2023-06-01"),
+        ("anthropic-beta", "prompt-caching-2024-07-31"),
+    ] {
+        assert_eq!(recorded[0].headers[name], value);
+    }
+}
+
+#[tokio::test]
+async fn count_tokens_passes_through() {
+    let upstream = mock_claude(ClaudeBehaviour::default()).await;
+    let proxy = Proxy::start(claude_config(&upstream.url())).await;
+    let sent = messages_body(&claude_conversation(30)).to_string();
+    let response = client()
+        .post(proxy.url("/v1/messages/count_tokens"))
+        .body(sent.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(response.headers().get("x-condenser-action").is_none());
+    let recorded = upstream.recorded();
+    assert_eq!(recorded.len(), 1);
+    assert_eq!(recorded[0].path_and_query, "/v1/messages/count_tokens");
+    assert_eq!(recorded[0].body, sent.as_bytes());
+}
+
+#[tokio::test]
+async fn a_stream_is_relayed_event_by_event_and_its_usage_read() {
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let upstream = mock_claude(ClaudeBehaviour {
+        stream_gate: Some(gate.clone()),
+        ..Default::default()
+    })
+    .await;
+    let proxy = Proxy::start(claude_config(&upstream.url())).await;
+    let mut body = messages_body(&[user_turn(0)]);
+    body["stream"] = json!(true);
+    let response = post(&proxy, &body).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "forwarded");
+    let forwarded_tokens = header(&response, "x-condenser-forwarded-tokens");
+    let mut stream = response.bytes_stream();
+    let mut text = String::new();
+    // The rest is held upstream until the first event has reached the client.
+    while !text.contains("\n\n") {
+        let chunk = within("message_start", stream.next())
+            .await
+            .unwrap()
+            .unwrap();
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    assert!(text.starts_with("event: message_start\n"), "{text}");
+    assert!(!text.contains("content_block"), "{text}");
+    gate.notify_one();
+    while let Some(chunk) = within("rest of the stream", stream.next()).await {
+        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    let events: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    assert_eq!(
+        events,
+        [
+            "message_start",
+            "content_block_start",
+            "ping",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ]
+    );
+    let metrics = proxy.metrics().await;
+    let series = |name: &str| format!("{name}{{model=\"claude-sonnet-4-5\"}}");
+    assert_eq!(
+        metric(&metrics, &series("condenser_completion_tokens_total")),
+        Some(CLAUDE_OUTPUT_TOKENS as f64),
+        "{metrics}"
+    );
+    // Usage told of a prompt (input, cache creation and cache read together) under half the
+    // estimate of this ~120-token one: the learned ratio, which only a read usage sets, sits
+    // at its floor.
+    let usage_prompt =
+        CLAUDE_INPUT_TOKENS + CLAUDE_CACHE_CREATION_TOKENS + CLAUDE_CACHE_READ_TOKENS;
+    let estimated: u64 = forwarded_tokens.parse().unwrap();
+    assert!(usage_prompt * 2 < estimated, "{estimated}");
+    assert_eq!(
+        metric(&metrics, &series("condenser_token_estimate_ratio")),
+        Some(0.5),
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "condenser_requests_total{route=\"messages\",status=\"200\"}"
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+}
+
+async fn anthropic_error(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["type"], "error", "{body}");
+    assert!(body["error"]["message"].as_str().is_some(), "{body}");
+    (status, body["error"].clone())
+}
+
+#[tokio::test]
+async fn errors_come_in_anthropics_shape_without_calling_upstream() {
+    let upstream = mock_claude(ClaudeBehaviour::default()).await;
+    let proxy = Proxy::start(claude_config(&upstream.url())).await;
+    let send = |body: &'static str| client().post(proxy.url("/v1/messages")).body(body).send();
+    let (status, error) = anthropic_error(send("{\"model\":").await.unwrap()).await;
+    assert_eq!(
+        (status, error["type"].as_str()),
+        (400, Some("invalid_request_error"))
+    );
+    assert!(error["message"]
+        .as_str()
+        .unwrap()
+        .contains("not valid JSON"));
+    let (status, error) = anthropic_error(
+        send(r#"{"model":"claude-sonnet-4-5","max_tokens":5}"#)
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (status, error["type"].as_str()),
+        (400, Some("invalid_request_error"))
+    );
+    assert_eq!(error["message"], "messages: Field required");
+    let (status, error) = anthropic_error(
+        send(r#"{"model":"claude-sonnet-4-5","messages":[{"role":"system","content":"x"}]}"#)
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(error["message"]
+        .as_str()
+        .unwrap()
+        .contains("messages.0.role"));
+    assert!(upstream.recorded().is_empty());
+
+    // An upstream that cannot be reached is Anthropic's api_error, 502.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nowhere = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let unreachable = Proxy::start(claude_config(&nowhere)).await;
+    let response = post(
+        &unreachable,
+        &messages_body(&[json!({"role": "user", "content": "hi"})]),
+    )
+    .await;
+    let (status, error) = anthropic_error(response).await;
+    assert_eq!((status, error["type"].as_str()), (502, Some("api_error")));
+}
+
+#[tokio::test]
+async fn concurrent_identical_requests_make_one_summarizer_call() {
+    let upstream = mock_claude(ClaudeBehaviour {
+        llm: LlmBehaviour {
+            summarizer_latency: Duration::from_millis(300),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let proxy = Proxy::start(claude_config(&upstream.url())).await;
+    let body = messages_body(&claude_conversation(30));
+    let replies = futures_util::future::join_all((0..8).map(|_| post(&proxy, &body))).await;
+    for response in &replies {
+        assert_eq!(response.status(), 200);
+        assert_eq!(header(response, "x-condenser-action"), "summarized");
+    }
+    assert_eq!(summarizer_calls(&upstream), 1);
+    let sent = claude_requests(&upstream);
+    assert_eq!(sent.len(), 8);
+    assert!(sent.windows(2).all(|pair| pair[0] == pair[1]));
+}
+
+#[tokio::test]
+async fn a_failing_summarizer_leaves_the_request_successful() {
+    let upstream = mock_claude(ClaudeBehaviour {
+        llm: LlmBehaviour {
+            summarizer_status: Some(500),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let proxy = Proxy::start(claude_config(&upstream.url())).await;
+    let original = claude_conversation(30);
+    let response = post(&proxy, &messages_body(&original)).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "trimmed");
+    assert!(summarizer_calls(&upstream) >= 1);
+    let sent = &claude_requests(&upstream)[0];
+    assert_eq!(sent["system"], CLAUDE_SYSTEM);
+    let messages = sent["messages"].as_array().unwrap();
+    assert_valid_messages(messages);
+    assert!(messages.len() < original.len());
+    assert!(!sent.to_string().contains("[Context summary"));
+}
+
+#[tokio::test]
+async fn the_anthropic_python_sdk_works_through_condenser() {
+    // Usage tells of more prompt than estimated, as Claude's tokenizer does: learned, it keeps
+    // the second request over the trigger too.
+    let upstream = mock_claude(ClaudeBehaviour {
+        input_tokens: Some(20_000),
+        ..Default::default()
+    })
+    .await;
+    let proxy = Proxy::start(claude_config(&upstream.url())).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/anthropic_sdk.py");
+    let output = tokio::process::Command::new("python3")
+        .arg(script)
+        .arg(proxy.url(""))
+        .output()
+        .await
+        .expect("python3 must be installed");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "SDK script failed (is the anthropic package installed? pip install anthropic)\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains("plain: summarized"), "{stdout}");
+    assert!(stdout.contains("stream: summarized"), "{stdout}");
+    assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
+    let sent = claude_requests(&upstream);
+    assert_eq!(sent.len(), 2);
+    assert_eq!(sent[1]["stream"], true);
+    for request in &sent {
+        assert_valid_messages(request["messages"].as_array().unwrap());
+        assert!(request["messages"].as_array().unwrap().len() < 121);
+    }
+    let recorded = upstream.recorded();
+    let first = recorded
+        .iter()
+        .find(|r| r.path_and_query == "/v1/messages")
+        .unwrap();
+    // The SDK's key reaches upstream as it sent it (`x-api-key`, or a bearer token in SDKs
+    // from 2.x on).
+    let key = |name: &str| {
+        first
+            .headers
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    assert!(
+        key("x-api-key").as_deref() == Some("sk-ant-sdk-test")
+            || key("authorization").as_deref() == Some("Bearer sk-ant-sdk-test"),
+        "{:?}",
+        first.headers
+    );
+    assert!(first.headers.contains_key("anthropic-version"));
+}
