@@ -11,11 +11,12 @@ use common::*;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
+/// The requests forwarded to Claude; summaries are asked on the same path, in the same API.
 fn claude_requests(upstream: &MockUpstream) -> Vec<Value> {
     upstream
         .recorded()
         .iter()
-        .filter(|r| r.path_and_query == "/v1/messages")
+        .filter(|r| r.path_and_query == "/v1/messages" && !is_summarizer_call(r))
         .map(Recorded::json)
         .collect()
 }
@@ -124,6 +125,16 @@ async fn compact_once(
     let sent = claude_requests(&upstream);
     assert_eq!(sent.len(), 1);
     assert_eq!(summarizer_calls(&upstream), 1);
+    let call = upstream
+        .recorded()
+        .into_iter()
+        .find(is_summarizer_call)
+        .unwrap();
+    assert_eq!(
+        call.path_and_query, "/v1/messages",
+        "a Claude route summarizes in Claude's API"
+    );
+    assert_eq!(call.headers["x-api-key"], "sk-ant-test");
     let mut sent = sent.into_iter().next().unwrap();
     let messages = sent["messages"].as_array().unwrap().clone();
     assert!(messages.len() < original.len());
@@ -515,7 +526,7 @@ async fn the_anthropic_python_sdk_works_through_condenser() {
     let recorded = upstream.recorded();
     let first = recorded
         .iter()
-        .find(|r| r.path_and_query == "/v1/messages")
+        .find(|r| r.path_and_query == "/v1/messages" && !is_summarizer_call(r))
         .unwrap();
     // The SDK's key reaches upstream as it sent it (`x-api-key`, or a bearer token in SDKs
     // from 2.x on).

@@ -14,7 +14,7 @@ use serde_json::{json, Map, Value};
 use crate::app::AppState;
 use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{Mode, Shorten, Split};
-use crate::config::{ContextConfig, SummaryRole};
+use crate::config::{Api, ContextConfig, SummaryRole};
 use crate::conversation::{Item, Kind, Role};
 use crate::error::ProxyError;
 use crate::http::body::{full, ProxyBody};
@@ -41,6 +41,7 @@ pub struct MessagesRequest {
 impl Dialect for Messages {
     const PATH: &'static str = MESSAGES;
     const USAGE: UsageFormat = UsageFormat::Messages;
+    const API: Api = Api::Messages;
     type Request = MessagesRequest;
 
     /// No raw path: every request is parsed.
@@ -800,7 +801,6 @@ mod tests {
                     messages: kept_from,
                     tokens: 5,
                     model: "m".into(),
-                    prompt_version: 1,
                     created_at: 0,
                 })),
                 kept_from,

@@ -510,8 +510,9 @@ pub const CLAUDE_CACHE_READ_TOKENS: u64 = 3;
 pub const CLAUDE_OUTPUT_TOKENS: u64 = 4;
 
 /// An upstream that answers `POST /v1/messages` as Claude does (JSON, or SSE events when
-/// `stream` is true) and hands every other request to a `mock_llm` behind it; all of them
-/// are recorded here.
+/// `stream` is true) and hands every other request, and every summarizer call (which it
+/// answers in the API it was asked in), to a `mock_llm` behind it; all of them are recorded
+/// here.
 pub async fn mock_claude(behaviour: ClaudeBehaviour) -> MockUpstream {
     let llm = mock_llm(behaviour.llm.clone()).await.url();
     let relay = client();
@@ -520,7 +521,7 @@ pub async fn mock_claude(behaviour: ClaudeBehaviour) -> MockUpstream {
         let llm = llm.clone();
         let relay = relay.clone();
         async move {
-            if r.path_and_query != "/v1/messages" {
+            if r.path_and_query != "/v1/messages" || is_summarizer_call(&r) {
                 let answer = relay
                     .post(format!("{llm}{}", r.path_and_query))
                     .body(r.body.clone())
