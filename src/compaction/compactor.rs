@@ -10,7 +10,6 @@ use futures_util::future::{BoxFuture, FutureExt, Shared};
 use hyper::header::HeaderValue;
 use serde_json::{json, Value};
 
-use crate::app::AppState;
 use crate::compaction::cache::{prefix_keys, scope, Key, Summary, SummaryCache};
 use crate::compaction::plan::{Limits, Mode, Split};
 use crate::compaction::redis::{unix_now, LockOutcome, RedisStore};
@@ -20,7 +19,7 @@ use crate::compaction::summarizer::{
 use crate::config::{Config, ConfigError, ContextConfig, OnFailure};
 use crate::error::ProxyError;
 use crate::http::upstream::Upstream;
-use crate::models::ModelInfo;
+use crate::models::{ModelCatalog, ModelInfo};
 use crate::tokens::counter::{count_text, shorten_middle, PromptCount};
 
 /// Poll interval while another replica makes a summary this one needs.
@@ -96,6 +95,7 @@ impl Compactor {
     pub fn new(
         config: &Config,
         cache_errors: prometheus::IntCounter,
+        connections: &crate::http::upstream::Connections,
     ) -> Result<Compactor, ConfigError> {
         let shared = if config.cache.redis_url.is_empty() {
             None
@@ -104,7 +104,7 @@ impl Compactor {
         };
         Ok(Compactor {
             cache: SummaryCache::new(&config.cache, shared),
-            summarizer: Summarizer::new(config.summarizer.clone(), config.server.worker_count())?,
+            summarizer: Summarizer::new(config.summarizer.clone(), connections)?,
             in_flight: Mutex::new(HashMap::new()),
         })
     }
@@ -171,8 +171,7 @@ impl Lookup {
     }
 }
 
-async fn lookup(state: &Arc<AppState>, job: &CompactionJob<'_>) -> (Lookup, Found) {
-    let compactor = &state.compactor;
+async fn lookup(compactor: &Arc<Compactor>, job: &CompactionJob<'_>) -> (Lookup, Found) {
     let summarizer_model = compactor.summarizer.model_for(job.model);
     let scope = scope(
         job.authorization.map(HeaderValue::as_bytes),
@@ -216,7 +215,7 @@ async fn lookup(state: &Arc<AppState>, job: &CompactionJob<'_>) -> (Lookup, Foun
             tokens,
         })
         .collect();
-    let summarizer_info = state.catalog.resolve(&summarizer_model);
+    let summarizer_info = compactor.catalog.resolve(&summarizer_model);
     let lookup = Lookup {
         keys,
         source: SpanSource {
@@ -274,7 +273,7 @@ fn past_target(job: &CompactionJob<'_>, summary: &Summary, end: usize) -> bool {
 /// Summarizes the planned span, or uses what the cache already has, and rewrites the
 /// request. `Ok(None)`: forward the original (`on_failure = forward`).
 pub async fn compact(
-    state: &Arc<AppState>,
+    compactor: &Arc<Compactor>,
     job: CompactionJob<'_>,
 ) -> Result<Option<Rewrite>, ProxyError> {
     let split = job.split;
@@ -282,7 +281,7 @@ pub async fn compact(
         // Only tool outputs to shorten: nothing for the summarizer.
         return Ok(Some(trimmed(&job, Duration::ZERO)));
     }
-    let (lookup, found) = lookup(state, &job).await;
+    let (lookup, found) = lookup(compactor, &job).await;
     let started = Instant::now();
     // A summary already being made is joined rather than made again.
     let (found, joined) = match found {
@@ -303,19 +302,23 @@ pub async fn compact(
             // the target, so no request waits for the summarizer.
             if past_target(&job, &summary, end) {
                 drop(start_summary(
-                    state,
+                    compactor,
                     lookup.span(Some((end, summary.clone())), split.tail_start),
                 ));
             }
             (Ok(summary), end, CacheOutcome::Hit)
         }
         Found::Shorter(end, summary) => (
-            start_summary(state, lookup.span(Some((end, summary)), split.tail_start)).await,
+            start_summary(
+                compactor,
+                lookup.span(Some((end, summary)), split.tail_start),
+            )
+            .await,
             split.tail_start,
             CacheOutcome::Extended,
         ),
         Found::Nothing | Found::Pending(..) => (
-            start_summary(state, lookup.span(None, split.tail_start)).await,
+            start_summary(compactor, lookup.span(None, split.tail_start)).await,
             split.tail_start,
             CacheOutcome::Miss,
         ),
@@ -398,8 +401,8 @@ fn kept_tail(job: &CompactionJob<'_>, start: usize) -> Vec<Value> {
 
 /// From the precompute band: make the summary the plan would need, in the background,
 /// unless the cache already holds one that would do.
-pub fn precompute(state: &Arc<AppState>, job: CompactionJob<'_>) {
-    let state = state.clone();
+pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) {
+    let compactor = compactor.clone();
     // The lookup needs owned inputs to run after the request moves on.
     let messages: Vec<Value> = job.messages.to_vec();
     let count = job.count.clone();
@@ -423,21 +426,21 @@ pub fn precompute(state: &Arc<AppState>, job: CompactionJob<'_>) {
             mode: Mode::Auto,
             limits,
         };
-        let (lookup, found) = lookup(&state, &job).await;
+        let (lookup, found) = lookup(&compactor, &job).await;
         let base = match found {
             Found::Exact(_) | Found::Pending(..) => return,
             Found::Shorter(end, summary) if under_triggers(&job, &summary, end) => return,
             Found::Shorter(end, summary) => Some((end, summary)),
             Found::Nothing => None,
         };
-        let _ = start_summary(&state, lookup.span(base, split.tail_start)).await;
+        let _ = start_summary(&compactor, lookup.span(base, split.tail_start)).await;
     });
 }
 
 /// The one summarizer job for `job.key`, started now unless already running. The job runs
 /// on its own task, so a client that goes away strands nobody.
-fn start_summary(state: &Arc<AppState>, job: SpanJob) -> SharedSummary {
-    let Ok(mut in_flight) = state.compactor.in_flight.lock() else {
+fn start_summary(compactor: &Arc<Compactor>, job: SpanJob) -> SharedSummary {
+    let Ok(mut in_flight) = compactor.in_flight.lock() else {
         let error = SummarizeError::Upstream("summary bookkeeping poisoned".into());
         return futures_util::future::ready(Err(error)).boxed().shared();
     };
@@ -445,7 +448,7 @@ fn start_summary(state: &Arc<AppState>, job: SpanJob) -> SharedSummary {
         return running.clone();
     }
     let key = job.key;
-    let task = tokio::spawn(make_summary(state.clone(), job));
+    let task = tokio::spawn(make_summary(compactor.clone(), job));
     let shared = async move {
         task.await.unwrap_or_else(|e| {
             Err(SummarizeError::Upstream(format!(
@@ -459,23 +462,26 @@ fn start_summary(state: &Arc<AppState>, job: SpanJob) -> SharedSummary {
     shared
 }
 
-async fn make_summary(state: Arc<AppState>, job: SpanJob) -> Result<Arc<Summary>, SummarizeError> {
+async fn make_summary(
+    compactor: Arc<Compactor>,
+    job: SpanJob,
+) -> Result<Arc<Summary>, SummarizeError> {
     // However the job ends, even by panic, it stops being the one others join.
     let _finished = InFlightEntry {
-        state: state.clone(),
+        compactor: compactor.clone(),
         key: job.key,
     };
-    make_shared_once(&state, &job).await
+    make_shared_once(&compactor, &job).await
 }
 
 struct InFlightEntry {
-    state: Arc<AppState>,
+    compactor: Arc<Compactor>,
     key: Key,
 }
 
 impl Drop for InFlightEntry {
     fn drop(&mut self) {
-        if let Ok(mut in_flight) = self.state.compactor.in_flight.lock() {
+        if let Ok(mut in_flight) = self.compactor.in_flight.lock() {
             in_flight.remove(&self.key);
         }
     }
@@ -484,12 +490,11 @@ impl Drop for InFlightEntry {
 /// With Redis, one replica makes a given summary while the others wait for it; if the maker
 /// dies its lock expires and a waiter makes it instead.
 async fn make_shared_once(
-    state: &Arc<AppState>,
+    compactor: &Arc<Compactor>,
     job: &SpanJob,
 ) -> Result<Arc<Summary>, SummarizeError> {
-    let compactor = &state.compactor;
     let Some(shared) = compactor.cache.shared() else {
-        return summarize_and_store(state, job).await;
+        return summarize_and_store(compactor, job).await;
     };
     // Held for as long as the job may take: one summarizer timeout per chunk, with room.
     let span_tokens: u64 = job.new_messages().iter().map(|m| u64::from(m.tokens)).sum();
@@ -504,20 +509,19 @@ async fn make_shared_once(
                 }
             }
             LockOutcome::Acquired(token) => {
-                let result = summarize_and_store(state, job).await;
+                let result = summarize_and_store(compactor, job).await;
                 shared.unlock(&job.key, &token).await;
                 return result;
             }
-            LockOutcome::Unavailable => return summarize_and_store(state, job).await,
+            LockOutcome::Unavailable => return summarize_and_store(compactor, job).await,
         }
     }
 }
 
 async fn summarize_and_store(
-    state: &Arc<AppState>,
+    compactor: &Arc<Compactor>,
     job: &SpanJob,
 ) -> Result<Arc<Summary>, SummarizeError> {
-    let compactor = &state.compactor;
     // Another replica may have finished it while this one waited for the lock.
     if let Some(summary) = compactor.cache.get(&job.key).await {
         return Ok(summary);
@@ -537,12 +541,11 @@ async fn summarize_and_store(
             window: source.window,
         })
         .await;
-    state
-        .metrics
+    compactor
         .summarize_seconds
         .observe(started.elapsed().as_secs_f64());
     let text = text?;
-    let encoding = state.catalog.resolve(&source.model).encoding;
+    let encoding = compactor.catalog.resolve(&source.model).encoding;
     let summary = Arc::new(Summary {
         tokens: count_text(encoding, &text),
         text,

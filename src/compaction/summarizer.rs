@@ -107,10 +107,10 @@ pub struct Summarizer {
 }
 
 impl Summarizer {
-    /// `pools`: one connection pool per server worker, as for every upstream.
+    /// `connections`: kept as for every upstream.
     pub fn new(
         config: SummarizerConfig,
-        pools: usize,
+        connections: &crate::http::upstream::Connections,
     ) -> Result<Summarizer, crate::config::ConfigError> {
         let timeout = Duration::from_secs(config.timeout_secs);
         let dedicated = if config.base_url.is_empty() {
@@ -120,7 +120,7 @@ impl Summarizer {
                 &config.base_url,
                 "",
                 timeout,
-                pools,
+                connections,
             )?))
         };
         Ok(Summarizer {
@@ -241,7 +241,7 @@ impl Summarizer {
                     Method::POST,
                     "/v1/chat/completions",
                     headers,
-                    crate::http::h1::RequestBody::Full(body.to_string().into()),
+                    crate::http::body::full(body.to_string()),
                 )
                 .await
                 .map_err(|e| SummarizeError::Upstream(e.to_string()))?;

@@ -21,7 +21,6 @@ use crate::config::{Config, ContextConfig};
 use crate::dialect::message_spans;
 use crate::error::ProxyError;
 use crate::http::body::{Gathered, ProxyBody};
-use crate::http::h1::RequestBody;
 use crate::http::upstream::Upstream;
 use crate::models::{ModelCatalog, ModelInfo};
 use crate::observe::metrics::ModelLabel;
@@ -437,7 +436,7 @@ pub async fn handle(
             Method::POST,
             path_and_query,
             headers,
-            RequestBody::Full(send_bytes),
+            crate::http::body::full(send_bytes),
         )
         .await?;
     let upstream_time = sent.elapsed();
@@ -670,9 +669,8 @@ async fn prepare_fully<'s>(
 /// One allocation, where `HeaderValue::from(u64)` makes two (a buffer, then a shared
 /// handle for it).
 fn decimal_value(n: u64) -> HeaderValue {
-    let mut digits = [0; 20];
     // Digits are always a valid value; the fallback only restates that without a panic.
-    HeaderValue::from_bytes(crate::http::h1::decimal(n, &mut digits)).unwrap_or_else(|_| n.into())
+    HeaderValue::from_bytes(itoa::Buffer::new().format(n).as_bytes()).unwrap_or_else(|_| n.into())
 }
 
 /// The client's headers for upstream: compression is refused so usage can be read from the
