@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::compaction::compactor::Compactor;
 use crate::config::{Config, ConfigError};
-use crate::http::upstream::Upstreams;
+use crate::http::upstream::{Connections, Upstreams};
 use crate::models::ModelCatalog;
 use crate::observe::metrics::{Metrics, MetricsError};
 use crate::tokens::counter::TokenCounter;
@@ -36,18 +36,20 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(config: Config) -> Result<AppState, StartError> {
-        let upstreams = Upstreams::from_config(&config)?;
         let catalog = Arc::new(ModelCatalog::new(
             config.models.clone(),
             config.tokens.clone(),
         ));
         let counter = TokenCounter::new(config.tokens.unknown_model_margin);
         let metrics = Metrics::new(&config.metrics.models, catalog.families())?;
+        let connections = Connections::new(&config, metrics.upstream_failures.clone());
+        let upstreams = Upstreams::from_config(&config, &connections)?;
         let compactor = Arc::new(Compactor::new(
             &config,
             catalog.clone(),
             metrics.cache_errors.clone(),
             metrics.summarize_seconds.clone(),
+            &connections,
         )?);
         Ok(AppState {
             config,

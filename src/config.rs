@@ -71,6 +71,8 @@ pub struct UpstreamConfig {
     pub base_url: String,
     pub api_key_env: String,
     pub timeout_secs: u64,
+    /// How long an idle upstream connection is kept for reuse; 0 keeps none.
+    pub idle_timeout_secs: u64,
 }
 
 impl Default for UpstreamConfig {
@@ -79,6 +81,7 @@ impl Default for UpstreamConfig {
             base_url: "https://api.openai.com".into(),
             api_key_env: String::new(),
             timeout_secs: 600,
+            idle_timeout_secs: 60,
         }
     }
 }

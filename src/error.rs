@@ -21,6 +21,8 @@ pub enum ProxyError {
     ContextLengthExceeded { tokens: u64, limit: u64 },
     #[error("upstream unreachable: {0}")]
     UpstreamUnreachable(String),
+    #[error("upstream sent a broken reply: {0}")]
+    UpstreamBroken(String),
     #[error("upstream did not answer within {0} seconds")]
     UpstreamTimeout(u64),
     #[error("summarizer failed: {0}")]
@@ -46,9 +48,9 @@ impl ProxyError {
             | ProxyError::ContextLengthExceeded { .. }
             | ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ProxyError::UpstreamUnreachable(_) | ProxyError::SummarizerFailed(_) => {
-                StatusCode::BAD_GATEWAY
-            }
+            ProxyError::UpstreamUnreachable(_)
+            | ProxyError::UpstreamBroken(_)
+            | ProxyError::SummarizerFailed(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::NotFound(_) => StatusCode::NOT_FOUND,
         }
@@ -63,18 +65,19 @@ impl ProxyError {
         }
     }
 
-    fn code(&self) -> Option<&'static str> {
-        Some(match self {
+    fn code(&self) -> &'static str {
+        match self {
             ProxyError::InvalidJson(_) => "invalid_json",
             ProxyError::InvalidRequest { .. } => "invalid_request",
             ProxyError::BodyTooLarge { .. } => "request_too_large",
             ProxyError::ContextLengthExceeded { .. } => "context_length_exceeded",
             ProxyError::UpstreamUnreachable(_) => "upstream_unreachable",
+            ProxyError::UpstreamBroken(_) => "upstream_error",
             ProxyError::UpstreamTimeout(_) => "upstream_timeout",
             ProxyError::SummarizerFailed(_) => "summarizer_failed",
             ProxyError::NotFound(_) => "not_found",
-            ProxyError::ClientBody(_) => return None,
-        })
+            ProxyError::ClientBody(_) => "invalid_body",
+        }
     }
 
     fn param(&self) -> Option<&'static str> {

@@ -22,8 +22,7 @@ use crate::compaction::plan::{
 use crate::config::{Api, Config, ContextConfig};
 use crate::conversation::Item;
 use crate::error::ProxyError;
-use crate::http::body::{Gathered, ProxyBody};
-use crate::http::h1::RequestBody;
+use crate::http::body::{full, Gathered, ProxyBody};
 use crate::http::upstream::Upstream;
 use crate::models::{ModelCatalog, ModelInfo};
 use crate::observe::metrics::ModelLabel;
@@ -324,12 +323,7 @@ pub async fn handle<D: Dialect>(
         .saturating_sub(outcome.summarizer_wait);
     metrics.overhead_seconds.observe(overhead.as_secs_f64());
     let response = upstream
-        .send(
-            Method::POST,
-            path_and_query,
-            headers,
-            RequestBody::Full(send_bytes),
-        )
+        .send(Method::POST, path_and_query, headers, full(send_bytes))
         .await?;
     let upstream_time = sent.elapsed();
     metrics
@@ -486,9 +480,8 @@ async fn prepare<'s, D: Dialect>(
 /// One allocation, where `HeaderValue::from(u64)` makes two (a buffer, then a shared
 /// handle for it).
 fn decimal_value(n: u64) -> HeaderValue {
-    let mut digits = [0; 20];
     // Digits are always a valid value; the fallback only restates that without a panic.
-    HeaderValue::from_bytes(crate::http::h1::decimal(n, &mut digits)).unwrap_or_else(|_| n.into())
+    HeaderValue::from_bytes(itoa::Buffer::new().format(n).as_bytes()).unwrap_or_else(|_| n.into())
 }
 
 /// The client's headers for upstream: compression is refused so usage can be read from the

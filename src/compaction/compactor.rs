@@ -17,7 +17,7 @@ use crate::compaction::summarizer::{Evicted, SummarizeError, Summarizer, Summary
 use crate::compaction::summary::{Key, Summary};
 use crate::config::{Api, Config, ConfigError, ContextConfig, OnFailure};
 use crate::error::ProxyError;
-use crate::http::upstream::Upstream;
+use crate::http::upstream::{Connections, Upstream};
 use crate::models::{ModelCatalog, ModelInfo};
 use crate::tokens::counter::{count_text, PromptCount};
 use crate::tokens::encoding::Encoding;
@@ -119,6 +119,7 @@ impl Compactor {
         catalog: Arc<ModelCatalog>,
         cache_errors: prometheus::IntCounter,
         summarize_seconds: prometheus::Histogram,
+        connections: &Connections,
     ) -> Result<Compactor, ConfigError> {
         let shared = if config.cache.redis_url.is_empty() {
             None
@@ -128,7 +129,7 @@ impl Compactor {
         Ok(Compactor {
             scope_headers: ScopeHeaders::new(&config.cache)?,
             cache: SummaryCache::new(&config.cache, shared),
-            summarizer: Summarizer::new(config.summarizer.clone(), config.server.worker_count())?,
+            summarizer: Summarizer::new(config.summarizer.clone(), connections)?,
             in_flight: Mutex::new(HashMap::new()),
             catalog,
             summarize_seconds,

@@ -148,10 +148,10 @@ pub struct Summarizer {
 type BreakerKey = (String, Key);
 
 impl Summarizer {
-    /// `pools`: one connection pool per server worker, as for every upstream.
+    /// `connections`: kept as for every upstream.
     pub fn new(
         config: SummarizerConfig,
-        pools: usize,
+        connections: &crate::http::upstream::Connections,
     ) -> Result<Summarizer, crate::config::ConfigError> {
         let timeout = Duration::from_secs(config.timeout_secs);
         let dedicated = if config.base_url.is_empty() {
@@ -161,7 +161,7 @@ impl Summarizer {
                 &config.base_url,
                 "",
                 timeout,
-                pools,
+                connections,
             )?))
         };
         let settings = settings_key(
@@ -314,7 +314,7 @@ impl Summarizer {
                     Method::POST,
                     request.api.summarizer_path(),
                     headers,
-                    crate::http::h1::RequestBody::Full(body.to_string().into()),
+                    crate::http::body::full(body.to_string()),
                 )
                 .await
                 .map_err(|e| SummarizeError::Upstream(e.to_string()))?;
@@ -667,7 +667,12 @@ mod tests {
             api_key_env: api_key_env.into(),
             ..SummarizerConfig::default()
         };
-        Summarizer::new(config, 1).unwrap()
+        Summarizer::new(config, &connections()).unwrap()
+    }
+
+    fn connections() -> crate::http::upstream::Connections {
+        let failures = crate::observe::metrics::UpstreamFailures::new().unwrap();
+        crate::http::upstream::Connections::new(&crate::config::Config::default(), failures)
     }
 
     #[test]
@@ -768,7 +773,11 @@ mod tests {
             max_artifact_tokens,
             ..SummarizerConfig::default()
         };
-        let key = |config| Summarizer::new(config, 1).unwrap().settings_key();
+        let key = |config| {
+            Summarizer::new(config, &connections())
+                .unwrap()
+                .settings_key()
+        };
         assert_eq!(key(config(1024, 512)), key(config(1024, 512)));
         assert_ne!(key(config(1024, 512)), key(config(900, 512)));
         assert_ne!(key(config(1024, 512)), key(config(1024, 100)));

@@ -4,7 +4,8 @@
 //!
 //! `http` upstreams are always reached directly: a plain-HTTP request through a forward proxy
 //! needs absolute-form request lines, and upstreams reached over plain HTTP are in practice
-//! local gateways.
+//! local gateways. A proxy that condenser would not use is named at start-up, never skipped
+//! in silence.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -33,6 +34,39 @@ impl Egress {
         Egress {
             direct,
             proxies: Arc::new(proxies),
+        }
+    }
+
+    /// Whether the proxy the environment names for `dst`, if any, is one condenser uses. A
+    /// CONNECT tunnel is opened to a plain-HTTP proxy only: an `https://` (or SOCKS) proxy
+    /// URL for an `https` upstream is refused, as talking to it in plain text would fail on
+    /// every request. A proxy named for an `http` upstream is reported and not used.
+    pub fn check(&self, dst: &Uri) -> Result<(), String> {
+        let Some(intercept) = self.proxies.intercept(dst) else {
+            return Ok(());
+        };
+        let proxy = intercept.uri();
+        // Credentials in the proxy URL stay out of messages.
+        let named = format!(
+            "{}://{}",
+            proxy.scheme_str().unwrap_or(""),
+            proxy.host().unwrap_or("")
+        );
+        match (dst.scheme_str(), proxy.scheme_str()) {
+            (Some("https"), Some("http")) => Ok(()),
+            (Some("https"), _) => Err(format!(
+                "the environment (HTTPS_PROXY or ALL_PROXY) names the proxy {named}, and \
+                 condenser reaches upstreams only through http:// proxies (a CONNECT tunnel \
+                 with TLS inside it); name an http:// proxy, or put the host in NO_PROXY"
+            )),
+            _ => {
+                tracing::warn!(
+                    upstream = %dst,
+                    proxy = %named,
+                    "http upstreams are reached directly; the proxy the environment names is not used"
+                );
+                Ok(())
+            }
         }
     }
 
@@ -135,6 +169,27 @@ mod tests {
             head.contains("Proxy-Authorization: Basic dXNlcjpzZWNyZXQ="),
             "{head}"
         );
+    }
+
+    #[test]
+    fn proxies_other_than_plain_http_are_refused_for_https_upstreams() {
+        let https: Uri = "https://api.openai.com".parse().unwrap();
+        for proxy in [
+            "https://user:secret@proxy.test:8443",
+            "socks5://proxy.test:1080",
+        ] {
+            let refused = egress(Matcher::builder().https(proxy).build());
+            let error = refused.check(&https).unwrap_err();
+            assert!(error.contains("proxy.test"), "{error}");
+            assert!(!error.contains("secret"), "{error}");
+        }
+        let tunnelled = egress(Matcher::builder().https("http://proxy.test:3128").build());
+        assert_eq!(tunnelled.check(&https), Ok(()));
+        // An http upstream goes direct whatever the environment names, and says so.
+        let http: Uri = "http://gateway.test".parse().unwrap();
+        let direct = egress(Matcher::builder().http("https://proxy.test:8443").build());
+        assert_eq!(direct.check(&http), Ok(()));
+        assert!(direct.proxy_for(&http).is_none());
     }
 
     #[test]

@@ -2,7 +2,6 @@
 
 pub mod body;
 pub mod egress;
-pub mod h1;
 pub mod passthrough;
 pub mod routes;
 pub mod server;

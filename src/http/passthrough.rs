@@ -5,8 +5,7 @@ use hyper::{header, Request, Response};
 
 use crate::app::AppState;
 use crate::error::ProxyError;
-use crate::http::body::{limited, ProxyBody};
-use crate::http::h1::RequestBody;
+use crate::http::body::{full, limited, ProxyBody};
 
 pub async fn handle(
     state: &AppState,
@@ -31,9 +30,9 @@ pub async fn handle(
     let upstream = state.upstreams.default_upstream();
     // An absent body stays absent rather than becoming an empty chunked one.
     let body = if hyper::body::Body::is_end_stream(&body) {
-        RequestBody::Full(bytes::Bytes::new())
+        full(bytes::Bytes::new())
     } else {
-        RequestBody::Streaming(limited(body, limit))
+        limited(body, limit)
     };
     upstream
         .send(parts.method.clone(), path_and_query, parts.headers, body)

@@ -1,33 +1,50 @@
-//! Upstreams: connection pools per server worker, model-based routing, and relaying requests
-//! and responses without collecting their bodies.
+//! Upstreams: hyper's HTTP/1.1 and HTTP/2 clients over a small pool per server worker,
+//! model-based routing, and relaying requests and responses without collecting their bodies.
+//!
+//! HTTP framing is hyper's (`hyper::client::conn`). What is decided here: a request is sent
+//! again only when hyper hands it back unwritten (RFC 9110 §9.2.2), a reply that hyper parsed
+//! but a proxy must not pass on is refused, and a reply that breaks after its first bytes went
+//! out fails the client's body, so the client never sees a clean end to a truncated one.
 
-use std::borrow::Cow;
 use std::cell::Cell;
+use std::io;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper::client::conn::http2;
-use hyper::header::{self, HeaderMap, HeaderValue};
-use hyper::{Method, Request, Response, Uri};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::client::conn::{http1, http2};
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::http::response::Parts;
+use hyper::{Method, Request, Response, StatusCode, Uri};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::{Connection as _, HttpConnector};
 use hyper_util::client::proxy::matcher::Matcher;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
+use tokio::time::Instant;
 use tower_service::Service;
 use wildmatch::WildMatch;
 
 use crate::config::{Config, ConfigError};
 use crate::error::ProxyError;
-use crate::http::body::{with_idle_timeout, BodyLimitExceeded, BoxError, ProxyBody};
+use crate::http::body::{
+    with_idle_timeout, BodyLimitExceeded, BoxError, ProxyBody, UpstreamSilent,
+};
 use crate::http::egress::Egress;
-use crate::http::h1::{self, strip_hop_by_hop, RequestBody};
+use crate::observe::metrics::{FailureKind, UpstreamFailures};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// A response head larger than this (status line and headers, as hyper parsed it) is a
+/// broken reply, however its bytes arrived.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Idle HTTP/1.1 connections each worker keeps per upstream.
+const MAX_IDLE_PER_WORKER: usize = 256;
 
 thread_local! {
     static POOL: Cell<usize> = const { Cell::new(0) };
@@ -39,15 +56,62 @@ pub fn use_pool(index: usize) {
     POOL.with(|pool| pool.set(index));
 }
 
+/// How every upstream's connections are kept: a pool per server worker, idle connections
+/// closed after `idle_timeout`, failures counted.
+#[derive(Clone)]
+pub struct Connections {
+    pub workers: usize,
+    pub idle_timeout: Duration,
+    pub failures: UpstreamFailures,
+}
+
+impl Connections {
+    pub fn new(config: &Config, failures: UpstreamFailures) -> Connections {
+        Connections {
+            workers: config.server.worker_count(),
+            idle_timeout: Duration::from_secs(config.upstream.idle_timeout_secs),
+            failures,
+        }
+    }
+}
+
 /// One server worker's connections to one upstream: idle HTTP/1.1 ones, or the HTTP/2 one
-/// that all of the worker's requests share once ALPN has chosen it.
-#[derive(Default)]
+/// that all of the worker's requests share once ALPN has chosen it. hyper drives each in a
+/// task of its own on the worker's event loop, reading an idle connection too: one that
+/// upstream closes is closed at once, not left in CLOSE_WAIT until reused.
 struct WorkerPool {
-    http1: Arc<h1::Pool>,
+    idle: Mutex<Vec<IdleConnection>>,
     http2: Mutex<Option<http2::SendRequest<ProxyBody>>>,
+    idle_timeout: Duration,
+    /// Whether the task that closes connections idle past `idle_timeout` runs.
+    sweeping: std::sync::atomic::AtomicBool,
+    failures: FailureLog,
+}
+
+struct IdleConnection {
+    sender: http1::SendRequest<ProxyBody>,
+    since: Instant,
+}
+
+/// Where a request goes.
+enum Sender {
+    Http1(http1::SendRequest<ProxyBody>),
+    Http2(http2::SendRequest<ProxyBody>),
 }
 
 impl WorkerPool {
+    /// The most recently used idle connection that is still open and ready.
+    async fn idle_http1(&self) -> Option<http1::SendRequest<ProxyBody>> {
+        loop {
+            let mut sender = self.idle.lock().ok()?.pop()?.sender;
+            // A connection goes back to the pool as its response ends, maybe a moment before
+            // hyper has finished with it; one that closes instead is skipped.
+            if !sender.is_closed() && sender.ready().await.is_ok() {
+                return Some(sender);
+            }
+        }
+    }
+
     fn live_http2(&self) -> Option<http2::SendRequest<ProxyBody>> {
         let mut slot = self.http2.lock().ok()?;
         match slot.as_ref() {
@@ -58,12 +122,55 @@ impl WorkerPool {
             }
         }
     }
+
+    /// Keeps a connection whose exchange ended for the next request, and starts the sweep
+    /// of connections idle too long the first time.
+    fn put(self: &Arc<Self>, sender: http1::SendRequest<ProxyBody>) {
+        if self.idle_timeout.is_zero() || sender.is_closed() {
+            return;
+        }
+        if let Ok(mut idle) = self.idle.lock() {
+            if idle.len() < MAX_IDLE_PER_WORKER {
+                idle.push(IdleConnection {
+                    sender,
+                    since: Instant::now(),
+                });
+            }
+        }
+        if !self
+            .sweeping
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tokio::spawn(sweep(Arc::downgrade(self), self.idle_timeout));
+        }
+    }
 }
 
-/// Where a request goes: an HTTP/1.1 connection (idle or new), or the worker's HTTP/2 one.
-enum Fresh {
-    Http1(h1::Connection),
-    Http2(http2::SendRequest<ProxyBody>),
+/// Closes connections idle for `timeout` (dropping the sender ends hyper's connection task,
+/// which closes the socket), looking a few times per timeout, until the pool is gone.
+async fn sweep(pool: Weak<WorkerPool>, timeout: Duration) {
+    loop {
+        tokio::time::sleep(timeout / 4).await;
+        let Some(pool) = pool.upgrade() else {
+            return;
+        };
+        if let Ok(mut idle) = pool.idle.lock() {
+            idle.retain(|connection| connection.since.elapsed() < timeout);
+        };
+    }
+}
+
+/// An upstream's failures, each counted and logged where it is noticed.
+struct FailureLog {
+    upstream: String,
+    counter: UpstreamFailures,
+}
+
+impl FailureLog {
+    fn record(&self, kind: FailureKind, error: &dyn std::fmt::Display) {
+        self.counter.count(kind);
+        tracing::warn!(upstream = %self.upstream, kind = kind.as_str(), %error, "upstream failure");
+    }
 }
 
 pub struct Upstream {
@@ -76,9 +183,9 @@ pub struct Upstream {
     /// `scheme://authority/`, what the connector dials.
     origin: Uri,
     /// The `Host` upstream is sent.
-    host: String,
+    host: HeaderValue,
     connector: HttpsConnector<Egress>,
-    pools: Vec<WorkerPool>,
+    pools: Vec<Arc<WorkerPool>>,
     api_key: Option<HeaderValue>,
     timeout: Duration,
 }
@@ -157,19 +264,19 @@ impl Upstream {
         base_url: &str,
         api_key_env: &str,
         timeout: Duration,
-        pools: usize,
+        connections: &Connections,
     ) -> Result<Upstream, ConfigError> {
         let extra_roots = std::env::var_os(EXTRA_ROOTS_ENV).filter(|file| !file.is_empty());
         let tls = tls_config(extra_roots.as_deref().map(Path::new))
             .map_err(|e| ConfigError::Invalid(format!("cannot set up TLS for {base_url}: {e}")))?;
-        Upstream::with_tls(base_url, api_key_env, timeout, pools, tls)
+        Upstream::with_tls(base_url, api_key_env, timeout, connections, tls)
     }
 
     fn with_tls(
         base_url: &str,
         api_key_env: &str,
         timeout: Duration,
-        pools: usize,
+        connections: &Connections,
         tls: rustls::ClientConfig,
     ) -> Result<Upstream, ConfigError> {
         let base_url = base_url.trim_end_matches('/').to_string();
@@ -184,18 +291,13 @@ impl Upstream {
             return Err(unusable(&"the scheme must be http or https"));
         }
         let origin = Uri::try_from(format!("{scheme}://{authority}/")).map_err(|e| unusable(&e))?;
-        let host = authority
-            .as_str()
-            .rsplit('@')
-            .next()
-            .unwrap_or_default()
-            .to_string();
+        let host = authority.as_str().rsplit('@').next().unwrap_or_default();
+        let host = HeaderValue::from_str(host).map_err(|e| unusable(&e))?;
         let base_path = parsed.path().trim_end_matches('/').to_string();
-        let path_base = base_url
-            .strip_suffix("/v1")
-            .unwrap_or(&base_url)
-            .to_string();
         let egress = egress();
+        egress
+            .check(&origin)
+            .map_err(|why| ConfigError::Invalid(format!("{base_url}: {why}")))?;
         if let Some(proxy) = egress.proxy_for(&origin) {
             tracing::info!(
                 upstream = %base_url,
@@ -210,18 +312,35 @@ impl Upstream {
             .enable_http1()
             .enable_http2()
             .wrap_connector(egress);
+        let pools = (0..connections.workers.max(1))
+            .map(|_| {
+                Arc::new(WorkerPool {
+                    idle: Mutex::default(),
+                    http2: Mutex::default(),
+                    idle_timeout: connections.idle_timeout,
+                    sweeping: Default::default(),
+                    failures: FailureLog {
+                        upstream: base_url.clone(),
+                        counter: connections.failures.clone(),
+                    },
+                })
+            })
+            .collect();
         Ok(Upstream {
+            path_base: base_url
+                .strip_suffix("/v1")
+                .unwrap_or(&base_url)
+                .to_string(),
             path_base_path: base_path
                 .strip_suffix("/v1")
                 .unwrap_or(&base_path)
                 .to_string(),
             base_path,
-            path_base,
             base_url,
             origin,
             host,
             connector,
-            pools: (0..pools.max(1)).map(|_| WorkerPool::default()).collect(),
+            pools,
             api_key: bearer_from_env(api_key_env)?,
             timeout,
         })
@@ -241,29 +360,30 @@ impl Upstream {
         }
     }
 
-    /// The request target sent upstream: [`Upstream::url`]'s path and query.
-    fn target<'a>(&self, path_and_query: &'a str) -> Cow<'a, str> {
+    /// The request target sent over HTTP/1.1: [`Upstream::url`]'s path and query.
+    fn target(&self, path_and_query: &str) -> Result<Uri, hyper::http::uri::InvalidUri> {
         let base = if path_and_query.starts_with("/v1/") {
             &self.path_base_path
         } else {
             &self.base_path
         };
         if base.is_empty() {
-            Cow::Borrowed(path_and_query)
+            Uri::try_from(path_and_query)
         } else {
-            Cow::Owned(format!("{base}{path_and_query}"))
+            Uri::try_from(format!("{base}{path_and_query}"))
         }
     }
 
-    /// Sends and waits for the response head, never for its body. The body fails once
-    /// upstream stays silent for the upstream timeout. The response's headers are its own:
-    /// HTTP/1.1 leaves hop-by-hop ones out as it reads them, and HTTP/2 has none.
+    /// Sends and waits for the response head and the first frame of its body (or its end),
+    /// so that a reply broken that early is still answered as an error. The body then fails
+    /// once upstream stays silent for the upstream timeout, or breaks. The response's
+    /// headers are its own, minus hop-by-hop ones.
     pub async fn send(
         &self,
         method: Method,
         path_and_query: &str,
         client_headers: HeaderMap,
-        body: RequestBody,
+        body: ProxyBody,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let mut headers = forwardable_headers(client_headers);
         if !headers.contains_key(header::AUTHORIZATION) {
@@ -271,125 +391,297 @@ impl Upstream {
                 headers.insert(header::AUTHORIZATION, key.clone());
             }
         }
-        let exchange = self.exchange(method, path_and_query, headers, body);
+        // The body may have been rewritten: hyper frames it by its own length. An empty one
+        // keeps the client's `Content-Length: 0`, which some servers want on a POST.
+        if headers.remove(header::CONTENT_LENGTH).is_some() && body.size_hint().exact() == Some(0) {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+        }
+        let mut request = Request::new(body);
+        *request.method_mut() = method;
+        *request.headers_mut() = headers;
+        let pool = &self.pools[POOL.with(Cell::get) % self.pools.len()];
+        let exchange = self.exchange(pool, path_and_query, request);
         match tokio::time::timeout(self.timeout, exchange).await {
-            Err(_) => Err(ProxyError::UpstreamTimeout(self.timeout.as_secs())),
             Ok(result) => result,
+            Err(_) => {
+                let error = ProxyError::UpstreamTimeout(self.timeout.as_secs());
+                pool.failures.record(FailureKind::Timeout, &error);
+                Err(error)
+            }
         }
     }
 
     async fn exchange(
         &self,
-        method: Method,
+        pool: &Arc<WorkerPool>,
         path_and_query: &str,
-        headers: HeaderMap,
-        body: RequestBody,
+        mut request: Request<ProxyBody>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let pool = &self.pools[POOL.with(Cell::get) % self.pools.len()];
-        // Connecting and HTTP/2 are boxed: their futures are kilobytes, and the common case
-        // (an idle HTTP/1.1 connection) would otherwise carry and copy them on every request.
-        let fresh = match pool.http1.take(POOL_IDLE_TIMEOUT) {
-            Some(connection) => Fresh::Http1(connection),
-            None => match pool.live_http2() {
-                Some(sender) => Fresh::Http2(sender),
-                None => Box::pin(self.connect(pool))
-                    .await
-                    .map_err(|e| self.unreachable(&*e))?,
-            },
+        let unusable_target = |e: &dyn std::fmt::Display| {
+            ProxyError::UpstreamUnreachable(format!("{}: {e}", self.base_url))
         };
-        let connection = match fresh {
-            Fresh::Http1(connection) => connection,
-            Fresh::Http2(sender) => {
-                return Box::pin(self.exchange_http2(sender, method, path_and_query, headers, body))
-                    .await
+        let mut reused = true;
+        let (response, sender) = loop {
+            let sender = match pool.idle_http1().await {
+                Some(sender) => Sender::Http1(sender),
+                None => match pool.live_http2() {
+                    Some(sender) => Sender::Http2(sender),
+                    None => {
+                        reused = false;
+                        // Boxed: connecting is kilobytes of future that the common case, an
+                        // idle connection, would otherwise carry.
+                        Box::pin(self.connect(pool))
+                            .await
+                            .map_err(|e| self.request_failed(pool, FailureKind::Connect, &*e))?
+                    }
+                },
+            };
+            let sent = match sender {
+                Sender::Http1(mut sender) => {
+                    *request.uri_mut() = self
+                        .target(path_and_query)
+                        .map_err(|e| unusable_target(&e))?;
+                    request
+                        .headers_mut()
+                        .insert(header::HOST, self.host.clone());
+                    let sent = sender.try_send_request(request).await;
+                    sent.map(|response| (response, Some(sender)))
+                }
+                Sender::Http2(mut sender) => {
+                    request.headers_mut().remove(header::HOST);
+                    *request.uri_mut() =
+                        Uri::try_from(self.url(path_and_query)).map_err(|e| unusable_target(&e))?;
+                    sender
+                        .try_send_request(request)
+                        .await
+                        .map(|response| (response, None))
+                }
+            };
+            match sent {
+                Ok(sent) => break sent,
+                // hyper hands back a request it never started to write: a reused connection
+                // found closed. Only such a request is sent again, and only once.
+                Err(mut unsent) if reused => match unsent.take_message() {
+                    Some(message) => {
+                        request = message;
+                        reused = false;
+                    }
+                    None => return Err(self.send_failed(pool, unsent.into_error())),
+                },
+                Err(failed) => return Err(self.send_failed(pool, failed.into_error())),
             }
         };
-        let expects_body = method != Method::HEAD;
-        let request = h1::encode_request(
-            &method,
-            &self.target(path_and_query),
-            &self.host,
-            &headers,
-            body,
-        );
-        let reconnect = || async {
-            match Box::pin(self.connect(pool)).await? {
-                Fresh::Http1(connection) => Ok(connection),
-                Fresh::Http2(_) => Err(BoxError::from("upstream switched to HTTP/2")),
-            }
-        };
-        match h1::send(&pool.http1, connection, reconnect, request, expects_body).await {
-            Ok(response) => {
-                Ok(response.map(|body| with_idle_timeout(body, self.timeout).boxed_unsync()))
-            }
-            Err(h1::SendError::Connect(e)) => Err(self.unreachable(&*e)),
-            Err(h1::SendError::Exchange(h1::ExchangeError::RequestBody(e))) => {
-                Err(match e.downcast_ref::<BodyLimitExceeded>() {
-                    Some(limit) => ProxyError::BodyTooLarge { limit: limit.0 },
-                    None => ProxyError::ClientBody(e.to_string()),
-                })
-            }
-            Err(h1::SendError::Exchange(e)) => Err(self.unreachable(&e)),
+        let (mut head, mut body) = response.into_parts();
+        if let Some(why) = broken_head(&head) {
+            return Err(self.broken(pool, FailureKind::Malformed, &why));
         }
+        strip_hop_by_hop(&mut head.headers);
+        let first = if body.is_end_stream() {
+            None
+        } else {
+            match body.frame().await.transpose() {
+                Ok(first) => first,
+                Err(e) => return Err(self.broken(pool, failure_kind(&e), &root_cause(&e))),
+            }
+        };
+        let mut body = UpstreamBody {
+            first,
+            rest: body,
+            sender: sender.map(|sender| (sender, pool.clone())),
+        };
+        body.give_back_when_done();
+        let failures = pool.clone();
+        let body = with_idle_timeout(body, self.timeout)
+            .map_err(move |e| {
+                failures.failures.record(failure_kind(&*e), &e);
+                e
+            })
+            .boxed_unsync();
+        Ok(Response::from_parts(head, body))
     }
 
-    async fn connect(&self, pool: &WorkerPool) -> Result<Fresh, BoxError> {
+    /// A new connection: HTTP/2 when ALPN chose it (then shared by the worker's requests),
+    /// else HTTP/1.1. Its task runs on this worker's event loop.
+    async fn connect(&self, pool: &WorkerPool) -> Result<Sender, BoxError> {
         let mut connector = self.connector.clone();
         std::future::poll_fn(|cx| connector.poll_ready(cx)).await?;
         let stream = connector.call(self.origin.clone()).await?;
-        if !stream.connected().is_negotiated_h2() {
-            return Ok(Fresh::Http1(h1::Connection::new(TokioIo::new(stream))));
+        if stream.connected().is_negotiated_h2() {
+            let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .max_header_list_size(MAX_HEAD_BYTES as u32)
+                .handshake(stream)
+                .await?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
+                }
+            });
+            if let Ok(mut slot) = pool.http2.lock() {
+                *slot = Some(sender.clone());
+            }
+            return Ok(Sender::Http2(sender));
         }
-        let (sender, connection) = http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
+        let (sender, connection) = http1::Builder::new()
+            .max_header_size(MAX_HEAD_BYTES)
             .handshake(stream)
             .await?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
+                tracing::debug!(error = %e, "upstream HTTP/1.1 connection ended");
             }
         });
-        if let Ok(mut slot) = pool.http2.lock() {
-            *slot = Some(sender.clone());
-        }
-        Ok(Fresh::Http2(sender))
+        Ok(Sender::Http1(sender))
     }
 
-    async fn exchange_http2(
+    /// No response head: the request's body failed (the client's fault), or upstream did.
+    fn send_failed(&self, pool: &WorkerPool, error: hyper::Error) -> ProxyError {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&error);
+        while let Some(e) = cause {
+            if let Some(limit) = e.downcast_ref::<BodyLimitExceeded>() {
+                return ProxyError::BodyTooLarge { limit: limit.0 };
+            }
+            cause = e.source();
+        }
+        if error.is_user() {
+            return ProxyError::ClientBody(root_cause(&error));
+        }
+        match failure_kind(&error) {
+            FailureKind::Malformed => {
+                self.broken(pool, FailureKind::Malformed, &root_cause(&error))
+            }
+            kind => self.request_failed(pool, kind, &error),
+        }
+    }
+
+    fn request_failed(
         &self,
-        mut sender: http2::SendRequest<ProxyBody>,
-        method: Method,
-        path_and_query: &str,
-        mut headers: HeaderMap,
-        body: RequestBody,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
-        // Framing belongs to this hop, and the body may have been rewritten: hyper states the
-        // length of what is sent, as `h1::encode_request` does over HTTP/1.1.
-        headers.remove(header::CONTENT_LENGTH);
-        let uri = Uri::try_from(self.url(path_and_query)).map_err(|e| self.unreachable(&e))?;
-        let mut request = Request::new(body.into_proxy_body());
-        *request.method_mut() = method;
-        *request.uri_mut() = uri;
-        *request.headers_mut() = headers;
-        match sender.send_request(request).await {
-            Ok(response) => Ok(response.map(|body| {
-                with_idle_timeout(body.map_err(Into::into), self.timeout).boxed_unsync()
-            })),
-            Err(e) => {
-                let mut source = std::error::Error::source(&e);
-                while let Some(cause) = source {
-                    if let Some(limit) = cause.downcast_ref::<BodyLimitExceeded>() {
-                        return Err(ProxyError::BodyTooLarge { limit: limit.0 });
-                    }
-                    source = cause.source();
-                }
-                Err(self.unreachable(&e))
+        pool: &WorkerPool,
+        kind: FailureKind,
+        error: &dyn std::error::Error,
+    ) -> ProxyError {
+        let failure =
+            ProxyError::UpstreamUnreachable(format!("{}: {}", self.base_url, root_cause(error)));
+        pool.failures.record(kind, &failure);
+        failure
+    }
+
+    fn broken(&self, pool: &WorkerPool, kind: FailureKind, why: &str) -> ProxyError {
+        let failure = ProxyError::UpstreamBroken(format!("{}: {why}", self.base_url));
+        pool.failures.record(kind, &failure);
+        failure
+    }
+}
+
+/// What makes a parsed response head one a proxy must not pass on: an upgrade condenser
+/// never asks for (hop-by-hop `Upgrade` headers are not forwarded), and framing that
+/// RFC 9112 §6.1 lets a recipient reject, which hyper reads some meaning into.
+fn broken_head(head: &Parts) -> Option<String> {
+    if head.status == StatusCode::SWITCHING_PROTOCOLS {
+        return Some("101 Switching Protocols to a request that asked for no upgrade".into());
+    }
+    let values = head.headers.get_all(header::TRANSFER_ENCODING);
+    values.iter().next()?;
+    if head.headers.contains_key(header::CONTENT_LENGTH) {
+        return Some("both Content-Length and Transfer-Encoding".into());
+    }
+    let mut codings = values
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+        .map(str::trim)
+        .filter(|coding| !coding.is_empty());
+    match (codings.next(), codings.next()) {
+        (Some(coding), None) if coding.eq_ignore_ascii_case("chunked") => None,
+        _ => Some(format!(
+            "a transfer-coding other than chunked: {:?}",
+            values.iter().collect::<Vec<_>>()
+        )),
+    }
+}
+
+/// Which `condenser_upstream_failures_total` kind an error is.
+fn failure_kind(error: &(dyn std::error::Error + 'static)) -> FailureKind {
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        if e.is::<UpstreamSilent>() {
+            return FailureKind::Timeout;
+        }
+        if let Some(hyper_error) = e.downcast_ref::<hyper::Error>() {
+            if hyper_error.is_parse() {
+                return FailureKind::Malformed;
+            }
+            if hyper_error.is_timeout() {
+                return FailureKind::Timeout;
+            }
+        }
+        // hyper's body decoders report bad framing (a chunk size that is not one) this way.
+        if let Some(io_error) = e.downcast_ref::<io::Error>() {
+            if matches!(
+                io_error.kind(),
+                io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput
+            ) {
+                return FailureKind::Malformed;
+            }
+        }
+        cause = e.source();
+    }
+    FailureKind::Reset
+}
+
+/// A response body whose first frame was read ahead, then the rest. An HTTP/1.1 connection
+/// goes back to its pool once the body has ended; one dropped earlier (a client that left
+/// mid-stream) is closed, which upstream sees at once.
+struct UpstreamBody {
+    first: Option<Frame<Bytes>>,
+    rest: Incoming,
+    sender: Option<(http1::SendRequest<ProxyBody>, Arc<WorkerPool>)>,
+}
+
+impl UpstreamBody {
+    fn give_back_when_done(&mut self) {
+        if self.rest.is_end_stream() {
+            if let Some((sender, pool)) = self.sender.take() {
+                pool.put(sender);
             }
         }
     }
+}
 
-    fn unreachable(&self, error: &dyn std::error::Error) -> ProxyError {
-        ProxyError::UpstreamUnreachable(format!("{}: {}", self.base_url, root_cause(error)))
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Some(first) = this.first.take() {
+            return Poll::Ready(Some(Ok(first)));
+        }
+        let frame = std::task::ready!(Pin::new(&mut this.rest).poll_frame(cx));
+        if !matches!(frame, Some(Err(_))) {
+            this.give_back_when_done();
+        }
+        Poll::Ready(frame.map(|frame| frame.map_err(BoxError::from)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let mut hint = self.rest.size_hint();
+        let first = self
+            .first
+            .as_ref()
+            .and_then(Frame::data_ref)
+            .map_or(0, |data| data.len() as u64);
+        if let Some(upper) = hint.upper() {
+            hint.set_upper(upper + first);
+        }
+        hint.set_lower(hint.lower() + first);
+        hint
     }
 }
 
@@ -408,6 +700,81 @@ pub fn forwardable_headers(mut headers: HeaderMap) -> HeaderMap {
     headers
 }
 
+/// Headers that describe one HTTP/1.1 hop, not the message, by their lower-case names:
+/// dropped from requests before they go upstream and from responses before they go to the
+/// client. Matched as text, which is a switch on the length and one comparison.
+fn is_hop_by_hop_name(name: &str) -> bool {
+    matches!(
+        name,
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    is_hop_by_hop_name(name.as_str())
+}
+
+/// Case-insensitive, as Connection tokens are.
+fn is_hop_by_hop_token(token: &str) -> bool {
+    // As long as the longest hop-by-hop name, `proxy-authorization`.
+    let mut lower = [0u8; 19];
+    let Some(lower) = lower.get_mut(..token.len()) else {
+        return false;
+    };
+    lower.copy_from_slice(token.as_bytes());
+    lower.make_ascii_lowercase();
+    std::str::from_utf8(lower).is_ok_and(is_hop_by_hop_name)
+}
+
+/// The names the Connection header lists as hop-by-hop too, as written; a value that is not
+/// text is skipped whole.
+fn connection_listed(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
+        .get_all(header::CONNECTION)
+        .into_iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+}
+
+/// Drops the headers that describe one hop, not the message, removing them in the map's
+/// order (which decides the order of those left). The two common shapes allocate nothing:
+/// no hop-by-hop header at all, and a Connection header alone (most clients send
+/// `Connection: keep-alive`) that lists no other header present.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let fixed = headers.keys().filter(|name| is_hop_by_hop(name)).count();
+    if fixed == 0 {
+        return;
+    }
+    let lone_connection = fixed == 1
+        && headers.contains_key(header::CONNECTION)
+        && !connection_listed(headers)
+            .any(|token| !is_hop_by_hop_token(token) && headers.contains_key(token));
+    if lone_connection {
+        headers.remove(header::CONNECTION);
+        return;
+    }
+    let doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| {
+            is_hop_by_hop(name)
+                || connection_listed(headers).any(|token| token.eq_ignore_ascii_case(name.as_str()))
+        })
+        .cloned()
+        .collect();
+    for name in doomed {
+        headers.remove(name);
+    }
+}
+
 /// The configured upstreams and which model goes where.
 pub struct Upstreams {
     default: Arc<Upstream>,
@@ -415,21 +782,23 @@ pub struct Upstreams {
 }
 
 impl Upstreams {
-    pub fn from_config(config: &Config) -> Result<Upstreams, ConfigError> {
+    pub fn from_config(
+        config: &Config,
+        connections: &Connections,
+    ) -> Result<Upstreams, ConfigError> {
         let timeout = Duration::from_secs(config.upstream.timeout_secs);
-        let pools = config.server.worker_count();
         let default = Arc::new(Upstream::new(
             &config.upstream.base_url,
             &config.upstream.api_key_env,
             timeout,
-            pools,
+            connections,
         )?);
         let routes = config
             .routes
             .iter()
             .map(|route| {
                 let patterns = route.models.iter().map(|m| WildMatch::new(m)).collect();
-                Upstream::new(&route.base_url, &route.api_key_env, timeout, pools)
+                Upstream::new(&route.base_url, &route.api_key_env, timeout, connections)
                     .map(|u| (patterns, Arc::new(u)))
             })
             .collect::<Result<_, _>>()?;
@@ -456,7 +825,7 @@ impl Upstreams {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::h1::HOP_BY_HOP;
+    use hyper_util::rt::TokioIo;
 
     #[test]
     fn hop_by_hop_and_connection_listed_headers_are_dropped() {
@@ -473,7 +842,17 @@ mod tests {
         h.insert("x-secret-hop", HeaderValue::from_static("1"));
         h.insert("x-other-hop", HeaderValue::from_static("1"));
         h.insert(header::HOST, HeaderValue::from_static("proxy"));
-        for name in HOP_BY_HOP {
+        for name in [
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "proxy-authenticate",
+            "proxy-authorization",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+        ] {
             h.append(name, HeaderValue::from_static("1"));
         }
         h.insert("x-kept", HeaderValue::from_static("1"));
@@ -550,9 +929,21 @@ mod tests {
         (url, connections)
     }
 
-    async fn get_twice(url: &str) -> Vec<String> {
+    fn connections() -> Connections {
+        Connections {
+            workers: 1,
+            idle_timeout: Duration::from_secs(60),
+            failures: UpstreamFailures::new().unwrap(),
+        }
+    }
+
+    fn test_upstream(url: &str) -> Upstream {
         let tls = tls_config(Some(Path::new("tests/tls/ca.pem"))).unwrap();
-        let upstream = Upstream::with_tls(url, "", Duration::from_secs(5), 1, tls).unwrap();
+        Upstream::with_tls(url, "", Duration::from_secs(5), &connections(), tls).unwrap()
+    }
+
+    async fn get_twice(url: &str) -> Vec<String> {
+        let upstream = test_upstream(url);
         let mut seen = Vec::new();
         for _ in 0..2 {
             let response = upstream
@@ -560,7 +951,7 @@ mod tests {
                     Method::GET,
                     "/v1/models",
                     HeaderMap::new(),
-                    RequestBody::Full(Default::default()),
+                    crate::http::body::full(Bytes::new()),
                 )
                 .await
                 .unwrap();
@@ -582,8 +973,7 @@ mod tests {
     async fn the_body_sent_is_framed_by_its_own_length_on_both_versions() {
         for (alpn, version) in [(&b"h2"[..], "HTTP/2.0"), (b"http/1.1", "HTTP/1.1")] {
             let (url, _) = tls_upstream(alpn).await;
-            let tls = tls_config(Some(Path::new("tests/tls/ca.pem"))).unwrap();
-            let upstream = Upstream::with_tls(&url, "", Duration::from_secs(5), 1, tls).unwrap();
+            let upstream = test_upstream(&url);
             let mut headers = HeaderMap::new();
             headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("99"));
             let response = upstream
@@ -591,7 +981,7 @@ mod tests {
                     Method::POST,
                     "/v1/chat/completions",
                     headers,
-                    RequestBody::Full(bytes::Bytes::from_static(b"{\"rewritten\":true}")),
+                    crate::http::body::full(Bytes::from_static(b"{\"rewritten\":true}")),
                 )
                 .await
                 .unwrap();
@@ -623,24 +1013,94 @@ mod tests {
 
     #[test]
     fn base_with_v1_is_not_doubled() {
-        let u = Upstream::new("http://h:1/v1/", "", Duration::from_secs(1), 1).unwrap();
+        let u =
+            Upstream::new("http://h:1/v1/", "", Duration::from_secs(1), &connections()).unwrap();
         assert_eq!(u.url("/v1/models?x=1"), "http://h:1/v1/models?x=1");
-        let u = Upstream::new("http://h:1/proxy", "", Duration::from_secs(1), 1).unwrap();
-        assert_eq!(u.url("/v1/models"), "http://h:1/proxy/v1/models");
-        // What goes on the request line is the same URL's path and query.
-        assert_eq!(u.target("/v1/models?x=1"), "/proxy/v1/models?x=1");
-        let u = Upstream::new("http://h:1/v1/", "", Duration::from_secs(1), 1).unwrap();
-        assert_eq!(u.target("/v1/models?x=1"), "/v1/models?x=1");
-        assert_eq!(u.target("/other"), "/v1/other");
-        assert_eq!(u.host, "h:1");
+        assert_eq!(u.url("/other"), "http://h:1/v1/other");
         let u = Upstream::new(
-            "https://user:pw@api.example.com",
+            "http://h:1/proxy",
             "",
             Duration::from_secs(1),
-            1,
+            &connections(),
         )
         .unwrap();
-        assert_eq!(u.host, "api.example.com");
-        assert_eq!(u.origin, "https://user:pw@api.example.com/");
+        assert_eq!(u.url("/v1/models?x=1"), "http://h:1/proxy/v1/models?x=1");
+    }
+
+    #[test]
+    fn each_hop_by_hop_header_is_dropped_without_a_connection_header() {
+        for name in [
+            "keep-alive",
+            "proxy-connection",
+            "proxy-authenticate",
+            "proxy-authorization",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(name, HeaderValue::from_static("1"));
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+            strip_hop_by_hop(&mut h);
+            assert_eq!(h.keys().collect::<Vec<_>>(), ["content-type"], "{name}");
+        }
+    }
+
+    #[test]
+    fn a_lone_connection_header_is_dropped_and_nothing_else() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("Keep-Alive"));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("317"));
+        h.insert("x-request-id", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<_> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["content-length", "x-request-id"]);
+
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("close, not a name, X-Hop"),
+        );
+        h.insert("x-hop", HeaderValue::from_static("1"));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("317"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.keys().collect::<Vec<_>>(), ["content-length"]);
+    }
+
+    #[test]
+    fn the_headers_left_keep_the_order_of_removing_in_map_order() {
+        let mut h = HeaderMap::new();
+        for name in [
+            "a",
+            "te",
+            "b",
+            "connection",
+            "c",
+            "x-hop",
+            "d",
+            "upgrade",
+            "e",
+        ] {
+            h.insert(name, HeaderValue::from_static("x-hop"));
+        }
+        let mut expected = h.clone();
+        for name in ["te", "connection", "x-hop", "upgrade"] {
+            expected.remove(name);
+        }
+        strip_hop_by_hop(&mut h);
+        assert!(h.iter().eq(expected.iter()), "{h:?}");
+    }
+
+    #[test]
+    fn headers_without_hop_by_hop_ones_are_left_as_they_are() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("a/b"));
+        h.insert("x-keep-alive-ish", HeaderValue::from_static("1"));
+        h.append("x-keep-alive-ish", HeaderValue::from_static("2"));
+        let before = h.clone();
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, before);
     }
 }

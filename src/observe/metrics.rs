@@ -70,6 +70,51 @@ pub struct Metrics {
     pub ttft_seconds: ShardedHistogram,
     pub summary_cache_entries: IntGauge,
     pub cache_errors: IntCounter,
+    pub upstream_failures: UpstreamFailures,
+}
+
+/// Why an upstream exchange failed, as `condenser_upstream_failures_total` labels it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// No connection could be made.
+    Connect,
+    /// No answer, or a silence within a body, past the upstream timeout.
+    Timeout,
+    /// A reply that breaks HTTP's rules: framing, an unrequested upgrade, an oversized head.
+    Malformed,
+    /// The connection closed or reset before the reply was complete.
+    Reset,
+}
+
+impl FailureKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Connect => "connect",
+            FailureKind::Timeout => "timeout",
+            FailureKind::Malformed => "malformed",
+            FailureKind::Reset => "reset",
+        }
+    }
+}
+
+/// `condenser_upstream_failures_total{kind}`. Failures are rare, so a plain counter does.
+#[derive(Clone)]
+pub struct UpstreamFailures(IntCounterVec);
+
+impl UpstreamFailures {
+    pub fn new() -> Result<UpstreamFailures, MetricsError> {
+        Ok(UpstreamFailures(IntCounterVec::new(
+            Opts::new(
+                "condenser_upstream_failures_total",
+                "Upstream exchanges that failed, by kind: connect, timeout, malformed, reset.",
+            ),
+            &["kind"],
+        )?))
+    }
+
+    pub fn count(&self, kind: FailureKind) {
+        self.0.with_label_values(&[kind.as_str()]).inc();
+    }
 }
 
 /// One shard's cell, aligned to 128 bytes: the adjacent-line prefetcher moves cache lines
@@ -623,6 +668,11 @@ impl Metrics {
                 )?;
                 register(Box::new(c.clone()))?;
                 c
+            },
+            upstream_failures: {
+                let failures = UpstreamFailures::new()?;
+                register(Box::new(failures.0.clone()))?;
+                failures
             },
             registry,
         };

@@ -1,0 +1,494 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! condenser in front of a raw TCP upstream that misbehaves on cue. Each case asserts what
+//! the client gets, how many times upstream received the request, and that the next normal
+//! request is served.
+
+mod common;
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+const CHAT: &str = "/v1/chat/completions";
+const PASSTHROUGH: &str = "/v1/embeddings";
+
+/// What the upstream does with one request it has read in full.
+#[derive(Clone)]
+enum Act {
+    /// A normal JSON answer; the connection stays open.
+    Answer,
+    /// These bytes in one write; the connection stays open.
+    Send(Vec<u8>),
+    /// These bytes in writes of `piece` bytes each.
+    Trickle(Vec<u8>, usize),
+    /// These bytes, then close.
+    SendAndClose(Vec<u8>),
+    /// These bytes, then a reset (SO_LINGER 0).
+    SendAndReset(Vec<u8>),
+    /// No answer; the connection stays open until condenser closes it.
+    Silence,
+    /// A normal answer, then upstream closes its side of the idle connection and waits for
+    /// condenser to close its own.
+    AnswerThenHangUp,
+}
+
+/// A request as upstream received it, and on which of its connections.
+#[derive(Debug, Clone)]
+struct Seen {
+    connection: usize,
+    request_line: String,
+}
+
+struct Hostile {
+    addr: std::net::SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    /// Connection numbers, each sent once condenser has closed that connection.
+    closed_by_condenser: mpsc::UnboundedReceiver<usize>,
+}
+
+fn answer() -> Vec<u8> {
+    let body = completion("fine", 3, 1).to_string();
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Reads one request's head and Content-Length body; None once the peer has closed.
+async fn read_request(stream: &mut TcpStream) -> Option<String> {
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        if stream.read(&mut byte).await.ok()? == 0 {
+            return None;
+        }
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    let length = head
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse::<usize>().unwrap())
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).await.ok()?;
+    Some(head.lines().next().unwrap_or_default().to_string())
+}
+
+/// Waits for condenser to close the connection, discarding whatever it sends.
+async fn until_closed(stream: &mut TcpStream) {
+    let mut sink = [0u8; 1024];
+    while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+}
+
+impl Hostile {
+    /// Requests are answered by `script` in order, then normally.
+    async fn start(script: Vec<Act>) -> Hostile {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let script = Arc::new(Mutex::new(VecDeque::from(script)));
+        let (closed_tx, closed_by_condenser) = mpsc::unbounded_channel();
+        let record = seen.clone();
+        tokio::spawn(async move {
+            for connection in 0.. {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    return;
+                };
+                stream.set_nodelay(true).unwrap();
+                let (seen, script, closed) = (record.clone(), script.clone(), closed_tx.clone());
+                tokio::spawn(async move {
+                    while let Some(request_line) = read_request(&mut stream).await {
+                        seen.lock().unwrap().push(Seen {
+                            connection,
+                            request_line,
+                        });
+                        let act = script.lock().unwrap().pop_front().unwrap_or(Act::Answer);
+                        // Write errors are condenser hanging up on a reply it refused.
+                        match act {
+                            Act::Answer => {
+                                let _ = stream.write_all(&answer()).await;
+                            }
+                            Act::Send(bytes) => {
+                                let _ = stream.write_all(&bytes).await;
+                            }
+                            Act::Trickle(bytes, piece) => {
+                                for chunk in bytes.chunks(piece) {
+                                    if stream.write_all(chunk).await.is_err() {
+                                        break;
+                                    }
+                                }
+                            }
+                            Act::SendAndClose(bytes) => {
+                                let _ = stream.write_all(&bytes).await;
+                                return;
+                            }
+                            Act::SendAndReset(bytes) => {
+                                let _ = stream.write_all(&bytes).await;
+                                socket2::SockRef::from(&stream)
+                                    .set_linger(Some(Duration::ZERO))
+                                    .unwrap();
+                                return;
+                            }
+                            Act::Silence => break,
+                            Act::AnswerThenHangUp => {
+                                stream.write_all(&answer()).await.unwrap();
+                                stream.shutdown().await.unwrap();
+                                break;
+                            }
+                        }
+                    }
+                    until_closed(&mut stream).await;
+                    let _ = closed.send(connection);
+                });
+            }
+        });
+        Hostile {
+            addr,
+            seen,
+            closed_by_condenser,
+        }
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// condenser with one worker, so consecutive requests share its upstream connection pool.
+async fn condenser_before(upstream: &Hostile, timeout_secs: u64) -> Proxy {
+    Proxy::start(one_worker_config(upstream, timeout_secs)).await
+}
+
+fn one_worker_config(upstream: &Hostile, timeout_secs: u64) -> condenser::Config {
+    let mut config = config_for(&format!("http://{}", upstream.addr));
+    config.server.workers = 1;
+    config.upstream.timeout_secs = timeout_secs;
+    config
+}
+
+fn request_body(path: &str, stream: bool) -> Value {
+    match path {
+        CHAT => {
+            json!({"model": "gpt-4o", "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
+        }
+        _ => json!({"model": "text-embedding-3-small", "input": "hi"}),
+    }
+}
+
+async fn post(proxy: &Proxy, path: &str) -> reqwest::Response {
+    within(
+        "a response",
+        client()
+            .post(proxy.url(path))
+            .json(&request_body(path, false))
+            .send(),
+    )
+    .await
+    .unwrap()
+}
+
+async fn assert_served(proxy: &Proxy, path: &str) {
+    let response = post(proxy, path).await;
+    assert_eq!(response.status(), 200, "{path}");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["choices"][0]["message"]["content"], "fine", "{path}");
+}
+
+async fn assert_error(response: reqwest::Response, status: u16, code: &str) {
+    assert_eq!(response.status(), status);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], code, "{body}");
+    assert!(body["error"]["message"].is_string(), "{body}");
+}
+
+async fn failures(proxy: &Proxy, kind: &str) -> f64 {
+    let series = format!("condenser_upstream_failures_total{{kind=\"{kind}\"}}");
+    metric(&proxy.metrics().await, &series).unwrap_or(0.0)
+}
+
+/// A broken reply to the one request after a normal one: the client gets `status` and
+/// `code`, upstream saw the request once, the failure is counted as `kind`, and the next
+/// request is served.
+async fn assert_refused(path: &str, broken: Act, status: u16, code: &str, kind: &str) {
+    let upstream = Hostile::start(vec![Act::Answer, broken]).await;
+    let proxy = condenser_before(&upstream, 600).await;
+    assert_served(&proxy, path).await;
+    assert_error(post(&proxy, path).await, status, code).await;
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(failures(&proxy, kind).await, 1.0, "{kind}");
+    assert_served(&proxy, path).await;
+    assert_eq!(upstream.seen().len(), 3);
+}
+
+/// RFC 9110 §9.2.2: a request upstream received whole is never sent again, whatever the
+/// connection does next.
+#[tokio::test]
+async fn a_request_written_on_a_reused_connection_that_then_fails_is_not_sent_again() {
+    let partial_head = b"HTTP/1.1 200 OK\r\ncontent-type: applic".to_vec();
+    for path in [CHAT, PASSTHROUGH] {
+        for (what, broken) in [
+            ("close", Act::SendAndClose(Vec::new())),
+            ("reset", Act::SendAndReset(Vec::new())),
+            (
+                "part of a head, then close",
+                Act::SendAndClose(partial_head.clone()),
+            ),
+            (
+                "part of a head, then reset",
+                Act::SendAndReset(partial_head.clone()),
+            ),
+        ] {
+            let upstream = Hostile::start(vec![Act::Answer, broken]).await;
+            let proxy = condenser_before(&upstream, 600).await;
+            assert_served(&proxy, path).await;
+            assert_error(post(&proxy, path).await, 502, "upstream_unreachable").await;
+            let seen = upstream.seen();
+            assert_eq!(seen.len(), 2, "{path} {what}: {seen:?}");
+            assert_eq!(seen[0].connection, seen[1].connection, "{what}: reused");
+            assert!(seen[1].request_line.starts_with("POST "), "{seen:?}");
+            assert_eq!(failures(&proxy, "reset").await, 1.0, "{path} {what}");
+            assert_served(&proxy, path).await;
+            let seen = upstream.seen();
+            assert_eq!(seen.len(), 3, "{path} {what}: {seen:?}");
+            assert_ne!(seen[2].connection, seen[1].connection);
+        }
+    }
+}
+
+#[tokio::test]
+async fn malformed_chunk_sizes_are_a_broken_reply() {
+    for size in ["zz", "-1", "1ffffffffffffffffff"] {
+        let reply = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n{size}\r\n{{}}\r\n0\r\n\r\n"
+        );
+        for path in [CHAT, PASSTHROUGH] {
+            let broken = Act::Send(reply.clone().into_bytes());
+            assert_refused(path, broken, 502, "upstream_error", "malformed").await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_unrequested_switch_of_protocols_is_a_broken_reply() {
+    let reply =
+        b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n";
+    for path in [CHAT, PASSTHROUGH] {
+        let broken = Act::Send(reply.to_vec());
+        assert_refused(path, broken, 502, "upstream_error", "malformed").await;
+    }
+}
+
+#[tokio::test]
+async fn framing_a_proxy_must_not_pass_on_is_a_broken_reply() {
+    let gzip_chunked = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: gzip, chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n";
+    let length_and_chunked = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n";
+    for reply in [&gzip_chunked[..], &length_and_chunked[..]] {
+        for path in [CHAT, PASSTHROUGH] {
+            let broken = Act::Send(reply.to_vec());
+            assert_refused(path, broken, 502, "upstream_error", "malformed").await;
+        }
+    }
+}
+
+/// A response head with a padding header of `padding` bytes, and a normal answer's body.
+fn answer_with_padding(padding: usize) -> Vec<u8> {
+    let answer = String::from_utf8(answer()).unwrap();
+    let pad = format!("x-padding: {}\r\n", "p".repeat(padding));
+    answer
+        .replacen("\r\n", &format!("\r\n{pad}"), 1)
+        .into_bytes()
+}
+
+#[tokio::test]
+async fn a_response_head_over_the_limit_is_refused_however_it_arrives() {
+    let oversized = answer_with_padding(100 * 1024);
+    let under_limit = answer_with_padding(60 * 1024);
+    for path in [CHAT, PASSTHROUGH] {
+        for broken in [
+            Act::Send(oversized.clone()),
+            Act::Trickle(oversized.clone(), 512),
+        ] {
+            assert_refused(path, broken, 502, "upstream_error", "malformed").await;
+        }
+        let upstream = Hostile::start(vec![
+            Act::Send(under_limit.clone()),
+            Act::Trickle(under_limit.clone(), 512),
+        ])
+        .await;
+        let proxy = condenser_before(&upstream, 600).await;
+        for _ in 0..2 {
+            assert_served(&proxy, path).await;
+        }
+        assert_eq!(upstream.seen().len(), 2);
+    }
+}
+
+#[tokio::test]
+async fn informational_responses_before_the_reply_are_passed_over() {
+    let mut reply =
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n\r\n"
+            .to_vec();
+    reply.extend(answer());
+    for path in [CHAT, PASSTHROUGH] {
+        let upstream = Hostile::start(vec![Act::Send(reply.clone())]).await;
+        let proxy = condenser_before(&upstream, 600).await;
+        assert_served(&proxy, path).await;
+        assert_eq!(upstream.seen().len(), 1);
+        assert_served(&proxy, path).await;
+        assert_eq!(upstream.seen().len(), 2);
+    }
+}
+
+/// 204 and 304 have no body whatever follows them; what does is never relayed, and never
+/// read as the answer to the next request.
+#[tokio::test]
+async fn bodiless_statuses_with_stray_bytes_are_relayed_without_them() {
+    for status in ["204 No Content", "304 Not Modified"] {
+        let reply = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\nSTRAY BODY BYTES");
+        let upstream = Hostile::start(vec![Act::Answer, Act::Send(reply.into_bytes())]).await;
+        let proxy = condenser_before(&upstream, 600).await;
+        assert_served(&proxy, PASSTHROUGH).await;
+        let response = post(&proxy, PASSTHROUGH).await;
+        assert_eq!(response.status().as_str(), &status[..3]);
+        assert_eq!(response.bytes().await.unwrap().len(), 0, "{status}");
+        assert_eq!(upstream.seen().len(), 2);
+        assert_served(&proxy, PASSTHROUGH).await;
+        assert_eq!(upstream.seen().len(), 3, "{status}");
+    }
+}
+
+#[tokio::test]
+async fn an_upstream_that_never_answers_is_a_timeout() {
+    for path in [CHAT, PASSTHROUGH] {
+        let mut upstream = Hostile::start(vec![Act::Answer, Act::Silence]).await;
+        let proxy = condenser_before(&upstream, 1).await;
+        assert_served(&proxy, path).await;
+        assert_error(post(&proxy, path).await, 504, "upstream_timeout").await;
+        assert_eq!(upstream.seen().len(), 2);
+        assert_eq!(failures(&proxy, "timeout").await, 1.0);
+        // The connection left waiting is closed, not kept.
+        let abandoned = within(
+            "the silent connection closed",
+            upstream.closed_by_condenser.recv(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(abandoned, upstream.seen()[1].connection);
+        assert_served(&proxy, path).await;
+        assert_eq!(upstream.seen().len(), 3);
+    }
+}
+
+/// The sockets on this host in CLOSE_WAIT towards `port`: closed by the peer, not yet by us.
+fn close_wait_towards(port: u16) -> usize {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .flat_map(|table| table.lines().skip(1).map(str::to_owned).collect::<Vec<_>>())
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let remote_port = fields[2].rsplit(':').next().unwrap();
+            u16::from_str_radix(remote_port, 16).unwrap() == port && fields[3] == "08"
+        })
+        .count()
+}
+
+#[tokio::test]
+async fn an_idle_connection_upstream_closes_is_closed_at_once_and_not_reused() {
+    let mut upstream = Hostile::start(vec![Act::AnswerThenHangUp]).await;
+    let proxy = condenser_before(&upstream, 600).await;
+    assert_served(&proxy, CHAT).await;
+    // Upstream hung up on the idle connection; condenser closes its side with no request
+    // to make it look.
+    let closed = within(
+        "condenser closing the idle connection",
+        upstream.closed_by_condenser.recv(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(closed, upstream.seen()[0].connection);
+    assert_eq!(close_wait_towards(upstream.addr.port()), 0);
+    assert_served(&proxy, CHAT).await;
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 2);
+    assert_ne!(seen[0].connection, seen[1].connection);
+    assert_eq!(failures(&proxy, "reset").await, 0.0);
+}
+
+#[tokio::test]
+async fn an_idle_connection_is_closed_after_the_idle_timeout() {
+    let mut upstream = Hostile::start(Vec::new()).await;
+    let mut config = one_worker_config(&upstream, 600);
+    config.upstream.idle_timeout_secs = 1;
+    let proxy = Proxy::start(config).await;
+    assert_served(&proxy, PASSTHROUGH).await;
+    let closed = within(
+        "condenser closing the idle connection",
+        upstream.closed_by_condenser.recv(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(closed, upstream.seen()[0].connection);
+    assert_served(&proxy, PASSTHROUGH).await;
+    let seen = upstream.seen();
+    assert_ne!(seen[0].connection, seen[1].connection);
+}
+
+#[tokio::test]
+async fn a_stream_cut_mid_event_aborts_the_client_stream() {
+    let first = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hel\"}}]}\n\n";
+    let cut = "data: {\"choices\":[{\"ind";
+    let reply = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{first}\r\n{:x}\r\n{cut}",
+        first.len(),
+        cut.len() + 40,
+    );
+    for path in [CHAT, PASSTHROUGH] {
+        let upstream = Hostile::start(vec![
+            Act::Answer,
+            Act::SendAndClose(reply.clone().into_bytes()),
+        ])
+        .await;
+        let proxy = condenser_before(&upstream, 600).await;
+        assert_served(&proxy, path).await;
+        let response = within(
+            "the stream's head",
+            client()
+                .post(proxy.url(path))
+                .json(&request_body(path, true))
+                .send(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(response.status(), 200);
+        let mut stream = response.bytes_stream();
+        let mut received = Vec::new();
+        let outcome = loop {
+            match within("the stream", stream.next()).await {
+                Some(Ok(bytes)) => received.extend_from_slice(&bytes),
+                Some(Err(e)) => break Err(e),
+                None => break Ok(()),
+            }
+        };
+        assert!(outcome.is_err(), "{path}: the stream ended cleanly");
+        let received = String::from_utf8(received).unwrap();
+        assert!(received.contains("hel"), "{received}");
+        assert_eq!(upstream.seen().len(), 2);
+        assert_eq!(failures(&proxy, "reset").await, 1.0);
+        assert_served(&proxy, path).await;
+        assert_eq!(upstream.seen().len(), 3);
+    }
+}
