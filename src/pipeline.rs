@@ -39,6 +39,7 @@ const PROMPT_TOKENS_HEADER: HeaderName = HeaderName::from_static("x-condenser-pr
 const FORWARDED_TOKENS_HEADER: HeaderName = HeaderName::from_static("x-condenser-forwarded-tokens");
 const SUMMARIZED_HEADER: HeaderName = HeaderName::from_static("x-condenser-summarized-messages");
 const CACHE_HEADER: HeaderName = HeaderName::from_static("x-condenser-cache");
+const RETRY_HEADER: HeaderName = HeaderName::from_static("x-condenser-retry");
 
 /// What the pipeline needs of one API. Each stage is the dialect's; their order, the plan,
 /// the compaction and the relay are the pipeline's, the same for every dialect.
@@ -258,6 +259,8 @@ pub struct Outgoing<'s> {
     pub forwarded_tokens: u64,
     /// The unscaled count of what was forwarded, for the learned ratio.
     pub forwarded_raw: u64,
+    /// The window less the reserve, as planned: what upstream should have accepted.
+    pub usable: u64,
     pub outcome: Outcome,
 }
 
@@ -274,6 +277,8 @@ pub async fn handle<D: Dialect>(
     let directives = Directives::of(&parts.headers);
     let mode = mode_for(&directives)?;
     let settings = settings_for(&state.config, &directives)?;
+    // Kept for a reactive retry: a second handle on the same bytes, not a copy.
+    let original = bytes.clone();
     let outgoing = match D::scan(state, &bytes, &settings, mode).await {
         Ok(outgoing) => outgoing,
         // Boxed: the full path's future (summarizer calls included) is large, and the common
@@ -290,18 +295,86 @@ pub async fn handle<D: Dialect>(
             .await?
         }
     };
+    let metrics = &state.metrics;
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or(parts.uri.path(), |pq| pq.as_str());
+    let sent = Instant::now();
+    let overhead = sent
+        .saturating_duration_since(work_started)
+        .saturating_sub(outgoing.outcome.summarizer_wait);
+    metrics.overhead_seconds.observe(overhead.as_secs_f64());
+    let mut outgoing = outgoing;
+    let mut retried = false;
+    let response = loop {
+        let response = outgoing
+            .upstream
+            .send(
+                Method::POST,
+                path_and_query,
+                upstream_headers(parts.headers.clone()),
+                full(outgoing.body.clone()),
+            )
+            .await?;
+        // One retry, and only for a request whose summary the client has not yet waited for
+        // (at most one summarizer wait per request), nor one the client asked not to compact.
+        let waited_already = matches!(
+            outgoing.outcome.cache,
+            CacheOutcome::Miss | CacheOutcome::Extended
+        );
+        if retried || waited_already || mode == Mode::Off || !may_say_too_long(&response) {
+            break response;
+        }
+        let (head, body) = response.into_parts();
+        let reply = read_body(body, &head.headers, MAX_ERROR_REPLY_BYTES).await?;
+        let relay = |head, reply| Response::from_parts(head, full(reply));
+        if !says_context_length_exceeded(&reply) {
+            break relay(head, reply);
+        }
+        let factor = state.counter.observe_overflow(
+            &outgoing.model,
+            outgoing.forwarded_tokens,
+            outgoing.usable,
+        );
+        let label = metrics.for_model(&outgoing.model, &outgoing.info);
+        metrics
+            .reactive_retries
+            .with_label_values(&[metrics.model(label).label()])
+            .inc();
+        let compacted = Box::pin(prepare::<D>(
+            state,
+            original.clone(),
+            &parts.headers,
+            &settings,
+            Mode::Force,
+            None,
+        ))
+        .await?;
+        if compacted.outcome.action == "forwarded" {
+            // Nothing to compact: sending it again would fail again.
+            break relay(head, reply);
+        }
+        tracing::info!(
+            model = %outgoing.model,
+            count_factor = factor,
+            "upstream found the prompt too long; retrying it compacted"
+        );
+        outgoing = compacted;
+        retried = true;
+    };
     let Outgoing {
         model,
         info,
-        upstream,
-        body: send_bytes,
+        upstream: _,
+        body: _,
         inject_usage,
         received_tokens,
         forwarded_tokens,
         forwarded_raw,
+        usable: _,
         outcome,
     } = outgoing;
-    let metrics = &state.metrics;
     let model_label = metrics.for_model(&model, &info);
     metrics
         .model(model_label)
@@ -312,19 +385,6 @@ pub async fn handle<D: Dialect>(
             .with_label_values(&[outcome.action, outcome.cache.name()])
             .inc();
     }
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .map_or(parts.uri.path(), |pq| pq.as_str());
-    let headers = upstream_headers(parts.headers);
-    let sent = Instant::now();
-    let overhead = sent
-        .saturating_duration_since(work_started)
-        .saturating_sub(outcome.summarizer_wait);
-    metrics.overhead_seconds.observe(overhead.as_secs_f64());
-    let response = upstream
-        .send(Method::POST, path_and_query, headers, full(send_bytes))
-        .await?;
     let upstream_time = sent.elapsed();
     metrics
         .upstream_seconds
@@ -348,6 +408,12 @@ pub async fn handle<D: Dialect>(
         (CACHE_HEADER, HeaderValue::from_static(outcome.cache.name())),
     ] {
         response_headers.insert(name, value);
+    }
+    if retried {
+        response_headers.insert(
+            RETRY_HEADER,
+            HeaderValue::from_static("context_length_exceeded"),
+        );
     }
     let is_sse = response_headers
         .get(header::CONTENT_TYPE)
@@ -453,6 +519,7 @@ async fn prepare<'s, D: Dialect>(
             }
         }
     }
+    let usable = Limits::new(&input).usable;
     let received_tokens = prepared.count.total;
     // Only a rewrite changes the prompt.
     let (forwarded_tokens, forwarded_raw) = if rewritten {
@@ -473,8 +540,41 @@ async fn prepare<'s, D: Dialect>(
         received_tokens,
         forwarded_tokens,
         forwarded_raw,
+        usable,
         outcome,
     })
+}
+
+/// An upstream's answer that a prompt is too long is a small error body; more is relayed
+/// as it is.
+const MAX_ERROR_REPLY_BYTES: usize = 64 * 1024;
+
+/// Whether a reply may be an upstream's `context_length_exceeded`: one of the statuses they
+/// answer it with, and a declared body small enough to read before relaying it.
+fn may_say_too_long<B>(response: &Response<B>) -> bool {
+    let small = response
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .is_some_and(|len| len <= MAX_ERROR_REPLY_BYTES);
+    small && matches!(response.status().as_u16(), 400 | 413 | 422)
+}
+
+/// Whether an error reply says the prompt did not fit, as OpenAI (`context_length_exceeded`),
+/// Anthropic ("prompt is too long"), vLLM ("maximum context length") and llama.cpp
+/// (`exceed_context_size_error`, "exceeds the available context size") say it.
+fn says_context_length_exceeded(reply: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(reply).to_ascii_lowercase();
+    [
+        "context_length_exceeded",
+        "prompt is too long",
+        "maximum context length",
+        "exceed_context_size",
+        "exceeds the available context size",
+    ]
+    .iter()
+    .any(|marker| text.contains(marker))
 }
 
 /// One allocation, where `HeaderValue::from(u64)` makes two (a buffer, then a shared
@@ -625,6 +725,21 @@ mod tests {
                 None
             ))
         );
+    }
+
+    #[test]
+    fn every_upstreams_way_of_saying_too_long_is_recognized() {
+        for reply in [
+            r#"{"error":{"code":"context_length_exceeded","message":"..."}}"#,
+            r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 210000 tokens > 200000 maximum"}}"#,
+            r#"{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens"}"#,
+            r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error"}}"#,
+        ] {
+            assert!(says_context_length_exceeded(reply.as_bytes()), "{reply}");
+        }
+        assert!(!says_context_length_exceeded(
+            br#"{"error":{"code":"invalid_value","message":"temperature too high"}}"#
+        ));
     }
 
     #[tokio::test]

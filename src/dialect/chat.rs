@@ -13,7 +13,7 @@ use serde_json::{json, Map, Value};
 
 use crate::app::AppState;
 use crate::compaction::compactor::Rewrite;
-use crate::compaction::plan::{Decision, Mode, Split};
+use crate::compaction::plan::{Decision, Limits, Mode, Split};
 use crate::config::{Api, ContextConfig};
 use crate::conversation::content_text;
 use crate::conversation::{Item, VALID_ROLES};
@@ -362,6 +362,7 @@ async fn scan<'s>(
         UsageRequest::Splice => with_usage_requested(bytes, open),
         UsageRequest::Merge => return Err(Some(Planned { prepared, decision })),
     };
+    let usable = Limits::new(&input).usable;
     let model = request.model.into_owned();
     Ok(Outgoing {
         upstream: state.upstreams.for_model(Some(&model)),
@@ -372,6 +373,7 @@ async fn scan<'s>(
         received_tokens: prepared.count.total,
         forwarded_tokens: prepared.count.total,
         forwarded_raw: prepared.count.raw_total,
+        usable,
         outcome: Outcome::FORWARDED,
     })
 }

@@ -64,6 +64,8 @@ pub struct Metrics {
     requests: RequestCounts,
     models: ModelMetrics,
     pub compactions: IntCounterVec,
+    /// Requests retried compacted after upstream's `context_length_exceeded`, by model.
+    pub reactive_retries: IntCounterVec,
     pub upstream_seconds: ShardedHistogram,
     pub overhead_seconds: ShardedHistogram,
     pub summarize_seconds: Histogram,
@@ -363,6 +365,11 @@ impl ModelSeries {
         }
     }
 
+    /// The `model` label value of this series.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
     /// Prompt tokens received and forwarded, and the difference as saved.
     pub fn count_prompt(&self, received: u64, forwarded: u64) {
         let cell = self.tokens.local();
@@ -623,6 +630,17 @@ impl Metrics {
                         "Chat requests compacted, by action (summarized, trimmed) and summary cache outcome.",
                     ),
                     &["action", "cache"],
+                )?;
+                register(Box::new(c.clone()))?;
+                c
+            },
+            reactive_retries: {
+                let c = IntCounterVec::new(
+                    Opts::new(
+                        "condenser_reactive_retries_total",
+                        "Requests retried once, compacted, after upstream answered that the prompt was too long.",
+                    ),
+                    &["model"],
                 )?;
                 register(Box::new(c.clone()))?;
                 c

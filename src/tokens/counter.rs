@@ -21,6 +21,9 @@ use crate::tokens::encoding::Encoding;
 const TOKENS_PER_MESSAGE: u32 = 3;
 const TOKENS_PER_NAME: u32 = 1;
 pub const REPLY_PRIMING: u32 = 3;
+/// Each `context_length_exceeded` raises a model's counts by this factor, up to the maximum.
+const OVERFLOW_STEP: f64 = 1.1;
+const OVERFLOW_MAX: f64 = 2.0;
 /// Framing of one entry of an assistant's `tool_calls` (not in the cookbook; measured estimate).
 const TOKENS_PER_TOOL_CALL: u32 = 3;
 /// An image whose size cannot be read from the request: OpenAI's cost of a 1024×1024 image at
@@ -111,6 +114,9 @@ pub struct TokenCounter {
     /// first seen; later observations find it without a lock and update it in one atomic
     /// step.
     learned: Memo<AtomicU64>,
+    /// Per model base name, as `f64` bits: how much upstream's `context_length_exceeded`
+    /// answers have raised its counts (see `observe_overflow`).
+    overflow: Memo<AtomicU64>,
     unknown_margin: f64,
 }
 
@@ -123,6 +129,7 @@ impl TokenCounter {
             raw_extras: CountCache::new(EXTRAS_CACHE_ENTRIES),
             messages_encoded: AtomicU64::new(0),
             learned: Memo::new(LEARNED_MODELS_MAX),
+            overflow: Memo::new(LEARNED_MODELS_MAX),
             unknown_margin,
         }
     }
@@ -308,11 +315,41 @@ impl TokenCounter {
     /// The factor applied to raw counts: 1 where the tokenizer is exact, else what upstream
     /// usage taught us, else the configured safety margin.
     fn scale(&self, model_name: &str, model: &ModelInfo) -> f64 {
+        let name = base_name(model_name);
+        let overflow = self
+            .overflow
+            .get(&name)
+            .map_or(1.0, |factor| f64::from_bits(factor.load(Ordering::Relaxed)));
         if model.exact {
-            return 1.0;
+            return overflow;
         }
-        self.learned_ratio(&base_name(model_name))
-            .unwrap_or(1.0 + self.unknown_margin)
+        overflow
+            * self
+                .learned_ratio(&name)
+                .unwrap_or(1.0 + self.unknown_margin)
+    }
+
+    /// Upstream said a prompt did not fit that condenser counted as `counted` tokens, within
+    /// the `usable` it allows: a tokenizer estimated low, or a window configured too large.
+    /// Every later count for the model is raised so that a prompt like it would count as
+    /// reaching the limit (by a tenth at least, to twice at most), and its requests compact
+    /// in time; returns the factor now applied.
+    pub fn observe_overflow(&self, model: &str, counted: u64, usable: u64) -> f64 {
+        let name = base_name(model);
+        let needed = (usable as f64 / counted.max(1) as f64).max(OVERFLOW_STEP);
+        let bump = |bits: u64| (f64::from_bits(bits) * needed).min(OVERFLOW_MAX);
+        let Some(factor) = self
+            .overflow
+            .get(&name)
+            .or_else(|| self.overflow.keep(&name, AtomicU64::new(1.0f64.to_bits())))
+        else {
+            return 1.0;
+        };
+        let (Ok(before) | Err(before)) =
+            factor.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                Some(bump(bits).to_bits())
+            });
+        bump(before)
     }
 
     fn learned_ratio(&self, model_base_name: &str) -> Option<f64> {
@@ -723,6 +760,31 @@ mod tests {
             one.windows(8).any(|w| w != &one[..8]),
             "not one word repeated"
         );
+    }
+
+    #[test]
+    fn an_overflow_raises_later_counts_to_the_limit_within_bounds() {
+        let counter = TokenCounter::new(0.1);
+        let exact = ModelInfo {
+            encoding: Encoding::O200k,
+            context_window: 8_000,
+            exact: true,
+            family: None,
+        };
+        let plain = |counter: &TokenCounter| counter.scale("gpt-4o", &exact);
+        assert_eq!(plain(&counter), 1.0);
+        assert!((counter.observe_overflow("gpt-4o", 5_000, 6_000) - 1.2).abs() < 1e-9);
+        assert!((plain(&counter) - 1.2).abs() < 1e-9);
+        assert!(
+            (counter.observe_overflow("gpt-4o", 6_000, 6_000) - 1.32).abs() < 1e-9,
+            "a tenth at least"
+        );
+        assert_eq!(
+            counter.observe_overflow("gpt-4o", 1_000, 6_000),
+            2.0,
+            "twice at most"
+        );
+        assert_eq!(counter.scale("gpt-4o-mini", &exact), 1.0, "per model");
     }
 
     #[test]

@@ -218,6 +218,9 @@ pub struct LlmBehaviour {
     pub summarizer_error: Option<SummarizerError>,
     /// The summarizer keeps nothing of what it is sent: only code can carry identifiers.
     pub lossy_summarizer: bool,
+    /// A chat request with more messages than this is answered 400 with this body: the
+    /// model's real window is smaller than condenser was told.
+    pub too_long: Option<(usize, Value)>,
 }
 
 /// What a summarizer that keeps nothing answers.
@@ -321,6 +324,11 @@ pub async fn mock_llm(behaviour: LlmBehaviour) -> MockUpstream {
                 return json_response(200, &summary_reply(path, &summary));
             }
             tokio::time::sleep(behaviour.chat_latency).await;
+            if let Some((limit, error)) = &behaviour.too_long {
+                if request["messages"].as_array().map_or(0, Vec::len) > *limit {
+                    return json_response(400, error);
+                }
+            }
             if request["user"] == ERROR_USER {
                 return json_response(500, &json!({"error": {"message": "upstream broke", "type": "server_error"}}));
             }
