@@ -65,6 +65,9 @@ pub enum ForwardReason {
     NothingToSummarize,
     UnpairedToolMessage,
     SeveralChoices,
+    /// The conversation's history is held upstream (a Responses `previous_response_id` or
+    /// `conversation`): what condenser sees is only its newest part.
+    Stateful,
 }
 
 impl ForwardReason {
@@ -77,6 +80,9 @@ impl ForwardReason {
                 "a tool message follows no assistant tool call; forwarded as sent"
             }
             ForwardReason::SeveralChoices => "n > 1 asks for several choices; forwarded as sent",
+            ForwardReason::Stateful => {
+                "its history is held upstream (previous_response_id or conversation); forwarded as sent"
+            }
         }
     }
 }

@@ -2,3 +2,4 @@
 
 pub mod chat;
 pub mod message_spans;
+pub mod responses;

@@ -10,6 +10,7 @@ use hyper::{header, Method, Request, Response, StatusCode};
 
 use crate::app::{AppState, Worker};
 use crate::dialect::chat::{Chat, CHAT_COMPLETIONS};
+use crate::dialect::responses::{Responses, RESPONSES};
 use crate::error::ProxyError;
 use crate::http::body::{full, ProxyBody};
 use crate::http::passthrough;
@@ -31,14 +32,20 @@ pub async fn handle(worker: Arc<Worker>, request: Request<Incoming>) -> Response
             Route::ChatCompletions,
             pipeline::handle::<Chat>(&worker, request, received).await,
         ),
+        // Only the exact path: `/v1/responses/compact` and the rest pass through.
+        (&Method::POST, RESPONSES) => (
+            Route::Responses,
+            pipeline::handle::<Responses>(&worker, request, received).await,
+        ),
         (_, p) if p.starts_with("/v1/") => (
             Route::Passthrough,
             passthrough::handle(state, request).await,
         ),
         _ => (Route::Other, Err(ProxyError::NotFound(path.to_string()))),
     };
-    // A relayed chat completion logs its own line when its body ends, with its usage.
-    let logged_by_chat = route == Route::ChatCompletions && result.is_ok();
+    // A relayed pipeline reply logs its own line when its body ends, with its usage.
+    let logged_by_chat =
+        matches!(route, Route::ChatCompletions | Route::Responses) && result.is_ok();
     let route_name = route.name();
     let response = result.unwrap_or_else(|error| {
         if error.status().is_server_error() {
