@@ -365,8 +365,10 @@ fn pairs_travel_together(items: &[Value], metas: &[Item]) -> bool {
 fn fixed_tokens(body: &Map<String, Value>, encoding: Encoding) -> u32 {
     let json_text = |value: &Value| count_text(encoding, &value.to_string());
     let mut tokens = REPLY_PRIMING;
-    if let Some(Value::String(instructions)) = body.get("instructions") {
-        tokens += count_text(encoding, instructions);
+    match body.get("instructions") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(instructions)) => tokens += count_text(encoding, instructions),
+        Some(other) => tokens += json_text(other),
     }
     if let Some(Value::Array(tools)) = body.get("tools") {
         let as_chat: Vec<Value> = tools
@@ -554,6 +556,88 @@ mod tests {
             parse_request(stateful.as_bytes()).unwrap().as_sent,
             Some(ForwardReason::Stateful)
         );
+    }
+
+    #[tokio::test]
+    async fn instructions_and_tools_are_counted_as_fixed_tokens() {
+        let catalog = ModelCatalog::new(Default::default(), Default::default());
+        let counter = TokenCounter::new(0.0);
+        let fixed = |body: Value| {
+            let request = parse_request(body.to_string().as_bytes()).unwrap();
+            let (catalog, counter) = (&catalog, &counter);
+            async move { counted(&request, catalog, counter).await.count.fixed }
+        };
+        let bare = fixed(json!({"model": "gpt-4o", "input": "hi"})).await;
+        assert_eq!(bare, REPLY_PRIMING);
+        let instructions = "Answer in French, briefly.";
+        let with_instructions =
+            fixed(json!({"model": "gpt-4o", "instructions": instructions, "input": "hi"})).await;
+        assert_eq!(
+            with_instructions,
+            bare + count_text(Encoding::O200k, instructions)
+        );
+        let tool = json!({"type": "function", "name": "search", "description": "Search.",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}});
+        let with_tool = fixed(json!({"model": "gpt-4o", "tools": [tool], "input": "hi"})).await;
+        let as_chat = json!({"type": "function", "function": tool});
+        assert_eq!(with_tool, bare + count_tools(Encoding::O200k, &[as_chat]));
+    }
+
+    #[test]
+    fn the_summary_goes_after_the_head_in_the_configured_role() {
+        let items: Vec<Value> = serde_json::from_str(
+            r#"[
+            {"role":"developer","content":"rules"},
+            {"role":"user","content":"old"},
+            {"type":"function_call","call_id":"c","name":"f","arguments":"{}"},
+            {"type":"function_call_output","call_id":"c","output":"a long output"},
+            {"role":"user","content":"new"}
+        ]"#,
+        )
+        .unwrap();
+        let split = Split {
+            head: 1,
+            tail_start: 2,
+            summary_ends: vec![2],
+            shorten: vec![crate::compaction::plan::Shorten {
+                index: 3,
+                tokens: 1000,
+                keep_tokens: 500,
+            }],
+            estimated_tokens: 0,
+        };
+        let rewrite = Rewrite {
+            summary: Some(std::sync::Arc::new(crate::compaction::summary::Summary {
+                text: "the story so far".into(),
+                messages: 1,
+                tokens: 4,
+                model: "m".into(),
+                prompt_version: 1,
+                created_at: 0,
+            })),
+            kept_from: 2,
+            action: crate::compaction::compactor::Action::Summarized,
+            cache: crate::compaction::compactor::CacheOutcome::Miss,
+            summarized: 1,
+            waited: std::time::Duration::ZERO,
+        };
+        for (role, expected) in [
+            (SummaryRole::System, "developer"),
+            (SummaryRole::User, "user"),
+        ] {
+            let out = compacted_input(&items, &split, &rewrite, role);
+            assert_eq!(out.len(), 5);
+            assert_eq!(out[0], items[0]);
+            assert_eq!(out[1]["role"], expected);
+            assert_eq!(
+                out[1]["content"],
+                "[Context summary: 1 earlier items]\n\nthe story so far"
+            );
+            assert_eq!(out[2], items[2]);
+            assert_ne!(out[3]["output"], items[3]["output"], "shortened as planned");
+            assert_eq!(out[3]["call_id"], "c");
+            assert_eq!(out[4], items[4]);
+        }
     }
 
     #[test]
