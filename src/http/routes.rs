@@ -44,7 +44,7 @@ pub async fn handle(worker: Arc<Worker>, request: Request<Incoming>) -> Response
         _ => (Route::Other, Err(ProxyError::NotFound(path.to_string()))),
     };
     // A relayed pipeline reply logs its own line when its body ends, with its usage.
-    let logged_by_chat =
+    let logged_by_pipeline =
         matches!(route, Route::ChatCompletions | Route::Responses) && result.is_ok();
     let route_name = route.name();
     let response = result.unwrap_or_else(|error| {
@@ -53,7 +53,7 @@ pub async fn handle(worker: Arc<Worker>, request: Request<Incoming>) -> Response
         }
         error.to_response()
     });
-    if !logged_by_chat {
+    if !logged_by_pipeline {
         let status = response.status().as_u16();
         // Read in the log call, so only when that line is written: a clock read per request.
         let elapsed_ms = || received.elapsed().as_secs_f64() * 1e3;
