@@ -86,6 +86,12 @@ pub trait Dialect {
         settings: &ContextConfig,
     );
 
+    /// A reason to send this request as it came, whatever its size: what the plan cannot
+    /// see from the counted items alone.
+    fn forward_as_sent(_request: &Self::Request) -> Option<plan::ForwardReason> {
+        None
+    }
+
     /// The body to send: `original` unless the request was rewritten or must ask upstream
     /// for usage; and whether usage was asked for on the client's behalf.
     fn outgoing_body(
@@ -474,7 +480,10 @@ async fn prepare<'s, D: Dialect>(
         ),
     };
     let input = prepared.plan_input(&state.config, settings, mode);
-    let decision = decision.unwrap_or_else(|| prepared.decide(&input));
+    let decision = match D::forward_as_sent(&request) {
+        Some(reason) => Decision::Forward(reason),
+        None => decision.unwrap_or_else(|| prepared.decide(&input)),
+    };
 
     let mut outcome = Outcome::FORWARDED;
     let mut rewritten = false;

@@ -69,6 +69,9 @@ pub enum ForwardReason {
     NothingToSummarize,
     UnpairedToolMessage,
     SeveralChoices,
+    /// The conversation's history is held upstream (a Responses `previous_response_id` or
+    /// `conversation`): what condenser sees is only its newest part.
+    Stateful,
 }
 
 impl ForwardReason {
@@ -81,6 +84,9 @@ impl ForwardReason {
                 "a tool message follows no assistant tool call; forwarded as sent"
             }
             ForwardReason::SeveralChoices => "n > 1 asks for several choices; forwarded as sent",
+            ForwardReason::Stateful => {
+                "its history is held upstream (previous_response_id or conversation); forwarded as sent"
+            }
         }
     }
 }

@@ -3,3 +3,4 @@
 pub mod chat;
 pub mod message_spans;
 pub mod messages;
+pub mod responses;

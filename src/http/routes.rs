@@ -11,6 +11,7 @@ use hyper::{header, Method, Request, Response, StatusCode};
 use crate::app::{AppState, Worker};
 use crate::dialect::chat::{Chat, CHAT_COMPLETIONS};
 use crate::dialect::messages::{self, Messages, MESSAGES};
+use crate::dialect::responses::{Responses, RESPONSES};
 use crate::error::ProxyError;
 use crate::http::body::{full, ProxyBody};
 use crate::http::passthrough;
@@ -32,6 +33,12 @@ pub async fn handle(worker: Arc<Worker>, request: Request<Incoming>) -> Response
             Route::ChatCompletions,
             pipeline::handle::<Chat>(&worker, request, received).await,
         ),
+        // Only the exact paths: `/v1/responses/compact`, `/v1/messages/count_tokens` and the
+        // rest pass through.
+        (&Method::POST, RESPONSES) => (
+            Route::Responses,
+            pipeline::handle::<Responses>(&worker, request, received).await,
+        ),
         (&Method::POST, MESSAGES) => (
             Route::Messages,
             pipeline::handle::<Messages>(&worker, request, received).await,
@@ -43,8 +50,10 @@ pub async fn handle(worker: Arc<Worker>, request: Request<Incoming>) -> Response
         _ => (Route::Other, Err(ProxyError::NotFound(path.to_string()))),
     };
     // A relayed reply of the pipeline logs its own line when its body ends, with its usage.
-    let logged_by_pipeline =
-        matches!(route, Route::ChatCompletions | Route::Messages) && result.is_ok();
+    let logged_by_pipeline = matches!(
+        route,
+        Route::ChatCompletions | Route::Responses | Route::Messages
+    ) && result.is_ok();
     let route_name = route.name();
     let response = result.unwrap_or_else(|error| {
         if error.status().is_server_error() {

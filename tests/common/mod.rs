@@ -636,3 +636,115 @@ pub fn claude_config(upstream: &str) -> Config {
 pub fn messages_body(messages: &[Value]) -> Value {
     json!({"model": "claude-sonnet-4-5", "max_tokens": 500, "system": CLAUDE_SYSTEM, "messages": messages})
 }
+
+// ---------------------------------------------------------------------------------------
+// OpenAI Responses API (issue 17 step 2): a mock `/v1/responses` in front of `mock_llm`.
+// ---------------------------------------------------------------------------------------
+
+/// Output tokens the mock reports in a Responses reply: plain, and at a stream's completion.
+pub const RESPONSES_OUTPUT_TOKENS: u64 = 5;
+pub const RESPONSES_STREAM_OUTPUT_TOKENS: u64 = 7;
+
+/// A Responses reply saying `text`, as the API writes one (`status` completed, with usage).
+pub fn responses_reply(text: &str, status: &str, output_tokens: Option<u64>) -> Value {
+    json!({
+        "id": "resp_test",
+        "object": "response",
+        "created_at": 1,
+        "status": status,
+        "model": "gpt-4o",
+        "error": null,
+        "incomplete_details": null,
+        "instructions": null,
+        "metadata": {},
+        "parallel_tool_calls": true,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "tool_choice": "auto",
+        "tools": [],
+        "output": if output_tokens.is_some() { json!([{
+            "type": "message", "id": "msg_test", "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]
+        }]) } else { json!([]) },
+        "usage": output_tokens.map(|output| json!({
+            "input_tokens": 11,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": output,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 11 + output
+        })),
+    })
+}
+
+fn responses_event(kind: &str, sequence: usize, mut fields: Value) -> Bytes {
+    fields["type"] = json!(kind);
+    fields["sequence_number"] = json!(sequence);
+    Bytes::from(format!("event: {kind}\ndata: {fields}\n\n"))
+}
+
+/// An upstream that answers `/v1/responses` itself (`reply to N items`, streaming typed
+/// events when asked) and hands every other path (the summarizer's chat completions) to a
+/// `mock_llm` with `behaviour`. Everything it receives is recorded here. With a `gate`, a
+/// stream sends `response.created`, then waits for the gate before the rest.
+pub async fn mock_responses_llm(
+    behaviour: LlmBehaviour,
+    gate: Option<Arc<tokio::sync::Notify>>,
+) -> MockUpstream {
+    let chat = mock_llm(behaviour).await.url();
+    let http = client();
+    MockUpstream::start(handler(move |r| {
+        let chat = chat.clone();
+        let http = http.clone();
+        let gate = gate.clone();
+        async move {
+            if r.path_and_query != "/v1/responses" || is_summarizer_call(&r) {
+                let mut forwarded = http.post(format!("{chat}{}", r.path_and_query)).body(r.body.clone());
+                for (name, value) in &r.headers {
+                    if name != "host" && name != "content-length" {
+                        forwarded = forwarded.header(name, value);
+                    }
+                }
+                let answer = forwarded.send().await.unwrap();
+                let status = answer.status().as_u16();
+                let body: Value = answer.json().await.unwrap();
+                return json_response(status, &body);
+            }
+            let request: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+            let items = match &request["input"] {
+                Value::Array(items) => items.len(),
+                Value::String(_) => 1,
+                _ => 0,
+            };
+            let text = format!("reply to {items} items");
+            if request["stream"] != json!(true) {
+                return json_response(200, &responses_reply(&text, "completed", Some(RESPONSES_OUTPUT_TOKENS)));
+            }
+            let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+            tokio::spawn(async move {
+                let created = json!({"response": responses_reply("", "in_progress", None)});
+                let _ = tx.send(Ok(responses_event("response.created", 0, created))).await;
+                if let Some(gate) = gate {
+                    gate.notified().await;
+                }
+                let mut sequence = 1;
+                for word in text.split_inclusive(' ') {
+                    let delta = json!({"item_id": "msg_test", "output_index": 0, "content_index": 0, "delta": word});
+                    let _ = tx.send(Ok(responses_event("response.output_text.delta", sequence, delta))).await;
+                    sequence += 1;
+                }
+                let done = json!({"item_id": "msg_test", "output_index": 0, "content_index": 0, "text": text});
+                let _ = tx.send(Ok(responses_event("response.output_text.done", sequence, done))).await;
+                let completed = json!({"response": responses_reply(&text, "completed", Some(RESPONSES_STREAM_OUTPUT_TOKENS))});
+                let _ = tx.send(Ok(responses_event("response.completed", sequence + 1, completed))).await;
+            });
+            let mut rx = rx;
+            let frames = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+                .map(|chunk| chunk.map(hyper::body::Frame::data).map_err(condenser::http::body::BoxError::from));
+            Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(http_body_util::StreamBody::new(frames).boxed_unsync())
+                .unwrap()
+        }
+    }))
+    .await
+}

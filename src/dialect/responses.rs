@@ -1,0 +1,667 @@
+//! The OpenAI Responses API (`POST /v1/responses`): the dialect's stages of the pipeline.
+//! The head is `instructions`, never changed, then any leading system and developer input
+//! messages; the conversation is `input`, a string or a list of items. Each item is shown to
+//! counting, planning and the summarizer as one chat message; a compaction writes the head,
+//! a summary message and the kept items back as input items. Requests whose history is held
+//! upstream go as sent.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::future::Future;
+
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+
+use crate::app::AppState;
+use crate::compaction::compactor::Rewrite;
+use crate::compaction::plan::{ForwardReason, Mode, Split};
+use crate::config::{Api, ContextConfig, SummaryRole};
+use crate::conversation::{units, Item, Kind, Role};
+use crate::error::ProxyError;
+use crate::models::ModelCatalog;
+use crate::observe::usage::UsageFormat;
+use crate::pipeline::{Dialect, Outgoing, Planned, Prepared};
+use crate::tokens::counter::{
+    count_text, count_tools, model_name, shorten_middle, TokenCounter, REPLY_PRIMING,
+};
+use crate::tokens::encoding::Encoding;
+
+pub const RESPONSES: &str = "/v1/responses";
+
+/// Roles an input message may have.
+const MESSAGE_ROLES: &[&str] = &["user", "assistant", "system", "developer"];
+
+/// The OpenAI Responses API.
+pub struct Responses;
+
+/// A Responses request, with its input items as the neutral model sees them.
+pub struct ResponsesRequest {
+    body: Map<String, Value>,
+    /// Each input item as a chat message: what is counted, hashed into cache keys and read
+    /// by the summarizer.
+    messages: Vec<Value>,
+    /// Each input item's role and kind; counting fills in the tokens.
+    items: Vec<Item>,
+    /// Set when the request must go as it came.
+    as_sent: Option<ForwardReason>,
+}
+
+impl Dialect for Responses {
+    const PATH: &'static str = RESPONSES;
+    const USAGE: UsageFormat = UsageFormat::Responses;
+    const API: Api = Api::Responses;
+    type Request = ResponsesRequest;
+
+    /// No raw fast path: every request is parsed.
+    fn scan<'s>(
+        _state: &'s AppState,
+        _bytes: &Bytes,
+        _settings: &ContextConfig,
+        _mode: Mode,
+    ) -> impl Future<Output = Result<Outgoing<'s>, Option<Planned>>> + Send {
+        std::future::ready(Err(None))
+    }
+
+    fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError> {
+        parse_request(bytes)
+    }
+
+    fn model(request: &Self::Request) -> &str {
+        model_name(&request.body)
+    }
+
+    fn count(
+        request: &Self::Request,
+        catalog: &ModelCatalog,
+        counter: &TokenCounter,
+    ) -> impl Future<Output = Prepared> + Send {
+        counted(request, catalog, counter)
+    }
+
+    fn conversation(request: &Self::Request) -> Cow<'_, [Value]> {
+        Cow::Borrowed(&request.messages)
+    }
+
+    fn rewrite(
+        request: &mut Self::Request,
+        split: &Split,
+        rewrite: &Rewrite,
+        settings: &ContextConfig,
+    ) {
+        let items = input_items(&request.body);
+        let compacted = compacted_input(&items, split, rewrite, settings.summary_role);
+        let (messages, metas) = compacted.iter().map(item_view).unzip();
+        request.messages = messages;
+        request.items = metas;
+        request.body.insert("input".into(), Value::Array(compacted));
+    }
+
+    fn forward_as_sent(request: &Self::Request) -> Option<ForwardReason> {
+        request.as_sent
+    }
+
+    /// A Responses stream always ends with its usage, so nothing is asked on the client's
+    /// behalf.
+    fn outgoing_body(
+        request: Self::Request,
+        original: Bytes,
+        rewritten: bool,
+    ) -> Result<(Bytes, bool), ProxyError> {
+        if !rewritten {
+            return Ok((original, false));
+        }
+        let body = serde_json::to_vec(&request.body)
+            .map_err(|e| ProxyError::InvalidJson(e.to_string()))?;
+        Ok((Bytes::from(body), false))
+    }
+}
+
+/// Checks what condenser relies on (an object with a model, `input` a string or a list of
+/// objects, message roles it knows); everything else is left for upstream to judge.
+pub fn parse_request(bytes: &[u8]) -> Result<ResponsesRequest, ProxyError> {
+    let value: Value =
+        serde_json::from_slice(bytes).map_err(|e| ProxyError::InvalidJson(e.to_string()))?;
+    let Value::Object(body) = value else {
+        return Err(ProxyError::invalid(
+            "request body must be a JSON object",
+            None,
+        ));
+    };
+    match body.get("model") {
+        Some(Value::String(_)) => {}
+        None => {
+            return Err(ProxyError::invalid(
+                "you must provide a model parameter",
+                Some("model"),
+            ))
+        }
+        Some(_) => return Err(ProxyError::invalid("model must be a string", Some("model"))),
+    }
+    match body.get("input") {
+        None | Some(Value::Null | Value::String(_)) => {}
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                check_item(i, item)?;
+            }
+        }
+        Some(_) => {
+            return Err(ProxyError::invalid(
+                "input must be a string or an array of input items",
+                Some("input"),
+            ))
+        }
+    }
+    let (messages, items): (Vec<Value>, Vec<Item>) =
+        input_items(&body).iter().map(item_view).unzip();
+    let stateful = ["previous_response_id", "conversation"]
+        .iter()
+        .any(|field| body.get(*field).is_some_and(|v| !v.is_null()));
+    let as_sent = if stateful {
+        Some(ForwardReason::Stateful)
+    } else if !pairs_travel_together(&input_items(&body), &items) {
+        Some(ForwardReason::UnpairedToolMessage)
+    } else {
+        None
+    };
+    Ok(ResponsesRequest {
+        body,
+        messages,
+        items,
+        as_sent,
+    })
+}
+
+fn check_item(i: usize, item: &Value) -> Result<(), ProxyError> {
+    let Some(fields) = item.as_object() else {
+        return Err(ProxyError::invalid(
+            format!("input[{i}] must be an object"),
+            Some("input"),
+        ));
+    };
+    let is_message = match fields.get("type") {
+        Some(Value::String(kind)) => kind == "message",
+        _ => fields.contains_key("role"),
+    };
+    if !is_message {
+        return Ok(());
+    }
+    match fields.get("role") {
+        Some(Value::String(role)) if MESSAGE_ROLES.contains(&role.as_str()) => Ok(()),
+        Some(Value::String(role)) => Err(ProxyError::invalid(
+            format!(
+                "input[{i}].role {role:?} is not one of {}",
+                MESSAGE_ROLES.join(", ")
+            ),
+            Some("input"),
+        )),
+        _ => Err(ProxyError::invalid(
+            format!("input[{i}].role is missing or not a string"),
+            Some("input"),
+        )),
+    }
+}
+
+/// The input as items: a string is one user message.
+fn input_items(body: &Map<String, Value>) -> Cow<'_, [Value]> {
+    match body.get("input") {
+        Some(Value::Array(items)) => Cow::Borrowed(items),
+        Some(Value::String(text)) => Cow::Owned(vec![json!({"role": "user", "content": text})]),
+        _ => Cow::Borrowed(&[]),
+    }
+}
+
+fn item_type(item: &Value) -> &str {
+    match item.get("type").and_then(Value::as_str) {
+        Some(kind) => kind,
+        None if item.get("role").is_some() => "message",
+        None => "",
+    }
+}
+
+/// Client-side tool calls (`function_call`, `custom_tool_call`, `computer_call`,
+/// `local_shell_call`, …) carry a `call_id` that their `…_call_output` answers.
+/// Server-side ones (`web_search_call`, …) have no output item and are kept as other items.
+fn is_tool_call(kind: &str, item: &Value) -> bool {
+    kind.ends_with("_call") && item.get("call_id").is_some()
+}
+
+fn is_tool_output(kind: &str) -> bool {
+    kind.ends_with("_call_output")
+}
+
+fn call_id(item: &Value) -> Option<&str> {
+    item.get("call_id").and_then(Value::as_str)
+}
+
+/// One input item as a chat message, and its role and kind. The chat message carries only
+/// what the model reads (no item ids or statuses), so it is counted the way chat is.
+fn item_view(item: &Value) -> (Value, Item) {
+    let kind = item_type(item);
+    let (message, role, kind) = match kind {
+        "message" => {
+            let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
+            let message = json!({"role": role, "content": chat_content(item.get("content"))});
+            (message, Role::parse(role), Kind::Message)
+        }
+        "reasoning" => {
+            let summary: Vec<&str> = item
+                .get("summary")
+                .and_then(Value::as_array)
+                .map(|parts| {
+                    parts
+                        .iter()
+                        .filter_map(|p| p.get("text").and_then(Value::as_str))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let mut message = json!({"role": "assistant", "content": summary.join("\n")});
+            // Opaque, but sent and paid for: counted as its text.
+            if let Some(encrypted) = item.get("encrypted_content").filter(|v| !v.is_null()) {
+                message["encrypted_content"] = encrypted.clone();
+            }
+            (message, Role::Assistant, Kind::Reasoning)
+        }
+        _ if is_tool_call(kind, item) => {
+            let text = |field: &str| item.get(field).and_then(Value::as_str);
+            let arguments = match kind {
+                "function_call" => text("arguments").unwrap_or("").to_string(),
+                "custom_tool_call" => text("input").unwrap_or("").to_string(),
+                _ => item.to_string(),
+            };
+            let message = json!({
+                "role": "assistant",
+                "tool_calls": [{
+                    "id": call_id(item).unwrap_or(""),
+                    "type": "function",
+                    "function": {"name": text("name").unwrap_or(kind), "arguments": arguments},
+                }],
+            });
+            (message, Role::Assistant, Kind::ToolCall)
+        }
+        _ if is_tool_output(kind) => {
+            let content = match item.get("output") {
+                Some(Value::String(text)) => Value::String(text.clone()),
+                Some(Value::Array(_)) => chat_content(item.get("output")),
+                Some(other) => Value::String(other.to_string()),
+                None => Value::String(String::new()),
+            };
+            let message = json!({
+                "role": "tool",
+                "tool_call_id": call_id(item).unwrap_or(""),
+                "content": content,
+            });
+            (message, Role::Tool, Kind::ToolResult)
+        }
+        _ => {
+            let message = json!({"role": "assistant", "content": format!("[{kind}] {item}")});
+            (message, Role::Other, Kind::Other)
+        }
+    };
+    (
+        message,
+        Item {
+            role,
+            kind,
+            tokens: 0,
+        },
+    )
+}
+
+/// Message content as chat writes it: a string as it is, parts with their text as text
+/// parts and images as image parts, anything else as sent.
+fn chat_content(content: Option<&Value>) -> Value {
+    let Some(Value::Array(parts)) = content else {
+        return content.cloned().unwrap_or(Value::Null);
+    };
+    let part = |part: &Value| {
+        let text = |field: &str| part.get(field).and_then(Value::as_str);
+        match part.get("type").and_then(Value::as_str) {
+            Some("input_text" | "output_text" | "text") => {
+                json!({"type": "text", "text": text("text").unwrap_or("")})
+            }
+            Some("refusal") => json!({"type": "text", "text": text("refusal").unwrap_or("")}),
+            Some("input_image") => {
+                let mut image = json!({"url": part.get("image_url").unwrap_or(&Value::Null)});
+                if let Some(detail) = part.get("detail") {
+                    image["detail"] = detail.clone();
+                }
+                json!({"type": "image_url", "image_url": image})
+            }
+            _ => part.clone(),
+        }
+    };
+    Value::Array(parts.iter().map(part).collect())
+}
+
+/// Whether every tool output's call comes before it, in the same unit, so that no
+/// compaction can part them. Otherwise the request goes as sent, for upstream to judge.
+fn pairs_travel_together(items: &[Value], metas: &[Item]) -> bool {
+    let Some(starts) = units(metas) else {
+        return false;
+    };
+    let mut unit_start = 0;
+    let mut calls_in_unit: HashSet<&str> = HashSet::new();
+    for (i, item) in items.iter().enumerate() {
+        if starts.get(unit_start) == Some(&i) {
+            unit_start += 1;
+            calls_in_unit.clear();
+        }
+        let kind = item_type(item);
+        if is_tool_call(kind, item) {
+            if let Some(id) = call_id(item) {
+                calls_in_unit.insert(id);
+            }
+        } else if is_tool_output(kind)
+            && !call_id(item).is_some_and(|id| calls_in_unit.contains(id))
+        {
+            return false;
+        }
+    }
+    true
+}
+
+/// Besides the input: reply priming, `instructions`, tools (function tools by the cookbook
+/// formula, as chat's, others as their JSON text), `tool_choice` and a structured output's
+/// format.
+fn fixed_tokens(body: &Map<String, Value>, encoding: Encoding) -> u32 {
+    let json_text = |value: &Value| count_text(encoding, &value.to_string());
+    let mut tokens = REPLY_PRIMING;
+    match body.get("instructions") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(instructions)) => tokens += count_text(encoding, instructions),
+        Some(other) => tokens += json_text(other),
+    }
+    if let Some(Value::Array(tools)) = body.get("tools") {
+        let as_chat: Vec<Value> = tools
+            .iter()
+            .map(|tool| match tool.get("type").and_then(Value::as_str) {
+                Some("function") => json!({"type": "function", "function": tool}),
+                _ => tool.clone(),
+            })
+            .collect();
+        tokens += count_tools(encoding, &as_chat);
+    }
+    match body.get("tool_choice") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(choice)) => tokens += count_text(encoding, choice),
+        Some(other) => tokens += json_text(other),
+    }
+    if let Some(format) = body.get("text").and_then(|text| text.get("format")) {
+        if format.get("type").and_then(Value::as_str) == Some("json_schema") {
+            tokens += json_text(format);
+        }
+    }
+    tokens
+}
+
+/// A parsed request counted for planning.
+pub async fn counted(
+    request: &ResponsesRequest,
+    catalog: &ModelCatalog,
+    counter: &TokenCounter,
+) -> Prepared {
+    let model = model_name(&request.body);
+    let info = catalog.resolve(model);
+    let fixed = fixed_tokens(&request.body, info.encoding);
+    let mut count = counter
+        .count_messages(&request.messages, fixed, model, &info)
+        .await;
+    if request.as_sent == Some(ForwardReason::Stateful) {
+        // Upstream's usage includes the history it holds, which this count cannot see:
+        // nothing to learn the ratio from.
+        count.raw_total = 0;
+    }
+    let metas = request
+        .items
+        .iter()
+        .zip(&count.per_message)
+        .map(|(item, &tokens)| Item { tokens, ..*item })
+        .collect();
+    Prepared {
+        info,
+        count,
+        metas,
+        requested_completion_tokens: request
+            .body
+            .get("max_output_tokens")
+            .and_then(Value::as_u64),
+        choices: 1,
+    }
+}
+
+/// The input a compaction leaves: the head, the summary as one message of role `developer`
+/// (`user` when so configured), then the kept items, string tool outputs shortened as
+/// planned.
+fn compacted_input(
+    items: &[Value],
+    split: &Split,
+    rewrite: &Rewrite,
+    summary_role: SummaryRole,
+) -> Vec<Value> {
+    let kept = &items[rewrite.kept_from..];
+    let mut out = Vec::with_capacity(split.head + 1 + kept.len());
+    out.extend_from_slice(&items[..split.head]);
+    if let Some(summary) = &rewrite.summary {
+        let role = match summary_role {
+            SummaryRole::System => "developer",
+            SummaryRole::User => "user",
+        };
+        out.push(json!({
+            "type": "message",
+            "role": role,
+            "content": format!(
+                "[Context summary: {} earlier items]\n\n{}",
+                rewrite.kept_from - split.head,
+                summary.text
+            ),
+        }));
+    }
+    out.extend(kept.iter().enumerate().map(|(offset, item)| {
+        let index = rewrite.kept_from + offset;
+        let cut = split.shorten.iter().find(|cut| cut.index == index);
+        match (cut, item.get("output")) {
+            (Some(cut), Some(Value::String(output))) => {
+                let mut item = item.clone();
+                item["output"] = Value::String(shorten_middle(output, cut.tokens, cut.keep_tokens));
+                item
+            }
+            _ => item.clone(),
+        }
+    }));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(body: &str) -> Vec<(Role, Kind)> {
+        parse_request(body.as_bytes())
+            .unwrap()
+            .items
+            .iter()
+            .map(|item| (item.role, item.kind))
+            .collect()
+    }
+
+    #[test]
+    fn every_item_type_has_its_role_and_kind() {
+        let body = r#"{"model":"m","input":[
+            {"role":"developer","content":"rules"},
+            {"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]},
+            {"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"gAAA"},
+            {"type":"function_call","call_id":"c1","name":"f","arguments":"{}"},
+            {"type":"function_call_output","call_id":"c1","output":"ok"},
+            {"type":"custom_tool_call","call_id":"c2","name":"g","input":"x"},
+            {"type":"custom_tool_call_output","call_id":"c2","output":"y"},
+            {"type":"web_search_call","id":"ws_1","status":"completed"}
+        ]}"#;
+        assert_eq!(
+            kinds(body),
+            [
+                (Role::Developer, Kind::Message),
+                (Role::User, Kind::Message),
+                (Role::Assistant, Kind::Reasoning),
+                (Role::Assistant, Kind::ToolCall),
+                (Role::Tool, Kind::ToolResult),
+                (Role::Assistant, Kind::ToolCall),
+                (Role::Tool, Kind::ToolResult),
+                (Role::Other, Kind::Other),
+            ]
+        );
+        assert_eq!(
+            kinds(r#"{"model":"m","input":"hello"}"#),
+            [(Role::User, Kind::Message)]
+        );
+    }
+
+    #[test]
+    fn outputs_apart_from_their_calls_send_the_request_as_it_came() {
+        let as_sent = |input: &str| {
+            parse_request(format!(r#"{{"model":"m","input":{input}}}"#).as_bytes())
+                .unwrap()
+                .as_sent
+        };
+        let call = |id: &str| {
+            format!(r#"{{"type":"function_call","call_id":"{id}","name":"f","arguments":"{{}}"}}"#)
+        };
+        let output = |id: &str| {
+            format!(r#"{{"type":"function_call_output","call_id":"{id}","output":"ok"}}"#)
+        };
+        let user = r#"{"role":"user","content":"go"}"#;
+        let paired = format!(
+            "[{user},{},{},{},{}]",
+            call("a"),
+            call("b"),
+            output("b"),
+            output("a")
+        );
+        assert_eq!(as_sent(&paired), None);
+        let orphan = format!("[{user},{},{}]", call("a"), output("z"));
+        assert_eq!(as_sent(&orphan), Some(ForwardReason::UnpairedToolMessage));
+        // b's output sits in the unit that starts at c, apart from its call.
+        let split_pair = format!(
+            "[{user},{},{},{},{},{}]",
+            call("a"),
+            call("b"),
+            output("a"),
+            call("c"),
+            output("b")
+        );
+        assert_eq!(
+            as_sent(&split_pair),
+            Some(ForwardReason::UnpairedToolMessage)
+        );
+        let stateful = r#"{"model":"m","previous_response_id":"resp_1","input":"more"}"#;
+        assert_eq!(
+            parse_request(stateful.as_bytes()).unwrap().as_sent,
+            Some(ForwardReason::Stateful)
+        );
+    }
+
+    #[tokio::test]
+    async fn instructions_and_tools_are_counted_as_fixed_tokens() {
+        let catalog = ModelCatalog::new(Default::default(), Default::default());
+        let counter = TokenCounter::new(0.0);
+        let fixed = |body: Value| {
+            let request = parse_request(body.to_string().as_bytes()).unwrap();
+            let (catalog, counter) = (&catalog, &counter);
+            async move { counted(&request, catalog, counter).await.count.fixed }
+        };
+        let bare = fixed(json!({"model": "gpt-4o", "input": "hi"})).await;
+        assert_eq!(bare, REPLY_PRIMING);
+        let instructions = "Answer in French, briefly.";
+        let with_instructions =
+            fixed(json!({"model": "gpt-4o", "instructions": instructions, "input": "hi"})).await;
+        assert_eq!(
+            with_instructions,
+            bare + count_text(Encoding::O200k, instructions)
+        );
+        let tool = json!({"type": "function", "name": "search", "description": "Search.",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}});
+        let with_tool = fixed(json!({"model": "gpt-4o", "tools": [tool], "input": "hi"})).await;
+        let as_chat = json!({"type": "function", "function": tool});
+        assert_eq!(with_tool, bare + count_tools(Encoding::O200k, &[as_chat]));
+    }
+
+    #[test]
+    fn the_summary_goes_after_the_head_in_the_configured_role() {
+        let items: Vec<Value> = serde_json::from_str(
+            r#"[
+            {"role":"developer","content":"rules"},
+            {"role":"user","content":"old"},
+            {"type":"function_call","call_id":"c","name":"f","arguments":"{}"},
+            {"type":"function_call_output","call_id":"c","output":"a long output"},
+            {"role":"user","content":"new"}
+        ]"#,
+        )
+        .unwrap();
+        let split = Split {
+            head: 1,
+            tail_start: 2,
+            summary_ends: vec![2],
+            shorten: vec![crate::compaction::plan::Shorten {
+                index: 3,
+                tokens: 1000,
+                keep_tokens: 500,
+            }],
+            estimated_tokens: 0,
+        };
+        let rewrite = Rewrite {
+            summary: Some(std::sync::Arc::new(crate::compaction::summary::Summary {
+                text: "the story so far".into(),
+                messages: 1,
+                tokens: 4,
+                model: "m".into(),
+                created_at: 0,
+            })),
+            kept_from: 2,
+            action: crate::compaction::compactor::Action::Summarized,
+            cache: crate::compaction::compactor::CacheOutcome::Miss,
+            summarized: 1,
+            waited: std::time::Duration::ZERO,
+        };
+        for (role, expected) in [
+            (SummaryRole::System, "developer"),
+            (SummaryRole::User, "user"),
+        ] {
+            let out = compacted_input(&items, &split, &rewrite, role);
+            assert_eq!(out.len(), 5);
+            assert_eq!(out[0], items[0]);
+            assert_eq!(out[1]["role"], expected);
+            assert_eq!(
+                out[1]["content"],
+                "[Context summary: 1 earlier items]\n\nthe story so far"
+            );
+            assert_eq!(out[2], items[2]);
+            assert_ne!(out[3]["output"], items[3]["output"], "shortened as planned");
+            assert_eq!(out[3]["call_id"], "c");
+            assert_eq!(out[4], items[4]);
+        }
+    }
+
+    #[test]
+    fn bad_shapes_are_named() {
+        let message = |body: &str| match parse_request(body.as_bytes()) {
+            Err(error) => error.to_string(),
+            Ok(_) => String::new(),
+        };
+        assert_eq!(message("[]"), "request body must be a JSON object");
+        assert_eq!(
+            message(r#"{"input":"x"}"#),
+            "you must provide a model parameter"
+        );
+        assert_eq!(
+            message(r#"{"model":"m","input":42}"#),
+            "input must be a string or an array of input items"
+        );
+        assert_eq!(
+            message(r#"{"model":"m","input":["x"]}"#),
+            "input[0] must be an object"
+        );
+        assert_eq!(
+            message(r#"{"model":"m","input":[{"role":"tool","content":"x"}]}"#),
+            "input[0].role \"tool\" is not one of user, assistant, system, developer"
+        );
+    }
+}

@@ -1,0 +1,613 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The OpenAI Responses API (`POST /v1/responses`) through the proxy, against a recording
+//! mock upstream: compaction in the documented shape, pairs kept together, stateful and
+//! small requests forwarded byte for byte, streaming relayed event by event, errors, single
+//! flight, fallback, the official Python SDK, and a property over random tool conversations.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use condenser::compaction::compactor::{Action, CacheOutcome, Rewrite};
+use condenser::compaction::plan::{Decision, Mode};
+use condenser::compaction::summary::Summary;
+use condenser::dialect::responses::Responses;
+use condenser::models::ModelCatalog;
+use condenser::pipeline::Dialect;
+use condenser::tokens::counter::TokenCounter;
+use futures_util::StreamExt;
+use proptest::prelude::*;
+use serde_json::{json, Value};
+
+const DEVELOPER_HEAD: &str = "Always answer in English.";
+
+/// A developer message (the head), then `rounds` of: a user message (facts planted in the
+/// first), a function call, its output, and an assistant message; about 300 tokens a round.
+fn tool_conversation(rounds: usize) -> Vec<Value> {
+    let mut items =
+        vec![json!({"type": "message", "role": "developer", "content": DEVELOPER_HEAD})];
+    for t in 0..rounds {
+        let user = user_turn(t)["content"].as_str().unwrap().to_string();
+        items.push(json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": user}]}));
+        items.push(json!({"type": "function_call", "id": format!("fc_{t}"), "call_id": format!("call_{t}"), "name": "search", "arguments": format!("{{\"query\":\"q{t}\"}}")}));
+        items.push(json!({"type": "function_call_output", "call_id": format!("call_{t}"), "output": format!("result-{t}. {}", filler(t + 500, 90))}));
+        items.push(json!({"type": "message", "role": "assistant", "id": format!("msg_{t}"), "status": "completed", "content": [{"type": "output_text", "text": format!("msg-a{t}. {}", filler(t + 1000, 90)), "annotations": []}]}));
+    }
+    items
+}
+
+fn responses_body(input: &[Value]) -> Value {
+    json!({
+        "model": "gpt-4o",
+        "instructions": SYSTEM_PROMPT,
+        "input": input,
+        "max_output_tokens": 500,
+        "store": false,
+        "tools": [{"type": "function", "name": "search", "description": "Search the notes.", "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}],
+    })
+}
+
+async fn post(proxy: &Proxy, body: impl Into<reqwest::Body>) -> reqwest::Response {
+    client()
+        .post(proxy.url("/v1/responses"))
+        .header("authorization", "Bearer sk-user-1")
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// The requests forwarded upstream; summaries are asked on the same path, in the same API.
+fn responses_requests(upstream: &MockUpstream) -> Vec<Recorded> {
+    upstream
+        .recorded()
+        .into_iter()
+        .filter(|r| r.path_and_query == "/v1/responses" && !is_summarizer_call(r))
+        .collect()
+}
+
+fn summarizer_calls(upstream: &MockUpstream) -> Vec<Recorded> {
+    upstream
+        .recorded()
+        .into_iter()
+        .filter(is_summarizer_call)
+        .collect()
+}
+
+fn tokens(response: &reqwest::Response, name: &str) -> u64 {
+    header(response, name).parse().unwrap()
+}
+
+/// No tool output without its call before it; no kept call without the output it had.
+fn assert_pairs_intact(original: &[Value], forwarded: &[Value]) {
+    let is = |item: &Value, kind: &str| item["type"] == kind;
+    let mut calls = HashSet::new();
+    for item in forwarded {
+        if is(item, "function_call") {
+            calls.insert(item["call_id"].as_str().unwrap().to_string());
+        } else if is(item, "function_call_output") {
+            assert!(
+                calls.contains(item["call_id"].as_str().unwrap()),
+                "orphan output for {}",
+                item["call_id"]
+            );
+        }
+    }
+    let outputs: HashSet<&str> = forwarded
+        .iter()
+        .filter(|item| is(item, "function_call_output"))
+        .filter_map(|item| item["call_id"].as_str())
+        .collect();
+    let answered: HashSet<&str> = original
+        .iter()
+        .filter(|item| is(item, "function_call_output"))
+        .filter_map(|item| item["call_id"].as_str())
+        .collect();
+    for call in forwarded.iter().filter(|item| is(item, "function_call")) {
+        let id = call["call_id"].as_str().unwrap();
+        assert!(
+            !answered.contains(id) || outputs.contains(id),
+            "call {id} kept without its output"
+        );
+    }
+}
+
+/// Head verbatim, one developer summary of N items, then the original's last items
+/// verbatim; returns N.
+fn assert_compacted_shape(original: &[Value], forwarded: &[Value]) -> usize {
+    assert_eq!(
+        forwarded[0], original[0],
+        "the developer head first, verbatim"
+    );
+    assert_eq!(forwarded[1]["type"], "message");
+    assert_eq!(forwarded[1]["role"], "developer");
+    let summary = forwarded[1]["content"].as_str().unwrap();
+    let n: usize = summary
+        .strip_prefix("[Context summary: ")
+        .and_then(|s| s.split_once(" earlier items]"))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("summary prefix missing: {summary}"));
+    let tail = &forwarded[2..];
+    assert_eq!(
+        1 + n + tail.len(),
+        original.len(),
+        "the summary covers what was dropped"
+    );
+    assert_eq!(
+        tail,
+        &original[original.len() - tail.len()..],
+        "recent items verbatim"
+    );
+    assert_pairs_intact(original, forwarded);
+    n
+}
+
+#[tokio::test]
+async fn an_over_threshold_conversation_is_summarized_in_the_documented_shape() {
+    let upstream = mock_responses_llm(LlmBehaviour::default(), None).await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let original = tool_conversation(30);
+    assert_eq!(original.len(), 121);
+    let sent_body = responses_body(&original);
+    let response = post(&proxy, sent_body.to_string()).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "summarized");
+    assert_eq!(header(&response, "x-condenser-cache"), "miss");
+    let received = tokens(&response, "x-condenser-prompt-tokens");
+    let forwarded = tokens(&response, "x-condenser-forwarded-tokens");
+    let summarized = header(&response, "x-condenser-summarized-messages");
+    eprintln!("120 input items after the head: received {received} tokens, forwarded {forwarded}");
+    assert!(received > 6_000, "over the trigger: {received}");
+    assert!(forwarded <= 3_750, "under the target: {forwarded}");
+    let reply: Value = response.json().await.unwrap();
+    assert_eq!(reply["object"], "response", "the upstream reply relayed");
+
+    let sent = responses_requests(&upstream);
+    assert_eq!(sent.len(), 1);
+    let body = sent[0].json();
+    let keys: Vec<&String> = body.as_object().unwrap().keys().collect();
+    assert_eq!(
+        keys,
+        [
+            "model",
+            "instructions",
+            "input",
+            "max_output_tokens",
+            "store",
+            "tools"
+        ]
+    );
+    assert_eq!(
+        body["instructions"], SYSTEM_PROMPT,
+        "instructions never change"
+    );
+    assert_eq!(body["tools"], sent_body["tools"]);
+    let input = body["input"].as_array().unwrap();
+    let n = assert_compacted_shape(&original, input);
+    assert_eq!(summarized, n.to_string());
+    let summary = input[1]["content"].as_str().unwrap();
+    assert!(summary.contains("ORD-4411"), "{summary}");
+
+    let calls = summarizer_calls(&upstream);
+    assert_eq!(calls.len(), 1);
+    assert_eq!(
+        calls[0].path_and_query, "/v1/responses",
+        "a Responses route summarizes in the Responses API"
+    );
+    assert_eq!(calls[0].headers["authorization"], "Bearer sk-user-1");
+    let transcript = calls[0].json()["input"].as_str().unwrap().to_string();
+    assert!(
+        transcript.contains("msg-u0.") && transcript.contains("result-0."),
+        "{transcript}"
+    );
+    assert!(
+        transcript.contains("search({\"query\":\"q0\"})"),
+        "calls shown: {transcript}"
+    );
+}
+
+#[tokio::test]
+async fn under_the_trigger_the_body_goes_byte_for_byte() {
+    let upstream = mock_responses_llm(LlmBehaviour::default(), None).await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let bodies = [
+        r#"{ "model":"gpt-4o", "zeta":1, "input":"say hello",  "alpha":{"b":2,"a":1.50} }"#
+            .to_string(),
+        format!(
+            "{{\"model\":\"gpt-4o\",\"instructions\":\"be brief\",\"input\":{}}}",
+            serde_json::to_string(&tool_conversation(2)).unwrap()
+        ),
+    ];
+    for (i, body) in bodies.iter().enumerate() {
+        let response = post(&proxy, body.clone()).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(header(&response, "x-condenser-action"), "forwarded");
+        assert!(tokens(&response, "x-condenser-prompt-tokens") > 0);
+        assert_eq!(
+            responses_requests(&upstream)[i].body.as_ref(),
+            body.as_bytes()
+        );
+    }
+    assert!(summarizer_calls(&upstream).is_empty());
+}
+
+#[tokio::test]
+async fn stateful_requests_and_other_responses_paths_go_as_sent_however_long() {
+    let upstream = mock_responses_llm(LlmBehaviour::default(), None).await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let long = tool_conversation(30);
+    for (field, value) in [
+        ("previous_response_id", "resp_prev"),
+        ("conversation", "conv_1"),
+    ] {
+        let mut body = responses_body(&long);
+        body[field] = json!(value);
+        let bytes = body.to_string();
+        let response = post(&proxy, bytes.clone()).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            header(&response, "x-condenser-action"),
+            "forwarded",
+            "{field}"
+        );
+        assert!(tokens(&response, "x-condenser-prompt-tokens") > 6_000);
+        assert_eq!(
+            responses_requests(&upstream).last().unwrap().body.as_ref(),
+            bytes.as_bytes()
+        );
+    }
+    let compact = responses_body(&long).to_string();
+    let response = client()
+        .post(proxy.url("/v1/responses/compact"))
+        .body(compact.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        header(&response, "x-condenser-action"),
+        "",
+        "passed through"
+    );
+    let recorded = upstream.recorded();
+    let last = recorded.last().unwrap();
+    assert_eq!(last.path_and_query, "/v1/responses/compact");
+    assert_eq!(last.body.as_ref(), compact.as_bytes());
+    assert!(summarizer_calls(&upstream).is_empty());
+    let metrics = proxy.metrics().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            r#"condenser_requests_total{route="responses",status="200"}"#
+        ),
+        Some(2.0)
+    );
+}
+
+#[tokio::test]
+async fn a_stream_is_relayed_event_by_event_and_its_usage_read_at_completion() {
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let upstream = mock_responses_llm(LlmBehaviour::default(), Some(gate.clone())).await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let mut body = responses_body(&tool_conversation(30));
+    body["stream"] = json!(true);
+    let response = post(&proxy, body.to_string()).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "summarized");
+    assert!(header(&response, "content-type").starts_with("text/event-stream"));
+    let mut stream = response.bytes_stream();
+    let mut text = String::new();
+    // The mock holds everything after `response.created` until the gate opens: what arrives
+    // first was relayed on its own.
+    while !text.contains("\n\n") {
+        let chunk = within("response.created", stream.next())
+            .await
+            .unwrap()
+            .unwrap();
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    assert!(text.starts_with("event: response.created\n"), "{text}");
+    assert!(!text.contains("response.output_text.delta"), "{text}");
+    gate.notify_one();
+    while let Some(chunk) = within("the rest", stream.next()).await {
+        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    let events: Vec<&str> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("event: "))
+        .collect();
+    assert_eq!(events.first(), Some(&"response.created"));
+    assert_eq!(events.last(), Some(&"response.completed"));
+    assert!(events.contains(&"response.output_text.delta"));
+    let forwarded_items = responses_requests(&upstream)[0].json()["input"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert!(
+        text.contains(&format!("\"text\":\"reply to {forwarded_items} items\"")),
+        "{text}"
+    );
+
+    let metrics = proxy.metrics().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            r#"condenser_completion_tokens_total{model="gpt-4o"}"#
+        ),
+        Some(RESPONSES_STREAM_OUTPUT_TOKENS as f64),
+        "usage read from response.completed"
+    );
+    assert!(
+        metric(&metrics, r#"condenser_prompt_tokens_total{model="gpt-4o"}"#).unwrap() > 6_000.0
+    );
+}
+
+#[tokio::test]
+async fn bad_requests_get_openai_shaped_errors_and_never_reach_upstream() {
+    let upstream = mock_responses_llm(LlmBehaviour::default(), None).await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    for (body, code, param) in [
+        (r#"{"model":"gpt-4o","input":"#, "invalid_json", Value::Null),
+        (r#"["gpt-4o"]"#, "invalid_request", Value::Null),
+        (r#"{"input":"hi"}"#, "invalid_request", json!("model")),
+        (
+            r#"{"model":"gpt-4o","input":42}"#,
+            "invalid_request",
+            json!("input"),
+        ),
+        (
+            r#"{"model":"gpt-4o","input":["hi"]}"#,
+            "invalid_request",
+            json!("input"),
+        ),
+        (
+            r#"{"model":"gpt-4o","input":[{"role":"robot","content":"hi"}]}"#,
+            "invalid_request",
+            json!("input"),
+        ),
+    ] {
+        let response = post(&proxy, body).await;
+        assert_eq!(response.status(), 400, "{body}");
+        let error: Value = response.json().await.unwrap();
+        assert_eq!(error["error"]["type"], "invalid_request_error", "{body}");
+        assert_eq!(error["error"]["code"], code, "{body}");
+        assert_eq!(error["error"]["param"], param, "{body}");
+        assert!(!error["error"]["message"].as_str().unwrap().is_empty());
+    }
+    assert!(upstream.recorded().is_empty());
+}
+
+#[tokio::test]
+async fn concurrent_identical_requests_make_one_summarizer_call() {
+    let upstream = mock_responses_llm(
+        LlmBehaviour {
+            summarizer_latency: Duration::from_millis(300),
+            ..Default::default()
+        },
+        None,
+    )
+    .await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let body = responses_body(&tool_conversation(30)).to_string();
+    let replies = futures_util::future::join_all((0..10).map(|_| post(&proxy, body.clone()))).await;
+    for response in &replies {
+        assert_eq!(response.status(), 200);
+        assert_eq!(header(response, "x-condenser-action"), "summarized");
+    }
+    assert_eq!(summarizer_calls(&upstream).len(), 1);
+    assert_eq!(responses_requests(&upstream).len(), 10);
+}
+
+#[tokio::test]
+async fn a_failing_summarizer_trims_and_the_request_succeeds() {
+    let upstream = mock_responses_llm(
+        LlmBehaviour {
+            summarizer_status: Some(500),
+            ..Default::default()
+        },
+        None,
+    )
+    .await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let original = tool_conversation(30);
+    let response = post(&proxy, responses_body(&original).to_string()).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "trimmed");
+    assert!(tokens(&response, "x-condenser-forwarded-tokens") < 6_000);
+    let input = responses_requests(&upstream)[0].json()["input"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(input[0], original[0], "head kept");
+    assert_eq!(
+        input[1..],
+        original[original.len() - (input.len() - 1)..],
+        "no summary, recent items"
+    );
+    assert_pairs_intact(&original, &input);
+}
+
+#[tokio::test]
+async fn the_openai_python_sdk_responses_create_works_through_condenser() {
+    let upstream = mock_responses_llm(LlmBehaviour::default(), None).await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/openai_responses.py");
+    let output = tokio::process::Command::new("python3")
+        .arg(script)
+        .arg(proxy.url("/v1"))
+        .output()
+        .await
+        .expect("python3 must be installed");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "SDK script failed (is the openai package installed? pip install openai)\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
+    let sent = responses_requests(&upstream);
+    assert_eq!(sent.len(), 2, "plain and streamed");
+    for request in &sent {
+        assert_eq!(request.headers["authorization"], "Bearer sk-sdk-test");
+        let body = request.json();
+        let input = body["input"].as_array().unwrap();
+        assert!(input.len() < 121, "compacted: {}", input.len());
+        assert!(input[1]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("[Context summary: "));
+    }
+    assert_eq!(sent[1].json()["stream"], true);
+    assert_eq!(
+        summarizer_calls(&upstream).len(),
+        1,
+        "the second request reuses the summary"
+    );
+}
+
+/// One random conversation segment.
+#[derive(Debug, Clone)]
+enum Segment {
+    User(usize),
+    Assistant(usize),
+    Reasoning,
+    /// Parallel calls, each with its output (of so many words) and when it is answered;
+    /// outputs answered now come in the given order.
+    Calls {
+        outputs: Vec<(usize, Answer)>,
+        reversed: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Answer {
+    Now,
+    Never,
+    /// After the next group's calls (or at the end): apart from its call.
+    Late,
+}
+
+fn segment() -> impl Strategy<Value = Segment> {
+    prop_oneof![
+        4 => (5usize..300).prop_map(Segment::User),
+        3 => (5usize..300).prop_map(Segment::Assistant),
+        1 => Just(Segment::Reasoning),
+        4 => (prop::collection::vec((5usize..400, answer()), 1..4), any::<bool>())
+            .prop_map(|(outputs, reversed)| Segment::Calls { outputs, reversed }),
+    ]
+}
+
+fn answer() -> impl Strategy<Value = Answer> {
+    prop_oneof![16 => Just(Answer::Now), 1 => Just(Answer::Never), 1 => Just(Answer::Late)]
+}
+
+/// The conversation's items; with `orphan`, an output whose call is nowhere goes in there.
+fn build(segments: &[Segment], orphan: Option<prop::sample::Index>) -> Vec<Value> {
+    let mut items = vec![json!({"role": "developer", "content": "rules"})];
+    let mut next_call = 0;
+    let mut late = Vec::new();
+    for (i, segment) in segments.iter().enumerate() {
+        match segment {
+            Segment::User(words) => items.push(json!({"role": "user", "content": filler(i, *words)})),
+            Segment::Assistant(words) => items.push(json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": filler(i, *words)}]})),
+            Segment::Reasoning => items.push(json!({"type": "reasoning", "id": format!("rs_{i}"), "summary": [], "encrypted_content": filler(i, 40)})),
+            Segment::Calls { outputs, reversed } => {
+                let ids: Vec<String> = outputs.iter().map(|_| { next_call += 1; format!("call_{next_call}") }).collect();
+                for id in &ids {
+                    items.push(json!({"type": "function_call", "call_id": id, "name": "f", "arguments": "{}"}));
+                }
+                items.append(&mut late);
+                let output = |id: &String, words: usize| json!({"type": "function_call_output", "call_id": id, "output": filler(i, words)});
+                let mut answers: Vec<Value> = Vec::new();
+                for (id, &(words, answer)) in ids.iter().zip(outputs) {
+                    match answer {
+                        Answer::Now => answers.push(output(id, words)),
+                        Answer::Late => late.push(output(id, words)),
+                        Answer::Never => {}
+                    }
+                }
+                if *reversed {
+                    answers.reverse();
+                }
+                items.extend(answers);
+            }
+        }
+    }
+    items.append(&mut late);
+    if let Some(at) = orphan {
+        let at = 1 + at.index(items.len());
+        items.insert(
+            at,
+            json!({"type": "function_call_output", "call_id": "call_nowhere", "output": "lost"}),
+        );
+    }
+    items
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn compaction_never_parts_a_call_from_its_output(
+        segments in prop::collection::vec(segment(), 1..40),
+        force in any::<bool>(),
+        orphan in prop::option::weighted(0.1, any::<prop::sample::Index>()),
+    ) {
+        let items = build(&segments, orphan);
+        let mut config = small_window_config("http://127.0.0.1:9");
+        config.models.get_mut("gpt-4o").unwrap().context_window = Some(3_000);
+        let catalog = ModelCatalog::new(config.models.clone(), config.tokens.clone());
+        let counter = TokenCounter::new(config.tokens.unknown_model_margin);
+        let body = json!({"model": "gpt-4o", "instructions": "be brief", "input": items}).to_string();
+        let request = Responses::parse(body.as_bytes()).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let prepared = runtime.block_on(Responses::count(&request, &catalog, &counter));
+        prop_assert_eq!(prepared.metas.len(), items.len());
+        if orphan.is_some() {
+            prop_assert!(Responses::forward_as_sent(&request).is_some(), "an orphan output goes as sent");
+            return Ok(());
+        }
+        let late = segments.iter().any(|segment| matches!(segment, Segment::Calls { outputs, .. } if outputs.iter().any(|(_, answer)| *answer == Answer::Late)));
+        if Responses::forward_as_sent(&request).is_some() {
+            prop_assert!(late, "only outputs apart from their calls go as sent");
+            return Ok(());
+        }
+        let mode = if force { Mode::Force } else { Mode::Auto };
+        let input = prepared.plan_input(&config, &config.context, mode);
+        let Decision::Compact { split, .. } = prepared.decide(&input) else {
+            return Ok(());
+        };
+        // Every place the compactor may end a summary, and a trim.
+        let ends = split.summary_ends.iter().map(|&end| (end, true)).chain([(split.tail_start, false)]);
+        for (kept_from, summarized) in ends {
+            let mut request = Responses::parse(body.as_bytes()).unwrap();
+            let rewrite = Rewrite {
+                summary: summarized.then(|| Arc::new(Summary {
+                    text: "earlier work".into(),
+                    messages: kept_from - split.head,
+                    tokens: 2,
+                    model: "gpt-4o-mini".into(),
+                    created_at: 0,
+                })),
+                kept_from,
+                action: if summarized { Action::Summarized } else { Action::Trimmed },
+                cache: CacheOutcome::Miss,
+                summarized: kept_from - split.head,
+                waited: Duration::ZERO,
+            };
+            Responses::rewrite(&mut request, &split, &rewrite, &config.context);
+            let (sent, _) = Responses::outgoing_body(request, body.clone().into(), true).unwrap();
+            let sent: Value = serde_json::from_slice(&sent).unwrap();
+            prop_assert_eq!(&sent["instructions"], "be brief");
+            let forwarded = sent["input"].as_array().unwrap();
+            prop_assert_eq!(&forwarded[..split.head], &items[..split.head]);
+            let tail_from = split.head + usize::from(summarized);
+            prop_assert_eq!(forwarded.len() - tail_from, items.len() - kept_from);
+            assert_pairs_intact(&items, forwarded);
+        }
+    }
+}
