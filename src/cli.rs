@@ -4,16 +4,17 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::compaction::plan::{total_tokens, triggers, Decision, Limits, Mode};
-use crate::config::{Config, ConfigError, Overrides};
-use crate::dialect::chat::{counted, parse_request};
+use crate::config::{Api, Config, ConfigError, Overrides};
+use crate::dialect::chat::Chat;
+use crate::dialect::messages::Messages;
+use crate::dialect::responses::Responses;
 use crate::error::ProxyError;
 use crate::models::ModelCatalog;
-use crate::pipeline::Prepared;
+use crate::pipeline::{Dialect, Prepared};
 use crate::tokens::counter::TokenCounter;
-use crate::tokens::counter::{messages, model_name};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {
@@ -52,31 +53,98 @@ pub enum CommandError {
     Request(#[from] ProxyError),
 }
 
+/// The API a request body is written for: Responses when it has `input` or `instructions`,
+/// Anthropic Messages when it has a top-level `system` or Anthropic's content blocks, else
+/// Chat Completions. A body that could be either of the last two is read as chat: `--api`
+/// says otherwise.
+pub fn detect_api(body: &Value) -> Api {
+    if body.get("input").is_some() || body.get("instructions").is_some() {
+        return Api::Responses;
+    }
+    let anthropic_block = |block: &Value| {
+        matches!(
+            block.get("type").and_then(Value::as_str),
+            Some("tool_use" | "tool_result" | "thinking" | "redacted_thinking")
+        )
+    };
+    let has_anthropic_blocks = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|message| message.get("content").and_then(Value::as_array))
+        .flatten()
+        .any(anthropic_block);
+    if body.get("system").is_some() || has_anthropic_blocks {
+        Api::Messages
+    } else {
+        Api::Chat
+    }
+}
+
+/// A request counted as the proxy counts it: its model, its count, and each counted item's
+/// role.
+struct Counted {
+    model: String,
+    prepared: Prepared,
+    roles: Vec<String>,
+}
+
+async fn counted_as<D: Dialect>(config: &Config, body: &[u8]) -> Result<Counted, CommandError> {
+    let request = D::parse(body)?;
+    let catalog = ModelCatalog::new(config.models.clone(), config.tokens.clone());
+    let counter = TokenCounter::new(config.tokens.unknown_model_margin);
+    let prepared = D::count(&request, &catalog, &counter).await;
+    let roles = D::conversation(&request)
+        .iter()
+        .map(|m| {
+            m.get("role")
+                .and_then(Value::as_str)
+                .unwrap_or("?")
+                .to_string()
+        })
+        .collect();
+    Ok(Counted {
+        model: D::model(&request).to_string(),
+        prepared,
+        roles,
+    })
+}
+
+/// `model`, when given, replaces the body's; `api`, when given, is the body's API.
 async fn prepare(
     config: &Config,
     input: &str,
     model: Option<&str>,
-) -> Result<(Map<String, Value>, Prepared), CommandError> {
-    let mut body = parse_request(input.as_bytes())?;
-    if let Some(model) = model {
-        body.insert("model".into(), Value::String(model.to_string()));
+    api: Option<Api>,
+) -> Result<Counted, CommandError> {
+    let mut body: Value =
+        serde_json::from_str(input).map_err(|e| ProxyError::InvalidJson(e.to_string()))?;
+    if let (Some(model), Some(fields)) = (model, body.as_object_mut()) {
+        fields.insert("model".into(), Value::String(model.to_string()));
     }
-    let catalog = ModelCatalog::new(config.models.clone(), config.tokens.clone());
-    let counter = TokenCounter::new(config.tokens.unknown_model_margin);
-    let prepared = counted(&body, &catalog, &counter).await;
-    Ok((body, prepared))
+    let api = api.unwrap_or_else(|| detect_api(&body));
+    let bytes = body.to_string();
+    match api {
+        Api::Chat => counted_as::<Chat>(config, bytes.as_bytes()).await,
+        Api::Responses => counted_as::<Responses>(config, bytes.as_bytes()).await,
+        Api::Messages => counted_as::<Messages>(config, bytes.as_bytes()).await,
+    }
 }
 
 pub async fn count(
     config: &Config,
     input: &str,
     model: Option<&str>,
+    api: Option<Api>,
     as_json: bool,
 ) -> Result<String, CommandError> {
-    let (body, prepared) = prepare(config, input, model).await?;
+    let Counted {
+        model, prepared, ..
+    } = prepare(config, input, model, api).await?;
     if as_json {
         Ok(json!({
-            "model": model_name(&body),
+            "model": model,
             "encoding": prepared.info.encoding.name(),
             "prompt_tokens": prepared.count.total,
             "messages": prepared.count.per_message.len(),
@@ -106,6 +174,8 @@ fn percent(value: u64, limit: u64) -> u64 {
 
 pub struct PlanOptions<'a> {
     pub model: Option<&'a str>,
+    /// The body's API, when not detected.
+    pub api: Option<Api>,
     pub mode: Mode,
     pub profile: Option<&'a str>,
 }
@@ -122,13 +192,16 @@ pub async fn plan(
             options.profile.unwrap_or("")
         ))
     })?;
-    let (body, prepared) = prepare(config, input, options.model).await?;
+    let Counted {
+        model,
+        prepared,
+        roles,
+    } = prepare(config, input, options.model, options.api).await?;
     let input = prepared.plan_input(config, &settings, options.mode);
     let limits = Limits::new(&input);
     let tokens = total_tokens(&input);
     let fired = triggers(&input, &limits);
     let mut out = String::new();
-    let model = model_name(&body);
     let _ = writeln!(
         out,
         "model {model}: {} ({}), window {} tokens, {} usable after the response reserve",
@@ -179,10 +252,6 @@ pub async fn plan(
         let _ = writeln!(out, "fired: {}", names.join(", "));
     }
     out.push('\n');
-    let roles: Vec<&str> = messages(&body)
-        .iter()
-        .map(|m| m.get("role").and_then(Value::as_str).unwrap_or("?"))
-        .collect();
     let describe = |out: &mut String, split: &crate::compaction::plan::Split| {
         let _ = writeln!(
             out,

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use condenser::cli::{self, LogFormat, PlanOptions};
 use condenser::compaction::plan::Mode;
-use condenser::config::{Config, Overrides};
+use condenser::config::{Api, Config, Overrides};
 use condenser::http::server::{shutdown_signal, Server};
 
 // Many small allocations per request (JSON values, headers, buffers): mimalloc serves them
@@ -50,10 +50,14 @@ enum Format {
 enum Command {
     /// Validate a config and print the effective settings.
     CheckConfig { path: Option<PathBuf> },
-    /// Print the prompt-token count of a chat-completions request body.
+    /// Print the prompt-token count of a request body: Chat Completions, Responses or
+    /// Anthropic Messages.
     Count {
         #[arg(long)]
         model: Option<String>,
+        /// The body's API; detected from its fields when not given.
+        #[arg(long, value_enum)]
+        api: Option<ApiArg>,
         #[arg(long)]
         json: bool,
         /// Request file, or - for stdin (the default).
@@ -63,6 +67,9 @@ enum Command {
     Plan {
         #[arg(long)]
         model: Option<String>,
+        /// The body's API; detected from its fields when not given.
+        #[arg(long, value_enum)]
+        api: Option<ApiArg>,
         /// auto, off or force, as the x-condenser-mode header.
         #[arg(long, default_value = "auto")]
         mode: String,
@@ -71,6 +78,23 @@ enum Command {
         profile: Option<String>,
         file: Option<String>,
     },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ApiArg {
+    Chat,
+    Responses,
+    Messages,
+}
+
+impl From<ApiArg> for Api {
+    fn from(api: ApiArg) -> Api {
+        match api {
+            ApiArg::Chat => Api::Chat,
+            ApiArg::Responses => Api::Responses,
+            ApiArg::Messages => Api::Messages,
+        }
+    }
 }
 
 fn read_input(file: Option<&str>) -> std::io::Result<String> {
@@ -118,12 +142,20 @@ async fn main() -> ExitCode {
     };
     let output = match command {
         None | Some(Command::CheckConfig { .. }) => return serve(config).await,
-        Some(Command::Count { model, json, file }) => match read_input(file.as_deref()) {
-            Ok(input) => cli::count(&config, &input, model.as_deref(), json).await,
+        Some(Command::Count {
+            model,
+            api,
+            json,
+            file,
+        }) => match read_input(file.as_deref()) {
+            Ok(input) => {
+                cli::count(&config, &input, model.as_deref(), api.map(Api::from), json).await
+            }
             Err(e) => return fail(e),
         },
         Some(Command::Plan {
             model,
+            api,
             mode,
             profile,
             file,
@@ -135,6 +167,7 @@ async fn main() -> ExitCode {
                 Ok(input) => {
                     let options = PlanOptions {
                         model: model.as_deref(),
+                        api: api.map(Api::from),
                         mode,
                         profile: profile.as_deref(),
                     };

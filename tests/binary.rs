@@ -114,6 +114,55 @@ async fn count_and_plan_read_a_request_from_stdin_or_a_file() {
     assert!(stderr.contains("model"), "{stderr}");
 }
 
+#[tokio::test]
+async fn count_and_plan_read_every_dialects_body_detected_or_named() {
+    let text = filler(1, 40);
+    let responses = json!({"model": "gpt-4o", "instructions": SYSTEM_PROMPT, "input": [
+        {"role": "user", "content": text},
+        {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": text},
+    ]});
+    let messages = json!({"model": "gpt-4o", "max_tokens": 100, "system": SYSTEM_PROMPT,
+        "messages": [{"role": "user", "content": text}]});
+    let chat = json!({"model": "gpt-4o", "messages": [
+        {"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]});
+    let count = |args: &'static [&'static str], body: &Value| {
+        let body = body.to_string();
+        async move {
+            let (code, stdout, stderr) = run(args, Some(&body)).await;
+            assert_eq!(code, 0, "{stderr}");
+            serde_json::from_str::<Value>(&stdout).unwrap()
+        }
+    };
+    let counted = count(&["count", "--json"], &responses).await;
+    assert_eq!(counted["messages"], 3, "three input items: {counted}");
+    let named = count(&["count", "--json", "--api", "responses"], &responses).await;
+    assert_eq!(counted, named);
+    let anthropic = count(&["count", "--json"], &messages).await;
+    assert_eq!(
+        anthropic["messages"], 1,
+        "the system is the head, not a message"
+    );
+    let as_chat = count(&["count", "--json"], &chat).await;
+    assert_eq!(as_chat["messages"], 2);
+    // The same words as system plus user: Anthropic counts its `system` apart, chat as a
+    // message; either way the prompt holds both.
+    let (a, c) = (
+        anthropic["prompt_tokens"].as_u64().unwrap(),
+        as_chat["prompt_tokens"].as_u64().unwrap(),
+    );
+    assert!(a > 40 && c > 40 && a.abs_diff(c) < 10, "{a} vs {c}");
+    let (code, _, stderr) = run(&["count", "--api", "messages"], Some(&chat.to_string())).await;
+    assert_eq!(code, 1, "a chat body read as Anthropic's has a system role");
+    assert!(stderr.contains("role"), "{stderr}");
+    let (code, stdout, _) = run(&["plan"], Some(&responses.to_string())).await;
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("prompt") && stdout.contains("in 3 messages"),
+        "{stdout}"
+    );
+}
+
 /// Starts the binary with JSON logs; returns it, its address and its log lines.
 async fn serve(
     upstream: &str,
