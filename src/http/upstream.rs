@@ -199,6 +199,30 @@ impl std::fmt::Debug for Upstream {
     }
 }
 
+/// Anthropic's key header.
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+/// An upstream's configured key, for a request whose client sent none of its own: as
+/// `x-api-key` on Anthropic's Messages API (`/v1/messages` and what lies under it), as a
+/// bearer token everywhere else.
+fn inject_key(headers: &mut HeaderMap, bearer: &HeaderValue, path_and_query: &str) {
+    if headers.contains_key(header::AUTHORIZATION) || headers.contains_key(&X_API_KEY) {
+        return;
+    }
+    let path = path_and_query.split('?').next().unwrap_or(path_and_query);
+    let anthropic = path == "/v1/messages" || path.starts_with("/v1/messages/");
+    let bare = bearer.as_bytes().strip_prefix(b"Bearer ");
+    match (anthropic, bare.map(HeaderValue::from_bytes)) {
+        (true, Some(Ok(mut key))) => {
+            key.set_sensitive(true);
+            headers.insert(X_API_KEY, key);
+        }
+        _ => {
+            headers.insert(header::AUTHORIZATION, bearer.clone());
+        }
+    }
+}
+
 /// The value of an environment variable named by an `api_key_env`, as a Bearer header.
 pub fn bearer_from_env(var: &str) -> Result<Option<HeaderValue>, ConfigError> {
     if var.is_empty() {
@@ -386,10 +410,8 @@ impl Upstream {
         body: ProxyBody,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let mut headers = forwardable_headers(client_headers);
-        if !headers.contains_key(header::AUTHORIZATION) {
-            if let Some(key) = &self.api_key {
-                headers.insert(header::AUTHORIZATION, key.clone());
-            }
+        if let Some(key) = &self.api_key {
+            inject_key(&mut headers, key, path_and_query);
         }
         // The body may have been rewritten: hyper frames it by its own length. An empty one
         // keeps the client's `Content-Length: 0`, which some servers want on a POST.
@@ -825,6 +847,40 @@ impl Upstreams {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_configured_key_goes_as_anthropic_or_openai_wants_it_unless_the_caller_sent_one() {
+        let bearer = HeaderValue::from_static("Bearer sk-configured");
+        let injected = |path: &str, client: &[(&'static str, &'static str)]| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in client {
+                headers.insert(*name, HeaderValue::from_static(value));
+            }
+            inject_key(&mut headers, &bearer, path);
+            headers
+        };
+        let anthropic = injected("/v1/messages", &[]);
+        assert_eq!(anthropic[&X_API_KEY], "sk-configured");
+        assert!(!anthropic.contains_key(header::AUTHORIZATION));
+        assert_eq!(
+            injected("/v1/messages/count_tokens?beta=true", &[])[&X_API_KEY],
+            "sk-configured"
+        );
+        let openai = injected("/v1/chat/completions", &[]);
+        assert_eq!(openai[header::AUTHORIZATION], "Bearer sk-configured");
+        assert!(!openai.contains_key(&X_API_KEY));
+        assert_eq!(
+            injected("/v1/messagesx", &[])[header::AUTHORIZATION],
+            "Bearer sk-configured"
+        );
+        for (path, own) in [
+            ("/v1/messages", ("authorization", "Bearer mine")),
+            ("/v1/chat/completions", ("x-api-key", "mine")),
+        ] {
+            let headers = injected(path, &[own]);
+            assert_eq!(headers.len(), 1, "the caller's own key alone: {headers:?}");
+        }
+    }
     use hyper_util::rt::TokioIo;
 
     #[test]
