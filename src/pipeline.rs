@@ -57,11 +57,13 @@ pub trait Dialect {
     /// and made ready from its raw bytes without a JSON tree. `Err` hands the request on to
     /// the full stages, with the count and the plan when this made them.
     fn scan<'s>(
-        state: &'s AppState,
-        bytes: &Bytes,
-        settings: &ContextConfig,
-        mode: Mode,
-    ) -> impl Future<Output = Result<Outgoing<'s>, Option<Planned>>> + Send;
+        _state: &'s AppState,
+        _bytes: &Bytes,
+        _settings: &ContextConfig,
+        _mode: Mode,
+    ) -> impl Future<Output = Result<Outgoing<'s>, Option<Planned>>> + Send {
+        std::future::ready(Err(None))
+    }
 
     /// The request, checked for what condenser relies on, with errors that name the problem.
     fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError>;

@@ -500,19 +500,7 @@ async fn the_anthropic_python_sdk_works_through_condenser() {
     })
     .await;
     let proxy = Proxy::start(claude_config(&upstream.url())).await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/anthropic_sdk.py");
-    let output = tokio::process::Command::new("python3")
-        .arg(script)
-        .arg(proxy.url(""))
-        .output()
-        .await
-        .expect("python3 must be installed");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "SDK script failed (is the anthropic package installed? pip install anthropic)\nstdout:\n{stdout}\nstderr:\n{stderr}"
-    );
+    let stdout = run_sdk_script("anthropic_sdk.py", &proxy.url(""), "anthropic").await;
     assert!(stdout.contains("plain: summarized"), "{stdout}");
     assert!(stdout.contains("stream: summarized"), "{stdout}");
     assert!(stdout.trim_end().ends_with("ok"), "{stdout}");

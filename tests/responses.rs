@@ -435,19 +435,7 @@ async fn a_failing_summarizer_trims_and_the_request_succeeds() {
 async fn the_openai_python_sdk_responses_create_works_through_condenser() {
     let upstream = mock_responses_llm(LlmBehaviour::default(), None).await;
     let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/openai_responses.py");
-    let output = tokio::process::Command::new("python3")
-        .arg(script)
-        .arg(proxy.url("/v1"))
-        .output()
-        .await
-        .expect("python3 must be installed");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "SDK script failed (is the openai package installed? pip install openai)\nstdout:\n{stdout}\nstderr:\n{stderr}"
-    );
+    let stdout = run_sdk_script("openai_responses.py", &proxy.url("/v1"), "openai").await;
     assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
     let sent = responses_requests(&upstream);
     assert_eq!(sent.len(), 2, "plain and streamed");

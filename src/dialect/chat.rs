@@ -18,6 +18,7 @@ use crate::config::{Api, ContextConfig};
 use crate::conversation::content_text;
 use crate::conversation::{Item, VALID_ROLES};
 use crate::dialect::message_spans;
+use crate::dialect::request::{array, object_with_model};
 use crate::error::ProxyError;
 use crate::models::ModelCatalog;
 use crate::observe::usage::UsageFormat;
@@ -114,39 +115,8 @@ impl Dialect for Chat {
 
 /// Checks what condenser relies on; everything else is left for upstream to judge.
 pub fn parse_request(bytes: &[u8]) -> Result<Map<String, Value>, ProxyError> {
-    let value: Value =
-        serde_json::from_slice(bytes).map_err(|e| ProxyError::InvalidJson(e.to_string()))?;
-    let Value::Object(body) = value else {
-        return Err(ProxyError::invalid(
-            "request body must be a JSON object",
-            None,
-        ));
-    };
-    match body.get("model") {
-        Some(Value::String(_)) => {}
-        None => {
-            return Err(ProxyError::invalid(
-                "you must provide a model parameter",
-                Some("model"),
-            ))
-        }
-        Some(_) => return Err(ProxyError::invalid("model must be a string", Some("model"))),
-    }
-    let messages = match body.get("messages") {
-        Some(Value::Array(messages)) => messages,
-        None => {
-            return Err(ProxyError::invalid(
-                "missing required parameter: messages",
-                Some("messages"),
-            ))
-        }
-        Some(_) => {
-            return Err(ProxyError::invalid(
-                "messages must be an array",
-                Some("messages"),
-            ))
-        }
-    };
+    let body = object_with_model(bytes, "you must provide a model parameter")?;
+    let messages = array(&body, "messages", "missing required parameter: messages")?;
     if messages.is_empty() {
         return Err(ProxyError::invalid(
             "messages must contain at least one message",

@@ -11,16 +11,16 @@ use bytes::Bytes;
 use hyper::{header, Response, StatusCode};
 use serde_json::{json, Map, Value};
 
-use crate::app::AppState;
 use crate::compaction::compactor::Rewrite;
-use crate::compaction::plan::{Mode, Shorten, Split};
+use crate::compaction::plan::{Shorten, Split};
 use crate::config::{Api, ContextConfig, SummaryRole};
 use crate::conversation::{Item, Kind, Role};
+use crate::dialect::request::{array, object_with_model};
 use crate::error::ProxyError;
 use crate::http::body::{full, ProxyBody};
 use crate::models::ModelCatalog;
 use crate::observe::usage::UsageFormat;
-use crate::pipeline::{Dialect, Outgoing, Planned, Prepared};
+use crate::pipeline::{Dialect, Prepared};
 use crate::tokens::counter::{
     count_text, count_tools, shorten_middle, TokenCounter, REPLY_PRIMING,
 };
@@ -43,16 +43,6 @@ impl Dialect for Messages {
     const USAGE: UsageFormat = UsageFormat::Messages;
     const API: Api = Api::Messages;
     type Request = MessagesRequest;
-
-    /// No raw path: every request is parsed.
-    fn scan<'s>(
-        _state: &'s AppState,
-        _bytes: &Bytes,
-        _settings: &ContextConfig,
-        _mode: Mode,
-    ) -> impl Future<Output = Result<Outgoing<'s>, Option<Planned>>> + Send {
-        std::future::ready(Err(None))
-    }
 
     fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError> {
         let body = parse_request(bytes)?;
@@ -129,34 +119,8 @@ impl Dialect for Messages {
 
 /// Checks what condenser relies on; everything else is left for upstream to judge.
 fn parse_request(bytes: &[u8]) -> Result<Map<String, Value>, ProxyError> {
-    let value: Value =
-        serde_json::from_slice(bytes).map_err(|e| ProxyError::InvalidJson(e.to_string()))?;
-    let Value::Object(body) = value else {
-        return Err(ProxyError::invalid(
-            "request body must be a JSON object",
-            None,
-        ));
-    };
-    match body.get("model") {
-        Some(Value::String(_)) => {}
-        None => return Err(ProxyError::invalid("model: Field required", Some("model"))),
-        Some(_) => return Err(ProxyError::invalid("model must be a string", Some("model"))),
-    }
-    let messages = match body.get("messages") {
-        Some(Value::Array(messages)) => messages,
-        None => {
-            return Err(ProxyError::invalid(
-                "messages: Field required",
-                Some("messages"),
-            ))
-        }
-        Some(_) => {
-            return Err(ProxyError::invalid(
-                "messages must be an array",
-                Some("messages"),
-            ))
-        }
-    };
+    let body = object_with_model(bytes, "model: Field required")?;
+    let messages = array(&body, "messages", "messages: Field required")?;
     for (i, message) in messages.iter().enumerate() {
         match message.get("role").and_then(Value::as_str) {
             Some("user" | "assistant") => {}
@@ -782,7 +746,7 @@ mod tests {
                 context_window: prepared.info.context_window,
                 requested_completion_tokens: prepared.requested_completion_tokens,
                 settings: &settings,
-                mode: Mode::Force,
+                mode: crate::compaction::plan::Mode::Force,
                 summary_tokens: 200,
             };
             let split = match plan(&input) {

@@ -3,4 +3,5 @@
 pub mod chat;
 pub mod message_spans;
 pub mod messages;
+pub mod request;
 pub mod responses;

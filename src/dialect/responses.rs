@@ -12,15 +12,15 @@ use std::future::Future;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use crate::app::AppState;
 use crate::compaction::compactor::Rewrite;
-use crate::compaction::plan::{ForwardReason, Mode, Split};
+use crate::compaction::plan::{ForwardReason, Split};
 use crate::config::{Api, ContextConfig, SummaryRole};
 use crate::conversation::{units, Item, Kind, Role};
+use crate::dialect::request::object_with_model;
 use crate::error::ProxyError;
 use crate::models::ModelCatalog;
 use crate::observe::usage::UsageFormat;
-use crate::pipeline::{Dialect, Outgoing, Planned, Prepared};
+use crate::pipeline::{Dialect, Prepared};
 use crate::tokens::counter::{
     count_text, count_tools, model_name, shorten_middle, TokenCounter, REPLY_PRIMING,
 };
@@ -51,16 +51,6 @@ impl Dialect for Responses {
     const USAGE: UsageFormat = UsageFormat::Responses;
     const API: Api = Api::Responses;
     type Request = ResponsesRequest;
-
-    /// No raw fast path: every request is parsed.
-    fn scan<'s>(
-        _state: &'s AppState,
-        _bytes: &Bytes,
-        _settings: &ContextConfig,
-        _mode: Mode,
-    ) -> impl Future<Output = Result<Outgoing<'s>, Option<Planned>>> + Send {
-        std::future::ready(Err(None))
-    }
 
     fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError> {
         parse_request(bytes)
@@ -119,24 +109,7 @@ impl Dialect for Responses {
 /// Checks what condenser relies on (an object with a model, `input` a string or a list of
 /// objects, message roles it knows); everything else is left for upstream to judge.
 pub fn parse_request(bytes: &[u8]) -> Result<ResponsesRequest, ProxyError> {
-    let value: Value =
-        serde_json::from_slice(bytes).map_err(|e| ProxyError::InvalidJson(e.to_string()))?;
-    let Value::Object(body) = value else {
-        return Err(ProxyError::invalid(
-            "request body must be a JSON object",
-            None,
-        ));
-    };
-    match body.get("model") {
-        Some(Value::String(_)) => {}
-        None => {
-            return Err(ProxyError::invalid(
-                "you must provide a model parameter",
-                Some("model"),
-            ))
-        }
-        Some(_) => return Err(ProxyError::invalid("model must be a string", Some("model"))),
-    }
+    let body = object_with_model(bytes, "you must provide a model parameter")?;
     match body.get("input") {
         None | Some(Value::Null | Value::String(_)) => {}
         Some(Value::Array(items)) => {

@@ -409,6 +409,24 @@ pub fn small_window_config(upstream: &str) -> Config {
     config
 }
 
+/// Runs `tests/sdk/SCRIPT` with `base_url` and returns its standard output once it succeeded.
+pub async fn run_sdk_script(script: &str, base_url: &str, package: &str) -> String {
+    let path = format!("{}/tests/sdk/{script}", env!("CARGO_MANIFEST_DIR"));
+    let output = tokio::process::Command::new("python3")
+        .arg(path)
+        .arg(base_url)
+        .output()
+        .await
+        .expect("python3 must be installed");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "SDK script failed (is the {package} package installed? pip install {package})\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    stdout
+}
+
 pub fn chat_body(messages: &[Value]) -> Value {
     json!({"model": "gpt-4o", "max_tokens": 500, "messages": messages, "user": "tester"})
 }

@@ -1,0 +1,43 @@
+//! What every dialect checks of a request body first: a JSON object that names its model.
+
+use serde_json::{Map, Value};
+
+use crate::error::ProxyError;
+
+/// The body as a JSON object with a string `model`; `missing_model` is the dialect's words
+/// for a body without one.
+pub fn object_with_model(
+    bytes: &[u8],
+    missing_model: &str,
+) -> Result<Map<String, Value>, ProxyError> {
+    let value: Value =
+        serde_json::from_slice(bytes).map_err(|e| ProxyError::InvalidJson(e.to_string()))?;
+    let Value::Object(body) = value else {
+        return Err(ProxyError::invalid(
+            "request body must be a JSON object",
+            None,
+        ));
+    };
+    match body.get("model") {
+        Some(Value::String(_)) => Ok(body),
+        None => Err(ProxyError::invalid(missing_model, Some("model"))),
+        Some(_) => Err(ProxyError::invalid("model must be a string", Some("model"))),
+    }
+}
+
+/// The body's `field`, which must be an array; `missing` is the dialect's words for a body
+/// without it.
+pub fn array<'a>(
+    body: &'a Map<String, Value>,
+    field: &'static str,
+    missing: &str,
+) -> Result<&'a Vec<Value>, ProxyError> {
+    match body.get(field) {
+        Some(Value::Array(items)) => Ok(items),
+        None => Err(ProxyError::invalid(missing, Some(field))),
+        Some(_) => Err(ProxyError::invalid(
+            format!("{field} must be an array"),
+            Some(field),
+        )),
+    }
+}
