@@ -279,7 +279,7 @@ pub async fn handle<D: Dialect>(
     received: Instant,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let state = &worker.state;
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let bytes = read_body(body, &parts.headers, state.config.server.max_body_bytes).await?;
     let work_started = Instant::now();
     let directives = Directives::of(&parts.headers);
@@ -313,6 +313,11 @@ pub async fn handle<D: Dialect>(
         .saturating_duration_since(work_started)
         .saturating_sub(outgoing.outcome.summarizer_wait);
     metrics.overhead_seconds.observe(overhead.as_secs_f64());
+    // A retry needs the request's headers again, so a copy is kept, but only of a request
+    // upstream may find too long: one past half the window, or counted by an estimate. A copy
+    // of every request's headers cost ~1,500 instructions (`bench/instructions.sh`).
+    let may_retry = mode != Mode::Off
+        && (!outgoing.info.exact || outgoing.forwarded_tokens > outgoing.usable / 2);
     let mut outgoing = outgoing;
     let mut retried = false;
     let response = loop {
@@ -321,7 +326,11 @@ pub async fn handle<D: Dialect>(
             .send(
                 Method::POST,
                 path_and_query,
-                upstream_headers(parts.headers.clone()),
+                upstream_headers(if may_retry && !retried {
+                    parts.headers.clone()
+                } else {
+                    std::mem::take(&mut parts.headers)
+                }),
                 full(outgoing.body.clone()),
             )
             .await?;
@@ -331,7 +340,7 @@ pub async fn handle<D: Dialect>(
             outgoing.outcome.cache,
             CacheOutcome::Miss | CacheOutcome::Extended
         );
-        if retried || waited_already || mode == Mode::Off || !may_say_too_long(&response) {
+        if retried || waited_already || !may_retry || !may_say_too_long(&response) {
             break response;
         }
         let (head, body) = response.into_parts();

@@ -146,6 +146,18 @@ async fn a_request_sent_with_compaction_off_is_not_retried() {
 }
 
 #[tokio::test]
+async fn a_prompt_far_inside_a_window_counted_exactly_is_not_retried() {
+    // Five turns, about 1,100 tokens of an 8,000-token window, in gpt-4o's own encoding: an
+    // upstream that finds them too long disagrees about more than counting.
+    let upstream = upstream_with_smaller_window(openai_too_long(), 3).await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let response = post(&proxy, &chat_body(&conversation(5))).await;
+    assert_eq!(response.status(), 400);
+    assert!(response.headers().get("x-condenser-retry").is_none());
+    assert_eq!(chat_sent(&upstream).len(), 1);
+}
+
+#[tokio::test]
 async fn an_error_that_is_not_about_length_is_passed_on_untried() {
     let other = json!({"error": {"message": "bad temperature", "type": "invalid_request_error",
                                  "param": "temperature", "code": "invalid_value"}});
