@@ -46,6 +46,8 @@ const RETRY_HEADER: HeaderName = HeaderName::from_static("x-condenser-retry");
 pub trait Dialect {
     /// The path it serves, for the log line.
     const PATH: &'static str;
+    /// What its log line calls a relayed reply.
+    const SERVED: &'static str;
     /// How its replies carry usage.
     const USAGE: UsageFormat;
     /// Its API, which its summaries are asked in unless `summarizer.api` says otherwise.
@@ -443,6 +445,7 @@ pub async fn handle<D: Dialect>(
     let observer = Observer {
         worker: worker.clone(),
         path: D::PATH,
+        served: D::SERVED,
         model,
         model_label,
         stream: is_sse,
@@ -615,6 +618,8 @@ fn upstream_headers(mut headers: HeaderMap) -> HeaderMap {
 struct Observer {
     worker: Arc<Worker>,
     path: &'static str,
+    /// What the log line calls the reply (`Dialect::SERVED`).
+    served: &'static str,
     model: String,
     model_label: ModelLabel,
     stream: bool,
@@ -668,7 +673,8 @@ impl UsageObserver for Observer {
             upstream_ms = self.upstream_time.as_secs_f64() * 1e3,
             summarizer_ms = self.outcome.summarizer_wait.as_secs_f64() * 1e3,
             overhead_ms = self.overhead.as_secs_f64() * 1e3,
-            "chat completion"
+            "{}",
+            self.served
         );
     }
 }

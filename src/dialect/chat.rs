@@ -34,6 +34,7 @@ pub struct Chat;
 
 impl Dialect for Chat {
     const PATH: &'static str = CHAT_COMPLETIONS;
+    const SERVED: &'static str = "chat completion";
     const USAGE: UsageFormat = UsageFormat::Chat;
     const API: Api = Api::Chat;
     type Request = Map<String, Value>;

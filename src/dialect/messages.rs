@@ -40,6 +40,7 @@ pub struct MessagesRequest {
 
 impl Dialect for Messages {
     const PATH: &'static str = MESSAGES;
+    const SERVED: &'static str = "message";
     const USAGE: UsageFormat = UsageFormat::Messages;
     const API: Api = Api::Messages;
     type Request = MessagesRequest;

@@ -48,6 +48,7 @@ pub struct ResponsesRequest {
 
 impl Dialect for Responses {
     const PATH: &'static str = RESPONSES;
+    const SERVED: &'static str = "response";
     const USAGE: UsageFormat = UsageFormat::Responses;
     const API: Api = Api::Responses;
     type Request = ResponsesRequest;
