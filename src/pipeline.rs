@@ -346,7 +346,10 @@ pub async fn handle<D: Dialect>(
             break response;
         }
         let (head, body) = response.into_parts();
-        let reply = read_body(body, &head.headers, MAX_ERROR_REPLY_BYTES).await?;
+        // Upstream's reply broke off: its fault, not the client's.
+        let reply = read_body(body, &head.headers, MAX_ERROR_REPLY_BYTES)
+            .await
+            .map_err(|e| ProxyError::UpstreamBroken(e.to_string()))?;
         let relay = |head, reply| Response::from_parts(head, full(reply));
         if !says_context_length_exceeded(&reply) {
             break relay(head, reply);
