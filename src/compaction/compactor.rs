@@ -192,9 +192,14 @@ impl OnHand {
             .map(|(_, s)| s.clone())
     }
 
-    /// The latest-ending cached summary, which any new one extends.
+    /// The latest-ending cached summary: the most compact on hand.
     fn longest(&self) -> Option<(usize, Arc<Summary>)> {
         self.cached.last().cloned()
+    }
+
+    /// The latest-ending cached summary before `end`, which a summary up to `end` extends.
+    fn longest_before(&self, end: usize) -> Option<(usize, Arc<Summary>)> {
+        self.cached.iter().rev().find(|(e, _)| *e < end).cloned()
     }
 
     /// Whether anything on hand or being made ends after `end`: the next step exists.
@@ -233,7 +238,7 @@ async fn lookup(compactor: &Arc<Compactor>, job: &CompactionJob<'_>) -> (Lookup,
         &compactor.summarizer.settings_key(),
     );
     let split = job.split;
-    let keys = prefix_keys(&scope, &job.messages[..split.tail_start]);
+    let keys = prefix_keys(&scope, &job.messages[..split.ahead]);
     let candidates: Vec<(usize, Key)> = split
         .summary_ends
         .iter()
@@ -332,7 +337,7 @@ pub async fn compact(
         (Some(summary), _) => (Ok(summary), CacheOutcome::Hit),
         (None, Some((end, pending))) if end == wanted => (pending.await, CacheOutcome::Miss),
         (None, _) => {
-            let base = on_hand.longest();
+            let base = on_hand.longest_before(wanted);
             let cache = if base.is_some() {
                 CacheOutcome::Extended
             } else {
@@ -378,12 +383,12 @@ fn without_waiting(
     lookup: &Lookup,
     on_hand: &OnHand,
 ) -> Option<Rewrite> {
-    let wanted = job.split.tail_start;
-    let make_wanted = || {
-        if on_hand.exact(wanted).is_none() {
+    // The summary to make for `end`, extending the longest on hand that ends before it.
+    let make = |end: usize| {
+        if on_hand.exact(end).is_none() {
             drop(start_summary(
                 compactor,
-                lookup.span(on_hand.longest(), wanted),
+                lookup.span(on_hand.longest_before(end), end),
             ));
         }
     };
@@ -394,7 +399,7 @@ fn without_waiting(
         .find(|(_, _, tier)| *tier <= Tier::Precompute);
     if let Some((end, summary, tier)) = steady {
         if tier == Tier::Precompute && !on_hand.beyond(end) {
-            make_wanted();
+            make(job.split.ahead);
         }
         return Some(summarized(
             job,
@@ -414,7 +419,7 @@ fn without_waiting(
     if fits_now.is_none() && !as_sent_fits {
         return None;
     }
-    make_wanted();
+    make(job.split.tail_start);
     Some(match fits_now {
         Some((end, summary)) => summarized(job, summary, end, CacheOutcome::Stale, Duration::ZERO),
         None => as_sent(CacheOutcome::Deferred, Duration::ZERO),
@@ -498,9 +503,10 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) {
                 .cached
                 .iter()
                 .any(|(end, summary)| tier_with(&job, summary, *end) <= Tier::Precompute);
+        // Made for when the trigger fires: by then it brings the prompt to the target.
         if !ready {
-            let _ =
-                start_summary(&compactor, lookup.span(on_hand.longest(), split.tail_start)).await;
+            let base = on_hand.longest_before(split.ahead);
+            let _ = start_summary(&compactor, lookup.span(base, split.ahead)).await;
         }
     });
 }

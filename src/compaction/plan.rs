@@ -104,8 +104,11 @@ pub struct Shorten {
 pub struct Split {
     pub head: usize,
     pub tail_start: usize,
-    /// Where a summary of the items after the head may end: every unit start up to and
-    /// including `tail_start`, so that no summary splits a unit.
+    /// Where the next step, made ahead of need, ends: at or after `tail_start`, so that once
+    /// it is used the prompt is back at the target.
+    pub ahead: usize,
+    /// Where a summary of the items after the head may end, in order: every unit start up to
+    /// `ahead`, and `tail_start`, so that no summary splits a unit.
     pub summary_ends: Vec<usize>,
     pub shorten: Vec<Shorten>,
     /// Estimated forwarded prompt with a summary of at most `summary_tokens`.
@@ -293,33 +296,50 @@ fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, D
     let n = messages.len();
 
     // Walk units from the newest: first the ones `keep_recent_messages` demands, then as
-    // many whole units as fit the target (none more when forced: force means compact now).
+    // many whole units as fit `budget` (none more when forced: force means compact now).
     let grow = input.mode != Mode::Force;
-    let mut tail_start = n;
-    let mut tail_tokens = 0u64;
-    for &start in units.iter().rev() {
-        let unit_tokens = sum(&messages[start..tail_start]);
-        let required = n - tail_start < keep || tail_start == n;
-        let fits_tokens = fixed + summary + tail_tokens + unit_tokens <= limits.target;
-        let fits_count =
-            limits.message_target == 0 || head + 1 + (n - start) <= limits.message_target;
-        if !(required || grow && fits_tokens && fits_count) {
-            break;
+    let kept_within = |budget: u64| {
+        let mut tail_start = n;
+        let mut tail_tokens = 0u64;
+        for &start in units.iter().rev() {
+            let unit_tokens = sum(&messages[start..tail_start]);
+            let required = n - tail_start < keep || tail_start == n;
+            let fits_tokens = fixed + summary + tail_tokens + unit_tokens <= budget;
+            let fits_count =
+                limits.message_target == 0 || head + 1 + (n - start) <= limits.message_target;
+            if !(required || grow && fits_tokens && fits_count) {
+                break;
+            }
+            tail_start = start;
+            tail_tokens += unit_tokens;
         }
-        tail_start = start;
-        tail_tokens += unit_tokens;
-    }
+        tail_start
+    };
+    let tail_start = kept_within(limits.target);
+    // A step made ahead, from the precompute line, is used once the trigger fires: by then
+    // the conversation has grown by about the distance between the two, so it aims that
+    // much below the target, to land on it.
+    let ahead = kept_within(
+        limits
+            .target
+            .saturating_sub(limits.trigger.saturating_sub(limits.precompute)),
+    )
+    .max(tail_start);
     // Keeping everything from `start` on, tool outputs shortened toward the target.
     let kept_from = |start: usize| {
         let summary_if_any = if start > head { summary } else { 0 };
+        let ahead = ahead.max(start);
         let mut split = Split {
             head,
             tail_start: start,
+            ahead,
             summary_ends: units
                 .iter()
                 .copied()
-                .filter(|&unit| head < unit && unit < start)
+                .filter(|&unit| head < unit && unit <= ahead)
                 .chain((head < start).then_some(start))
+                .collect::<std::collections::BTreeSet<usize>>()
+                .into_iter()
                 .collect(),
             shorten: Vec::new(),
             estimated_tokens: fixed + summary_if_any + sum(&messages[start..]),
@@ -731,6 +751,15 @@ mod tests {
                     // The last message is always kept.
                     prop_assert!(split.tail_start < m.len());
                     prop_assert!(split.estimated_tokens <= limits.usable);
+                    // A step made ahead ends no earlier than the plan's, and keeps the last
+                    // message; every place a summary may end starts a unit, so none splits one.
+                    prop_assert!(split.tail_start <= split.ahead && split.ahead < m.len());
+                    prop_assert!(split.summary_ends.windows(2).all(|w| w[0] < w[1]));
+                    prop_assert!(split.tail_start == head || split.summary_ends.contains(&split.tail_start));
+                    for &end in &split.summary_ends {
+                        prop_assert!(head < end && end <= split.ahead);
+                        prop_assert!(m[end].role != Role::Tool);
+                    }
                     for s in &split.shorten {
                         prop_assert!(s.index >= split.tail_start);
                         prop_assert!(m[s.index].role == Role::Tool);

@@ -573,6 +573,7 @@ mod tests {
         let split = Split {
             head: 1,
             tail_start: 2,
+            ahead: 2,
             summary_ends: vec![2],
             shorten: vec![crate::compaction::plan::Shorten {
                 index: 3,
