@@ -17,6 +17,8 @@ pub enum ProxyError {
     },
     #[error("request body exceeds the limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
+    #[error("request header fields exceed the limit of {limit} bytes")]
+    HeadersTooLarge { limit: usize },
     #[error("this request has {tokens} prompt tokens; even its last message does not fit the model's context window of {limit} tokens")]
     ContextLengthExceeded { tokens: u64, limit: u64 },
     #[error("upstream unreachable: {0}")]
@@ -48,6 +50,7 @@ impl ProxyError {
             | ProxyError::ContextLengthExceeded { .. }
             | ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::UpstreamUnreachable(_)
             | ProxyError::UpstreamBroken(_)
             | ProxyError::SummarizerFailed(_) => StatusCode::BAD_GATEWAY,
@@ -58,9 +61,10 @@ impl ProxyError {
 
     fn error_type(&self) -> &'static str {
         match self.status() {
-            StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::NOT_FOUND => {
-                "invalid_request_error"
-            }
+            StatusCode::BAD_REQUEST
+            | StatusCode::PAYLOAD_TOO_LARGE
+            | StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+            | StatusCode::NOT_FOUND => "invalid_request_error",
             _ => "upstream_error",
         }
     }
@@ -70,6 +74,7 @@ impl ProxyError {
             ProxyError::InvalidJson(_) => "invalid_json",
             ProxyError::InvalidRequest { .. } => "invalid_request",
             ProxyError::BodyTooLarge { .. } => "request_too_large",
+            ProxyError::HeadersTooLarge { .. } => "headers_too_large",
             ProxyError::ContextLengthExceeded { .. } => "context_length_exceeded",
             ProxyError::UpstreamUnreachable(_) => "upstream_unreachable",
             ProxyError::UpstreamBroken(_) => "upstream_error",

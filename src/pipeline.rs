@@ -200,7 +200,7 @@ pub fn mode_for(directives: &Directives) -> Result<Mode, ProxyError> {
 /// The body as one `Bytes`. A small body with a Content-Length arrives as one frame and is
 /// returned as it came, with no copy or buffer list; only a body in several frames is joined.
 /// Reading stops once the body says it has ended, without waiting for its channel to close.
-async fn read_body<B>(body: B, headers: &HeaderMap, limit: usize) -> Result<Bytes, ProxyError>
+pub async fn read_body<B>(body: B, headers: &HeaderMap, limit: usize) -> Result<Bytes, ProxyError>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -354,16 +354,12 @@ pub async fn handle<D: Dialect>(
         if !says_context_length_exceeded(&reply) {
             break relay(head, reply);
         }
+        // Learned whether or not a retry follows, and before the retry is counted.
         let factor = state.counter.observe_overflow(
             &outgoing.model,
             outgoing.forwarded_tokens,
             outgoing.usable,
         );
-        let label = metrics.for_model(&outgoing.model, &outgoing.info);
-        metrics
-            .reactive_retries
-            .with_label_values(&[metrics.model(label).label()])
-            .inc();
         let compacted = Box::pin(prepare::<D>(
             state,
             original.clone(),
@@ -372,11 +368,19 @@ pub async fn handle<D: Dialect>(
             Mode::Force,
             None,
         ))
-        .await?;
-        if compacted.outcome.action == "forwarded" {
-            // Nothing to compact: sending it again would fail again.
+        .await;
+        // Nothing to compact, or compaction failed: upstream's own answer is the truest.
+        let Some(compacted) = compacted
+            .ok()
+            .filter(|c| c.outcome.action != Action::Forwarded.name())
+        else {
             break relay(head, reply);
-        }
+        };
+        let label = metrics.for_model(&outgoing.model, &outgoing.info);
+        metrics
+            .reactive_retries
+            .with_label_values(&[metrics.model(label).label()])
+            .inc();
         tracing::info!(
             model = %outgoing.model,
             count_factor = factor,
@@ -401,7 +405,7 @@ pub async fn handle<D: Dialect>(
     metrics
         .model(model_label)
         .count_prompt(received_tokens, forwarded_tokens);
-    if outcome.action != "forwarded" || outcome.cache != CacheOutcome::None {
+    if outcome.action != Action::Forwarded.name() || outcome.cache != CacheOutcome::None {
         metrics
             .compactions
             .with_label_values(&[outcome.action, outcome.cache.name()])

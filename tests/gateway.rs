@@ -827,3 +827,52 @@ async fn a_body_nested_too_deep_is_refused_alike_on_every_path() {
     }
     assert_eq!(upstream.recorded().len(), 4);
 }
+
+#[tokio::test]
+async fn paths_under_a_dialect_go_where_their_model_routes_with_the_right_key() {
+    let default = MockUpstream::start(handler(|_| async {
+        json_response(200, &json!({"from": "default"}))
+    }))
+    .await;
+    let routed = MockUpstream::start(handler(|_| async {
+        json_response(200, &json!({"input_tokens": 12}))
+    }))
+    .await;
+    std::env::set_var("CONDENSER_TEST_CLAUDE_KEY", "sk-ant-route");
+    let mut config = config_for(&default.url());
+    config.routes.push(condenser::config::RouteConfig {
+        models: vec!["claude-*".into()],
+        base_url: routed.url(),
+        api_key_env: "CONDENSER_TEST_CLAUDE_KEY".into(),
+    });
+    let proxy = Proxy::start(config).await;
+    let body = r#"{"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "hi"}]}"#;
+    let reply: Value = client()
+        .post(proxy.url("/v1/messages/count_tokens"))
+        .header("anthropic-version", "2023-06-01")
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(reply["input_tokens"], 12);
+    let sent = routed.recorded();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].body, body.as_bytes(), "byte for byte");
+    assert_eq!(sent[0].headers["x-api-key"], "sk-ant-route");
+    assert!(!sent[0].headers.contains_key("authorization"));
+    assert!(
+        default.recorded().is_empty(),
+        "nothing went to the default upstream"
+    );
+    // A path under a dialect's whose body names no model goes to the default upstream.
+    client()
+        .post(proxy.url("/v1/responses/compact"))
+        .body(r#"{"input": "x"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(default.recorded().len(), 1);
+}

@@ -1,5 +1,6 @@
-//! The summarizer: a non-streaming chat completion that folds evicted messages into a
-//! structured summary, with a circuit breaker per upstream and caller.
+//! The summarizer: one non-streaming call, in the API its upstream speaks (chat completions,
+//! responses or Anthropic messages), that folds evicted messages into a structured summary;
+//! with a circuit breaker per upstream and caller.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -14,7 +15,7 @@ use crate::compaction::artifacts;
 use crate::compaction::summary::{hex, Key};
 use crate::config::{Api, SummarizerConfig};
 use crate::conversation::content_text;
-use crate::http::upstream::Upstream;
+use crate::http::upstream::{bare_key, Upstream, X_API_KEY};
 use crate::tokens::counter::shorten_middle;
 use crate::tokens::encoding::Encoding;
 
@@ -27,8 +28,7 @@ const REASONING_ALLOWANCE_TOKENS: u32 = 2_048;
 /// Characters of an upstream's error body kept in the error (and so in the log).
 const ERROR_BODY_CHARS: usize = 300;
 
-/// Anthropic's key header, and the API version its requests must name.
-const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+/// The API version Anthropic's requests must name.
 const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
 
 /// The caller's headers a summarizer call paid by the caller carries: its key, however its
@@ -220,16 +220,11 @@ impl Summarizer {
     pub fn credentials_for(&self, request_headers: &HeaderMap, api: Api) -> HeaderMap {
         let mut credentials = HeaderMap::new();
         if let Some(key) = &self.own_key {
-            let bare = key
-                .as_bytes()
-                .strip_prefix(b"Bearer ")
-                .unwrap_or(key.as_bytes());
-            match (api, HeaderValue::from_bytes(bare)) {
-                (Api::Messages, Ok(mut bare)) => {
-                    bare.set_sensitive(true);
+            match bare_key(key).filter(|_| api == Api::Messages) {
+                Some(bare) => {
                     credentials.insert(X_API_KEY, bare);
                 }
-                _ => {
+                None => {
                     credentials.insert(header::AUTHORIZATION, key.clone());
                 }
             }
@@ -387,7 +382,7 @@ impl Summarizer {
     }
 }
 
-/// Accepts a summary only if it has content and is not an apology or an error text.
+/// The hash of `texts` (length-prefixed, so no two lists hash alike) and `numbers`.
 fn settings_key(texts: &[&str], numbers: &[u32]) -> Key {
     let mut hasher = blake3::Hasher::new();
     for text in texts {
@@ -529,6 +524,7 @@ fn reply_text(api: Api, reply: &Value) -> Result<String, SummarizeError> {
     }
 }
 
+/// Accepts a summary only if it has content and is not an apology or an error text.
 fn validate(text: &str) -> Result<String, SummarizeError> {
     let text = text.trim();
     if text.is_empty() {

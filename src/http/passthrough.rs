@@ -1,32 +1,67 @@
-//! Every `/v1/` path but chat completions: relayed as is, both bodies streaming.
+//! Every `/v1/` path that no dialect intercepts: relayed as is, both bodies streaming.
+
+use std::borrow::Cow;
 
 use hyper::body::Incoming;
-use hyper::{header, Request, Response};
+use hyper::{header, Method, Request, Response};
+use serde::Deserialize;
 
 use crate::app::AppState;
 use crate::error::ProxyError;
 use crate::http::body::{full, limited, ProxyBody};
+use crate::pipeline::read_body;
+
+/// The one field read of a body routed by its model.
+#[derive(Deserialize)]
+struct Model<'a> {
+    #[serde(borrow)]
+    model: Option<Cow<'a, str>>,
+}
+
+/// A request to a path under a dialect's (`/v1/messages/count_tokens`,
+/// `/v1/responses/compact`, …) names its model as the dialect's requests do, and must reach
+/// the same upstream, the caller's key with it: a Claude client's key never goes to the
+/// default upstream. Its small JSON body is read for that.
+fn routed_by_model(method: &Method, path: &str) -> bool {
+    method == Method::POST
+        && (path.starts_with("/v1/messages/") || path.starts_with("/v1/responses/"))
+}
 
 pub async fn handle(
     state: &AppState,
     request: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let limit = state.config.server.max_body_bytes;
-    let declared = request
-        .headers()
+    let (parts, body) = request.into_parts();
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or(parts.uri.path(), |pq| pq.as_str());
+    if routed_by_model(&parts.method, parts.uri.path()) {
+        let bytes = read_body(body, &parts.headers, limit).await?;
+        let model = serde_json::from_slice::<Model>(&bytes)
+            .ok()
+            .and_then(|body| body.model);
+        let upstream = state.upstreams.for_model(model.as_deref());
+        return upstream
+            .send(
+                parts.method.clone(),
+                path_and_query,
+                parts.headers,
+                full(bytes),
+            )
+            .await;
+    }
+    let declared = parts
+        .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
-    let (parts, body) = request.into_parts();
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .map_or(parts.uri.path(), |pq| pq.as_str());
-    // Pass-through requests carry no model in a place worth parsing; they use the default
-    // upstream.
+    // Other pass-through requests carry no model in a place worth parsing; they use the
+    // default upstream.
     let upstream = state.upstreams.default_upstream();
     // An absent body stays absent rather than becoming an empty chunked one.
     let body = if hyper::body::Body::is_end_stream(&body) {

@@ -15,9 +15,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use hyper::service::service_fn;
-use hyper::{header, Request, Response, StatusCode};
+use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -27,7 +26,8 @@ use tokio::sync::watch;
 
 use crate::app::{AppState, StartError, Worker};
 use crate::config::Config;
-use crate::http::body::{full, ProxyBody};
+use crate::error::ProxyError;
+use crate::http::body::ProxyBody;
 use crate::http::routes;
 use crate::http::upstream;
 use crate::observe::metrics::Route;
@@ -318,7 +318,10 @@ fn refuse_oversized_headers<B>(
     if size <= MAX_HEADER_BYTES {
         return None;
     }
-    let response = headers_too_large();
+    let response = ProxyError::HeadersTooLarge {
+        limit: MAX_HEADER_BYTES,
+    }
+    .to_response();
     let status = response.status();
     tracing::info!(
         method = %request.method(),
@@ -328,26 +331,6 @@ fn refuse_oversized_headers<B>(
     );
     state.metrics.count_request(Route::Other, status);
     Some(response)
-}
-
-/// The one error answered before routing, in the shape `ProxyError::to_response` gives the
-/// others.
-fn headers_too_large() -> Response<ProxyBody> {
-    let body = serde_json::json!({
-        "error": {
-            "message": format!("request header fields exceed the limit of {MAX_HEADER_BYTES} bytes"),
-            "type": "invalid_request_error",
-            "param": null,
-            "code": "headers_too_large",
-        }
-    });
-    let mut response = Response::new(full(Bytes::from(body.to_string())));
-    *response.status_mut() = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
-    response
 }
 
 /// Resolves once stopping is asked for, or once the server is gone.

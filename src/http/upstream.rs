@@ -200,7 +200,16 @@ impl std::fmt::Debug for Upstream {
 }
 
 /// Anthropic's key header.
-const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+/// A configured key as Anthropic's `x-api-key` takes it: the bearer token without `Bearer `,
+/// sensitive.
+pub fn bare_key(bearer: &HeaderValue) -> Option<HeaderValue> {
+    let bare = bearer.as_bytes().strip_prefix(b"Bearer ")?;
+    let mut key = HeaderValue::from_bytes(bare).ok()?;
+    key.set_sensitive(true);
+    Some(key)
+}
 
 /// An upstream's configured key, for a request whose client sent none of its own: as
 /// `x-api-key` on Anthropic's Messages API (`/v1/messages` and what lies under it), as a
@@ -211,13 +220,11 @@ fn inject_key(headers: &mut HeaderMap, bearer: &HeaderValue, path_and_query: &st
     }
     let path = path_and_query.split('?').next().unwrap_or(path_and_query);
     let anthropic = path == "/v1/messages" || path.starts_with("/v1/messages/");
-    let bare = bearer.as_bytes().strip_prefix(b"Bearer ");
-    match (anthropic, bare.map(HeaderValue::from_bytes)) {
-        (true, Some(Ok(mut key))) => {
-            key.set_sensitive(true);
+    match bare_key(bearer).filter(|_| anthropic) {
+        Some(key) => {
             headers.insert(X_API_KEY, key);
         }
-        _ => {
+        None => {
             headers.insert(header::AUTHORIZATION, bearer.clone());
         }
     }
