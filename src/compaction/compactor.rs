@@ -87,6 +87,20 @@ pub struct Rewrite {
     pub waited: Duration,
 }
 
+impl Rewrite {
+    /// The summary's text as every dialect forwards it, after the head's `head` items:
+    /// `[Context summary: N earlier <unit>]`, a blank line, then the summary.
+    pub fn summary_text(&self, head: usize, unit: &str) -> Option<String> {
+        self.summary.as_ref().map(|summary| {
+            format!(
+                "[Context summary: {} earlier {unit}]\n\n{}",
+                self.kept_from - head,
+                summary.text
+            )
+        })
+    }
+}
+
 pub struct CompactionJob<'a> {
     pub messages: &'a [Value],
     pub count: &'a PromptCount,

@@ -360,15 +360,8 @@ fn compacted_messages(
     let kept = &messages[rewrite.kept_from..];
     let mut out = Vec::with_capacity(split.head + 1 + kept.len());
     out.extend_from_slice(&messages[..split.head]);
-    if let Some(summary) = &rewrite.summary {
-        out.push(json!({
-            "role": summary_role,
-            "content": format!(
-                "[Context summary: {} earlier messages]\n\n{}",
-                rewrite.kept_from - split.head,
-                summary.text
-            ),
-        }));
+    if let Some(summary) = rewrite.summary_text(split.head, "messages") {
+        out.push(json!({"role": summary_role, "content": summary}));
     }
     out.extend(kept.iter().enumerate().map(|(offset, message)| {
         let index = rewrite.kept_from + offset;

@@ -81,13 +81,7 @@ impl Dialect for Messages {
             Some(Value::Array(messages)) => std::mem::take(messages),
             _ => Vec::new(),
         };
-        let summary = rewrite.summary.as_ref().map(|summary| {
-            format!(
-                "[Context summary: {} earlier messages]\n\n{}",
-                rewrite.kept_from - split.head,
-                summary.text
-            )
-        });
+        let summary = rewrite.summary_text(split.head, "messages");
         let compacted = compacted_messages(
             &mut request.body,
             sent,

@@ -415,7 +415,7 @@ fn compacted_input(
     let kept = &items[rewrite.kept_from..];
     let mut out = Vec::with_capacity(split.head + 1 + kept.len());
     out.extend_from_slice(&items[..split.head]);
-    if let Some(summary) = &rewrite.summary {
+    if let Some(summary) = rewrite.summary_text(split.head, "items") {
         let role = match summary_role {
             SummaryRole::System => "developer",
             SummaryRole::User => "user",
@@ -423,11 +423,7 @@ fn compacted_input(
         out.push(json!({
             "type": "message",
             "role": role,
-            "content": format!(
-                "[Context summary: {} earlier items]\n\n{}",
-                rewrite.kept_from - split.head,
-                summary.text
-            ),
+            "content": summary,
         }));
     }
     out.extend(kept.iter().enumerate().map(|(offset, item)| {
