@@ -216,13 +216,17 @@ impl Limits {
             Tier::Hard
         } else if !fired.is_empty() {
             Tier::Soft
-        } else if tokens > self.precompute
-            || (self.message_precompute > 0 && items > self.message_precompute)
-        {
+        } else if self.past_precompute(tokens, items) {
             Tier::Precompute
         } else {
             Tier::Settled
         }
+    }
+
+    /// Whether a prompt of `tokens` in `items` items is past a precompute line, of tokens or
+    /// of messages: from there the next compaction is made ahead.
+    pub fn past_precompute(&self, tokens: u64, items: usize) -> bool {
+        tokens > self.precompute || (self.message_precompute > 0 && items > self.message_precompute)
     }
 }
 
@@ -250,8 +254,9 @@ pub fn plan(input: &PlanInput) -> Decision {
     let limits = Limits::new(input);
     let fired = triggers(input, &limits);
     let tokens = total_tokens(input);
-    let tier = limits.tier(input.settings, tokens, input.messages.len());
-    if fired.is_empty() && tier == Tier::Settled {
+    // With no trigger fired the tier is settled unless past a precompute line: the triggers
+    // are not worked out twice on every request.
+    if fired.is_empty() && !limits.past_precompute(tokens, input.messages.len()) {
         return Decision::Forward(ForwardReason::UnderTriggers);
     }
     let Some(units) = units(input.messages) else {
