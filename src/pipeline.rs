@@ -22,7 +22,7 @@ use crate::compaction::plan::{
 use crate::config::{Api, Config, ContextConfig};
 use crate::conversation::Item;
 use crate::error::ProxyError;
-use crate::http::body::{full, Gathered, ProxyBody};
+use crate::http::body::{declared_length, full, Gathered, ProxyBody};
 use crate::http::upstream::Upstream;
 use crate::models::{ModelCatalog, ModelInfo};
 use crate::observe::metrics::ModelLabel;
@@ -205,11 +205,7 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit as u64) {
+    if declared_length(headers).is_some_and(|len| len > limit as u64) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
     let mut body = Limited::new(body, limit);
@@ -582,12 +578,8 @@ const MAX_ERROR_REPLY_BYTES: usize = 64 * 1024;
 /// Whether a reply may be an upstream's `context_length_exceeded`: one of the statuses they
 /// answer it with, and a declared body small enough to read before relaying it.
 fn may_say_too_long<B>(response: &Response<B>) -> bool {
-    let small = response
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
-        .is_some_and(|len| len <= MAX_ERROR_REPLY_BYTES);
+    let small =
+        declared_length(response.headers()).is_some_and(|len| len <= MAX_ERROR_REPLY_BYTES as u64);
     small && matches!(response.status().as_u16(), 400 | 413 | 422)
 }
 

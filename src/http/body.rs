@@ -13,6 +13,14 @@ use tokio::time::{Instant, Sleep};
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ProxyBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 
+/// The length a message's `Content-Length` declares, when it declares one that parses.
+pub fn declared_length(headers: &hyper::HeaderMap) -> Option<u64> {
+    headers
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
 pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
     Full::new(bytes.into())
         .map_err(|never| match never {})

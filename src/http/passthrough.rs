@@ -3,12 +3,12 @@
 use std::borrow::Cow;
 
 use hyper::body::Incoming;
-use hyper::{header, Method, Request, Response};
+use hyper::{Method, Request, Response};
 use serde::Deserialize;
 
 use crate::app::AppState;
 use crate::error::ProxyError;
-use crate::http::body::{full, limited, ProxyBody};
+use crate::http::body::{declared_length, full, limited, ProxyBody};
 use crate::pipeline::read_body;
 
 /// The one field read of a body routed by its model.
@@ -52,12 +52,7 @@ pub async fn handle(
             )
             .await;
     }
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit as u64) {
+    if declared_length(&parts.headers).is_some_and(|len| len > limit as u64) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
     // Other pass-through requests carry no model in a place worth parsing; they use the
