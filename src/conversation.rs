@@ -140,6 +140,17 @@ pub fn units(items: &[Item]) -> Option<Vec<usize>> {
     Some(starts)
 }
 
+/// The current task's prompt: the last user message that is not a tool result, when it
+/// starts one of `units`. An agent sends it once, then tool rounds; it stays in view
+/// (pinned) while what follows it is summarized.
+pub fn task_prompt(items: &[Item], units: &[usize]) -> Option<usize> {
+    units
+        .iter()
+        .rev()
+        .copied()
+        .find(|&i| items[i].role == Role::User && items[i].kind == Kind::Message)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

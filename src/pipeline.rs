@@ -28,6 +28,7 @@ use crate::models::{ModelCatalog, ModelInfo};
 use crate::observe::metrics::ModelLabel;
 use crate::observe::usage::{Usage, UsageFormat, UsageObserver, UsageTap};
 use crate::tokens::counter::{PromptCount, TokenCounter};
+use crate::tokens::encoding::Encoding;
 
 pub const MODE_HEADER: HeaderName = HeaderName::from_static("x-condenser-mode");
 pub const PROFILE_HEADER: HeaderName = HeaderName::from_static("x-condenser-profile");
@@ -82,12 +83,14 @@ pub trait Dialect {
     /// cache keys and what the summarizer reads.
     fn conversation(request: &Self::Request) -> Cow<'_, [Value]>;
 
-    /// Writes a compaction into the request: the head, the summary, the kept items.
+    /// Writes a compaction into the request: the head, the pinned task, the summary, the
+    /// kept items, tool outputs cut as planned (in the request model's `encoding`).
     fn rewrite(
         request: &mut Self::Request,
         split: &Split,
         rewrite: &Rewrite,
         settings: &ContextConfig,
+        encoding: Encoding,
     );
 
     /// A reason to send this request as it came, whatever its size: what the plan cannot
@@ -533,7 +536,13 @@ async fn prepare<'s, D: Dialect>(
                 let rewrite = compactor::compact(&state.compactor, job).await?;
                 drop(conversation);
                 if rewrite.action != Action::Forwarded {
-                    D::rewrite(&mut request, split, &rewrite, settings);
+                    D::rewrite(
+                        &mut request,
+                        split,
+                        &rewrite,
+                        settings,
+                        prepared.info.encoding,
+                    );
                     rewritten = true;
                 }
                 outcome = Outcome {
@@ -584,13 +593,14 @@ fn may_say_too_long<B>(response: &Response<B>) -> bool {
 }
 
 /// Whether an error reply says the prompt did not fit, as OpenAI (`context_length_exceeded`),
-/// Anthropic ("prompt is too long"), vLLM ("maximum context length") and llama.cpp
+/// Anthropic ("prompt is too long", "input length and `max_tokens` exceed context limit"), vLLM ("maximum context length") and llama.cpp
 /// (`exceed_context_size_error`, "exceeds the available context size") say it.
 fn says_context_length_exceeded(reply: &[u8]) -> bool {
     let text = String::from_utf8_lossy(reply).to_ascii_lowercase();
     [
         "context_length_exceeded",
         "prompt is too long",
+        "exceed context limit",
         "maximum context length",
         "exceed_context_size",
         "exceeds the available context size",
@@ -759,6 +769,7 @@ mod tests {
             r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 210000 tokens > 200000 maximum"}}"#,
             r#"{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens"}"#,
             r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error"}}"#,
+            r#"{"type":"error","error":{"type":"invalid_request_error","message":"input length and `max_tokens` exceed context limit: 48058 + 32000 > 80000, decrease input length or `max_tokens` and try again"}}"#,
         ] {
             assert!(says_context_length_exceeded(reply.as_bytes()), "{reply}");
         }

@@ -73,13 +73,15 @@ impl CacheOutcome {
     }
 }
 
-/// What the request becomes, for its dialect to write out: the head, then `summary` when
-/// there is one (of the items `head..kept_from`), then the items from `kept_from` on, tool
-/// outputs shortened as planned.
+/// What the request becomes, for its dialect to write out: the head, then the `pinned` task
+/// prompt when there is one, then `summary` when there is one (of the items
+/// `head..kept_from`), then the items from `kept_from` on, tool outputs shortened as planned.
 #[derive(Debug)]
 pub struct Rewrite {
     pub summary: Option<Arc<Summary>>,
     pub kept_from: usize,
+    /// The task's prompt, kept verbatim though before `kept_from`.
+    pub pinned: Option<usize>,
     pub action: Action,
     pub cache: CacheOutcome,
     pub summarized: usize,
@@ -301,10 +303,12 @@ async fn lookup(compactor: &Arc<Compactor>, job: &CompactionJob<'_>) -> (Lookup,
 }
 
 /// Estimated prompt, and message count, if `summary` (ending before message `end`) is
-/// forwarded with everything after it (tool outputs shortened as planned).
+/// forwarded with everything after it (the task pinned, tool outputs shortened as planned).
 fn estimate_with(job: &CompactionJob<'_>, summary: &Summary, end: usize) -> (u64, usize) {
+    let pinned = job.split.pinned_before(end);
     let head: u64 = job.count.per_message[..job.split.head]
         .iter()
+        .chain(pinned.map(|t| &job.count.per_message[t]))
         .map(|&t| u64::from(t))
         .sum();
     let rest: u64 = (end..job.messages.len())
@@ -318,7 +322,8 @@ fn estimate_with(job: &CompactionJob<'_>, summary: &Summary, end: usize) -> (u64
         + u64::from(SUMMARY_FRAMING_TOKENS)
         + rest
         + u64::from(job.count.fixed);
-    (tokens, job.split.head + 1 + job.messages.len() - end)
+    let items = job.split.head + usize::from(pinned.is_some()) + 1 + job.messages.len() - end;
+    (tokens, items)
 }
 
 /// Where forwarding with `summary` (ending before message `end`) would stand.
@@ -397,9 +402,11 @@ fn without_waiting(
     lookup: &Lookup,
     on_hand: &OnHand,
 ) -> Option<Rewrite> {
-    // The summary to make for `end`, extending the longest on hand that ends before it.
+    // The summary to make for `end`, extending the longest on hand that ends before it;
+    // unless one is being made already, whose end the conversation has not yet outgrown:
+    // a step started on every turn would never be used.
     let make = |end: usize| {
-        if on_hand.exact(end).is_none() {
+        if on_hand.exact(end).is_none() && on_hand.pending.is_none() {
             drop(start_summary(
                 compactor,
                 lookup.span(on_hand.longest_before(end), end),
@@ -450,6 +457,7 @@ fn summarized(
     Rewrite {
         summary: Some(summary),
         kept_from: end,
+        pinned: job.split.pinned_before(end),
         action: Action::Summarized,
         cache,
         summarized: end - job.split.head,
@@ -463,6 +471,7 @@ fn as_sent(cache: CacheOutcome, waited: Duration) -> Rewrite {
     Rewrite {
         summary: None,
         kept_from: 0,
+        pinned: None,
         action: Action::Forwarded,
         cache,
         summarized: 0,
@@ -475,6 +484,7 @@ fn trimmed(job: &CompactionJob<'_>, waited: Duration) -> Rewrite {
     Rewrite {
         summary: None,
         kept_from: job.split.tail_start,
+        pinned: job.split.pinned_before(job.split.tail_start),
         action: Action::Trimmed,
         cache: CacheOutcome::None,
         summarized: 0,

@@ -1,10 +1,11 @@
-//! Compaction: the pure planner, the summarizer, the summary cache and its shared Redis level,
-//! and the compactor that carries a plan out.
+//! Compaction: the pure planner, the rule that cuts a tool output, the summarizer, the
+//! summary cache and its shared Redis level, and the compactor that carries a plan out.
 
 pub mod artifacts;
 pub mod cache;
 pub mod compactor;
 pub mod plan;
 pub mod redis;
+pub mod shorten;
 pub mod summarizer;
 pub mod summary;

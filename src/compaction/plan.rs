@@ -2,10 +2,12 @@
 //! what to keep, what to summarize and what to refuse. Pure: no I/O, no clock.
 
 use crate::config::ContextConfig;
-use crate::conversation::{head_len, units, Item, Kind, Role};
+use crate::conversation::{head_len, task_prompt, units, Item, Kind};
 
-/// Tool outputs in the kept tail are never shortened below this many tokens.
-const SHORTEN_FLOOR_TOKENS: u32 = 256;
+/// What a shortened tool output counts, whole: the one size every cut output is brought to,
+/// so that the cut depends only on the output (and reads the same on every later turn).
+/// About a screenful: an output's first and last lines, where errors and results are.
+pub const SHORTENED_OUTPUT_TOKENS: u32 = 256;
 
 /// What a summary message costs on top of its text: its role and the
 /// `[Context summary: N earlier messages]` line.
@@ -91,7 +93,8 @@ impl ForwardReason {
     }
 }
 
-/// A tool output in the tail cut down to `keep_tokens`.
+/// A tool output in the tail cut down to `keep_tokens` (`SHORTENED_OUTPUT_TOKENS`), the
+/// whole item counted, at most.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shorten {
     pub index: usize,
@@ -100,10 +103,16 @@ pub struct Shorten {
 }
 
 /// `messages[..head]` kept first, `messages[head..tail_start]` summarized, the rest kept.
+/// The current task's prompt, when it falls in the summarized part, is kept too, verbatim,
+/// before the summary: an agent's one prompt then hundreds of tool rounds keeps
+/// its task in view while the rounds are summarized.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Split {
     pub head: usize,
     pub tail_start: usize,
+    /// The current task's prompt (`conversation::task_prompt`): wherever a summary ends after
+    /// it, it is kept verbatim, before the summary.
+    pub task: Option<usize>,
     /// Where the next step, made ahead of need, ends: at or after `tail_start`, so that once
     /// it is used the prompt is back at the target.
     pub ahead: usize,
@@ -118,6 +127,12 @@ pub struct Split {
 impl Split {
     pub fn summarized(&self) -> usize {
         self.tail_start - self.head
+    }
+
+    /// The task's prompt when a rewrite keeping the items from `kept_from` on would drop
+    /// it: it is kept, pinned before the summary.
+    pub fn pinned_before(&self, kept_from: usize) -> Option<usize> {
+        self.task.filter(|&t| self.head <= t && t < kept_from)
     }
 }
 
@@ -299,7 +314,13 @@ fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, D
     let summary = u64::from(input.summary_tokens);
     let keep = input.settings.keep_recent_messages;
     let n = messages.len();
-
+    let task = task_prompt(messages, units);
+    let tokens_of = |i: usize| u64::from(messages[i].tokens);
+    let task_tokens = task.map_or(0, tokens_of);
+    // The tokens of `messages[from..to]` but the task's, which is always kept.
+    let span = |from: usize, to: usize| {
+        sum(&messages[from..to]) - task.filter(|&t| from <= t && t < to).map_or(0, tokens_of)
+    };
     // Walk units from the newest: first the ones `keep_recent_messages` demands, then as
     // many whole units as fit `budget` (none more when forced: force means compact now).
     let grow = input.mode != Mode::Force;
@@ -307,11 +328,12 @@ fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, D
         let mut tail_start = n;
         let mut tail_tokens = 0u64;
         for &start in units.iter().rev() {
-            let unit_tokens = sum(&messages[start..tail_start]);
+            let unit_tokens = span(start, tail_start);
             let required = n - tail_start < keep || tail_start == n;
-            let fits_tokens = fixed + summary + tail_tokens + unit_tokens <= budget;
-            let fits_count =
-                limits.message_target == 0 || head + 1 + (n - start) <= limits.message_target;
+            let fits_tokens = fixed + task_tokens + summary + tail_tokens + unit_tokens <= budget;
+            let pinned = usize::from(task.is_some_and(|t| t < start));
+            let fits_count = limits.message_target == 0
+                || head + pinned + 1 + (n - start) <= limits.message_target;
             if !(required || grow && fits_tokens && fits_count) {
                 break;
             }
@@ -320,7 +342,14 @@ fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, D
         }
         tail_start
     };
-    let tail_start = kept_within(limits.target);
+    // A summary that would replace no more than it costs is no step: the prompt is brought
+    // to the target by shortening instead, unless compaction is forced or counts messages.
+    let worth_a_summary = |start: usize| {
+        input.mode == Mode::Force || limits.message_target > 0 || span(head, start) > summary
+    };
+    let tail_start = Some(kept_within(limits.target))
+        .filter(|&start| worth_a_summary(start))
+        .unwrap_or(head);
     // A step made ahead, from the precompute line, is used once the trigger fires: by then
     // the conversation has grown by about the distance between the two, so it aims that
     // much below the target, to land on it.
@@ -330,24 +359,34 @@ fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, D
             .saturating_sub(limits.trigger.saturating_sub(limits.precompute)),
     )
     .max(tail_start);
-    // Keeping everything from `start` on, tool outputs shortened toward the target.
+    // Whether a summary ending before `end` replaces anything: not when all it would hold
+    // is the task, which is kept anyway.
+    let evicts = |end: usize| (head..end).any(|i| Some(i) != task);
+    // Keeping everything from `start` on, the task pinned when before it, tool outputs
+    // shortened toward the target.
     let kept_from = |start: usize| {
+        let start = if evicts(start) { start } else { head };
+        let pinned = task.filter(|&t| t < start);
         let summary_if_any = if start > head { summary } else { 0 };
         let ahead = ahead.max(start);
         let mut split = Split {
             head,
             tail_start: start,
+            task,
             ahead,
             summary_ends: units
                 .iter()
                 .copied()
-                .filter(|&unit| head < unit && unit <= ahead)
+                .filter(|&unit| head < unit && unit <= ahead && evicts(unit))
                 .chain((head < start).then_some(start))
                 .collect::<std::collections::BTreeSet<usize>>()
                 .into_iter()
                 .collect(),
             shorten: Vec::new(),
-            estimated_tokens: fixed + summary_if_any + sum(&messages[start..]),
+            estimated_tokens: fixed
+                + pinned.map_or(0, tokens_of)
+                + summary_if_any
+                + sum(&messages[start..]),
         };
         if split.estimated_tokens > limits.target {
             shorten_tool_outputs(messages, &mut split, limits.target);
@@ -355,32 +394,18 @@ fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, D
         split
     };
     let planned = kept_from(tail_start);
-    let last_user = units
-        .iter()
-        .rev()
-        .copied()
-        .find(|&i| messages[i].role == Role::User);
-    // The user's newest words stay verbatim whenever the window allows, even past the
-    // target (an agent's tool rounds can outnumber `keep_recent_messages`).
-    if let Some(last_user) = last_user.filter(|&u| u < planned.tail_start) {
-        let with_user = kept_from(last_user);
-        if with_user.estimated_tokens <= limits.usable {
-            return Ok(with_user);
-        }
-    }
     if planned.estimated_tokens <= limits.usable {
         return Ok(planned);
     }
-    // The kept minimum cannot fit the window: keep only from the last user message on.
-    let last_user = last_user.unwrap_or(head);
+    // The kept minimum cannot fit the window: keep only the last unit, and the task.
     let reject = Decision::Reject {
         tokens: total_tokens(input),
         limit: limits.usable,
     };
-    if fixed + u64::from(messages.get(last_user).map_or(0, |m| m.tokens)) > limits.usable {
+    if fixed + task_tokens > limits.usable {
         return Err(reject);
     }
-    let split = kept_from(last_user);
+    let split = kept_from(units.last().copied().unwrap_or(head));
     if split.estimated_tokens <= limits.usable {
         Ok(split)
     } else {
@@ -388,35 +413,32 @@ fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, D
     }
 }
 
-/// Cuts the largest tool outputs of the tail first, each no lower than the floor, until the
-/// estimate reaches `budget` or nothing is left to cut.
+/// Cuts the tail's tool outputs, oldest first, each to `SHORTENED_OUTPUT_TOKENS`, until the
+/// estimate reaches `budget` or nothing is left to cut. Oldest first: what changes from one
+/// turn to the next is then as far back as it can be, and the newest outputs, which the
+/// model reads now, are cut last.
 fn shorten_tool_outputs(messages: &[Item], split: &mut Split, budget: u64) {
-    let mut candidates: Vec<usize> = (split.tail_start..messages.len())
-        .filter(|&i| {
-            messages[i].kind == Kind::ToolResult && messages[i].tokens > SHORTEN_FLOOR_TOKENS
-        })
-        .collect();
-    candidates.sort_by_key(|&i| std::cmp::Reverse(messages[i].tokens));
-    for index in candidates {
-        let excess = split.estimated_tokens.saturating_sub(budget);
-        if excess == 0 {
+    let tail = messages.iter().enumerate().skip(split.tail_start);
+    for (index, &Item { kind, tokens, .. }) in tail {
+        if split.estimated_tokens <= budget {
             break;
         }
-        let tokens = messages[index].tokens;
-        let cut = excess.min(u64::from(tokens - SHORTEN_FLOOR_TOKENS)) as u32;
+        if kind != Kind::ToolResult || tokens <= SHORTENED_OUTPUT_TOKENS {
+            continue;
+        }
         split.shorten.push(Shorten {
             index,
             tokens,
-            keep_tokens: tokens - cut,
+            keep_tokens: SHORTENED_OUTPUT_TOKENS,
         });
-        split.estimated_tokens -= u64::from(cut);
+        split.estimated_tokens -= u64::from(tokens - SHORTENED_OUTPUT_TOKENS);
     }
-    split.shorten.sort_by_key(|s| s.index);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conversation::Role;
     use proptest::prelude::*;
 
     fn msg(role: Role, tokens: u32) -> Item {
@@ -615,7 +637,7 @@ mod tests {
         };
         assert_eq!(split.shorten.len(), 1);
         assert_eq!(split.shorten[0].index, m.len() - 1);
-        assert!(split.shorten[0].keep_tokens >= SHORTEN_FLOOR_TOKENS);
+        assert_eq!(split.shorten[0].keep_tokens, SHORTENED_OUTPUT_TOKENS);
         assert!(split.estimated_tokens <= 5_000, "{split:?}");
         // The call and its output stay together.
         assert!(split.tail_start <= m.len() - 2);
@@ -647,59 +669,76 @@ mod tests {
         assert_eq!(split.tail_start, m.len() - 1);
     }
 
+    /// system, one task prompt, then `rounds` tool rounds (a call, its output of `output`
+    /// tokens): the shape of an agent's session.
+    fn agent(rounds: usize, output: u32) -> Vec<Item> {
+        let mut m = vec![msg(Role::System, 100), msg(Role::User, 50)];
+        for _ in 0..rounds {
+            m.push(call(30));
+            m.push(msg(Role::Tool, output));
+        }
+        m
+    }
+
     #[test]
-    fn the_last_user_message_is_kept_through_an_agents_tool_rounds() {
-        let s = ContextConfig {
-            keep_recent_messages: 4,
-            ..settings()
-        };
-        let mut m = chat(30, 100);
-        let user = m.len();
-        m.push(msg(Role::User, 50));
-        for _ in 0..6 {
-            m.push(call(30));
-            m.push(msg(Role::Tool, 60));
-        }
-        let mut i = input(&m, &s);
-        i.mode = Mode::Force;
-        let Decision::Compact { split, .. } = plan(&i) else {
+    fn an_agents_tool_rounds_are_summarized_with_its_task_pinned() {
+        let s = settings();
+        let m = agent(40, 200); // 9_350 tokens, over the trigger
+        let Decision::Compact { split, .. } = plan(&input(&m, &s)) else {
             panic!("expected compaction");
         };
-        assert_eq!(
-            split.tail_start, user,
-            "forced, yet the user's instruction is kept"
-        );
-        // Tool outputs are shortened before the instruction is given up...
-        let mut m = chat(30, 100);
-        m.push(msg(Role::User, 50));
-        for _ in 0..6 {
-            m.push(call(30));
-            m.push(msg(Role::Tool, 1_500));
-        }
-        let mut i = input(&m, &s);
-        i.mode = Mode::Force;
-        let Decision::Compact { split, .. } = plan(&i) else {
-            panic!("expected compaction");
-        };
-        assert_eq!(split.tail_start, user);
+        assert_eq!(split.task, Some(1));
+        assert_eq!(split.pinned_before(split.tail_start), Some(1));
         assert!(
-            !split.shorten.is_empty() && split.estimated_tokens <= 5_000,
-            "{split:?}"
+            split.tail_start > 2,
+            "tool rounds are summarized: {split:?}"
         );
-        // ...and when even that cannot fit the window, the planned tail wins.
-        let mut m = chat(30, 100);
-        m.push(msg(Role::User, 50));
-        for _ in 0..40 {
-            m.push(call(30));
-            m.push(msg(Role::Tool, 300));
-        }
+        assert!(split.shorten.is_empty(), "a summary, not cut outputs");
+        assert!(split.estimated_tokens <= 5_000, "{split:?}");
+        assert!(
+            split.summary_ends.iter().all(|&end| end > 2),
+            "no summary holds only the task: {split:?}"
+        );
+        // From the precompute line, the step is made ahead, as for a chat.
+        let m = agent(28, 200); // 6_550 tokens
+        let Decision::Precompute(split) = plan(&input(&m, &s)) else {
+            panic!("expected a step made ahead");
+        };
+        assert!(split.summarized() > 1, "{split:?}");
+        // Forced, the task still stays.
         let mut i = input(&m, &s);
         i.mode = Mode::Force;
         let Decision::Compact { split, .. } = plan(&i) else {
             panic!("expected compaction");
         };
-        assert!(split.tail_start > user);
-        assert!(split.estimated_tokens <= 10_000);
+        assert_eq!(split.pinned_before(split.tail_start), Some(1));
+        assert_eq!(m.len() - split.tail_start, 2, "only what keep_recent asks");
+    }
+
+    #[test]
+    fn a_task_too_large_for_the_window_is_rejected() {
+        let s = settings();
+        let mut m = agent(10, 200);
+        m[1].tokens = 10_500;
+        assert!(matches!(
+            plan(&input(&m, &s)),
+            Decision::Reject { limit: 10_000, .. }
+        ));
+    }
+
+    #[test]
+    fn a_summary_that_saves_nothing_is_not_planned() {
+        let s = settings();
+        // Over the target by less than a summary costs: tool outputs are cut instead.
+        let mut m = agent(3, 100);
+        m.push(call(30));
+        m.push(msg(Role::Tool, 7_900));
+        let Decision::Compact { split, .. } = plan(&input(&m, &s)) else {
+            panic!("expected compaction");
+        };
+        assert_eq!(split.tail_start, split.head, "{split:?}");
+        assert_eq!(split.shorten.len(), 1);
+        assert!(split.estimated_tokens <= 5_000, "{split:?}");
     }
 
     #[test]
@@ -768,7 +807,7 @@ mod tests {
                     for s in &split.shorten {
                         prop_assert!(s.index >= split.tail_start);
                         prop_assert!(m[s.index].role == Role::Tool);
-                        prop_assert!(s.keep_tokens >= SHORTEN_FLOOR_TOKENS);
+                        prop_assert_eq!(s.keep_tokens, SHORTENED_OUTPUT_TOKENS);
                     }
                 }
                 Decision::Reject { tokens, limit } => {

@@ -14,18 +14,17 @@ use serde_json::{json, Map, Value};
 use crate::app::AppState;
 use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{Decision, Limits, Mode, Split};
+use crate::compaction::shorten::cut_item_texts;
 use crate::config::{Api, ContextConfig};
-use crate::conversation::content_text;
-use crate::conversation::{Item, VALID_ROLES};
+use crate::conversation::{content_text, Item};
 use crate::dialect::message_spans;
 use crate::dialect::request::{array, object_with_model};
 use crate::error::ProxyError;
 use crate::models::ModelCatalog;
 use crate::observe::usage::UsageFormat;
 use crate::pipeline::{Dialect, Outcome, Outgoing, Planned, Prepared};
-use crate::tokens::counter::{
-    message_meta, messages, model_name, shorten_middle, RawPrompt, TokenCounter,
-};
+use crate::tokens::counter::{message_meta, messages, model_name, RawPrompt, TokenCounter};
+use crate::tokens::encoding::Encoding;
 
 pub const CHAT_COMPLETIONS: &str = "/v1/chat/completions";
 
@@ -73,12 +72,14 @@ impl Dialect for Chat {
         split: &Split,
         rewrite: &Rewrite,
         settings: &ContextConfig,
+        encoding: Encoding,
     ) {
         let compacted = compacted_messages(
             messages(request),
             split,
             rewrite,
             settings.summary_role.as_str(),
+            encoding,
         );
         request.insert("messages".into(), Value::Array(compacted));
     }
@@ -114,7 +115,7 @@ impl Dialect for Chat {
     }
 }
 
-/// Checks what condenser relies on; everything else is left for upstream to judge.
+/// Checks what condenser cannot read without; everything else is left for upstream to judge.
 pub fn parse_request(bytes: &[u8]) -> Result<Map<String, Value>, ProxyError> {
     let body = object_with_model(bytes, "you must provide a model parameter")?;
     let messages = array(&body, "messages", "missing required parameter: messages")?;
@@ -131,23 +132,13 @@ pub fn parse_request(bytes: &[u8]) -> Result<Map<String, Value>, ProxyError> {
                 Some("messages"),
             ));
         };
-        match message.get("role") {
-            Some(Value::String(role)) if VALID_ROLES.contains(&role.as_str()) => {}
-            Some(Value::String(role)) => {
-                return Err(ProxyError::invalid(
-                    format!(
-                        "messages[{i}].role {role:?} is not one of {}",
-                        VALID_ROLES.join(", ")
-                    ),
-                    Some("messages"),
-                ))
-            }
-            _ => {
-                return Err(ProxyError::invalid(
-                    format!("messages[{i}].role is missing or not a string"),
-                    Some("messages"),
-                ))
-            }
+        // A role condenser does not know is the upstream's to judge: such a message is
+        // carried as an opaque item, counted and kept in order.
+        if message.get("role").is_some_and(|role| !role.is_string()) {
+            return Err(ProxyError::invalid(
+                format!("messages[{i}].role must be a string"),
+                Some("messages"),
+            ));
         }
     }
     Ok(body)
@@ -349,32 +340,31 @@ async fn scan<'s>(
     })
 }
 
-/// The chat messages a compaction leaves: the head, the summary as one message of
-/// `summary_role`, then the kept messages, tool outputs shortened as planned.
+/// The chat messages a compaction leaves: the head, the pinned task, the summary as one
+/// message of `summary_role`, then the kept messages, tool outputs cut as planned.
 fn compacted_messages(
     messages: &[Value],
     split: &Split,
     rewrite: &Rewrite,
     summary_role: &str,
+    encoding: Encoding,
 ) -> Vec<Value> {
     let kept = &messages[rewrite.kept_from..];
-    let mut out = Vec::with_capacity(split.head + 1 + kept.len());
+    let mut out = Vec::with_capacity(split.head + 2 + kept.len());
     out.extend_from_slice(&messages[..split.head]);
+    out.extend(rewrite.pinned.map(|task| messages[task].clone()));
     if let Some(summary) = rewrite.summary_text(split.head, "messages") {
         out.push(json!({"role": summary_role, "content": summary}));
     }
     out.extend(kept.iter().enumerate().map(|(offset, message)| {
         let index = rewrite.kept_from + offset;
-        match split.shorten.iter().find(|cut| cut.index == index) {
-            Some(cut) => {
-                let mut message = message.clone();
-                let text = content_text(&message);
-                message["content"] =
-                    Value::String(shorten_middle(&text, cut.tokens, cut.keep_tokens));
-                message
-            }
-            None => message.clone(),
+        let mut message = message.clone();
+        if let Some(cut) = split.shorten.iter().find(|cut| cut.index == index) {
+            let mut text = content_text(&message);
+            cut_item_texts(encoding, vec![&mut text], cut);
+            message["content"] = Value::String(text);
         }
+        message
     }));
     out
 }

@@ -12,7 +12,8 @@ use hyper::{header, Response, StatusCode};
 use serde_json::{json, Map, Value};
 
 use crate::compaction::compactor::Rewrite;
-use crate::compaction::plan::{Shorten, Split};
+use crate::compaction::plan::Split;
+use crate::compaction::shorten::cut_item_texts;
 use crate::config::{Api, ContextConfig, SummaryRole};
 use crate::conversation::{Item, Kind, Role};
 use crate::dialect::request::{array, object_with_model};
@@ -21,9 +22,7 @@ use crate::http::body::{full, ProxyBody};
 use crate::models::ModelCatalog;
 use crate::observe::usage::UsageFormat;
 use crate::pipeline::{Dialect, Prepared};
-use crate::tokens::counter::{
-    count_text, count_tools, shorten_middle, TokenCounter, REPLY_PRIMING,
-};
+use crate::tokens::counter::{count_text, count_tools, TokenCounter, REPLY_PRIMING};
 use crate::tokens::encoding::Encoding;
 
 pub const MESSAGES: &str = "/v1/messages";
@@ -76,6 +75,7 @@ impl Dialect for Messages {
         split: &Split,
         rewrite: &Rewrite,
         settings: &ContextConfig,
+        encoding: Encoding,
     ) {
         let sent = match request.body.get_mut("messages") {
             Some(Value::Array(messages)) => std::mem::take(messages),
@@ -86,9 +86,10 @@ impl Dialect for Messages {
             &mut request.body,
             sent,
             split,
-            rewrite.kept_from,
+            rewrite,
             summary,
             settings.summary_role,
+            encoding,
         );
         request.chat = as_chat(&compacted);
         request
@@ -112,21 +113,12 @@ impl Dialect for Messages {
     }
 }
 
-/// Checks what condenser relies on; everything else is left for upstream to judge.
+/// Checks what condenser cannot read without; everything else is left for upstream to
+/// judge. A role or block condenser does not know (Claude Code sends `system` messages
+/// among the turns) is carried as an opaque item, counted and kept in order.
 fn parse_request(bytes: &[u8]) -> Result<Map<String, Value>, ProxyError> {
     let body = object_with_model(bytes, "model: Field required")?;
-    let messages = array(&body, "messages", "messages: Field required")?;
-    for (i, message) in messages.iter().enumerate() {
-        match message.get("role").and_then(Value::as_str) {
-            Some("user" | "assistant") => {}
-            _ => {
-                return Err(ProxyError::invalid(
-                    format!("messages.{i}.role must be \"user\" or \"assistant\""),
-                    Some("messages"),
-                ))
-            }
-        }
-    }
+    array(&body, "messages", "messages: Field required")?;
     Ok(body)
 }
 
@@ -152,27 +144,23 @@ fn has_block(message: &Value, kind: &str) -> bool {
     blocks(message).iter().any(|b| block_type(b) == kind)
 }
 
+fn role(message: &Value) -> &str {
+    message.get("role").and_then(Value::as_str).unwrap_or("")
+}
+
 fn is_user(message: &Value) -> bool {
-    message.get("role").and_then(Value::as_str) == Some("user")
+    role(message) == "user"
 }
 
 /// What the planner sees of a message: an assistant turn with `tool_use` is a call, a user
-/// turn with `tool_result` answers it.
+/// turn with `tool_result` answers it; any other role is an item of its own, kept as sent.
 fn item(message: &Value, tokens: u32) -> Item {
-    let (role, kind) = if is_user(message) {
-        let kind = if has_block(message, "tool_result") {
-            Kind::ToolResult
-        } else {
-            Kind::Message
-        };
-        (Role::User, kind)
-    } else {
-        let kind = if has_block(message, "tool_use") {
-            Kind::ToolCall
-        } else {
-            Kind::Message
-        };
-        (Role::Assistant, kind)
+    let (role, kind) = match role(message) {
+        "user" if has_block(message, "tool_result") => (Role::User, Kind::ToolResult),
+        "user" => (Role::User, Kind::Message),
+        "assistant" if has_block(message, "tool_use") => (Role::Assistant, Kind::ToolCall),
+        "assistant" => (Role::Assistant, Kind::Message),
+        _ => (Role::Other, Kind::Other),
     };
     Item { role, kind, tokens }
 }
@@ -186,11 +174,7 @@ fn as_chat(messages: &[Value]) -> Vec<Value> {
 }
 
 fn chat_message(message: &Value) -> Value {
-    let role = if is_user(message) {
-        "user"
-    } else {
-        "assistant"
-    };
+    let role = role(message);
     let Some(Value::Array(content)) = message.get("content") else {
         return json!({"role": role, "content": message.get("content").cloned().unwrap_or(Value::Null)});
     };
@@ -353,27 +337,43 @@ async fn counted(
     }
 }
 
-/// The messages a compaction leaves, starting with a user turn: the summary merged into the
-/// first kept user turn, or in a user turn of its own before a kept assistant turn, or in
-/// `system` when so configured (and the kept part starts with a user turn); then the kept
-/// messages, tool results shortened as planned.
+/// The messages a compaction leaves, starting with a user turn: the pinned task first when
+/// there is one, the summary after its content (or in `system`, when so configured); else
+/// the summary merged into the first kept user turn, or in a user turn of its own before a
+/// kept assistant turn, or in `system` when so configured (and the kept part starts with a
+/// user turn); then the kept messages, tool results cut as planned.
 fn compacted_messages(
     body: &mut Map<String, Value>,
     mut sent: Vec<Value>,
     split: &Split,
-    kept_from: usize,
+    rewrite: &Rewrite,
     summary: Option<String>,
     summary_role: SummaryRole,
+    encoding: Encoding,
 ) -> Vec<Value> {
-    let mut kept = sent.split_off(kept_from.min(sent.len()));
+    let kept_from = rewrite.kept_from.min(sent.len());
+    let mut kept = sent.split_off(kept_from);
     for cut in &split.shorten {
         if let Some(message) = cut
             .index
             .checked_sub(kept_from)
             .and_then(|at| kept.get_mut(at))
         {
-            shorten_tool_results(message, cut);
+            cut_item_texts(encoding, tool_result_texts(message), cut);
         }
+    }
+    let pinned = rewrite
+        .pinned
+        .and_then(|task| sent.get_mut(task))
+        .map(std::mem::take);
+    if let Some(mut task) = pinned {
+        match summary {
+            Some(summary) if summary_role == SummaryRole::System => append_to_system(body, summary),
+            Some(summary) => append_text(&mut task, summary),
+            None => {}
+        }
+        kept.insert(0, task);
+        return kept;
     }
     let starts_with_user = kept.first().is_some_and(is_user);
     match summary {
@@ -389,7 +389,7 @@ fn compacted_messages(
         // Trimmed without a summary: Anthropic's first turn must be the user's.
         None if !starts_with_user => kept.insert(
             0,
-            user_turn(format!("[{} earlier messages omitted]", kept_from)),
+            user_turn(format!("[{kept_from} earlier messages omitted]")),
         ),
         None => {}
     }
@@ -402,20 +402,28 @@ fn user_turn(text: String) -> Value {
 
 /// The summary as a text block before the turn's own content.
 fn prepend_text(message: &mut Value, text: String) {
+    add_text_block(message, text, |blocks, block| blocks.insert(0, block));
+}
+
+/// The summary as a text block after the turn's own content (the pinned task, verbatim).
+fn append_text(message: &mut Value, text: String) {
+    add_text_block(message, text, |blocks, block| blocks.push(block));
+}
+
+fn add_text_block(message: &mut Value, text: String, place: fn(&mut Vec<Value>, Value)) {
     let Some(message) = message.as_object_mut() else {
         return;
     };
     let block = json!({"type": "text", "text": text});
     // Taken and put back in its place, so the turn's keys keep their order.
     let content = message.entry("content").or_insert(Value::Null);
-    *content = Value::Array(match std::mem::take(content) {
-        Value::Array(mut blocks) => {
-            blocks.insert(0, block);
-            blocks
-        }
-        Value::String(own) => vec![block, json!({"type": "text", "text": own})],
-        _ => vec![block],
-    });
+    let mut blocks = match std::mem::take(content) {
+        Value::Array(blocks) => blocks,
+        Value::String(own) => vec![json!({"type": "text", "text": own})],
+        _ => Vec::new(),
+    };
+    place(&mut blocks, block);
+    *content = Value::Array(blocks);
 }
 
 /// After the original `system`: joined to a string, or a text block after its blocks (their
@@ -433,11 +441,10 @@ fn append_to_system(body: &mut Map<String, Value>, summary: String) {
     }
 }
 
-/// Cuts a user turn's tool results by the planned share, each text in proportion to its
-/// length, middles removed.
-fn shorten_tool_results(message: &mut Value, cut: &Shorten) {
+/// The texts of a user turn's tool results: what a planned cut shortens.
+fn tool_result_texts(message: &mut Value) -> Vec<&mut String> {
     let Some(Value::Array(blocks)) = message.get_mut("content") else {
-        return;
+        return Vec::new();
     };
     let mut texts: Vec<&mut String> = Vec::new();
     for block in blocks.iter_mut() {
@@ -459,17 +466,7 @@ fn shorten_tool_results(message: &mut Value, cut: &Shorten) {
             _ => {}
         }
     }
-    let total_chars: usize = texts.iter().map(|t| t.chars().count()).sum();
-    if total_chars == 0 {
-        return;
-    }
-    for text in texts {
-        let share = |tokens: u32| {
-            (u64::from(tokens) * text.chars().count() as u64 / total_chars as u64) as u32
-        };
-        let shortened = shorten_middle(text, share(cut.tokens), share(cut.keep_tokens));
-        *text = shortened;
-    }
+    texts
 }
 
 /// An error in Anthropic's shape, `{"type":"error","error":{"type","message"}}`, with the
@@ -565,12 +562,34 @@ mod tests {
             message(r#"{"model":"claude-x"}"#).unwrap(),
             "messages: Field required"
         );
-        assert_eq!(
-            message(r#"{"model":"claude-x","messages":[{"role":"system","content":"x"}]}"#)
-                .unwrap(),
-            "messages.0.role must be \"user\" or \"assistant\""
-        );
         assert_eq!(message(r#"{"model":"claude-x","messages":[]}"#), None);
+    }
+
+    /// Claude Code 2.1 sends `system` turns among the messages; other roles and blocks may
+    /// come. Each is an item of its own, counted, kept in order and never refused.
+    #[test]
+    fn roles_and_blocks_condenser_does_not_know_are_opaque_items() {
+        let request = Messages::parse(
+            br#"{"model":"claude-x","messages":[
+                {"role":"user","content":"fix the bug"},
+                {"role":"system","content":"<system-reminder>be brief</system-reminder>"},
+                {"role":"assistant","content":[{"type":"server_tool_use","id":"s1","name":"web_search","input":{}},
+                    {"type":"mystery_block","data":"x"}]},
+                {"role":"critic","content":"fine"}
+            ]}"#,
+        )
+        .unwrap();
+        let chat = Messages::conversation(&request);
+        assert_eq!(chat.len(), 4);
+        assert_eq!(chat[1]["role"], "system");
+        assert_eq!(chat[3]["role"], "critic");
+        let items: Vec<Item> = messages(&request.body).iter().map(|m| item(m, 1)).collect();
+        assert_eq!(
+            items.iter().map(|i| i.kind).collect::<Vec<_>>(),
+            [Kind::Message, Kind::Other, Kind::Message, Kind::Other]
+        );
+        assert_eq!(items[1].role, Role::Other);
+        assert!(chat[2].to_string().contains("mystery_block"));
     }
 
     #[test]
@@ -642,16 +661,18 @@ mod tests {
     }
 
     #[test]
-    fn tool_results_are_shortened_in_proportion() {
-        let long = "x".repeat(4000);
+    fn tool_results_are_cut_in_proportion_to_the_planned_size() {
+        let long = "lorem ipsum dolor sit amet ".repeat(400);
         let mut message = json!({"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "a", "content": long},
             {"type": "tool_result", "tool_use_id": "b", "content": [{"type": "text", "text": long}]}]});
-        shorten_tool_results(
-            &mut message,
-            &Shorten {
+        let before = count_text(Encoding::O200k, &chat_message(&message).to_string());
+        cut_item_texts(
+            Encoding::O200k,
+            tool_result_texts(&mut message),
+            &crate::compaction::plan::Shorten {
                 index: 0,
-                tokens: 1000,
+                tokens: before,
                 keep_tokens: 500,
             },
         );
@@ -659,8 +680,10 @@ mod tests {
         let b = message["content"][1]["content"][0]["text"]
             .as_str()
             .unwrap();
-        assert!(a.len() < 2100 && a.contains("250 tokens removed"), "{a}");
-        assert_eq!(a, b);
+        assert!(a.contains("tokens removed"), "{a}");
+        assert_eq!(a, b, "equal outputs get equal shares");
+        let after = count_text(Encoding::O200k, &chat_message(&message).to_string());
+        assert!(after <= 500, "{after}");
     }
 
     /// Random alternating conversations, user first, where an assistant turn may call tools
@@ -763,12 +786,13 @@ mod tests {
                     created_at: 0,
                 })),
                 kept_from,
+                pinned: split.pinned_before(kept_from),
                 action: Action::Summarized,
                 cache: CacheOutcome::Miss,
                 summarized: kept_from,
                 waited: Duration::ZERO,
             };
-            Messages::rewrite(&mut request, &split, &rewrite, &settings);
+            Messages::rewrite(&mut request, &split, &rewrite, &settings, Encoding::O200k);
             let out = messages(&request.body);
             prop_assert!(!out.is_empty());
             prop_assert!(is_user(&out[0]), "first turn is not the user's");

@@ -14,6 +14,7 @@ use serde_json::{json, Map, Value};
 
 use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{ForwardReason, Split};
+use crate::compaction::shorten::cut_item_texts;
 use crate::config::{Api, ContextConfig, SummaryRole};
 use crate::conversation::{units, Item, Kind, Role};
 use crate::dialect::request::object_with_model;
@@ -21,15 +22,10 @@ use crate::error::ProxyError;
 use crate::models::ModelCatalog;
 use crate::observe::usage::UsageFormat;
 use crate::pipeline::{Dialect, Prepared};
-use crate::tokens::counter::{
-    count_text, count_tools, model_name, shorten_middle, TokenCounter, REPLY_PRIMING,
-};
+use crate::tokens::counter::{count_text, count_tools, model_name, TokenCounter, REPLY_PRIMING};
 use crate::tokens::encoding::Encoding;
 
 pub const RESPONSES: &str = "/v1/responses";
-
-/// Roles an input message may have.
-const MESSAGE_ROLES: &[&str] = &["user", "assistant", "system", "developer"];
 
 /// The OpenAI Responses API.
 pub struct Responses;
@@ -78,9 +74,10 @@ impl Dialect for Responses {
         split: &Split,
         rewrite: &Rewrite,
         settings: &ContextConfig,
+        encoding: Encoding,
     ) {
         let items = input_items(&request.body);
-        let compacted = compacted_input(&items, split, rewrite, settings.summary_role);
+        let compacted = compacted_input(&items, split, rewrite, settings.summary_role, encoding);
         let (messages, metas) = compacted.iter().map(item_view).unzip();
         request.messages = messages;
         request.items = metas;
@@ -107,17 +104,14 @@ impl Dialect for Responses {
     }
 }
 
-/// Checks what condenser relies on (an object with a model, `input` a string or a list of
-/// objects, message roles it knows); everything else is left for upstream to judge.
+/// Checks what condenser cannot read without (an object with a model, `input` a string or a
+/// list); everything else is left for upstream to judge. An item of a type or role condenser
+/// does not know is carried as an opaque item, counted and kept in order.
 pub fn parse_request(bytes: &[u8]) -> Result<ResponsesRequest, ProxyError> {
     let body = object_with_model(bytes, "you must provide a model parameter")?;
     match body.get("input") {
         None | Some(Value::Null | Value::String(_)) => {}
-        Some(Value::Array(items)) => {
-            for (i, item) in items.iter().enumerate() {
-                check_item(i, item)?;
-            }
-        }
+        Some(Value::Array(_)) => {}
         Some(_) => {
             return Err(ProxyError::invalid(
                 "input must be a string or an array of input items",
@@ -143,36 +137,6 @@ pub fn parse_request(bytes: &[u8]) -> Result<ResponsesRequest, ProxyError> {
         items,
         as_sent,
     })
-}
-
-fn check_item(i: usize, item: &Value) -> Result<(), ProxyError> {
-    let Some(fields) = item.as_object() else {
-        return Err(ProxyError::invalid(
-            format!("input[{i}] must be an object"),
-            Some("input"),
-        ));
-    };
-    let is_message = match fields.get("type") {
-        Some(Value::String(kind)) => kind == "message",
-        _ => fields.contains_key("role"),
-    };
-    if !is_message {
-        return Ok(());
-    }
-    match fields.get("role") {
-        Some(Value::String(role)) if MESSAGE_ROLES.contains(&role.as_str()) => Ok(()),
-        Some(Value::String(role)) => Err(ProxyError::invalid(
-            format!(
-                "input[{i}].role {role:?} is not one of {}",
-                MESSAGE_ROLES.join(", ")
-            ),
-            Some("input"),
-        )),
-        _ => Err(ProxyError::invalid(
-            format!("input[{i}].role is missing or not a string"),
-            Some("input"),
-        )),
-    }
 }
 
 /// The input as items: a string is one user message.
@@ -215,7 +179,13 @@ fn item_view(item: &Value) -> (Value, Item) {
         "message" => {
             let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
             let message = json!({"role": role, "content": chat_content(item.get("content"))});
-            (message, Role::parse(role), Kind::Message)
+            let role = Role::parse(role);
+            let kind = if role == Role::Other {
+                Kind::Other
+            } else {
+                Kind::Message
+            };
+            (message, role, kind)
         }
         "reasoning" => {
             let summary: Vec<&str> = item
@@ -403,18 +373,20 @@ pub async fn counted(
     }
 }
 
-/// The input a compaction leaves: the head, the summary as one message of role `developer`
-/// (`user` when so configured), then the kept items, string tool outputs shortened as
-/// planned.
+/// The input a compaction leaves: the head, the pinned task, the summary as one message of
+/// role `developer` (`user` when so configured), then the kept items, string tool outputs
+/// cut as planned.
 fn compacted_input(
     items: &[Value],
     split: &Split,
     rewrite: &Rewrite,
     summary_role: SummaryRole,
+    encoding: Encoding,
 ) -> Vec<Value> {
     let kept = &items[rewrite.kept_from..];
-    let mut out = Vec::with_capacity(split.head + 1 + kept.len());
+    let mut out = Vec::with_capacity(split.head + 2 + kept.len());
     out.extend_from_slice(&items[..split.head]);
+    out.extend(rewrite.pinned.map(|task| items[task].clone()));
     if let Some(summary) = rewrite.summary_text(split.head, "items") {
         let role = match summary_role {
             SummaryRole::System => "developer",
@@ -428,15 +400,12 @@ fn compacted_input(
     }
     out.extend(kept.iter().enumerate().map(|(offset, item)| {
         let index = rewrite.kept_from + offset;
+        let mut item = item.clone();
         let cut = split.shorten.iter().find(|cut| cut.index == index);
-        match (cut, item.get("output")) {
-            (Some(cut), Some(Value::String(output))) => {
-                let mut item = item.clone();
-                item["output"] = Value::String(shorten_middle(output, cut.tokens, cut.keep_tokens));
-                item
-            }
-            _ => item.clone(),
+        if let (Some(cut), Some(Value::String(output))) = (cut, item.get_mut("output")) {
+            cut_item_texts(encoding, vec![output], cut);
         }
+        item
     }));
     out
 }
@@ -569,6 +538,7 @@ mod tests {
         let split = Split {
             head: 1,
             tail_start: 2,
+            task: Some(4),
             ahead: 2,
             summary_ends: vec![2],
             shorten: vec![crate::compaction::plan::Shorten {
@@ -587,6 +557,7 @@ mod tests {
                 created_at: 0,
             })),
             kept_from: 2,
+            pinned: None,
             action: crate::compaction::compactor::Action::Summarized,
             cache: crate::compaction::compactor::CacheOutcome::Miss,
             summarized: 1,
@@ -596,7 +567,7 @@ mod tests {
             (SummaryRole::System, "developer"),
             (SummaryRole::User, "user"),
         ] {
-            let out = compacted_input(&items, &split, &rewrite, role);
+            let out = compacted_input(&items, &split, &rewrite, role, Encoding::O200k);
             assert_eq!(out.len(), 5);
             assert_eq!(out[0], items[0]);
             assert_eq!(out[1]["role"], expected);
@@ -626,13 +597,13 @@ mod tests {
             message(r#"{"model":"m","input":42}"#),
             "input must be a string or an array of input items"
         );
-        assert_eq!(
-            message(r#"{"model":"m","input":["x"]}"#),
-            "input[0] must be an object"
-        );
-        assert_eq!(
-            message(r#"{"model":"m","input":[{"role":"tool","content":"x"}]}"#),
-            "input[0].role \"tool\" is not one of user, assistant, system, developer"
-        );
+        // Item types and roles condenser does not know are the upstream's to judge.
+        for input in [
+            r#"["x"]"#,
+            r#"[{"role":"tool","content":"x"}]"#,
+            r#"[{"type":"compaction","encrypted_content":"e"},{"type":"web_search_call","id":"w","status":"completed"}]"#,
+        ] {
+            assert_eq!(message(&format!(r#"{{"model":"m","input":{input}}}"#)), "");
+        }
     }
 }

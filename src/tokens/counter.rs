@@ -465,6 +465,7 @@ pub fn message_meta(message: &Value, tokens: u32) -> Item {
         || message.get("function_call").is_some_and(|c| !c.is_null());
     let kind = match role {
         Role::Tool => Kind::ToolResult,
+        Role::Other => Kind::Other,
         _ if calls_tools => Kind::ToolCall,
         _ => Kind::Message,
     };

@@ -1,0 +1,174 @@
+//! The one rule by which a tool output is cut: its middle replaced by a marker, so that the
+//! text counts at most a given number of tokens. The cut depends only on the text, the budget
+//! and the encoding, so an output cut on one turn reads the same on every later turn (a
+//! provider's prompt cache keeps matching it), and the count after the cut is known before
+//! the request is written, so a shortened request is never over the limit it was planned for.
+
+use crate::compaction::plan::Shorten;
+use crate::tokens::counter::{bpe, count_text};
+use crate::tokens::encoding::Encoding;
+
+/// Room left for where an item's texts meet its framing when they are counted together.
+const FRAMING_SLACK_TOKENS: u32 = 4;
+
+/// Token boundaries may merge where the kept parts meet the marker; the cut allows for it
+/// and then checks, so this only saves a second pass.
+const JOIN_SLACK_TOKENS: usize = 2;
+
+/// How many times the cut is tightened when the joined text still counts over the budget.
+const MAX_TIGHTENINGS: usize = 8;
+
+/// `text` as it is when it counts at most `budget` tokens; else its first and last tokens
+/// around a marker naming how many were removed, counting at most `budget` (or the marker
+/// alone, when even that does not fit).
+pub fn cut_middle(encoding: Encoding, text: &str, budget: u32) -> String {
+    let bpe = bpe(encoding);
+    let tokens = bpe.encode_ordinary(text);
+    let budget = budget as usize;
+    if tokens.len() <= budget {
+        return text.to_string();
+    }
+    let marker_tokens = count_text(encoding, &marker(tokens.len())) as usize + JOIN_SLACK_TOKENS;
+    let mut keep = budget.saturating_sub(marker_tokens);
+    for _ in 0..MAX_TIGHTENINGS {
+        let head_len = keep / 2;
+        let head = decodable_prefix(encoding, &tokens[..head_len]);
+        let tail = decodable_suffix(encoding, &tokens[tokens.len() - (keep - head_len)..]);
+        let removed = tokens.len() - head.1 - tail.1;
+        let cut = format!("{}{}{}", head.0, marker(removed), tail.0);
+        let counted = count_text(encoding, &cut) as usize;
+        if counted <= budget || keep == 0 {
+            return cut;
+        }
+        keep = keep.saturating_sub(counted - budget);
+    }
+    marker(tokens.len())
+}
+
+fn marker(removed: usize) -> String {
+    format!("\n[… {removed} tokens removed …]\n")
+}
+
+/// The text of the longest prefix of `tokens` that ends on a character boundary, and how
+/// many tokens it took.
+fn decodable_prefix(encoding: Encoding, tokens: &[u32]) -> (String, usize) {
+    let bpe = bpe(encoding);
+    (0..=tokens.len())
+        .rev()
+        .find_map(|n| {
+            let bytes = bpe.decode_bytes(&tokens[..n]).ok()?;
+            String::from_utf8(bytes).ok().map(|text| (text, n))
+        })
+        .unwrap_or_default()
+}
+
+/// The text of the longest suffix of `tokens` that starts on a character boundary, and how
+/// many tokens it took.
+fn decodable_suffix(encoding: Encoding, tokens: &[u32]) -> (String, usize) {
+    let bpe = bpe(encoding);
+    (0..=tokens.len())
+        .find_map(|skip| {
+            let bytes = bpe.decode_bytes(&tokens[skip..]).ok()?;
+            String::from_utf8(bytes)
+                .ok()
+                .map(|text| (text, tokens.len() - skip))
+        })
+        .unwrap_or_default()
+}
+
+/// Cuts the output texts of one item so the whole item counts at most `cut.keep_tokens`:
+/// its framing (role, ids, the rest of its content) stays as it is, and the texts share
+/// what is left, each in proportion to its size.
+pub fn cut_item_texts(encoding: Encoding, texts: Vec<&mut String>, cut: &Shorten) {
+    let sizes: Vec<u32> = texts.iter().map(|t| count_text(encoding, t)).collect();
+    let framing = cut.tokens.saturating_sub(sizes.iter().sum());
+    let budget = cut
+        .keep_tokens
+        .saturating_sub(framing + FRAMING_SLACK_TOKENS);
+    for (text, share) in texts.into_iter().zip(shares(&sizes, budget)) {
+        *text = cut_middle(encoding, text, share);
+    }
+}
+
+/// Splits `budget` over texts of `tokens` each, in proportion, so that their sum stays
+/// within it; texts already within their share keep their own size and leave the rest to
+/// the others.
+pub fn shares(tokens: &[u32], budget: u32) -> Vec<u32> {
+    let total: u64 = tokens.iter().map(|&t| u64::from(t)).sum();
+    if total <= u64::from(budget) {
+        return tokens.to_vec();
+    }
+    tokens
+        .iter()
+        .map(|&t| (u64::from(t) * u64::from(budget) / total.max(1)) as u32)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log(lines: usize) -> String {
+        (0..lines)
+            .map(|i| {
+                format!(
+                    "line {i}: build-7f3a step ok, took {}ms — ünïcödé ✓\n",
+                    i * 7
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_text_within_the_budget_is_left_alone() {
+        let text = log(3);
+        let tokens = count_text(Encoding::O200k, &text);
+        assert_eq!(cut_middle(Encoding::O200k, &text, tokens), text);
+    }
+
+    #[test]
+    fn a_cut_text_counts_within_its_budget_and_keeps_both_ends() {
+        for encoding in [Encoding::O200k, Encoding::Cl100k] {
+            let text = log(400);
+            for budget in [0, 5, 17, 64, 256, 1000] {
+                let cut = cut_middle(encoding, &text, budget);
+                let counted = count_text(encoding, &cut);
+                let marker_only = count_text(encoding, &marker(9999));
+                assert!(
+                    counted <= budget.max(marker_only),
+                    "{encoding:?} budget {budget}: {counted}"
+                );
+                assert!(cut.contains("tokens removed"), "{cut}");
+                if budget >= 64 {
+                    assert!(cut.starts_with("line 0:"), "{cut}");
+                    assert!(cut.trim_end().ends_with('✓'), "{cut}");
+                    // Close to the budget, not far under it.
+                    assert!(counted + 8 >= budget, "{encoding:?} {budget}: {counted}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_same_text_and_budget_always_cut_the_same() {
+        let text = log(300);
+        let once = cut_middle(Encoding::O200k, &text, 300);
+        assert_eq!(once, cut_middle(Encoding::O200k, &text, 300));
+        // The marker names what was removed from this text, whatever else is in the request.
+        let total = count_text(Encoding::O200k, &text) as usize;
+        let removed: usize = once
+            .split("[… ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        assert!(removed > 0 && removed < total, "{removed} of {total}");
+    }
+
+    #[test]
+    fn shares_split_a_budget_in_proportion() {
+        assert_eq!(shares(&[100, 300], 1000), vec![100, 300]);
+        assert_eq!(shares(&[100, 300], 200), vec![50, 150]);
+        assert!(shares(&[7, 13, 1000], 100).iter().sum::<u32>() <= 100);
+    }
+}
