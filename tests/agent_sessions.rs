@@ -167,3 +167,86 @@ fn prefix_reuse_is_the_repeated_share() {
     let reuse = prefix_reuse(&prompts);
     assert!((reuse - (4.0 / 6.0 + 0.0) / 2.0).abs() < 1e-9, "{reuse}");
 }
+
+/// An agent's session: the system prompt, one task, then tool rounds (a call, then an output
+/// of about 400 tokens), `rounds` of them.
+fn agent_session(rounds: usize) -> Vec<Value> {
+    let mut messages = vec![
+        serde_json::json!({"role": "system", "content": SYSTEM_PROMPT}),
+        serde_json::json!({"role": "user", "content": "Fix ticket KX-7731-QZ: the nightly build fails."}),
+    ];
+    for r in 0..rounds {
+        let id = format!("call_{r}");
+        messages.push(serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": id, "type": "function", "function": {"name": "shell", "arguments": format!("{{\"cmd\":\"cat log-{r}.txt\"}}")}}]}));
+        messages.push(serde_json::json!({"role": "tool", "tool_call_id": id,
+            "content": format!("log-{r}: {}", filler(r + 2000, 300))}));
+    }
+    messages
+}
+
+/// What a provider sees of a one-prompt tool loop: the task in every request, tool rounds
+/// summarized ahead of need rather than outputs cut, nobody waiting while something on hand
+/// fits, and a prefix that repeats from turn to turn.
+#[tokio::test]
+async fn a_one_prompt_tool_loop_is_summarized_ahead_with_its_task_pinned() {
+    let upstream = mock_llm(LlmBehaviour {
+        summarizer_latency: Duration::from_millis(300),
+        lossy_summarizer: true,
+        ..LlmBehaviour::default()
+    })
+    .await;
+    let window = 24_000;
+    let proxy = Proxy::start(with_window(&upstream, window)).await;
+    let hard_limit = window - 500;
+    let mut actions = Vec::new();
+    for r in 1..=120 {
+        let response = client()
+            .post(proxy.url("/v1/chat/completions"))
+            .json(&chat_body(&agent_session(r)))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let received: u64 = header(&response, "x-condenser-prompt-tokens")
+            .parse()
+            .unwrap();
+        let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
+            .parse()
+            .unwrap();
+        let cache = header(&response, "x-condenser-cache");
+        assert!(forwarded <= hard_limit, "round {r}: {forwarded}");
+        assert!(
+            !matches!(cache.as_str(), "miss" | "extended") || received > hard_limit,
+            "round {r} waited with {received} tokens, under the hard limit"
+        );
+        actions.push(header(&response, "x-condenser-action"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let forwarded: Vec<Value> = upstream
+        .recorded()
+        .iter()
+        .filter(|r| !is_summarizer_call(r))
+        .map(|r| r.json()["messages"].clone())
+        .collect();
+    for (r, messages) in forwarded.iter().enumerate() {
+        assert_eq!(
+            messages[1]["content"],
+            agent_session(0)[1]["content"],
+            "round {r}: the task"
+        );
+    }
+    let summarized = actions.iter().filter(|a| *a == "summarized").count();
+    assert!(summarized >= 40, "{actions:?}");
+    assert!(!actions.iter().any(|a| a == "trimmed"), "{actions:?}");
+    let summaries = upstream
+        .recorded()
+        .iter()
+        .filter(|r| is_summarizer_call(r))
+        .count();
+    let prompts: Vec<String> = forwarded.iter().map(Value::to_string).collect();
+    let reuse = prefix_reuse(&prompts);
+    println!("one-prompt loop, 120 rounds: prefix reuse {reuse:.3}, {summaries} summaries made");
+    assert!(reuse >= 0.9, "prefix reuse {reuse:.3}");
+    assert!(summaries <= 20, "{summaries} summaries for 120 rounds");
+}
