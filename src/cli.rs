@@ -3,11 +3,13 @@
 
 use std::fmt::Write as _;
 use std::path::Path;
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::compaction::plan::{total_tokens, triggers, Decision, Limits, Mode};
-use crate::config::{Api, Config, ConfigError, Overrides};
+use crate::compaction::compactor::Rewrite;
+use crate::compaction::plan::{total_tokens, triggers, Decision, Limits, Mode, Split};
+use crate::config::{Api, Config, ConfigError, ContextConfig, Overrides};
 use crate::dialect::chat::Chat;
 use crate::dialect::messages::Messages;
 use crate::dialect::responses::Responses;
@@ -88,6 +90,9 @@ struct Counted {
     model: String,
     prepared: Prepared,
     roles: Vec<String>,
+    /// The body as read, and its API, for carrying a plan out on it.
+    body: String,
+    api: Api,
 }
 
 async fn counted_as<D: Dialect>(config: &Config, body: &[u8]) -> Result<Counted, CommandError> {
@@ -108,7 +113,40 @@ async fn counted_as<D: Dialect>(config: &Config, body: &[u8]) -> Result<Counted,
         model: D::model(&request).to_string(),
         prepared,
         roles,
+        body: String::new(),
+        api: D::API,
     })
+}
+
+/// The exact prompt of what the proxy forwards when it goes without a summary (trimmed): the
+/// plan carried out on the body as the proxy carries it out, then counted.
+async fn trimmed_as<D: Dialect>(
+    config: &Config,
+    body: &[u8],
+    split: &Split,
+    settings: &ContextConfig,
+) -> Result<u64, CommandError> {
+    let mut request = D::parse(body)?;
+    let catalog = ModelCatalog::new(config.models.clone(), config.tokens.clone());
+    let counter = TokenCounter::new(config.tokens.unknown_model_margin);
+    let encoding = catalog.resolve(D::model(&request)).encoding;
+    let rewrite = Rewrite::trimmed(split, Duration::ZERO);
+    D::rewrite(&mut request, split, &rewrite, settings, encoding);
+    Ok(D::count(&request, &catalog, &counter).await.count.total)
+}
+
+async fn trimmed_tokens(
+    config: &Config,
+    counted: &Counted,
+    split: &Split,
+    settings: &ContextConfig,
+) -> Result<u64, CommandError> {
+    let body = counted.body.as_bytes();
+    match counted.api {
+        Api::Chat => trimmed_as::<Chat>(config, body, split, settings).await,
+        Api::Responses => trimmed_as::<Responses>(config, body, split, settings).await,
+        Api::Messages => trimmed_as::<Messages>(config, body, split, settings).await,
+    }
 }
 
 /// `model`, when given, replaces the body's; `api`, when given, is the body's API.
@@ -125,11 +163,15 @@ async fn prepare(
     }
     let api = api.unwrap_or_else(|| detect_api(&body));
     let bytes = body.to_string();
-    match api {
+    let counted = match api {
         Api::Chat => counted_as::<Chat>(config, bytes.as_bytes()).await,
         Api::Responses => counted_as::<Responses>(config, bytes.as_bytes()).await,
         Api::Messages => counted_as::<Messages>(config, bytes.as_bytes()).await,
-    }
+    }?;
+    Ok(Counted {
+        body: bytes,
+        ..counted
+    })
 }
 
 pub async fn count(
@@ -192,11 +234,13 @@ pub async fn plan(
             options.profile.unwrap_or("")
         ))
     })?;
+    let counted = prepare(config, input, options.model, options.api).await?;
     let Counted {
         model,
         prepared,
         roles,
-    } = prepare(config, input, options.model, options.api).await?;
+        ..
+    } = &counted;
     let input = prepared.plan_input(config, &settings, options.mode);
     let limits = Limits::new(&input);
     let tokens = total_tokens(&input);
@@ -252,57 +296,76 @@ pub async fn plan(
         let _ = writeln!(out, "fired: {}", names.join(", "));
     }
     out.push('\n');
-    let describe = |out: &mut String, split: &crate::compaction::plan::Split| {
-        let _ = writeln!(
-            out,
-            "keep head      messages 0..{} ({})",
-            split.head,
-            roles[..split.head].join(", ")
-        );
-        let _ = writeln!(
-            out,
-            "summarize      messages {}..{} ({} messages)",
-            split.head,
-            split.tail_start,
-            split.summarized()
-        );
-        let _ = writeln!(
-            out,
-            "keep verbatim  messages {}..{} ({})",
-            split.tail_start,
-            roles.len(),
-            roles[split.tail_start..].join(", ")
-        );
-        for cut in &split.shorten {
-            let _ = writeln!(
-                out,
-                "shorten        message {}: tool output {} → {} tokens",
-                cut.index, cut.tokens, cut.keep_tokens
-            );
-        }
-        let _ = writeln!(out, "forwarded ≈ {} tokens", split.estimated_tokens);
-    };
-    match prepared.decide(&input) {
+    let decision = prepared.decide(&input);
+    let split = match &decision {
         Decision::Forward(reason) => {
             let _ = writeln!(out, "decision: forward unchanged ({})", reason.describe());
+            None
         }
         Decision::Precompute(split) => {
             let _ = writeln!(
                 out,
                 "decision: forward unchanged, summarize ahead of need in the background"
             );
-            describe(&mut out, &split);
+            Some(split)
         }
         Decision::Compact { split, .. } => {
             let _ = writeln!(out, "decision: compact");
-            describe(&mut out, &split);
+            Some(split)
         }
         Decision::Reject { tokens, limit } => {
             let _ = writeln!(
                 out,
-                "decision: reject with 400 context_length_exceeded ({tokens} tokens; the last user message cannot fit {limit})"
+                "decision: reject with 400 context_length_exceeded ({tokens} tokens; the task cannot fit {limit})"
             );
+            None
         }
+    };
+    let Some(split) = split else {
+        return Ok(out);
+    };
+    let _ = writeln!(
+        out,
+        "keep head      messages 0..{} ({})",
+        split.head,
+        roles[..split.head].join(", ")
+    );
+    if let Some(task) = split.pinned_before(split.tail_start) {
+        let _ = writeln!(
+            out,
+            "keep task      message {task} (pinned before the summary)"
+        );
     }
+    let _ = writeln!(
+        out,
+        "summarize      messages {}..{} ({} messages)",
+        split.head,
+        split.tail_start,
+        split.summarized()
+    );
+    let _ = writeln!(
+        out,
+        "keep verbatim  messages {}..{} ({})",
+        split.tail_start,
+        roles.len(),
+        roles[split.tail_start..].join(", ")
+    );
+    for cut in &split.shorten {
+        let _ = writeln!(
+            out,
+            "shorten        message {}: tool output {} → at most {} tokens",
+            cut.index, cut.tokens, cut.keep_tokens
+        );
+    }
+    let _ = writeln!(
+        out,
+        "forwarded ≤ {} tokens with a summary of at most {} tokens",
+        split.estimated_tokens, config.summarizer.max_summary_tokens
+    );
+    let trimmed = trimmed_tokens(config, &counted, split, &settings).await?;
+    let _ = writeln!(
+        out,
+        "forwarded = {trimmed} tokens when trimmed (no summary)"
+    );
     Ok(out)
 }

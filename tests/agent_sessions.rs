@@ -250,3 +250,78 @@ async fn a_one_prompt_tool_loop_is_summarized_ahead_with_its_task_pinned() {
     assert!(reuse >= 0.9, "prefix reuse {reuse:.3}");
     assert!(summaries <= 20, "{summaries} summaries for 120 rounds");
 }
+
+/// Runs the condenser binary with `args`, the body on its standard input.
+async fn condenser_cli(args: &[&str], body: &[u8]) -> String {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_condenser"))
+        .args(args)
+        .env_remove("CONDENSER_CONFIG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(body).await.unwrap();
+    drop(stdin);
+    let output = child.wait_with_output().await.unwrap();
+    assert!(output.status.success());
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// The hard limit holds on the bytes forwarded, and `condenser plan` says what they count:
+/// a request trimmed because the summarizer failed, its tool outputs cut, forwards exactly
+/// what the plan printed, and `condenser count` of the forwarded body agrees.
+#[tokio::test]
+async fn condenser_plan_tells_the_trimmed_prompt_the_proxy_forwards() {
+    let upstream = mock_llm(LlmBehaviour {
+        summarizer_status: Some(500),
+        ..LlmBehaviour::default()
+    })
+    .await;
+    let config = with_window(&upstream, 16_000);
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("condenser.toml");
+    std::fs::write(&config_path, config.to_toml()).unwrap();
+    let proxy = Proxy::start(config).await;
+    let mut messages = agent_session(60);
+    for message in messages.iter_mut().rev().step_by(2).take(3) {
+        message["content"] = Value::String(filler(7, 2_500));
+    }
+    let body = serde_json::to_vec(&chat_body(&messages)).unwrap();
+    let config_arg = config_path.to_str().unwrap();
+    let plan = condenser_cli(&["--config", config_arg, "plan", "-"], &body).await;
+    assert!(plan.contains("keep task      message 1"), "{plan}");
+    assert!(plan.contains("shorten"), "{plan}");
+    let planned: u64 = plan
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("forwarded = ")?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("{plan}"));
+
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "trimmed");
+    let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
+        .parse()
+        .unwrap();
+    assert_eq!(forwarded, planned);
+    assert!(forwarded <= 16_000 - 500, "{forwarded}");
+    let sent = upstream
+        .recorded()
+        .into_iter()
+        .rfind(|r| !is_summarizer_call(r))
+        .unwrap();
+    let recount = condenser_cli(&["--config", config_arg, "count", "-"], &sent.body).await;
+    assert_eq!(recount.trim(), forwarded.to_string());
+}

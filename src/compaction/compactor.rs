@@ -90,6 +90,19 @@ pub struct Rewrite {
 }
 
 impl Rewrite {
+    /// The head, the pinned task and the planned tail, without a summary.
+    pub fn trimmed(split: &Split, waited: Duration) -> Rewrite {
+        Rewrite {
+            summary: None,
+            kept_from: split.tail_start,
+            pinned: split.pinned_before(split.tail_start),
+            action: Action::Trimmed,
+            cache: CacheOutcome::None,
+            summarized: 0,
+            waited,
+        }
+    }
+
     /// The summary's text as every dialect forwards it, after the head's `head` items:
     /// `[Context summary: N earlier <unit>]`, a blank line, then the summary.
     pub fn summary_text(&self, head: usize, unit: &str) -> Option<String> {
@@ -479,17 +492,8 @@ fn as_sent(cache: CacheOutcome, waited: Duration) -> Rewrite {
     }
 }
 
-/// The head and the planned tail, without a summary.
 fn trimmed(job: &CompactionJob<'_>, waited: Duration) -> Rewrite {
-    Rewrite {
-        summary: None,
-        kept_from: job.split.tail_start,
-        pinned: job.split.pinned_before(job.split.tail_start),
-        action: Action::Trimmed,
-        cache: CacheOutcome::None,
-        summarized: 0,
-        waited,
-    }
+    Rewrite::trimmed(job.split, waited)
 }
 
 /// From the precompute band: make the summary the plan would need, in the background,
