@@ -199,7 +199,9 @@ async fn a_one_prompt_tool_loop_is_summarized_ahead_with_its_task_pinned() {
     let window = 24_000;
     let proxy = Proxy::start(with_window(&upstream, window)).await;
     let hard_limit = window - 500;
+    let (trigger, target) = (hard_limit * 8 / 10, hard_limit / 2);
     let mut actions = Vec::new();
+    let mut steps = Vec::new();
     for r in 1..=120 {
         let response = client()
             .post(proxy.url("/v1/chat/completions"))
@@ -221,6 +223,7 @@ async fn a_one_prompt_tool_loop_is_summarized_ahead_with_its_task_pinned() {
             "round {r} waited with {received} tokens, under the hard limit"
         );
         actions.push(header(&response, "x-condenser-action"));
+        steps.push((received, forwarded));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let forwarded: Vec<Value> = upstream
@@ -324,4 +327,76 @@ async fn condenser_plan_tells_the_trimmed_prompt_the_proxy_forwards() {
         .unwrap();
     let recount = condenser_cli(&["--config", config_arg, "count", "-"], &sent.body).await;
     assert_eq!(recount.trim(), forwarded.to_string());
+}
+
+/// Claude Code's shape of the same loop on the Messages API: tool results in user turns, the
+/// summary in `system` after the original. The task stays the first turn, the forwarded
+/// messages stay valid, and the prompt repeats from turn to turn.
+#[tokio::test]
+async fn a_claude_code_shaped_tool_loop_keeps_its_task_and_its_prefix() {
+    let upstream = mock_claude(ClaudeBehaviour {
+        llm: LlmBehaviour {
+            summarizer_latency: Duration::from_millis(300),
+            lossy_summarizer: true,
+            ..LlmBehaviour::default()
+        },
+        ..ClaudeBehaviour::default()
+    })
+    .await;
+    let mut config = claude_config(&upstream.url());
+    // Counted exactly, so the learned ratio does not move the limits under the test.
+    config.models.insert(
+        "claude-sonnet-4-5".into(),
+        condenser::config::ModelOverride {
+            context_window: Some(24_000),
+            encoding: Some("o200k_base".into()),
+        },
+    );
+    let proxy = Proxy::start(config).await;
+    let task = serde_json::json!({"role": "user", "content": "Fix ticket KX-7731-QZ."});
+    let mut messages = vec![task.clone()];
+    let mut prompts = Vec::new();
+    for r in 0..100 {
+        let id = format!("toolu_{r}");
+        messages.push(serde_json::json!({"role": "assistant", "content": [
+            {"type": "tool_use", "id": id, "name": "Bash", "input": {"command": format!("cat log-{r}")}}]}));
+        messages.push(serde_json::json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": id, "content": format!("log-{r}: {}", filler(r, 300))}]}));
+        let response = client()
+            .post(proxy.url("/v1/messages"))
+            .header("x-api-key", "sk-ant-test")
+            .json(&messages_body(&messages))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let received: u64 = header(&response, "x-condenser-prompt-tokens").parse().unwrap();
+        let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens").parse().unwrap();
+        assert!(forwarded <= 24_000 - 500, "round {r}: {forwarded}");
+        let cache = header(&response, "x-condenser-cache");
+        assert!(
+            !matches!(cache.as_str(), "miss" | "extended") || received > 24_000 - 500,
+            "round {r} waited"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for r in upstream.recorded().iter().filter(|r| {
+        r.path_and_query == "/v1/messages" && !is_summarizer_call(r)
+    }) {
+        let body = r.json();
+        let sent = body["messages"].as_array().unwrap();
+        assert_eq!(sent[0], task, "the task first, verbatim");
+        for pair in sent.windows(2) {
+            assert_ne!(pair[0]["role"], pair[1]["role"], "roles alternate");
+        }
+        prompts.push(body.to_string());
+    }
+    let summarized = prompts
+        .iter()
+        .filter(|p| p.contains("[Context summary: "))
+        .count();
+    assert!(summarized >= 30, "{summarized} of {} summarized", prompts.len());
+    let reuse = prefix_reuse(&prompts);
+    println!("Claude Code shaped loop, 100 rounds: prefix reuse {reuse:.3}");
+    assert!(reuse >= 0.9, "prefix reuse {reuse:.3}");
 }
