@@ -239,6 +239,35 @@ async fn a_one_prompt_tool_loop_is_summarized_ahead_with_its_task_pinned() {
             "round {r}: the task"
         );
     }
+    // The summary in use: how many messages it stands for, from its first line.
+    let summary_of = |messages: &Value| {
+        messages[2]["content"]
+            .as_str()
+            .and_then(|text| text.strip_prefix("[Context summary: "))
+            .and_then(|rest| rest.split(' ').next()?.parse::<usize>().ok())
+    };
+    for (r, pair) in forwarded.windows(2).enumerate() {
+        let (before, now) = (summary_of(&pair[0]), summary_of(&pair[1]));
+        if before == now {
+            continue;
+        }
+        // It moves only forward, only once the one in use would be over the trigger, and
+        // then in one step down to about the target.
+        assert!(now > before, "round {}: {before:?} → {now:?}", r + 2);
+        let ((received_before, forwarded_before), (received_now, forwarded_now)) =
+            (steps[r], steps[r + 1]);
+        let with_old = forwarded_before + (received_now - received_before);
+        assert!(
+            with_old > trigger,
+            "round {}: moved at {with_old} tokens",
+            r + 2
+        );
+        assert!(
+            forwarded_now <= target + 1_000,
+            "round {}: {forwarded_now}",
+            r + 2
+        );
+    }
     let summarized = actions.iter().filter(|a| *a == "summarized").count();
     assert!(summarized >= 40, "{actions:?}");
     assert!(!actions.iter().any(|a| a == "trimmed"), "{actions:?}");
@@ -370,8 +399,12 @@ async fn a_claude_code_shaped_tool_loop_keeps_its_task_and_its_prefix() {
             .await
             .unwrap();
         assert_eq!(response.status(), 200);
-        let received: u64 = header(&response, "x-condenser-prompt-tokens").parse().unwrap();
-        let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens").parse().unwrap();
+        let received: u64 = header(&response, "x-condenser-prompt-tokens")
+            .parse()
+            .unwrap();
+        let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
+            .parse()
+            .unwrap();
         assert!(forwarded <= 24_000 - 500, "round {r}: {forwarded}");
         let cache = header(&response, "x-condenser-cache");
         assert!(
@@ -380,9 +413,11 @@ async fn a_claude_code_shaped_tool_loop_keeps_its_task_and_its_prefix() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    for r in upstream.recorded().iter().filter(|r| {
-        r.path_and_query == "/v1/messages" && !is_summarizer_call(r)
-    }) {
+    for r in upstream
+        .recorded()
+        .iter()
+        .filter(|r| r.path_and_query == "/v1/messages" && !is_summarizer_call(r))
+    {
         let body = r.json();
         let sent = body["messages"].as_array().unwrap();
         assert_eq!(sent[0], task, "the task first, verbatim");
@@ -395,7 +430,11 @@ async fn a_claude_code_shaped_tool_loop_keeps_its_task_and_its_prefix() {
         .iter()
         .filter(|p| p.contains("[Context summary: "))
         .count();
-    assert!(summarized >= 30, "{summarized} of {} summarized", prompts.len());
+    assert!(
+        summarized >= 30,
+        "{summarized} of {} summarized",
+        prompts.len()
+    );
     let reuse = prefix_reuse(&prompts);
     println!("Claude Code shaped loop, 100 rounds: prefix reuse {reuse:.3}");
     assert!(reuse >= 0.9, "prefix reuse {reuse:.3}");

@@ -117,6 +117,8 @@ impl Rewrite {
 }
 
 pub struct CompactionJob<'a> {
+    /// The conversation; at least its messages up to the plan's furthest summary end
+    /// (`split.ahead`), all that keys and summaries are made of. Its length is the count's.
     pub messages: &'a [Value],
     pub count: &'a PromptCount,
     pub split: &'a Split,
@@ -170,7 +172,8 @@ impl Compactor {
     }
 }
 
-/// Everything a summary job needs, owned, so it can outlive the request that started it.
+/// Everything a summary job needs but its messages, owned, so it can outlive the request
+/// that started it.
 #[derive(Clone)]
 struct SpanSource {
     upstream: Arc<Upstream>,
@@ -182,8 +185,6 @@ struct SpanSource {
     window: u64,
     /// The request model's, in which the summary is counted.
     encoding: Encoding,
-    /// The messages after the head, with their token counts.
-    evictable: Arc<[Evicted]>,
     head: usize,
 }
 
@@ -194,14 +195,9 @@ struct SpanJob {
     base: Option<(usize, Arc<Summary>)>,
     source: SpanSource,
     end: usize,
-}
-
-impl SpanJob {
-    /// The messages this job sends the summarizer: those after the base.
-    fn new_messages(&self) -> &[Evicted] {
-        let from = self.base.as_ref().map_or(self.source.head, |(e, _)| *e);
-        &self.source.evictable[from - self.source.head..self.end - self.source.head]
-    }
+    /// The messages this job sends the summarizer, those after the base: copied from the
+    /// request only when a job starts, never for a request that finds its summary on hand.
+    new_messages: Vec<Evicted>,
 }
 
 /// What this request's conversation already has: summaries cached at its candidate ends,
@@ -239,24 +235,44 @@ impl OnHand {
 }
 
 /// The request's prefix keys and what its summaries are made from.
-struct Lookup {
+struct Lookup<'r> {
     keys: Vec<Key>,
     source: SpanSource,
+    messages: &'r [Value],
+    counts: &'r [u32],
 }
 
-impl Lookup {
+impl Lookup<'_> {
     /// The job that makes the summary of messages up to `end`, from `base` if given.
     fn span(&self, base: Option<(usize, Arc<Summary>)>, end: usize) -> SpanJob {
+        let from = base.as_ref().map_or(self.source.head, |(e, _)| *e);
+        let new_messages = self.messages[from..end]
+            .iter()
+            .zip(&self.counts[from..end])
+            .map(|(message, &tokens)| Evicted {
+                message: message.clone(),
+                tokens,
+            })
+            .collect();
         SpanJob {
             key: self.keys[end - 1],
             base,
             source: self.source.clone(),
             end,
+            new_messages,
         }
     }
 }
 
-async fn lookup(compactor: &Arc<Compactor>, job: &CompactionJob<'_>) -> (Lookup, OnHand) {
+/// Who asks, for which summarizer, and the keys of the conversation's prefixes up to the
+/// plan's furthest summary end.
+struct Prefix {
+    caller: Key,
+    summarizer_model: String,
+    keys: Vec<Key>,
+}
+
+fn prefix(compactor: &Compactor, job: &CompactionJob<'_>) -> Prefix {
     let summarizer_model = compactor.summarizer.model_for(job.model);
     // Every key below descends from the caller's: memory, Redis, single-flight jobs and
     // cross-replica locks are all per caller.
@@ -266,8 +282,35 @@ async fn lookup(compactor: &Arc<Compactor>, job: &CompactionJob<'_>) -> (Lookup,
         &summarizer_model,
         &compactor.summarizer.settings_key(),
     );
+    let keys = prefix_keys(&scope, &job.messages[..job.split.ahead]);
+    Prefix {
+        caller,
+        summarizer_model,
+        keys,
+    }
+}
+
+/// The latest-ending summary being made for one of the split's candidate ends.
+fn pending(compactor: &Compactor, split: &Split, keys: &[Key]) -> Option<(usize, SharedSummary)> {
+    let in_flight = compactor.in_flight.lock().ok()?;
+    split
+        .summary_ends
+        .iter()
+        .rev()
+        .find_map(|&end| Some((end, in_flight.get(&keys[end - 1])?.clone())))
+}
+
+async fn lookup<'r>(
+    compactor: &Arc<Compactor>,
+    job: &CompactionJob<'r>,
+    prefix: Prefix,
+) -> (Lookup<'r>, OnHand) {
+    let Prefix {
+        caller,
+        summarizer_model,
+        keys,
+    } = prefix;
     let split = job.split;
-    let keys = prefix_keys(&scope, &job.messages[..split.ahead]);
     let candidates: Vec<(usize, Key)> = split
         .summary_ends
         .iter()
@@ -281,21 +324,8 @@ async fn lookup(compactor: &Arc<Compactor>, job: &CompactionJob<'_>) -> (Lookup,
         .into_iter()
         .map(|(i, summary)| (candidates[i].0, summary))
         .collect();
-    let pending = compactor.in_flight.lock().ok().and_then(|in_flight| {
-        candidates
-            .iter()
-            .rev()
-            .find_map(|(end, key)| Some((*end, in_flight.get(key)?.clone())))
-    });
+    let pending = pending(compactor, split, &keys);
     let on_hand = OnHand { cached, pending };
-    let evictable: Arc<[Evicted]> = job.messages[split.head..]
-        .iter()
-        .zip(&job.count.per_message[split.head..])
-        .map(|(message, &tokens)| Evicted {
-            message: message.clone(),
-            tokens,
-        })
-        .collect();
     let summarizer_info = compactor.catalog.resolve(&summarizer_model);
     let api = compactor.summarizer.api_for(job.api);
     let lookup = Lookup {
@@ -308,9 +338,10 @@ async fn lookup(compactor: &Arc<Compactor>, job: &CompactionJob<'_>) -> (Lookup,
             credentials: compactor.summarizer.credentials_for(job.headers, api),
             window: summarizer_info.context_window,
             encoding: job.info.encoding,
-            evictable,
             head: split.head,
         },
+        messages: job.messages,
+        counts: &job.count.per_message,
     };
     (lookup, on_hand)
 }
@@ -324,7 +355,8 @@ fn estimate_with(job: &CompactionJob<'_>, summary: &Summary, end: usize) -> (u64
         .chain(pinned.map(|t| &job.count.per_message[t]))
         .map(|&t| u64::from(t))
         .sum();
-    let rest: u64 = (end..job.messages.len())
+    let items = job.count.per_message.len();
+    let rest: u64 = (end..items)
         .map(|i| {
             let cut = job.split.shorten.iter().find(|s| s.index == i);
             u64::from(cut.map_or(job.count.per_message[i], |s| s.keep_tokens))
@@ -335,8 +367,10 @@ fn estimate_with(job: &CompactionJob<'_>, summary: &Summary, end: usize) -> (u64
         + u64::from(SUMMARY_FRAMING_TOKENS)
         + rest
         + u64::from(job.count.fixed);
-    let items = job.split.head + usize::from(pinned.is_some()) + 1 + job.messages.len() - end;
-    (tokens, items)
+    (
+        tokens,
+        job.split.head + usize::from(pinned.is_some()) + 1 + items - end,
+    )
 }
 
 /// Where forwarding with `summary` (ending before message `end`) would stand.
@@ -357,7 +391,7 @@ pub async fn compact(
         // Only tool outputs to shorten: nothing for the summarizer.
         return Ok(trimmed(&job, Duration::ZERO));
     }
-    let (lookup, on_hand) = lookup(compactor, &job).await;
+    let (lookup, on_hand) = lookup(compactor, &job, prefix(compactor, &job)).await;
     if job.mode == Mode::Auto {
         if let Some(rewrite) = without_waiting(compactor, &job, &lookup, &on_hand) {
             return Ok(rewrite);
@@ -448,7 +482,7 @@ fn without_waiting(
         .filter(|(end, summary)| tier_with(job, summary, *end) < Tier::Hard);
     let as_sent_fits = job
         .limits
-        .tier(job.settings, job.count.total, job.messages.len())
+        .tier(job.settings, job.count.total, job.count.per_message.len())
         < Tier::Hard;
     if fits_now.is_none() && !as_sent_fits {
         return None;
@@ -499,9 +533,16 @@ fn trimmed(job: &CompactionJob<'_>, waited: Duration) -> Rewrite {
 /// From the precompute band: make the summary the plan would need, in the background,
 /// unless what is on hand would do.
 pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) {
+    let prefix = prefix(compactor, &job);
+    // The step is being made already (the common case in the precompute band): nothing to
+    // copy, nothing to start.
+    if pending(compactor, job.split, &prefix.keys).is_some() {
+        return;
+    }
     let compactor = compactor.clone();
-    // The lookup needs owned inputs to run after the request moves on.
-    let messages: Vec<Value> = job.messages.to_vec();
+    // The lookup needs owned inputs to run after the request moves on: of the messages, only
+    // those a summary may hold.
+    let messages: Vec<Value> = job.messages[..job.split.ahead].to_vec();
     let count = job.count.clone();
     let split = job.split.clone();
     let model = job.model.to_string();
@@ -525,7 +566,7 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) {
             mode: Mode::Auto,
             limits,
         };
-        let (lookup, on_hand) = lookup(&compactor, &job).await;
+        let (lookup, on_hand) = lookup(&compactor, &job, prefix).await;
         let ready = on_hand.pending.is_some()
             || on_hand
                 .cached
@@ -599,7 +640,7 @@ async fn make_shared_once(
         return summarize_and_store(compactor, job).await;
     };
     // Held for as long as the job may take: one summarizer timeout per chunk, with room.
-    let span_tokens: u64 = job.new_messages().iter().map(|m| u64::from(m.tokens)).sum();
+    let span_tokens: u64 = job.new_messages.iter().map(|m| u64::from(m.tokens)).sum();
     let chunks = span_tokens / (job.source.window / 2).max(1) + 1;
     let hold = Duration::from_secs(compactor.summarizer.config().timeout_secs * chunks + 5);
     loop {
@@ -630,7 +671,7 @@ async fn summarize_and_store(
     }
     let source = &job.source;
     let previous = job.base.as_ref().map(|(_, summary)| summary.text.clone());
-    let messages = job.new_messages().to_vec();
+    let messages = job.new_messages.clone();
     let started = Instant::now();
     let text = compactor
         .summarizer
