@@ -333,7 +333,8 @@ pub async fn plan(
     if let Some(task) = split.pinned_before(split.tail_start) {
         let _ = writeln!(
             out,
-            "keep task      message {task} (pinned before the summary)"
+            "keep task      messages {}..{} (pinned before the summary)",
+            task.start, task.end
         );
     }
     let _ = writeln!(

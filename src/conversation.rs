@@ -3,6 +3,8 @@
 //! never split. A dialect maps its own request onto this (chat messages, Responses input
 //! items, Anthropic messages); the planner and the compactor see nothing else.
 
+use std::ops::Range;
+
 use serde_json::Value;
 
 /// The role names of OpenAI's chat messages and Responses input messages.
@@ -140,15 +142,21 @@ pub fn units(items: &[Item]) -> Option<Vec<usize>> {
     Some(starts)
 }
 
-/// The current task's prompt: the last user message that is not a tool result, when it
-/// starts one of `units`. An agent sends it once, then tool rounds; it stays in view
-/// (pinned) while what follows it is summarized.
-pub fn task_prompt(items: &[Item], units: &[usize]) -> Option<usize> {
-    units
+/// The current task: its prompt, the last user message that is not a tool result, when it
+/// starts one of `units`, and the system or developer messages right after it (Claude Code
+/// sends its environment so). An agent sends them once, then tool rounds; they stay in view
+/// (pinned) while what follows is summarized.
+pub fn task_prompt(items: &[Item], units: &[usize]) -> Option<Range<usize>> {
+    let start = units
         .iter()
         .rev()
         .copied()
-        .find(|&i| items[i].role == Role::User && items[i].kind == Kind::Message)
+        .find(|&i| items[i].role == Role::User && items[i].kind == Kind::Message)?;
+    let instructions = items[start + 1..]
+        .iter()
+        .take_while(|item| matches!(item.role, Role::System | Role::Developer))
+        .count();
+    Some(start..start + 1 + instructions)
 }
 
 #[cfg(test)]

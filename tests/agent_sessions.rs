@@ -323,7 +323,7 @@ async fn condenser_plan_tells_the_trimmed_prompt_the_proxy_forwards() {
     let body = serde_json::to_vec(&chat_body(&messages)).unwrap();
     let config_arg = config_path.to_str().unwrap();
     let plan = condenser_cli(&["--config", config_arg, "plan", "-"], &body).await;
-    assert!(plan.contains("keep task      message 1"), "{plan}");
+    assert!(plan.contains("keep task      messages 1..2"), "{plan}");
     assert!(plan.contains("shorten"), "{plan}");
     let planned: u64 = plan
         .lines()

@@ -632,11 +632,10 @@ proptest! {
             prop_assert_eq!(&sent["instructions"], "be brief");
             let forwarded = sent["input"].as_array().unwrap();
             prop_assert_eq!(&forwarded[..split.head], &items[..split.head]);
-            let pinned = split.pinned_before(kept_from);
-            if let Some(task) = pinned {
-                prop_assert_eq!(&forwarded[split.head], &items[task], "the task, verbatim, first");
-            }
-            let tail_from = split.head + usize::from(pinned.is_some()) + usize::from(summarized);
+            let pinned = split.pinned_before(kept_from).unwrap_or_default();
+            let after_head = split.head + pinned.len();
+            prop_assert_eq!(&forwarded[split.head..after_head], &items[pinned], "the task, verbatim, first");
+            let tail_from = after_head + usize::from(summarized);
             prop_assert_eq!(forwarded.len() - tail_from, items.len() - kept_from);
             assert_pairs_intact(&items, forwarded);
         }

@@ -3,6 +3,7 @@
 //! messages, and falls back per `on_failure` when the summarizer fails.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -80,8 +81,8 @@ impl CacheOutcome {
 pub struct Rewrite {
     pub summary: Option<Arc<Summary>>,
     pub kept_from: usize,
-    /// The task's prompt, kept verbatim though before `kept_from`.
-    pub pinned: Option<usize>,
+    /// The task's items, kept verbatim though before `kept_from`.
+    pub pinned: Option<Range<usize>>,
     pub action: Action,
     pub cache: CacheOutcome,
     pub summarized: usize,
@@ -349,10 +350,10 @@ async fn lookup<'r>(
 /// Estimated prompt, and message count, if `summary` (ending before message `end`) is
 /// forwarded with everything after it (the task pinned, tool outputs shortened as planned).
 fn estimate_with(job: &CompactionJob<'_>, summary: &Summary, end: usize) -> (u64, usize) {
-    let pinned = job.split.pinned_before(end);
+    let pinned = job.split.pinned_before(end).unwrap_or_default();
     let head: u64 = job.count.per_message[..job.split.head]
         .iter()
-        .chain(pinned.map(|t| &job.count.per_message[t]))
+        .chain(&job.count.per_message[pinned.clone()])
         .map(|&t| u64::from(t))
         .sum();
     let items = job.count.per_message.len();
@@ -367,10 +368,7 @@ fn estimate_with(job: &CompactionJob<'_>, summary: &Summary, end: usize) -> (u64
         + u64::from(SUMMARY_FRAMING_TOKENS)
         + rest
         + u64::from(job.count.fixed);
-    (
-        tokens,
-        job.split.head + usize::from(pinned.is_some()) + 1 + items - end,
-    )
+    (tokens, job.split.head + pinned.len() + 1 + items - end)
 }
 
 /// Where forwarding with `summary` (ending before message `end`) would stand.

@@ -2,6 +2,8 @@
 //! what to keep, what to summarize and what to refuse. Pure: no I/O, no clock.
 
 use crate::config::ContextConfig;
+use std::ops::Range;
+
 use crate::conversation::{head_len, task_prompt, units, Item, Kind};
 
 /// What a shortened tool output counts, whole: the one size every cut output is brought to,
@@ -110,9 +112,9 @@ pub struct Shorten {
 pub struct Split {
     pub head: usize,
     pub tail_start: usize,
-    /// The current task's prompt (`conversation::task_prompt`): wherever a summary ends after
-    /// it, it is kept verbatim, before the summary.
-    pub task: Option<usize>,
+    /// The current task (`conversation::task_prompt`): wherever a summary ends after it, it
+    /// is kept verbatim, before the summary.
+    pub task: Option<Range<usize>>,
     /// Where the next step, made ahead of need, ends: at or after `tail_start`, so that once
     /// it is used the prompt is back at the target.
     pub ahead: usize,
@@ -129,10 +131,13 @@ impl Split {
         self.tail_start - self.head
     }
 
-    /// The task's prompt when a rewrite keeping the items from `kept_from` on would drop
-    /// it: it is kept, pinned before the summary.
-    pub fn pinned_before(&self, kept_from: usize) -> Option<usize> {
-        self.task.filter(|&t| self.head <= t && t < kept_from)
+    /// The task's items a rewrite keeping the items from `kept_from` on would drop: they are
+    /// kept, pinned before the summary.
+    pub fn pinned_before(&self, kept_from: usize) -> Option<Range<usize>> {
+        self.task
+            .clone()
+            .filter(|task| self.head <= task.start && task.start < kept_from)
+            .map(|task| task.start..task.end.min(kept_from))
     }
 }
 
@@ -277,15 +282,16 @@ pub fn plan(input: &PlanInput) -> Decision {
     let Some(units) = units(input.messages) else {
         return Decision::Forward(ForwardReason::UnpairedToolMessage);
     };
-    let split = match split(input, &limits, &units) {
-        Ok(split) => split,
-        Err(reject) => {
-            return if fired.is_empty() {
-                Decision::Forward(ForwardReason::UnderTriggers)
-            } else {
-                reject
+    // None: even the task alone cannot fit the window.
+    let Some(split) = split(input, &limits, &units) else {
+        return if fired.is_empty() {
+            Decision::Forward(ForwardReason::UnderTriggers)
+        } else {
+            Decision::Reject {
+                tokens,
+                limit: limits.usable,
             }
-        }
+        };
     };
     if split.summarized() == 0 && split.shorten.is_empty() {
         return Decision::Forward(if fired.is_empty() {
@@ -307,7 +313,7 @@ pub fn plan(input: &PlanInput) -> Decision {
     }
 }
 
-fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, Decision> {
+fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Option<Split> {
     let messages = input.messages;
     let head = head_len(messages);
     let fixed = sum(&messages[..head]) + u64::from(input.fixed_tokens);
@@ -315,11 +321,20 @@ fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, D
     let keep = input.settings.keep_recent_messages;
     let n = messages.len();
     let task = task_prompt(messages, units);
-    let tokens_of = |i: usize| u64::from(messages[i].tokens);
-    let task_tokens = task.map_or(0, tokens_of);
+    let in_task = |i: usize| task.as_ref().is_some_and(|task| task.contains(&i));
+    let task_tokens = task.clone().map_or(0, |task| sum(&messages[task]));
     // The tokens of `messages[from..to]` but the task's, which is always kept.
     let span = |from: usize, to: usize| {
-        sum(&messages[from..to]) - task.filter(|&t| from <= t && t < to).map_or(0, tokens_of)
+        (from..to)
+            .filter(|&i| !in_task(i))
+            .map(|i| u64::from(messages[i].tokens))
+            .sum::<u64>()
+    };
+    // The task's tokens before `start`: pinned when the tail starts there.
+    let pinned_tokens = |start: usize| {
+        task.clone().map_or(0, |task| {
+            sum(&messages[task.start.min(start)..task.end.min(start)])
+        })
     };
     // Walk units from the newest: first the ones `keep_recent_messages` demands, then as
     // many whole units as fit `budget` (none more when forced: force means compact now).
@@ -331,7 +346,9 @@ fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, D
             let unit_tokens = span(start, tail_start);
             let required = n - tail_start < keep || tail_start == n;
             let fits_tokens = fixed + task_tokens + summary + tail_tokens + unit_tokens <= budget;
-            let pinned = usize::from(task.is_some_and(|t| t < start));
+            let pinned = task
+                .as_ref()
+                .map_or(0, |task| task.end.min(start).saturating_sub(task.start));
             let fits_count = limits.message_target == 0
                 || head + pinned + 1 + (n - start) <= limits.message_target;
             if !(required || grow && fits_tokens && fits_count) {
@@ -361,18 +378,17 @@ fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, D
     .max(tail_start);
     // Whether a summary ending before `end` replaces anything: not when all it would hold
     // is the task, which is kept anyway.
-    let evicts = |end: usize| (head..end).any(|i| Some(i) != task);
+    let evicts = |end: usize| (head..end).any(|i| !in_task(i));
     // Keeping everything from `start` on, the task pinned when before it, tool outputs
     // shortened toward the target.
     let kept_from = |start: usize| {
         let start = if evicts(start) { start } else { head };
-        let pinned = task.filter(|&t| t < start);
         let summary_if_any = if start > head { summary } else { 0 };
         let ahead = ahead.max(start);
         let mut split = Split {
             head,
             tail_start: start,
-            task,
+            task: task.clone(),
             ahead,
             summary_ends: units
                 .iter()
@@ -384,7 +400,7 @@ fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, D
                 .collect(),
             shorten: Vec::new(),
             estimated_tokens: fixed
-                + pinned.map_or(0, tokens_of)
+                + pinned_tokens(start)
                 + summary_if_any
                 + sum(&messages[start..]),
         };
@@ -395,22 +411,14 @@ fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, D
     };
     let planned = kept_from(tail_start);
     if planned.estimated_tokens <= limits.usable {
-        return Ok(planned);
+        return Some(planned);
     }
     // The kept minimum cannot fit the window: keep only the last unit, and the task.
-    let reject = Decision::Reject {
-        tokens: total_tokens(input),
-        limit: limits.usable,
-    };
     if fixed + task_tokens > limits.usable {
-        return Err(reject);
+        return None;
     }
-    let split = kept_from(units.last().copied().unwrap_or(head));
-    if split.estimated_tokens <= limits.usable {
-        Ok(split)
-    } else {
-        Err(reject)
-    }
+    Some(kept_from(units.last().copied().unwrap_or(head)))
+        .filter(|split| split.estimated_tokens <= limits.usable)
 }
 
 /// Cuts the tail's tool outputs, oldest first, each to `SHORTENED_OUTPUT_TOKENS`, until the
@@ -687,8 +695,8 @@ mod tests {
         let Decision::Compact { split, .. } = plan(&input(&m, &s)) else {
             panic!("expected compaction");
         };
-        assert_eq!(split.task, Some(1));
-        assert_eq!(split.pinned_before(split.tail_start), Some(1));
+        assert_eq!(split.task, Some(1..2));
+        assert_eq!(split.pinned_before(split.tail_start), Some(1..2));
         assert!(
             split.tail_start > 2,
             "tool rounds are summarized: {split:?}"
@@ -711,8 +719,30 @@ mod tests {
         let Decision::Compact { split, .. } = plan(&i) else {
             panic!("expected compaction");
         };
-        assert_eq!(split.pinned_before(split.tail_start), Some(1));
+        assert_eq!(split.pinned_before(split.tail_start), Some(1..2));
         assert_eq!(m.len() - split.tail_start, 2, "only what keep_recent asks");
+    }
+
+    /// Claude Code sends its environment as a `system` turn right after the task: it is
+    /// part of the task, kept with it.
+    #[test]
+    fn system_turns_after_the_task_are_pinned_with_it() {
+        let s = settings();
+        let mut m = agent(40, 200);
+        m.insert(2, msg(Role::System, 300));
+        m.remove(0);
+        let Decision::Compact { split, .. } = plan(&input(&m, &s)) else {
+            panic!("expected compaction");
+        };
+        assert_eq!(split.head, 0);
+        assert_eq!(split.task, Some(0..2));
+        assert_eq!(split.pinned_before(split.tail_start), Some(0..2));
+        assert_eq!(
+            split.pinned_before(1),
+            Some(0..1),
+            "only what a rewrite would drop"
+        );
+        assert!(split.summary_ends.iter().all(|&end| end > 2), "{split:?}");
     }
 
     #[test]

@@ -352,7 +352,7 @@ fn compacted_messages(
     let kept = &messages[rewrite.kept_from..];
     let mut out = Vec::with_capacity(split.head + 2 + kept.len());
     out.extend_from_slice(&messages[..split.head]);
-    out.extend(rewrite.pinned.map(|task| messages[task].clone()));
+    out.extend_from_slice(&messages[rewrite.pinned.clone().unwrap_or_default()]);
     if let Some(summary) = rewrite.summary_text(split.head, "messages") {
         out.push(json!({"role": summary_role, "content": summary}));
     }

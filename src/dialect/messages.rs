@@ -153,13 +153,15 @@ fn is_user(message: &Value) -> bool {
 }
 
 /// What the planner sees of a message: an assistant turn with `tool_use` is a call, a user
-/// turn with `tool_result` answers it; any other role is an item of its own, kept as sent.
+/// turn with `tool_result` answers it; a `system` turn is an instruction (pinned with the task
+/// it follows); any other role is an item of its own, kept as sent.
 fn item(message: &Value, tokens: u32) -> Item {
     let (role, kind) = match role(message) {
         "user" if has_block(message, "tool_result") => (Role::User, Kind::ToolResult),
         "user" => (Role::User, Kind::Message),
         "assistant" if has_block(message, "tool_use") => (Role::Assistant, Kind::ToolCall),
         "assistant" => (Role::Assistant, Kind::Message),
+        "system" => (Role::System, Kind::Message),
         _ => (Role::Other, Kind::Other),
     };
     Item { role, kind, tokens }
@@ -362,18 +364,17 @@ fn compacted_messages(
             cut_item_texts(encoding, tool_result_texts(message), cut);
         }
     }
-    let pinned = rewrite
-        .pinned
-        .and_then(|task| sent.get_mut(task))
-        .map(std::mem::take);
-    if let Some(mut task) = pinned {
-        match summary {
-            Some(summary) if summary_role == SummaryRole::System => append_to_system(body, summary),
-            Some(summary) => append_text(&mut task, summary),
-            None => {}
+    if let Some(task) = rewrite.pinned.clone() {
+        let mut pinned: Vec<Value> = sent.drain(task).collect();
+        match (summary, pinned.first_mut()) {
+            (Some(summary), _) if summary_role == SummaryRole::System => {
+                append_to_system(body, summary)
+            }
+            (Some(summary), Some(prompt)) => append_text(prompt, summary),
+            _ => {}
         }
-        kept.insert(0, task);
-        return kept;
+        pinned.append(&mut kept);
+        return with_head(sent, split.head, pinned);
     }
     let starts_with_user = kept.first().is_some_and(is_user);
     match summary {
@@ -393,7 +394,15 @@ fn compacted_messages(
         ),
         None => {}
     }
-    kept
+    with_head(sent, split.head, kept)
+}
+
+/// `rest` after the conversation's leading system turns, if it opens with any: kept as the
+/// head is in every dialect.
+fn with_head(mut sent: Vec<Value>, head: usize, mut rest: Vec<Value>) -> Vec<Value> {
+    sent.truncate(head);
+    sent.append(&mut rest);
+    sent
 }
 
 fn user_turn(text: String) -> Value {
@@ -586,9 +595,12 @@ mod tests {
         let items: Vec<Item> = messages(&request.body).iter().map(|m| item(m, 1)).collect();
         assert_eq!(
             items.iter().map(|i| i.kind).collect::<Vec<_>>(),
-            [Kind::Message, Kind::Other, Kind::Message, Kind::Other]
+            [Kind::Message, Kind::Message, Kind::Message, Kind::Other]
         );
-        assert_eq!(items[1].role, Role::Other);
+        assert_eq!(
+            items.iter().map(|i| i.role).collect::<Vec<_>>(),
+            [Role::User, Role::System, Role::Assistant, Role::Other]
+        );
         assert!(chat[2].to_string().contains("mystery_block"));
     }
 

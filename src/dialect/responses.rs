@@ -386,7 +386,7 @@ fn compacted_input(
     let kept = &items[rewrite.kept_from..];
     let mut out = Vec::with_capacity(split.head + 2 + kept.len());
     out.extend_from_slice(&items[..split.head]);
-    out.extend(rewrite.pinned.map(|task| items[task].clone()));
+    out.extend_from_slice(&items[rewrite.pinned.clone().unwrap_or_default()]);
     if let Some(summary) = rewrite.summary_text(split.head, "items") {
         let role = match summary_role {
             SummaryRole::System => "developer",
@@ -538,7 +538,7 @@ mod tests {
         let split = Split {
             head: 1,
             tail_start: 2,
-            task: Some(4),
+            task: Some(4..5),
             ahead: 2,
             summary_ends: vec![2],
             shorten: vec![crate::compaction::plan::Shorten {
