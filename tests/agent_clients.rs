@@ -27,6 +27,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::*;
 use condenser::dialect::messages::Messages;
+use condenser::dialect::responses::Responses;
 use condenser::models::ModelCatalog;
 use condenser::pipeline::Dialect;
 use condenser::tokens::counter::TokenCounter;
@@ -665,4 +666,234 @@ async fn claude_code_resumes_a_session_without_waiting() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_2_0_77_resumes_a_session_without_waiting() {
     claude_code_resumes_without_waiting(claude_code_2_0_77()).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Codex on the Responses API
+
+const CODEX_MODEL: &str = "gpt-agent-test";
+const CODEX_WINDOW: u64 = 60_000;
+
+/// The round a Responses request answers: one past the call its last output answers.
+fn responses_round(body: &Value) -> usize {
+    body["input"]
+        .as_array()
+        .and_then(|items| items.last())
+        .filter(|item| item["type"] == "function_call_output")
+        .and_then(|item| {
+            item["call_id"]
+                .as_str()?
+                .strip_prefix("call_")?
+                .parse::<usize>()
+                .ok()
+        })
+        .map_or(0, |n| n + 1)
+}
+
+/// A scripted model on the Responses API: thinks (an opaque reasoning item), then runs
+/// `cat` on the next log with Codex's `exec_command` until `rounds`, then ends; summarizes
+/// slowly and keeps nothing.
+async fn scripted_responses(rounds: usize) -> MockUpstream {
+    MockUpstream::start(handler(move |r| async move {
+        let body: Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        if is_summarizer_call(&r) {
+            tokio::time::sleep(SUMMARIZER_LATENCY).await;
+            return json_response(200, &responses_reply(LOSSY_SUMMARY, "completed", Some(20)));
+        }
+        let fresh = !body["input"].to_string().contains("function_call_output");
+        let last_is_output = body["input"]
+            .as_array()
+            .and_then(|items| items.last())
+            .is_some_and(|item| item["type"] == "function_call_output");
+        let offers_exec = body["tools"]
+            .as_array()
+            .is_some_and(|tools| tools.iter().any(|t| t["name"] == "exec_command"));
+        let round = responses_round(&body);
+        let mut output = Vec::new();
+        if offers_exec && round < rounds && (fresh || last_is_output) {
+            output.push(json!({"type": "reasoning", "id": format!("rs_{round}"), "summary": [],
+                "encrypted_content": format!("gAAAA-opaque-thought-{round}-{}", "x".repeat(200))}));
+            output.push(json!({"type": "function_call", "id": format!("fc_{round}"), "status": "completed",
+                "call_id": format!("call_{round}"), "name": "exec_command",
+                "arguments": json!({"cmd": format!("cat log-{round:03}.txt")}).to_string()}));
+        } else {
+            output.push(json!({"type": "message", "id": "msg_done", "status": "completed", "role": "assistant",
+                "content": [{"type": "output_text", "text": format!("Done with {TICKET}."), "annotations": []}]}));
+        }
+        let mut response = responses_reply("", "completed", Some(20));
+        response["model"] = json!(CODEX_MODEL);
+        response["id"] = json!(format!("resp_{round}_{}", r.body.len()));
+        response["output"] = Value::Array(output.clone());
+        response["usage"]["input_tokens"] = json!(r.body.len() / 4);
+        if body["stream"] != true {
+            return json_response(200, &response);
+        }
+        let mut created = response.clone();
+        created["status"] = json!("in_progress");
+        created["output"] = json!([]);
+        let mut events = vec![("response.created", json!({"type": "response.created", "response": created}))];
+        for (index, item) in output.iter().enumerate() {
+            events.push(("response.output_item.added", json!({"type": "response.output_item.added", "output_index": index, "item": item})));
+            events.push(("response.output_item.done", json!({"type": "response.output_item.done", "output_index": index, "item": item})));
+        }
+        events.push(("response.completed", json!({"type": "response.completed", "response": response})));
+        sse(&events)
+    }))
+    .await
+}
+
+/// What the Responses API demands of input: every tool output answers a call before it, by
+/// `call_id`, and every call but one the model just made is answered.
+fn valid_input(body: &Value) {
+    let items = body["input"].as_array().unwrap();
+    let mut open: Vec<&str> = Vec::new();
+    for item in items {
+        let call_id = item["call_id"].as_str();
+        match item["type"].as_str() {
+            Some("function_call") => open.push(call_id.unwrap()),
+            Some("function_call_output") => {
+                let at = open.iter().position(|id| Some(*id) == call_id);
+                assert!(at.is_some(), "an output without its call: {item}");
+                open.retain(|id| Some(*id) != call_id);
+            }
+            _ => {}
+        }
+    }
+    assert!(open.is_empty(), "calls without outputs: {open:?}");
+    assert!(
+        items.iter().any(|i| i["role"] == "user"),
+        "a user message in every request"
+    );
+}
+
+/// Runs `codex exec` (or `exec resume --last`) headless in `dir` against `base`.
+async fn codex(dir: &Path, home: &Path, base: &str, prompt: &str, resume: bool) {
+    std::fs::write(
+        home.join("config.toml"),
+        format!(
+            "model = \"{CODEX_MODEL}\"\nmodel_provider = \"scripted\"\n\n[model_providers.scripted]\n\
+             name = \"scripted\"\nbase_url = \"{base}/v1\"\nenv_key = \"SCRIPTED_API_KEY\"\n\
+             wire_api = \"responses\"\n"
+        ),
+    )
+    .unwrap();
+    let program = node_modules("codex").join(".bin/codex");
+    let mut command = tokio::process::Command::new(&program);
+    command.arg("exec");
+    if resume {
+        command.args(["resume", "--last"]);
+    }
+    let output = command
+        .args([
+            "--skip-git-repo-check",
+            "--dangerously-bypass-approvals-and-sandbox",
+            prompt,
+        ])
+        .current_dir(dir)
+        .env("CODEX_HOME", home)
+        .env("SCRIPTED_API_KEY", "sk-agent-test")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{program:?}: {e} (scripts/test.sh installs it)"));
+    assert!(
+        output.status.success(),
+        "codex exited {:?}\nstdout: {}\nstderr: {}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+struct CodexStack {
+    work: tempfile::TempDir,
+    home: tempfile::TempDir,
+    upstream: MockUpstream,
+    config: condenser::Config,
+    _proxy: Proxy,
+    front: MockUpstream,
+    told: Arc<Mutex<Vec<Told>>>,
+}
+
+async fn codex_stack(rounds: usize) -> CodexStack {
+    let work = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    write_logs(work.path());
+    let upstream = scripted_responses(rounds).await;
+    let config = config_for_model(&upstream.url(), CODEX_MODEL, CODEX_WINDOW);
+    let proxy = Proxy::start(config.clone()).await;
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let front = relay(proxy.url(""), "/v1/responses", CODEX_MODEL, told.clone()).await;
+    CodexStack {
+        work,
+        home,
+        upstream,
+        config,
+        _proxy: proxy,
+        front,
+        told,
+    }
+}
+
+/// Codex sends no `max_output_tokens`: the reserve is condenser's default.
+fn codex_hard_limit(_body: &Value) -> u64 {
+    CODEX_WINDOW - condenser::config::ContextConfig::default().response_reserve_tokens
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_compacts_well_through_condenser() {
+    let stack = codex_stack(ROUNDS).await;
+    let (work, home, front) = (stack.work.path(), stack.home.path(), stack.front.url());
+    codex(work, home, &front, &claude_task(), false).await;
+    let exchanges = loop_requests(
+        &stack.upstream,
+        "/v1/responses",
+        CODEX_MODEL,
+        responses_round,
+    );
+    let summaries = stack
+        .upstream
+        .recorded()
+        .iter()
+        .filter(|r| is_summarizer_call(r))
+        .count();
+    let told = stack.told.lock().unwrap().clone();
+    let (catalog, counter) = counter_for(&stack.config);
+    let figures = judge(
+        &["tools", "instructions", "input"],
+        &exchanges,
+        &told,
+        summaries,
+        valid_input,
+        |raw| {
+            let request = Responses::parse(raw).unwrap();
+            block_on(Responses::count(&request, &catalog, &counter))
+                .count
+                .total
+        },
+        codex_hard_limit,
+    );
+    eprintln!("Codex: {figures:?}");
+    // Its reasoning went along: opaque, counted, kept with the call it led to.
+    assert!(exchanges
+        .iter()
+        .any(|e| e.body["input"].to_string().contains("gAAAA-opaque-thought")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_resumes_a_session_without_waiting() {
+    let stack = codex_stack(SHORT_ROUNDS).await;
+    let (work, home, front) = (stack.work.path(), stack.home.path(), stack.front.url());
+    codex(work, home, &front, &claude_task(), false).await;
+    let before = stack.told.lock().unwrap().len();
+    assert!(before > SHORT_ROUNDS, "{before} requests");
+    codex(work, home, &front, "Anything else?", true).await;
+    let resumed = stack.told.lock().unwrap()[before..].to_vec();
+    assert!(!resumed.is_empty(), "the resumed session reached condenser");
+    assert!(
+        resumed
+            .iter()
+            .all(|t| !matches!(t.cache.as_str(), "miss" | "extended")),
+        "{resumed:?}"
+    );
 }
