@@ -690,10 +690,25 @@ fn responses_round(body: &Value) -> usize {
         .map_or(0, |n| n + 1)
 }
 
-/// A scripted model on the Responses API: thinks (an opaque reasoning item), then runs
-/// `cat` on the next log with Codex's `exec_command` until `rounds`, then ends; summarizes
-/// slowly and keeps nothing.
-async fn scripted_responses(rounds: usize) -> MockUpstream {
+/// How the scripted model reads the log of a round: a tool's name and its arguments.
+type ReadLog = fn(usize) -> (&'static str, Value);
+
+/// Codex's shell.
+fn exec_cat(round: usize) -> (&'static str, Value) {
+    (
+        "exec_command",
+        json!({"cmd": format!("cat log-{round:03}.txt")}),
+    )
+}
+
+/// The tool the Python agents define.
+fn read_log(round: usize) -> (&'static str, Value) {
+    ("read_log", json!({"round": round}))
+}
+
+/// A scripted model on the Responses API: thinks (an opaque reasoning item), then reads the
+/// next log with `tool` until `rounds`, then ends; summarizes slowly and keeps nothing.
+async fn scripted_responses(rounds: usize, model: &'static str, tool: ReadLog) -> MockUpstream {
     MockUpstream::start(handler(move |r| async move {
         let body: Value = serde_json::from_slice(&r.body).unwrap_or_default();
         if is_summarizer_call(&r) {
@@ -705,23 +720,24 @@ async fn scripted_responses(rounds: usize) -> MockUpstream {
             .as_array()
             .and_then(|items| items.last())
             .is_some_and(|item| item["type"] == "function_call_output");
+        let (name, arguments) = tool(responses_round(&body));
         let offers_exec = body["tools"]
             .as_array()
-            .is_some_and(|tools| tools.iter().any(|t| t["name"] == "exec_command"));
+            .is_some_and(|tools| tools.iter().any(|t| t["name"] == name));
         let round = responses_round(&body);
         let mut output = Vec::new();
         if offers_exec && round < rounds && (fresh || last_is_output) {
             output.push(json!({"type": "reasoning", "id": format!("rs_{round}"), "summary": [],
                 "encrypted_content": format!("gAAAA-opaque-thought-{round}-{}", "x".repeat(200))}));
             output.push(json!({"type": "function_call", "id": format!("fc_{round}"), "status": "completed",
-                "call_id": format!("call_{round}"), "name": "exec_command",
-                "arguments": json!({"cmd": format!("cat log-{round:03}.txt")}).to_string()}));
+                "call_id": format!("call_{round}"), "name": name,
+                "arguments": arguments.to_string()}));
         } else {
             output.push(json!({"type": "message", "id": "msg_done", "status": "completed", "role": "assistant",
                 "content": [{"type": "output_text", "text": format!("Done with {TICKET}."), "annotations": []}]}));
         }
         let mut response = responses_reply("", "completed", Some(20));
-        response["model"] = json!(CODEX_MODEL);
+        response["model"] = json!(model);
         response["id"] = json!(format!("resp_{round}_{}", r.body.len()));
         response["output"] = Value::Array(output.clone());
         response["usage"]["input_tokens"] = json!(r.body.len() / 4);
@@ -819,7 +835,7 @@ async fn codex_stack(rounds: usize) -> CodexStack {
     let work = tempfile::tempdir().unwrap();
     let home = tempfile::tempdir().unwrap();
     write_logs(work.path());
-    let upstream = scripted_responses(rounds).await;
+    let upstream = scripted_responses(rounds, CODEX_MODEL, exec_cat).await;
     let config = config_for_model(&upstream.url(), CODEX_MODEL, CODEX_WINDOW);
     let proxy = Proxy::start(config.clone()).await;
     let told = Arc::new(Mutex::new(Vec::new()));
@@ -896,4 +912,218 @@ async fn codex_resumes_a_session_without_waiting() {
             .all(|t| !matches!(t.cache.as_str(), "miss" | "extended")),
         "{resumed:?}"
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// The OpenAI Agents SDK (Responses and Chat Completions) and LangGraph (Chat Completions)
+
+const PYTHON_MODEL: &str = "gpt-agent-py";
+const PYTHON_WINDOW: u64 = 80_000;
+
+/// The round a chat request answers: one past the call its last tool message answers.
+fn chat_round(body: &Value) -> usize {
+    body["messages"]
+        .as_array()
+        .and_then(|messages| messages.last())
+        .filter(|message| message["role"] == "tool")
+        .and_then(|m| {
+            m["tool_call_id"]
+                .as_str()?
+                .strip_prefix("call_")?
+                .parse::<usize>()
+                .ok()
+        })
+        .map_or(0, |n| n + 1)
+}
+
+/// A scripted model on Chat Completions: reads the next log with `read_log` until `rounds`,
+/// then ends; summarizes slowly and keeps nothing. Streams when asked.
+async fn scripted_chat(rounds: usize) -> MockUpstream {
+    MockUpstream::start(handler(move |r| async move {
+        let body: Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        if is_summarizer_call(&r) {
+            tokio::time::sleep(SUMMARIZER_LATENCY).await;
+            return json_response(200, &completion(LOSSY_SUMMARY, 100, 20));
+        }
+        let fresh = !body["messages"].to_string().contains("\"tool\"");
+        let last_is_result = body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .is_some_and(|m| m["role"] == "tool");
+        let round = chat_round(&body);
+        let mut reply = completion(&format!("Done with {TICKET}."), r.body.len() as u64 / 4, 20);
+        reply["model"] = json!(PYTHON_MODEL);
+        if round < rounds && (fresh || last_is_result) {
+            let (name, arguments) = read_log(round);
+            reply["choices"][0]["message"] = json!({"role": "assistant", "content": null,
+                "tool_calls": [{"id": format!("call_{round}"), "type": "function",
+                    "function": {"name": name, "arguments": arguments.to_string()}}]});
+            reply["choices"][0]["finish_reason"] = json!("tool_calls");
+        }
+        if body["stream"] != true {
+            return json_response(200, &reply);
+        }
+        let mut delta = reply["choices"][0]["message"].clone();
+        if let Some(calls) = delta["tool_calls"].as_array_mut() {
+            calls[0]["index"] = json!(0);
+        }
+        let chunk = |choices: Value, usage: Value| {
+            json!({"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": 1,
+                "model": PYTHON_MODEL, "choices": choices, "usage": usage})
+        };
+        let mut text = String::new();
+        for data in [
+            chunk(json!([{"index": 0, "delta": delta, "finish_reason": null}]), Value::Null),
+            chunk(json!([{"index": 0, "delta": {}, "finish_reason": reply["choices"][0]["finish_reason"]}]), Value::Null),
+            chunk(json!([]), reply["usage"].clone()),
+        ] {
+            text.push_str(&format!("data: {data}\n\n"));
+        }
+        text.push_str("data: [DONE]\n\n");
+        hyper::Response::builder()
+            .status(200)
+            .header("content-type", "text/event-stream")
+            .body(condenser::http::body::full(Bytes::from(text)))
+            .unwrap()
+    }))
+    .await
+}
+
+/// What Chat Completions demands: every tool message answers a call of the assistant
+/// message before it, every call is answered, and a user message says what to do.
+fn valid_chat(body: &Value) {
+    let messages = body["messages"].as_array().unwrap();
+    let mut open: Vec<&str> = Vec::new();
+    for message in messages {
+        if message["role"] == "tool" {
+            let id = message["tool_call_id"].as_str().unwrap();
+            assert!(
+                open.contains(&id),
+                "a tool message without its call: {message}"
+            );
+            open.retain(|open| *open != id);
+            continue;
+        }
+        assert!(open.is_empty(), "calls without results: {open:?}");
+        if let Some(calls) = message["tool_calls"].as_array() {
+            open.extend(calls.iter().filter_map(|c| c["id"].as_str()));
+        }
+    }
+    assert!(
+        messages.iter().any(|m| m["role"] == "user"),
+        "a user message in every request"
+    );
+}
+
+/// Runs one of the Python agents in `tests/agents/python/` against `base`.
+async fn python_agent(script: &str, args: &[&str]) {
+    let path = agents_dir("python").join(script);
+    let output = tokio::process::Command::new("python3")
+        .arg(&path)
+        .args(args)
+        .env("OPENAI_AGENTS_DISABLE_TRACING", "1")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{script} exited {:?} (scripts/test.sh installs tests/agents/python/requirements.txt)\nstdout: {stdout}\nstderr: {}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("Done with"), "{stdout}");
+}
+
+/// No `max_tokens` from these clients: the reserve is condenser's default.
+fn python_hard_limit(_body: &Value) -> u64 {
+    PYTHON_WINDOW - condenser::config::ContextConfig::default().response_reserve_tokens
+}
+
+/// A Python agent's session over `api` ("responses" or "chat"), judged.
+async fn python_session(script: &str, api: &str) {
+    let logs = tempfile::tempdir().unwrap();
+    write_logs(logs.path());
+    let (upstream, path, round_of, cache_order): (_, &'static str, fn(&Value) -> usize, &[&str]) =
+        if api == "responses" {
+            (
+                scripted_responses(ROUNDS, PYTHON_MODEL, read_log).await,
+                "/v1/responses",
+                responses_round,
+                &["tools", "instructions", "input"],
+            )
+        } else {
+            (
+                scripted_chat(ROUNDS).await,
+                "/v1/chat/completions",
+                chat_round,
+                &["tools", "messages"],
+            )
+        };
+    let config = config_for_model(&upstream.url(), PYTHON_MODEL, PYTHON_WINDOW);
+    let proxy = Proxy::start(config.clone()).await;
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let front = relay(proxy.url(""), path, PYTHON_MODEL, told.clone()).await;
+    let base = format!("{}/v1", front.url());
+    let task = claude_task();
+    let log_dir = logs.path().to_str().unwrap();
+    if script == "agents_sdk.py" {
+        python_agent(script, &[&base, PYTHON_MODEL, api, log_dir, &task]).await;
+    } else {
+        python_agent(script, &[&base, PYTHON_MODEL, log_dir, &task]).await;
+    }
+    let exchanges = loop_requests(&upstream, path, PYTHON_MODEL, round_of);
+    let summaries = upstream
+        .recorded()
+        .iter()
+        .filter(|r| is_summarizer_call(r))
+        .count();
+    let told = told.lock().unwrap().clone();
+    let (catalog, counter) = counter_for(&config);
+    let recount = |raw: &[u8]| -> u64 {
+        if api == "responses" {
+            let request = Responses::parse(raw).unwrap();
+            block_on(Responses::count(&request, &catalog, &counter))
+                .count
+                .total
+        } else {
+            let request = condenser::dialect::chat::Chat::parse(raw).unwrap();
+            block_on(condenser::dialect::chat::Chat::count(
+                &request, &catalog, &counter,
+            ))
+            .count
+            .total
+        }
+    };
+    let valid: fn(&Value) = if api == "responses" {
+        valid_input
+    } else {
+        valid_chat
+    };
+    let figures = judge(
+        cache_order,
+        &exchanges,
+        &told,
+        summaries,
+        valid,
+        recount,
+        python_hard_limit,
+    );
+    eprintln!("{script} over {api}: {figures:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_sdk_on_the_responses_api_compacts_well_through_condenser() {
+    python_session("agents_sdk.py", "responses").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_sdk_on_chat_completions_compacts_well_through_condenser() {
+    python_session("agents_sdk.py", "chat").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_langgraph_react_agent_compacts_well_through_condenser() {
+    python_session("langgraph_agent.py", "chat").await;
 }
