@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test on a fresh Debian machine: installs what the tests need first
-# (redis-server for the shared-cache tests, the OpenAI and Anthropic Python SDKs, PyYAML for
+# (redis-server for the shared-cache tests, prometheus for the dashboard and alert tests, the OpenAI and Anthropic Python SDKs, PyYAML for
 # deploy/ checks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +10,11 @@ sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 if ! command -v redis-server >/dev/null; then
   sudo_if_needed apt-get update -qq
   sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+fi
+# tests/dashboard.rs runs a real Prometheus and promtool (the `prometheus` package brings both).
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  sudo_if_needed apt-get update -qq
+  sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 python3 -c "import openai, anthropic, yaml" 2>/dev/null || python3 -m pip install -q --disable-pip-version-check openai anthropic pyyaml
 
