@@ -311,6 +311,15 @@ async fn every_dashboard_panel_shows_data_from_a_real_prometheus() {
         waiting.is_empty(),
         "panels that never showed data: {waiting:#?}"
     );
+    if let Ok(png) = std::env::var("CONDENSER_DASHBOARD_PNG") {
+        // README's picture of the dashboard, drawn from this traffic.
+        let status = Command::new("python3")
+            .arg(repo_path("deploy/render_dashboard.py"))
+            .args([&prometheus.url, &png])
+            .status()
+            .unwrap();
+        assert!(status.success(), "deploy/render_dashboard.py failed");
+    }
     let instances = prometheus
         .label_values("instance", "condenser_requests_total")
         .await;
