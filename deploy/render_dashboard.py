@@ -73,7 +73,7 @@ def main():
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
     fig.suptitle("condenser (deploy/grafana/condenser.json), from tests/dashboard.rs's traffic", fontsize=12)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
     fig.savefig(out, dpi=80)
 
 
