@@ -293,6 +293,14 @@ async fn drive_traffic(proxy: &Proxy, unreachable: &Proxy, prometheus: &Promethe
 
 #[tokio::test]
 async fn every_dashboard_panel_shows_data_from_a_real_prometheus() {
+    // The only test of this binary that logs: it can own the process's subscriber.
+    let logs = tempfile::NamedTempFile::new().unwrap();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(logs.reopen().unwrap())
+        .finish();
+    tracing::subscriber::set_global_default(subscriber).unwrap();
     let upstream = upstream().await;
     let proxy = Proxy::start(config(&upstream.url())).await;
     // A replica whose upstream refuses connections: upstream failures by kind.
@@ -304,6 +312,14 @@ async fn every_dashboard_panel_shows_data_from_a_real_prometheus() {
     // Both scraped once: histograms then have samples from before the traffic.
     prometheus.wait_for("count(up == 1) == 2").await;
     drive_traffic(&proxy, &unreachable, &prometheus).await;
+
+    // The failing caller's breaker opened in the first round and turned away every request of
+    // the second: logged once, not once per request.
+    let logged = std::fs::read_to_string(logs.path()).unwrap();
+    let lines = |text: &str| logged.lines().filter(|l| l.contains(text)).count();
+    assert_eq!(lines("summarizer circuit open"), 1, "{logged}");
+    assert_eq!(lines("circuit open after repeated failures"), 0, "{logged}");
+    assert!(lines("summarizer failed") >= 2, "{logged}");
 
     let dashboard: Value =
         serde_json::from_str(&std::fs::read_to_string(repo_path(DASHBOARD)).unwrap()).unwrap();

@@ -740,27 +740,14 @@ mod tests {
 
     /// Collects what `tracing` writes on this thread while `f` runs.
     fn logs_of(f: impl FnOnce()) -> String {
-        #[derive(Clone, Default)]
-        struct Sink(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Sink {
-            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(bytes);
-                Ok(bytes.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let sink = Sink::default();
-        let writer = sink.clone();
+        let logs = tempfile::NamedTempFile::new().unwrap();
         let subscriber = tracing_subscriber::fmt()
             .with_max_level(tracing::Level::INFO)
             .with_ansi(false)
-            .with_writer(move || writer.clone())
+            .with_writer(logs.reopen().unwrap())
             .finish();
         tracing::subscriber::with_default(subscriber, f);
-        let bytes = sink.0.lock().unwrap().clone();
-        String::from_utf8(bytes).unwrap()
+        std::fs::read_to_string(logs.path()).unwrap()
     }
 
     #[test]
