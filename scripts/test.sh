@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test on a fresh Debian machine: installs what the tests need first
-# (redis-server for the shared-cache tests, prometheus for the dashboard and alert tests, the OpenAI and Anthropic Python SDKs, PyYAML for
+# (redis-server for the shared-cache tests, the OpenAI and Anthropic Python SDKs, PyYAML for
 # deploy/ checks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
