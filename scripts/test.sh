@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test on a fresh Debian machine: installs what the tests need first
 # (redis-server for the shared-cache tests, the OpenAI and Anthropic Python SDKs, PyYAML for
-# deploy/ checks).
+# deploy/ checks, the Claude Code and Codex CLIs from npm for the agent tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +17,10 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
   sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 python3 -c "import openai, anthropic, yaml" 2>/dev/null || python3 -m pip install -q --disable-pip-version-check openai anthropic pyyaml
+# The real agent CLIs the agent tests run, from npm; their packages ship their binaries.
+for client in claude codex; do
+  [ -d "tests/agents/$client/node_modules" ] || npm ci --prefix "tests/agents/$client" --no-audit --no-fund --loglevel=error
+done
 
 cargo test --locked
 cargo build --locked --quiet

@@ -37,7 +37,14 @@ fn feed_len<F: Feed>(len: usize, out: &mut F) {
     out.feed(&(len as u64).to_le_bytes());
 }
 
-pub fn feed_canonical<F: Feed>(value: &Value, out: &mut F) {
+/// How a string is read into the hash: as it is, or as it reads (`str::trim`).
+pub type Text = fn(&str) -> &str;
+
+fn as_sent(text: &str) -> &str {
+    text
+}
+
+pub fn feed_canonical<F: Feed>(value: &Value, out: &mut F, text: Text) {
     match value {
         Value::Null => out.feed(b"n"),
         Value::Bool(true) => out.feed(b"t"),
@@ -47,16 +54,17 @@ pub fn feed_canonical<F: Feed>(value: &Value, out: &mut F) {
             let _ = write!(FmtFeed(out), "{number}");
             out.feed(b";");
         }
-        Value::String(text) => {
+        Value::String(string) => {
+            let string = text(string);
             out.feed(b"s");
-            feed_len(text.len(), out);
-            out.feed(text.as_bytes());
+            feed_len(string.len(), out);
+            out.feed(string.as_bytes());
         }
         Value::Array(items) => {
             out.feed(b"[");
             feed_len(items.len(), out);
             for item in items {
-                feed_canonical(item, out);
+                feed_canonical(item, out, text);
             }
         }
         Value::Object(map) => {
@@ -67,17 +75,20 @@ pub fn feed_canonical<F: Feed>(value: &Value, out: &mut F) {
             for (key, item) in entries {
                 feed_len(key.len(), out);
                 out.feed(key.as_bytes());
-                feed_canonical(item, out);
+                feed_canonical(item, out, text);
             }
         }
     }
 }
 
-/// blake3 of `seed ‖ canonical(value)`: the summary cache's prefix chain.
+/// blake3 of `seed ‖ canonical(value)`, each string read as it reads (trimmed): the summary
+/// cache's prefix chain. A client that sends a turn again with other surrounding whitespace
+/// (Claude Code 2.0 trims some tool results live, not when it resumes a session) still finds
+/// the summary of it; a summary does not depend on such whitespace.
 pub fn hash_with_seed(seed: &[u8], value: &Value) -> [u8; 32] {
     let mut hasher = blake3::Hasher::new();
     hasher.update(seed);
-    feed_canonical(value, &mut hasher);
+    feed_canonical(value, &mut hasher, str::trim);
     *hasher.finalize().as_bytes()
 }
 
@@ -86,7 +97,7 @@ pub fn hash_with_seed(seed: &[u8], value: &Value) -> [u8; 32] {
 pub fn fast_hash_with_seed(seed: &[u8], value: &Value) -> u128 {
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     hasher.update(seed);
-    feed_canonical(value, &mut hasher);
+    feed_canonical(value, &mut hasher, as_sent);
     hasher.digest128()
 }
 
@@ -105,6 +116,18 @@ mod tests {
         assert_eq!(hash_with_seed(b"s", &a), hash_with_seed(b"s", &b));
         assert_eq!(fast_hash_with_seed(b"s", &a), fast_hash_with_seed(b"s", &b));
         assert_ne!(hash_with_seed(b"s", &a), hash_with_seed(b"t", &a));
+    }
+
+    #[test]
+    fn summary_keys_read_strings_as_they_read_and_counts_as_sent() {
+        let live = serde_json::json!({"role": "user", "content": "1\u{2192} log"});
+        let resumed = serde_json::json!({"role": "user", "content": "     1\u{2192} log\n"});
+        assert_eq!(hash_with_seed(b"s", &live), hash_with_seed(b"s", &resumed));
+        assert_ne!(
+            fast_hash_with_seed(b"s", &live),
+            fast_hash_with_seed(b"s", &resumed),
+            "whitespace is counted"
+        );
     }
 
     #[test]

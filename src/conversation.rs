@@ -97,6 +97,23 @@ pub fn content_text(message: &Value) -> String {
     }
 }
 
+/// Content parts as the conversation view holds them: one text part is its text, as a client
+/// may send it either way (Claude Code writes its task as a string when it sends it and as a
+/// text block when it resumes the session). Equal views count alike and hash into the same
+/// summary keys.
+pub fn view_content(parts: Vec<Value>) -> Value {
+    match <[Value; 1]>::try_from(parts) {
+        Ok([part]) if part.get("type").and_then(Value::as_str) == Some("text") => {
+            match part.get("text") {
+                Some(Value::String(text)) => Value::String(text.clone()),
+                _ => Value::Array(vec![part]),
+            }
+        }
+        Ok(one) => Value::Array(one.to_vec()),
+        Err(parts) => Value::Array(parts),
+    }
+}
+
 /// What the planner needs of one item.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Item {

@@ -3,10 +3,10 @@
 //! units), found by code in every role, and carried verbatim in the summary's Artifacts
 //! section when the summarizer dropped them. A summarizer may paraphrase; the ledger does not.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::LazyLock;
 
-use regex::Regex;
+use regex::{Regex, RegexSet};
 use serde_json::Value;
 
 use crate::conversation::content_text;
@@ -16,43 +16,154 @@ use crate::tokens::encoding::Encoding;
 /// The heading the summary's own artifacts go under, as the summarizer is asked to write it.
 const ARTIFACTS_HEADING: &str = "## Artifacts";
 
-static IDENTIFIER: LazyLock<Option<Regex>> = LazyLock::new(|| {
+/// One pattern per kind of identifier, each matched against a whole word: an identifier is
+/// kept whole or not at all (`KX-7731-QZ`, never `KX-7731`).
+static WORD_KINDS: LazyLock<Option<RegexSet>> = LazyLock::new(|| {
+    RegexSet::new([
+        // URLs, with their query.
+        r"^https?://\S+$",
+        // Emails.
+        r"^[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}$",
+        // Paths, rooted or with an extension or two slashes deep, with a line and column.
+        r"^(?:~|\.{1,2})?/[\w.\-@+/]*[\w\-@+](?::\d+){0,2}$",
+        r"^[\w.\-@+]+(?:/[\w.\-@+]+)+\.[A-Za-z0-9]{1,8}(?::\d+){0,2}$",
+        r"^[\w\-]+(?:/[\w.\-]+){2,}$",
+        // File names with a known extension, with a line and column.
+        r"^[\w.\-]+\.(?:rs|py|js|mjs|ts|tsx|jsx|go|java|kt|rb|php|cs|swift|toml|json|yaml|yml|md|txt|csv|sql|sh|c|h|cc|cpp|hpp|lock|log|html|css|xml|ini|cfg|conf|env|proto|tf)(?::\d+){0,2}$",
+        // Hashes and digests, with their algorithm: sha256:9f86d081884c7d65, 9fceb02.
+        r"^(?:[a-z][a-z0-9]*:)?[0-9a-f]{7,128}$",
+        // UUIDs.
+        r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
+        // Ticket keys, error and status codes: KX-7731-QZ, ORD-4411, HTTP_503, E0425.
+        r"^[A-Z][A-Z0-9]*(?:[-_][A-Z0-9]+)+$",
+        r"^[A-Z]{1,4}\d{3,5}$",
+        // Lower-case names with a number in them: eu-west-1, us-east-1a, build-7f3a,
+        // call_8f2a91x, orders_v2; provider ids with mixed case: req_01HXAB.
+        r"^[a-z][a-z0-9]*(?:[-_.][a-z0-9]+)+$",
+        r"^[a-z]{2,12}_[A-Za-z0-9]*\d[A-Za-z0-9]{3,}$",
+        // Versions: v1.2.3-rc1, 1.4.0+build.7.
+        r"^v?\d+\.\d+\.\d+(?:-[0-9A-Za-z.\-]+)?(?:\+[0-9A-Za-z.\-]+)?$",
+        // Addresses with a port: 10.0.3.7:5432, [::1]:8080.
+        r"^\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?$",
+        r"^\[[0-9A-Fa-f:.]+\](?::\d{1,5})?$",
+        // Functions named with their call: parse_config(), OrderService.cancel().
+        r"^[A-Za-z_][\w.:]*\(\)$",
+    ])
+    .ok()
+});
+
+/// URLs, paths and file names: their indexes in `WORD_KINDS`.
+const LOCATOR_KINDS: &[usize] = &[0, 2, 3, 4, 5];
+
+/// Kinds that must hold a digit to be told from words: hashes (`facade`), lower-case names
+/// (`well-known`). Their indexes in `WORD_KINDS`.
+const NEEDS_A_DIGIT: &[usize] = &[6, 10];
+
+/// Identifiers that span a space or start with a sign, found anywhere in the text: amounts
+/// and numbers with units.
+static SPANNING: LazyLock<Option<Regex>> = LazyLock::new(|| {
     Regex::new(concat!(
-        r"https?://[^\s<>()\[\]{}'`]+[^\s<>()\[\]{}'`.,;:!?]",
-        r"|(?:~|\.{1,2})?/[A-Za-z0-9_.\-]+(?:/[A-Za-z0-9_.\-]+)+",
-        r"|\b[A-Za-z0-9_\-]+(?:/[A-Za-z0-9_.\-]+)+\.[A-Za-z0-9]{1,6}\b",
-        r"|[A-Za-z0-9_\-]+\.(?:rs|py|js|ts|tsx|go|java|rb|toml|json|yaml|yml|md|txt|csv|sql|sh|c|h|cpp|lock|log|html|css)\b",
-        r"|\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b",
-        // Ticket numbers and error codes: ORD-4411, E_CONN-12, HTTP_503, E0425, TS2345.
-        r"|\b[A-Z][A-Z0-9]+[-_][A-Z0-9][A-Z0-9\-_]*\d[A-Z0-9]*\b",
-        r"|\b[A-Z]{1,4}\d{3,5}\b",
-        // Provider IDs: call_8f2a91, req_01HX…, resp_68a…
-        r"|\b[a-z]{2,12}_[A-Za-z0-9]*\d[A-Za-z0-9]{3,}\b",
-        // Commit hashes: 7 to 40 hex digits, told from words by needing a digit (below).
-        r"|\b[0-9a-f]{7,40}\b",
-        r"|\$\d[\d,]*(?:\.\d+)?",
+        r"\$\d[\d,]*(?:\.\d+)?",
         r"|\b\d+(?:[.,]\d+)?\s?(?:ms|s|min|h|KB|MB|GB|TB|KiB|MiB|GiB|kg|km|mg|ml|px|%|USD|EUR|GBP)(?:\b|$)",
     ))
     .ok()
 });
 
-/// Paths, URLs, numbers with units and IDs found in text, in order of first appearance.
-pub fn identifiers(text: &str) -> Vec<String> {
-    let Some(re) = IDENTIFIER.as_ref() else {
-        return Vec::new();
+static MARKUP: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"</?[A-Za-z][\w\-]*>").ok());
+
+/// What may close a sentence or a bracket after an identifier, and is not part of it.
+const TRAILING: &[char] = &[
+    '.', ',', ';', ':', '!', '?', ')', ']', '}', '>', '"', '\'', '`',
+];
+const LEADING: &[char] = &['(', '[', '{', '<', '"', '\'', '`'];
+const QUOTES: &[char] = &['"', '\'', '`'];
+/// What joins identifiers into one word in structured text.
+const JOINERS: &[char] = &['"', '{', '}', '[', ']', '(', ')', '=', ',', '\'', '`', '|'];
+
+/// An identifier in `word` (text between spaces), trimmed of what surrounds it.
+fn identifier_in(word: &str) -> Option<&str> {
+    let kinds = WORD_KINDS.as_ref()?;
+    let trimmed = word.trim_end_matches(TRAILING);
+    // An IPv6 address keeps its bracket.
+    let bare = if trimmed.starts_with('[') && trimmed.contains("]:") {
+        trimmed
+    } else {
+        trimmed.trim_start_matches(LEADING)
     };
+    // A function keeps its call.
+    let bare = if word.contains("()") && !bare.ends_with("()") {
+        word.trim_start_matches(LEADING)
+            .trim_end_matches(|c| TRAILING.contains(&c) && c != ')')
+    } else {
+        bare
+    };
+    let matched = kinds.matches(bare);
+    let digit_ok =
+        |kind: &usize| !NEEDS_A_DIGIT.contains(kind) || bare.bytes().any(|b| b.is_ascii_digit());
+    if matched.iter().any(|kind| digit_ok(&kind)) {
+        return Some(bare);
+    }
+    // A quoted name: `OrderService.cancel`, "payments-api", 'orders_v2'.
+    let quoted = word
+        .chars()
+        .next()
+        .filter(|c| QUOTES.contains(c))
+        .and_then(|quote| {
+            let inner = word.trim_end_matches(|c| TRAILING.contains(&c) && c != quote);
+            inner.strip_prefix(quote)?.strip_suffix(quote)
+        })?;
+    let name_like = !quoted.is_empty()
+        && quoted
+            .chars()
+            .all(|c| c.is_alphanumeric() || "_-./:@".contains(c))
+        && (quoted.contains(['_', '-', '.', '/', ':'])
+            || quoted.chars().skip(1).any(char::is_uppercase));
+    name_like.then_some(quoted)
+}
+
+/// Paths, URLs, IDs, hashes, versions, addresses, names and amounts found in text, each
+/// whole, in order of first appearance.
+pub fn identifiers(text: &str) -> Vec<String> {
     let mut found: Vec<String> = Vec::new();
-    for m in re.find_iter(text) {
-        let id = m.as_str().trim();
-        let hex_word = id.len() >= 7 && id.bytes().all(|b| b.is_ascii_hexdigit());
-        if hex_word && !id.bytes().any(|b| b.is_ascii_digit()) {
-            continue;
-        }
+    let mut note = |id: &str| {
         if !found.iter().any(|f| f == id) {
             found.push(id.to_string());
         }
+    };
+    // Markup tags (`<system-reminder>`) are not paths.
+    let text = match MARKUP.as_ref() {
+        Some(markup) => markup.replace_all(text, " "),
+        None => std::borrow::Cow::Borrowed(text),
+    };
+    for word in text.split_whitespace() {
+        match identifier_in(word) {
+            Some(id) => note(id),
+            // JSON and other punctuation-joined text, such as a tool call's arguments:
+            // `{"path":"src/app.rs"}`.
+            None => word
+                .split(JOINERS)
+                .filter_map(identifier_in)
+                .for_each(&mut note),
+        }
+    }
+    if let Some(spanning) = SPANNING.as_ref() {
+        for m in spanning.find_iter(&text) {
+            note(m.as_str().trim());
+        }
     }
     found
+}
+
+/// A window's worth of identifiers: one token in this many of the window. A session that
+/// fills a larger window has read more paths, IDs and hashes that it may need again.
+const WINDOW_SHARE_FOR_ARTIFACTS: u64 = 256;
+
+/// The ledger's budget for a summary made in a window of `window` tokens: the configured
+/// `max_artifact_tokens` at least, more as the window grows (128k: 500 tokens, 200k: 781,
+/// 1M: 3,906), so the ledger keeps the same share of what a session has seen.
+pub fn budget(configured: u32, window: u64) -> u32 {
+    let scaled = u32::try_from(window / WINDOW_SHARE_FOR_ARTIFACTS).unwrap_or(u32::MAX);
+    configured.max(scaled)
 }
 
 /// Where an identifier was seen. What the user or assistant said, or what a tool was called
@@ -99,8 +210,9 @@ fn texts(message: &Value) -> Vec<(Source, String)> {
 }
 
 /// Every identifier of `previous` (an earlier summary being extended, whose ledger must
-/// survive) and of `messages`, best first: said before only seen in a tool's output, then
-/// the most recent, then the most repeated.
+/// survive) and of `messages`, best first: what cannot be found again (hashes, tickets,
+/// versions, addresses) before what locates something (URLs, paths, file names); then said
+/// before only seen in a tool's output; then the most recent; then the most repeated.
 fn ranked<'a>(
     previous: Option<&str>,
     messages: impl IntoIterator<Item = &'a Value>,
@@ -125,24 +237,57 @@ fn ranked<'a>(
             );
         }
     };
+    let messages: Vec<&Value> = messages.into_iter().collect();
+    // The conversation's own tool-call ids pair calls with results; nobody needs them again.
+    let call_ids: HashSet<&str> = messages
+        .iter()
+        .flat_map(|m| {
+            let calls = m.get("tool_calls").and_then(Value::as_array);
+            calls
+                .into_iter()
+                .flatten()
+                .filter_map(|call| call.get("id"))
+                .chain(m.get("tool_call_id"))
+                .filter_map(Value::as_str)
+        })
+        .collect();
     for id in previous.map(identifiers).unwrap_or_default() {
         note(id, Source::Said, 0);
     }
-    for (index, message) in messages.into_iter().enumerate() {
+    for (index, message) in messages.iter().enumerate() {
         for (source, text) in texts(message) {
             for id in identifiers(&text) {
-                note(id, source, index + 1);
+                if !call_ids.contains(id.as_str()) {
+                    note(id, source, index + 1);
+                }
             }
         }
     }
-    order.sort_by(|a, b| {
-        let (a, b) = (&seen[a], &seen[b]);
-        a.source
-            .cmp(&b.source)
-            .then(b.last.cmp(&a.last))
-            .then(b.count.cmp(&a.count))
+    order.sort_by_cached_key(|id| {
+        let entry = &seen[id];
+        (
+            locates(id),
+            entry.source,
+            std::cmp::Reverse(entry.last),
+            std::cmp::Reverse(entry.count),
+        )
     });
     order
+}
+
+/// Whether `id` says where something is (a URL, a path, a file name): what an agent can find
+/// again by listing or searching, unlike a hash, a ticket, a version, an address or a line
+/// where an error was, which it cannot. Within a budget, the ledger keeps those first.
+fn locates(id: &str) -> bool {
+    // `src/a.rs:42` is where something was found, not only where a file is.
+    let a_finding = !id.contains("://")
+        && id
+            .rsplit_once(':')
+            .is_some_and(|(_, line)| line.parse::<u32>().is_ok());
+    !a_finding
+        && WORD_KINDS
+            .as_ref()
+            .is_some_and(|kinds| kinds.matches(id).iter().any(|k| LOCATOR_KINDS.contains(&k)))
 }
 
 /// The summary with every identifier it dropped carried verbatim under its Artifacts heading
@@ -238,6 +383,92 @@ mod tests {
         );
     }
 
+    /// Real-world identifiers of every kind, each in a sentence as an agent's tool output or
+    /// a user would write it, and found whole.
+    #[test]
+    fn identifiers_are_kept_whole() {
+        let table = [
+            ("Fix ticket KX-7731-QZ today.", "KX-7731-QZ"),
+            ("(see ZX-4417-QA)", "ZX-4417-QA"),
+            ("JIRA PAY-12, please", "PAY-12"),
+            (
+                "image digest sha256:9f86d081884c7d65, pinned",
+                "sha256:9f86d081884c7d65",
+            ),
+            (
+                "commit 9fceb02d0ae598e95dc970b74767f19372d61af8.",
+                "9fceb02d0ae598e95dc970b74767f19372d61af8",
+            ),
+            ("short sha 4b825dc: empty tree", "4b825dc"),
+            ("deployed to eu-west-1.", "eu-west-1"),
+            ("zone us-east-1a is down", "us-east-1a"),
+            ("artifact build-7f3a failed", "build-7f3a"),
+            ("release v1.2.3-rc1 is out", "v1.2.3-rc1"),
+            ("version 1.4.0+build.7;", "1.4.0+build.7"),
+            (
+                "docs at https://example.com/api/v2?page=3&sort=asc.",
+                "https://example.com/api/v2?page=3&sort=asc",
+            ),
+            ("panic at src/a.rs:42", "src/a.rs:42"),
+            (
+                "error in /etc/nginx/nginx.conf:17:5: bad",
+                "/etc/nginx/nginx.conf:17:5",
+            ),
+            ("see ./scripts/test.sh", "./scripts/test.sh"),
+            (
+                "edit ~/.config/app/settings.json",
+                "~/.config/app/settings.json",
+            ),
+            ("open main.rs:7 now", "main.rs:7"),
+            ("mail ops@example.org about it", "ops@example.org"),
+            ("db at 10.0.3.7:5432,", "10.0.3.7:5432"),
+            ("listen on [::1]:8080", "[::1]:8080"),
+            (
+                "id 123e4567-e89b-12d3-a456-426614174000",
+                "123e4567-e89b-12d3-a456-426614174000",
+            ),
+            ("the service \"payments-api\" restarts", "payments-api"),
+            ("table 'orders_v2' is locked", "orders_v2"),
+            ("call `OrderService.cancel` twice", "OrderService.cancel"),
+            ("set DATABASE_URL first", "DATABASE_URL"),
+            ("call parse_config() on start", "parse_config()"),
+            ("error E0425 again", "E0425"),
+            ("got HTTP_503 back", "HTTP_503"),
+            ("tool call call_8f2a91x done", "call_8f2a91x"),
+            ("request req_01HXABCD failed", "req_01HXABCD"),
+            ("it costs $1,200.50 a month", "$1,200.50"),
+            ("timeout after 250ms", "250ms"),
+        ];
+        let mut missed = Vec::new();
+        for (text, want) in table {
+            let found = identifiers(text);
+            if !found.iter().any(|id| id == want) {
+                missed.push(format!("{want:?} in {text:?}: {found:?}"));
+            }
+            // Never a part of it standing for the whole.
+            for id in &found {
+                assert!(
+                    !(want.contains(id.as_str()) && id != want),
+                    "{id} cut from {want}"
+                );
+            }
+        }
+        assert!(missed.is_empty(), "{missed:#?}");
+    }
+
+    #[test]
+    fn words_and_plain_numbers_are_not_identifiers() {
+        for text in [
+            "the quick brown fox and/or the lazy dog, e.g. a well-known x-ray",
+            "in 2024 there were 42 of them, 3.5 on average",
+            "deadbeef cafebabe facade",
+            "Hello World! It's fine: really (mostly).",
+            "<system-reminder>be brief</system-reminder>",
+        ] {
+            assert_eq!(identifiers(text), Vec::<String>::new(), "{text}");
+        }
+    }
+
     #[test]
     fn every_role_is_read_and_what_was_said_ranks_first() {
         let messages = [
@@ -252,10 +483,10 @@ mod tests {
         assert_eq!(
             ranked,
             [
-                "/srv/a.txt",
                 "$90",
-                "src/app.rs",
                 "ORD-4411",
+                "/srv/a.txt",
+                "src/app.rs",
                 "/srv/old.log"
             ]
         );
@@ -296,6 +527,45 @@ mod tests {
         assert!(
             ledger.contains("/data/file49.csv"),
             "the newest first: {ledger}"
+        );
+    }
+
+    #[test]
+    fn the_budget_grows_with_the_window_from_the_configured_floor() {
+        assert_eq!(budget(512, 8_000), 512);
+        assert_eq!(budget(512, 128_000), 512);
+        assert_eq!(budget(512, 200_000), 781);
+        assert_eq!(budget(512, 1_000_000), 3_906);
+        assert_eq!(budget(5_000, 1_000_000), 5_000);
+    }
+
+    #[test]
+    fn the_conversations_own_call_ids_are_not_carried() {
+        let messages = [
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "toolu_42", "type": "function", "function": {"name": "read", "arguments": "{}"}}]}),
+            json!({"role": "user", "content": "[tool result toolu_42]\nbuild build-7f3a"}),
+            json!({"role": "tool", "tool_call_id": "call_9x81", "content": "call_9x81: ok"}),
+        ];
+        assert_eq!(ranked(None, &messages), ["build-7f3a"]);
+    }
+
+    #[test]
+    fn what_cannot_be_found_again_ranks_before_what_locates() {
+        let messages = [
+            json!({"role": "tool", "content": "sha256:9f86d081884c7d65 at src/a.rs:42 in eu-west-1"}),
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{\"path\":\"/srv/b.txt\"}"}}
+            ]}),
+        ];
+        assert_eq!(
+            ranked(None, &messages),
+            [
+                "sha256:9f86d081884c7d65",
+                "src/a.rs:42",
+                "eu-west-1",
+                "/srv/b.txt"
+            ]
         );
     }
 

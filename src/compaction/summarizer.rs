@@ -281,7 +281,7 @@ impl Summarizer {
             summary,
             request.previous.as_deref(),
             request.messages.iter().map(|m| &m.message),
-            self.config.max_artifact_tokens,
+            artifacts::budget(self.config.max_artifact_tokens, request.window),
             request.encoding,
         ))
     }

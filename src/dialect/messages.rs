@@ -15,7 +15,7 @@ use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::Split;
 use crate::compaction::shorten::cut_item_texts;
 use crate::config::{Api, ContextConfig, SummaryRole};
-use crate::conversation::{Item, Kind, Role};
+use crate::conversation::{view_content, Item, Kind, Role};
 use crate::dialect::request::{array, object_with_model};
 use crate::error::ProxyError;
 use crate::http::body::{full, ProxyBody};
@@ -201,7 +201,7 @@ fn chat_message(message: &Value) -> Value {
             _ => parts.push(block.clone()),
         }
     }
-    let mut chat = json!({"role": role, "content": parts});
+    let mut chat = json!({"role": role, "content": view_content(parts)});
     if !calls.is_empty() {
         chat["tool_calls"] = Value::Array(calls);
     }
@@ -537,14 +537,11 @@ mod tests {
         assert_eq!(chat[0], json!({"role": "user", "content": "hi"}));
         assert_eq!(
             chat[1],
-            json!({"role": "assistant", "content": [{"type": "text", "text": "looking"}],
+            json!({"role": "assistant", "content": "looking",
                 "tool_calls": [{"id": "tu_1", "type": "function",
                     "function": {"name": "grep", "arguments": "{\"q\":\"x\"}"}}]})
         );
-        assert_eq!(
-            chat[2]["content"][0]["text"],
-            "[tool result tu_1 (error)]\nfound"
-        );
+        assert_eq!(chat[2]["content"], "[tool result tu_1 (error)]\nfound");
         let kinds: Vec<Kind> = messages(&request.body)
             .iter()
             .map(|m| item(m, 1).kind)

@@ -16,7 +16,7 @@ use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{ForwardReason, Split};
 use crate::compaction::shorten::cut_item_texts;
 use crate::config::{Api, ContextConfig, SummaryRole};
-use crate::conversation::{units, Item, Kind, Role};
+use crate::conversation::{units, view_content, Item, Kind, Role};
 use crate::dialect::request::object_with_model;
 use crate::error::ProxyError;
 use crate::models::ModelCatalog;
@@ -274,7 +274,7 @@ fn chat_content(content: Option<&Value>) -> Value {
             _ => part.clone(),
         }
     };
-    Value::Array(parts.iter().map(part).collect())
+    view_content(parts.iter().map(part).collect())
 }
 
 /// Whether every tool output's call comes before it, in the same unit, so that no

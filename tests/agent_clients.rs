@@ -1,0 +1,899 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The real agents, run headless through condenser in front of a scripted upstream: Claude
+//! Code (the current one and 2.0.77, the last JavaScript one) on Anthropic's Messages API, and
+//! Codex on the Responses API, installed from npm by `scripts/test.sh` into `tests/agents/`.
+//!
+//! The upstream drives a tool loop of more than 100 rounds: each reply asks the agent to read
+//! one of the files the test wrote in its working directory, a few hundred lines of log with
+//! identifiers planted in some, until a last reply ends the task. Its summarizer takes a second
+//! and keeps no identifier, and the model's window is small, so condenser compacts the session
+//! several times. For every request the agent made, the test checks what reached the upstream
+//! and what condenser told the agent:
+//! - the body is valid for its API (tool calls and results in pairs, roles as the API wants);
+//! - it is within the hard limit (window less the reply's reserve), recounted on the bytes
+//!   forwarded with condenser's own counter, and that count is the one condenser reported;
+//! - the task's ticket and every planted identifier the agent has read are in it;
+//! - it waited on the summarizer only when its prompt, as received, was over the hard limit;
+//!
+//! and over the session, that at least 0.9 of each forwarded prompt repeats the previous one's
+//! start, and that the agent exits 0. A resumed session's first request does not wait.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use condenser::dialect::messages::Messages;
+use condenser::dialect::responses::Responses;
+use condenser::models::ModelCatalog;
+use condenser::pipeline::Dialect;
+use condenser::tokens::counter::TokenCounter;
+use serde_json::{json, Value};
+
+/// Tool rounds before the scripted model ends the task.
+const ROUNDS: usize = 110;
+/// A session that stays under the trigger, to be resumed.
+const SHORT_ROUNDS: usize = 12;
+const TICKET: &str = "KX-7731-QZ";
+/// Identifiers planted in the tool outputs, by round: each kind a summarizer tends to lose.
+const PLANTED: &[(usize, &str)] = &[
+    (3, "sha256:9f86d081884c7d65"),
+    (11, "eu-west-1"),
+    (24, "build-7f3a"),
+    (37, "v1.2.3-rc1"),
+    (50, "src/a.rs:42"),
+    (63, "ZX-4417-QA"),
+];
+/// How long the scripted summarizer takes: longer than a tool round.
+const SUMMARIZER_LATENCY: Duration = Duration::from_secs(1);
+/// What the scripted summarizer writes, whatever it is sent: no identifier survives it.
+const LOSSY_SUMMARY: &str =
+    "The agent has been reading log files one after another and has not finished the task.";
+const MODEL: &str = "claude-agent-test";
+
+/// The log the agent reads in `round`: about 900 tokens, with that round's identifier.
+fn log_file(round: usize) -> String {
+    let planted = PLANTED
+        .iter()
+        .find(|(r, _)| *r == round)
+        .map(|(_, id)| format!("deploy note: artifact {id} is the one to check\n"))
+        .unwrap_or_default();
+    let lines: String = (0..60)
+        .map(|line| format!("{round:03}.{line:02} {}\n", filler(round * 61 + line, 11)))
+        .collect();
+    format!("{planted}{lines}")
+}
+
+fn write_logs(dir: &Path) {
+    for round in 0..ROUNDS {
+        std::fs::write(dir.join(format!("log-{round:03}.txt")), log_file(round)).unwrap();
+    }
+}
+
+/// The identifiers the agent has read before `round`.
+fn read_before(round: usize) -> impl Iterator<Item = &'static str> {
+    PLANTED
+        .iter()
+        .filter(move |(r, _)| *r < round)
+        .map(|(_, id)| *id)
+}
+
+/// One agent request as the upstream got it and as condenser answered the agent.
+struct Exchange {
+    body: Value,
+    raw: Bytes,
+    /// The round it answers: how many tool results the agent has sent.
+    round: usize,
+}
+
+/// What condenser told the agent about one request of the loop.
+#[derive(Debug, Clone)]
+struct Told {
+    cache: String,
+    received: u64,
+    forwarded: u64,
+}
+
+/// Sits between the agent and condenser, recording condenser's headers on every answer to
+/// the dialect's path. The reply is read whole before it is passed on: the agents do not
+/// mind, and the test needs nothing of its timing.
+async fn relay(
+    proxy: String,
+    path: &'static str,
+    model: &'static str,
+    told: Arc<Mutex<Vec<Told>>>,
+) -> MockUpstream {
+    let client = client();
+    MockUpstream::start(handler(move |r| {
+        let (client, proxy, told) = (client.clone(), proxy.clone(), told.clone());
+        async move {
+            let mut request = client.post(format!("{proxy}{}", r.path_and_query));
+            for (name, value) in &r.headers {
+                if !matches!(name.as_str(), "host" | "content-length") {
+                    request = request.header(name, value);
+                }
+            }
+            let answer = request.body(r.body.clone()).send().await.unwrap();
+            let status = answer.status().as_u16();
+            let headers = answer.headers().clone();
+            let number = |name: &str| -> u64 {
+                headers
+                    .get(name)
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(0)
+            };
+            let in_loop =
+                serde_json::from_slice::<Value>(&r.body).is_ok_and(|b| in_loop(&b, model));
+            if r.path_and_query.split('?').next() == Some(path) && in_loop {
+                told.lock().unwrap().push(Told {
+                    cache: headers
+                        .get("x-condenser-cache")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_string(),
+                    received: number("x-condenser-prompt-tokens"),
+                    forwarded: number("x-condenser-forwarded-tokens"),
+                });
+            }
+            let body = answer.bytes().await.unwrap();
+            let mut response = hyper::Response::builder().status(status);
+            for (name, value) in &headers {
+                if !matches!(
+                    name.as_str(),
+                    "content-length" | "transfer-encoding" | "connection"
+                ) {
+                    response = response.header(name, value);
+                }
+            }
+            response.body(condenser::http::body::full(body)).unwrap()
+        }
+    }))
+    .await
+}
+
+fn sse(events: &[(&str, Value)]) -> hyper::Response<condenser::http::body::ProxyBody> {
+    let text: String = events
+        .iter()
+        .map(|(event, data)| format!("event: {event}\ndata: {data}\n\n"))
+        .collect();
+    hyper::Response::builder()
+        .status(200)
+        .header("content-type", "text/event-stream")
+        .body(condenser::http::body::full(Bytes::from(text)))
+        .unwrap()
+}
+
+/// A request's prompt in the order a provider caches it, tools and instructions first, then
+/// the conversation: what its prompt cache can match from the start. The body's own key order
+/// (Claude Code writes `messages` before `system` and `tools`) is not what is cached, nor are
+/// `cache_control` marks, which Claude Code moves to the newest turn every time.
+fn cached_order(body: &Value, fields: &[&str]) -> Vec<u8> {
+    fn unmarked(value: &Value) -> Value {
+        match value {
+            Value::Object(map) => Value::Object(
+                map.iter()
+                    .filter(|(key, _)| *key != "cache_control")
+                    .map(|(key, value)| (key.clone(), unmarked(value)))
+                    .collect(),
+            ),
+            Value::Array(items) => Value::Array(items.iter().map(unmarked).collect()),
+            other => other.clone(),
+        }
+    }
+    let parts: Vec<Value> = fields.iter().map(|field| unmarked(&body[*field])).collect();
+    serde_json::to_vec(&parts).unwrap()
+}
+
+/// The share of each prompt that repeats the start of the one before, on average.
+fn prefix_reuse(prompts: &[Vec<u8>]) -> f64 {
+    let shares: Vec<f64> = prompts
+        .windows(2)
+        .map(|pair| {
+            let common = pair[0]
+                .iter()
+                .zip(&pair[1])
+                .take_while(|(a, b)| a == b)
+                .count();
+            common as f64 / pair[1].len() as f64
+        })
+        .collect();
+    shares.iter().sum::<f64>() / shares.len().max(1) as f64
+}
+
+/// Whether a request is the agent's own loop: its model, with tools. Not the summarizer's,
+/// nor the agent's side requests (titles, warm-ups of subagents on other models).
+fn in_loop(body: &Value, model: &str) -> bool {
+    body["model"] == model && body["tools"].as_array().is_some_and(|t| !t.is_empty())
+}
+
+/// The agent's loop requests as the upstream got them, in order.
+fn loop_requests(
+    upstream: &MockUpstream,
+    path: &str,
+    model: &str,
+    round_of: fn(&Value) -> usize,
+) -> Vec<Exchange> {
+    upstream
+        .recorded()
+        .into_iter()
+        .filter(|r| r.path_and_query.split('?').next() == Some(path) && !is_summarizer_call(r))
+        .filter_map(|r| {
+            let body: Value = serde_json::from_slice(&r.body).ok()?;
+            in_loop(&body, model).then_some(())?;
+            Some(Exchange {
+                round: round_of(&body),
+                body,
+                raw: r.body,
+            })
+        })
+        .collect()
+}
+
+/// What the session showed, for the log and BENCHMARKS.md.
+#[derive(Debug)]
+struct Figures {
+    requests: usize,
+    waits: usize,
+    largest: u64,
+    hard_limit: u64,
+    summaries: usize,
+    reuse: f64,
+}
+
+/// The checks every client's session must pass; `cache_order` names the body's fields in the
+/// order its provider caches them, `valid` checks one forwarded body for its API, `recount`
+/// counts it as condenser does, `hard_limit` reads a body's limit.
+fn judge(
+    cache_order: &[&str],
+    exchanges: &[Exchange],
+    told: &[Told],
+    summaries: usize,
+    valid: impl Fn(&Value),
+    recount: impl Fn(&[u8]) -> u64,
+    hard_limit: impl Fn(&Value) -> u64,
+) -> Figures {
+    assert!(
+        exchanges.len() > ROUNDS,
+        "{} loop requests",
+        exchanges.len()
+    );
+    assert_eq!(told.len(), exchanges.len(), "one answer per request");
+    let limit = hard_limit(&exchanges[0].body);
+    let mut recounted = Vec::new();
+    for exchange in exchanges {
+        let text = exchange.body.to_string();
+        valid(&exchange.body);
+        let tokens = recount(&exchange.raw);
+        assert!(
+            tokens <= limit,
+            "round {}: {tokens} > {limit}",
+            exchange.round
+        );
+        recounted.push(tokens);
+        assert!(
+            text.contains(TICKET),
+            "round {}: the task's ticket lost",
+            exchange.round
+        );
+        for id in read_before(exchange.round) {
+            assert!(text.contains(id), "round {}: {id} lost", exchange.round);
+        }
+    }
+    // The agent's requests go one at a time, in the same order at both ends.
+    let reported: Vec<u64> = told.iter().map(|t| t.forwarded).collect();
+    assert_eq!(reported, recounted, "condenser's count is the bytes' count");
+    let waits = told
+        .iter()
+        .filter(|t| matches!(t.cache.as_str(), "miss" | "extended"))
+        .inspect(|t| assert!(t.received > limit, "waited though {t:?} fit"))
+        .count();
+    let prompts: Vec<Vec<u8>> = exchanges
+        .iter()
+        .map(|e| cached_order(&e.body, cache_order))
+        .collect();
+    let figures = Figures {
+        requests: exchanges.len(),
+        waits,
+        largest: recounted.iter().copied().max().unwrap_or(0),
+        hard_limit: limit,
+        summaries,
+        reuse: prefix_reuse(&prompts),
+    };
+    eprintln!(
+        "{} requests, {} waited, largest {} of a hard limit of {}, {} summaries, prefix reuse {:.3}",
+        figures.requests,
+        figures.waits,
+        figures.largest,
+        figures.hard_limit,
+        figures.summaries,
+        figures.reuse
+    );
+    assert!(figures.reuse >= 0.9, "{figures:?}");
+    assert!(
+        told.iter().any(|t| t.forwarded < t.received),
+        "the session was compacted"
+    );
+    figures
+}
+
+fn counter_for(config: &condenser::Config) -> (ModelCatalog, TokenCounter) {
+    (
+        ModelCatalog::new(config.models.clone(), config.tokens.clone()),
+        TokenCounter::new(config.tokens.unknown_model_margin),
+    )
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}
+
+/// A window small enough that a session of `ROUNDS` rounds is compacted several times,
+/// counted exactly (o200k), so the limits hold to the token.
+fn config_for_model(upstream: &str, model: &str, window: u64) -> condenser::Config {
+    let mut config = config_for(upstream);
+    config.models.insert(
+        model.into(),
+        condenser::config::ModelOverride {
+            context_window: Some(window),
+            encoding: Some("o200k_base".into()),
+        },
+    );
+    config
+}
+
+fn agents_dir(client: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/agents")
+        .join(client)
+}
+
+// ---------------------------------------------------------------------------------------
+// Claude Code on the Messages API
+
+const CLAUDE_WINDOW: u64 = 100_000;
+
+/// The round a Messages request answers: one past the tool call its last turn answers.
+fn messages_round(body: &Value) -> usize {
+    body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|turn| turn["content"].as_array())
+        .and_then(|blocks| {
+            blocks.iter().find_map(|b| {
+                b["tool_use_id"]
+                    .as_str()?
+                    .strip_prefix("toolu_")?
+                    .parse::<usize>()
+                    .ok()
+            })
+        })
+        .map_or(0, |n| n + 1)
+}
+
+/// A scripted Claude: reads the next log with the `Read` tool until `rounds`, then ends;
+/// answers side requests and a resumed session's new prompt in words; summarizes slowly and
+/// keeps nothing.
+async fn scripted_claude(dir: PathBuf, rounds: usize) -> MockUpstream {
+    MockUpstream::start(handler(move |r| {
+        let dir = dir.clone();
+        async move {
+            let body: Value = serde_json::from_slice(&r.body).unwrap_or_default();
+            if r.path_and_query.starts_with("/v1/messages/count_tokens") {
+                return json_response(200, &json!({"input_tokens": r.body.len() / 4}));
+            }
+            if is_summarizer_call(&r) {
+                tokio::time::sleep(SUMMARIZER_LATENCY).await;
+                return json_response(200, &claude_message(json!({"type": "text", "text": LOSSY_SUMMARY}), "end_turn", &r));
+            }
+            let offers_read = body["tools"]
+                .as_array()
+                .is_some_and(|tools| tools.iter().any(|t| t["name"] == "Read"));
+            let last_is_result = body["messages"]
+                .as_array()
+                .and_then(|m| m.last())
+                .is_some_and(|turn| turn["content"].to_string().contains("tool_result"));
+            let fresh = !body["messages"].to_string().contains("tool_result");
+            let round = messages_round(&body);
+            let block = if offers_read && round < rounds && (last_is_result || fresh) {
+                let path = dir.join(format!("log-{round:03}.txt"));
+                json!({"type": "tool_use", "id": format!("toolu_{round}"), "name": "Read",
+                    "input": {"file_path": path.to_str().unwrap()}})
+            } else {
+                json!({"type": "text", "text": format!("Done with {TICKET}.")})
+            };
+            let stop = if block["type"] == "tool_use" { "tool_use" } else { "end_turn" };
+            if body["stream"] != true {
+                return json_response(200, &claude_message(block, stop, &r));
+            }
+            let mut start = claude_message(json!(null), "", &r);
+            start["content"] = json!([]);
+            start["stop_reason"] = Value::Null;
+            let (opened, delta) = if block["type"] == "tool_use" {
+                let mut opened = block.clone();
+                opened["input"] = json!({});
+                (opened, json!({"type": "input_json_delta", "partial_json": block["input"].to_string()}))
+            } else {
+                (json!({"type": "text", "text": ""}), json!({"type": "text_delta", "text": block["text"]}))
+            };
+            sse(&[
+                ("message_start", json!({"type": "message_start", "message": start})),
+                ("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": opened})),
+                ("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": delta})),
+                ("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
+                ("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": 20}})),
+                ("message_stop", json!({"type": "message_stop"})),
+            ])
+        }
+    }))
+    .await
+}
+
+fn claude_message(block: Value, stop: &str, r: &Recorded) -> Value {
+    // Claude Code tells replies apart by id.
+    static REPLIES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let id = REPLIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    json!({"id": format!("msg_scripted_{id}"), "type": "message", "role": "assistant", "model": MODEL,
+        "content": [block], "stop_reason": stop, "stop_sequence": null,
+        "usage": {"input_tokens": r.body.len() / 4, "output_tokens": 20}})
+}
+
+/// What Anthropic demands: a user turn first, every `tool_result` answering a `tool_use` of
+/// the assistant turn just before it, every `tool_use` answered in the next turn.
+fn valid_messages(body: &Value) {
+    let messages = body["messages"].as_array().unwrap();
+    assert_eq!(messages[0]["role"], "user", "{:#}", messages[0]);
+    let ids = |turn: &Value, kind: &str, field: &str| -> Vec<String> {
+        turn["content"]
+            .as_array()
+            .map(|blocks| {
+                blocks
+                    .iter()
+                    .filter(|b| b["type"] == kind)
+                    .filter_map(|b| b[field].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for (i, turn) in messages.iter().enumerate() {
+        let results = ids(turn, "tool_result", "tool_use_id");
+        if !results.is_empty() {
+            assert_eq!(turn["role"], "user");
+            assert_eq!(ids(&messages[i - 1], "tool_use", "id"), results, "turn {i}");
+        }
+        let calls = ids(turn, "tool_use", "id");
+        if !calls.is_empty() && i + 1 < messages.len() {
+            assert_eq!(
+                ids(&messages[i + 1], "tool_result", "tool_use_id"),
+                calls,
+                "turn {i}"
+            );
+        }
+    }
+}
+
+/// Runs Claude Code (`program` and its leading arguments) headless in `dir` against `base`.
+async fn claude(
+    program: &[String],
+    dir: &Path,
+    home: &Path,
+    base: &str,
+    prompt: &str,
+    resume: bool,
+) {
+    let mut command = tokio::process::Command::new(&program[0]);
+    command.args(&program[1..]);
+    if resume {
+        command.arg("--continue");
+    }
+    let output = command
+        .args([
+            "-p",
+            prompt,
+            "--model",
+            MODEL,
+            "--output-format",
+            "json",
+            "--dangerously-skip-permissions",
+        ])
+        .current_dir(dir)
+        .env("HOME", home)
+        .env("ANTHROPIC_BASE_URL", base)
+        .env("ANTHROPIC_API_KEY", "sk-ant-agent-test")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("DISABLE_AUTOUPDATER", "1")
+        // Root may skip permissions only in a sandbox, which a test's temp dir is.
+        .env("IS_SANDBOX", "1")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{program:?}: {e} (scripts/test.sh installs it)"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{program:?} exited {:?}\nstdout: {stdout}\nstderr: {}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("Done with") || resume, "{stdout}");
+}
+
+/// A scripted upstream for a session of `rounds` rounds, condenser in front of it, and the
+/// relay that records what condenser tells the agent; the agent's working and home folders.
+struct ClaudeStack {
+    work: tempfile::TempDir,
+    home: tempfile::TempDir,
+    upstream: MockUpstream,
+    config: condenser::Config,
+    _proxy: Proxy,
+    front: MockUpstream,
+    told: Arc<Mutex<Vec<Told>>>,
+}
+
+async fn claude_stack(rounds: usize) -> ClaudeStack {
+    let work = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    write_logs(work.path());
+    let upstream = scripted_claude(work.path().to_path_buf(), rounds).await;
+    let config = config_for_model(&upstream.url(), MODEL, CLAUDE_WINDOW);
+    let proxy = Proxy::start(config.clone()).await;
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let front = relay(proxy.url(""), "/v1/messages", MODEL, told.clone()).await;
+    ClaudeStack {
+        work,
+        home,
+        upstream,
+        config,
+        _proxy: proxy,
+        front,
+        told,
+    }
+}
+
+fn claude_task() -> String {
+    format!(
+        "Ticket {TICKET}: the nightly build fails. Read the logs log-000.txt onwards, one at a \
+         time, until you find the cause."
+    )
+}
+
+/// The hard limit of a Messages body: the window less its `max_tokens` (at most half).
+fn claude_hard_limit(body: &Value) -> u64 {
+    let reserve = body["max_tokens"].as_u64().unwrap().min(CLAUDE_WINDOW / 2);
+    CLAUDE_WINDOW - reserve
+}
+
+async fn claude_code_session(program: Vec<String>) {
+    let stack = claude_stack(ROUNDS).await;
+    let run = |prompt: String, resume: bool| {
+        let (program, work, home) = (program.clone(), stack.work.path(), stack.home.path());
+        let front = stack.front.url();
+        async move { claude(&program, work, home, &front, &prompt, resume).await }
+    };
+    run(claude_task(), false).await;
+    let exchanges = loop_requests(&stack.upstream, "/v1/messages", MODEL, messages_round);
+    let summaries = stack
+        .upstream
+        .recorded()
+        .iter()
+        .filter(|r| is_summarizer_call(r))
+        .count();
+    let told_session = stack.told.lock().unwrap().clone();
+    let (catalog, counter) = counter_for(&stack.config);
+    let figures = judge(
+        &["tools", "system", "messages"],
+        &exchanges,
+        &told_session,
+        summaries,
+        valid_messages,
+        |raw| {
+            let request = Messages::parse(raw).unwrap();
+            block_on(Messages::count(&request, &catalog, &counter))
+                .count
+                .total
+        },
+        claude_hard_limit,
+    );
+    eprintln!("Claude Code {program:?}: {figures:?}");
+
+    // Resumed: everything again and a new prompt. It may wait only as any request may, when
+    // it is over the hard limit with nothing on hand (Claude Code 2.0 resends some turns
+    // otherwise than it sent them live, so their summaries are not the resent turns').
+    run("Anything else?".into(), true).await;
+    let resumed = stack.told.lock().unwrap()[told_session.len()..].to_vec();
+    let limit = claude_hard_limit(&exchanges[0].body);
+    for told in &resumed {
+        assert!(
+            !matches!(told.cache.as_str(), "miss" | "extended") || told.received > limit,
+            "the resumed session waited though it fit: {told:?}"
+        );
+    }
+}
+
+/// A session that ended under the trigger, resumed: its first request goes at once.
+async fn claude_code_resumes_without_waiting(program: Vec<String>) {
+    let stack = claude_stack(SHORT_ROUNDS).await;
+    let run = |prompt: String, resume: bool| {
+        let (program, work, home) = (program.clone(), stack.work.path(), stack.home.path());
+        let front = stack.front.url();
+        async move { claude(&program, work, home, &front, &prompt, resume).await }
+    };
+    run(claude_task(), false).await;
+    let before = stack.told.lock().unwrap().len();
+    assert!(before > SHORT_ROUNDS, "{before} requests");
+    run("Anything else?".into(), true).await;
+    let resumed = stack.told.lock().unwrap()[before..].to_vec();
+    assert!(!resumed.is_empty(), "the resumed session reached condenser");
+    assert!(
+        resumed
+            .iter()
+            .all(|t| !matches!(t.cache.as_str(), "miss" | "extended")),
+        "{resumed:?}"
+    );
+}
+
+fn node_modules(client: &str) -> PathBuf {
+    agents_dir(client).join("node_modules")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_compacts_well_through_condenser() {
+    claude_code_session(claude_code_current()).await;
+}
+
+fn claude_code_2_0_77() -> Vec<String> {
+    let cli = node_modules("claude").join("claude-code-2077/cli.js");
+    vec!["node".into(), cli.to_str().unwrap().to_string()]
+}
+
+fn claude_code_current() -> Vec<String> {
+    let program = node_modules("claude").join(".bin/claude");
+    vec![program.to_str().unwrap().to_string()]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_2_0_77_compacts_well_through_condenser() {
+    claude_code_session(claude_code_2_0_77()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_resumes_a_session_without_waiting() {
+    claude_code_resumes_without_waiting(claude_code_current()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_2_0_77_resumes_a_session_without_waiting() {
+    claude_code_resumes_without_waiting(claude_code_2_0_77()).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Codex on the Responses API
+
+const CODEX_MODEL: &str = "gpt-agent-test";
+const CODEX_WINDOW: u64 = 60_000;
+
+/// The round a Responses request answers: one past the call its last output answers.
+fn responses_round(body: &Value) -> usize {
+    body["input"]
+        .as_array()
+        .and_then(|items| items.last())
+        .filter(|item| item["type"] == "function_call_output")
+        .and_then(|item| {
+            item["call_id"]
+                .as_str()?
+                .strip_prefix("call_")?
+                .parse::<usize>()
+                .ok()
+        })
+        .map_or(0, |n| n + 1)
+}
+
+/// A scripted model on the Responses API: thinks (an opaque reasoning item), then runs
+/// `cat` on the next log with Codex's `exec_command` until `rounds`, then ends; summarizes
+/// slowly and keeps nothing.
+async fn scripted_responses(rounds: usize) -> MockUpstream {
+    MockUpstream::start(handler(move |r| async move {
+        let body: Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        if is_summarizer_call(&r) {
+            tokio::time::sleep(SUMMARIZER_LATENCY).await;
+            return json_response(200, &responses_reply(LOSSY_SUMMARY, "completed", Some(20)));
+        }
+        let fresh = !body["input"].to_string().contains("function_call_output");
+        let last_is_output = body["input"]
+            .as_array()
+            .and_then(|items| items.last())
+            .is_some_and(|item| item["type"] == "function_call_output");
+        let offers_exec = body["tools"]
+            .as_array()
+            .is_some_and(|tools| tools.iter().any(|t| t["name"] == "exec_command"));
+        let round = responses_round(&body);
+        let mut output = Vec::new();
+        if offers_exec && round < rounds && (fresh || last_is_output) {
+            output.push(json!({"type": "reasoning", "id": format!("rs_{round}"), "summary": [],
+                "encrypted_content": format!("gAAAA-opaque-thought-{round}-{}", "x".repeat(200))}));
+            output.push(json!({"type": "function_call", "id": format!("fc_{round}"), "status": "completed",
+                "call_id": format!("call_{round}"), "name": "exec_command",
+                "arguments": json!({"cmd": format!("cat log-{round:03}.txt")}).to_string()}));
+        } else {
+            output.push(json!({"type": "message", "id": "msg_done", "status": "completed", "role": "assistant",
+                "content": [{"type": "output_text", "text": format!("Done with {TICKET}."), "annotations": []}]}));
+        }
+        let mut response = responses_reply("", "completed", Some(20));
+        response["model"] = json!(CODEX_MODEL);
+        response["id"] = json!(format!("resp_{round}_{}", r.body.len()));
+        response["output"] = Value::Array(output.clone());
+        response["usage"]["input_tokens"] = json!(r.body.len() / 4);
+        if body["stream"] != true {
+            return json_response(200, &response);
+        }
+        let mut created = response.clone();
+        created["status"] = json!("in_progress");
+        created["output"] = json!([]);
+        let mut events = vec![("response.created", json!({"type": "response.created", "response": created}))];
+        for (index, item) in output.iter().enumerate() {
+            events.push(("response.output_item.added", json!({"type": "response.output_item.added", "output_index": index, "item": item})));
+            events.push(("response.output_item.done", json!({"type": "response.output_item.done", "output_index": index, "item": item})));
+        }
+        events.push(("response.completed", json!({"type": "response.completed", "response": response})));
+        sse(&events)
+    }))
+    .await
+}
+
+/// What the Responses API demands of input: every tool output answers a call before it, by
+/// `call_id`, and every call but one the model just made is answered.
+fn valid_input(body: &Value) {
+    let items = body["input"].as_array().unwrap();
+    let mut open: Vec<&str> = Vec::new();
+    for item in items {
+        let call_id = item["call_id"].as_str();
+        match item["type"].as_str() {
+            Some("function_call") => open.push(call_id.unwrap()),
+            Some("function_call_output") => {
+                let at = open.iter().position(|id| Some(*id) == call_id);
+                assert!(at.is_some(), "an output without its call: {item}");
+                open.retain(|id| Some(*id) != call_id);
+            }
+            _ => {}
+        }
+    }
+    assert!(open.is_empty(), "calls without outputs: {open:?}");
+    assert!(
+        items.iter().any(|i| i["role"] == "user"),
+        "a user message in every request"
+    );
+}
+
+/// Runs `codex exec` (or `exec resume --last`) headless in `dir` against `base`.
+async fn codex(dir: &Path, home: &Path, base: &str, prompt: &str, resume: bool) {
+    std::fs::write(
+        home.join("config.toml"),
+        format!(
+            "model = \"{CODEX_MODEL}\"\nmodel_provider = \"scripted\"\n\n[model_providers.scripted]\n\
+             name = \"scripted\"\nbase_url = \"{base}/v1\"\nenv_key = \"SCRIPTED_API_KEY\"\n\
+             wire_api = \"responses\"\n"
+        ),
+    )
+    .unwrap();
+    let program = node_modules("codex").join(".bin/codex");
+    let mut command = tokio::process::Command::new(&program);
+    command.arg("exec");
+    if resume {
+        command.args(["resume", "--last"]);
+    }
+    let output = command
+        .args([
+            "--skip-git-repo-check",
+            "--dangerously-bypass-approvals-and-sandbox",
+            prompt,
+        ])
+        .current_dir(dir)
+        .env("CODEX_HOME", home)
+        .env("SCRIPTED_API_KEY", "sk-agent-test")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{program:?}: {e} (scripts/test.sh installs it)"));
+    assert!(
+        output.status.success(),
+        "codex exited {:?}\nstdout: {}\nstderr: {}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+struct CodexStack {
+    work: tempfile::TempDir,
+    home: tempfile::TempDir,
+    upstream: MockUpstream,
+    config: condenser::Config,
+    _proxy: Proxy,
+    front: MockUpstream,
+    told: Arc<Mutex<Vec<Told>>>,
+}
+
+async fn codex_stack(rounds: usize) -> CodexStack {
+    let work = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    write_logs(work.path());
+    let upstream = scripted_responses(rounds).await;
+    let config = config_for_model(&upstream.url(), CODEX_MODEL, CODEX_WINDOW);
+    let proxy = Proxy::start(config.clone()).await;
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let front = relay(proxy.url(""), "/v1/responses", CODEX_MODEL, told.clone()).await;
+    CodexStack {
+        work,
+        home,
+        upstream,
+        config,
+        _proxy: proxy,
+        front,
+        told,
+    }
+}
+
+/// Codex sends no `max_output_tokens`: the reserve is condenser's default.
+fn codex_hard_limit(_body: &Value) -> u64 {
+    CODEX_WINDOW - condenser::config::ContextConfig::default().response_reserve_tokens
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_compacts_well_through_condenser() {
+    let stack = codex_stack(ROUNDS).await;
+    let (work, home, front) = (stack.work.path(), stack.home.path(), stack.front.url());
+    codex(work, home, &front, &claude_task(), false).await;
+    let exchanges = loop_requests(
+        &stack.upstream,
+        "/v1/responses",
+        CODEX_MODEL,
+        responses_round,
+    );
+    let summaries = stack
+        .upstream
+        .recorded()
+        .iter()
+        .filter(|r| is_summarizer_call(r))
+        .count();
+    let told = stack.told.lock().unwrap().clone();
+    let (catalog, counter) = counter_for(&stack.config);
+    let figures = judge(
+        &["tools", "instructions", "input"],
+        &exchanges,
+        &told,
+        summaries,
+        valid_input,
+        |raw| {
+            let request = Responses::parse(raw).unwrap();
+            block_on(Responses::count(&request, &catalog, &counter))
+                .count
+                .total
+        },
+        codex_hard_limit,
+    );
+    eprintln!("Codex: {figures:?}");
+    // Its reasoning went along: opaque, counted, kept with the call it led to.
+    assert!(exchanges
+        .iter()
+        .any(|e| e.body["input"].to_string().contains("gAAAA-opaque-thought")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_resumes_a_session_without_waiting() {
+    let stack = codex_stack(SHORT_ROUNDS).await;
+    let (work, home, front) = (stack.work.path(), stack.home.path(), stack.front.url());
+    codex(work, home, &front, &claude_task(), false).await;
+    let before = stack.told.lock().unwrap().len();
+    assert!(before > SHORT_ROUNDS, "{before} requests");
+    codex(work, home, &front, "Anything else?", true).await;
+    let resumed = stack.told.lock().unwrap()[before..].to_vec();
+    assert!(!resumed.is_empty(), "the resumed session reached condenser");
+    assert!(
+        resumed
+            .iter()
+            .all(|t| !matches!(t.cache.as_str(), "miss" | "extended")),
+        "{resumed:?}"
+    );
+}
