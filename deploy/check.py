@@ -4,6 +4,7 @@ services, probes hit the right paths, and condenser itself accepts the configs.
 
 Usage: python3 deploy/check.py [path/to/condenser]   (needs PyYAML; Python 3.11+ for tomllib)
 """
+import json
 import subprocess
 import sys
 import tempfile
@@ -90,6 +91,17 @@ def check_deployment(f, doc):
         f.check(got == path, f"{probe} path is {got!r}, want {path}")
 
 
+def check_dashboard_copy(f, text):
+    """The Kubernetes ConfigMap carries the dashboard of deploy/grafana, not a stale copy."""
+    try:
+        copy = json.loads(text)
+    except json.JSONDecodeError as e:
+        f.check(False, f"dashboard ConfigMap is not JSON: {e}")
+        return
+    source = json.loads((DEPLOY / "grafana" / "condenser.json").read_text())
+    f.check(copy == source, "dashboard ConfigMap differs from grafana/condenser.json")
+
+
 def main():
     files = []
     k8s_docs = []  # (File, doc) for cross-file checks
@@ -119,6 +131,8 @@ def main():
             k8s_docs.append((f, doc))
             if doc.get("kind") == "Deployment":
                 check_deployment(f, doc)
+            elif doc.get("kind") == "ConfigMap" and "condenser.json" in (doc.get("data") or {}):
+                check_dashboard_copy(f, doc["data"]["condenser.json"])
             elif doc.get("kind") == "ConfigMap":
                 text = dig(doc, "data", "config.toml")
                 if f.check(isinstance(text, str), f"ConfigMap {name} has no config.toml key"):

@@ -12,6 +12,11 @@ if ! command -v redis-server >/dev/null; then
   sudo_if_needed apt-get update -qq
   sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
 fi
+# tests/dashboard.rs runs a real Prometheus and promtool (the `prometheus` package brings both).
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  sudo_if_needed apt-get update -qq
+  sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
 python3 -c "import openai, anthropic, yaml" 2>/dev/null || python3 -m pip install -q --disable-pip-version-check openai anthropic pyyaml
 python3 -c "import agents, langgraph, langchain_openai" 2>/dev/null || python3 -m pip install -q --disable-pip-version-check -r tests/agents/python/requirements.txt
 # The real agent CLIs the agent tests run, from npm; their packages ship their binaries.

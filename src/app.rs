@@ -49,6 +49,7 @@ impl AppState {
             catalog.clone(),
             metrics.cache_errors.clone(),
             metrics.summarize_seconds.clone(),
+            metrics.summarizer_health.clone(),
             &connections,
         )?);
         Ok(AppState {

@@ -20,6 +20,7 @@ use crate::config::{Api, Config, ConfigError, ContextConfig, OnFailure};
 use crate::error::ProxyError;
 use crate::http::upstream::{Connections, Upstream};
 use crate::models::{ModelCatalog, ModelInfo};
+use crate::observe::metrics::SummarizerHealth;
 use crate::tokens::counter::{count_text, PromptCount};
 use crate::tokens::encoding::Encoding;
 
@@ -151,6 +152,7 @@ impl Compactor {
         catalog: Arc<ModelCatalog>,
         cache_errors: prometheus::IntCounter,
         summarize_seconds: prometheus::Histogram,
+        summarizer_health: SummarizerHealth,
         connections: &Connections,
     ) -> Result<Compactor, ConfigError> {
         let shared = if config.cache.redis_url.is_empty() {
@@ -161,7 +163,7 @@ impl Compactor {
         Ok(Compactor {
             scope_headers: ScopeHeaders::new(&config.cache)?,
             cache: SummaryCache::new(&config.cache, shared),
-            summarizer: Summarizer::new(config.summarizer.clone(), connections)?,
+            summarizer: Summarizer::new(config.summarizer.clone(), connections, summarizer_health)?,
             in_flight: Mutex::new(HashMap::new()),
             catalog,
             summarize_seconds,
@@ -425,7 +427,12 @@ pub async fn compact(
         }
         Ok(summary) => Ok(summarized(&job, summary, wanted, cache, waited)),
         Err(error) => {
-            tracing::warn!(%error, on_failure = ?job.settings.on_failure, "summarizer failed");
+            // An open breaker logged its opening once; each request it turns away is no news.
+            if matches!(error, SummarizeError::CircuitOpen(_)) {
+                tracing::debug!(%error, on_failure = ?job.settings.on_failure, "summarizer skipped");
+            } else {
+                tracing::warn!(%error, on_failure = ?job.settings.on_failure, "summarizer failed");
+            }
             match job.settings.on_failure {
                 OnFailure::Forward => Ok(as_sent(CacheOutcome::None, waited)),
                 OnFailure::Error => Err(ProxyError::SummarizerFailed(error.to_string())),

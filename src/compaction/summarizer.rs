@@ -16,6 +16,7 @@ use crate::compaction::summary::{hex, Key};
 use crate::config::{Api, SummarizerConfig};
 use crate::conversation::content_text;
 use crate::http::upstream::{bare_key, Upstream, X_API_KEY};
+use crate::observe::metrics::SummarizerHealth;
 use crate::tokens::counter::shorten_middle;
 use crate::tokens::encoding::Encoding;
 
@@ -99,6 +100,18 @@ impl SummarizeError {
             SummarizeError::CircuitOpen(_) | SummarizeError::Rejected(_) => false,
         }
     }
+
+    /// The `reason` label of `condenser_summarizer_failures_total`.
+    fn reason(&self) -> &'static str {
+        match self {
+            SummarizeError::CircuitOpen(_) => "circuit_open",
+            SummarizeError::Upstream(_) => "connection",
+            SummarizeError::Status { .. } => "status",
+            SummarizeError::Timeout(_) => "timeout",
+            SummarizeError::Malformed(_) => "malformed",
+            SummarizeError::Rejected(_) => "rejected",
+        }
+    }
 }
 
 /// One message as the summarizer will see it, with its token count.
@@ -129,6 +142,9 @@ pub struct SummaryRequest {
 struct Breaker {
     failures: u32,
     open_until: Option<Instant>,
+    /// Opened and not closed by a success since, half-open included: its opening was
+    /// logged and counted, and only its closing is news.
+    opened: bool,
 }
 
 pub struct Summarizer {
@@ -142,6 +158,7 @@ pub struct Summarizer {
     settings: Key,
     /// Only upstream-and-caller pairs with failures since their last success.
     breakers: Mutex<HashMap<BreakerKey, Breaker>>,
+    health: SummarizerHealth,
 }
 
 /// An upstream's base URL and a caller's identity hash.
@@ -152,6 +169,7 @@ impl Summarizer {
     pub fn new(
         config: SummarizerConfig,
         connections: &crate::http::upstream::Connections,
+        health: SummarizerHealth,
     ) -> Result<Summarizer, crate::config::ConfigError> {
         let timeout = Duration::from_secs(config.timeout_secs);
         let dedicated = if config.base_url.is_empty() {
@@ -178,6 +196,7 @@ impl Summarizer {
             config,
             dedicated,
             breakers: Mutex::new(HashMap::new()),
+            health,
             settings,
         })
     }
@@ -244,12 +263,18 @@ impl Summarizer {
     /// that fit the summarizer's window.
     pub async fn summarize(&self, request: SummaryRequest) -> Result<String, SummarizeError> {
         let breaker_key = (request.upstream.base_url().to_string(), request.caller);
-        self.check_breaker(&breaker_key)?;
-        let result = self.fold(&request).await;
+        let result = match self.check_breaker(&breaker_key) {
+            Ok(()) => self.fold(&request).await,
+            Err(open) => Err(open),
+        };
         match &result {
             Ok(_) => self.record(&breaker_key, true),
-            Err(e) if e.is_upstream_fault() => self.record(&breaker_key, false),
-            Err(_) => {}
+            Err(e) => {
+                self.health.count_failure(e.reason());
+                if e.is_upstream_fault() {
+                    self.record(&breaker_key, false);
+                }
+            }
         }
         let summary = result?;
         Ok(artifacts::carry(
@@ -361,9 +386,17 @@ impl Summarizer {
         let Ok(mut breakers) = self.breakers.lock() else {
             return;
         };
+        let caller = &hex(&key.1)[..16];
         if success {
             // A healthy pair keeps no entry, so the map holds only callers seeing faults.
-            breakers.remove(key);
+            if breakers.remove(key).is_some_and(|breaker| breaker.opened) {
+                self.health.breakers_open.dec();
+                tracing::info!(
+                    upstream = key.0,
+                    caller,
+                    "summarizer circuit closed: summaries are made again"
+                );
+            }
             return;
         }
         let breaker = breakers.entry(key.clone()).or_default();
@@ -371,13 +404,20 @@ impl Summarizer {
         if breaker.failures >= self.config.breaker_failures.max(1) && breaker.open_until.is_none() {
             let cooldown = Duration::from_secs(self.config.breaker_cooldown_secs);
             breaker.open_until = Some(Instant::now() + cooldown);
-            tracing::warn!(
-                upstream = key.0,
-                caller = &hex(&key.1)[..16],
-                failures = breaker.failures,
-                cooldown_secs = cooldown.as_secs(),
-                "summarizer circuit open: compaction falls back until the cooldown ends"
-            );
+            if breaker.opened {
+                // A half-open try failed: still the same outage, already logged.
+                tracing::debug!(upstream = key.0, caller, "summarizer circuit open again");
+            } else {
+                breaker.opened = true;
+                self.health.breakers_open.inc();
+                tracing::warn!(
+                    upstream = key.0,
+                    caller,
+                    failures = breaker.failures,
+                    cooldown_secs = cooldown.as_secs(),
+                    "summarizer circuit open: compaction falls back until a summary succeeds"
+                );
+            }
         }
     }
 }
@@ -663,7 +703,7 @@ mod tests {
             api_key_env: api_key_env.into(),
             ..SummarizerConfig::default()
         };
-        Summarizer::new(config, &connections()).unwrap()
+        Summarizer::new(config, &connections(), SummarizerHealth::new().unwrap()).unwrap()
     }
 
     fn connections() -> crate::http::upstream::Connections {
@@ -696,6 +736,58 @@ mod tests {
         ] {
             assert!(!refusal.is_upstream_fault(), "{refusal}");
         }
+    }
+
+    /// Collects what `tracing` writes on this thread while `f` runs.
+    fn logs_of(f: impl FnOnce()) -> String {
+        let logs = tempfile::NamedTempFile::new().unwrap();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .with_writer(logs.reopen().unwrap())
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        std::fs::read_to_string(logs.path()).unwrap()
+    }
+
+    #[test]
+    fn a_breaker_logs_and_counts_its_opening_and_its_closing_once_each() {
+        let config = SummarizerConfig {
+            breaker_failures: 2,
+            // Half-open at once, so the test needs no clock.
+            breaker_cooldown_secs: 0,
+            ..SummarizerConfig::default()
+        };
+        let health = SummarizerHealth::new().unwrap();
+        let summarizer = Summarizer::new(config, &connections(), health.clone()).unwrap();
+        let key = ("http://llm.test".to_string(), [7; 32]);
+        let outage = logs_of(|| {
+            // Two failures open it; each half-open try fails again, as in a long outage.
+            for _ in 0..20 {
+                summarizer.check_breaker(&key).unwrap();
+                summarizer.record(&key, false);
+            }
+        });
+        let lines: Vec<&str> = outage.lines().collect();
+        assert_eq!(lines.len(), 1, "{outage}");
+        assert!(lines[0].contains("WARN"), "{outage}");
+        assert!(lines[0].contains("summarizer circuit open"), "{outage}");
+        assert_eq!(health.breakers_open.get(), 1);
+        let recovery = logs_of(|| {
+            summarizer.check_breaker(&key).unwrap();
+            summarizer.record(&key, true);
+            summarizer.check_breaker(&key).unwrap();
+            summarizer.record(&key, true);
+        });
+        let lines: Vec<&str> = recovery.lines().collect();
+        assert_eq!(lines.len(), 1, "{recovery}");
+        assert!(lines[0].contains("INFO"), "{recovery}");
+        assert!(lines[0].contains("summarizer circuit closed"), "{recovery}");
+        assert_eq!(health.breakers_open.get(), 0);
+        // One failure short of the threshold opens nothing and logs nothing.
+        let blip = logs_of(|| summarizer.record(&key, false));
+        assert_eq!(blip, "");
+        assert_eq!(health.breakers_open.get(), 0);
     }
 
     #[test]
@@ -770,7 +862,7 @@ mod tests {
             ..SummarizerConfig::default()
         };
         let key = |config| {
-            Summarizer::new(config, &connections())
+            Summarizer::new(config, &connections(), SummarizerHealth::new().unwrap())
                 .unwrap()
                 .settings_key()
         };

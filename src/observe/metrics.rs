@@ -73,6 +73,39 @@ pub struct Metrics {
     pub summary_cache_entries: IntGauge,
     pub cache_errors: IntCounter,
     pub upstream_failures: UpstreamFailures,
+    pub summarizer_health: SummarizerHealth,
+}
+
+/// What the summarizer reports of its own health: `condenser_summarizer_failures_total{reason}`
+/// and `condenser_summarizer_breakers_open`. Both change rarely, so plain Prometheus types do.
+#[derive(Clone)]
+pub struct SummarizerHealth {
+    failures: IntCounterVec,
+    /// Caller-and-upstream pairs whose breaker opened and no success has closed since.
+    pub breakers_open: IntGauge,
+}
+
+impl SummarizerHealth {
+    pub fn new() -> Result<SummarizerHealth, MetricsError> {
+        Ok(SummarizerHealth {
+            failures: IntCounterVec::new(
+                Opts::new(
+                    "condenser_summarizer_failures_total",
+                    "Summaries not made, by reason: status, timeout, connection, malformed, rejected, circuit_open.",
+                ),
+                &["reason"],
+            )?,
+            breakers_open: IntGauge::new(
+                "condenser_summarizer_breakers_open",
+                "Summarizer circuit breakers open (per upstream and caller), until a success closes them.",
+            )?,
+        })
+    }
+
+    /// `reason` is one of a fixed few, so the label stays bounded.
+    pub fn count_failure(&self, reason: &'static str) {
+        self.failures.with_label_values(&[reason]).inc();
+    }
 }
 
 /// Why an upstream exchange failed, as `condenser_upstream_failures_total` labels it.
@@ -691,6 +724,12 @@ impl Metrics {
                 let failures = UpstreamFailures::new()?;
                 register(Box::new(failures.0.clone()))?;
                 failures
+            },
+            summarizer_health: {
+                let health = SummarizerHealth::new()?;
+                register(Box::new(health.failures.clone()))?;
+                register(Box::new(health.breakers_open.clone()))?;
+                health
             },
             registry,
         };

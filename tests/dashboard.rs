@@ -1,0 +1,411 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The operators' dashboard and alert rules in deploy/, checked against a real Prometheus:
+//! it scrapes condenser while traffic compacts, hits the cache, fails the summarizer and is
+//! retried, and every panel's query must then return data. promtool checks the rules and runs
+//! their unit tests.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{json, Value};
+
+const DASHBOARD: &str = "deploy/grafana/condenser.json";
+const RULES: &str = "deploy/prometheus/alerts.yml";
+const RULE_TESTS: &str = "deploy/prometheus/alerts.test.yml";
+
+/// What the dashboard's variables read as with every instance and model selected, and the
+/// rate window Grafana would choose for a 1 s scrape interval, with room.
+const SUBSTITUTIONS: [(&str, &str); 5] = [
+    ("$__rate_interval", "30s"),
+    ("$__range", "5m"),
+    ("$instance", ".*"),
+    ("$model", ".*"),
+    ("${datasource}", "prometheus"),
+];
+
+/// The caller whose summaries the mock summarizer refuses with a 500.
+const FAILING_KEY: &str = "Bearer sk-summaries-fail";
+
+fn repo_path(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
+}
+
+/// Fails, never skips, without the tools: scripts/test.sh installs them.
+fn tool(name: &str) -> &str {
+    let found = Command::new(name)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    assert!(
+        found,
+        "`{name}` is not installed: this test needs a real Prometheus. Install Debian's \
+         `prometheus` package (it brings `promtool`), as scripts/test.sh does."
+    );
+    name
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A Prometheus process, stopped when dropped.
+struct Prometheus {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    /// Scrapes `targets` every second, with condenser's alert rules loaded.
+    async fn start(targets: &[String]) -> Prometheus {
+        let dir = tempfile::tempdir().unwrap();
+        let config = format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             rule_files:\n  - {rules}\n\
+             scrape_configs:\n  - job_name: condenser\n    static_configs:\n      - targets: {targets}\n",
+            rules = repo_path(RULES).display(),
+            targets = json!(targets),
+        );
+        let config_path = dir.path().join("prometheus.yml");
+        std::fs::write(&config_path, config).unwrap();
+        let port = free_port();
+        let child = Command::new(tool("prometheus"))
+            .arg(format!("--config.file={}", config_path.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("prometheus.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let prometheus = Prometheus {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            _dir: dir,
+        };
+        let ready = format!("{}/-/ready", prometheus.url);
+        within("prometheus ready", async {
+            while !client()
+                .get(&ready)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        prometheus
+    }
+
+    /// `data.result` of an instant query; a query Prometheus refuses fails the test.
+    async fn query(&self, query: &str) -> Vec<Value> {
+        let reply: Value = client()
+            .get(format!("{}/api/v1/query", self.url))
+            .query(&[("query", query)])
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(reply["status"], "success", "{query}: {reply}");
+        reply["data"]["result"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Waits until `query` returns data: Prometheus has scraped what it is about.
+    async fn wait_for(&self, query: &str) {
+        within(query, async {
+            while !has_data(&self.query(query).await) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+        .await;
+    }
+
+    /// The values of a label among the series `selector` matches, as a dashboard variable reads them.
+    async fn label_values(&self, label: &str, selector: &str) -> Vec<Value> {
+        let reply: Value = client()
+            .get(format!("{}/api/v1/label/{label}/values", self.url))
+            .query(&[("match[]", selector)])
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        reply["data"].as_array().cloned().unwrap_or_default()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Every panel's title with each of its queries, variables substituted.
+fn panel_queries(dashboard: &Value) -> Vec<(String, String)> {
+    let panels = dashboard["panels"].as_array().unwrap();
+    assert!(!panels.is_empty(), "the dashboard has no panels");
+    panels
+        .iter()
+        .flat_map(|panel| {
+            let title = panel["title"].as_str().unwrap().to_string();
+            let targets = panel["targets"].as_array().unwrap();
+            assert!(!targets.is_empty(), "panel {title:?} has no query");
+            targets.iter().map(move |target| {
+                let mut expr = target["expr"].as_str().unwrap().to_string();
+                for (variable, value) in SUBSTITUTIONS {
+                    expr = expr.replace(variable, value);
+                }
+                assert!(!expr.contains('$'), "{title:?}: unknown variable in {expr}");
+                (title.clone(), expr)
+            })
+        })
+        .collect()
+}
+
+/// Whether any series has a value a panel can draw (a ratio of nothing is NaN).
+fn has_data(result: &[Value]) -> bool {
+    result
+        .iter()
+        .filter_map(|series| series["value"][1].as_str())
+        .any(|value| value.parse::<f64>().is_ok_and(|v| !v.is_nan()))
+}
+
+fn openai_too_long() -> Value {
+    json!({"error": {
+        "message": "This model's maximum context length is 5000 tokens. However, your messages resulted in 5868 tokens.",
+        "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded",
+    }})
+}
+
+/// Answers, compacts, retries when the mock model (50 messages at most) finds a prompt too
+/// long, and fails every summary asked for by [`FAILING_KEY`].
+async fn upstream() -> MockUpstream {
+    mock_llm(LlmBehaviour {
+        too_long: Some((50, openai_too_long())),
+        summarizer_error: Some(Arc::new(|r: &Recorded| {
+            (r.headers.get("authorization")?.to_str().ok()? == FAILING_KEY)
+                .then(|| (500, json!({"error": {"message": "summarizer down"}})))
+        })),
+        ..LlmBehaviour::default()
+    })
+    .await
+}
+
+/// As in tests/reactive.rs: condenser is told gpt-4o's window is 11,000 tokens, so 27 turns
+/// go as sent and only upstream's answer says they are too long.
+fn config(upstream: &str) -> condenser::Config {
+    let mut config = small_window_config(upstream);
+    config.models.get_mut("gpt-4o").unwrap().context_window = Some(11_000);
+    config.summarizer.breaker_failures = 2;
+    config
+}
+
+async fn send(proxy: &Proxy, body: &Value, key: &str) -> reqwest::Response {
+    client()
+        .post(proxy.url("/v1/chat/completions"))
+        .header("authorization", key)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// One round of traffic: compacts and waits, hits the cache, is retried when upstream finds
+/// the prompt too long (the first time: condenser then counts gpt-4o's prompts higher), streams,
+/// fails upstream, and fails the summarizer. Each round is a new caller, so it summarizes anew.
+async fn traffic_round(proxy: &Proxy, unreachable: &Proxy, round: usize) {
+    let caller = format!("Bearer sk-round-{round}");
+    let long = chat_body(&conversation(45));
+    let waited = send(proxy, &long, &caller).await;
+    assert_eq!(header(&waited, "x-condenser-action"), "summarized");
+    let again = send(proxy, &long, &caller).await;
+    assert_eq!(header(&again, "x-condenser-cache"), "hit");
+    let retried = send(proxy, &chat_body(&conversation(27)), &caller).await;
+    assert_eq!(retried.status(), 200);
+    if round == 0 {
+        assert_eq!(
+            header(&retried, "x-condenser-retry"),
+            "context_length_exceeded"
+        );
+    }
+    let mut streamed = chat_body(&conversation(2));
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let text = stream_text(send(proxy, &streamed, &caller).await).await;
+    assert!(text.contains("reply"), "{text}");
+    let mut broken = chat_body(&conversation(1));
+    broken["user"] = json!(ERROR_USER);
+    assert_eq!(send(proxy, &broken, &caller).await.status(), 500);
+    let failed = send(unreachable, &chat_body(&conversation(1)), &caller).await;
+    assert_eq!(failed.status(), 502);
+    for turns in [44, 46, 47, 48] {
+        let response = send(proxy, &chat_body(&conversation(turns + round)), FAILING_KEY).await;
+        assert_eq!(response.status(), 200, "on_failure = trim");
+        assert_ne!(header(&response, "x-condenser-action"), "summarized");
+    }
+}
+
+/// Two rounds, Prometheus scraping between them: a counter's series appears on its first
+/// count, and only a second sample gives it a rate.
+async fn drive_traffic(proxy: &Proxy, unreachable: &Proxy, prometheus: &Prometheus) {
+    traffic_round(proxy, unreachable, 0).await;
+    prometheus
+        .wait_for("count(condenser_summarizer_failures_total) and count(condenser_upstream_failures_total)")
+        .await;
+    traffic_round(proxy, unreachable, 1).await;
+    let metrics = proxy.metrics().await;
+    assert_eq!(
+        metric(&metrics, "condenser_summarizer_breakers_open"),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert!(
+        metric(
+            &metrics,
+            r#"condenser_summarizer_failures_total{reason="circuit_open"}"#
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn every_dashboard_panel_shows_data_from_a_real_prometheus() {
+    // The only test of this binary that logs: it can own the process's subscriber.
+    let logs = tempfile::NamedTempFile::new().unwrap();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(logs.reopen().unwrap())
+        .finish();
+    tracing::subscriber::set_global_default(subscriber).unwrap();
+    let upstream = upstream().await;
+    let proxy = Proxy::start(config(&upstream.url())).await;
+    // A replica whose upstream refuses connections: upstream failures by kind.
+    let closed = format!("http://127.0.0.1:{}", free_port());
+    let unreachable = Proxy::start(config(&closed)).await;
+    let prometheus =
+        Prometheus::start(&[proxy.addr.to_string(), unreachable.addr.to_string()]).await;
+
+    // Both scraped once: histograms then have samples from before the traffic.
+    prometheus.wait_for("count(up == 1) == 2").await;
+    drive_traffic(&proxy, &unreachable, &prometheus).await;
+
+    // The failing caller's breaker opened in the first round and turned away every request of
+    // the second: logged once, not once per request.
+    let logged = std::fs::read_to_string(logs.path()).unwrap();
+    let lines = |text: &str| logged.lines().filter(|l| l.contains(text)).count();
+    assert_eq!(lines("summarizer circuit open"), 1, "{logged}");
+    assert_eq!(lines("circuit open after repeated failures"), 0, "{logged}");
+    assert!(lines("summarizer failed") >= 2, "{logged}");
+
+    let dashboard: Value =
+        serde_json::from_str(&std::fs::read_to_string(repo_path(DASHBOARD)).unwrap()).unwrap();
+    let mut waiting = panel_queries(&dashboard);
+    // Rates need two scrapes after the traffic; a panel that never shows data fails.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !waiting.is_empty() && Instant::now() < deadline {
+        let mut still = Vec::new();
+        for (title, query) in waiting {
+            if !has_data(&prometheus.query(&query).await) {
+                still.push((title, query));
+            }
+        }
+        waiting = still;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        waiting.is_empty(),
+        "panels that never showed data: {waiting:#?}"
+    );
+    if let Ok(png) = std::env::var("CONDENSER_DASHBOARD_PNG") {
+        // README's picture of the dashboard, drawn from this traffic.
+        let status = Command::new("python3")
+            .arg(repo_path("deploy/render_dashboard.py"))
+            .args([&prometheus.url, &png])
+            .status()
+            .unwrap();
+        assert!(status.success(), "deploy/render_dashboard.py failed");
+    }
+    let instances = prometheus
+        .label_values("instance", "condenser_requests_total")
+        .await;
+    assert_eq!(instances.len(), 2, "{instances:?}");
+    let models = prometheus
+        .label_values("model", "condenser_prompt_tokens_total")
+        .await;
+    assert!(models.contains(&json!("gpt-4o")), "{models:?}");
+    // Prometheus loaded the rules it was given: every alert is there, none broken.
+    let rules: Value = client()
+        .get(format!("{}/api/v1/rules", prometheus.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let loaded = rules["data"]["groups"][0]["rules"].as_array().unwrap();
+    assert_eq!(loaded.len(), 7, "{rules}");
+    for rule in loaded {
+        assert_eq!(rule["health"], "ok", "{rule}");
+    }
+}
+
+fn promtool(args: &[&str]) -> String {
+    let output = Command::new(tool("promtool"))
+        .args(args)
+        .current_dir(repo_path("deploy/prometheus"))
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "promtool {args:?}:\n{text}");
+    text
+}
+
+#[test]
+fn the_alert_rules_are_valid_and_each_fires_only_when_it_should() {
+    let checked = promtool(&["check", "rules", "alerts.yml"]);
+    assert!(checked.contains("SUCCESS: 7 rules found"), "{checked}");
+    // Every alert has a unit test that fires it; each test's other instance must not fire.
+    let rules = std::fs::read_to_string(repo_path(RULES)).unwrap();
+    let tests = std::fs::read_to_string(repo_path(RULE_TESTS)).unwrap();
+    let alerts: Vec<&str> = rules
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("- alert: "))
+        .collect();
+    assert_eq!(alerts.len(), 7);
+    for alert in alerts {
+        assert!(
+            tests.contains(&format!("alertname: {alert}\n")),
+            "{alert} has no unit test"
+        );
+    }
+    let tested = promtool(&["test", "rules", "alerts.test.yml"]);
+    assert!(tested.contains("SUCCESS"), "{tested}");
+}
