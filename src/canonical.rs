@@ -101,6 +101,20 @@ pub fn fast_hash_with_seed(seed: &[u8], value: &Value) -> u128 {
     hasher.digest128()
 }
 
+/// The fast hash of several values in turn (absent ones told apart from null): the key of
+/// a request's parts other than its messages.
+pub fn fast_hash_parts(seed: &[u8], parts: &[Option<&Value>]) -> u128 {
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    hasher.update(seed);
+    for part in parts {
+        match part {
+            Some(value) => feed_canonical(value, &mut hasher, as_sent),
+            None => hasher.update(b"-"),
+        }
+    }
+    hasher.digest128()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

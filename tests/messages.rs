@@ -561,3 +561,52 @@ async fn the_anthropic_python_sdk_works_through_condenser() {
     );
     assert!(first.headers.contains_key("anthropic-version"));
 }
+
+/// An agent's request under every trigger is counted from its raw bytes: the same count as
+/// the full path's, and the messages it has seen before neither parsed nor encoded again.
+#[tokio::test]
+async fn under_the_trigger_a_request_is_counted_from_its_bytes_as_the_full_path_counts_it() {
+    use condenser::dialect::messages::Messages;
+    use condenser::pipeline::Dialect;
+    let upstream = mock_claude(ClaudeBehaviour::default()).await;
+    let mut config = claude_config(&upstream.url());
+    config.models.get_mut("claude-sonnet-4-5").unwrap().encoding = Some("o200k_base".into());
+    let proxy = Proxy::start(config.clone()).await;
+    let catalog =
+        condenser::models::ModelCatalog::new(config.models.clone(), config.tokens.clone());
+    let counter = condenser::tokens::counter::TokenCounter::new(config.tokens.unknown_model_margin);
+    let mut body = messages_body(&claude_conversation(3));
+    body["tools"] = json!([{"name": "lookup", "description": "Looks a thing up.",
+        "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}}},
+        {"type": "web_search_20250305", "name": "web_search"}]);
+    body["tool_choice"] = json!({"type": "auto"});
+    body["system"] =
+        json!([{"type": "text", "text": CLAUDE_SYSTEM, "cache_control": {"type": "ephemeral"}}]);
+    let mut without_system = body.clone();
+    without_system["system"] = Value::Null;
+    for body in [body, without_system] {
+        let bytes = serde_json::to_vec(&body).unwrap();
+        let full = Messages::count(&Messages::parse(&bytes).unwrap(), &catalog, &counter)
+            .await
+            .count
+            .total;
+        for attempt in 0..2 {
+            let encoded = proxy.state.counter.messages_encoded();
+            let response = post(&proxy, &body).await;
+            assert_eq!(response.status(), 200);
+            assert_eq!(header(&response, "x-condenser-action"), "forwarded");
+            let counted: u64 = header(&response, "x-condenser-prompt-tokens")
+                .parse()
+                .unwrap();
+            assert_eq!(counted, full, "{body}");
+            if attempt == 1 {
+                assert_eq!(
+                    proxy.state.counter.messages_encoded(),
+                    encoded,
+                    "seen before"
+                );
+            }
+        }
+        assert_eq!(upstream.recorded().last().unwrap().body, bytes);
+    }
+}

@@ -18,7 +18,7 @@ use crate::compaction::shorten::cut_item_texts;
 use crate::config::{Api, ContextConfig};
 use crate::conversation::{content_text, Item};
 use crate::dialect::message_spans;
-use crate::dialect::request::{array, object_with_model};
+use crate::dialect::request::{array, object_with_model, present};
 use crate::error::ProxyError;
 use crate::models::ModelCatalog;
 use crate::observe::usage::UsageFormat;
@@ -227,10 +227,6 @@ struct Scanned<'a> {
     tool_choice: Option<&'a RawValue>,
     #[serde(borrow)]
     response_format: Option<&'a RawValue>,
-}
-
-fn present<'de, D: serde::Deserializer<'de>>(value: D) -> Result<Option<&'de RawValue>, D::Error> {
-    <&RawValue>::deserialize(value).map(Some)
 }
 
 /// `stream_options.include_usage` asked for upstream on behalf of a client that did not:

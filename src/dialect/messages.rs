@@ -9,20 +9,23 @@ use std::future::Future;
 
 use bytes::Bytes;
 use hyper::{header, Response, StatusCode};
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
+use crate::app::AppState;
 use crate::compaction::compactor::Rewrite;
-use crate::compaction::plan::Split;
+use crate::compaction::plan::{Decision, Limits, Mode, Split};
 use crate::compaction::shorten::cut_item_texts;
 use crate::config::{Api, ContextConfig, SummaryRole};
 use crate::conversation::{view_content, Item, Kind, Role};
-use crate::dialect::request::{array, object_with_model};
+use crate::dialect::request::{array, object_with_model, opens_an_object, present};
 use crate::error::ProxyError;
 use crate::http::body::{full, ProxyBody};
 use crate::models::ModelCatalog;
 use crate::observe::usage::UsageFormat;
-use crate::pipeline::{Dialect, Prepared};
-use crate::tokens::counter::{count_text, count_tools, TokenCounter, REPLY_PRIMING};
+use crate::pipeline::{Dialect, Outcome, Outgoing, Planned, Prepared};
+use crate::tokens::counter::{count_text, count_tools, RawItems, TokenCounter, REPLY_PRIMING};
 use crate::tokens::encoding::Encoding;
 
 pub const MESSAGES: &str = "/v1/messages";
@@ -43,6 +46,15 @@ impl Dialect for Messages {
     const USAGE: UsageFormat = UsageFormat::Messages;
     const API: Api = Api::Messages;
     type Request = MessagesRequest;
+
+    fn scan<'s>(
+        state: &'s AppState,
+        bytes: &Bytes,
+        settings: &ContextConfig,
+        mode: Mode,
+    ) -> impl Future<Output = Result<Outgoing<'s>, Option<Planned>>> + Send {
+        scan(state, bytes, settings, mode)
+    }
 
     fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError> {
         let body = parse_request(bytes)?;
@@ -249,6 +261,120 @@ fn tool_result_text(block: &Value) -> String {
     format!("[tool result {id}{error}]\n{content}")
 }
 
+/// The fields of a Messages request that counting and planning read, the messages left raw:
+/// an agent's 800 KB request under every trigger is counted from the bytes of messages seen
+/// before, without a JSON tree. Anything irregular fails this and takes the full path.
+#[derive(Deserialize)]
+struct Scanned<'a> {
+    #[serde(borrow)]
+    model: Cow<'a, str>,
+    #[serde(borrow)]
+    messages: Vec<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    system: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    tool_choice: Option<&'a RawValue>,
+    max_tokens: Option<u64>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    thinking: Option<&'a RawValue>,
+}
+
+/// Keeps Messages items' counts apart from other dialects' of the same bytes.
+const RAW_ITEMS: RawItems = RawItems {
+    seed: 0x616e_7468_726f_7000,
+    read: |message| Some((chat_message(message), item(message, 0))),
+};
+
+/// Keeps the counts of `system`, `tools` and `tool_choice` apart from other dialects'.
+const RAW_PARTS_SEED: u64 = 0x7379_7374_656d_0000;
+
+/// The first stage: a request under every trigger counted and planned from its raw bytes and
+/// forwarded as it came; any other goes on to the full path with its count and plan.
+async fn scan<'s>(
+    state: &'s AppState,
+    bytes: &Bytes,
+    settings: &ContextConfig,
+    mode: Mode,
+) -> Result<Outgoing<'s>, Option<Planned>> {
+    if !opens_an_object(bytes) {
+        return Err(None);
+    }
+    let Ok(request) = serde_json::from_slice::<Scanned>(bytes) else {
+        return Err(None);
+    };
+    let info = state.catalog.resolve(&request.model);
+    let encoding = info.encoding;
+    let parts = [request.system, request.tools, request.tool_choice];
+    let fixed = state
+        .counter
+        .count_raw_parts(encoding, RAW_PARTS_SEED, &parts, |parsed| {
+            let [system, tools, tool_choice] =
+                <[Option<Value>; 3]>::try_from(parsed).unwrap_or_else(|_| [None, None, None]);
+            fixed_tokens(
+                encoding,
+                system.as_ref(),
+                tools.as_ref(),
+                tool_choice.as_ref(),
+            )
+        })
+        .ok_or(None)?;
+    let raw: Vec<&[u8]> = request
+        .messages
+        .iter()
+        .map(|message| message.get().as_bytes())
+        .collect();
+    let (count, metas) = state
+        .counter
+        .count_raw_items(&raw, &RAW_ITEMS, fixed, &request.model, &info)
+        .await
+        .ok_or(None)?;
+    let budget = request
+        .thinking
+        .and_then(|thinking| serde_json::from_str::<Value>(thinking.get()).ok())
+        .and_then(|thinking| thinking.get("budget_tokens").and_then(Value::as_u64));
+    let prepared = Prepared {
+        info,
+        count,
+        metas,
+        requested_completion_tokens: reserve(request.max_tokens, budget),
+        choices: 1,
+    };
+    let input = prepared.plan_input(&state.config, settings, mode);
+    let decision = prepared.decide(&input);
+    if !matches!(decision, Decision::Forward(_)) {
+        return Err(Some(Planned { prepared, decision }));
+    }
+    let usable = Limits::new(&input).usable;
+    let model = request.model.into_owned();
+    Ok(Outgoing {
+        upstream: state.upstreams.for_model(Some(&model)),
+        model,
+        info: prepared.info,
+        body: bytes.clone(),
+        inject_usage: false,
+        received_tokens: prepared.count.total,
+        forwarded_tokens: prepared.count.total,
+        forwarded_raw: prepared.count.raw_total,
+        usable,
+        outcome: Outcome::FORWARDED,
+    })
+}
+
+/// What a request costs besides its messages: reply priming, `system`, tools, `tool_choice`.
+fn fixed_tokens(
+    encoding: Encoding,
+    system: Option<&Value>,
+    tools: Option<&Value>,
+    tool_choice: Option<&Value>,
+) -> u32 {
+    REPLY_PRIMING
+        + system_tokens(encoding, system)
+        + tools_tokens(encoding, tools)
+        + tool_choice.map_or(0, |choice| count_text(encoding, &choice.to_string()))
+}
+
 /// The text of `system`, a string or text blocks.
 fn system_tokens(encoding: Encoding, system: Option<&Value>) -> u32 {
     match system {
@@ -267,8 +393,8 @@ fn system_tokens(encoding: Encoding, system: Option<&Value>) -> u32 {
 
 /// Client tools in the shape `count_tools` reads; server tools (no `input_schema`) are
 /// counted as their JSON.
-fn tools_tokens(encoding: Encoding, body: &Map<String, Value>) -> u32 {
-    let Some(Value::Array(tools)) = body.get("tools") else {
+fn tools_tokens(encoding: Encoding, tools: Option<&Value>) -> u32 {
+    let Some(Value::Array(tools)) = tools else {
         return 0;
     };
     let (client, server): (Vec<&Value>, Vec<&Value>) =
@@ -299,6 +425,10 @@ fn requested_completion_tokens(body: &Map<String, Value>) -> Option<u64> {
         .get("thinking")
         .and_then(|t| t.get("budget_tokens"))
         .and_then(Value::as_u64);
+    reserve(max_tokens, budget)
+}
+
+fn reserve(max_tokens: Option<u64>, budget: Option<u64>) -> Option<u64> {
     match (max_tokens, budget) {
         (Some(max), Some(budget)) => Some(max.max(budget)),
         (max, budget) => max.or(budget),
@@ -316,12 +446,10 @@ async fn counted(
     let model = Messages::model(request);
     let info = catalog.resolve(model);
     let encoding = info.encoding;
-    let fixed = REPLY_PRIMING
-        + system_tokens(encoding, body.get("system"))
-        + tools_tokens(encoding, body)
-        + body
-            .get("tool_choice")
-            .map_or(0, |choice| count_text(encoding, &choice.to_string()));
+    let [system, tools, tool_choice] = ["system", "tools", "tool_choice"].map(|f| body.get(f));
+    let fixed = counter.count_parts(encoding, &[system, tools, tool_choice], || {
+        fixed_tokens(encoding, system, tools, tool_choice)
+    });
     let count = counter
         .count_messages(&request.chat, fixed, model, &info)
         .await;

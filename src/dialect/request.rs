@@ -1,5 +1,7 @@
 //! What every dialect checks of a request body first: a JSON object that names its model.
 
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::error::ProxyError;
@@ -40,4 +42,21 @@ pub fn array<'a>(
             Some(field),
         )),
     }
+}
+
+/// For a raw stage's optional field: present, even as `null`, which a plain `Option` would
+/// read as absent.
+pub fn present<'de, D: serde::Deserializer<'de>>(
+    value: D,
+) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(value).map(Some)
+}
+
+/// Whether `bytes` open a JSON object: serde's derived readers would take an array for a
+/// struct too.
+pub fn opens_an_object(bytes: &[u8]) -> bool {
+    bytes
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|&b| b == b'{')
 }

@@ -346,7 +346,9 @@ pub async fn counted(
 ) -> Prepared {
     let model = model_name(&request.body);
     let info = catalog.resolve(model);
-    let fixed = fixed_tokens(&request.body, info.encoding);
+    let body = &request.body;
+    let parts = ["instructions", "tools", "tool_choice", "text"].map(|field| body.get(field));
+    let fixed = counter.count_parts(info.encoding, &parts, || fixed_tokens(body, info.encoding));
     let mut count = counter
         .count_messages(&request.messages, fixed, model, &info)
         .await;

@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use tiktoken_rs::CoreBPE;
 use xxhash_rust::xxh3::{self, Xxh3};
 
-use crate::canonical::fast_hash_with_seed;
+use crate::canonical::{fast_hash_parts, fast_hash_with_seed};
 use crate::conversation::{Item, Kind, Role, VALID_ROLES};
 use crate::memo::Memo;
 use crate::models::{base_name, ModelInfo};
@@ -38,6 +38,8 @@ const COUNT_CACHE_ENTRIES: usize = 100_000;
 const EXTRAS_CACHE_ENTRIES: usize = 10_000;
 /// Seeds that keep the key spaces of raw-byte keys apart from each other.
 const RAW_MESSAGE_SEED: u64 = 0x6d65_7373_6167_6500;
+/// Told apart from a message's key, whose seed is the encoding alone.
+const PARTS_SEED: u8 = 0xf1;
 const RAW_EXTRAS_SEED: u64 = 0x6578_7472_6173_0000;
 const LEARNED_MODELS_MAX: usize = 1_000;
 /// xxh3's default secret size (at least 136 bytes are required).
@@ -86,6 +88,26 @@ pub struct PromptCount {
     /// The unscaled sum, what the learned ratio is measured against.
     pub raw_total: u64,
 }
+
+/// How a dialect reads its raw items: a seed that keeps its items' counts apart from other
+/// dialects', and the reading of one item it has not seen (its chat view, which is counted,
+/// and what planning needs of it, tokens filled in by the count; None: the raw path does not
+/// read it).
+pub struct RawItems {
+    pub seed: u64,
+    pub read: fn(&Value) -> Option<(Value, Item)>,
+}
+
+/// Chat messages, checked for a role condenser knows.
+const CHAT_ITEMS: RawItems = RawItems {
+    seed: RAW_MESSAGE_SEED,
+    read: |message| {
+        let role = message.get("role").and_then(Value::as_str)?;
+        VALID_ROLES
+            .contains(&role)
+            .then(|| (message.clone(), message_meta(message, 0)))
+    },
+};
 
 /// A request as raw JSON: each message, and the other fields that cost prompt tokens.
 #[derive(Default)]
@@ -192,7 +214,26 @@ impl TokenCounter {
         self.scaled(per_message, fixed, model_name, model)
     }
 
-    /// Counts a request from its raw JSON, keyed by bytes, so a message seen before is
+    /// The tokens of a request's parts other than its messages (instructions, tools,
+    /// `tool_choice`), as `count` counts them, kept by the parts' canonical hash: an agent
+    /// sends the same tens of thousands of tokens of system prompt and tool schemas with
+    /// every request, and encoding them took most of condenser's time on its requests.
+    pub fn count_parts(
+        &self,
+        encoding: Encoding,
+        parts: &[Option<&Value>],
+        count: impl FnOnce() -> u32,
+    ) -> u32 {
+        let key = fast_hash_parts(&[PARTS_SEED, encoding as u8], parts);
+        if let Some(tokens) = self.cache.get(key) {
+            return tokens;
+        }
+        let tokens = count();
+        self.cache.insert(key, tokens);
+        tokens
+    }
+
+    /// Counts a chat request from its raw JSON, keyed by bytes, so a message seen before is
     /// neither parsed nor encoded. Also returns what planning needs of each message. None
     /// when a message is not a valid chat message: the caller then takes the full path,
     /// which names the problem.
@@ -202,14 +243,31 @@ impl TokenCounter {
         model_name: &str,
         model: &ModelInfo,
     ) -> Option<(PromptCount, Vec<Item>)> {
+        let fixed = REPLY_PRIMING + self.count_raw_extras(prompt, model.encoding)?;
+        self.count_raw_items(prompt.messages, &CHAT_ITEMS, fixed, model_name, model)
+            .await
+    }
+
+    /// Counts a conversation from its items' raw JSON, keyed by their bytes and the dialect,
+    /// so an item seen before is neither parsed nor encoded; `fixed` is what the request
+    /// costs besides them. Returns what planning needs of each item too. None when `items`
+    /// cannot read one of them.
+    pub async fn count_raw_items(
+        &self,
+        raw: &[&[u8]],
+        items: &RawItems,
+        fixed: u32,
+        model_name: &str,
+        model: &ModelInfo,
+    ) -> Option<(PromptCount, Vec<Item>)> {
         let encoding = model.encoding;
         // Xor-ed into the hash rather than given as xxh3's seed, which derives a new secret
         // on every call for messages over 240 bytes.
-        let seed = u128::from(RAW_MESSAGE_SEED | encoding as u64);
-        let mut metas = Vec::with_capacity(prompt.messages.len());
+        let seed = u128::from(items.seed | encoding as u64);
+        let mut metas = Vec::with_capacity(raw.len());
         let mut misses = Vec::new();
-        for (index, raw) in prompt.messages.iter().enumerate() {
-            let key = xxh3::xxh3_128_with_secret(raw, &self.raw_message_secret) ^ seed;
+        for (index, bytes) in raw.iter().enumerate() {
+            let key = xxh3::xxh3_128_with_secret(bytes, &self.raw_message_secret) ^ seed;
             match self.raw_messages.get(key) {
                 Some(meta) => metas.push(meta),
                 None => {
@@ -222,25 +280,22 @@ impl TokenCounter {
                 }
             }
         }
-        let mut missed = Vec::with_capacity(misses.len());
+        let mut views = Vec::with_capacity(misses.len());
+        let mut read = Vec::with_capacity(misses.len());
         for (index, _) in &misses {
-            let text = std::str::from_utf8(prompt.messages[*index]).ok()?;
-            let message: Value = serde_json::from_str(text).ok()?;
-            let role = message.get("role").and_then(Value::as_str)?;
-            if !VALID_ROLES.contains(&role) {
-                return None;
-            }
-            missed.push(message);
+            let text = std::str::from_utf8(raw[*index]).ok()?;
+            let item: Value = serde_json::from_str(text).ok()?;
+            let (view, meta) = (items.read)(&item)?;
+            views.push(view);
+            read.push(meta);
         }
-        let roles_and_calls: Vec<Item> = missed.iter().map(|m| message_meta(m, 0)).collect();
-        let counted = count_off_loop(encoding, &missed.iter().collect::<Vec<_>>()).await;
-        for (((index, key), mut meta), tokens) in misses.iter().zip(roles_and_calls).zip(counted) {
+        let counted = count_off_loop(encoding, &views.iter().collect::<Vec<_>>()).await;
+        for (((index, key), mut meta), tokens) in misses.iter().zip(read).zip(counted) {
             meta.tokens = tokens;
             self.raw_messages.insert(*key, meta);
             metas[*index] = meta;
         }
         self.note_encoded(misses.len());
-        let fixed = REPLY_PRIMING + self.count_raw_extras(prompt, encoding)?;
         let count = self.scaled(
             metas.iter().map(|meta| meta.tokens).collect(),
             fixed,
@@ -253,17 +308,17 @@ impl TokenCounter {
         Some((count, metas))
     }
 
-    fn count_raw_extras(&self, prompt: &RawPrompt, encoding: Encoding) -> Option<u32> {
-        let fields = [
-            ("tools", prompt.tools),
-            ("tool_choice", prompt.tool_choice),
-            ("response_format", prompt.response_format),
-        ];
-        if fields.iter().all(|(_, raw)| raw.is_none()) {
-            return Some(0);
-        }
-        let mut hasher = Xxh3::with_seed(RAW_EXTRAS_SEED | encoding as u64);
-        for (_, raw) in &fields {
+    /// The tokens of a request's raw parts other than its items, as `count` counts them
+    /// parsed, kept by the parts' bytes and `seed` (one per dialect).
+    pub fn count_raw_parts(
+        &self,
+        encoding: Encoding,
+        seed: u64,
+        parts: &[Option<&RawValue>],
+        count: impl FnOnce(Vec<Option<Value>>) -> u32,
+    ) -> Option<u32> {
+        let mut hasher = Xxh3::with_seed(seed | encoding as u64);
+        for raw in parts {
             let text = raw.map_or("", |raw| raw.get());
             hasher.update(&(text.len() as u64).to_le_bytes());
             hasher.update(text.as_bytes());
@@ -272,15 +327,32 @@ impl TokenCounter {
         if let Some(tokens) = self.raw_extras.get(key) {
             return Some(tokens);
         }
-        let mut extras = Map::new();
-        for (name, raw) in fields {
-            if let Some(raw) = raw {
-                extras.insert(name.into(), serde_json::from_str(raw.get()).ok()?);
-            }
+        let mut parsed = Vec::with_capacity(parts.len());
+        for raw in parts {
+            parsed.push(match raw {
+                Some(raw) => Some(serde_json::from_str(raw.get()).ok()?),
+                None => None,
+            });
         }
-        let tokens = count_request_extras(encoding, &extras);
+        let tokens = count(parsed);
         self.raw_extras.insert(key, tokens);
         Some(tokens)
+    }
+
+    fn count_raw_extras(&self, prompt: &RawPrompt, encoding: Encoding) -> Option<u32> {
+        const FIELDS: [&str; 3] = ["tools", "tool_choice", "response_format"];
+        let parts = [prompt.tools, prompt.tool_choice, prompt.response_format];
+        if parts.iter().all(Option::is_none) {
+            return Some(0);
+        }
+        self.count_raw_parts(encoding, RAW_EXTRAS_SEED, &parts, |parsed| {
+            let extras: Map<String, Value> = FIELDS
+                .iter()
+                .zip(parsed)
+                .filter_map(|(name, value)| Some(((*name).to_string(), value?)))
+                .collect();
+            count_request_extras(encoding, &extras)
+        })
     }
 
     /// Raw counts as they stand for exact tokenizers, else scaled.
