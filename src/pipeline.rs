@@ -273,6 +273,39 @@ pub struct Outgoing<'s> {
     pub outcome: Outcome,
 }
 
+/// The end of a raw first stage, for a request counted from its bytes: sent as it came when
+/// the plan forwards it, else handed on to the full path with its count and plan.
+// The result is `Dialect::scan`'s, moved once per request into the pipeline's match; boxing
+// either side would allocate on every request for nothing.
+#[allow(clippy::result_large_err)]
+pub fn as_it_came<'s>(
+    state: &'s AppState,
+    bytes: &Bytes,
+    model: String,
+    prepared: Prepared,
+    settings: &ContextConfig,
+    mode: Mode,
+) -> Result<Outgoing<'s>, Option<Planned>> {
+    let input = prepared.plan_input(&state.config, settings, mode);
+    let decision = prepared.decide(&input);
+    if !matches!(decision, Decision::Forward(_)) {
+        return Err(Some(Planned { prepared, decision }));
+    }
+    let usable = Limits::new(&input).usable;
+    Ok(Outgoing {
+        upstream: state.upstreams.for_model(Some(&model)),
+        model,
+        info: prepared.info,
+        body: bytes.clone(),
+        inject_usage: false,
+        received_tokens: prepared.count.total,
+        forwarded_tokens: prepared.count.total,
+        forwarded_raw: prepared.count.raw_total,
+        usable,
+        outcome: Outcome::FORWARDED,
+    })
+}
+
 /// One request of dialect `D`, from its body to the relayed reply.
 pub async fn handle<D: Dialect>(
     worker: &Arc<Worker>,

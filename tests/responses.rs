@@ -641,3 +641,40 @@ proptest! {
         }
     }
 }
+
+/// A request under every trigger is counted from its raw bytes, as the full path counts it,
+/// with every field that costs tokens; a stateful one and a string input take the full path.
+#[tokio::test]
+async fn under_the_trigger_a_request_is_counted_from_its_bytes_as_the_full_path_counts_it() {
+    let upstream = mock_responses_llm(LlmBehaviour::default(), None).await;
+    let config = small_window_config(&upstream.url());
+    let proxy = Proxy::start(config.clone()).await;
+    let catalog = ModelCatalog::new(config.models.clone(), config.tokens.clone());
+    let counter = TokenCounter::new(config.tokens.unknown_model_margin);
+    let mut full = responses_body(&tool_conversation(3));
+    full["tool_choice"] = json!("auto");
+    full["text"] =
+        json!({"format": {"type": "json_schema", "name": "answer", "schema": {"type": "object"}}});
+    let mut null_instructions = full.clone();
+    null_instructions["instructions"] = Value::Null;
+    let stateful = json!({"model": "gpt-4o", "previous_response_id": "resp_1", "input": [{"role": "user", "content": "more"}]});
+    let string_input = json!({"model": "gpt-4o", "instructions": "be brief", "input": "hello"});
+    for body in [full, null_instructions, stateful, string_input] {
+        let bytes = serde_json::to_vec(&body).unwrap();
+        let expected = Responses::count(&Responses::parse(&bytes).unwrap(), &catalog, &counter)
+            .await
+            .count
+            .total;
+        for _ in 0..2 {
+            let response = post(&proxy, bytes.clone()).await;
+            assert_eq!(response.status(), 200);
+            assert_eq!(header(&response, "x-condenser-action"), "forwarded");
+            assert_eq!(
+                tokens(&response, "x-condenser-prompt-tokens"),
+                expected,
+                "{body}"
+            );
+        }
+        assert_eq!(responses_requests(&upstream).last().unwrap().body, bytes);
+    }
+}

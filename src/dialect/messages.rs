@@ -15,7 +15,7 @@ use serde_json::{json, Map, Value};
 
 use crate::app::AppState;
 use crate::compaction::compactor::Rewrite;
-use crate::compaction::plan::{Decision, Limits, Mode, Split};
+use crate::compaction::plan::{Mode, Split};
 use crate::compaction::shorten::cut_item_texts;
 use crate::config::{Api, ContextConfig, SummaryRole};
 use crate::conversation::{view_content, Item, Kind, Role};
@@ -24,7 +24,7 @@ use crate::error::ProxyError;
 use crate::http::body::{full, ProxyBody};
 use crate::models::ModelCatalog;
 use crate::observe::usage::UsageFormat;
-use crate::pipeline::{Dialect, Outcome, Outgoing, Planned, Prepared};
+use crate::pipeline::{as_it_came, Dialect, Outgoing, Planned, Prepared};
 use crate::tokens::counter::{count_text, count_tools, RawItems, TokenCounter, REPLY_PRIMING};
 use crate::tokens::encoding::Encoding;
 
@@ -341,25 +341,8 @@ async fn scan<'s>(
         requested_completion_tokens: reserve(request.max_tokens, budget),
         choices: 1,
     };
-    let input = prepared.plan_input(&state.config, settings, mode);
-    let decision = prepared.decide(&input);
-    if !matches!(decision, Decision::Forward(_)) {
-        return Err(Some(Planned { prepared, decision }));
-    }
-    let usable = Limits::new(&input).usable;
     let model = request.model.into_owned();
-    Ok(Outgoing {
-        upstream: state.upstreams.for_model(Some(&model)),
-        model,
-        info: prepared.info,
-        body: bytes.clone(),
-        inject_usage: false,
-        received_tokens: prepared.count.total,
-        forwarded_tokens: prepared.count.total,
-        forwarded_raw: prepared.count.raw_total,
-        usable,
-        outcome: Outcome::FORWARDED,
-    })
+    as_it_came(state, bytes, model, prepared, settings, mode)
 }
 
 /// What a request costs besides its messages: reply priming, `system`, tools, `tool_choice`.

@@ -10,19 +10,24 @@ use std::collections::HashSet;
 use std::future::Future;
 
 use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
+use crate::app::AppState;
 use crate::compaction::compactor::Rewrite;
-use crate::compaction::plan::{ForwardReason, Split};
+use crate::compaction::plan::{ForwardReason, Mode, Split};
 use crate::compaction::shorten::cut_item_texts;
 use crate::config::{Api, ContextConfig, SummaryRole};
 use crate::conversation::{units, view_content, Item, Kind, Role};
-use crate::dialect::request::object_with_model;
+use crate::dialect::request::{object_with_model, opens_an_object, present};
 use crate::error::ProxyError;
 use crate::models::ModelCatalog;
 use crate::observe::usage::UsageFormat;
-use crate::pipeline::{Dialect, Prepared};
-use crate::tokens::counter::{count_text, count_tools, model_name, TokenCounter, REPLY_PRIMING};
+use crate::pipeline::{as_it_came, Dialect, Outgoing, Planned, Prepared};
+use crate::tokens::counter::{
+    count_text, count_tools, model_name, RawItems, TokenCounter, REPLY_PRIMING,
+};
 use crate::tokens::encoding::Encoding;
 
 pub const RESPONSES: &str = "/v1/responses";
@@ -48,6 +53,15 @@ impl Dialect for Responses {
     const USAGE: UsageFormat = UsageFormat::Responses;
     const API: Api = Api::Responses;
     type Request = ResponsesRequest;
+
+    fn scan<'s>(
+        state: &'s AppState,
+        bytes: &Bytes,
+        settings: &ContextConfig,
+        mode: Mode,
+    ) -> impl Future<Output = Result<Outgoing<'s>, Option<Planned>>> + Send {
+        scan(state, bytes, settings, mode)
+    }
 
     fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError> {
         parse_request(bytes)
@@ -102,6 +116,99 @@ impl Dialect for Responses {
             .map_err(|e| ProxyError::InvalidJson(e.to_string()))?;
         Ok((Bytes::from(body), false))
     }
+}
+
+/// The fields of a Responses request that counting and planning read, the input items left
+/// raw: a request under every trigger is counted from the bytes of items seen before,
+/// without a JSON tree. A request whose history is held upstream, an `input` that is a
+/// string, anything irregular: the full path.
+#[derive(Deserialize)]
+struct Scanned<'a> {
+    #[serde(borrow)]
+    model: Cow<'a, str>,
+    #[serde(borrow)]
+    input: Vec<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    instructions: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    tool_choice: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    text: Option<&'a RawValue>,
+    max_output_tokens: Option<u64>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    previous_response_id: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    conversation: Option<&'a RawValue>,
+}
+
+/// Keeps Responses items' counts apart from other dialects' of the same bytes.
+const RAW_ITEMS: RawItems = RawItems {
+    seed: 0x7265_7370_6f6e_7300,
+    read: |item| Some(item_view(item)),
+};
+
+/// Keeps the counts of instructions, tools, `tool_choice` and `text` apart.
+const RAW_PARTS_SEED: u64 = 0x696e_7374_7275_6300;
+
+/// The first stage: a request under every trigger counted and planned from its raw bytes and
+/// forwarded as it came; any other goes on to the full path (which checks that its tool
+/// outputs travel with their calls) with its count and plan.
+async fn scan<'s>(
+    state: &'s AppState,
+    bytes: &Bytes,
+    settings: &ContextConfig,
+    mode: Mode,
+) -> Result<Outgoing<'s>, Option<Planned>> {
+    if !opens_an_object(bytes) {
+        return Err(None);
+    }
+    let Ok(request) = serde_json::from_slice::<Scanned>(bytes) else {
+        return Err(None);
+    };
+    if request.previous_response_id.is_some() || request.conversation.is_some() {
+        return Err(None);
+    }
+    let info = state.catalog.resolve(&request.model);
+    let encoding = info.encoding;
+    const FIELDS: [&str; 4] = ["instructions", "tools", "tool_choice", "text"];
+    let parts = [
+        request.instructions,
+        request.tools,
+        request.tool_choice,
+        request.text,
+    ];
+    let fixed = state
+        .counter
+        .count_raw_parts(encoding, RAW_PARTS_SEED, &parts, |parsed| {
+            let body: Map<String, Value> = FIELDS
+                .iter()
+                .zip(parsed)
+                .filter_map(|(name, value)| Some(((*name).to_string(), value?)))
+                .collect();
+            fixed_tokens(&body, encoding)
+        })
+        .ok_or(None)?;
+    let raw: Vec<&[u8]> = request
+        .input
+        .iter()
+        .map(|item| item.get().as_bytes())
+        .collect();
+    let (count, metas) = state
+        .counter
+        .count_raw_items(&raw, &RAW_ITEMS, fixed, &request.model, &info)
+        .await
+        .ok_or(None)?;
+    let prepared = Prepared {
+        info,
+        count,
+        metas,
+        requested_completion_tokens: request.max_output_tokens,
+        choices: 1,
+    };
+    let model = request.model.into_owned();
+    as_it_came(state, bytes, model, prepared, settings, mode)
 }
 
 /// Checks what condenser cannot read without (an object with a model, `input` a string or a
