@@ -12,6 +12,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body, Incoming};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::app::{AppState, Worker};
@@ -27,7 +28,7 @@ use crate::http::upstream::Upstream;
 use crate::models::{ModelCatalog, ModelInfo};
 use crate::observe::metrics::ModelLabel;
 use crate::observe::usage::{Usage, UsageFormat, UsageObserver, UsageTap};
-use crate::tokens::counter::{PromptCount, TokenCounter};
+use crate::tokens::counter::{PromptCount, RawItems, TokenCounter};
 use crate::tokens::encoding::Encoding;
 
 pub const MODE_HEADER: HeaderName = HeaderName::from_static("x-condenser-mode");
@@ -273,25 +274,67 @@ pub struct Outgoing<'s> {
     pub outcome: Outcome,
 }
 
-/// The end of a raw first stage, for a request counted from its bytes: sent as it came when
-/// the plan forwards it, else handed on to the full path with its count and plan.
-// The result is `Dialect::scan`'s, moved once per request into the pipeline's match; boxing
-// either side would allocate on every request for nothing.
-#[allow(clippy::result_large_err)]
-pub fn as_it_came<'s>(
+/// How a dialect's raw first stage counts: its items (`RawItems`), and the parts besides
+/// them that cost tokens, kept under `parts_seed` and counted by `fixed` once parsed.
+pub struct RawStage {
+    pub items: RawItems,
+    pub parts_seed: u64,
+    pub fixed: fn(Encoding, &[Option<Value>]) -> u32,
+}
+
+/// What a raw first stage read of a request, without a JSON tree: its model, its items as
+/// written, the parts besides them that cost tokens, and the reply's reserve.
+pub struct RawRequest<'a> {
+    pub model: Cow<'a, str>,
+    pub items: Vec<&'a RawValue>,
+    pub parts: Vec<Option<&'a RawValue>>,
+    pub requested_completion_tokens: Option<u64>,
+}
+
+/// The rest of a raw first stage, the same for every dialect that has one: the request
+/// counted from its bytes (each item, and the parts besides them, counted once ever) and
+/// planned; sent as it came when the plan forwards it, else handed on to the full path with
+/// its count and plan. `Err(None)`: an item or part the stage cannot read.
+pub async fn forward_raw<'s>(
     state: &'s AppState,
     bytes: &Bytes,
-    model: String,
-    prepared: Prepared,
+    stage: &RawStage,
+    request: RawRequest<'_>,
     settings: &ContextConfig,
     mode: Mode,
 ) -> Result<Outgoing<'s>, Option<Planned>> {
+    let info = state.catalog.resolve(&request.model);
+    let encoding = info.encoding;
+    let fixed = state
+        .counter
+        .count_raw_parts(encoding, stage.parts_seed, &request.parts, |parsed| {
+            (stage.fixed)(encoding, &parsed)
+        })
+        .ok_or(None)?;
+    let raw: Vec<&[u8]> = request
+        .items
+        .iter()
+        .map(|item| item.get().as_bytes())
+        .collect();
+    let (count, metas) = state
+        .counter
+        .count_raw_items(&raw, &stage.items, fixed, &request.model, &info)
+        .await
+        .ok_or(None)?;
+    let prepared = Prepared {
+        info,
+        count,
+        metas,
+        requested_completion_tokens: request.requested_completion_tokens,
+        choices: 1,
+    };
     let input = prepared.plan_input(&state.config, settings, mode);
     let decision = prepared.decide(&input);
     if !matches!(decision, Decision::Forward(_)) {
         return Err(Some(Planned { prepared, decision }));
     }
     let usable = Limits::new(&input).usable;
+    let model = request.model.into_owned();
     Ok(Outgoing {
         upstream: state.upstreams.for_model(Some(&model)),
         model,

@@ -24,7 +24,7 @@ use crate::error::ProxyError;
 use crate::http::body::{full, ProxyBody};
 use crate::models::ModelCatalog;
 use crate::observe::usage::UsageFormat;
-use crate::pipeline::{as_it_came, Dialect, Outgoing, Planned, Prepared};
+use crate::pipeline::{forward_raw, Dialect, Outgoing, Planned, Prepared, RawRequest, RawStage};
 use crate::tokens::counter::{count_text, count_tools, RawItems, TokenCounter, REPLY_PRIMING};
 use crate::tokens::encoding::Encoding;
 
@@ -281,14 +281,23 @@ struct Scanned<'a> {
     thinking: Option<&'a RawValue>,
 }
 
-/// Keeps Messages items' counts apart from other dialects' of the same bytes.
-const RAW_ITEMS: RawItems = RawItems {
-    seed: 0x616e_7468_726f_7000,
-    read: |message| Some((chat_message(message), item(message, 0))),
+/// Messages items and parts, their counts kept apart from other dialects' of the same bytes.
+const RAW_STAGE: RawStage = RawStage {
+    items: RawItems {
+        seed: 0x616e_7468_726f_7000,
+        read: |message| Some((chat_message(message), item(message, 0))),
+    },
+    parts_seed: 0x7379_7374_656d_0000,
+    fixed: |encoding, parts| match parts {
+        [system, tools, tool_choice] => fixed_tokens(
+            encoding,
+            system.as_ref(),
+            tools.as_ref(),
+            tool_choice.as_ref(),
+        ),
+        _ => REPLY_PRIMING,
+    },
 };
-
-/// Keeps the counts of `system`, `tools` and `tool_choice` apart from other dialects'.
-const RAW_PARTS_SEED: u64 = 0x7379_7374_656d_0000;
 
 /// The first stage: a request under every trigger counted and planned from its raw bytes and
 /// forwarded as it came; any other goes on to the full path with its count and plan.
@@ -304,45 +313,17 @@ async fn scan<'s>(
     let Ok(request) = serde_json::from_slice::<Scanned>(bytes) else {
         return Err(None);
     };
-    let info = state.catalog.resolve(&request.model);
-    let encoding = info.encoding;
-    let parts = [request.system, request.tools, request.tool_choice];
-    let fixed = state
-        .counter
-        .count_raw_parts(encoding, RAW_PARTS_SEED, &parts, |parsed| {
-            let [system, tools, tool_choice] =
-                <[Option<Value>; 3]>::try_from(parsed).unwrap_or_else(|_| [None, None, None]);
-            fixed_tokens(
-                encoding,
-                system.as_ref(),
-                tools.as_ref(),
-                tool_choice.as_ref(),
-            )
-        })
-        .ok_or(None)?;
-    let raw: Vec<&[u8]> = request
-        .messages
-        .iter()
-        .map(|message| message.get().as_bytes())
-        .collect();
-    let (count, metas) = state
-        .counter
-        .count_raw_items(&raw, &RAW_ITEMS, fixed, &request.model, &info)
-        .await
-        .ok_or(None)?;
     let budget = request
         .thinking
         .and_then(|thinking| serde_json::from_str::<Value>(thinking.get()).ok())
         .and_then(|thinking| thinking.get("budget_tokens").and_then(Value::as_u64));
-    let prepared = Prepared {
-        info,
-        count,
-        metas,
+    let raw = RawRequest {
+        model: request.model,
+        items: request.messages,
+        parts: vec![request.system, request.tools, request.tool_choice],
         requested_completion_tokens: reserve(request.max_tokens, budget),
-        choices: 1,
     };
-    let model = request.model.into_owned();
-    as_it_came(state, bytes, model, prepared, settings, mode)
+    forward_raw(state, bytes, &RAW_STAGE, raw, settings, mode).await
 }
 
 /// What a request costs besides its messages: reply priming, `system`, tools, `tool_choice`.

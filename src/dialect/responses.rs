@@ -24,7 +24,7 @@ use crate::dialect::request::{object_with_model, opens_an_object, present};
 use crate::error::ProxyError;
 use crate::models::ModelCatalog;
 use crate::observe::usage::UsageFormat;
-use crate::pipeline::{as_it_came, Dialect, Outgoing, Planned, Prepared};
+use crate::pipeline::{forward_raw, Dialect, Outgoing, Planned, Prepared, RawRequest, RawStage};
 use crate::tokens::counter::{
     count_text, count_tools, model_name, RawItems, TokenCounter, REPLY_PRIMING,
 };
@@ -143,14 +143,25 @@ struct Scanned<'a> {
     conversation: Option<&'a RawValue>,
 }
 
-/// Keeps Responses items' counts apart from other dialects' of the same bytes.
-const RAW_ITEMS: RawItems = RawItems {
-    seed: 0x7265_7370_6f6e_7300,
-    read: |item| Some(item_view(item)),
-};
+/// The fields besides the input items that cost tokens, in `Scanned`'s order.
+const PARTS: [&str; 4] = ["instructions", "tools", "tool_choice", "text"];
 
-/// Keeps the counts of instructions, tools, `tool_choice` and `text` apart.
-const RAW_PARTS_SEED: u64 = 0x696e_7374_7275_6300;
+/// Responses items and parts, their counts kept apart from other dialects' of the same bytes.
+const RAW_STAGE: RawStage = RawStage {
+    items: RawItems {
+        seed: 0x7265_7370_6f6e_7300,
+        read: |item| Some(item_view(item)),
+    },
+    parts_seed: 0x696e_7374_7275_6300,
+    fixed: |encoding, parts| {
+        let body: Map<String, Value> = PARTS
+            .iter()
+            .zip(parts)
+            .filter_map(|(name, value)| Some(((*name).to_string(), value.clone()?)))
+            .collect();
+        fixed_tokens(&body, encoding)
+    },
+};
 
 /// The first stage: a request under every trigger counted and planned from its raw bytes and
 /// forwarded as it came; any other goes on to the full path (which checks that its tool
@@ -170,45 +181,18 @@ async fn scan<'s>(
     if request.previous_response_id.is_some() || request.conversation.is_some() {
         return Err(None);
     }
-    let info = state.catalog.resolve(&request.model);
-    let encoding = info.encoding;
-    const FIELDS: [&str; 4] = ["instructions", "tools", "tool_choice", "text"];
-    let parts = [
-        request.instructions,
-        request.tools,
-        request.tool_choice,
-        request.text,
-    ];
-    let fixed = state
-        .counter
-        .count_raw_parts(encoding, RAW_PARTS_SEED, &parts, |parsed| {
-            let body: Map<String, Value> = FIELDS
-                .iter()
-                .zip(parsed)
-                .filter_map(|(name, value)| Some(((*name).to_string(), value?)))
-                .collect();
-            fixed_tokens(&body, encoding)
-        })
-        .ok_or(None)?;
-    let raw: Vec<&[u8]> = request
-        .input
-        .iter()
-        .map(|item| item.get().as_bytes())
-        .collect();
-    let (count, metas) = state
-        .counter
-        .count_raw_items(&raw, &RAW_ITEMS, fixed, &request.model, &info)
-        .await
-        .ok_or(None)?;
-    let prepared = Prepared {
-        info,
-        count,
-        metas,
+    let raw = RawRequest {
+        model: request.model,
+        items: request.input,
+        parts: vec![
+            request.instructions,
+            request.tools,
+            request.tool_choice,
+            request.text,
+        ],
         requested_completion_tokens: request.max_output_tokens,
-        choices: 1,
     };
-    let model = request.model.into_owned();
-    as_it_came(state, bytes, model, prepared, settings, mode)
+    forward_raw(state, bytes, &RAW_STAGE, raw, settings, mode).await
 }
 
 /// Checks what condenser cannot read without (an object with a model, `input` a string or a
