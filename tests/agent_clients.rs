@@ -520,9 +520,10 @@ async fn claude(
     assert!(stdout.contains("Done with") || resume, "{stdout}");
 }
 
-/// A scripted upstream for a session of `rounds` rounds, condenser in front of it, and the
-/// relay that records what condenser tells the agent; the agent's working and home folders.
-struct ClaudeStack {
+/// A scripted upstream, condenser in front of it counting `model` in a window of `window`
+/// tokens, and the relay that records what condenser tells the agent on `path`; the agent's
+/// working and home folders, the logs in the first.
+struct Stack {
     work: tempfile::TempDir,
     home: tempfile::TempDir,
     upstream: MockUpstream,
@@ -532,24 +533,91 @@ struct ClaudeStack {
     told: Arc<Mutex<Vec<Told>>>,
 }
 
-async fn claude_stack(rounds: usize) -> ClaudeStack {
-    let work = tempfile::tempdir().unwrap();
-    let home = tempfile::tempdir().unwrap();
-    write_logs(work.path());
-    let upstream = scripted_claude(work.path().to_path_buf(), rounds).await;
-    let config = config_for_model(&upstream.url(), MODEL, CLAUDE_WINDOW);
-    let proxy = Proxy::start(config.clone()).await;
-    let told = Arc::new(Mutex::new(Vec::new()));
-    let front = relay(proxy.url(""), "/v1/messages", MODEL, told.clone()).await;
-    ClaudeStack {
-        work,
-        home,
-        upstream,
-        config,
-        _proxy: proxy,
-        front,
-        told,
+impl Stack {
+    async fn start(
+        upstream: impl FnOnce(
+            PathBuf,
+        )
+            -> std::pin::Pin<Box<dyn std::future::Future<Output = MockUpstream>>>,
+        model: &'static str,
+        window: u64,
+        path: &'static str,
+    ) -> Stack {
+        let work = tempfile::tempdir().unwrap();
+        let home = tempfile::tempdir().unwrap();
+        write_logs(work.path());
+        let upstream = upstream(work.path().to_path_buf()).await;
+        let config = config_for_model(&upstream.url(), model, window);
+        let proxy = Proxy::start(config.clone()).await;
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let front = relay(proxy.url(""), path, model, told.clone()).await;
+        Stack {
+            work,
+            home,
+            upstream,
+            config,
+            _proxy: proxy,
+            front,
+            told,
+        }
     }
+
+    fn summaries(&self) -> usize {
+        self.upstream
+            .recorded()
+            .iter()
+            .filter(|r| is_summarizer_call(r))
+            .count()
+    }
+
+    /// The session so far, judged as dialect `D`'s (see `judge`); its requests and what
+    /// condenser told the agent of each.
+    fn judged<D: Dialect>(&self, session: &Session) -> (Vec<Exchange>, Vec<Told>) {
+        let exchanges = loop_requests(
+            &self.upstream,
+            session.path,
+            session.model,
+            session.round_of,
+        );
+        let told = self.told.lock().unwrap().clone();
+        let (catalog, counter) = counter_for(&self.config);
+        let figures = judge(
+            session.cache_order,
+            &exchanges,
+            &told,
+            self.summaries(),
+            session.valid,
+            |raw| {
+                let request = D::parse(raw).unwrap();
+                block_on(D::count(&request, &catalog, &counter)).count.total
+            },
+            session.hard_limit,
+        );
+        eprintln!("{}: {figures:?}", session.client);
+        (exchanges, told)
+    }
+}
+
+/// What judging a client's session needs to know of it.
+struct Session {
+    client: String,
+    path: &'static str,
+    model: &'static str,
+    round_of: fn(&Value) -> usize,
+    /// The body's fields in the order its provider caches them.
+    cache_order: &'static [&'static str],
+    valid: fn(&Value),
+    hard_limit: fn(&Value) -> u64,
+}
+
+async fn claude_stack(rounds: usize) -> Stack {
+    Stack::start(
+        |dir| Box::pin(scripted_claude(dir, rounds)),
+        MODEL,
+        CLAUDE_WINDOW,
+        "/v1/messages",
+    )
+    .await
 }
 
 fn claude_task() -> String {
@@ -573,30 +641,15 @@ async fn claude_code_session(program: Vec<String>) {
         async move { claude(&program, work, home, &front, &prompt, resume).await }
     };
     run(claude_task(), false).await;
-    let exchanges = loop_requests(&stack.upstream, "/v1/messages", MODEL, messages_round);
-    let summaries = stack
-        .upstream
-        .recorded()
-        .iter()
-        .filter(|r| is_summarizer_call(r))
-        .count();
-    let told_session = stack.told.lock().unwrap().clone();
-    let (catalog, counter) = counter_for(&stack.config);
-    let figures = judge(
-        &["tools", "system", "messages"],
-        &exchanges,
-        &told_session,
-        summaries,
-        valid_messages,
-        |raw| {
-            let request = Messages::parse(raw).unwrap();
-            block_on(Messages::count(&request, &catalog, &counter))
-                .count
-                .total
-        },
-        claude_hard_limit,
-    );
-    eprintln!("Claude Code {program:?}: {figures:?}");
+    let (exchanges, told_session) = stack.judged::<Messages>(&Session {
+        client: format!("Claude Code {program:?}"),
+        path: "/v1/messages",
+        model: MODEL,
+        round_of: messages_round,
+        cache_order: &["tools", "system", "messages"],
+        valid: valid_messages,
+        hard_limit: claude_hard_limit,
+    });
 
     // Resumed: everything again and a new prompt. It may wait only as any request may, when
     // it is over the hard limit with nothing on hand (Claude Code 2.0 resends some turns
@@ -821,34 +874,14 @@ async fn codex(dir: &Path, home: &Path, base: &str, prompt: &str, resume: bool) 
     );
 }
 
-struct CodexStack {
-    work: tempfile::TempDir,
-    home: tempfile::TempDir,
-    upstream: MockUpstream,
-    config: condenser::Config,
-    _proxy: Proxy,
-    front: MockUpstream,
-    told: Arc<Mutex<Vec<Told>>>,
-}
-
-async fn codex_stack(rounds: usize) -> CodexStack {
-    let work = tempfile::tempdir().unwrap();
-    let home = tempfile::tempdir().unwrap();
-    write_logs(work.path());
-    let upstream = scripted_responses(rounds, CODEX_MODEL, exec_cat).await;
-    let config = config_for_model(&upstream.url(), CODEX_MODEL, CODEX_WINDOW);
-    let proxy = Proxy::start(config.clone()).await;
-    let told = Arc::new(Mutex::new(Vec::new()));
-    let front = relay(proxy.url(""), "/v1/responses", CODEX_MODEL, told.clone()).await;
-    CodexStack {
-        work,
-        home,
-        upstream,
-        config,
-        _proxy: proxy,
-        front,
-        told,
-    }
+async fn codex_stack(rounds: usize) -> Stack {
+    Stack::start(
+        |_| Box::pin(scripted_responses(rounds, CODEX_MODEL, exec_cat)),
+        CODEX_MODEL,
+        CODEX_WINDOW,
+        "/v1/responses",
+    )
+    .await
 }
 
 /// Codex sends no `max_output_tokens`: the reserve is condenser's default.
@@ -861,35 +894,15 @@ async fn codex_compacts_well_through_condenser() {
     let stack = codex_stack(ROUNDS).await;
     let (work, home, front) = (stack.work.path(), stack.home.path(), stack.front.url());
     codex(work, home, &front, &claude_task(), false).await;
-    let exchanges = loop_requests(
-        &stack.upstream,
-        "/v1/responses",
-        CODEX_MODEL,
-        responses_round,
-    );
-    let summaries = stack
-        .upstream
-        .recorded()
-        .iter()
-        .filter(|r| is_summarizer_call(r))
-        .count();
-    let told = stack.told.lock().unwrap().clone();
-    let (catalog, counter) = counter_for(&stack.config);
-    let figures = judge(
-        &["tools", "instructions", "input"],
-        &exchanges,
-        &told,
-        summaries,
-        valid_input,
-        |raw| {
-            let request = Responses::parse(raw).unwrap();
-            block_on(Responses::count(&request, &catalog, &counter))
-                .count
-                .total
-        },
-        codex_hard_limit,
-    );
-    eprintln!("Codex: {figures:?}");
+    let (exchanges, _) = stack.judged::<Responses>(&Session {
+        client: "Codex".into(),
+        path: "/v1/responses",
+        model: CODEX_MODEL,
+        round_of: responses_round,
+        cache_order: &["tools", "instructions", "input"],
+        valid: valid_input,
+        hard_limit: codex_hard_limit,
+    });
     // Its reasoning went along: opaque, counted, kept with the call it led to.
     assert!(exchanges
         .iter()
@@ -1043,74 +1056,55 @@ fn python_hard_limit(_body: &Value) -> u64 {
 
 /// A Python agent's session over `api` ("responses" or "chat"), judged.
 async fn python_session(script: &str, api: &str) {
-    let logs = tempfile::tempdir().unwrap();
-    write_logs(logs.path());
-    let (upstream, path, round_of, cache_order): (_, &'static str, fn(&Value) -> usize, &[&str]) =
-        if api == "responses" {
-            (
-                scripted_responses(ROUNDS, PYTHON_MODEL, read_log).await,
-                "/v1/responses",
-                responses_round,
-                &["tools", "instructions", "input"],
-            )
-        } else {
-            (
-                scripted_chat(ROUNDS).await,
-                "/v1/chat/completions",
-                chat_round,
-                &["tools", "messages"],
-            )
-        };
-    let config = config_for_model(&upstream.url(), PYTHON_MODEL, PYTHON_WINDOW);
-    let proxy = Proxy::start(config.clone()).await;
-    let told = Arc::new(Mutex::new(Vec::new()));
-    let front = relay(proxy.url(""), path, PYTHON_MODEL, told.clone()).await;
-    let base = format!("{}/v1", front.url());
+    let responses = api == "responses";
+    let (path, round_of, cache_order): (
+        &'static str,
+        fn(&Value) -> usize,
+        &'static [&'static str],
+    ) = if responses {
+        (
+            "/v1/responses",
+            responses_round,
+            &["tools", "instructions", "input"],
+        )
+    } else {
+        ("/v1/chat/completions", chat_round, &["tools", "messages"])
+    };
+    let stack = Stack::start(
+        |_| {
+            if responses {
+                Box::pin(scripted_responses(ROUNDS, PYTHON_MODEL, read_log))
+            } else {
+                Box::pin(scripted_chat(ROUNDS))
+            }
+        },
+        PYTHON_MODEL,
+        PYTHON_WINDOW,
+        path,
+    )
+    .await;
+    let base = format!("{}/v1", stack.front.url());
     let task = claude_task();
-    let log_dir = logs.path().to_str().unwrap();
+    let log_dir = stack.work.path().to_str().unwrap();
     if script == "agents_sdk.py" {
         python_agent(script, &[&base, PYTHON_MODEL, api, log_dir, &task]).await;
     } else {
         python_agent(script, &[&base, PYTHON_MODEL, log_dir, &task]).await;
     }
-    let exchanges = loop_requests(&upstream, path, PYTHON_MODEL, round_of);
-    let summaries = upstream
-        .recorded()
-        .iter()
-        .filter(|r| is_summarizer_call(r))
-        .count();
-    let told = told.lock().unwrap().clone();
-    let (catalog, counter) = counter_for(&config);
-    let recount = |raw: &[u8]| -> u64 {
-        if api == "responses" {
-            let request = Responses::parse(raw).unwrap();
-            block_on(Responses::count(&request, &catalog, &counter))
-                .count
-                .total
-        } else {
-            let request = condenser::dialect::chat::Chat::parse(raw).unwrap();
-            block_on(condenser::dialect::chat::Chat::count(
-                &request, &catalog, &counter,
-            ))
-            .count
-            .total
-        }
-    };
-    let valid: fn(&Value) = if api == "responses" {
-        valid_input
-    } else {
-        valid_chat
-    };
-    let figures = judge(
+    let session = Session {
+        client: format!("{script} over {api}"),
+        path,
+        model: PYTHON_MODEL,
+        round_of,
         cache_order,
-        &exchanges,
-        &told,
-        summaries,
-        valid,
-        recount,
-        python_hard_limit,
-    );
-    eprintln!("{script} over {api}: {figures:?}");
+        valid: if responses { valid_input } else { valid_chat },
+        hard_limit: python_hard_limit,
+    };
+    if responses {
+        stack.judged::<Responses>(&session);
+    } else {
+        stack.judged::<condenser::dialect::chat::Chat>(&session);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
