@@ -357,19 +357,16 @@ const CLAUDE_WINDOW: u64 = 100_000;
 
 /// The round a Messages request answers: one past the tool call its last turn answers.
 fn messages_round(body: &Value) -> usize {
-    body["messages"]
+    let last = body["messages"]
         .as_array()
-        .and_then(|m| m.last())
-        .and_then(|turn| turn["content"].as_array())
-        .and_then(|blocks| {
-            blocks.iter().find_map(|b| {
-                b["tool_use_id"]
-                    .as_str()?
-                    .strip_prefix("toolu_")?
-                    .parse::<usize>()
-                    .ok()
-            })
-        })
+        .and_then(|messages| messages.last());
+    let blocks = last.and_then(|turn| turn["content"].as_array());
+    round_after(blocks.and_then(|blocks| blocks.iter().find_map(|b| b["tool_use_id"].as_str())))
+}
+
+/// One past the round of the call `id` names (`toolu_N`, `call_N`); 0 when none answered.
+fn round_after(id: Option<&str>) -> usize {
+    id.and_then(|id| id.rsplit('_').next()?.parse::<usize>().ok())
         .map_or(0, |n| n + 1)
 }
 
@@ -729,18 +726,9 @@ const CODEX_WINDOW: u64 = 60_000;
 
 /// The round a Responses request answers: one past the call its last output answers.
 fn responses_round(body: &Value) -> usize {
-    body["input"]
-        .as_array()
-        .and_then(|items| items.last())
-        .filter(|item| item["type"] == "function_call_output")
-        .and_then(|item| {
-            item["call_id"]
-                .as_str()?
-                .strip_prefix("call_")?
-                .parse::<usize>()
-                .ok()
-        })
-        .map_or(0, |n| n + 1)
+    let last = body["input"].as_array().and_then(|items| items.last());
+    let output = last.filter(|item| item["type"] == "function_call_output");
+    round_after(output.and_then(|item| item["call_id"].as_str()))
 }
 
 /// How the scripted model reads the log of a round: a tool's name and its arguments.
@@ -935,18 +923,11 @@ const PYTHON_WINDOW: u64 = 80_000;
 
 /// The round a chat request answers: one past the call its last tool message answers.
 fn chat_round(body: &Value) -> usize {
-    body["messages"]
+    let last = body["messages"]
         .as_array()
-        .and_then(|messages| messages.last())
-        .filter(|message| message["role"] == "tool")
-        .and_then(|m| {
-            m["tool_call_id"]
-                .as_str()?
-                .strip_prefix("call_")?
-                .parse::<usize>()
-                .ok()
-        })
-        .map_or(0, |n| n + 1)
+        .and_then(|messages| messages.last());
+    let result = last.filter(|message| message["role"] == "tool");
+    round_after(result.and_then(|message| message["tool_call_id"].as_str()))
 }
 
 /// A scripted model on Chat Completions: reads the next log with `read_log` until `rounds`,
