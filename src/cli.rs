@@ -40,11 +40,51 @@ pub fn init_logging(format: LogFormat) {
 }
 
 pub fn check_config(path: Option<&Path>, overrides: &Overrides) -> Result<String, ConfigError> {
-    let config = Config::load(path, overrides)?;
+    let mut config = Config::load(path, overrides)?;
+    // Redis takes its password in its URL, the one configured URL allowed credentials.
+    config.cache.redis_url = masked_password(&config.cache.redis_url);
     Ok(format!(
         "# effective configuration: valid\n{}",
         config.to_toml()
     ))
+}
+
+/// `url` with the password in its user info (or the whole user info, when it is one word)
+/// shown as `****`.
+fn masked_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_string();
+    };
+    let user = match rest[..at].split_once(':') {
+        Some((user, _)) => format!("{user}:****"),
+        None => "****".to_string(),
+    };
+    format!("{scheme}://{user}{}", &rest[at..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::masked_password;
+
+    #[test]
+    fn passwords_in_urls_are_masked() {
+        for (url, shown) in [
+            ("redis://:s3cret@cache:6379/0", "redis://:****@cache:6379/0"),
+            (
+                "redis://app:s3cret@cache:6379",
+                "redis://app:****@cache:6379",
+            ),
+            ("rediss://s3cret@cache", "rediss://****@cache"),
+            ("redis://cache:6379/0", "redis://cache:6379/0"),
+            ("", ""),
+        ] {
+            assert_eq!(masked_password(url), shown);
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -464,7 +464,17 @@ impl Config {
 fn validate_url(key: &str, value: &str) -> Result<(), ConfigError> {
     let uri = value
         .parse::<hyper::Uri>()
-        .map_err(|e| ConfigError::Invalid(format!("{key} {value:?}: {e}")))?;
+        .map_err(|e| ConfigError::Invalid(format!("{key}: not a URL: {e}")))?;
+    // The URL would be shown in logs and check-config; a key belongs in `api_key_env`. The
+    // value is not repeated, since it holds the password.
+    if uri
+        .authority()
+        .is_some_and(|authority| authority.as_str().contains('@'))
+    {
+        return Err(ConfigError::Invalid(format!(
+            "{key}: credentials in the URL (user:password@) are refused; give a key with api_key_env"
+        )));
+    }
     match (uri.scheme_str(), uri.host()) {
         (Some("http" | "https"), Some(host)) if !host.is_empty() => Ok(()),
         (Some("http" | "https"), _) => {
@@ -480,6 +490,31 @@ fn validate_url(key: &str, value: &str) -> Result<(), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_in_a_configured_url_are_refused_without_repeating_them() {
+        for (toml, key) in [
+            (
+                "[upstream]\nbase_url = \"http://user:hunter2@up:8000\"\n",
+                "upstream.base_url",
+            ),
+            (
+                "[[routes]]\nmodels = [\"x\"]\nbase_url = \"https://k:hunter2@up\"\n",
+                "routes[0].base_url",
+            ),
+            (
+                "[summarizer]\nbase_url = \"http://hunter2@up\"\n",
+                "summarizer.base_url",
+            ),
+        ] {
+            let error = Config::from_toml(toml, "t").unwrap_err().to_string();
+            assert!(
+                error.contains(key) && error.contains("credentials"),
+                "{error}"
+            );
+            assert!(!error.contains("hunter2"), "{error}");
+        }
+    }
 
     #[test]
     fn unknown_key_is_named() {

@@ -58,6 +58,24 @@ async fn check_config_accepts_the_shipped_file_and_names_bad_keys() {
     let (code, _, stderr) = run(&["check-config", bad.to_str().unwrap()], None).await;
     assert_eq!(code, 1);
     assert!(stderr.contains("target_ratio"), "{stderr}");
+    // Secrets: Redis's password is shown masked; credentials in an upstream URL are refused,
+    // naming the key and not the password.
+    let redis = write_config(
+        &dir,
+        "[cache]\nredis_url = \"redis://app:hunter2@cache:6379/0\"\n",
+    );
+    let (code, stdout, _) = run(&["check-config", redis.to_str().unwrap()], None).await;
+    assert_eq!(code, 0);
+    assert!(stdout.contains("redis://app:****@cache:6379/0"), "{stdout}");
+    assert!(!stdout.contains("hunter2"), "{stdout}");
+    let upstream = write_config(&dir, "[upstream]\nbase_url = \"http://u:hunter2@up\"\n");
+    let (code, stdout, stderr) = run(&["check-config", upstream.to_str().unwrap()], None).await;
+    assert_eq!(code, 1);
+    assert!(stderr.contains("upstream.base_url"), "{stderr}");
+    assert!(
+        !stderr.contains("hunter2") && !stdout.contains("hunter2"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test]

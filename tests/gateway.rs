@@ -503,6 +503,9 @@ async fn unreachable_upstream_is_502_and_slow_upstream_is_504() {
         let (status, error) = error_of(response).await;
         assert_eq!(status, 502, "{path}");
         assert_eq!(error["error"]["code"], "upstream_unreachable");
+        // The caller is told the upstream failed, not where it is.
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(!message.contains(&closed.to_string()), "{message}");
     }
 
     let slow = MockUpstream::start(handler(|_| async {

@@ -446,9 +446,9 @@ impl Upstream {
         path_and_query: &str,
         mut request: Request<ProxyBody>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let unusable_target = |e: &dyn std::fmt::Display| {
-            ProxyError::UpstreamUnreachable(format!("{}: {e}", self.base_url))
-        };
+        // What the client is told names no upstream URL (the log line of the failure does).
+        let unusable_target =
+            |e: &dyn std::fmt::Display| ProxyError::UpstreamUnreachable(e.to_string());
         let mut reused = true;
         let (response, sender) = loop {
             let sender = match pool.idle_http1().await {
@@ -589,14 +589,13 @@ impl Upstream {
         kind: FailureKind,
         error: &dyn std::error::Error,
     ) -> ProxyError {
-        let failure =
-            ProxyError::UpstreamUnreachable(format!("{}: {}", self.base_url, root_cause(error)));
+        let failure = ProxyError::UpstreamUnreachable(root_cause(error).to_string());
         pool.failures.record(kind, &failure);
         failure
     }
 
     fn broken(&self, pool: &WorkerPool, kind: FailureKind, why: &str) -> ProxyError {
-        let failure = ProxyError::UpstreamBroken(format!("{}: {why}", self.base_url));
+        let failure = ProxyError::UpstreamBroken(why.to_string());
         pool.failures.record(kind, &failure);
         failure
     }
