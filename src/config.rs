@@ -43,6 +43,9 @@ pub struct ServerConfig {
     /// Event-loop threads, each accepting on the shared listener, with its own upstream
     /// pools; 0 = one per CPU.
     pub workers: usize,
+    /// A client connection that has not sent a request's head this long after it opened (or
+    /// after its last response) is closed.
+    pub header_read_timeout_secs: u64,
 }
 
 impl ServerConfig {
@@ -61,6 +64,7 @@ impl Default for ServerConfig {
             max_body_bytes: 32 * 1024 * 1024,
             shutdown_grace_secs: 30,
             workers: 0,
+            header_read_timeout_secs: 30,
         }
     }
 }

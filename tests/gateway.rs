@@ -874,3 +874,55 @@ async fn paths_under_a_dialect_go_where_their_model_routes_with_the_right_key() 
         .unwrap();
     assert_eq!(default.recorded().len(), 1);
 }
+
+/// A connection that never sends a byte is closed once the header-read timeout passes: it
+/// would otherwise hold a descriptor for good.
+#[tokio::test]
+async fn a_connection_that_sends_nothing_is_closed_after_the_header_read_timeout() {
+    use tokio::io::AsyncReadExt;
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let mut config = config_for(&upstream.url());
+    config.server.header_read_timeout_secs = 1;
+    let proxy = Proxy::start(config).await;
+    let mut silent = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let mut buffer = [0u8; 64];
+    let read = within("the server closes it", silent.read(&mut buffer)).await;
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+}
+
+/// An upstream head of many short fields is relayed: the limit is the head's 64 KiB, not
+/// hyper's default of 100 fields.
+#[tokio::test]
+async fn an_upstream_head_of_many_fields_within_64_kib_is_relayed() {
+    let upstream = MockUpstream::start(handler(|_| async {
+        let mut response = Response::builder()
+            .status(200)
+            .header("content-type", "application/json");
+        for i in 0..300 {
+            response = response.header(format!("x-field-{i}"), "v");
+        }
+        response
+            .body(condenser::http::body::full(Bytes::from(
+                completion("many fields", 1, 1).to_string(),
+            )))
+            .unwrap()
+    }))
+    .await;
+    let proxy = Proxy::start(config_for(&upstream.url())).await;
+    // Read as bytes: the test's own HTTP client keeps hyper's limit of 100 fields.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    within("the answer", stream.read_to_string(&mut answer))
+        .await
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("x-field-299: v"), "{answer}");
+}

@@ -32,7 +32,6 @@ use crate::http::routes;
 use crate::http::upstream;
 use crate::observe::metrics::Route;
 
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 const HEARTBEAT: Duration = Duration::from_secs(1);
 const H2_KEEP_ALIVE: Duration = Duration::from_secs(30);
 const LISTEN_BACKLOG: i32 = 1024;
@@ -239,16 +238,18 @@ async fn accept_loop(
             return true;
         }
     };
+    let header_read_timeout = Duration::from_secs(state.config.server.header_read_timeout_secs);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
+        .header_read_timeout(header_read_timeout);
     builder
         .http2()
         .timer(TokioTimer::new())
         .keep_alive_interval(H2_KEEP_ALIVE)
         .max_header_list_size(H2_MAX_HEADER_LIST_BYTES);
+    let builder = Arc::new(builder);
     let graceful = GracefulShutdown::new();
     let worker = Arc::new(Worker {
         state: state.clone(),
@@ -283,12 +284,20 @@ async fn accept_loop(
                         Ok::<_, Infallible>(routes::handle(worker, request).await)
                     }
                 });
-                let connection = builder
-                    .serve_connection(TokioIo::new(stream), service)
-                    .into_owned();
-                let connection = graceful.watch(connection);
+                let builder = builder.clone();
+                let watcher = graceful.watcher();
                 tokio::spawn(async move {
-                    if let Err(error) = connection.await {
+                    // Until its first byte the protocol is not known, and hyper's header-read
+                    // timeout, an HTTP/1 one, does not run: a connection that sends nothing
+                    // would hold its descriptor for good.
+                    // (`readable` may wake without data; a peek waits for a byte.)
+                    let mut first_byte = [0u8; 1];
+                    let peeked = stream.peek(&mut first_byte);
+                    if tokio::time::timeout(header_read_timeout, peeked).await.is_err() {
+                        return;
+                    }
+                    let connection = builder.serve_connection(TokioIo::new(stream), service);
+                    if let Err(error) = watcher.watch(connection).await {
                         tracing::debug!(%error, "connection ended with an error");
                     }
                 });

@@ -43,6 +43,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A response head larger than this (status line and headers, as hyper parsed it) is a
 /// broken reply, however its bytes arrived.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// As many fields as fit `MAX_HEAD_BYTES` at their shortest (`a:\r\n`).
+const MAX_HEAD_FIELDS: usize = MAX_HEAD_BYTES / 4;
 /// Idle HTTP/1.1 connections each worker keeps per upstream.
 const MAX_IDLE_PER_WORKER: usize = 256;
 
@@ -553,6 +555,8 @@ impl Upstream {
         }
         let (sender, connection) = http1::Builder::new()
             .max_header_size(MAX_HEAD_BYTES)
+            // The limit is the head's size, whatever its field count (hyper's default: 100).
+            .max_headers(MAX_HEAD_FIELDS)
             .handshake(stream)
             .await?;
         tokio::spawn(async move {
