@@ -926,3 +926,52 @@ async fn an_upstream_head_of_many_fields_within_64_kib_is_relayed() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.contains("x-field-299: v"), "{answer}");
 }
+
+/// An upstream's error that echoes the key it was sent (condenser's own `api_key_env`, or
+/// the caller's) reaches the client with the key blanked out, on every path.
+#[tokio::test]
+async fn an_upstream_error_that_echoes_a_key_reaches_the_client_with_the_key_blanked() {
+    std::env::set_var("CONDENSER_TEST_ECHOED_KEY", "sk-DEFAULT-SECRET-333");
+    let upstream = MockUpstream::start(handler(|r| async move {
+        let sent = ["authorization", "x-api-key"]
+            .iter()
+            .find_map(|name| r.headers.get(*name))
+            .map(|value| value.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        json_response(
+            401,
+            &json!({"error": {"message": format!("Incorrect API key provided: {sent}"),
+                "type": "invalid_request_error", "code": "invalid_api_key"}}),
+        )
+    }))
+    .await;
+    let mut config = config_for(&upstream.url());
+    config.upstream.api_key_env = "CONDENSER_TEST_ECHOED_KEY".into();
+    let proxy = Proxy::start(config).await;
+    let chat = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+    let claude =
+        r#"{"model":"claude-x","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#;
+    for (path, body, caller_key) in [
+        ("/v1/chat/completions", chat, None),
+        (
+            "/v1/chat/completions",
+            chat,
+            Some("Bearer sk-CALLER-SECRET-444"),
+        ),
+        ("/v1/messages", claude, None),
+        ("/v1/embeddings", chat, None),
+    ] {
+        let mut request = client().post(proxy.url(path)).body(body);
+        if let Some(key) = caller_key {
+            request = request.header("authorization", key);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 401, "{path}");
+        let text = response.text().await.unwrap();
+        assert!(
+            text.contains("Incorrect API key provided: [redacted]"),
+            "{path}: {text}"
+        );
+        assert!(!text.contains("SECRET"), "{path}: {text}");
+    }
+}

@@ -15,7 +15,7 @@ use crate::compaction::artifacts;
 use crate::compaction::summary::{hex, Key};
 use crate::config::{Api, SummarizerConfig};
 use crate::conversation::content_text;
-use crate::http::upstream::{bare_key, Upstream, X_API_KEY};
+use crate::http::upstream::{bare_key, blank_credentials, Upstream, X_API_KEY};
 use crate::observe::metrics::SummarizerHealth;
 use crate::tokens::counter::shorten_middle;
 use crate::tokens::encoding::Encoding;
@@ -592,18 +592,12 @@ fn validate(text: &str) -> Result<String, SummarizeError> {
 /// The start of an upstream's error body, fit for a log line: any of the credentials sent
 /// that the upstream echoed back is blanked out.
 fn error_excerpt(body: &[u8], credentials: &HeaderMap) -> String {
-    let mut text =
-        String::from_utf8_lossy(&body[..body.len().min(ERROR_BODY_CHARS * 4)]).into_owned();
-    for value in credentials.values() {
-        let value = String::from_utf8_lossy(value.as_bytes());
-        let token = value.strip_prefix("Bearer ").unwrap_or(&value);
-        for secret in [&*value, token] {
-            if !secret.is_empty() {
-                text = text.replace(secret, "[redacted]");
-            }
-        }
-    }
-    text.chars().take(ERROR_BODY_CHARS).collect()
+    let sent: Vec<HeaderValue> = credentials.values().cloned().collect();
+    let blanked = blank_credentials(body, &sent);
+    String::from_utf8_lossy(&blanked)
+        .chars()
+        .take(ERROR_BODY_CHARS)
+        .collect()
 }
 
 /// Groups messages, in order, so each group's tokens stay under the budget.

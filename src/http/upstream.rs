@@ -6,6 +6,7 @@
 //! but a proxy must not pass on is refused, and a reply that breaks after its first bytes went
 //! out fails the client's body, so the client never sees a clean end to a truncated one.
 
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::io;
 use std::path::Path;
@@ -34,7 +35,8 @@ use wildmatch::WildMatch;
 use crate::config::{Config, ConfigError};
 use crate::error::ProxyError;
 use crate::http::body::{
-    with_idle_timeout, BodyLimitExceeded, BoxError, ProxyBody, UpstreamSilent,
+    declared_length, full, with_idle_timeout, BodyLimitExceeded, BoxError, ProxyBody,
+    UpstreamSilent,
 };
 use crate::http::egress::Egress;
 use crate::observe::metrics::{FailureKind, UpstreamFailures};
@@ -232,6 +234,68 @@ fn inject_key(headers: &mut HeaderMap, bearer: &HeaderValue, path_and_query: &st
     }
 }
 
+/// The request headers that carry a key: the caller's own, or the one condenser injected.
+const CREDENTIAL_HEADERS: [HeaderName; 3] = [
+    header::AUTHORIZATION,
+    X_API_KEY,
+    HeaderName::from_static("api-key"),
+];
+
+/// Error replies echo keys ("Incorrect API key provided: sk-…"); they are small JSON, read
+/// whole up to this size to blank them. A larger or undeclared one is relayed as it streams.
+const MAX_SCRUBBED_ERROR_BYTES: u64 = 64 * 1024;
+
+/// An upstream's error reply with every key that was sent blanked out of its body, when it
+/// declares a length of at most `MAX_SCRUBBED_ERROR_BYTES`; any other reply as it came.
+async fn without_credentials(
+    response: Response<ProxyBody>,
+    credentials: &[HeaderValue],
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let small =
+        declared_length(response.headers()).is_some_and(|len| len <= MAX_SCRUBBED_ERROR_BYTES);
+    if credentials.is_empty() || response.status().as_u16() < 400 || !small {
+        return Ok(response);
+    }
+    let (mut head, body) = response.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map_err(|e| ProxyError::UpstreamBroken(e.to_string()))?
+        .to_bytes();
+    let blanked = blank_credentials(&body, credentials);
+    head.headers
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(blanked.len()));
+    Ok(Response::from_parts(
+        head,
+        full(Bytes::from(blanked.into_owned())),
+    ))
+}
+
+/// `text` with each of `credentials` (a header's whole value, and the token after `Bearer `)
+/// replaced by `[redacted]`.
+pub fn blank_credentials<'t>(text: &'t [u8], credentials: &[HeaderValue]) -> Cow<'t, [u8]> {
+    let mut text = Cow::Borrowed(text);
+    for value in credentials {
+        let value = value.as_bytes();
+        let token = value.strip_prefix(b"Bearer ").unwrap_or(value);
+        for secret in [value, token] {
+            if secret.is_empty() || memchr::memmem::find(&text, secret).is_none() {
+                continue;
+            }
+            let mut out = Vec::with_capacity(text.len());
+            let mut rest: &[u8] = &text;
+            while let Some(at) = memchr::memmem::find(rest, secret) {
+                out.extend_from_slice(&rest[..at]);
+                out.extend_from_slice(b"[redacted]");
+                rest = &rest[at + secret.len()..];
+            }
+            out.extend_from_slice(rest);
+            text = Cow::Owned(out);
+        }
+    }
+    text
+}
+
 /// The value of an environment variable named by an `api_key_env`, as a Bearer header.
 pub fn bearer_from_env(var: &str) -> Result<Option<HeaderValue>, ConfigError> {
     if var.is_empty() {
@@ -427,19 +491,25 @@ impl Upstream {
         if headers.remove(header::CONTENT_LENGTH).is_some() && body.size_hint().exact() == Some(0) {
             headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
         }
+        // Refcounted handles, not copies: what an error reply must not echo.
+        let credentials: Vec<HeaderValue> = CREDENTIAL_HEADERS
+            .iter()
+            .filter_map(|name| headers.get(name).cloned())
+            .collect();
         let mut request = Request::new(body);
         *request.method_mut() = method;
         *request.headers_mut() = headers;
         let pool = &self.pools[POOL.with(Cell::get) % self.pools.len()];
         let exchange = self.exchange(pool, path_and_query, request);
-        match tokio::time::timeout(self.timeout, exchange).await {
-            Ok(result) => result,
+        let response = match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(result) => result?,
             Err(_) => {
                 let error = ProxyError::UpstreamTimeout(self.timeout.as_secs());
                 pool.failures.record(FailureKind::Timeout, &error);
-                Err(error)
+                return Err(error);
             }
-        }
+        };
+        without_credentials(response, &credentials).await
     }
 
     async fn exchange(
