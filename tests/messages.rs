@@ -610,3 +610,35 @@ async fn under_the_trigger_a_request_is_counted_from_its_bytes_as_the_full_path_
         assert_eq!(upstream.recorded().last().unwrap().body, bytes);
     }
 }
+
+/// Every error condenser writes on Anthropic's paths is in Anthropic's shape: the 431 for
+/// oversized headers, and its own errors on the paths under `/v1/messages/`.
+#[tokio::test]
+async fn condensers_own_errors_under_the_messages_paths_take_anthropics_shape() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nowhere = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let proxy = Proxy::start(claude_config(&nowhere)).await;
+    let huge = "x".repeat(70 * 1024);
+    let response = client()
+        .post(proxy.url("/v1/messages"))
+        .header("x-padding", huge)
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    let (status, error) = anthropic_error(response).await;
+    assert_eq!(status, 431);
+    assert!(
+        error["message"].as_str().unwrap().contains("header"),
+        "{error}"
+    );
+    let response = client()
+        .post(proxy.url("/v1/messages/count_tokens"))
+        .body(r#"{"model":"claude-sonnet-4-5","messages":[]}"#)
+        .send()
+        .await
+        .unwrap();
+    let (status, error) = anthropic_error(response).await;
+    assert_eq!((status, error["type"].as_str()), (502, Some("api_error")));
+}

@@ -59,11 +59,7 @@ pub async fn handle(worker: Arc<Worker>, request: Request<Incoming>) -> Response
         if error.status().is_server_error() {
             tracing::warn!(route = route_name, %error, "request failed");
         }
-        // Each dialect's clients read errors in its own shape.
-        match route {
-            Route::Messages => messages::error_response(&error),
-            _ => error.to_response(),
-        }
+        error_for(path, &error)
     });
     if !logged_by_pipeline {
         let status = response.status().as_u16();
@@ -77,6 +73,17 @@ pub async fn handle(worker: Arc<Worker>, request: Request<Incoming>) -> Response
     }
     state.metrics.count_request(route, response.status());
     response
+}
+
+/// An error condenser writes, in the shape of the API whose path was asked: Anthropic's for
+/// `/v1/messages` and every path under it, OpenAI's elsewhere. Each dialect's clients read
+/// errors in their own shape.
+pub fn error_for(path: &str, error: &ProxyError) -> Response<ProxyBody> {
+    if path == MESSAGES || path.starts_with("/v1/messages/") {
+        messages::error_response(error)
+    } else {
+        error.to_response()
+    }
 }
 
 fn text(status: StatusCode, body: &'static str) -> Response<ProxyBody> {

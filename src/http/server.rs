@@ -312,8 +312,8 @@ async fn accept_loop(
         .is_ok()
 }
 
-/// A 431 in the OpenAI shape when the header fields are over `MAX_HEADER_BYTES`, logged and
-/// counted as routes count theirs.
+/// A 431 in the shape of the path's API when the header fields are over `MAX_HEADER_BYTES`,
+/// logged and counted as routes count theirs.
 fn refuse_oversized_headers<B>(
     state: &AppState,
     request: &Request<B>,
@@ -327,10 +327,10 @@ fn refuse_oversized_headers<B>(
     if size <= MAX_HEADER_BYTES {
         return None;
     }
-    let response = ProxyError::HeadersTooLarge {
+    let error = ProxyError::HeadersTooLarge {
         limit: MAX_HEADER_BYTES,
-    }
-    .to_response();
+    };
+    let response = routes::error_for(request.uri().path(), &error);
     let status = response.status();
     tracing::info!(
         method = %request.method(),
