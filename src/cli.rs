@@ -196,8 +196,7 @@ async fn prepare(
     model: Option<&str>,
     api: Option<Api>,
 ) -> Result<Counted, CommandError> {
-    let mut body: Value =
-        serde_json::from_str(input).map_err(|e| ProxyError::InvalidJson(e.to_string()))?;
+    let mut body: Value = serde_json::from_str(input).map_err(ProxyError::InvalidJson)?;
     if let (Some(model), Some(fields)) = (model, body.as_object_mut()) {
         fields.insert("model".into(), Value::String(model.to_string()));
     }

@@ -4,12 +4,13 @@ use bytes::Bytes;
 use hyper::{header, Response, StatusCode};
 use serde_json::json;
 
+use crate::compaction::summarizer::SummarizeError;
 use crate::http::body::{full, ProxyBody};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
     #[error("request body is not valid JSON: {0}")]
-    InvalidJson(String),
+    InvalidJson(#[source] serde_json::Error),
     #[error("{message}")]
     InvalidRequest {
         message: String,
@@ -20,7 +21,12 @@ pub enum ProxyError {
     #[error("request header fields exceed the limit of {limit} bytes")]
     HeadersTooLarge { limit: usize },
     #[error("this request has {tokens} prompt tokens; even its last message does not fit the model's context window of {limit} tokens")]
-    ContextLengthExceeded { tokens: u64, limit: u64 },
+    ContextLengthExceeded {
+        tokens: u64,
+        limit: u64,
+        /// The request's conversation field: `messages`, or `input` on the Responses API.
+        param: &'static str,
+    },
     #[error("upstream unreachable: {0}")]
     UpstreamUnreachable(String),
     #[error("upstream sent a broken reply: {0}")]
@@ -28,7 +34,11 @@ pub enum ProxyError {
     #[error("upstream did not answer within {0} seconds")]
     UpstreamTimeout(u64),
     #[error("summarizer failed: {0}")]
-    SummarizerFailed(String),
+    SummarizerFailed(#[source] SummarizeError),
+    /// A rewritten request that could not be written out: condenser's fault, never the
+    /// client's.
+    #[error("could not write the compacted request: {0}")]
+    Rewrite(#[source] serde_json::Error),
     #[error("no route for {0}")]
     NotFound(String),
     #[error("error reading the request body: {0}")]
@@ -55,6 +65,7 @@ impl ProxyError {
             | ProxyError::UpstreamBroken(_)
             | ProxyError::SummarizerFailed(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Rewrite(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ProxyError::NotFound(_) => StatusCode::NOT_FOUND,
         }
     }
@@ -65,6 +76,7 @@ impl ProxyError {
             | StatusCode::PAYLOAD_TOO_LARGE
             | StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
             | StatusCode::NOT_FOUND => "invalid_request_error",
+            StatusCode::INTERNAL_SERVER_ERROR => "server_error",
             _ => "upstream_error",
         }
     }
@@ -82,13 +94,14 @@ impl ProxyError {
             ProxyError::SummarizerFailed(_) => "summarizer_failed",
             ProxyError::NotFound(_) => "not_found",
             ProxyError::ClientBody(_) => "invalid_body",
+            ProxyError::Rewrite(_) => "internal_error",
         }
     }
 
     fn param(&self) -> Option<&'static str> {
         match self {
             ProxyError::InvalidRequest { param, .. } => *param,
-            ProxyError::ContextLengthExceeded { .. } => Some("messages"),
+            ProxyError::ContextLengthExceeded { param, .. } => Some(param),
             _ => None,
         }
     }

@@ -54,6 +54,8 @@ pub trait Dialect {
     const USAGE: UsageFormat;
     /// Its API, which its summaries are asked in unless `summarizer.api` says otherwise.
     const API: Api;
+    /// The request field that holds the conversation, named by errors about it.
+    const CONVERSATION_FIELD: &'static str;
     /// A request parsed for counting, planning and rewriting.
     type Request: Send + Sync;
 
@@ -235,7 +237,7 @@ where
 
 /// What was done to the request, for headers, metrics and the log.
 pub struct Outcome {
-    pub action: &'static str,
+    pub action: Action,
     pub cache: CacheOutcome,
     pub summarized: usize,
     pub summarizer_wait: Duration,
@@ -243,7 +245,7 @@ pub struct Outcome {
 
 impl Outcome {
     pub const FORWARDED: Outcome = Outcome {
-        action: "forwarded",
+        action: Action::Forwarded,
         cache: CacheOutcome::None,
         summarized: 0,
         summarizer_wait: Duration::ZERO,
@@ -447,7 +449,7 @@ pub async fn handle<D: Dialect>(
         // Nothing to compact, or compaction failed: upstream's own answer is the truest.
         let Some(compacted) = compacted
             .ok()
-            .filter(|c| c.outcome.action != Action::Forwarded.name())
+            .filter(|c| c.outcome.action != Action::Forwarded)
         else {
             break relay(head, reply);
         };
@@ -480,10 +482,10 @@ pub async fn handle<D: Dialect>(
     metrics
         .model(model_label)
         .count_prompt(received_tokens, forwarded_tokens);
-    if outcome.action != Action::Forwarded.name() || outcome.cache != CacheOutcome::None {
+    if outcome.action != Action::Forwarded || outcome.cache != CacheOutcome::None {
         metrics
             .compactions
-            .with_label_values(&[outcome.action, outcome.cache.name()])
+            .with_label_values(&[outcome.action.name(), outcome.cache.name()])
             .inc();
     }
     let upstream_time = sent.elapsed();
@@ -495,7 +497,10 @@ pub async fn handle<D: Dialect>(
     let status = head.status;
     let response_headers = &mut head.headers;
     for (name, value) in [
-        (ACTION_HEADER, HeaderValue::from_static(outcome.action)),
+        (
+            ACTION_HEADER,
+            HeaderValue::from_static(outcome.action.name()),
+        ),
         (PROMPT_TOKENS_HEADER, decimal_value(received_tokens)),
         (FORWARDED_TOKENS_HEADER, decimal_value(forwarded_tokens)),
         // Nothing summarized, as for every forwarded request: no buffer to format it in.
@@ -589,6 +594,7 @@ async fn prepare<'s, D: Dialect>(
             return Err(ProxyError::ContextLengthExceeded {
                 tokens: *tokens,
                 limit: *limit,
+                param: D::CONVERSATION_FIELD,
             })
         }
         Decision::Precompute(split) | Decision::Compact { split, .. } => {
@@ -622,7 +628,7 @@ async fn prepare<'s, D: Dialect>(
                     rewritten = true;
                 }
                 outcome = Outcome {
-                    action: rewrite.action.name(),
+                    action: rewrite.action,
                     cache: rewrite.cache,
                     summarized: rewrite.summarized,
                     summarizer_wait: rewrite.waited,
@@ -752,7 +758,7 @@ impl UsageObserver for Observer {
             prompt_tokens = self.received_tokens,
             forwarded_tokens = self.forwarded_tokens,
             completion_tokens = completion,
-            action = self.outcome.action,
+            action = self.outcome.action.name(),
             cache = self.outcome.cache.name(),
             summarized_messages = self.outcome.summarized,
             upstream_ms = self.upstream_time.as_secs_f64() * 1e3,

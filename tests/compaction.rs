@@ -322,6 +322,7 @@ async fn a_last_message_larger_than_the_window_is_refused() {
     assert_eq!(response.status(), 400);
     let error: Value = response.json().await.unwrap();
     assert_eq!(error["error"]["code"], "context_length_exceeded");
+    assert_eq!(error["error"]["param"], "messages");
     assert!(upstream.recorded().is_empty());
 }
 

@@ -398,6 +398,9 @@ async fn a_stream_is_relayed_event_by_event_and_its_usage_read_at_completion() {
 async fn bad_requests_get_openai_shaped_errors_and_never_reach_upstream() {
     let upstream = mock_responses_llm(LlmBehaviour::default(), None).await;
     let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let too_long =
+        json!({"model": "gpt-4o", "input": [{"role": "user", "content": filler(1, 9_000)}]})
+            .to_string();
     for (body, code, param) in [
         (r#"{"model":"gpt-4o","input":"#, "invalid_json", Value::Null),
         (r#"["gpt-4o"]"#, "invalid_request", Value::Null),
@@ -407,8 +410,10 @@ async fn bad_requests_get_openai_shaped_errors_and_never_reach_upstream() {
             "invalid_request",
             json!("input"),
         ),
+        // A last item larger than the window: the field named is the Responses API's own.
+        (too_long.as_str(), "context_length_exceeded", json!("input")),
     ] {
-        let response = post(&proxy, body).await;
+        let response = post(&proxy, body.to_string()).await;
         assert_eq!(response.status(), 400, "{body}");
         let error: Value = response.json().await.unwrap();
         assert_eq!(error["error"]["type"], "invalid_request_error", "{body}");

@@ -435,7 +435,7 @@ pub async fn compact(
             }
             match job.settings.on_failure {
                 OnFailure::Forward => Ok(as_sent(CacheOutcome::None, waited)),
-                OnFailure::Error => Err(ProxyError::SummarizerFailed(error.to_string())),
+                OnFailure::Error => Err(ProxyError::SummarizerFailed(error)),
                 OnFailure::Trim => Ok(trimmed(&job, waited)),
             }
         }
@@ -589,7 +589,7 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) {
 /// on its own task, so a client that goes away strands nobody.
 fn start_summary(compactor: &Arc<Compactor>, job: SpanJob) -> SharedSummary {
     let Ok(mut in_flight) = compactor.in_flight.lock() else {
-        let error = SummarizeError::Upstream("summary bookkeeping poisoned".into());
+        let error = SummarizeError::Internal("summary bookkeeping poisoned".into());
         return futures_util::future::ready(Err(error)).boxed().shared();
     };
     if let Some(running) = in_flight.get(&job.key) {
@@ -599,7 +599,7 @@ fn start_summary(compactor: &Arc<Compactor>, job: SpanJob) -> SharedSummary {
     let task = tokio::spawn(make_summary(compactor.clone(), job));
     let shared = async move {
         task.await.unwrap_or_else(|e| {
-            Err(SummarizeError::Upstream(format!(
+            Err(SummarizeError::Internal(format!(
                 "summary task failed: {e}"
             )))
         })

@@ -74,6 +74,10 @@ pub enum SummarizeError {
     Malformed(String),
     #[error("summary rejected: {0}")]
     Rejected(String),
+    /// condenser's own bookkeeping failed (a summary job that died, a poisoned lock): no
+    /// fault of the summarizer's, so it never opens a breaker.
+    #[error("summary job failed inside condenser: {0}")]
+    Internal(String),
 }
 
 impl Api {
@@ -97,7 +101,9 @@ impl SummarizeError {
             SummarizeError::Upstream(_)
             | SummarizeError::Timeout(_)
             | SummarizeError::Malformed(_) => true,
-            SummarizeError::CircuitOpen(_) | SummarizeError::Rejected(_) => false,
+            SummarizeError::CircuitOpen(_)
+            | SummarizeError::Rejected(_)
+            | SummarizeError::Internal(_) => false,
         }
     }
 
@@ -110,6 +116,7 @@ impl SummarizeError {
             SummarizeError::Timeout(_) => "timeout",
             SummarizeError::Malformed(_) => "malformed",
             SummarizeError::Rejected(_) => "rejected",
+            SummarizeError::Internal(_) => "internal",
         }
     }
 }
@@ -152,8 +159,6 @@ pub struct Summarizer {
     dedicated: Option<Arc<Upstream>>,
     /// From `api_key_env`: sent instead of the caller's key, whichever upstream summarizes.
     own_key: Option<HeaderValue>,
-    /// From `api`: the API every summary is asked in, whatever the request's.
-    api: Option<Api>,
     /// See [`Summarizer::settings_key`].
     settings: Key,
     /// Only upstream-and-caller pairs with failures since their last success.
@@ -192,7 +197,6 @@ impl Summarizer {
         );
         Ok(Summarizer {
             own_key: crate::http::upstream::bearer_from_env(&config.api_key_env)?,
-            api: Api::parse(&config.api),
             config,
             dedicated,
             breakers: Mutex::new(HashMap::new()),
@@ -230,7 +234,7 @@ impl Summarizer {
 
     /// The API a summary is asked in: the configured one, else the request's own.
     pub fn api_for(&self, request_api: Api) -> Api {
-        self.api.unwrap_or(request_api)
+        self.config.api.unwrap_or(request_api)
     }
 
     /// Whose key pays: the summarizer's own `api_key_env` alone when set (as `x-api-key`

@@ -36,6 +36,7 @@ impl Dialect for Chat {
     const SERVED: &'static str = "chat completion";
     const USAGE: UsageFormat = UsageFormat::Chat;
     const API: Api = Api::Chat;
+    const CONVERSATION_FIELD: &'static str = "messages";
     type Request = Map<String, Value>;
 
     fn scan<'s>(
@@ -97,9 +98,7 @@ impl Dialect for Chat {
             if usage == UsageRequest::Merge {
                 request_usage_in_stream(&mut request);
             }
-            Bytes::from(
-                serde_json::to_vec(&request).map_err(|e| ProxyError::InvalidJson(e.to_string()))?,
-            )
+            Bytes::from(serde_json::to_vec(&request).map_err(ProxyError::Rewrite)?)
         } else {
             original
         };

@@ -45,6 +45,7 @@ impl Dialect for Messages {
     const SERVED: &'static str = "message";
     const USAGE: UsageFormat = UsageFormat::Messages;
     const API: Api = Api::Messages;
+    const CONVERSATION_FIELD: &'static str = "messages";
     type Request = MessagesRequest;
 
     fn scan<'s>(
@@ -119,8 +120,7 @@ impl Dialect for Messages {
         if !rewritten {
             return Ok((original, false));
         }
-        let body = serde_json::to_vec(&request.body)
-            .map_err(|e| ProxyError::InvalidJson(e.to_string()))?;
+        let body = serde_json::to_vec(&request.body).map_err(ProxyError::Rewrite)?;
         Ok((Bytes::from(body), false))
     }
 }
@@ -716,7 +716,7 @@ mod tests {
         use http_body_util::BodyExt;
         for (error, status, kind) in [
             (
-                ProxyError::InvalidJson("eof".into()),
+                ProxyError::InvalidJson(serde_json::from_str::<Value>("").unwrap_err()),
                 400,
                 "invalid_request_error",
             ),

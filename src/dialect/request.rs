@@ -12,8 +12,7 @@ pub fn object_with_model(
     bytes: &[u8],
     missing_model: &str,
 ) -> Result<Map<String, Value>, ProxyError> {
-    let value: Value =
-        serde_json::from_slice(bytes).map_err(|e| ProxyError::InvalidJson(e.to_string()))?;
+    let value: Value = serde_json::from_slice(bytes).map_err(ProxyError::InvalidJson)?;
     let Value::Object(body) = value else {
         return Err(ProxyError::invalid(
             "request body must be a JSON object",

@@ -52,6 +52,7 @@ impl Dialect for Responses {
     const SERVED: &'static str = "response";
     const USAGE: UsageFormat = UsageFormat::Responses;
     const API: Api = Api::Responses;
+    const CONVERSATION_FIELD: &'static str = "input";
     type Request = ResponsesRequest;
 
     fn scan<'s>(
@@ -112,8 +113,7 @@ impl Dialect for Responses {
         if !rewritten {
             return Ok((original, false));
         }
-        let body = serde_json::to_vec(&request.body)
-            .map_err(|e| ProxyError::InvalidJson(e.to_string()))?;
+        let body = serde_json::to_vec(&request.body).map_err(ProxyError::Rewrite)?;
         Ok((Bytes::from(body), false))
     }
 }
