@@ -4,7 +4,6 @@ use bytes::Bytes;
 use hyper::{header, Response, StatusCode};
 use serde_json::json;
 
-use crate::compaction::summarizer::SummarizeError;
 use crate::http::body::{full, ProxyBody};
 
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +42,26 @@ pub enum ProxyError {
     NotFound(String),
     #[error("error reading the request body: {0}")]
     ClientBody(String),
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SummarizeError {
+    #[error("circuit open after repeated failures against {0}")]
+    CircuitOpen(String),
+    #[error("summarizer request failed: {0}")]
+    Upstream(String),
+    #[error("summarizer answered {status}: {body}")]
+    Status { status: u16, body: String },
+    #[error("summarizer timed out after {0:?}")]
+    Timeout(std::time::Duration),
+    #[error("summarizer reply malformed: {0}")]
+    Malformed(String),
+    #[error("summary rejected: {0}")]
+    Rejected(String),
+    /// condenser's own bookkeeping failed (a summary job that died, a poisoned lock): no
+    /// fault of the summarizer's, so it never opens a breaker.
+    #[error("summary job failed inside condenser: {0}")]
+    Internal(String),
 }
 
 impl ProxyError {

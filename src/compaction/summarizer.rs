@@ -15,6 +15,7 @@ use crate::compaction::artifacts;
 use crate::compaction::summary::{hex, Key};
 use crate::config::{Api, SummarizerConfig};
 use crate::conversation::content_text;
+use crate::error::SummarizeError;
 use crate::http::upstream::{bare_key, blank_credentials, Upstream, X_API_KEY};
 use crate::observe::metrics::SummarizerHealth;
 use crate::tokens::counter::shorten_middle;
@@ -59,26 +60,6 @@ Write only the summary, no preamble. Never invent anything not in the transcript
 const EXTEND_INSTRUCTIONS: &str = "Below are the existing summary of the conversation so far and the messages \
 that came after it. Return the updated summary: the same sections, with the new messages folded in, keeping \
 every fact of the existing summary that is still true. Do not summarize the summary; update it.";
-
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum SummarizeError {
-    #[error("circuit open after repeated failures against {0}")]
-    CircuitOpen(String),
-    #[error("summarizer request failed: {0}")]
-    Upstream(String),
-    #[error("summarizer answered {status}: {body}")]
-    Status { status: u16, body: String },
-    #[error("summarizer timed out after {0:?}")]
-    Timeout(Duration),
-    #[error("summarizer reply malformed: {0}")]
-    Malformed(String),
-    #[error("summary rejected: {0}")]
-    Rejected(String),
-    /// condenser's own bookkeeping failed (a summary job that died, a poisoned lock): no
-    /// fault of the summarizer's, so it never opens a breaker.
-    #[error("summary job failed inside condenser: {0}")]
-    Internal(String),
-}
 
 impl Api {
     /// Where a summary is asked for in this API.
