@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 
-use condenser::memo::Memo;
 use condenser::observe::metrics::Metrics;
 use condenser::tokens::count_cache::CountCache;
+use condenser::tokens::memo::Memo;
 
 const KEYS: u64 = 16;
 

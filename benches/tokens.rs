@@ -19,8 +19,8 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use condenser::canonical::fast_hash_with_seed;
-use condenser::config::TokensConfig;
-use condenser::models::{ModelCatalog, ModelInfo};
+use condenser::tokens::catalog::TokensConfig;
+use condenser::tokens::catalog::{ModelCatalog, ModelInfo};
 use condenser::tokens::counter::{count_text, RawPrompt, TokenCounter};
 use condenser::tokens::encoding::Encoding;
 

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use crate::compaction::compactor::Compactor;
 use crate::config::{Config, ConfigError};
 use crate::http::upstream::{Connections, Upstreams};
-use crate::models::ModelCatalog;
 use crate::observe::metrics::{Metrics, MetricsError};
+use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::TokenCounter;
 
 #[derive(Debug, thiserror::Error)]

@@ -14,8 +14,8 @@ use crate::dialect::chat::Chat;
 use crate::dialect::messages::Messages;
 use crate::dialect::responses::Responses;
 use crate::error::ProxyError;
-use crate::models::ModelCatalog;
 use crate::pipeline::{Dialect, Prepared};
+use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::TokenCounter;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

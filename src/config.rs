@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::tokens::catalog::{ModelOverride, TokensConfig};
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read {path}: {source}")]
@@ -352,36 +354,11 @@ impl CacheConfig {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TokensConfig {
-    /// Context window assumed for a model found neither in `[models]` nor the built-in table.
-    pub default_context_window: u64,
-    /// Extra share added to estimates for models whose tokenizer is not known exactly.
-    pub unknown_model_margin: f64,
-}
-
-impl Default for TokensConfig {
-    fn default() -> Self {
-        Self {
-            default_context_window: 32768,
-            unknown_model_margin: 0.1,
-        }
-    }
-}
-
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
     /// Model names reported as their own `model` label, besides the built-in families.
     pub models: Vec<String>,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelOverride {
-    pub context_window: Option<u64>,
-    pub encoding: Option<String>,
 }
 
 /// Command-line and environment overrides, applied over the file in that order.

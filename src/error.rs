@@ -1,10 +1,7 @@
-//! Every failure a client can see, and the one place it becomes an OpenAI-shaped response.
+//! Every failure condenser names: what a client can see (each dialect writes it in its own
+//! shape), and why a summary was not made.
 
-use bytes::Bytes;
-use hyper::{header, Response, StatusCode};
-use serde_json::json;
-
-use crate::http::body::{full, ProxyBody};
+use hyper::StatusCode;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
@@ -89,7 +86,8 @@ impl ProxyError {
         }
     }
 
-    fn error_type(&self) -> &'static str {
+    /// OpenAI's `type` for it.
+    pub fn error_type(&self) -> &'static str {
         match self.status() {
             StatusCode::BAD_REQUEST
             | StatusCode::PAYLOAD_TOO_LARGE
@@ -100,7 +98,7 @@ impl ProxyError {
         }
     }
 
-    fn code(&self) -> &'static str {
+    pub fn code(&self) -> &'static str {
         match self {
             ProxyError::InvalidJson(_) => "invalid_json",
             ProxyError::InvalidRequest { .. } => "invalid_request",
@@ -117,29 +115,12 @@ impl ProxyError {
         }
     }
 
-    fn param(&self) -> Option<&'static str> {
+    /// The request field at fault, when one is.
+    pub fn param(&self) -> Option<&'static str> {
         match self {
             ProxyError::InvalidRequest { param, .. } => *param,
             ProxyError::ContextLengthExceeded { param, .. } => Some(param),
             _ => None,
         }
-    }
-
-    pub fn to_response(&self) -> Response<ProxyBody> {
-        let body = json!({
-            "error": {
-                "message": self.to_string(),
-                "type": self.error_type(),
-                "param": self.param(),
-                "code": self.code(),
-            }
-        });
-        let mut response = Response::new(full(Bytes::from(body.to_string())));
-        *response.status_mut() = self.status();
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            header::HeaderValue::from_static("application/json"),
-        );
-        response
     }
 }

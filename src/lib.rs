@@ -10,8 +10,6 @@ pub mod conversation;
 pub mod dialect;
 pub mod error;
 pub mod http;
-pub mod memo;
-pub mod models;
 pub mod observe;
 pub mod pipeline;
 pub mod tokens;

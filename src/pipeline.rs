@@ -25,9 +25,9 @@ use crate::conversation::Item;
 use crate::error::ProxyError;
 use crate::http::body::{declared_length, full, Gathered, ProxyBody};
 use crate::http::upstream::Upstream;
-use crate::models::{ModelCatalog, ModelInfo};
 use crate::observe::metrics::ModelLabel;
 use crate::observe::usage::{Usage, UsageFormat, UsageObserver, UsageTap};
+use crate::tokens::catalog::{ModelCatalog, ModelInfo};
 use crate::tokens::counter::{PromptCount, RawItems, TokenCounter};
 use crate::tokens::encoding::Encoding;
 

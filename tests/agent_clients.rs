@@ -28,8 +28,8 @@ use bytes::Bytes;
 use common::*;
 use condenser::dialect::messages::Messages;
 use condenser::dialect::responses::Responses;
-use condenser::models::ModelCatalog;
 use condenser::pipeline::Dialect;
+use condenser::tokens::catalog::ModelCatalog;
 use condenser::tokens::counter::TokenCounter;
 use serde_json::{json, Value};
 
@@ -336,7 +336,7 @@ fn config_for_model(upstream: &str, model: &str, window: u64) -> condenser::Conf
     let mut config = config_for(upstream);
     config.models.insert(
         model.into(),
-        condenser::config::ModelOverride {
+        condenser::tokens::catalog::ModelOverride {
             context_window: Some(window),
             encoding: Some("o200k_base".into()),
         },

@@ -376,7 +376,7 @@ async fn a_claude_code_shaped_tool_loop_keeps_its_task_and_its_prefix() {
     // Counted exactly, so the learned ratio does not move the limits under the test.
     config.models.insert(
         "claude-sonnet-4-5".into(),
-        condenser::config::ModelOverride {
+        condenser::tokens::catalog::ModelOverride {
             context_window: Some(24_000),
             encoding: Some("o200k_base".into()),
         },

@@ -573,7 +573,7 @@ async fn under_the_trigger_a_request_is_counted_from_its_bytes_as_the_full_path_
     config.models.get_mut("claude-sonnet-4-5").unwrap().encoding = Some("o200k_base".into());
     let proxy = Proxy::start(config.clone()).await;
     let catalog =
-        condenser::models::ModelCatalog::new(config.models.clone(), config.tokens.clone());
+        condenser::tokens::catalog::ModelCatalog::new(config.models.clone(), config.tokens.clone());
     let counter = condenser::tokens::counter::TokenCounter::new(config.tokens.unknown_model_margin);
     let mut body = messages_body(&claude_conversation(3));
     body["tools"] = json!([{"name": "lookup", "description": "Looks a thing up.",

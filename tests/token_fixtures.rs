@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use condenser::config::TokensConfig;
 use condenser::dialect::message_spans;
-use condenser::models::{ModelCatalog, ModelInfo};
+use condenser::tokens::catalog::TokensConfig;
+use condenser::tokens::catalog::{ModelCatalog, ModelInfo};
 use condenser::tokens::counter::{count_text, RawPrompt, TokenCounter};
 use condenser::tokens::encoding::Encoding;
 use serde_json::value::RawValue;

@@ -19,8 +19,8 @@ use crate::compaction::summary::{Key, Summary};
 use crate::config::{Api, Config, ConfigError, ContextConfig, OnFailure};
 use crate::error::{ProxyError, SummarizeError};
 use crate::http::upstream::{Connections, Upstream};
-use crate::models::{ModelCatalog, ModelInfo};
 use crate::observe::metrics::SummarizerHealth;
+use crate::tokens::catalog::{ModelCatalog, ModelInfo};
 use crate::tokens::counter::{count_text, PromptCount};
 use crate::tokens::encoding::Encoding;
 

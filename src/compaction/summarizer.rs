@@ -423,7 +423,7 @@ fn settings_key(texts: &[&str], numbers: &[u32]) -> Key {
 /// Reasoning models take neither a token limit nor a temperature the usual way, and spend
 /// part of their completion budget thinking: they are asked for little of it, with room.
 fn reasoning_effort(model: &str) -> Option<&'static str> {
-    let name = crate::models::base_name(model);
+    let name = crate::tokens::catalog::base_name(model);
     if name.starts_with("gpt-5") {
         Some("minimal")
     } else if ["o1", "o3", "o4"].iter().any(|p| name.starts_with(p)) {

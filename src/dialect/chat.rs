@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use std::future::Future;
 
 use bytes::Bytes;
+use hyper::Response;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
@@ -20,9 +21,10 @@ use crate::conversation::{content_text, Item};
 use crate::dialect::message_spans;
 use crate::dialect::request::{array, object_with_model, present};
 use crate::error::ProxyError;
-use crate::models::ModelCatalog;
+use crate::http::body::{json_response, ProxyBody};
 use crate::observe::usage::UsageFormat;
 use crate::pipeline::{Dialect, Outcome, Outgoing, Planned, Prepared};
+use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::{message_meta, messages, model_name, RawPrompt, TokenCounter};
 use crate::tokens::encoding::Encoding;
 
@@ -379,6 +381,22 @@ fn request_usage_in_stream(body: &mut Map<String, Value>) {
     if let Some(options) = options.as_object_mut() {
         options.insert("include_usage".into(), Value::Bool(true));
     }
+}
+
+/// An error in OpenAI's shape, `{"error":{"message","type","param","code"}}`: chat's, the
+/// Responses API's, and that of every path that is not Anthropic's.
+pub fn error_response(error: &ProxyError) -> Response<ProxyBody> {
+    json_response(
+        error.status(),
+        &json!({
+            "error": {
+                "message": error.to_string(),
+                "type": error.error_type(),
+                "param": error.param(),
+                "code": error.code(),
+            }
+        }),
+    )
 }
 
 #[cfg(test)]

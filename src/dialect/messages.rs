@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use std::future::Future;
 
 use bytes::Bytes;
-use hyper::{header, Response, StatusCode};
+use hyper::{Response, StatusCode};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
@@ -21,10 +21,10 @@ use crate::config::{Api, ContextConfig, SummaryRole};
 use crate::conversation::{view_content, Item, Kind, Role};
 use crate::dialect::request::{array, object_with_model, opens_an_object, present};
 use crate::error::ProxyError;
-use crate::http::body::{full, ProxyBody};
-use crate::models::ModelCatalog;
+use crate::http::body::{json_response, ProxyBody};
 use crate::observe::usage::UsageFormat;
 use crate::pipeline::{forward_raw, Dialect, Outgoing, Planned, Prepared, RawRequest, RawStage};
+use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::{count_text, count_tools, RawItems, TokenCounter, REPLY_PRIMING};
 use crate::tokens::encoding::Encoding;
 
@@ -584,17 +584,13 @@ pub fn error_response(error: &ProxyError) -> Response<ProxyBody> {
         s if s.as_u16() == 529 => "overloaded_error",
         _ => "api_error",
     };
-    let body = json!({
-        "type": "error",
-        "error": {"type": kind, "message": error.to_string()},
-    });
-    let mut response = Response::new(full(Bytes::from(body.to_string())));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
-    response
+    json_response(
+        status,
+        &json!({
+            "type": "error",
+            "error": {"type": kind, "message": error.to_string()},
+        }),
+    )
 }
 
 #[cfg(test)]
@@ -850,7 +846,7 @@ mod tests {
             let mut request = request(json!({"model": "claude-sonnet-4-5", "max_tokens": 500,
                 "system": "rules", "messages": sent}));
             let counter = TokenCounter::new(0.1);
-            let overrides = [("claude-sonnet-4-5".to_string(), crate::config::ModelOverride {
+            let overrides = [("claude-sonnet-4-5".to_string(), crate::tokens::catalog::ModelOverride {
                 context_window: Some(window),
                 encoding: None,
             })];

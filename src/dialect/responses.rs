@@ -22,9 +22,9 @@ use crate::config::{Api, ContextConfig, SummaryRole};
 use crate::conversation::{units, view_content, Item, Kind, Role};
 use crate::dialect::request::{object_with_model, opens_an_object, present};
 use crate::error::ProxyError;
-use crate::models::ModelCatalog;
 use crate::observe::usage::UsageFormat;
 use crate::pipeline::{forward_raw, Dialect, Outgoing, Planned, Prepared, RawRequest, RawStage};
+use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::{
     count_text, count_tools, model_name, RawItems, TokenCounter, REPLY_PRIMING,
 };

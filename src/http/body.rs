@@ -8,6 +8,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::{Body, Frame, SizeHint};
+use hyper::{header, Response, StatusCode};
 use tokio::time::{Instant, Sleep};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -19,6 +20,17 @@ pub fn declared_length(headers: &hyper::HeaderMap) -> Option<u64> {
         .get(hyper::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
+}
+
+/// A JSON reply with `status`: how condenser writes the errors it answers itself.
+pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<ProxyBody> {
+    let mut response = Response::new(full(Bytes::from(body.to_string())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {

@@ -9,7 +9,7 @@ use hyper::body::Incoming;
 use hyper::{header, Method, Request, Response, StatusCode};
 
 use crate::app::{AppState, Worker};
-use crate::dialect::chat::{Chat, CHAT_COMPLETIONS};
+use crate::dialect::chat::{self, Chat, CHAT_COMPLETIONS};
 use crate::dialect::messages::{self, Messages, MESSAGES};
 use crate::dialect::responses::{Responses, RESPONSES};
 use crate::error::ProxyError;
@@ -82,7 +82,7 @@ pub fn error_for(path: &str, error: &ProxyError) -> Response<ProxyBody> {
     if path == MESSAGES || path.starts_with("/v1/messages/") {
         messages::error_response(error)
     } else {
-        error.to_response()
+        chat::error_response(error)
     }
 }
 

@@ -17,7 +17,7 @@ use prometheus::{
     TextEncoder,
 };
 
-use crate::models::{base_name, ModelInfo};
+use crate::tokens::catalog::{base_name, ModelInfo};
 
 /// What served a request: its `route` label in metrics and in the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -770,8 +770,8 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{ModelOverride, TokensConfig};
-    use crate::models::ModelCatalog;
+    use crate::tokens::catalog::ModelCatalog;
+    use crate::tokens::catalog::{ModelOverride, TokensConfig};
     use std::collections::BTreeMap;
 
     fn catalog() -> ModelCatalog {

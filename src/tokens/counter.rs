@@ -12,10 +12,10 @@ use xxhash_rust::xxh3::{self, Xxh3};
 
 use crate::canonical::{fast_hash_parts, fast_hash_with_seed};
 use crate::conversation::{Item, Kind, Role, VALID_ROLES};
-use crate::memo::Memo;
-use crate::models::{base_name, ModelInfo};
+use crate::tokens::catalog::{base_name, ModelInfo};
 use crate::tokens::count_cache::{CountCache, Packed};
 use crate::tokens::encoding::Encoding;
+use crate::tokens::memo::Memo;
 
 /// Every chat message costs this much framing, and the reply is primed with as much.
 const TOKENS_PER_MESSAGE: u32 = 3;

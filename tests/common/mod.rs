@@ -401,7 +401,7 @@ pub fn small_window_config(upstream: &str) -> Config {
     config.summarizer.model = "gpt-4o-mini".into();
     config.models.insert(
         "gpt-4o".into(),
-        condenser::config::ModelOverride {
+        condenser::tokens::catalog::ModelOverride {
             context_window: Some(8_000),
             encoding: None,
         },
@@ -643,7 +643,7 @@ pub fn claude_config(upstream: &str) -> Config {
     let mut config = small_window_config(upstream);
     config.models.insert(
         "claude-sonnet-4-5".into(),
-        condenser::config::ModelOverride {
+        condenser::tokens::catalog::ModelOverride {
             context_window: Some(8_000),
             encoding: None,
         },

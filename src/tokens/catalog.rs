@@ -4,9 +4,35 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 
-use crate::config::{ModelOverride, TokensConfig};
-use crate::memo::Memo;
+use serde::{Deserialize, Serialize};
+
 use crate::tokens::encoding::Encoding;
+use crate::tokens::memo::Memo;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TokensConfig {
+    /// Context window assumed for a model found neither in `[models]` nor the built-in table.
+    pub default_context_window: u64,
+    /// Extra share added to estimates for models whose tokenizer is not known exactly.
+    pub unknown_model_margin: f64,
+}
+
+impl Default for TokensConfig {
+    fn default() -> Self {
+        Self {
+            default_context_window: 32768,
+            unknown_model_margin: 0.1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelOverride {
+    pub context_window: Option<u64>,
+    pub encoding: Option<String>,
+}
 
 /// Encodings by model-name prefix; the first match wins, so longer prefixes come first.
 const ENCODINGS: &[(&str, Encoding)] = &[
