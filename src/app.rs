@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use crate::compaction::compactor::Compactor;
 use crate::config::{Config, ConfigError};
-use crate::http::upstream::{Connections, Upstreams};
 use crate::observe::metrics::{Metrics, MetricsError};
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::TokenCounter;
+use crate::transport::upstream::{Connections, Upstreams};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {

@@ -9,11 +9,12 @@ pub mod config;
 pub mod conversation;
 pub mod dialect;
 pub mod error;
-pub mod http;
 pub mod observe;
 pub mod pipeline;
+pub mod server;
 pub mod tokens;
+pub mod transport;
 
 pub use app::AppState;
 pub use config::Config;
-pub use http::server::Server;
+pub use server::serve::Server;

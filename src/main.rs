@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use condenser::cli::{self, LogFormat, PlanOptions};
 use condenser::compaction::plan::Mode;
 use condenser::config::{Api, Config, Overrides};
-use condenser::http::server::{shutdown_signal, Server};
+use condenser::server::serve::{shutdown_signal, Server};
 
 // Many small allocations per request (JSON values, headers, buffers): mimalloc serves them
 // faster than the system allocator under load.

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Limited};
-use hyper::body::{Body, Incoming};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response};
 use serde_json::value::RawValue;
@@ -23,13 +23,13 @@ use crate::compaction::plan::{
 use crate::config::{Api, Config, ContextConfig};
 use crate::conversation::Item;
 use crate::error::ProxyError;
-use crate::http::body::{declared_length, full, Gathered, ProxyBody};
-use crate::http::upstream::Upstream;
 use crate::observe::metrics::ModelLabel;
-use crate::observe::usage::{Usage, UsageFormat, UsageObserver, UsageTap};
 use crate::tokens::catalog::{ModelCatalog, ModelInfo};
 use crate::tokens::counter::{PromptCount, RawItems, TokenCounter};
 use crate::tokens::encoding::Encoding;
+use crate::transport::body::{declared_length, full, read_body, ProxyBody};
+use crate::transport::upstream::Upstream;
+use crate::transport::usage::{Usage, UsageFormat, UsageObserver, UsageTap};
 
 pub const MODE_HEADER: HeaderName = HeaderName::from_static("x-condenser-mode");
 pub const PROFILE_HEADER: HeaderName = HeaderName::from_static("x-condenser-profile");
@@ -201,38 +201,6 @@ pub fn mode_for(directives: &Directives) -> Result<Mode, ProxyError> {
             ProxyError::invalid(format!("{MODE_HEADER} must be auto, off or force"), None)
         }),
     }
-}
-
-/// The body as one `Bytes`. A small body with a Content-Length arrives as one frame and is
-/// returned as it came, with no copy or buffer list; only a body in several frames is joined.
-/// Reading stops once the body says it has ended, without waiting for its channel to close.
-pub async fn read_body<B>(body: B, headers: &HeaderMap, limit: usize) -> Result<Bytes, ProxyError>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    if declared_length(headers).is_some_and(|len| len > limit as u64) {
-        return Err(ProxyError::BodyTooLarge { limit });
-    }
-    let mut body = Limited::new(body, limit);
-    let mut gathered = Gathered::Empty;
-    while !body.is_end_stream() {
-        let Some(frame) = body.frame().await else {
-            break;
-        };
-        let frame = frame.map_err(|e| {
-            if e.is::<http_body_util::LengthLimitError>() {
-                ProxyError::BodyTooLarge { limit }
-            } else {
-                ProxyError::ClientBody(e.to_string())
-            }
-        })?;
-        // Trailers are not part of the body.
-        if let Some(data) = frame.data_ref() {
-            gathered.push(data);
-        }
-    }
-    Ok(gathered.into_bytes())
 }
 
 /// What was done to the request, for headers, metrics and the log.
@@ -773,23 +741,6 @@ impl UsageObserver for Observer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use futures_util::stream;
-    use http_body_util::{Full, StreamBody};
-    use hyper::body::Frame;
-
-    type Frames = Vec<Result<Frame<Bytes>, std::io::Error>>;
-
-    fn frames(parts: &[&'static str]) -> Frames {
-        parts
-            .iter()
-            .map(|part| Ok(Frame::data(Bytes::from_static(part.as_bytes()))))
-            .collect()
-    }
-
-    async fn read(frames: Frames, limit: usize) -> Result<Bytes, ProxyError> {
-        let body = StreamBody::new(stream::iter(frames));
-        read_body(body, &HeaderMap::new(), limit).await
-    }
 
     #[test]
     fn settings_and_mode_follow_the_headers_and_name_their_problems() {
@@ -858,51 +809,5 @@ mod tests {
         assert!(!says_context_length_exceeded(
             br#"{"error":{"code":"invalid_value","message":"temperature too high"}}"#
         ));
-    }
-
-    #[tokio::test]
-    async fn one_frame_is_returned_as_it_came() {
-        let sent = Bytes::from(r#"{"model":"gpt-4o"}"#.to_string());
-        let got = read_body(Full::new(sent.clone()), &HeaderMap::new(), 100)
-            .await
-            .unwrap();
-        assert_eq!(got, sent);
-        assert_eq!(got.as_ptr(), sent.as_ptr(), "copied");
-    }
-
-    #[tokio::test]
-    async fn frames_are_joined_in_order_and_trailers_left_out() {
-        let mut sent = frames(&["", "{\"a\":", "", "1", "}"]);
-        sent.push(Ok(Frame::trailers(HeaderMap::new())));
-        assert_eq!(read(sent, 100).await.unwrap(), "{\"a\":1}");
-        assert_eq!(read(frames(&["", "x"]), 100).await.unwrap(), "x");
-        assert_eq!(read(Vec::new(), 100).await.unwrap(), "");
-    }
-
-    #[tokio::test]
-    async fn the_limit_holds_for_declared_and_for_grown_bodies() {
-        let too_large = |result: Result<Bytes, ProxyError>| {
-            matches!(result, Err(ProxyError::BodyTooLarge { limit: 8 }))
-        };
-        assert_eq!(
-            read(frames(&["1234", "5678"]), 8).await.unwrap(),
-            "12345678"
-        );
-        assert!(too_large(read(frames(&["1234", "5678", "9"]), 8).await));
-        assert!(too_large(read(frames(&["123456789"]), 8).await));
-        let mut declared = HeaderMap::new();
-        declared.insert(header::CONTENT_LENGTH, HeaderValue::from_static("9"));
-        let small = Full::new(Bytes::from_static(b"1"));
-        assert!(too_large(read_body(small, &declared, 8).await));
-    }
-
-    #[tokio::test]
-    async fn client_body_errors_are_reported_as_such() {
-        let mut sent = frames(&["12"]);
-        sent.push(Err(std::io::Error::other("connection reset")));
-        match read(sent, 100).await {
-            Err(ProxyError::ClientBody(message)) => assert_eq!(message, "connection reset"),
-            other => panic!("{other:?}"),
-        }
     }
 }

@@ -148,13 +148,15 @@ async fn relay(
                     response = response.header(name, value);
                 }
             }
-            response.body(condenser::http::body::full(body)).unwrap()
+            response
+                .body(condenser::transport::body::full(body))
+                .unwrap()
         }
     }))
     .await
 }
 
-fn sse(events: &[(&str, Value)]) -> hyper::Response<condenser::http::body::ProxyBody> {
+fn sse(events: &[(&str, Value)]) -> hyper::Response<condenser::transport::body::ProxyBody> {
     let text: String = events
         .iter()
         .map(|(event, data)| format!("event: {event}\ndata: {data}\n\n"))
@@ -162,7 +164,7 @@ fn sse(events: &[(&str, Value)]) -> hyper::Response<condenser::http::body::Proxy
     hyper::Response::builder()
         .status(200)
         .header("content-type", "text/event-stream")
-        .body(condenser::http::body::full(Bytes::from(text)))
+        .body(condenser::transport::body::full(Bytes::from(text)))
         .unwrap()
 }
 
@@ -977,7 +979,7 @@ async fn scripted_chat(rounds: usize) -> MockUpstream {
         hyper::Response::builder()
             .status(200)
             .header("content-type", "text/event-stream")
-            .body(condenser::http::body::full(Bytes::from(text)))
+            .body(condenser::transport::body::full(Bytes::from(text)))
             .unwrap()
     }))
     .await

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use condenser::http::body::{BoxError, ProxyBody};
+use condenser::transport::body::{BoxError, ProxyBody};
 use futures_util::StreamExt;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
@@ -70,7 +70,7 @@ async fn embeddings_and_large_bodies_pass_through_unchanged() {
         Response::builder()
             .status(200)
             .header("content-type", "application/octet-stream")
-            .body(condenser::http::body::full(r.body))
+            .body(condenser::transport::body::full(r.body))
             .unwrap()
     }))
     .await;
@@ -902,7 +902,7 @@ async fn an_upstream_head_of_many_fields_within_64_kib_is_relayed() {
             response = response.header(format!("x-field-{i}"), "v");
         }
         response
-            .body(condenser::http::body::full(Bytes::from(
+            .body(condenser::transport::body::full(Bytes::from(
                 completion("many fields", 1, 1).to_string(),
             )))
             .unwrap()

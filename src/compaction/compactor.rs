@@ -18,11 +18,11 @@ use crate::compaction::summarizer::{Evicted, Summarizer, SummaryRequest};
 use crate::compaction::summary::{Key, Summary};
 use crate::config::{Api, Config, ConfigError, ContextConfig, OnFailure};
 use crate::error::{ProxyError, SummarizeError};
-use crate::http::upstream::{Connections, Upstream};
 use crate::observe::metrics::SummarizerHealth;
 use crate::tokens::catalog::{ModelCatalog, ModelInfo};
 use crate::tokens::counter::{count_text, PromptCount};
 use crate::tokens::encoding::Encoding;
+use crate::transport::upstream::{Connections, Upstream};
 
 /// Poll interval while another replica makes a summary this one needs.
 const REMOTE_POLL: Duration = Duration::from_millis(100);

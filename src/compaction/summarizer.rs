@@ -16,10 +16,10 @@ use crate::compaction::summary::{hex, Key};
 use crate::config::{Api, SummarizerConfig};
 use crate::conversation::content_text;
 use crate::error::SummarizeError;
-use crate::http::upstream::{bare_key, blank_credentials, Upstream, X_API_KEY};
 use crate::observe::metrics::SummarizerHealth;
 use crate::tokens::counter::shorten_middle;
 use crate::tokens::encoding::Encoding;
+use crate::transport::upstream::{bare_key, blank_credentials, Upstream, X_API_KEY};
 
 /// Tool outputs are cut to this many tokens (head and end) before the summarizer sees them.
 const TOOL_OUTPUT_TOKENS: u32 = 600;
@@ -154,7 +154,7 @@ impl Summarizer {
     /// `connections`: kept as for every upstream.
     pub fn new(
         config: SummarizerConfig,
-        connections: &crate::http::upstream::Connections,
+        connections: &crate::transport::upstream::Connections,
         health: SummarizerHealth,
     ) -> Result<Summarizer, crate::config::ConfigError> {
         let timeout = Duration::from_secs(config.timeout_secs);
@@ -177,7 +177,7 @@ impl Summarizer {
             ],
         );
         Ok(Summarizer {
-            own_key: crate::http::upstream::bearer_from_env(&config.api_key_env)?,
+            own_key: crate::transport::upstream::bearer_from_env(&config.api_key_env)?,
             config,
             dedicated,
             breakers: Mutex::new(HashMap::new()),
@@ -319,7 +319,7 @@ impl Summarizer {
                     Method::POST,
                     request.api.summarizer_path(),
                     headers,
-                    crate::http::body::full(body.to_string()),
+                    crate::transport::body::full(body.to_string()),
                 )
                 .await
                 .map_err(|e| SummarizeError::Upstream(e.to_string()))?;
@@ -685,9 +685,9 @@ mod tests {
         Summarizer::new(config, &connections(), SummarizerHealth::new().unwrap()).unwrap()
     }
 
-    fn connections() -> crate::http::upstream::Connections {
+    fn connections() -> crate::transport::upstream::Connections {
         let failures = crate::observe::metrics::UpstreamFailures::new().unwrap();
-        crate::http::upstream::Connections::new(&crate::config::Config::default(), failures)
+        crate::transport::upstream::Connections::new(&crate::config::Config::default(), failures)
     }
 
     #[test]

@@ -21,12 +21,12 @@ use crate::conversation::{content_text, Item};
 use crate::dialect::message_spans;
 use crate::dialect::request::{array, object_with_model, present};
 use crate::error::ProxyError;
-use crate::http::body::{json_response, ProxyBody};
-use crate::observe::usage::UsageFormat;
 use crate::pipeline::{Dialect, Outcome, Outgoing, Planned, Prepared};
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::{message_meta, messages, model_name, RawPrompt, TokenCounter};
 use crate::tokens::encoding::Encoding;
+use crate::transport::body::{json_response, ProxyBody};
+use crate::transport::usage::UsageFormat;
 
 pub const CHAT_COMPLETIONS: &str = "/v1/chat/completions";
 

@@ -21,12 +21,12 @@ use crate::config::{Api, ContextConfig, SummaryRole};
 use crate::conversation::{view_content, Item, Kind, Role};
 use crate::dialect::request::{array, object_with_model, opens_an_object, present};
 use crate::error::ProxyError;
-use crate::http::body::{json_response, ProxyBody};
-use crate::observe::usage::UsageFormat;
 use crate::pipeline::{forward_raw, Dialect, Outgoing, Planned, Prepared, RawRequest, RawStage};
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::{count_text, count_tools, RawItems, TokenCounter, REPLY_PRIMING};
 use crate::tokens::encoding::Encoding;
+use crate::transport::body::{json_response, ProxyBody};
+use crate::transport::usage::UsageFormat;
 
 pub const MESSAGES: &str = "/v1/messages";
 

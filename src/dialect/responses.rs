@@ -22,13 +22,13 @@ use crate::config::{Api, ContextConfig, SummaryRole};
 use crate::conversation::{units, view_content, Item, Kind, Role};
 use crate::dialect::request::{object_with_model, opens_an_object, present};
 use crate::error::ProxyError;
-use crate::observe::usage::UsageFormat;
 use crate::pipeline::{forward_raw, Dialect, Outgoing, Planned, Prepared, RawRequest, RawStage};
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::{
     count_text, count_tools, model_name, RawItems, TokenCounter, REPLY_PRIMING,
 };
 use crate::tokens::encoding::Encoding;
+use crate::transport::usage::UsageFormat;
 
 pub const RESPONSES: &str = "/v1/responses";
 

@@ -1,4 +1,3 @@
-//! What condenser reports: Prometheus metrics, and usage read from upstream replies.
+//! What condenser reports: its Prometheus metrics.
 
 pub mod metrics;
-pub mod usage;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use condenser::http::body::{full, ProxyBody};
+use condenser::transport::body::{full, ProxyBody};
 use condenser::{AppState, Config, Server};
 use futures_util::StreamExt;
 use http_body_util::BodyExt;
@@ -606,7 +606,7 @@ pub async fn mock_claude(behaviour: ClaudeBehaviour) -> MockUpstream {
                 }
             });
             let frames = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
-                .map(|chunk| Ok::<_, condenser::http::body::BoxError>(hyper::body::Frame::data(chunk)));
+                .map(|chunk| Ok::<_, condenser::transport::body::BoxError>(hyper::body::Frame::data(chunk)));
             Response::builder()
                 .header("content-type", "text/event-stream")
                 .body(http_body_util::StreamBody::new(frames).boxed_unsync())
@@ -757,7 +757,7 @@ pub async fn mock_responses_llm(
             });
             let mut rx = rx;
             let frames = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
-                .map(|chunk| chunk.map(hyper::body::Frame::data).map_err(condenser::http::body::BoxError::from));
+                .map(|chunk| chunk.map(hyper::body::Frame::data).map_err(condenser::transport::body::BoxError::from));
             Response::builder()
                 .header("content-type", "text/event-stream")
                 .body(http_body_util::StreamBody::new(frames).boxed_unsync())

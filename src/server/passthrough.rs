@@ -8,8 +8,7 @@ use serde::Deserialize;
 
 use crate::app::AppState;
 use crate::error::ProxyError;
-use crate::http::body::{declared_length, full, limited, ProxyBody};
-use crate::pipeline::read_body;
+use crate::transport::body::{declared_length, full, limited, read_body, ProxyBody};
 
 /// The one field read of a body routed by its model.
 #[derive(Deserialize)]

@@ -13,7 +13,7 @@ use memchr::memmem;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
-use crate::http::body::{BoxError, Gathered};
+use crate::transport::body::{BoxError, Gathered};
 
 /// A JSON body larger than this is relayed without reading its usage.
 const MAX_JSON_COPY: usize = 16 * 1024 * 1024;

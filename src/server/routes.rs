@@ -13,10 +13,10 @@ use crate::dialect::chat::{self, Chat, CHAT_COMPLETIONS};
 use crate::dialect::messages::{self, Messages, MESSAGES};
 use crate::dialect::responses::{Responses, RESPONSES};
 use crate::error::ProxyError;
-use crate::http::body::{full, ProxyBody};
-use crate::http::passthrough;
 use crate::observe::metrics::Route;
 use crate::pipeline;
+use crate::server::passthrough;
+use crate::transport::body::{full, ProxyBody};
 
 pub async fn handle(worker: Arc<Worker>, request: Request<Incoming>) -> Response<ProxyBody> {
     let state = &worker.state;

@@ -8,8 +8,10 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::{Body, Frame, SizeHint};
-use hyper::{header, Response, StatusCode};
+use hyper::{header, HeaderMap, Response, StatusCode};
 use tokio::time::{Instant, Sleep};
+
+use crate::error::ProxyError;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ProxyBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
@@ -167,10 +169,44 @@ where
     }
 }
 
+/// The body as one `Bytes`. A small body with a Content-Length arrives as one frame and is
+/// returned as it came, with no copy or buffer list; only a body in several frames is joined.
+/// Reading stops once the body says it has ended, without waiting for its channel to close.
+pub async fn read_body<B>(body: B, headers: &HeaderMap, limit: usize) -> Result<Bytes, ProxyError>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    if declared_length(headers).is_some_and(|len| len > limit as u64) {
+        return Err(ProxyError::BodyTooLarge { limit });
+    }
+    let mut body = Limited::new(body, limit);
+    let mut gathered = Gathered::Empty;
+    while !body.is_end_stream() {
+        let Some(frame) = body.frame().await else {
+            break;
+        };
+        let frame = frame.map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                ProxyError::BodyTooLarge { limit }
+            } else {
+                ProxyError::ClientBody(e.to_string())
+            }
+        })?;
+        // Trailers are not part of the body.
+        if let Some(data) = frame.data_ref() {
+            gathered.push(data);
+        }
+    }
+    Ok(gathered.into_bytes())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures_util::stream;
     use http_body_util::StreamBody;
+    use hyper::header::HeaderValue;
 
     #[tokio::test(start_paused = true)]
     async fn a_body_fails_after_a_silence_and_not_after_a_slow_stream() {
@@ -196,5 +232,65 @@ mod tests {
         let error = body.frame().await.unwrap().unwrap_err();
         assert!(error.is::<UpstreamSilent>(), "{error}");
         assert_eq!(started.elapsed().as_secs(), 34);
+    }
+
+    type Frames = Vec<Result<Frame<Bytes>, std::io::Error>>;
+
+    fn frames(parts: &[&'static str]) -> Frames {
+        parts
+            .iter()
+            .map(|part| Ok(Frame::data(Bytes::from_static(part.as_bytes()))))
+            .collect()
+    }
+
+    async fn read(frames: Frames, limit: usize) -> Result<Bytes, ProxyError> {
+        let body = StreamBody::new(stream::iter(frames));
+        read_body(body, &HeaderMap::new(), limit).await
+    }
+
+    #[tokio::test]
+    async fn one_frame_is_returned_as_it_came() {
+        let sent = Bytes::from(r#"{"model":"gpt-4o"}"#.to_string());
+        let got = read_body(Full::new(sent.clone()), &HeaderMap::new(), 100)
+            .await
+            .unwrap();
+        assert_eq!(got, sent);
+        assert_eq!(got.as_ptr(), sent.as_ptr(), "copied");
+    }
+
+    #[tokio::test]
+    async fn frames_are_joined_in_order_and_trailers_left_out() {
+        let mut sent = frames(&["", "{\"a\":", "", "1", "}"]);
+        sent.push(Ok(Frame::trailers(HeaderMap::new())));
+        assert_eq!(read(sent, 100).await.unwrap(), "{\"a\":1}");
+        assert_eq!(read(frames(&["", "x"]), 100).await.unwrap(), "x");
+        assert_eq!(read(Vec::new(), 100).await.unwrap(), "");
+    }
+
+    #[tokio::test]
+    async fn the_limit_holds_for_declared_and_for_grown_bodies() {
+        let too_large = |result: Result<Bytes, ProxyError>| {
+            matches!(result, Err(ProxyError::BodyTooLarge { limit: 8 }))
+        };
+        assert_eq!(
+            read(frames(&["1234", "5678"]), 8).await.unwrap(),
+            "12345678"
+        );
+        assert!(too_large(read(frames(&["1234", "5678", "9"]), 8).await));
+        assert!(too_large(read(frames(&["123456789"]), 8).await));
+        let mut declared = HeaderMap::new();
+        declared.insert(header::CONTENT_LENGTH, HeaderValue::from_static("9"));
+        let small = Full::new(Bytes::from_static(b"1"));
+        assert!(too_large(read_body(small, &declared, 8).await));
+    }
+
+    #[tokio::test]
+    async fn client_body_errors_are_reported_as_such() {
+        let mut sent = frames(&["12"]);
+        sent.push(Err(std::io::Error::other("connection reset")));
+        match read(sent, 100).await {
+            Err(ProxyError::ClientBody(message)) => assert_eq!(message, "connection reset"),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -20,7 +20,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tower_service::Service;
 
-use crate::http::body::BoxError;
+use crate::transport::body::BoxError;
 
 /// A connector that tunnels through the configured proxy where one applies.
 #[derive(Clone)]

@@ -34,12 +34,12 @@ use wildmatch::WildMatch;
 
 use crate::config::{Config, ConfigError};
 use crate::error::ProxyError;
-use crate::http::body::{
+use crate::observe::metrics::{FailureKind, UpstreamFailures};
+use crate::transport::body::{
     declared_length, full, with_idle_timeout, BodyLimitExceeded, BoxError, ProxyBody,
     UpstreamSilent,
 };
-use crate::http::egress::Egress;
-use crate::observe::metrics::{FailureKind, UpstreamFailures};
+use crate::transport::egress::Egress;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A response head larger than this (status line and headers, as hyper parsed it) is a
@@ -1045,9 +1045,9 @@ mod tests {
                         if !body.is_empty() {
                             seen.push_str(&format!(" {}", String::from_utf8_lossy(&body)));
                         }
-                        Ok::<_, std::convert::Infallible>(Response::new(crate::http::body::full(
-                            seen,
-                        )))
+                        Ok::<_, std::convert::Infallible>(Response::new(
+                            crate::transport::body::full(seen),
+                        ))
                     });
                     let h2 = tls.inner().get_ref().1.alpn_protocol() == Some(b"h2");
                     if h2 {
@@ -1087,7 +1087,7 @@ mod tests {
                     Method::GET,
                     "/v1/models",
                     HeaderMap::new(),
-                    crate::http::body::full(Bytes::new()),
+                    crate::transport::body::full(Bytes::new()),
                 )
                 .await
                 .unwrap();
@@ -1117,7 +1117,7 @@ mod tests {
                     Method::POST,
                     "/v1/chat/completions",
                     headers,
-                    crate::http::body::full(Bytes::from_static(b"{\"rewritten\":true}")),
+                    crate::transport::body::full(Bytes::from_static(b"{\"rewritten\":true}")),
                 )
                 .await
                 .unwrap();

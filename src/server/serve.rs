@@ -27,10 +27,10 @@ use tokio::sync::watch;
 use crate::app::{AppState, StartError, Worker};
 use crate::config::Config;
 use crate::error::ProxyError;
-use crate::http::body::ProxyBody;
-use crate::http::routes;
-use crate::http::upstream;
 use crate::observe::metrics::Route;
+use crate::server::routes;
+use crate::transport::body::ProxyBody;
+use crate::transport::upstream;
 
 const HEARTBEAT: Duration = Duration::from_secs(1);
 const H2_KEEP_ALIVE: Duration = Duration::from_secs(30);

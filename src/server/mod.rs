@@ -1,0 +1,6 @@
+//! The server: listening and draining (`serve`), the routes, and the pass-through of paths
+//! condenser does not compact. The top of the house; nothing below imports it.
+
+pub mod passthrough;
+pub mod routes;
+pub mod serve;

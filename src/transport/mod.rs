@@ -1,0 +1,7 @@
+//! Transport: bodies, the upstream client and its egress, and the relayed reply's usage.
+//! It knows HTTP and upstreams, nothing of compaction or of any dialect's requests.
+
+pub mod body;
+pub mod egress;
+pub mod upstream;
+pub mod usage;
