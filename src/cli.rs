@@ -13,8 +13,8 @@ use crate::config::{Api, Config, ConfigError, ContextConfig, Overrides};
 use crate::dialect::chat::Chat;
 use crate::dialect::messages::Messages;
 use crate::dialect::responses::Responses;
+use crate::dialect::stages::{Dialect, Prepared};
 use crate::error::ProxyError;
-use crate::pipeline::{Dialect, Prepared};
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::TokenCounter;
 

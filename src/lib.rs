@@ -1,7 +1,6 @@
 //! condenser: an OpenAI-compatible reverse proxy that keeps long conversations inside the
 //! model's context window.
 
-pub mod app;
 pub mod canonical;
 pub mod cli;
 pub mod compaction;
@@ -15,6 +14,6 @@ pub mod server;
 pub mod tokens;
 pub mod transport;
 
-pub use app::AppState;
 pub use config::Config;
+pub use pipeline::state::AppState;
 pub use server::serve::Server;

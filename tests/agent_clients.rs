@@ -28,7 +28,7 @@ use bytes::Bytes;
 use common::*;
 use condenser::dialect::messages::Messages;
 use condenser::dialect::responses::Responses;
-use condenser::pipeline::Dialect;
+use condenser::dialect::stages::Dialect;
 use condenser::tokens::catalog::ModelCatalog;
 use condenser::tokens::counter::TokenCounter;
 use serde_json::{json, Value};

@@ -567,7 +567,7 @@ async fn the_anthropic_python_sdk_works_through_condenser() {
 #[tokio::test]
 async fn under_the_trigger_a_request_is_counted_from_its_bytes_as_the_full_path_counts_it() {
     use condenser::dialect::messages::Messages;
-    use condenser::pipeline::Dialect;
+    use condenser::dialect::stages::Dialect;
     let upstream = mock_claude(ClaudeBehaviour::default()).await;
     let mut config = claude_config(&upstream.url());
     config.models.get_mut("claude-sonnet-4-5").unwrap().encoding = Some("o200k_base".into());

@@ -15,7 +15,7 @@ use condenser::compaction::compactor::{Action, CacheOutcome, Rewrite};
 use condenser::compaction::plan::{Decision, Mode};
 use condenser::compaction::summary::Summary;
 use condenser::dialect::responses::Responses;
-use condenser::pipeline::Dialect;
+use condenser::dialect::stages::Dialect;
 use condenser::tokens::catalog::ModelCatalog;
 use condenser::tokens::counter::TokenCounter;
 use condenser::tokens::encoding::Encoding;

@@ -12,7 +12,6 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use crate::app::AppState;
 use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{Decision, Limits, Mode, Split};
 use crate::compaction::shorten::cut_item_texts;
@@ -20,8 +19,8 @@ use crate::config::{Api, ContextConfig};
 use crate::conversation::{content_text, Item};
 use crate::dialect::message_spans;
 use crate::dialect::request::{array, object_with_model, present};
+use crate::dialect::stages::{Counting, Dialect, Planned, Prepared, Ready};
 use crate::error::ProxyError;
-use crate::pipeline::{Dialect, Outcome, Outgoing, Planned, Prepared};
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::{message_meta, messages, model_name, RawPrompt, TokenCounter};
 use crate::tokens::encoding::Encoding;
@@ -41,13 +40,13 @@ impl Dialect for Chat {
     const CONVERSATION_FIELD: &'static str = "messages";
     type Request = Map<String, Value>;
 
-    fn scan<'s>(
-        state: &'s AppState,
+    fn scan(
+        counting: Counting<'_>,
         bytes: &Bytes,
         settings: &ContextConfig,
         mode: Mode,
-    ) -> impl Future<Output = Result<Outgoing<'s>, Option<Planned>>> + Send {
-        scan(state, bytes, settings, mode)
+    ) -> impl Future<Output = Result<Ready, Option<Planned>>> + Send {
+        scan(counting, bytes, settings, mode)
     }
 
     fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError> {
@@ -271,12 +270,12 @@ fn with_usage_requested(body: &[u8], open: usize) -> Bytes {
 /// building a tree. Otherwise the full path finishes the request: with the count when the
 /// raw path made one (for compaction, a rejection, a rewrite of stream options), without
 /// when the request was not read (the full path then validates it and names any problem).
-async fn scan<'s>(
-    state: &'s AppState,
+async fn scan(
+    counting: Counting<'_>,
     bytes: &Bytes,
     settings: &ContextConfig,
     mode: Mode,
-) -> Result<Outgoing<'s>, Option<Planned>> {
+) -> Result<Ready, Option<Planned>> {
     // The derived reader would also take a JSON array for the struct, and skips the fields
     // it does not read without checking their text; the full path rejects both.
     let Some(open) = bytes
@@ -297,12 +296,17 @@ async fn scan<'s>(
     let Ok(request) = serde_json::from_str::<Scanned>(rest) else {
         return Err(None);
     };
-    let Some(prepared) =
-        prepared_raw(&request, &split.messages, &state.catalog, &state.counter).await
+    let Some(prepared) = prepared_raw(
+        &request,
+        &split.messages,
+        counting.catalog,
+        counting.counter,
+    )
+    .await
     else {
         return Err(None);
     };
-    let input = prepared.plan_input(&state.config, settings, mode);
+    let input = prepared.plan_input(counting.config, settings, mode);
     let decision = prepared.decide(&input);
     if !matches!(decision, Decision::Forward(_)) {
         return Err(Some(Planned { prepared, decision }));
@@ -321,19 +325,12 @@ async fn scan<'s>(
         UsageRequest::Splice => with_usage_requested(bytes, open),
         UsageRequest::Merge => return Err(Some(Planned { prepared, decision })),
     };
-    let usable = Limits::new(&input).usable;
-    let model = request.model.into_owned();
-    Ok(Outgoing {
-        upstream: state.upstreams.for_model(Some(&model)),
-        model,
-        info: prepared.info,
+    Ok(Ready {
+        model: request.model.into_owned(),
+        usable: Limits::new(&input).usable,
+        prepared,
         body,
         inject_usage: usage != UsageRequest::None,
-        received_tokens: prepared.count.total,
-        forwarded_tokens: prepared.count.total,
-        forwarded_raw: prepared.count.raw_total,
-        usable,
-        outcome: Outcome::FORWARDED,
     })
 }
 

@@ -13,15 +13,16 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use crate::app::AppState;
 use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{Mode, Split};
 use crate::compaction::shorten::cut_item_texts;
 use crate::config::{Api, ContextConfig, SummaryRole};
 use crate::conversation::{view_content, Item, Kind, Role};
 use crate::dialect::request::{array, object_with_model, opens_an_object, present};
+use crate::dialect::stages::{
+    scan_raw, Counting, Dialect, Planned, Prepared, RawRequest, RawStage, Ready,
+};
 use crate::error::ProxyError;
-use crate::pipeline::{forward_raw, Dialect, Outgoing, Planned, Prepared, RawRequest, RawStage};
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::{count_text, count_tools, RawItems, TokenCounter, REPLY_PRIMING};
 use crate::tokens::encoding::Encoding;
@@ -48,13 +49,13 @@ impl Dialect for Messages {
     const CONVERSATION_FIELD: &'static str = "messages";
     type Request = MessagesRequest;
 
-    fn scan<'s>(
-        state: &'s AppState,
+    fn scan(
+        counting: Counting<'_>,
         bytes: &Bytes,
         settings: &ContextConfig,
         mode: Mode,
-    ) -> impl Future<Output = Result<Outgoing<'s>, Option<Planned>>> + Send {
-        scan(state, bytes, settings, mode)
+    ) -> impl Future<Output = Result<Ready, Option<Planned>>> + Send {
+        scan(counting, bytes, settings, mode)
     }
 
     fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError> {
@@ -301,12 +302,12 @@ const RAW_STAGE: RawStage = RawStage {
 
 /// The first stage: a request under every trigger counted and planned from its raw bytes and
 /// forwarded as it came; any other goes on to the full path with its count and plan.
-async fn scan<'s>(
-    state: &'s AppState,
+async fn scan(
+    counting: Counting<'_>,
     bytes: &Bytes,
     settings: &ContextConfig,
     mode: Mode,
-) -> Result<Outgoing<'s>, Option<Planned>> {
+) -> Result<Ready, Option<Planned>> {
     if !opens_an_object(bytes) {
         return Err(None);
     }
@@ -323,7 +324,7 @@ async fn scan<'s>(
         parts: vec![request.system, request.tools, request.tool_choice],
         requested_completion_tokens: reserve(request.max_tokens, budget),
     };
-    forward_raw(state, bytes, &RAW_STAGE, raw, settings, mode).await
+    scan_raw(counting, bytes, &RAW_STAGE, raw, settings, mode).await
 }
 
 /// What a request costs besides its messages: reply priming, `system`, tools, `tool_choice`.

@@ -5,3 +5,4 @@ pub mod message_spans;
 pub mod messages;
 pub mod request;
 pub mod responses;
+pub mod stages;

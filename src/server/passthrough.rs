@@ -6,8 +6,8 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, Response};
 use serde::Deserialize;
 
-use crate::app::AppState;
 use crate::error::ProxyError;
+use crate::pipeline::state::AppState;
 use crate::transport::body::{declared_length, full, limited, read_body, ProxyBody};
 
 /// The one field read of a body routed by its model.

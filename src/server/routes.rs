@@ -8,13 +8,13 @@ use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::{header, Method, Request, Response, StatusCode};
 
-use crate::app::{AppState, Worker};
 use crate::dialect::chat::{self, Chat, CHAT_COMPLETIONS};
 use crate::dialect::messages::{self, Messages, MESSAGES};
 use crate::dialect::responses::{Responses, RESPONSES};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
 use crate::pipeline;
+use crate::pipeline::state::{AppState, Worker};
 use crate::server::passthrough;
 use crate::transport::body::{full, ProxyBody};
 

@@ -24,10 +24,10 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::app::{AppState, StartError, Worker};
 use crate::config::Config;
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
+use crate::pipeline::state::{AppState, StartError, Worker};
 use crate::server::routes;
 use crate::transport::body::ProxyBody;
 use crate::transport::upstream;

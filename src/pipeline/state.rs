@@ -1,4 +1,5 @@
-//! Everything a request handler needs, built once from the config.
+//! Everything a request's pipeline needs, built once from the config, and each server
+//! worker's handle on it.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;

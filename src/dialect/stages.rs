@@ -1,0 +1,225 @@
+//! The stages each dialect supplies to the one pipeline (`Dialect`), and what they hand on:
+//! a request counted and ready to plan (`Prepared`), planned by a raw first stage
+//! (`Planned`), or ready to go as it came (`Ready`).
+
+use std::borrow::Cow;
+use std::future::Future;
+
+use bytes::Bytes;
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use crate::compaction::compactor::Rewrite;
+use crate::compaction::plan::{
+    self, Decision, Limits, Mode, PlanInput, Split, SUMMARY_FRAMING_TOKENS,
+};
+use crate::config::{Api, Config, ContextConfig};
+use crate::conversation::Item;
+use crate::error::ProxyError;
+use crate::tokens::catalog::{ModelCatalog, ModelInfo};
+use crate::tokens::counter::{PromptCount, RawItems, TokenCounter};
+use crate::tokens::encoding::Encoding;
+use crate::transport::usage::UsageFormat;
+
+/// What the pipeline needs of one API. Each stage is the dialect's; their order, the plan,
+/// the compaction and the relay are the pipeline's, the same for every dialect.
+pub trait Dialect {
+    /// The path it serves, for the log line.
+    const PATH: &'static str;
+    /// What its log line calls a relayed reply.
+    const SERVED: &'static str;
+    /// How its replies carry usage.
+    const USAGE: UsageFormat;
+    /// Its API, which its summaries are asked in unless `summarizer.api` says otherwise.
+    const API: Api;
+    /// The request field that holds the conversation, named by errors about it.
+    const CONVERSATION_FIELD: &'static str;
+    /// A request parsed for counting, planning and rewriting.
+    type Request: Send + Sync;
+
+    /// Stage one, for a dialect that can: a request under every trigger, counted, planned
+    /// and made ready from its raw bytes without a JSON tree. `Err` hands the request on to
+    /// the full stages, with the count and the plan when this made them.
+    fn scan(
+        _counting: Counting<'_>,
+        _bytes: &Bytes,
+        _settings: &ContextConfig,
+        _mode: Mode,
+    ) -> impl Future<Output = Result<Ready, Option<Planned>>> + Send {
+        std::future::ready(Err(None))
+    }
+
+    /// The request, checked for what condenser relies on, with errors that name the problem.
+    fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError>;
+
+    fn model(request: &Self::Request) -> &str;
+
+    fn count(
+        request: &Self::Request,
+        catalog: &ModelCatalog,
+        counter: &TokenCounter,
+    ) -> impl Future<Output = Prepared> + Send;
+
+    /// The conversation as chat messages, one per counted item: what compaction hashes into
+    /// cache keys and what the summarizer reads.
+    fn conversation(request: &Self::Request) -> Cow<'_, [Value]>;
+
+    /// Writes a compaction into the request: the head, the pinned task, the summary, the
+    /// kept items, tool outputs cut as planned (in the request model's `encoding`).
+    fn rewrite(
+        request: &mut Self::Request,
+        split: &Split,
+        rewrite: &Rewrite,
+        settings: &ContextConfig,
+        encoding: Encoding,
+    );
+
+    /// A reason to send this request as it came, whatever its size: what the plan cannot
+    /// see from the counted items alone.
+    fn forward_as_sent(_request: &Self::Request) -> Option<plan::ForwardReason> {
+        None
+    }
+
+    /// The body to send: `original` unless the request was rewritten or must ask upstream
+    /// for usage; and whether usage was asked for on the client's behalf.
+    fn outgoing_body(
+        request: Self::Request,
+        original: Bytes,
+        rewritten: bool,
+    ) -> Result<(Bytes, bool), ProxyError>;
+}
+
+/// A request counted and ready to plan, whatever its dialect; shared by the proxy and
+/// `condenser plan`.
+pub struct Prepared {
+    pub info: ModelInfo,
+    pub count: PromptCount,
+    /// The conversation's items after counting, one per entry of `count.per_message`.
+    pub metas: Vec<Item>,
+    /// What the request reserves for the reply, when it says.
+    pub requested_completion_tokens: Option<u64>,
+    pub choices: u64,
+}
+
+impl Prepared {
+    pub fn plan_input<'a>(
+        &'a self,
+        config: &Config,
+        settings: &'a ContextConfig,
+        mode: Mode,
+    ) -> PlanInput<'a> {
+        PlanInput {
+            messages: &self.metas,
+            fixed_tokens: self.count.fixed,
+            context_window: self.info.context_window,
+            requested_completion_tokens: self.requested_completion_tokens,
+            settings,
+            mode,
+            summary_tokens: config.summarizer.max_summary_tokens + SUMMARY_FRAMING_TOKENS,
+        }
+    }
+
+    /// The planner's decision, except that requests asking for several choices go as sent.
+    pub fn decide(&self, input: &PlanInput) -> Decision {
+        if self.choices > 1 {
+            return Decision::Forward(plan::ForwardReason::SeveralChoices);
+        }
+        plan::plan(input)
+    }
+}
+
+/// A request the raw path counted and planned, for the full path to finish without
+/// counting or planning it again.
+pub struct Planned {
+    pub prepared: Prepared,
+    pub decision: Decision,
+}
+
+/// A request the first stage sends as it came (or with usage asked for on the client's
+/// behalf): all the pipeline needs to send it.
+pub struct Ready {
+    pub model: String,
+    pub prepared: Prepared,
+    pub body: Bytes,
+    /// Usage was asked of upstream on the client's behalf, and is kept from it.
+    pub inject_usage: bool,
+    /// The window less the reserve, as planned: what upstream should have accepted.
+    pub usable: u64,
+}
+
+/// What counting and planning read of the gateway: the config, the model catalog and the
+/// token counter.
+#[derive(Clone, Copy)]
+pub struct Counting<'a> {
+    pub config: &'a Config,
+    pub catalog: &'a ModelCatalog,
+    pub counter: &'a TokenCounter,
+}
+
+/// How a dialect's raw first stage counts: its items (`RawItems`), and the parts besides
+/// them that cost tokens, kept under `parts_seed` and counted by `fixed` once parsed.
+pub struct RawStage {
+    pub items: RawItems,
+    pub parts_seed: u64,
+    pub fixed: fn(Encoding, &[Option<Value>]) -> u32,
+}
+
+/// What a raw first stage read of a request, without a JSON tree: its model, its items as
+/// written, the parts besides them that cost tokens, and the reply's reserve.
+pub struct RawRequest<'a> {
+    pub model: Cow<'a, str>,
+    pub items: Vec<&'a RawValue>,
+    pub parts: Vec<Option<&'a RawValue>>,
+    pub requested_completion_tokens: Option<u64>,
+}
+
+/// The rest of a raw first stage, the same for every dialect that has one: the request
+/// counted from its bytes (each item, and the parts besides them, counted once ever) and
+/// planned; sent as it came when the plan forwards it, else handed on to the full path with
+/// its count and plan. `Err(None)`: an item or part the stage cannot read.
+pub async fn scan_raw(
+    counting: Counting<'_>,
+    bytes: &Bytes,
+    stage: &RawStage,
+    request: RawRequest<'_>,
+    settings: &ContextConfig,
+    mode: Mode,
+) -> Result<Ready, Option<Planned>> {
+    let info = counting.catalog.resolve(&request.model);
+    let encoding = info.encoding;
+    let fixed = counting
+        .counter
+        .count_raw_parts(encoding, stage.parts_seed, &request.parts, |parsed| {
+            (stage.fixed)(encoding, &parsed)
+        })
+        .ok_or(None)?;
+    let raw: Vec<&[u8]> = request
+        .items
+        .iter()
+        .map(|item| item.get().as_bytes())
+        .collect();
+    let (count, metas) = counting
+        .counter
+        .count_raw_items(&raw, &stage.items, fixed, &request.model, &info)
+        .await
+        .ok_or(None)?;
+    let prepared = Prepared {
+        info,
+        count,
+        metas,
+        requested_completion_tokens: request.requested_completion_tokens,
+        choices: 1,
+    };
+    let input = prepared.plan_input(counting.config, settings, mode);
+    let decision = prepared.decide(&input);
+    if !matches!(decision, Decision::Forward(_)) {
+        return Err(Some(Planned { prepared, decision }));
+    }
+    Ok(Ready {
+        model: request.model.into_owned(),
+        usable: Limits::new(&input).usable,
+        prepared,
+        body: bytes.clone(),
+        inject_usage: false,
+    })
+}

@@ -1,0 +1,223 @@
+//! Steps three and four: upstream's answer decorated with what condenser did (its
+//! `x-condenser-*` headers and metrics), then relayed to the client, its usage read on the
+//! way and the request logged once the reply ends.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http_body_util::BodyExt;
+use hyper::header::{self, HeaderName, HeaderValue};
+use hyper::Response;
+
+use crate::compaction::compactor::{Action, CacheOutcome};
+use crate::dialect::stages::Dialect;
+use crate::observe::metrics::ModelLabel;
+use crate::pipeline::send::Sent;
+use crate::pipeline::state::Worker;
+use crate::pipeline::{Outcome, Outgoing};
+use crate::transport::body::ProxyBody;
+use crate::transport::usage::{Usage, UsageObserver, UsageTap};
+
+/// What condenser did, told to the client on every response; names checked at compile time
+/// rather than per request.
+const ACTION_HEADER: HeaderName = HeaderName::from_static("x-condenser-action");
+const PROMPT_TOKENS_HEADER: HeaderName = HeaderName::from_static("x-condenser-prompt-tokens");
+const FORWARDED_TOKENS_HEADER: HeaderName = HeaderName::from_static("x-condenser-forwarded-tokens");
+const SUMMARIZED_HEADER: HeaderName = HeaderName::from_static("x-condenser-summarized-messages");
+const CACHE_HEADER: HeaderName = HeaderName::from_static("x-condenser-cache");
+const RETRY_HEADER: HeaderName = HeaderName::from_static("x-condenser-retry");
+
+/// When the request came and how long condenser's own work on it took.
+pub(super) struct Timing {
+    pub received: Instant,
+    pub sent: Instant,
+    pub overhead: Duration,
+}
+
+/// Step three: the answer's headers say what was done, and the metrics count it.
+pub(super) fn decorate(worker: &Worker, sent: &mut Sent) -> ModelLabel {
+    let metrics = &worker.state.metrics;
+    let outgoing = &sent.outgoing;
+    let outcome = &outgoing.outcome;
+    let model_label = metrics.for_model(&outgoing.model, &outgoing.info);
+    metrics
+        .model(model_label)
+        .count_prompt(outgoing.received_tokens, outgoing.forwarded_tokens);
+    if outcome.action != Action::Forwarded || outcome.cache != CacheOutcome::None {
+        metrics
+            .compactions
+            .with_label_values(&[outcome.action.name(), outcome.cache.name()])
+            .inc();
+    }
+    let headers = sent.response.headers_mut();
+    for (name, value) in [
+        (
+            ACTION_HEADER,
+            HeaderValue::from_static(outcome.action.name()),
+        ),
+        (
+            PROMPT_TOKENS_HEADER,
+            decimal_value(outgoing.received_tokens),
+        ),
+        (
+            FORWARDED_TOKENS_HEADER,
+            decimal_value(outgoing.forwarded_tokens),
+        ),
+        // Nothing summarized, as for every forwarded request: no buffer to format it in.
+        (
+            SUMMARIZED_HEADER,
+            match outcome.summarized {
+                0 => HeaderValue::from_static("0"),
+                n => decimal_value(n as u64),
+            },
+        ),
+        (CACHE_HEADER, HeaderValue::from_static(outcome.cache.name())),
+    ] {
+        headers.insert(name, value);
+    }
+    if sent.retried {
+        headers.insert(
+            RETRY_HEADER,
+            HeaderValue::from_static("context_length_exceeded"),
+        );
+    }
+    model_label
+}
+
+/// Step four: the answer relayed, its usage read on the way (and kept from the client when
+/// condenser asked for it), the request counted and logged when it ends.
+pub(super) fn relay<D: Dialect>(
+    worker: &Arc<Worker>,
+    sent: Sent,
+    model_label: ModelLabel,
+    timing: Timing,
+) -> Response<ProxyBody> {
+    let Sent {
+        outgoing, response, ..
+    } = sent;
+    let Outgoing {
+        model,
+        inject_usage,
+        received_tokens,
+        forwarded_tokens,
+        forwarded_raw,
+        outcome,
+        ..
+    } = outgoing;
+    let upstream_time = timing.sent.elapsed();
+    worker
+        .state
+        .metrics
+        .upstream_seconds
+        .observe(upstream_time.as_secs_f64());
+    let (mut head, upstream_body) = response.into_parts();
+    let is_sse = head
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if inject_usage && !is_sse {
+        // The body is not a stream, so its length is unchanged and may stand.
+        tracing::debug!("stream requested but upstream answered without SSE");
+    }
+    let observer = Observer {
+        worker: worker.clone(),
+        path: D::PATH,
+        served: D::SERVED,
+        model,
+        model_label,
+        stream: is_sse,
+        received: timing.received,
+        status: head.status.as_u16(),
+        received_tokens,
+        forwarded_tokens,
+        forwarded_raw,
+        outcome,
+        upstream_time,
+        overhead: timing.overhead,
+    };
+    let body = if is_sse {
+        // Removing the usage chunk changes the length; the relay is chunked anyway.
+        head.headers.remove(header::CONTENT_LENGTH);
+        UsageTap::sse(upstream_body, observer, inject_usage)
+            .reading(D::USAGE)
+            .boxed_unsync()
+    } else {
+        UsageTap::json(upstream_body, observer)
+            .reading(D::USAGE)
+            .boxed_unsync()
+    };
+    Response::from_parts(head, body)
+}
+
+/// One allocation, where `HeaderValue::from(u64)` makes two (a buffer, then a shared
+/// handle for it).
+fn decimal_value(n: u64) -> HeaderValue {
+    // Digits are always a valid value; the fallback only restates that without a panic.
+    HeaderValue::from_bytes(itoa::Buffer::new().format(n).as_bytes()).unwrap_or_else(|_| n.into())
+}
+
+/// Counts and logs a relayed reply once it ends, with the usage read from it.
+struct Observer {
+    worker: Arc<Worker>,
+    path: &'static str,
+    /// What the log line calls the reply (`Dialect::SERVED`).
+    served: &'static str,
+    model: String,
+    model_label: ModelLabel,
+    stream: bool,
+    received: Instant,
+    status: u16,
+    received_tokens: u64,
+    forwarded_tokens: u64,
+    forwarded_raw: u64,
+    outcome: Outcome,
+    upstream_time: Duration,
+    overhead: Duration,
+}
+
+impl UsageObserver for Observer {
+    fn first_bytes(&mut self) {
+        if self.stream {
+            self.worker
+                .state
+                .metrics
+                .ttft_seconds
+                .observe(self.received.elapsed().as_secs_f64());
+        }
+    }
+
+    fn finished(&mut self, usage: Option<Usage>) {
+        let completion = usage.map_or(0, |u| u.completion_tokens);
+        if let Some(usage) = usage {
+            let state = &self.worker.state;
+            let series = state.metrics.model(self.model_label);
+            series.count_completion(usage.completion_tokens);
+            if let Some(ratio) =
+                state
+                    .counter
+                    .observe_usage(&self.model, self.forwarded_raw, usage.prompt_tokens)
+            {
+                series.set_token_ratio(ratio);
+            }
+        }
+        tracing::info!(
+            method = "POST",
+            path = self.path,
+            model = %self.model,
+            status = self.status,
+            stream = self.stream,
+            prompt_tokens = self.received_tokens,
+            forwarded_tokens = self.forwarded_tokens,
+            completion_tokens = completion,
+            action = self.outcome.action.name(),
+            cache = self.outcome.cache.name(),
+            summarized_messages = self.outcome.summarized,
+            upstream_ms = self.upstream_time.as_secs_f64() * 1e3,
+            summarizer_ms = self.outcome.summarizer_wait.as_secs_f64() * 1e3,
+            overhead_ms = self.overhead.as_secs_f64() * 1e3,
+            "{}",
+            self.served
+        );
+    }
+}
