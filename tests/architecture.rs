@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-//! The layout's promise: data flows one way, so no module of `src/` imports, directly or
-//! through others, a module that imports it.
+//! The layout's promise: data flows one way. The folders are layers, and no module of `src/`
+//! imports one of a higher layer, nor, directly or through others, a module that imports it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -102,6 +102,74 @@ fn cycle_through(from: &str, graph: &BTreeMap<String, BTreeSet<String>>) -> Opti
         }
     }
     None
+}
+
+/// The layers, from the bottom up, by a module's first path segment: each may import its own
+/// layer and those below, never one above.
+const LAYERS: &[&[&str]] = &[
+    &["conversation", "canonical", "error"],
+    &["tokens"],
+    &["config", "observe"],
+    &["transport"],
+    &["compaction"],
+    &["dialect"],
+    &["pipeline"],
+    &["server", "cli"],
+];
+
+fn layer_of(module: &str) -> Option<usize> {
+    let top = module.split("::").next().unwrap_or(module);
+    LAYERS.iter().position(|layer| layer.contains(&top))
+}
+
+/// Every import that goes up a layer, as (importer, imported); a module in no layer is
+/// reported as importing itself from nowhere, so that a new folder gets a place.
+fn upward_imports(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for (module, imported) in graph {
+        let Some(own) = layer_of(module) else {
+            found.push((module.clone(), "(in no layer)".to_string()));
+            continue;
+        };
+        for other in imported {
+            if layer_of(other).is_none_or(|layer| layer > own) {
+                found.push((module.clone(), other.clone()));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn no_module_imports_a_higher_layer() {
+    let graph = imports(&modules());
+    let upward = upward_imports(&graph);
+    assert!(upward.is_empty(), "imports that go up a layer: {upward:#?}");
+}
+
+#[test]
+fn the_layer_check_finds_an_import_that_goes_up() {
+    let graph: BTreeMap<String, BTreeSet<String>> = [
+        ("transport::body", vec!["error"]),
+        (
+            "compaction::cache",
+            vec!["dialect::chat", "tokens::counter"],
+        ),
+        ("dialect::chat", vec![]),
+        ("error", vec![]),
+        ("tokens::counter", vec![]),
+        ("gadgets::x", vec![]),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.into_iter().map(String::from).collect()))
+    .collect();
+    assert_eq!(
+        upward_imports(&graph),
+        vec![
+            ("compaction::cache".to_string(), "dialect::chat".to_string()),
+            ("gadgets::x".to_string(), "(in no layer)".to_string()),
+        ]
+    );
 }
 
 #[test]
