@@ -1,84 +1,70 @@
 //! A canonical encoding of JSON values for hashing: object keys sorted, every value tagged and
-//! length-prefixed, fed straight into a hasher without serializing, so equal messages hash
-//! equal whatever key order or escaping a client sends.
+//! length-prefixed, so equal messages hash equal whatever key order or escaping a client
+//! sends.
 
-use std::fmt::Write as _;
+use std::io::Write as _;
 
 use serde_json::Value;
 
-/// Anything bytes can be fed into.
-pub trait Feed {
-    fn feed(&mut self, bytes: &[u8]);
-}
-
-impl Feed for blake3::Hasher {
-    fn feed(&mut self, bytes: &[u8]) {
-        self.update(bytes);
-    }
-}
-
-impl Feed for xxhash_rust::xxh3::Xxh3 {
-    fn feed(&mut self, bytes: &[u8]) {
-        self.update(bytes);
-    }
-}
-
-/// Lets numbers be written with `write!` straight into the hasher.
-struct FmtFeed<'a, F: Feed>(&'a mut F);
-
-impl<F: Feed> std::fmt::Write for FmtFeed<'_, F> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.0.feed(s.as_bytes());
-        Ok(())
-    }
-}
-
-fn feed_len<F: Feed>(len: usize, out: &mut F) {
-    out.feed(&(len as u64).to_le_bytes());
+fn write_len(len: usize, out: &mut Vec<u8>) {
+    out.extend_from_slice(&(len as u64).to_le_bytes());
 }
 
 /// How a string is read into the hash: as it is, or as it reads (`str::trim`).
-pub type Text = fn(&str) -> &str;
+type Text = fn(&str) -> &str;
 
 fn as_sent(text: &str) -> &str {
     text
 }
 
-pub fn feed_canonical<F: Feed>(value: &Value, out: &mut F, text: Text) {
+/// Appends the canonical encoding of `value` to `out`. It is written out and hashed at once,
+/// not fed to a hasher piece by piece: a chat view is mostly short keys and tags, and a
+/// hasher's update per piece cost more than the walk (blake3 and xxh3 each hash a long input
+/// many times faster than the same bytes in pieces of a few bytes).
+fn write_canonical(value: &Value, out: &mut Vec<u8>, text: Text) {
     match value {
-        Value::Null => out.feed(b"n"),
-        Value::Bool(true) => out.feed(b"t"),
-        Value::Bool(false) => out.feed(b"f"),
+        Value::Null => out.push(b'n'),
+        Value::Bool(true) => out.push(b't'),
+        Value::Bool(false) => out.push(b'f'),
         Value::Number(number) => {
-            out.feed(b"#");
-            let _ = write!(FmtFeed(out), "{number}");
-            out.feed(b";");
+            out.push(b'#');
+            // Writing into a `Vec` cannot fail.
+            let _ = write!(out, "{number}");
+            out.push(b';');
         }
         Value::String(string) => {
             let string = text(string);
-            out.feed(b"s");
-            feed_len(string.len(), out);
-            out.feed(string.as_bytes());
+            out.push(b's');
+            write_len(string.len(), out);
+            out.extend_from_slice(string.as_bytes());
         }
         Value::Array(items) => {
-            out.feed(b"[");
-            feed_len(items.len(), out);
+            out.push(b'[');
+            write_len(items.len(), out);
             for item in items {
-                feed_canonical(item, out, text);
+                write_canonical(item, out, text);
             }
         }
         Value::Object(map) => {
-            out.feed(b"{");
-            feed_len(map.len(), out);
+            out.push(b'{');
+            write_len(map.len(), out);
             let mut entries: Vec<_> = map.iter().collect();
             entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
             for (key, item) in entries {
-                feed_len(key.len(), out);
-                out.feed(key.as_bytes());
-                feed_canonical(item, out, text);
+                write_len(key.len(), out);
+                out.extend_from_slice(key.as_bytes());
+                write_canonical(item, out, text);
             }
         }
     }
+}
+
+/// `seed ‖ canonical(value)`, strings read by `text`.
+fn canonical(seed: &[u8], value: &Value, text: Text) -> Vec<u8> {
+    let mut written = Vec::with_capacity(seed.len() + 256);
+    written.extend_from_slice(seed);
+    write_canonical(value, &mut written, text);
+    written
 }
 
 /// blake3 of `seed ‖ canonical(value)`, each string read as it reads (trimmed): the summary
@@ -86,19 +72,13 @@ pub fn feed_canonical<F: Feed>(value: &Value, out: &mut F, text: Text) {
 /// (Claude Code 2.0 trims some tool results live, not when it resumes a session) still finds
 /// the summary of it; a summary does not depend on such whitespace.
 pub fn hash_with_seed(seed: &[u8], value: &Value) -> [u8; 32] {
-    let mut hasher = blake3::Hasher::new();
-    hasher.update(seed);
-    feed_canonical(value, &mut hasher, str::trim);
-    *hasher.finalize().as_bytes()
+    *blake3::hash(&canonical(seed, value, str::trim)).as_bytes()
 }
 
 /// A fast 128-bit hash of `seed ‖ canonical(value)`, for in-memory keys that need no
 /// cryptographic strength (the per-message token counts).
 pub fn fast_hash_with_seed(seed: &[u8], value: &Value) -> u128 {
-    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-    hasher.update(seed);
-    feed_canonical(value, &mut hasher, as_sent);
-    hasher.digest128()
+    xxhash_rust::xxh3::xxh3_128(&canonical(seed, value, as_sent))
 }
 
 /// The fast hash of several values in turn (absent ones told apart from null): the key of
