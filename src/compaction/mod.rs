@@ -9,3 +9,4 @@ pub mod redis;
 pub mod shorten;
 pub mod summarizer;
 pub mod summary;
+pub mod summary_api;

@@ -9,29 +9,25 @@ use std::time::{Duration, Instant};
 use http_body_util::BodyExt;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::Method;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::compaction::artifacts;
 use crate::compaction::summary::{hex, Key};
+use crate::compaction::summary_api::{SummaryApis, SummaryAsk};
 use crate::config::{Api, SummarizerConfig};
 use crate::conversation::content_text;
 use crate::error::SummarizeError;
 use crate::observe::metrics::SummarizerHealth;
 use crate::tokens::counter::shorten_middle;
 use crate::tokens::encoding::Encoding;
-use crate::transport::upstream::{bare_key, blank_credentials, Upstream, X_API_KEY};
+use crate::transport::upstream::{blank_credentials, Upstream, X_API_KEY};
 
 /// Tool outputs are cut to this many tokens (head and end) before the summarizer sees them.
 const TOOL_OUTPUT_TOKENS: u32 = 600;
 /// Room for the instructions and a previous summary, besides the transcript.
 const PROMPT_OVERHEAD_TOKENS: u64 = 2_500;
-/// Completion budget reasoning models get on top of `max_summary_tokens` for their thinking.
-const REASONING_ALLOWANCE_TOKENS: u32 = 2_048;
 /// Characters of an upstream's error body kept in the error (and so in the log).
 const ERROR_BODY_CHARS: usize = 300;
-
-/// The API version Anthropic's requests must name.
-const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
 
 /// The caller's headers a summarizer call paid by the caller carries: its key, however its
 /// SDK sends it, and the organization and project to bill.
@@ -60,17 +56,6 @@ Write only the summary, no preamble. Never invent anything not in the transcript
 const EXTEND_INSTRUCTIONS: &str = "Below are the existing summary of the conversation so far and the messages \
 that came after it. Return the updated summary: the same sections, with the new messages folded in, keeping \
 every fact of the existing summary that is still true. Do not summarize the summary; update it.";
-
-impl Api {
-    /// Where a summary is asked for in this API.
-    fn summarizer_path(self) -> &'static str {
-        match self {
-            Api::Chat => "/v1/chat/completions",
-            Api::Responses => "/v1/responses",
-            Api::Messages => "/v1/messages",
-        }
-    }
-}
 
 impl SummarizeError {
     /// Whether the failure says the summarizer's upstream itself is unwell (and so counts
@@ -145,17 +130,19 @@ pub struct Summarizer {
     /// Only upstream-and-caller pairs with failures since their last success.
     breakers: Mutex<HashMap<BreakerKey, Breaker>>,
     health: SummarizerHealth,
+    apis: SummaryApis,
 }
 
 /// An upstream's base URL and a caller's identity hash.
 type BreakerKey = (String, Key);
 
 impl Summarizer {
-    /// `connections`: kept as for every upstream.
+    /// `connections`: kept as for every upstream; `apis`: how each API is asked.
     pub fn new(
         config: SummarizerConfig,
         connections: &crate::transport::upstream::Connections,
         health: SummarizerHealth,
+        apis: SummaryApis,
     ) -> Result<Summarizer, crate::config::ConfigError> {
         let timeout = Duration::from_secs(config.timeout_secs);
         let dedicated = if config.base_url.is_empty() {
@@ -183,6 +170,7 @@ impl Summarizer {
             breakers: Mutex::new(HashMap::new()),
             health,
             settings,
+            apis,
         })
     }
 
@@ -218,20 +206,13 @@ impl Summarizer {
         self.config.api.unwrap_or(request_api)
     }
 
-    /// Whose key pays: the summarizer's own `api_key_env` alone when set (as `x-api-key`
-    /// for Anthropic's API, a bearer token otherwise), else the caller's credential headers
-    /// (and without any key, the upstream's configured one).
+    /// Whose key pays: the summarizer's own `api_key_env` alone when set (in the style of
+    /// `api`), else the caller's credential headers (and without any key, the upstream's
+    /// configured one).
     pub fn credentials_for(&self, request_headers: &HeaderMap, api: Api) -> HeaderMap {
         let mut credentials = HeaderMap::new();
         if let Some(key) = &self.own_key {
-            match bare_key(key).filter(|_| api == Api::Messages) {
-                Some(bare) => {
-                    credentials.insert(X_API_KEY, bare);
-                }
-                None => {
-                    credentials.insert(header::AUTHORIZATION, key.clone());
-                }
-            }
+            (self.apis)(api).key_style().insert(&mut credentials, key);
             return credentials;
         }
         for name in CALLER_CREDENTIALS {
@@ -297,27 +278,27 @@ impl Summarizer {
             ),
             None => format!("<transcript>\n{transcript}</transcript>"),
         };
-        let body = request_body(
-            request.api,
-            &request.model,
-            &user,
-            self.config.max_summary_tokens,
-        );
+        let api = (self.apis)(request.api);
+        let body = api.request_body(&SummaryAsk {
+            model: &request.model,
+            instructions: INSTRUCTIONS,
+            user: &user,
+            max_tokens: self.config.max_summary_tokens,
+        });
         let mut headers = request.credentials.clone();
         headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        if request.api == Api::Messages {
-            headers.insert(ANTHROPIC_VERSION, HeaderValue::from_static("2023-06-01"));
-        }
+        api.add_headers(&mut headers);
         let timeout = Duration::from_secs(self.config.timeout_secs);
         let call = async {
             let response = request
                 .upstream
                 .send(
                     Method::POST,
-                    request.api.summarizer_path(),
+                    api.path(),
+                    api.key_style(),
                     headers,
                     crate::transport::body::full(body.to_string()),
                 )
@@ -343,7 +324,7 @@ impl Summarizer {
             .map_err(|_| SummarizeError::Timeout(timeout))??;
         let reply: Value = serde_json::from_slice(&bytes)
             .map_err(|e| SummarizeError::Malformed(format!("not JSON: {e}")))?;
-        reply_text(request.api, &reply)
+        validate(&api.reply_text(&reply)?)
     }
 
     fn check_breaker(&self, key: &BreakerKey) -> Result<(), SummarizeError> {
@@ -418,135 +399,6 @@ fn settings_key(texts: &[&str], numbers: &[u32]) -> Key {
         hasher.update(&number.to_le_bytes());
     }
     *hasher.finalize().as_bytes()
-}
-
-/// Reasoning models take neither a token limit nor a temperature the usual way, and spend
-/// part of their completion budget thinking: they are asked for little of it, with room.
-fn reasoning_effort(model: &str) -> Option<&'static str> {
-    let name = crate::tokens::catalog::base_name(model);
-    if name.starts_with("gpt-5") {
-        Some("minimal")
-    } else if ["o1", "o3", "o4"].iter().any(|p| name.starts_with(p)) {
-        Some("low")
-    } else {
-        None
-    }
-}
-
-/// The summarizer request, in `api`: the instructions as its system text, the transcript as
-/// the user's, a completion of at most `max_tokens`.
-fn request_body(api: Api, model: &str, user: &str, max_tokens: u32) -> Value {
-    let effort = reasoning_effort(model);
-    let mut body = match api {
-        Api::Chat => json!({
-            "model": model,
-            "messages": [
-                {"role": "system", "content": INSTRUCTIONS},
-                {"role": "user", "content": user},
-            ],
-            "stream": false,
-        }),
-        Api::Responses => json!({
-            "model": model,
-            "instructions": INSTRUCTIONS,
-            "input": user,
-            "store": false,
-            "stream": false,
-        }),
-        Api::Messages => json!({
-            "model": model,
-            "system": INSTRUCTIONS,
-            "messages": [{"role": "user", "content": user}],
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "stream": false,
-        }),
-    };
-    match (api, effort) {
-        (Api::Chat, Some(effort)) => {
-            body["max_completion_tokens"] = json!(max_tokens + REASONING_ALLOWANCE_TOKENS);
-            body["reasoning_effort"] = json!(effort);
-        }
-        (Api::Chat, None) => {
-            body["max_tokens"] = json!(max_tokens);
-            body["temperature"] = json!(0);
-        }
-        (Api::Responses, Some(effort)) => {
-            body["max_output_tokens"] = json!(max_tokens + REASONING_ALLOWANCE_TOKENS);
-            body["reasoning"] = json!({ "effort": effort });
-        }
-        (Api::Responses, None) => {
-            body["max_output_tokens"] = json!(max_tokens);
-            body["temperature"] = json!(0);
-        }
-        (Api::Messages, _) => {}
-    }
-    body
-}
-
-/// The summary's text from a successful reply in `api`. A reply without the shape of its
-/// API is malformed (the upstream's fault); a refusal or an empty text is a rejected summary.
-fn reply_text(api: Api, reply: &Value) -> Result<String, SummarizeError> {
-    let text_of = |parts: &[Value], kind: &str| -> String {
-        parts
-            .iter()
-            .filter(|part| part.get("type").and_then(Value::as_str) == Some(kind))
-            .filter_map(|part| part.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("")
-    };
-    match api {
-        Api::Chat => {
-            let choice = reply.pointer("/choices/0");
-            if choice
-                .and_then(|c| c.get("finish_reason"))
-                .and_then(Value::as_str)
-                == Some("content_filter")
-            {
-                return Err(SummarizeError::Rejected("content filtered".into()));
-            }
-            let message = choice
-                .and_then(|c| c.get("message"))
-                .ok_or_else(|| SummarizeError::Malformed("no choices[0].message".into()))?;
-            // A null content is well-formed (e.g. a reasoning model out of budget): no
-            // summary, but no fault of the upstream either.
-            validate(message.get("content").and_then(Value::as_str).unwrap_or(""))
-        }
-        Api::Responses => {
-            let output = reply
-                .get("output")
-                .and_then(Value::as_array)
-                .ok_or_else(|| SummarizeError::Malformed("no output".into()))?;
-            let messages = output
-                .iter()
-                .filter(|item| item.get("type").and_then(Value::as_str) == Some("message"));
-            let mut text = String::new();
-            for message in messages {
-                let parts = message
-                    .get("content")
-                    .and_then(Value::as_array)
-                    .map_or(&[][..], Vec::as_slice);
-                if parts
-                    .iter()
-                    .any(|part| part.get("type").and_then(Value::as_str) == Some("refusal"))
-                {
-                    return Err(SummarizeError::Rejected("refused".into()));
-                }
-                text.push_str(&text_of(parts, "output_text"));
-            }
-            validate(&text)
-        }
-        Api::Messages => {
-            if reply.get("stop_reason").and_then(Value::as_str) == Some("refusal") {
-                return Err(SummarizeError::Rejected("refused".into()));
-            }
-            let content = reply
-                .get("content")
-                .and_then(Value::as_array)
-                .ok_or_else(|| SummarizeError::Malformed("no content".into()))?;
-            validate(&text_of(content, "text"))
-        }
-    }
 }
 
 /// Accepts a summary only if it has content and is not an apology or an error text.
@@ -669,6 +521,8 @@ fn render_transcript(messages: &[Evicted], budget: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compaction::summary_api::REASONING_ALLOWANCE_TOKENS;
+    use serde_json::json;
 
     #[test]
     fn bad_summaries_are_rejected() {
@@ -682,7 +536,13 @@ mod tests {
             api_key_env: api_key_env.into(),
             ..SummarizerConfig::default()
         };
-        Summarizer::new(config, &connections(), SummarizerHealth::new().unwrap()).unwrap()
+        Summarizer::new(
+            config,
+            &connections(),
+            SummarizerHealth::new().unwrap(),
+            crate::dialect::summary_api,
+        )
+        .unwrap()
     }
 
     fn connections() -> crate::transport::upstream::Connections {
@@ -738,7 +598,13 @@ mod tests {
             ..SummarizerConfig::default()
         };
         let health = SummarizerHealth::new().unwrap();
-        let summarizer = Summarizer::new(config, &connections(), health.clone()).unwrap();
+        let summarizer = Summarizer::new(
+            config,
+            &connections(),
+            health.clone(),
+            crate::dialect::summary_api,
+        )
+        .unwrap();
         let key = ("http://llm.test".to_string(), [7; 32]);
         let outage = logs_of(|| {
             // Two failures open it; each half-open try fails again, as in a long outage.
@@ -841,13 +707,33 @@ mod tests {
             ..SummarizerConfig::default()
         };
         let key = |config| {
-            Summarizer::new(config, &connections(), SummarizerHealth::new().unwrap())
-                .unwrap()
-                .settings_key()
+            Summarizer::new(
+                config,
+                &connections(),
+                SummarizerHealth::new().unwrap(),
+                crate::dialect::summary_api,
+            )
+            .unwrap()
+            .settings_key()
         };
         assert_eq!(key(config(1024, 512)), key(config(1024, 512)));
         assert_ne!(key(config(1024, 512)), key(config(900, 512)));
         assert_ne!(key(config(1024, 512)), key(config(1024, 100)));
+    }
+
+    /// The request body the summarizer sends in `api`.
+    fn request_body(api: Api, model: &str, user: &str, max_tokens: u32) -> Value {
+        crate::dialect::summary_api(api).request_body(&SummaryAsk {
+            model,
+            instructions: INSTRUCTIONS,
+            user,
+            max_tokens,
+        })
+    }
+
+    /// The summary the summarizer takes from a reply in `api`.
+    fn reply_text(api: Api, reply: &Value) -> Result<String, SummarizeError> {
+        validate(&crate::dialect::summary_api(api).reply_text(reply)?)
     }
 
     #[test]

@@ -5,6 +5,9 @@
 //! a summary message and the kept items back as input items. Requests whose history is held
 //! upstream go as sent.
 
+pub mod summary;
+pub mod usage;
+
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::future::Future;
@@ -17,6 +20,7 @@ use serde_json::{json, Map, Value};
 use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{ForwardReason, Mode, Split};
 use crate::compaction::shorten::cut_item_texts;
+use crate::compaction::summary_api::SummaryApi;
 use crate::config::{Api, ContextConfig, SummaryRole};
 use crate::conversation::{units, view_content, Item, Kind, Role};
 use crate::dialect::request::{object_with_model, opens_an_object, present};
@@ -29,7 +33,9 @@ use crate::tokens::counter::{
     count_text, count_tools, model_name, RawItems, TokenCounter, REPLY_PRIMING,
 };
 use crate::tokens::encoding::Encoding;
-use crate::transport::usage::UsageFormat;
+use crate::transport::body::ProxyBody;
+use crate::transport::upstream::KeyStyle;
+use crate::transport::usage::UsageReader;
 
 pub const RESPONSES: &str = "/v1/responses";
 
@@ -51,8 +57,10 @@ pub struct ResponsesRequest {
 impl Dialect for Responses {
     const PATH: &'static str = RESPONSES;
     const SERVED: &'static str = "response";
-    const USAGE: UsageFormat = UsageFormat::Responses;
+    const USAGE: &'static dyn UsageReader = &usage::ResponsesUsage;
     const API: Api = Api::Responses;
+    const KEY_STYLE: KeyStyle = KeyStyle::Bearer;
+    const SUMMARY: &'static dyn SummaryApi = &summary::ResponsesSummary;
     const CONVERSATION_FIELD: &'static str = "input";
     type Request = ResponsesRequest;
 
@@ -63,6 +71,16 @@ impl Dialect for Responses {
         mode: Mode,
     ) -> impl Future<Output = Result<Ready, Option<Planned>>> + Send {
         scan(counting, bytes, settings, mode)
+    }
+
+    /// A body with `input` or `instructions`.
+    fn written_for(body: &Value) -> bool {
+        body.get("input").is_some() || body.get("instructions").is_some()
+    }
+
+    /// OpenAI's shape, as chat's.
+    fn error_response(error: &ProxyError) -> hyper::Response<ProxyBody> {
+        crate::dialect::chat::error_response(error)
     }
 
     fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError> {

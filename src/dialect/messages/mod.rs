@@ -4,6 +4,9 @@
 //! an assistant turn's `tool_use` blocks and the next user turn's `tool_result` blocks are
 //! one unit. A compacted `messages` starts with a user turn and alternates roles.
 
+pub mod summary;
+pub mod usage;
+
 use std::borrow::Cow;
 use std::future::Future;
 
@@ -16,6 +19,7 @@ use serde_json::{json, Map, Value};
 use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{Mode, Split};
 use crate::compaction::shorten::cut_item_texts;
+use crate::compaction::summary_api::SummaryApi;
 use crate::config::{Api, ContextConfig, SummaryRole};
 use crate::conversation::{view_content, Item, Kind, Role};
 use crate::dialect::request::{array, object_with_model, opens_an_object, present};
@@ -27,7 +31,8 @@ use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::{count_text, count_tools, RawItems, TokenCounter, REPLY_PRIMING};
 use crate::tokens::encoding::Encoding;
 use crate::transport::body::{json_response, ProxyBody};
-use crate::transport::usage::UsageFormat;
+use crate::transport::upstream::KeyStyle;
+use crate::transport::usage::UsageReader;
 
 pub const MESSAGES: &str = "/v1/messages";
 
@@ -44,8 +49,10 @@ pub struct MessagesRequest {
 impl Dialect for Messages {
     const PATH: &'static str = MESSAGES;
     const SERVED: &'static str = "message";
-    const USAGE: UsageFormat = UsageFormat::Messages;
+    const USAGE: &'static dyn UsageReader = &usage::MessagesUsage;
     const API: Api = Api::Messages;
+    const KEY_STYLE: KeyStyle = KeyStyle::XApiKey;
+    const SUMMARY: &'static dyn SummaryApi = &summary::MessagesSummary;
     const CONVERSATION_FIELD: &'static str = "messages";
     type Request = MessagesRequest;
 
@@ -56,6 +63,30 @@ impl Dialect for Messages {
         mode: Mode,
     ) -> impl Future<Output = Result<Ready, Option<Planned>>> + Send {
         scan(counting, bytes, settings, mode)
+    }
+
+    /// A body with a top-level `system` or Anthropic's content blocks. One that could be
+    /// chat as well is read as chat: `--api` says otherwise.
+    fn written_for(body: &Value) -> bool {
+        let anthropic_block = |block: &Value| {
+            matches!(
+                block.get("type").and_then(Value::as_str),
+                Some("tool_use" | "tool_result" | "thinking" | "redacted_thinking")
+            )
+        };
+        let has_anthropic_blocks = body
+            .get("messages")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|message| message.get("content").and_then(Value::as_array))
+            .flatten()
+            .any(anthropic_block);
+        body.get("system").is_some() || has_anthropic_blocks
+    }
+
+    fn error_response(error: &ProxyError) -> Response<ProxyBody> {
+        error_response(error)
     }
 
     fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError> {
