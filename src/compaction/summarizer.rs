@@ -212,7 +212,7 @@ impl Summarizer {
     pub fn credentials_for(&self, request_headers: &HeaderMap, api: Api) -> HeaderMap {
         let mut credentials = HeaderMap::new();
         if let Some(key) = &self.own_key {
-            (self.apis)(api).key_style().insert(&mut credentials, key);
+            (self.apis)(api).key_style.insert(&mut credentials, key);
             return credentials;
         }
         for name in CALLER_CREDENTIALS {
@@ -278,7 +278,8 @@ impl Summarizer {
             ),
             None => format!("<transcript>\n{transcript}</transcript>"),
         };
-        let api = (self.apis)(request.api);
+        let endpoint = (self.apis)(request.api);
+        let api = endpoint.api;
         let body = api.request_body(&SummaryAsk {
             model: &request.model,
             instructions: INSTRUCTIONS,
@@ -297,8 +298,8 @@ impl Summarizer {
                 .upstream
                 .send(
                     Method::POST,
-                    api.path(),
-                    api.key_style(),
+                    endpoint.path,
+                    endpoint.key_style,
                     headers,
                     crate::transport::body::full(body.to_string()),
                 )
@@ -536,13 +537,11 @@ mod tests {
             api_key_env: api_key_env.into(),
             ..SummarizerConfig::default()
         };
-        Summarizer::new(
-            config,
-            &connections(),
-            SummarizerHealth::new().unwrap(),
-            crate::dialect::summary_api,
-        )
-        .unwrap()
+        built(config, SummarizerHealth::new().unwrap())
+    }
+
+    fn built(config: SummarizerConfig, health: SummarizerHealth) -> Summarizer {
+        Summarizer::new(config, &connections(), health, crate::dialect::summary_api).unwrap()
     }
 
     fn connections() -> crate::transport::upstream::Connections {
@@ -598,13 +597,7 @@ mod tests {
             ..SummarizerConfig::default()
         };
         let health = SummarizerHealth::new().unwrap();
-        let summarizer = Summarizer::new(
-            config,
-            &connections(),
-            health.clone(),
-            crate::dialect::summary_api,
-        )
-        .unwrap();
+        let summarizer = built(config, health.clone());
         let key = ("http://llm.test".to_string(), [7; 32]);
         let outage = logs_of(|| {
             // Two failures open it; each half-open try fails again, as in a long outage.
@@ -706,16 +699,7 @@ mod tests {
             max_artifact_tokens,
             ..SummarizerConfig::default()
         };
-        let key = |config| {
-            Summarizer::new(
-                config,
-                &connections(),
-                SummarizerHealth::new().unwrap(),
-                crate::dialect::summary_api,
-            )
-            .unwrap()
-            .settings_key()
-        };
+        let key = |config| built(config, SummarizerHealth::new().unwrap()).settings_key();
         assert_eq!(key(config(1024, 512)), key(config(1024, 512)));
         assert_ne!(key(config(1024, 512)), key(config(900, 512)));
         assert_ne!(key(config(1024, 512)), key(config(1024, 100)));
@@ -723,17 +707,19 @@ mod tests {
 
     /// The request body the summarizer sends in `api`.
     fn request_body(api: Api, model: &str, user: &str, max_tokens: u32) -> Value {
-        crate::dialect::summary_api(api).request_body(&SummaryAsk {
-            model,
-            instructions: INSTRUCTIONS,
-            user,
-            max_tokens,
-        })
+        crate::dialect::summary_api(api)
+            .api
+            .request_body(&SummaryAsk {
+                model,
+                instructions: INSTRUCTIONS,
+                user,
+                max_tokens,
+            })
     }
 
     /// The summary the summarizer takes from a reply in `api`.
     fn reply_text(api: Api, reply: &Value) -> Result<String, SummarizeError> {
-        validate(&crate::dialect::summary_api(api).reply_text(reply)?)
+        validate(&crate::dialect::summary_api(api).api.reply_text(reply)?)
     }
 
     #[test]

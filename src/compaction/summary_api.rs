@@ -50,14 +50,8 @@ impl SummaryAsk<'_> {
     }
 }
 
-/// One API as the summarizer speaks it.
+/// How a summary is asked in one API, and read from its reply.
 pub trait SummaryApi: Send + Sync {
-    /// Where a summary is asked for.
-    fn path(&self) -> &'static str;
-
-    /// How a key of the summarizer's own is sent.
-    fn key_style(&self) -> KeyStyle;
-
     /// Headers the API requires of every request, besides the credentials.
     fn add_headers(&self, _headers: &mut HeaderMap) {}
 
@@ -69,5 +63,15 @@ pub trait SummaryApi: Send + Sync {
     fn reply_text(&self, reply: &Value) -> Result<String, SummarizeError>;
 }
 
-/// Each API's `SummaryApi`, supplied by the dialects when the state is built.
-pub type SummaryApis = fn(Api) -> &'static dyn SummaryApi;
+/// An API as the summarizer reaches it.
+#[derive(Clone, Copy)]
+pub struct SummaryEndpoint {
+    /// Where a summary is asked for.
+    pub path: &'static str,
+    /// How a key of the summarizer's own is sent.
+    pub key_style: KeyStyle,
+    pub api: &'static dyn SummaryApi,
+}
+
+/// Each API's endpoint, supplied by the dialects when the state is built.
+pub type SummaryApis = fn(Api) -> SummaryEndpoint;

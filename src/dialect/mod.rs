@@ -12,7 +12,7 @@ pub mod stages;
 use hyper::Response;
 use serde_json::Value;
 
-use crate::compaction::summary_api::SummaryApi;
+use crate::compaction::summary_api::{SummaryApi, SummaryEndpoint};
 use crate::config::Api;
 use crate::error::ProxyError;
 use crate::transport::body::ProxyBody;
@@ -83,9 +83,14 @@ registry! {
     Chat => chat::Chat,
 }
 
-/// How a summary is asked in `api`: what the compactor is built with.
-pub fn summary_api(api: Api) -> &'static dyn SummaryApi {
-    wire(api).summary
+/// Where and how a summary is asked in `api`: what the compactor is built with.
+pub fn summary_api(api: Api) -> SummaryEndpoint {
+    let wire = wire(api);
+    SummaryEndpoint {
+        path: wire.path,
+        key_style: wire.key_style,
+        api: wire.summary,
+    }
 }
 
 /// The API of a path: the dialect that serves it or a path above it.

@@ -3,21 +3,11 @@
 use serde_json::{json, Value};
 
 use crate::compaction::summary_api::{SummaryApi, SummaryAsk};
-use crate::dialect::chat::CHAT_COMPLETIONS;
 use crate::error::SummarizeError;
-use crate::transport::upstream::KeyStyle;
 
 pub struct ChatSummary;
 
 impl SummaryApi for ChatSummary {
-    fn path(&self) -> &'static str {
-        CHAT_COMPLETIONS
-    }
-
-    fn key_style(&self) -> KeyStyle {
-        KeyStyle::Bearer
-    }
-
     fn request_body(&self, ask: &SummaryAsk) -> Value {
         let mut body = json!({
             "model": ask.model,

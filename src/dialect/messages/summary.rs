@@ -4,10 +4,8 @@ use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{json, Value};
 
 use crate::compaction::summary_api::{SummaryApi, SummaryAsk};
-use crate::dialect::messages::MESSAGES;
 use crate::dialect::request::text_of;
 use crate::error::SummarizeError;
-use crate::transport::upstream::KeyStyle;
 
 /// The API version Anthropic's requests must name.
 const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
@@ -15,14 +13,6 @@ const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version
 pub struct MessagesSummary;
 
 impl SummaryApi for MessagesSummary {
-    fn path(&self) -> &'static str {
-        MESSAGES
-    }
-
-    fn key_style(&self) -> KeyStyle {
-        KeyStyle::XApiKey
-    }
-
     fn add_headers(&self, headers: &mut HeaderMap) {
         headers.insert(ANTHROPIC_VERSION, HeaderValue::from_static("2023-06-01"));
     }

@@ -15,7 +15,12 @@ pub struct MessagesUsage;
 #[derive(Deserialize)]
 struct Reply {
     usage: Option<Counts>,
-    message: Option<Box<Reply>>,
+    message: Option<Started>,
+}
+
+#[derive(Deserialize)]
+struct Started {
+    usage: Option<Counts>,
 }
 
 /// Every count optional, since a stream gives them a few at a time.
@@ -27,26 +32,23 @@ struct Counts {
     cache_read_input_tokens: Option<u64>,
 }
 
-impl Reply {
-    fn fold_into(&self, usage: &mut Option<Usage>) {
-        if let Some(message) = &self.message {
-            message.fold_into(usage);
-        }
-        if let Some(counts) = &self.usage {
-            let prompt = counts.input_tokens.map(|input| {
-                input
-                    + counts.cache_creation_input_tokens.unwrap_or(0)
-                    + counts.cache_read_input_tokens.unwrap_or(0)
-            });
-            Usage::fold(usage, prompt, counts.output_tokens);
-        }
+impl Counts {
+    /// Cache writes and reads are prompt tokens too.
+    fn prompt(&self) -> Option<u64> {
+        let cached = self.cache_creation_input_tokens.unwrap_or(0)
+            + self.cache_read_input_tokens.unwrap_or(0);
+        self.input_tokens.map(|input| input + cached)
     }
 }
 
 impl UsageReader for MessagesUsage {
     fn fold(&self, json: &[u8], usage: &mut Option<Usage>) {
-        if let Ok(reply) = serde_json::from_slice::<Reply>(json) {
-            reply.fold_into(usage);
+        let Ok(reply) = serde_json::from_slice::<Reply>(json) else {
+            return;
+        };
+        let started = reply.message.and_then(|message| message.usage);
+        for counts in [started, reply.usage].into_iter().flatten() {
+            Usage::fold(usage, counts.prompt(), counts.output_tokens);
         }
     }
 }

@@ -4,21 +4,11 @@ use serde_json::{json, Value};
 
 use crate::compaction::summary_api::{SummaryApi, SummaryAsk};
 use crate::dialect::request::text_of;
-use crate::dialect::responses::RESPONSES;
 use crate::error::SummarizeError;
-use crate::transport::upstream::KeyStyle;
 
 pub struct ResponsesSummary;
 
 impl SummaryApi for ResponsesSummary {
-    fn path(&self) -> &'static str {
-        RESPONSES
-    }
-
-    fn key_style(&self) -> KeyStyle {
-        KeyStyle::Bearer
-    }
-
     fn request_body(&self, ask: &SummaryAsk) -> Value {
         let mut body = json!({
             "model": ask.model,

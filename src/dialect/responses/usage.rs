@@ -8,12 +8,17 @@ use crate::transport::usage::{Usage, UsageReader};
 /// The Responses API's usage.
 pub struct ResponsesUsage;
 
-/// A body or a stream event: the usage sits at the top (a body) or in `response`
+/// A body, with its usage at the top, or a stream event, with it in `response`
 /// (`response.completed`).
 #[derive(Deserialize)]
 struct Reply {
     usage: Option<Counts>,
-    response: Option<Box<Reply>>,
+    response: Option<Response>,
+}
+
+#[derive(Deserialize)]
+struct Response {
+    usage: Option<Counts>,
 }
 
 /// Every count optional: an event may carry none.
@@ -23,21 +28,13 @@ struct Counts {
     output_tokens: Option<u64>,
 }
 
-impl Reply {
-    fn fold_into(&self, usage: &mut Option<Usage>) {
-        if let Some(response) = &self.response {
-            response.fold_into(usage);
-        }
-        if let Some(counts) = &self.usage {
-            Usage::fold(usage, counts.input_tokens, counts.output_tokens);
-        }
-    }
-}
-
 impl UsageReader for ResponsesUsage {
     fn fold(&self, json: &[u8], usage: &mut Option<Usage>) {
-        if let Ok(reply) = serde_json::from_slice::<Reply>(json) {
-            reply.fold_into(usage);
+        let counts = serde_json::from_slice::<Reply>(json)
+            .ok()
+            .and_then(|reply| reply.usage.or_else(|| reply.response?.usage));
+        if let Some(counts) = counts {
+            Usage::fold(usage, counts.input_tokens, counts.output_tokens);
         }
     }
 }
