@@ -2,9 +2,8 @@
 //! responses or Anthropic messages), that folds evicted messages into a structured summary;
 //! with a circuit breaker per upstream and caller.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use http_body_util::BodyExt;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -12,7 +11,8 @@ use hyper::Method;
 use serde_json::Value;
 
 use crate::compaction::artifacts;
-use crate::compaction::summary::{hex, Key};
+use crate::compaction::breaker::Breakers;
+use crate::compaction::summary::Key;
 use crate::compaction::summary_api::{SummaryApis, SummaryAsk};
 use crate::config::{Api, SummarizerConfig};
 use crate::conversation::content_text;
@@ -111,15 +111,6 @@ pub struct SummaryRequest {
     pub encoding: Encoding,
 }
 
-#[derive(Default)]
-struct Breaker {
-    failures: u32,
-    open_until: Option<Instant>,
-    /// Opened and not closed by a success since, half-open included: its opening was
-    /// logged and counted, and only its closing is news.
-    opened: bool,
-}
-
 pub struct Summarizer {
     config: SummarizerConfig,
     dedicated: Option<Arc<Upstream>>,
@@ -127,14 +118,10 @@ pub struct Summarizer {
     own_key: Option<HeaderValue>,
     /// See [`Summarizer::settings_key`].
     settings: Key,
-    /// Only upstream-and-caller pairs with failures since their last success.
-    breakers: Mutex<HashMap<BreakerKey, Breaker>>,
+    breakers: Breakers,
     health: SummarizerHealth,
     apis: SummaryApis,
 }
-
-/// An upstream's base URL and a caller's identity hash.
-type BreakerKey = (String, Key);
 
 impl Summarizer {
     /// `connections`: kept as for every upstream; `apis`: how each API is asked.
@@ -165,9 +152,9 @@ impl Summarizer {
         );
         Ok(Summarizer {
             own_key: crate::transport::upstream::bearer_from_env(&config.api_key_env)?,
+            breakers: Breakers::new(&config, health.clone()),
             config,
             dedicated,
-            breakers: Mutex::new(HashMap::new()),
             health,
             settings,
             apis,
@@ -229,16 +216,16 @@ impl Summarizer {
     /// that fit the summarizer's window.
     pub async fn summarize(&self, request: SummaryRequest) -> Result<String, SummarizeError> {
         let breaker_key = (request.upstream.base_url().to_string(), request.caller);
-        let result = match self.check_breaker(&breaker_key) {
+        let result = match self.breakers.check(&breaker_key) {
             Ok(()) => self.fold(&request).await,
             Err(open) => Err(open),
         };
         match &result {
-            Ok(_) => self.record(&breaker_key, true),
+            Ok(_) => self.breakers.record(&breaker_key, true),
             Err(e) => {
                 self.health.count_failure(e.reason());
                 if e.is_upstream_fault() {
-                    self.record(&breaker_key, false);
+                    self.breakers.record(&breaker_key, false);
                 }
             }
         }
@@ -326,66 +313,6 @@ impl Summarizer {
         let reply: Value = serde_json::from_slice(&bytes)
             .map_err(|e| SummarizeError::Malformed(format!("not JSON: {e}")))?;
         validate(&api.reply_text(&reply)?)
-    }
-
-    fn check_breaker(&self, key: &BreakerKey) -> Result<(), SummarizeError> {
-        let Ok(mut breakers) = self.breakers.lock() else {
-            return Ok(());
-        };
-        let Some(breaker) = breakers.get_mut(key) else {
-            return Ok(());
-        };
-        match breaker.open_until {
-            Some(until) if Instant::now() < until => {
-                Err(SummarizeError::CircuitOpen(key.0.clone()))
-            }
-            Some(_) => {
-                // Half-open: let this one try; one more failure re-opens at once.
-                breaker.open_until = None;
-                breaker.failures = self.config.breaker_failures.saturating_sub(1);
-                Ok(())
-            }
-            None => Ok(()),
-        }
-    }
-
-    fn record(&self, key: &BreakerKey, success: bool) {
-        let Ok(mut breakers) = self.breakers.lock() else {
-            return;
-        };
-        let caller = &hex(&key.1)[..16];
-        if success {
-            // A healthy pair keeps no entry, so the map holds only callers seeing faults.
-            if breakers.remove(key).is_some_and(|breaker| breaker.opened) {
-                self.health.breakers_open.dec();
-                tracing::info!(
-                    upstream = key.0,
-                    caller,
-                    "summarizer circuit closed: summaries are made again"
-                );
-            }
-            return;
-        }
-        let breaker = breakers.entry(key.clone()).or_default();
-        breaker.failures += 1;
-        if breaker.failures >= self.config.breaker_failures.max(1) && breaker.open_until.is_none() {
-            let cooldown = Duration::from_secs(self.config.breaker_cooldown_secs);
-            breaker.open_until = Some(Instant::now() + cooldown);
-            if breaker.opened {
-                // A half-open try failed: still the same outage, already logged.
-                tracing::debug!(upstream = key.0, caller, "summarizer circuit open again");
-            } else {
-                breaker.opened = true;
-                self.health.breakers_open.inc();
-                tracing::warn!(
-                    upstream = key.0,
-                    caller,
-                    failures = breaker.failures,
-                    cooldown_secs = cooldown.as_secs(),
-                    "summarizer circuit open: compaction falls back until a summary succeeds"
-                );
-            }
-        }
     }
 }
 
@@ -574,80 +501,6 @@ mod tests {
         ] {
             assert!(!refusal.is_upstream_fault(), "{refusal}");
         }
-    }
-
-    /// Collects what `tracing` writes on this thread while `f` runs.
-    fn logs_of(f: impl FnOnce()) -> String {
-        let logs = tempfile::NamedTempFile::new().unwrap();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::INFO)
-            .with_ansi(false)
-            .with_writer(logs.reopen().unwrap())
-            .finish();
-        tracing::subscriber::with_default(subscriber, f);
-        std::fs::read_to_string(logs.path()).unwrap()
-    }
-
-    #[test]
-    fn a_breaker_logs_and_counts_its_opening_and_its_closing_once_each() {
-        let config = SummarizerConfig {
-            breaker_failures: 2,
-            // Half-open at once, so the test needs no clock.
-            breaker_cooldown_secs: 0,
-            ..SummarizerConfig::default()
-        };
-        let health = SummarizerHealth::new().unwrap();
-        let summarizer = built(config, health.clone());
-        let key = ("http://llm.test".to_string(), [7; 32]);
-        let outage = logs_of(|| {
-            // Two failures open it; each half-open try fails again, as in a long outage.
-            for _ in 0..20 {
-                summarizer.check_breaker(&key).unwrap();
-                summarizer.record(&key, false);
-            }
-        });
-        let lines: Vec<&str> = outage.lines().collect();
-        assert_eq!(lines.len(), 1, "{outage}");
-        assert!(lines[0].contains("WARN"), "{outage}");
-        assert!(lines[0].contains("summarizer circuit open"), "{outage}");
-        assert_eq!(health.breakers_open.get(), 1);
-        let recovery = logs_of(|| {
-            summarizer.check_breaker(&key).unwrap();
-            summarizer.record(&key, true);
-            summarizer.check_breaker(&key).unwrap();
-            summarizer.record(&key, true);
-        });
-        let lines: Vec<&str> = recovery.lines().collect();
-        assert_eq!(lines.len(), 1, "{recovery}");
-        assert!(lines[0].contains("INFO"), "{recovery}");
-        assert!(lines[0].contains("summarizer circuit closed"), "{recovery}");
-        assert_eq!(health.breakers_open.get(), 0);
-        // One failure short of the threshold opens nothing and logs nothing.
-        let blip = logs_of(|| summarizer.record(&key, false));
-        assert_eq!(blip, "");
-        assert_eq!(health.breakers_open.get(), 0);
-    }
-
-    #[test]
-    fn the_breaker_opens_for_one_caller_of_an_upstream_only() {
-        let summarizer = summarizer("");
-        let upstream = "http://llm.test".to_string();
-        let (a, b) = ((upstream.clone(), [1; 32]), (upstream, [2; 32]));
-        for _ in 0..summarizer.config.breaker_failures {
-            assert!(summarizer.check_breaker(&a).is_ok());
-            summarizer.record(&a, false);
-        }
-        assert!(matches!(
-            summarizer.check_breaker(&a),
-            Err(SummarizeError::CircuitOpen(_))
-        ));
-        assert!(summarizer.check_breaker(&b).is_ok());
-        summarizer.record(&b, true);
-        assert_eq!(
-            summarizer.breakers.lock().unwrap().len(),
-            1,
-            "a healthy caller keeps no entry"
-        );
     }
 
     #[test]
