@@ -9,7 +9,7 @@ use futures_util::future::LocalBoxFuture;
 use serde_json::{json, Value};
 
 use crate::compaction::compactor::Rewrite;
-use crate::compaction::plan::{total_tokens, triggers, Decision, Limits, Mode, Split};
+use crate::compaction::plan::{total_tokens, triggers, Decision, Limits, Mode, PlanInput, Split};
 use crate::config::{Api, Config, ConfigError, ContextConfig, Overrides};
 use crate::dialect::stages::{Dialect, Prepared};
 use crate::dialect::{detect_api, with_dialect, WithDialect};
@@ -287,10 +287,32 @@ pub async fn plan(
         ..
     } = &counted;
     let input = prepared.plan_input(config, &settings, options.mode);
-    let limits = Limits::new(&input);
-    let tokens = total_tokens(&input);
-    let fired = triggers(&input, &limits);
     let mut out = String::new();
+    write_limits(&mut out, model, prepared, &input, &settings);
+    let decision = prepared.decide(&input);
+    let Some(split) = write_decision(&mut out, &decision) else {
+        return Ok(out);
+    };
+    write_split(&mut out, split, roles, config);
+    let trimmed = trimmed_tokens(config, &counted, split, &settings).await?;
+    let _ = writeln!(
+        out,
+        "forwarded = {trimmed} tokens when trimmed (no summary)"
+    );
+    Ok(out)
+}
+
+/// The model, the prompt, and each trigger against its limit.
+fn write_limits(
+    out: &mut String,
+    model: &str,
+    prepared: &Prepared,
+    input: &PlanInput,
+    settings: &ContextConfig,
+) {
+    let limits = Limits::new(input);
+    let tokens = total_tokens(input);
+    let fired = triggers(input, &limits);
     let _ = writeln!(
         out,
         "model {model}: {} ({}), window {} tokens, {} usable after the response reserve",
@@ -341,8 +363,11 @@ pub async fn plan(
         let _ = writeln!(out, "fired: {}", names.join(", "));
     }
     out.push('\n');
-    let decision = prepared.decide(&input);
-    let split = match &decision {
+}
+
+/// The planner's decision; the split, when it makes one.
+fn write_decision<'d>(out: &mut String, decision: &'d Decision) -> Option<&'d Split> {
+    match decision {
         Decision::Forward(reason) => {
             let _ = writeln!(out, "decision: forward unchanged ({})", reason.describe());
             None
@@ -365,10 +390,11 @@ pub async fn plan(
             );
             None
         }
-    };
-    let Some(split) = split else {
-        return Ok(out);
-    };
+    }
+}
+
+/// What a split keeps, summarizes and shortens.
+fn write_split(out: &mut String, split: &Split, roles: &[String], config: &Config) {
     let _ = writeln!(
         out,
         "keep head      messages 0..{} ({})",
@@ -408,10 +434,4 @@ pub async fn plan(
         "forwarded ≤ {} tokens with a summary of at most {} tokens",
         split.estimated_tokens, config.summarizer.max_summary_tokens
     );
-    let trimmed = trimmed_tokens(config, &counted, split, &settings).await?;
-    let _ = writeln!(
-        out,
-        "forwarded = {trimmed} tokens when trimmed (no summary)"
-    );
-    Ok(out)
 }
