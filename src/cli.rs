@@ -5,15 +5,14 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
+use futures_util::future::LocalBoxFuture;
 use serde_json::{json, Value};
 
 use crate::compaction::compactor::Rewrite;
-use crate::compaction::plan::{total_tokens, triggers, Decision, Limits, Mode, Split};
+use crate::compaction::plan::{total_tokens, triggers, Decision, Limits, Mode, PlanInput, Split};
 use crate::config::{Api, Config, ConfigError, ContextConfig, Overrides};
-use crate::dialect::chat::Chat;
-use crate::dialect::messages::Messages;
-use crate::dialect::responses::Responses;
 use crate::dialect::stages::{Dialect, Prepared};
+use crate::dialect::{detect_api, with_dialect, WithDialect};
 use crate::error::ProxyError;
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::TokenCounter;
@@ -95,35 +94,6 @@ pub enum CommandError {
     Request(#[from] ProxyError),
 }
 
-/// The API a request body is written for: Responses when it has `input` or `instructions`,
-/// Anthropic Messages when it has a top-level `system` or Anthropic's content blocks, else
-/// Chat Completions. A body that could be either of the last two is read as chat: `--api`
-/// says otherwise.
-pub fn detect_api(body: &Value) -> Api {
-    if body.get("input").is_some() || body.get("instructions").is_some() {
-        return Api::Responses;
-    }
-    let anthropic_block = |block: &Value| {
-        matches!(
-            block.get("type").and_then(Value::as_str),
-            Some("tool_use" | "tool_result" | "thinking" | "redacted_thinking")
-        )
-    };
-    let has_anthropic_blocks = body
-        .get("messages")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|message| message.get("content").and_then(Value::as_array))
-        .flatten()
-        .any(anthropic_block);
-    if body.get("system").is_some() || has_anthropic_blocks {
-        Api::Messages
-    } else {
-        Api::Chat
-    }
-}
-
 /// A request counted as the proxy counts it: its model, its count, and each counted item's
 /// role.
 struct Counted {
@@ -181,11 +151,47 @@ async fn trimmed_tokens(
     split: &Split,
     settings: &ContextConfig,
 ) -> Result<u64, CommandError> {
-    let body = counted.body.as_bytes();
-    match counted.api {
-        Api::Chat => trimmed_as::<Chat>(config, body, split, settings).await,
-        Api::Responses => trimmed_as::<Responses>(config, body, split, settings).await,
-        Api::Messages => trimmed_as::<Messages>(config, body, split, settings).await,
+    let trim = TrimAs {
+        config,
+        body: counted.body.as_bytes(),
+        split,
+        settings,
+    };
+    with_dialect(counted.api, trim).await
+}
+
+/// `trimmed_as`, in the dialect `with_dialect` picks.
+struct TrimAs<'a> {
+    config: &'a Config,
+    body: &'a [u8],
+    split: &'a Split,
+    settings: &'a ContextConfig,
+}
+
+impl<'a> WithDialect for TrimAs<'a> {
+    type Output = LocalBoxFuture<'a, Result<u64, CommandError>>;
+
+    fn with<D: Dialect + 'static>(self) -> Self::Output {
+        Box::pin(trimmed_as::<D>(
+            self.config,
+            self.body,
+            self.split,
+            self.settings,
+        ))
+    }
+}
+
+/// `counted_as`, in the dialect `with_dialect` picks.
+struct CountAs<'a> {
+    config: &'a Config,
+    body: &'a [u8],
+}
+
+impl<'a> WithDialect for CountAs<'a> {
+    type Output = LocalBoxFuture<'a, Result<Counted, CommandError>>;
+
+    fn with<D: Dialect + 'static>(self) -> Self::Output {
+        Box::pin(counted_as::<D>(self.config, self.body))
     }
 }
 
@@ -202,11 +208,11 @@ async fn prepare(
     }
     let api = api.unwrap_or_else(|| detect_api(&body));
     let bytes = body.to_string();
-    let counted = match api {
-        Api::Chat => counted_as::<Chat>(config, bytes.as_bytes()).await,
-        Api::Responses => counted_as::<Responses>(config, bytes.as_bytes()).await,
-        Api::Messages => counted_as::<Messages>(config, bytes.as_bytes()).await,
-    }?;
+    let count = CountAs {
+        config,
+        body: bytes.as_bytes(),
+    };
+    let counted = with_dialect(api, count).await?;
     Ok(Counted {
         body: bytes,
         ..counted
@@ -281,10 +287,32 @@ pub async fn plan(
         ..
     } = &counted;
     let input = prepared.plan_input(config, &settings, options.mode);
-    let limits = Limits::new(&input);
-    let tokens = total_tokens(&input);
-    let fired = triggers(&input, &limits);
     let mut out = String::new();
+    write_limits(&mut out, model, prepared, &input, &settings);
+    let decision = prepared.decide(&input);
+    let Some(split) = write_decision(&mut out, &decision) else {
+        return Ok(out);
+    };
+    write_split(&mut out, split, roles, config);
+    let trimmed = trimmed_tokens(config, &counted, split, &settings).await?;
+    let _ = writeln!(
+        out,
+        "forwarded = {trimmed} tokens when trimmed (no summary)"
+    );
+    Ok(out)
+}
+
+/// The model, the prompt, and each trigger against its limit.
+fn write_limits(
+    out: &mut String,
+    model: &str,
+    prepared: &Prepared,
+    input: &PlanInput,
+    settings: &ContextConfig,
+) {
+    let limits = Limits::new(input);
+    let tokens = total_tokens(input);
+    let fired = triggers(input, &limits);
     let _ = writeln!(
         out,
         "model {model}: {} ({}), window {} tokens, {} usable after the response reserve",
@@ -335,8 +363,11 @@ pub async fn plan(
         let _ = writeln!(out, "fired: {}", names.join(", "));
     }
     out.push('\n');
-    let decision = prepared.decide(&input);
-    let split = match &decision {
+}
+
+/// The planner's decision; the split, when it makes one.
+fn write_decision<'d>(out: &mut String, decision: &'d Decision) -> Option<&'d Split> {
+    match decision {
         Decision::Forward(reason) => {
             let _ = writeln!(out, "decision: forward unchanged ({})", reason.describe());
             None
@@ -359,10 +390,11 @@ pub async fn plan(
             );
             None
         }
-    };
-    let Some(split) = split else {
-        return Ok(out);
-    };
+    }
+}
+
+/// What a split keeps, summarizes and shortens.
+fn write_split(out: &mut String, split: &Split, roles: &[String], config: &Config) {
     let _ = writeln!(
         out,
         "keep head      messages 0..{} ({})",
@@ -402,10 +434,4 @@ pub async fn plan(
         "forwarded ≤ {} tokens with a summary of at most {} tokens",
         split.estimated_tokens, config.summarizer.max_summary_tokens
     );
-    let trimmed = trimmed_tokens(config, &counted, split, &settings).await?;
-    let _ = writeln!(
-        out,
-        "forwarded = {trimmed} tokens when trimmed (no summary)"
-    );
-    Ok(out)
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use condenser::dialect::message_spans;
+use condenser::dialect::chat::message_spans;
 use condenser::tokens::catalog::TokensConfig;
 use condenser::tokens::catalog::{ModelCatalog, ModelInfo};
 use condenser::tokens::counter::{count_text, RawPrompt, TokenCounter};

@@ -16,6 +16,7 @@ use crate::compaction::plan::{Limits, Mode, Split, Tier, SUMMARY_FRAMING_TOKENS}
 use crate::compaction::redis::{unix_now, LockOutcome, RedisStore};
 use crate::compaction::summarizer::{Evicted, Summarizer, SummaryRequest};
 use crate::compaction::summary::{Key, Summary};
+use crate::compaction::summary_api::SummaryApis;
 use crate::config::{Api, Config, ConfigError, ContextConfig, OnFailure};
 use crate::error::{ProxyError, SummarizeError};
 use crate::observe::metrics::SummarizerHealth;
@@ -154,6 +155,7 @@ impl Compactor {
         summarize_seconds: prometheus::Histogram,
         summarizer_health: SummarizerHealth,
         connections: &Connections,
+        summary_apis: SummaryApis,
     ) -> Result<Compactor, ConfigError> {
         let shared = if config.cache.redis_url.is_empty() {
             None
@@ -163,7 +165,12 @@ impl Compactor {
         Ok(Compactor {
             scope_headers: ScopeHeaders::new(&config.cache)?,
             cache: SummaryCache::new(&config.cache, shared),
-            summarizer: Summarizer::new(config.summarizer.clone(), connections, summarizer_health)?,
+            summarizer: Summarizer::new(
+                config.summarizer.clone(),
+                connections,
+                summarizer_health,
+                summary_apis,
+            )?,
             in_flight: Mutex::new(HashMap::new()),
             catalog,
             summarize_seconds,

@@ -2,6 +2,7 @@
 //! summary cache and its shared Redis level, and the compactor that carries a plan out.
 
 pub mod artifacts;
+pub mod breaker;
 pub mod cache;
 pub mod compactor;
 pub mod plan;
@@ -9,3 +10,4 @@ pub mod redis;
 pub mod shorten;
 pub mod summarizer;
 pub mod summary;
+pub mod summary_api;

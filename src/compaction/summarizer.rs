@@ -2,36 +2,32 @@
 //! responses or Anthropic messages), that folds evicted messages into a structured summary;
 //! with a circuit breaker per upstream and caller.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use http_body_util::BodyExt;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::Method;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::compaction::artifacts;
-use crate::compaction::summary::{hex, Key};
+use crate::compaction::breaker::Breakers;
+use crate::compaction::summary::Key;
+use crate::compaction::summary_api::{SummaryApis, SummaryAsk};
 use crate::config::{Api, SummarizerConfig};
 use crate::conversation::content_text;
 use crate::error::SummarizeError;
 use crate::observe::metrics::SummarizerHealth;
 use crate::tokens::counter::shorten_middle;
 use crate::tokens::encoding::Encoding;
-use crate::transport::upstream::{bare_key, blank_credentials, Upstream, X_API_KEY};
+use crate::transport::upstream::{blank_credentials, Upstream, X_API_KEY};
 
 /// Tool outputs are cut to this many tokens (head and end) before the summarizer sees them.
 const TOOL_OUTPUT_TOKENS: u32 = 600;
 /// Room for the instructions and a previous summary, besides the transcript.
 const PROMPT_OVERHEAD_TOKENS: u64 = 2_500;
-/// Completion budget reasoning models get on top of `max_summary_tokens` for their thinking.
-const REASONING_ALLOWANCE_TOKENS: u32 = 2_048;
 /// Characters of an upstream's error body kept in the error (and so in the log).
 const ERROR_BODY_CHARS: usize = 300;
-
-/// The API version Anthropic's requests must name.
-const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
 
 /// The caller's headers a summarizer call paid by the caller carries: its key, however its
 /// SDK sends it, and the organization and project to bill.
@@ -60,17 +56,6 @@ Write only the summary, no preamble. Never invent anything not in the transcript
 const EXTEND_INSTRUCTIONS: &str = "Below are the existing summary of the conversation so far and the messages \
 that came after it. Return the updated summary: the same sections, with the new messages folded in, keeping \
 every fact of the existing summary that is still true. Do not summarize the summary; update it.";
-
-impl Api {
-    /// Where a summary is asked for in this API.
-    fn summarizer_path(self) -> &'static str {
-        match self {
-            Api::Chat => "/v1/chat/completions",
-            Api::Responses => "/v1/responses",
-            Api::Messages => "/v1/messages",
-        }
-    }
-}
 
 impl SummarizeError {
     /// Whether the failure says the summarizer's upstream itself is unwell (and so counts
@@ -126,15 +111,6 @@ pub struct SummaryRequest {
     pub encoding: Encoding,
 }
 
-#[derive(Default)]
-struct Breaker {
-    failures: u32,
-    open_until: Option<Instant>,
-    /// Opened and not closed by a success since, half-open included: its opening was
-    /// logged and counted, and only its closing is news.
-    opened: bool,
-}
-
 pub struct Summarizer {
     config: SummarizerConfig,
     dedicated: Option<Arc<Upstream>>,
@@ -142,20 +118,18 @@ pub struct Summarizer {
     own_key: Option<HeaderValue>,
     /// See [`Summarizer::settings_key`].
     settings: Key,
-    /// Only upstream-and-caller pairs with failures since their last success.
-    breakers: Mutex<HashMap<BreakerKey, Breaker>>,
+    breakers: Breakers,
     health: SummarizerHealth,
+    apis: SummaryApis,
 }
 
-/// An upstream's base URL and a caller's identity hash.
-type BreakerKey = (String, Key);
-
 impl Summarizer {
-    /// `connections`: kept as for every upstream.
+    /// `connections`: kept as for every upstream; `apis`: how each API is asked.
     pub fn new(
         config: SummarizerConfig,
         connections: &crate::transport::upstream::Connections,
         health: SummarizerHealth,
+        apis: SummaryApis,
     ) -> Result<Summarizer, crate::config::ConfigError> {
         let timeout = Duration::from_secs(config.timeout_secs);
         let dedicated = if config.base_url.is_empty() {
@@ -178,11 +152,12 @@ impl Summarizer {
         );
         Ok(Summarizer {
             own_key: crate::transport::upstream::bearer_from_env(&config.api_key_env)?,
+            breakers: Breakers::new(&config, health.clone()),
             config,
             dedicated,
-            breakers: Mutex::new(HashMap::new()),
             health,
             settings,
+            apis,
         })
     }
 
@@ -218,20 +193,13 @@ impl Summarizer {
         self.config.api.unwrap_or(request_api)
     }
 
-    /// Whose key pays: the summarizer's own `api_key_env` alone when set (as `x-api-key`
-    /// for Anthropic's API, a bearer token otherwise), else the caller's credential headers
-    /// (and without any key, the upstream's configured one).
+    /// Whose key pays: the summarizer's own `api_key_env` alone when set (in the style of
+    /// `api`), else the caller's credential headers (and without any key, the upstream's
+    /// configured one).
     pub fn credentials_for(&self, request_headers: &HeaderMap, api: Api) -> HeaderMap {
         let mut credentials = HeaderMap::new();
         if let Some(key) = &self.own_key {
-            match bare_key(key).filter(|_| api == Api::Messages) {
-                Some(bare) => {
-                    credentials.insert(X_API_KEY, bare);
-                }
-                None => {
-                    credentials.insert(header::AUTHORIZATION, key.clone());
-                }
-            }
+            (self.apis)(api).key_style.insert(&mut credentials, key);
             return credentials;
         }
         for name in CALLER_CREDENTIALS {
@@ -248,16 +216,16 @@ impl Summarizer {
     /// that fit the summarizer's window.
     pub async fn summarize(&self, request: SummaryRequest) -> Result<String, SummarizeError> {
         let breaker_key = (request.upstream.base_url().to_string(), request.caller);
-        let result = match self.check_breaker(&breaker_key) {
+        let result = match self.breakers.check(&breaker_key) {
             Ok(()) => self.fold(&request).await,
             Err(open) => Err(open),
         };
         match &result {
-            Ok(_) => self.record(&breaker_key, true),
+            Ok(_) => self.breakers.record(&breaker_key, true),
             Err(e) => {
                 self.health.count_failure(e.reason());
                 if e.is_upstream_fault() {
-                    self.record(&breaker_key, false);
+                    self.breakers.record(&breaker_key, false);
                 }
             }
         }
@@ -297,27 +265,28 @@ impl Summarizer {
             ),
             None => format!("<transcript>\n{transcript}</transcript>"),
         };
-        let body = request_body(
-            request.api,
-            &request.model,
-            &user,
-            self.config.max_summary_tokens,
-        );
+        let endpoint = (self.apis)(request.api);
+        let api = endpoint.api;
+        let body = api.request_body(&SummaryAsk {
+            model: &request.model,
+            instructions: INSTRUCTIONS,
+            user: &user,
+            max_tokens: self.config.max_summary_tokens,
+        });
         let mut headers = request.credentials.clone();
         headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        if request.api == Api::Messages {
-            headers.insert(ANTHROPIC_VERSION, HeaderValue::from_static("2023-06-01"));
-        }
+        api.add_headers(&mut headers);
         let timeout = Duration::from_secs(self.config.timeout_secs);
         let call = async {
             let response = request
                 .upstream
                 .send(
                     Method::POST,
-                    request.api.summarizer_path(),
+                    endpoint.path,
+                    endpoint.key_style,
                     headers,
                     crate::transport::body::full(body.to_string()),
                 )
@@ -343,67 +312,7 @@ impl Summarizer {
             .map_err(|_| SummarizeError::Timeout(timeout))??;
         let reply: Value = serde_json::from_slice(&bytes)
             .map_err(|e| SummarizeError::Malformed(format!("not JSON: {e}")))?;
-        reply_text(request.api, &reply)
-    }
-
-    fn check_breaker(&self, key: &BreakerKey) -> Result<(), SummarizeError> {
-        let Ok(mut breakers) = self.breakers.lock() else {
-            return Ok(());
-        };
-        let Some(breaker) = breakers.get_mut(key) else {
-            return Ok(());
-        };
-        match breaker.open_until {
-            Some(until) if Instant::now() < until => {
-                Err(SummarizeError::CircuitOpen(key.0.clone()))
-            }
-            Some(_) => {
-                // Half-open: let this one try; one more failure re-opens at once.
-                breaker.open_until = None;
-                breaker.failures = self.config.breaker_failures.saturating_sub(1);
-                Ok(())
-            }
-            None => Ok(()),
-        }
-    }
-
-    fn record(&self, key: &BreakerKey, success: bool) {
-        let Ok(mut breakers) = self.breakers.lock() else {
-            return;
-        };
-        let caller = &hex(&key.1)[..16];
-        if success {
-            // A healthy pair keeps no entry, so the map holds only callers seeing faults.
-            if breakers.remove(key).is_some_and(|breaker| breaker.opened) {
-                self.health.breakers_open.dec();
-                tracing::info!(
-                    upstream = key.0,
-                    caller,
-                    "summarizer circuit closed: summaries are made again"
-                );
-            }
-            return;
-        }
-        let breaker = breakers.entry(key.clone()).or_default();
-        breaker.failures += 1;
-        if breaker.failures >= self.config.breaker_failures.max(1) && breaker.open_until.is_none() {
-            let cooldown = Duration::from_secs(self.config.breaker_cooldown_secs);
-            breaker.open_until = Some(Instant::now() + cooldown);
-            if breaker.opened {
-                // A half-open try failed: still the same outage, already logged.
-                tracing::debug!(upstream = key.0, caller, "summarizer circuit open again");
-            } else {
-                breaker.opened = true;
-                self.health.breakers_open.inc();
-                tracing::warn!(
-                    upstream = key.0,
-                    caller,
-                    failures = breaker.failures,
-                    cooldown_secs = cooldown.as_secs(),
-                    "summarizer circuit open: compaction falls back until a summary succeeds"
-                );
-            }
-        }
+        validate(&api.reply_text(&reply)?)
     }
 }
 
@@ -418,135 +327,6 @@ fn settings_key(texts: &[&str], numbers: &[u32]) -> Key {
         hasher.update(&number.to_le_bytes());
     }
     *hasher.finalize().as_bytes()
-}
-
-/// Reasoning models take neither a token limit nor a temperature the usual way, and spend
-/// part of their completion budget thinking: they are asked for little of it, with room.
-fn reasoning_effort(model: &str) -> Option<&'static str> {
-    let name = crate::tokens::catalog::base_name(model);
-    if name.starts_with("gpt-5") {
-        Some("minimal")
-    } else if ["o1", "o3", "o4"].iter().any(|p| name.starts_with(p)) {
-        Some("low")
-    } else {
-        None
-    }
-}
-
-/// The summarizer request, in `api`: the instructions as its system text, the transcript as
-/// the user's, a completion of at most `max_tokens`.
-fn request_body(api: Api, model: &str, user: &str, max_tokens: u32) -> Value {
-    let effort = reasoning_effort(model);
-    let mut body = match api {
-        Api::Chat => json!({
-            "model": model,
-            "messages": [
-                {"role": "system", "content": INSTRUCTIONS},
-                {"role": "user", "content": user},
-            ],
-            "stream": false,
-        }),
-        Api::Responses => json!({
-            "model": model,
-            "instructions": INSTRUCTIONS,
-            "input": user,
-            "store": false,
-            "stream": false,
-        }),
-        Api::Messages => json!({
-            "model": model,
-            "system": INSTRUCTIONS,
-            "messages": [{"role": "user", "content": user}],
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "stream": false,
-        }),
-    };
-    match (api, effort) {
-        (Api::Chat, Some(effort)) => {
-            body["max_completion_tokens"] = json!(max_tokens + REASONING_ALLOWANCE_TOKENS);
-            body["reasoning_effort"] = json!(effort);
-        }
-        (Api::Chat, None) => {
-            body["max_tokens"] = json!(max_tokens);
-            body["temperature"] = json!(0);
-        }
-        (Api::Responses, Some(effort)) => {
-            body["max_output_tokens"] = json!(max_tokens + REASONING_ALLOWANCE_TOKENS);
-            body["reasoning"] = json!({ "effort": effort });
-        }
-        (Api::Responses, None) => {
-            body["max_output_tokens"] = json!(max_tokens);
-            body["temperature"] = json!(0);
-        }
-        (Api::Messages, _) => {}
-    }
-    body
-}
-
-/// The summary's text from a successful reply in `api`. A reply without the shape of its
-/// API is malformed (the upstream's fault); a refusal or an empty text is a rejected summary.
-fn reply_text(api: Api, reply: &Value) -> Result<String, SummarizeError> {
-    let text_of = |parts: &[Value], kind: &str| -> String {
-        parts
-            .iter()
-            .filter(|part| part.get("type").and_then(Value::as_str) == Some(kind))
-            .filter_map(|part| part.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("")
-    };
-    match api {
-        Api::Chat => {
-            let choice = reply.pointer("/choices/0");
-            if choice
-                .and_then(|c| c.get("finish_reason"))
-                .and_then(Value::as_str)
-                == Some("content_filter")
-            {
-                return Err(SummarizeError::Rejected("content filtered".into()));
-            }
-            let message = choice
-                .and_then(|c| c.get("message"))
-                .ok_or_else(|| SummarizeError::Malformed("no choices[0].message".into()))?;
-            // A null content is well-formed (e.g. a reasoning model out of budget): no
-            // summary, but no fault of the upstream either.
-            validate(message.get("content").and_then(Value::as_str).unwrap_or(""))
-        }
-        Api::Responses => {
-            let output = reply
-                .get("output")
-                .and_then(Value::as_array)
-                .ok_or_else(|| SummarizeError::Malformed("no output".into()))?;
-            let messages = output
-                .iter()
-                .filter(|item| item.get("type").and_then(Value::as_str) == Some("message"));
-            let mut text = String::new();
-            for message in messages {
-                let parts = message
-                    .get("content")
-                    .and_then(Value::as_array)
-                    .map_or(&[][..], Vec::as_slice);
-                if parts
-                    .iter()
-                    .any(|part| part.get("type").and_then(Value::as_str) == Some("refusal"))
-                {
-                    return Err(SummarizeError::Rejected("refused".into()));
-                }
-                text.push_str(&text_of(parts, "output_text"));
-            }
-            validate(&text)
-        }
-        Api::Messages => {
-            if reply.get("stop_reason").and_then(Value::as_str) == Some("refusal") {
-                return Err(SummarizeError::Rejected("refused".into()));
-            }
-            let content = reply
-                .get("content")
-                .and_then(Value::as_array)
-                .ok_or_else(|| SummarizeError::Malformed("no content".into()))?;
-            validate(&text_of(content, "text"))
-        }
-    }
 }
 
 /// Accepts a summary only if it has content and is not an apology or an error text.
@@ -669,6 +449,8 @@ fn render_transcript(messages: &[Evicted], budget: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compaction::summary_api::REASONING_ALLOWANCE_TOKENS;
+    use serde_json::json;
 
     #[test]
     fn bad_summaries_are_rejected() {
@@ -682,7 +464,11 @@ mod tests {
             api_key_env: api_key_env.into(),
             ..SummarizerConfig::default()
         };
-        Summarizer::new(config, &connections(), SummarizerHealth::new().unwrap()).unwrap()
+        built(config, SummarizerHealth::new().unwrap())
+    }
+
+    fn built(config: SummarizerConfig, health: SummarizerHealth) -> Summarizer {
+        Summarizer::new(config, &connections(), health, crate::dialect::summary_api).unwrap()
     }
 
     fn connections() -> crate::transport::upstream::Connections {
@@ -715,80 +501,6 @@ mod tests {
         ] {
             assert!(!refusal.is_upstream_fault(), "{refusal}");
         }
-    }
-
-    /// Collects what `tracing` writes on this thread while `f` runs.
-    fn logs_of(f: impl FnOnce()) -> String {
-        let logs = tempfile::NamedTempFile::new().unwrap();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::INFO)
-            .with_ansi(false)
-            .with_writer(logs.reopen().unwrap())
-            .finish();
-        tracing::subscriber::with_default(subscriber, f);
-        std::fs::read_to_string(logs.path()).unwrap()
-    }
-
-    #[test]
-    fn a_breaker_logs_and_counts_its_opening_and_its_closing_once_each() {
-        let config = SummarizerConfig {
-            breaker_failures: 2,
-            // Half-open at once, so the test needs no clock.
-            breaker_cooldown_secs: 0,
-            ..SummarizerConfig::default()
-        };
-        let health = SummarizerHealth::new().unwrap();
-        let summarizer = Summarizer::new(config, &connections(), health.clone()).unwrap();
-        let key = ("http://llm.test".to_string(), [7; 32]);
-        let outage = logs_of(|| {
-            // Two failures open it; each half-open try fails again, as in a long outage.
-            for _ in 0..20 {
-                summarizer.check_breaker(&key).unwrap();
-                summarizer.record(&key, false);
-            }
-        });
-        let lines: Vec<&str> = outage.lines().collect();
-        assert_eq!(lines.len(), 1, "{outage}");
-        assert!(lines[0].contains("WARN"), "{outage}");
-        assert!(lines[0].contains("summarizer circuit open"), "{outage}");
-        assert_eq!(health.breakers_open.get(), 1);
-        let recovery = logs_of(|| {
-            summarizer.check_breaker(&key).unwrap();
-            summarizer.record(&key, true);
-            summarizer.check_breaker(&key).unwrap();
-            summarizer.record(&key, true);
-        });
-        let lines: Vec<&str> = recovery.lines().collect();
-        assert_eq!(lines.len(), 1, "{recovery}");
-        assert!(lines[0].contains("INFO"), "{recovery}");
-        assert!(lines[0].contains("summarizer circuit closed"), "{recovery}");
-        assert_eq!(health.breakers_open.get(), 0);
-        // One failure short of the threshold opens nothing and logs nothing.
-        let blip = logs_of(|| summarizer.record(&key, false));
-        assert_eq!(blip, "");
-        assert_eq!(health.breakers_open.get(), 0);
-    }
-
-    #[test]
-    fn the_breaker_opens_for_one_caller_of_an_upstream_only() {
-        let summarizer = summarizer("");
-        let upstream = "http://llm.test".to_string();
-        let (a, b) = ((upstream.clone(), [1; 32]), (upstream, [2; 32]));
-        for _ in 0..summarizer.config.breaker_failures {
-            assert!(summarizer.check_breaker(&a).is_ok());
-            summarizer.record(&a, false);
-        }
-        assert!(matches!(
-            summarizer.check_breaker(&a),
-            Err(SummarizeError::CircuitOpen(_))
-        ));
-        assert!(summarizer.check_breaker(&b).is_ok());
-        summarizer.record(&b, true);
-        assert_eq!(
-            summarizer.breakers.lock().unwrap().len(),
-            1,
-            "a healthy caller keeps no entry"
-        );
     }
 
     #[test]
@@ -840,14 +552,27 @@ mod tests {
             max_artifact_tokens,
             ..SummarizerConfig::default()
         };
-        let key = |config| {
-            Summarizer::new(config, &connections(), SummarizerHealth::new().unwrap())
-                .unwrap()
-                .settings_key()
-        };
+        let key = |config| built(config, SummarizerHealth::new().unwrap()).settings_key();
         assert_eq!(key(config(1024, 512)), key(config(1024, 512)));
         assert_ne!(key(config(1024, 512)), key(config(900, 512)));
         assert_ne!(key(config(1024, 512)), key(config(1024, 100)));
+    }
+
+    /// The request body the summarizer sends in `api`.
+    fn request_body(api: Api, model: &str, user: &str, max_tokens: u32) -> Value {
+        crate::dialect::summary_api(api)
+            .api
+            .request_body(&SummaryAsk {
+                model,
+                instructions: INSTRUCTIONS,
+                user,
+                max_tokens,
+            })
+    }
+
+    /// The summary the summarizer takes from a reply in `api`.
+    fn reply_text(api: Api, reply: &Value) -> Result<String, SummarizeError> {
+        validate(&crate::dialect::summary_api(api).api.reply_text(reply)?)
     }
 
     #[test]

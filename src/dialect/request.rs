@@ -59,3 +59,13 @@ pub fn opens_an_object(bytes: &[u8]) -> bool {
         .find(|b| !b.is_ascii_whitespace())
         .is_some_and(|&b| b == b'{')
 }
+
+/// The text of the content parts of type `kind`, joined.
+pub fn text_of(parts: &[Value], kind: &str) -> String {
+    parts
+        .iter()
+        .filter(|part| part.get("type").and_then(Value::as_str) == Some(kind))
+        .filter_map(|part| part.get("text").and_then(Value::as_str))
+        .collect::<Vec<_>>()
+        .join("")
+}

@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use std::future::Future;
 
 use bytes::Bytes;
+use hyper::Response;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -13,25 +14,32 @@ use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{
     self, Decision, Limits, Mode, PlanInput, Split, SUMMARY_FRAMING_TOKENS,
 };
+use crate::compaction::summary_api::SummaryApi;
 use crate::config::{Api, Config, ContextConfig};
 use crate::conversation::Item;
 use crate::error::ProxyError;
 use crate::tokens::catalog::{ModelCatalog, ModelInfo};
 use crate::tokens::counter::{PromptCount, RawItems, TokenCounter};
 use crate::tokens::encoding::Encoding;
-use crate::transport::usage::UsageFormat;
+use crate::transport::body::ProxyBody;
+use crate::transport::upstream::KeyStyle;
+use crate::transport::usage::UsageReader;
 
 /// What the pipeline needs of one API. Each stage is the dialect's; their order, the plan,
 /// the compaction and the relay are the pipeline's, the same for every dialect.
 pub trait Dialect {
-    /// The path it serves, for the log line.
+    /// The path it serves; the paths under it (passed through) are its API's too.
     const PATH: &'static str;
     /// What its log line calls a relayed reply.
     const SERVED: &'static str;
     /// How its replies carry usage.
-    const USAGE: UsageFormat;
+    const USAGE: &'static dyn UsageReader;
     /// Its API, which its summaries are asked in unless `summarizer.api` says otherwise.
     const API: Api;
+    /// How it takes a configured key.
+    const KEY_STYLE: KeyStyle;
+    /// How a summary is asked in it.
+    const SUMMARY: &'static dyn SummaryApi;
     /// The request field that holds the conversation, named by errors about it.
     const CONVERSATION_FIELD: &'static str;
     /// A request parsed for counting, planning and rewriting.
@@ -48,6 +56,12 @@ pub trait Dialect {
     ) -> impl Future<Output = Result<Ready, Option<Planned>>> + Send {
         std::future::ready(Err(None))
     }
+
+    /// Whether a request body looks written for it (`condenser count` without `--api`).
+    fn written_for(body: &Value) -> bool;
+
+    /// An error condenser writes on its paths, in its shape.
+    fn error_response(error: &ProxyError) -> Response<ProxyBody>;
 
     /// The request, checked for what condenser relies on, with errors that name the problem.
     fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError>;

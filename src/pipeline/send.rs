@@ -98,6 +98,7 @@ pub(super) async fn send<'s, D: Dialect>(
             .send(
                 Method::POST,
                 original.path_and_query,
+                D::KEY_STYLE,
                 retry.headers_to_send(&mut original.headers),
                 full(outgoing.body.clone()),
             )

@@ -52,6 +52,7 @@ impl AppState {
             metrics.summarize_seconds.clone(),
             metrics.summarizer_health.clone(),
             &connections,
+            crate::dialect::summary_api,
         )?);
         Ok(AppState {
             config,

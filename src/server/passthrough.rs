@@ -6,6 +6,7 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, Response};
 use serde::Deserialize;
 
+use crate::dialect::key_style_for;
 use crate::error::ProxyError;
 use crate::pipeline::state::AppState;
 use crate::transport::body::{declared_length, full, limited, read_body, ProxyBody};
@@ -46,6 +47,7 @@ pub async fn handle(
             .send(
                 parts.method.clone(),
                 path_and_query,
+                key_style_for(parts.uri.path()),
                 parts.headers,
                 full(bytes),
             )
@@ -64,6 +66,12 @@ pub async fn handle(
         limited(body, limit)
     };
     upstream
-        .send(parts.method.clone(), path_and_query, parts.headers, body)
+        .send(
+            parts.method.clone(),
+            path_and_query,
+            key_style_for(parts.uri.path()),
+            parts.headers,
+            body,
+        )
         .await
 }

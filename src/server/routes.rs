@@ -8,8 +8,9 @@ use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::{header, Method, Request, Response, StatusCode};
 
+use crate::dialect;
 use crate::dialect::chat::{self, Chat, CHAT_COMPLETIONS};
-use crate::dialect::messages::{self, Messages, MESSAGES};
+use crate::dialect::messages::{Messages, MESSAGES};
 use crate::dialect::responses::{Responses, RESPONSES};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
@@ -75,14 +76,13 @@ pub async fn handle(worker: Arc<Worker>, request: Request<Incoming>) -> Response
     response
 }
 
-/// An error condenser writes, in the shape of the API whose path was asked: Anthropic's for
-/// `/v1/messages` and every path under it, OpenAI's elsewhere. Each dialect's clients read
-/// errors in their own shape.
+/// An error condenser writes, in the shape of the API whose path was asked (that path or
+/// one above it), OpenAI's on paths no dialect serves. Each dialect's clients read errors in
+/// their own shape.
 pub fn error_for(path: &str, error: &ProxyError) -> Response<ProxyBody> {
-    if path == MESSAGES || path.starts_with("/v1/messages/") {
-        messages::error_response(error)
-    } else {
-        chat::error_response(error)
+    match dialect::for_path(path) {
+        Some(wire) => (wire.error_response)(error),
+        None => chat::error_response(error),
     }
 }
 

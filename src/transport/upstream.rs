@@ -215,23 +215,36 @@ pub fn bare_key(bearer: &HeaderValue) -> Option<HeaderValue> {
     Some(key)
 }
 
-/// An upstream's configured key, for a request whose client sent none of its own: as
-/// `x-api-key` on Anthropic's Messages API (`/v1/messages` and what lies under it), as a
-/// bearer token everywhere else.
-fn inject_key(headers: &mut HeaderMap, bearer: &HeaderValue, path_and_query: &str) {
+/// How an API takes a key: as a bearer token (OpenAI's), or bare in `x-api-key`
+/// (Anthropic's). Each dialect says which; a path no dialect serves takes a bearer token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyStyle {
+    Bearer,
+    XApiKey,
+}
+
+impl KeyStyle {
+    /// Puts a configured key (`Bearer …`) into `headers` this way; a key that is not a bearer
+    /// token goes as it is, in `authorization`.
+    pub fn insert(self, headers: &mut HeaderMap, bearer: &HeaderValue) {
+        match bare_key(bearer).filter(|_| self == KeyStyle::XApiKey) {
+            Some(key) => {
+                headers.insert(X_API_KEY, key);
+            }
+            None => {
+                headers.insert(header::AUTHORIZATION, bearer.clone());
+            }
+        }
+    }
+}
+
+/// An upstream's configured key, for a request whose client sent none of its own, in the
+/// style of the API it is sent to.
+fn inject_key(headers: &mut HeaderMap, bearer: &HeaderValue, style: KeyStyle) {
     if headers.contains_key(header::AUTHORIZATION) || headers.contains_key(&X_API_KEY) {
         return;
     }
-    let path = path_and_query.split('?').next().unwrap_or(path_and_query);
-    let anthropic = path == "/v1/messages" || path.starts_with("/v1/messages/");
-    match bare_key(bearer).filter(|_| anthropic) {
-        Some(key) => {
-            headers.insert(X_API_KEY, key);
-        }
-        None => {
-            headers.insert(header::AUTHORIZATION, bearer.clone());
-        }
-    }
+    style.insert(headers, bearer);
 }
 
 /// The request headers that carry a key: the caller's own, or the one condenser injected.
@@ -479,12 +492,13 @@ impl Upstream {
         &self,
         method: Method,
         path_and_query: &str,
+        key_style: KeyStyle,
         client_headers: HeaderMap,
         body: ProxyBody,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let mut headers = forwardable_headers(client_headers);
         if let Some(key) = &self.api_key {
-            inject_key(&mut headers, key, path_and_query);
+            inject_key(&mut headers, key, key_style);
         }
         // The body may have been rewritten: hyper frames it by its own length. An empty one
         // keeps the client's `Content-Length: 0`, which some servers want on a POST.
@@ -931,33 +945,26 @@ mod tests {
     #[test]
     fn a_configured_key_goes_as_anthropic_or_openai_wants_it_unless_the_caller_sent_one() {
         let bearer = HeaderValue::from_static("Bearer sk-configured");
-        let injected = |path: &str, client: &[(&'static str, &'static str)]| {
+        let injected = |style: KeyStyle, client: &[(&'static str, &'static str)]| {
             let mut headers = HeaderMap::new();
             for (name, value) in client {
                 headers.insert(*name, HeaderValue::from_static(value));
             }
-            inject_key(&mut headers, &bearer, path);
+            inject_key(&mut headers, &bearer, style);
             headers
         };
-        let anthropic = injected("/v1/messages", &[]);
+        let anthropic = injected(KeyStyle::XApiKey, &[]);
         assert_eq!(anthropic[&X_API_KEY], "sk-configured");
+        assert!(anthropic[&X_API_KEY].is_sensitive());
         assert!(!anthropic.contains_key(header::AUTHORIZATION));
-        assert_eq!(
-            injected("/v1/messages/count_tokens?beta=true", &[])[&X_API_KEY],
-            "sk-configured"
-        );
-        let openai = injected("/v1/chat/completions", &[]);
+        let openai = injected(KeyStyle::Bearer, &[]);
         assert_eq!(openai[header::AUTHORIZATION], "Bearer sk-configured");
         assert!(!openai.contains_key(&X_API_KEY));
-        assert_eq!(
-            injected("/v1/messagesx", &[])[header::AUTHORIZATION],
-            "Bearer sk-configured"
-        );
-        for (path, own) in [
-            ("/v1/messages", ("authorization", "Bearer mine")),
-            ("/v1/chat/completions", ("x-api-key", "mine")),
+        for (style, own) in [
+            (KeyStyle::XApiKey, ("authorization", "Bearer mine")),
+            (KeyStyle::Bearer, ("x-api-key", "mine")),
         ] {
-            let headers = injected(path, &[own]);
+            let headers = injected(style, &[own]);
             assert_eq!(headers.len(), 1, "the caller's own key alone: {headers:?}");
         }
     }
@@ -1086,6 +1093,7 @@ mod tests {
                 .send(
                     Method::GET,
                     "/v1/models",
+                    KeyStyle::Bearer,
                     HeaderMap::new(),
                     crate::transport::body::full(Bytes::new()),
                 )
@@ -1116,6 +1124,7 @@ mod tests {
                 .send(
                     Method::POST,
                     "/v1/chat/completions",
+                    KeyStyle::Bearer,
                     headers,
                     crate::transport::body::full(Bytes::from_static(b"{\"rewritten\":true}")),
                 )

@@ -1,16 +1,14 @@
 //! Reads token usage out of responses as they pass, without delaying them: JSON bodies are
-//! kept aside while relayed, SSE streams are relayed event by event (the usage-only chunk
-//! that condenser itself asked for of a chat completion is dropped). Each dialect writes
-//! usage its own way (`UsageFormat`).
+//! kept aside while relayed, SSE streams are relayed event by event. Each dialect reads
+//! usage its own way (`UsageReader`), and may keep an event from the client (the usage-only
+//! chunk that condenser itself asked for of a chat completion).
 
 use std::pin::Pin;
-use std::sync::LazyLock;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use hyper::body::{Body, Frame, SizeHint};
 use memchr::memmem;
-use serde::de::IgnoredAny;
 use serde::Deserialize;
 
 use crate::transport::body::{BoxError, Gathered};
@@ -25,217 +23,67 @@ pub struct Usage {
     pub completion_tokens: u64,
 }
 
-/// Just the part of a response that holds usage; the rest is skipped, not built.
-#[derive(Deserialize)]
-struct WithUsage {
-    usage: Option<UsageFields>,
-    choices: Option<Vec<IgnoredAny>>,
-}
-
-#[derive(Deserialize)]
-struct UsageFields {
-    #[serde(default)]
-    prompt_tokens: u64,
-    #[serde(default)]
-    completion_tokens: u64,
-}
-
-impl WithUsage {
-    fn parse(bytes: &[u8]) -> Option<WithUsage> {
-        serde_json::from_slice(bytes).ok()
-    }
-
-    fn usage(&self) -> Option<Usage> {
-        self.usage.as_ref().map(|u| Usage {
-            prompt_tokens: u.prompt_tokens,
-            completion_tokens: u.completion_tokens,
-        })
-    }
-}
-
-/// The usage of a whole JSON response. Chat completions end with it, so the last `"usage"`
-/// key is read first, without scanning the completion before it. Inside a string that key's
-/// quotes would be escaped, so what matches is a key or the string "usage"; anything but a
-/// usage object after it falls back to reading the whole body.
-fn json_usage(body: &[u8]) -> Option<Usage> {
-    tail_usage(body).or_else(|| WithUsage::parse(body).and_then(|r| r.usage()))
-}
-
-const USAGE_KEY: &[u8] = b"\"usage\"";
-
-/// Built once: on a small completion, building a searcher costs as much as the search.
-static USAGE_KEY_FORWARD: LazyLock<memmem::Finder<'static>> =
-    LazyLock::new(|| memmem::Finder::new(USAGE_KEY));
-static USAGE_KEY_FROM_END: LazyLock<memmem::FinderRev<'static>> =
-    LazyLock::new(|| memmem::FinderRev::new(USAGE_KEY));
-
-/// How far from its end a completion's usage normally sits (a few members follow it). The
-/// forward search is vectorized and the reverse one is not, so this stretch is searched
-/// forward, and only a body whose usage lies further back is searched in reverse.
-const USAGE_TAIL_BYTES: usize = 1024;
-
-/// Where the last `"usage"` in `body` starts.
-fn last_usage_key(body: &[u8]) -> Option<usize> {
-    let tail = body.len().saturating_sub(USAGE_TAIL_BYTES);
-    match USAGE_KEY_FORWARD.find_iter(&body[tail..]).last() {
-        Some(at) => Some(tail + at),
-        None => USAGE_KEY_FROM_END.rfind(body),
-    }
-}
-
-fn tail_usage(body: &[u8]) -> Option<Usage> {
-    let at = last_usage_key(body)?;
-    let value = body[at + USAGE_KEY.len()..]
-        .trim_ascii_start()
-        .strip_prefix(b":")?;
-    plain_usage(value)
-        .or_else(|| Usage::deserialize(&mut serde_json::Deserializer::from_slice(value)).ok())
-}
-
-/// The usage object as upstreams write it, read without `serde`, which costs several times
-/// more on a response's path: its two counts as plain integers, each once, among other
-/// members that are skipped (nested objects included). Anything else is `None`, and `serde`
-/// reads the object instead.
-fn plain_usage(object: &[u8]) -> Option<Usage> {
-    let mut prompt = None;
-    let mut completion = None;
-    let mut depth = 0usize;
-    let mut at = 0;
-    while let Some(&byte) = object.get(at) {
-        at += 1;
-        match byte {
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' => {
-                depth = depth.checked_sub(1)?;
-                if depth == 0 {
-                    return Some(Usage {
-                        prompt_tokens: prompt?,
-                        completion_tokens: completion?,
-                    });
-                }
-            }
-            b'"' => {
-                let start = at;
-                // A string with an escape in it is left to serde, which decodes it.
-                at += memchr::memchr2(b'"', b'\\', &object[at..])?;
-                if object[at] == b'\\' {
-                    return None;
-                }
-                let text = &object[start..at];
-                at += 1;
-                let rest = object[at..].trim_ascii_start();
-                let Some(value) = rest.strip_prefix(b":") else {
-                    continue;
-                };
-                let slot = match (depth, text) {
-                    (1, b"prompt_tokens") => &mut prompt,
-                    (1, b"completion_tokens") => &mut completion,
-                    _ => continue,
-                };
-                let value = value.trim_ascii_start();
-                let digits = value.iter().take_while(|b| b.is_ascii_digit()).count();
-                let after = value[digits..].trim_ascii_start().first();
-                let leading_zero = digits > 1 && value[0] == b'0';
-                if slot.is_some()
-                    || digits == 0
-                    || leading_zero
-                    || !matches!(after, Some(b',' | b'}'))
-                {
-                    return None;
-                }
-                *slot = Some(std::str::from_utf8(&value[..digits]).ok()?.parse().ok()?);
-                at = object.len() - value.len() + digits;
-            }
-            _ => {}
-        }
-    }
-    None
-}
-
-/// How a dialect's replies carry usage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UsageFormat {
-    /// `usage.prompt_tokens`/`completion_tokens`, last in a body or in a stream's final chunk.
-    Chat,
-    /// `usage.input_tokens`/`output_tokens` of the response, in a body or in the stream's
-    /// `response.completed` event.
-    Responses,
-    /// Anthropic: `usage.input_tokens` (with `cache_creation_input_tokens` and
-    /// `cache_read_input_tokens`, all of them prompt) and `output_tokens`, in a body, or in a
-    /// stream's `message_start` and then its `message_delta` events.
-    Messages,
-}
-
-/// Usage as the Responses API and Anthropic write it; every count optional, since a stream
-/// gives them a few at a time.
-#[derive(Deserialize)]
-struct TypedUsage {
-    input_tokens: Option<u64>,
-    output_tokens: Option<u64>,
-    cache_creation_input_tokens: Option<u64>,
-    cache_read_input_tokens: Option<u64>,
-}
-
-impl TypedUsage {
-    /// Folds these counts into what was read so far: a prompt count replaces the prompt, an
-    /// output count the completion (Anthropic's `message_delta` counts are cumulative).
-    fn fold_into(&self, usage: &mut Option<Usage>) {
-        let prompt = self.input_tokens.map(|input| {
-            input
-                + self.cache_creation_input_tokens.unwrap_or(0)
-                + self.cache_read_input_tokens.unwrap_or(0)
-        });
-        if prompt.is_none() && self.output_tokens.is_none() {
+impl Usage {
+    /// Folds counts read so far of a stream into `usage`: a prompt count replaces the
+    /// prompt, an output count the completion (Anthropic's `message_delta` counts are
+    /// cumulative). Neither leaves it as it was.
+    pub fn fold(usage: &mut Option<Usage>, prompt: Option<u64>, completion: Option<u64>) {
+        if prompt.is_none() && completion.is_none() {
             return;
         }
         let current = usage.get_or_insert_with(Usage::default);
         if let Some(prompt) = prompt {
             current.prompt_tokens = prompt;
         }
-        if let Some(output) = self.output_tokens {
-            current.completion_tokens = output;
+        if let Some(completion) = completion {
+            current.completion_tokens = completion;
         }
     }
 }
 
-/// A Responses or Anthropic body, or one of their stream events: the usage may sit at the top
-/// (a body, `message_delta`), in `response` (`response.completed`) or in `message`
-/// (`message_start`).
-#[derive(Deserialize)]
-struct TypedReply {
-    usage: Option<TypedUsage>,
-    response: Option<Box<TypedReply>>,
-    message: Option<Box<TypedReply>>,
-}
+/// How one API's replies carry usage; each dialect supplies one.
+pub trait UsageReader: Send + Sync + 'static {
+    /// Folds the usage that one JSON document (a body, or an event's data) carries into
+    /// `usage`.
+    fn fold(&self, json: &[u8], usage: &mut Option<Usage>);
 
-impl TypedReply {
-    fn fold_into(&self, usage: &mut Option<Usage>) {
-        for nested in [&self.response, &self.message].into_iter().flatten() {
-            nested.fold_into(usage);
-        }
-        if let Some(found) = &self.usage {
-            found.fold_into(usage);
-        }
+    /// The usage of a whole JSON body.
+    fn body_usage(&self, body: &[u8]) -> Option<Usage> {
+        let mut usage = None;
+        self.fold(body, &mut usage);
+        usage
     }
-}
 
-fn typed_usage(bytes: &[u8], usage: &mut Option<Usage>) {
-    if let Ok(reply) = serde_json::from_slice::<TypedReply>(bytes) {
-        reply.fold_into(usage);
-    }
-}
-
-impl UsageFormat {
-    fn body_usage(self, body: &[u8]) -> Option<Usage> {
-        match self {
-            UsageFormat::Chat => json_usage(body),
-            UsageFormat::Responses | UsageFormat::Messages => {
-                let mut usage = None;
-                typed_usage(body, &mut usage);
-                usage
+    /// Appends one SSE event to `out` as the client should see it, recording any usage it
+    /// carries. `injected`: condenser asked for usage and the client did not. Unless a
+    /// dialect says otherwise, an event is relayed as it came, and only events that mention
+    /// usage are parsed.
+    fn relay_event(
+        &self,
+        event: &[u8],
+        _injected: bool,
+        usage: &mut Option<Usage>,
+        out: &mut BytesMut,
+    ) {
+        if contains(event, b"\"usage\"") {
+            for data in event_data(&String::from_utf8_lossy(event)) {
+                self.fold(data.as_bytes(), usage);
             }
         }
+        out.extend_from_slice(event);
     }
+}
+
+/// Each `data:` line's payload in an SSE event, trimmed.
+pub fn event_data(event: &str) -> impl Iterator<Item = &str> {
+    event
+        .lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .map(str::trim)
+}
+
+pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    memmem::find(haystack, needle).is_some()
 }
 
 /// What the relay reports, once each: the first bytes out, and the usage at the end.
@@ -256,7 +104,7 @@ enum Mode {
 
 pub struct UsageTap<S, O: UsageObserver> {
     inner: S,
-    format: UsageFormat,
+    reader: &'static dyn UsageReader,
     pending: BytesMut,
     mode: Mode,
     observer: Option<O>,
@@ -265,14 +113,15 @@ pub struct UsageTap<S, O: UsageObserver> {
 }
 
 impl<S, O: UsageObserver> UsageTap<S, O> {
-    pub fn json(inner: S, observer: O) -> Self {
-        Self::with_mode(inner, observer, Mode::Json(Some(Gathered::Empty)))
+    pub fn json(inner: S, reader: &'static dyn UsageReader, observer: O) -> Self {
+        Self::with_mode(inner, reader, observer, Mode::Json(Some(Gathered::Empty)))
     }
 
     /// `injected`: condenser asked upstream for usage that the client did not want.
-    pub fn sse(inner: S, observer: O, injected: bool) -> Self {
+    pub fn sse(inner: S, reader: &'static dyn UsageReader, observer: O, injected: bool) -> Self {
         Self::with_mode(
             inner,
+            reader,
             observer,
             Mode::Sse {
                 injected,
@@ -281,22 +130,16 @@ impl<S, O: UsageObserver> UsageTap<S, O> {
         )
     }
 
-    fn with_mode(inner: S, observer: O, mode: Mode) -> Self {
+    fn with_mode(inner: S, reader: &'static dyn UsageReader, observer: O, mode: Mode) -> Self {
         UsageTap {
             inner,
-            format: UsageFormat::Chat,
+            reader,
             pending: BytesMut::new(),
             mode,
             observer: Some(observer),
             seen_bytes: false,
             done: false,
         }
-    }
-
-    /// Reads usage as `format` writes it; a chat completion's unless said.
-    pub fn reading(mut self, format: UsageFormat) -> Self {
-        self.format = format;
-        self
     }
 
     /// Runs at the end of the stream and again on drop; only the first reads the usage.
@@ -307,7 +150,7 @@ impl<S, O: UsageObserver> UsageTap<S, O> {
         let usage = match &self.mode {
             Mode::Json(copy) => copy
                 .as_ref()
-                .and_then(|body| self.format.body_usage(body.bytes())),
+                .and_then(|body| self.reader.body_usage(body.bytes())),
             Mode::Sse { usage, .. } => *usage,
         };
         observer.finished(usage);
@@ -343,81 +186,6 @@ fn complete_event_len(buf: &[u8]) -> Option<usize> {
         .min()
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    memmem::find(haystack, needle).is_some()
-}
-
-/// Once usage is requested, OpenAI adds `"usage":null` to every chunk; a client that did not
-/// ask for usage gets its chunks without it.
-fn without_null_usage(event: &[u8]) -> Vec<u8> {
-    let text = String::from_utf8_lossy(event);
-    [
-        ",\"usage\":null",
-        ", \"usage\": null",
-        "\"usage\":null,",
-        "\"usage\": null, ",
-    ]
-    .iter()
-    .fold(text.into_owned(), |t, pattern| t.replace(pattern, ""))
-    .into_bytes()
-}
-
-/// Appends the event to `out` as the client should see it, recording any usage it carries.
-/// `injected`: condenser asked for usage and the client did not, so it is hidden.
-fn relay_event(
-    event: &[u8],
-    format: UsageFormat,
-    injected: bool,
-    usage: &mut Option<Usage>,
-    out: &mut BytesMut,
-) {
-    if format != UsageFormat::Chat {
-        // Relayed as it came; only events that mention usage are parsed.
-        if contains(event, b"\"usage\"") {
-            for line in String::from_utf8_lossy(event).lines() {
-                if let Some(data) = line.strip_prefix("data:") {
-                    typed_usage(data.trim().as_bytes(), usage);
-                }
-            }
-        }
-        out.extend_from_slice(event);
-        return;
-    }
-    // Only chunks mentioning usage are worth parsing.
-    if !contains(event, b"\"usage\"") {
-        out.extend_from_slice(event);
-        return;
-    }
-    let cleaned;
-    let event = if injected && contains(event, b"null") {
-        cleaned = without_null_usage(event);
-        if !contains(&cleaned, b"\"usage\"") {
-            out.extend_from_slice(&cleaned);
-            return;
-        }
-        &cleaned[..]
-    } else {
-        event
-    };
-    let text = String::from_utf8_lossy(event);
-    for line in text.lines() {
-        let Some(data) = line.strip_prefix("data:") else {
-            continue;
-        };
-        let Some(chunk) = WithUsage::parse(data.trim().as_bytes()) else {
-            continue;
-        };
-        if let Some(found) = chunk.usage() {
-            *usage = Some(found);
-            let usage_only = chunk.choices.as_ref().is_some_and(Vec::is_empty);
-            if injected && usage_only {
-                return;
-            }
-        }
-    }
-    out.extend_from_slice(event);
-}
-
 /// A body itself rather than a stream adapted into one: hyper polls it directly, and a JSON
 /// body keeps its length and end-of-stream as upstream declared them.
 impl<B, O> Body for UsageTap<B, O>
@@ -451,7 +219,7 @@ where
                     let rest = this.pending.split();
                     let mut out = BytesMut::new();
                     if let Mode::Sse { injected, usage } = &mut this.mode {
-                        relay_event(&rest, this.format, *injected, usage, &mut out);
+                        this.reader.relay_event(&rest, *injected, usage, &mut out);
                     }
                     if !out.is_empty() {
                         this.note_output();
@@ -477,7 +245,7 @@ where
                     let mut out = BytesMut::new();
                     while let Some(len) = complete_event_len(&this.pending) {
                         let event = this.pending.split_to(len);
-                        relay_event(&event, this.format, *injected, usage, &mut out);
+                        this.reader.relay_event(&event, *injected, usage, &mut out);
                     }
                     if !out.is_empty() {
                         this.note_output();
@@ -510,6 +278,12 @@ mod tests {
     use http_body_util::{BodyExt, Full, StreamBody};
     use std::sync::{Arc, Mutex};
 
+    use crate::dialect::chat::usage::ChatUsage;
+    use crate::dialect::messages::usage::MessagesUsage;
+    use crate::dialect::responses::usage::ResponsesUsage;
+
+    const CHAT: &dyn UsageReader = &ChatUsage;
+
     #[derive(Clone, Default)]
     struct Seen(Arc<Mutex<(u32, Option<Usage>)>>);
 
@@ -525,7 +299,7 @@ mod tests {
     async fn run(chunks: Vec<&'static str>, strip: bool) -> (String, Seen) {
         let seen = Seen::default();
         let chunks = chunks.into_iter().map(|c| Bytes::from_static(c.as_bytes()));
-        let tap = UsageTap::sse(stream_of(chunks), seen.clone(), strip);
+        let tap = UsageTap::sse(stream_of(chunks), CHAT, seen.clone(), strip);
         (relayed(tap).await, seen)
     }
 
@@ -552,15 +326,19 @@ mod tests {
         text
     }
 
-    async fn typed(format: UsageFormat, chunks: Vec<&'static str>, sse: bool) -> (String, Seen) {
+    async fn typed(
+        reader: &'static dyn UsageReader,
+        chunks: Vec<&'static str>,
+        sse: bool,
+    ) -> (String, Seen) {
         let seen = Seen::default();
         let chunks = chunks.into_iter().map(|c| Bytes::from_static(c.as_bytes()));
         let tap = if sse {
-            UsageTap::sse(stream_of(chunks), seen.clone(), false)
+            UsageTap::sse(stream_of(chunks), reader, seen.clone(), false)
         } else {
-            UsageTap::json(stream_of(chunks), seen.clone())
+            UsageTap::json(stream_of(chunks), reader, seen.clone())
         };
-        (relayed(tap.reading(format)).await, seen)
+        (relayed(tap).await, seen)
     }
 
     #[tokio::test]
@@ -572,7 +350,7 @@ mod tests {
             "\"usage\":{\"input_tokens\":120,\"input_tokens_details\":{\"cached_tokens\":100},\"output_tokens\":9}}}\n\n",
         ];
         let sent: String = events.concat();
-        let (text, seen) = typed(UsageFormat::Responses, events, true).await;
+        let (text, seen) = typed(&ResponsesUsage, events, true).await;
         assert_eq!(text, sent);
         let usage = seen.0.lock().unwrap().1;
         assert_eq!(
@@ -583,7 +361,7 @@ mod tests {
             })
         );
         let body = r#"{"id":"r","output":[],"usage":{"input_tokens":5,"output_tokens":2,"total_tokens":7}}"#;
-        let (_, seen) = typed(UsageFormat::Responses, vec![body], false).await;
+        let (_, seen) = typed(&ResponsesUsage, vec![body], false).await;
         assert_eq!(
             seen.0
                 .lock()
@@ -604,7 +382,7 @@ mod tests {
             "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
         ];
         let sent: String = events.concat();
-        let (text, seen) = typed(UsageFormat::Messages, events, true).await;
+        let (text, seen) = typed(&MessagesUsage, events, true).await;
         assert_eq!(text, sent);
         assert_eq!(
             seen.0.lock().unwrap().1,
@@ -614,7 +392,7 @@ mod tests {
             })
         );
         let body = r#"{"id":"m","content":[],"usage":{"input_tokens":4,"cache_read_input_tokens":6,"output_tokens":2}}"#;
-        let (_, seen) = typed(UsageFormat::Messages, vec![body], false).await;
+        let (_, seen) = typed(&MessagesUsage, vec![body], false).await;
         assert_eq!(
             seen.0
                 .lock()
@@ -623,7 +401,7 @@ mod tests {
                 .map(|u| (u.prompt_tokens, u.completion_tokens)),
             Some((10, 2))
         );
-        let (_, seen) = typed(UsageFormat::Messages, vec![r#"{"type":"error"}"#], false).await;
+        let (_, seen) = typed(&MessagesUsage, vec![r#"{"type":"error"}"#], false).await;
         assert_eq!(seen.0.lock().unwrap().1, None, "no usage, none read");
     }
 
@@ -638,7 +416,7 @@ mod tests {
             chunks.push(Bytes::from_static(&body.as_bytes()[from..at]));
             from = at;
         }
-        let text = relayed(UsageTap::json(stream_of(chunks), seen.clone())).await;
+        let text = relayed(UsageTap::json(stream_of(chunks), CHAT, seen.clone())).await;
         (text, seen)
     }
 
@@ -674,7 +452,7 @@ mod tests {
     async fn a_json_body_keeps_its_length_and_ends_without_another_poll() {
         let seen = Seen::default();
         let body = Full::new(Bytes::from_static(COMPLETION.as_bytes())).map_err(BoxError::from);
-        let mut tap = UsageTap::json(body, seen.clone());
+        let mut tap = UsageTap::json(body, CHAT, seen.clone());
         assert_eq!(tap.size_hint().exact(), Some(COMPLETION.len() as u64));
         assert!(!tap.is_end_stream());
         let data = tap.frame().await.unwrap().unwrap().into_data().unwrap();
@@ -693,6 +471,7 @@ mod tests {
 
         let sse = UsageTap::sse(
             Full::new(Bytes::from_static(b"data: [DONE]\n\n")).map_err(BoxError::from),
+            CHAT,
             Seen::default(),
             true,
         );
@@ -708,123 +487,9 @@ mod tests {
             Bytes::from_static(COMPLETION.as_bytes()),
         ];
         let seen = Seen::default();
-        let text = relayed(UsageTap::json(stream_of(chunks), seen.clone())).await;
+        let text = relayed(UsageTap::json(stream_of(chunks), CHAT, seen.clone())).await;
         assert_eq!(text.len(), MAX_JSON_COPY + COMPLETION.len());
         assert_eq!(seen.0.lock().unwrap().1, None);
-    }
-
-    #[test]
-    fn json_usage_is_read_from_the_end_unless_the_end_is_a_string() {
-        let plain = br#"{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7},"system_fingerprint":"fp"}"#;
-        let found = json_usage(plain).unwrap();
-        assert_eq!((found.prompt_tokens, found.completion_tokens), (3, 4));
-        // The last "usage" is a string value, or a nested key of another shape: the whole
-        // body is read instead.
-        for tricky in [
-            &br#"{"usage":{"prompt_tokens":3,"completion_tokens":4},"meta":{"kind":"usage"}}"#[..],
-            br#"{"usage":{"prompt_tokens":3,"completion_tokens":4},"meta":{"usage":"n/a"}}"#,
-        ] {
-            let found = json_usage(tricky).unwrap();
-            assert_eq!((found.prompt_tokens, found.completion_tokens), (3, 4));
-        }
-        assert_eq!(json_usage(br#"{"choices":[]}"#), None);
-    }
-
-    #[test]
-    fn the_last_usage_key_is_found_near_the_end_or_further_back() {
-        let usage = br#""usage":{"prompt_tokens":3,"completion_tokens":4}"#;
-        for (before, after) in [
-            (0, 0),
-            (10, 10),
-            (5_000, 10),
-            (10, 5_000),
-            (5_000, USAGE_TAIL_BYTES - 30),
-        ] {
-            let body = [
-                &br#"{"a":""#[..],
-                &vec![b'x'; before],
-                br#"","usage":{"prompt_tokens":1,"completion_tokens":1},"#,
-                usage,
-                br#","b":""#,
-                &vec![b'y'; after],
-                br#""}"#,
-            ]
-            .concat();
-            let at = last_usage_key(&body).unwrap();
-            assert_eq!(&body[at..at + usage.len()], usage, "{before}/{after}");
-            assert_eq!(
-                json_usage(&body),
-                Some(Usage {
-                    prompt_tokens: 3,
-                    completion_tokens: 4
-                }),
-                "{before}/{after}"
-            );
-        }
-        // The key straddling the edge of the searched tail: it starts 3 bytes before it.
-        let filler = USAGE_TAIL_BYTES + 4 - (1 + usage.len() + 6 + 2);
-        let body = [
-            &b"{"[..],
-            usage,
-            br#","b":""#,
-            &vec![b'y'; filler],
-            br#""}"#,
-        ]
-        .concat();
-        assert_eq!(body.len() - USAGE_TAIL_BYTES, 4);
-        assert_eq!(last_usage_key(&body), Some(1));
-        assert_eq!(last_usage_key(br#"{"choices":[]}"#), None);
-    }
-
-    /// The plain reader against `serde` on the shapes upstreams send and on ones it must
-    /// leave to `serde`: where it reads a usage, `serde` reads the same.
-    #[test]
-    fn plain_usage_agrees_with_serde() {
-        let serde =
-            |object: &str| Usage::deserialize(&mut serde_json::Deserializer::from_str(object)).ok();
-        let read = [
-            r#"{"prompt_tokens":120,"completion_tokens":18,"total_tokens":138}"#,
-            r#"{ "completion_tokens" : 7 , "prompt_tokens" : 0 }"#,
-            r#"{"prompt_tokens":19,"completion_tokens":10,"total_tokens":29,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"accepted_prediction_tokens":0}}"#,
-            r#"{"x":{"prompt_tokens":1,"completion_tokens":2},"prompt_tokens":3,"completion_tokens":4}"#,
-            r#"{"note":"a } and a { and \"quotes\"","prompt_tokens":5,"completion_tokens":6}"#,
-        ];
-        for object in read {
-            let plain = if object.contains('\\') {
-                None
-            } else {
-                plain_usage(object.as_bytes())
-            };
-            assert_eq!(plain.or_else(|| serde(object)), serde(object), "{object}");
-            assert!(serde(object).is_some(), "{object}");
-        }
-        assert_eq!(
-            plain_usage(read[3].as_bytes()),
-            Some(Usage {
-                prompt_tokens: 3,
-                completion_tokens: 4
-            }),
-            "nested counts are not the response's"
-        );
-        for object in [
-            r#"{"prompt_tokens":1.5,"completion_tokens":2}"#,
-            r#"{"prompt_tokens":-1,"completion_tokens":2}"#,
-            r#"{"prompt_tokens":01,"completion_tokens":2}"#,
-            r#"{"prompt_tokens":1,"prompt_tokens":2,"completion_tokens":2}"#,
-            r#"{"prompt_tokens":1}"#,
-            r#"{"prompt_tokens":"1","completion_tokens":2}"#,
-            r#"{"prompt_tokens":1,"completion_tokens":99999999999999999999999}"#,
-            r#"{"prompt_tokens":1,"completion_tokens":2"#,
-            r#"{"pro\u006dpt_tokens":1,"completion_tokens":2}"#,
-        ] {
-            assert_eq!(plain_usage(object.as_bytes()), None, "{object}");
-        }
-        // What serde makes of those, the tap still gets: the plain reader only steps aside.
-        let escaped = br#"{"pro\u006dpt_tokens":1,"completion_tokens":2}"#;
-        assert_eq!(
-            tail_usage(&[&b"{\"usage\":"[..], escaped, b"}"].concat()),
-            serde(std::str::from_utf8(escaped).unwrap())
-        );
     }
 
     #[tokio::test]

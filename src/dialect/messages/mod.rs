@@ -4,20 +4,25 @@
 //! an assistant turn's `tool_use` blocks and the next user turn's `tool_result` blocks are
 //! one unit. A compacted `messages` starts with a user turn and alternates roles.
 
+mod error;
+mod rewrite;
+pub mod summary;
+pub mod usage;
+mod view;
+
 use std::borrow::Cow;
 use std::future::Future;
 
 use bytes::Bytes;
-use hyper::{Response, StatusCode};
+use hyper::Response;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{Mode, Split};
-use crate::compaction::shorten::cut_item_texts;
-use crate::config::{Api, ContextConfig, SummaryRole};
-use crate::conversation::{view_content, Item, Kind, Role};
+use crate::compaction::summary_api::SummaryApi;
+use crate::config::{Api, ContextConfig};
 use crate::dialect::request::{array, object_with_model, opens_an_object, present};
 use crate::dialect::stages::{
     scan_raw, Counting, Dialect, Planned, Prepared, RawRequest, RawStage, Ready,
@@ -26,8 +31,12 @@ use crate::error::ProxyError;
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::{count_text, count_tools, RawItems, TokenCounter, REPLY_PRIMING};
 use crate::tokens::encoding::Encoding;
-use crate::transport::body::{json_response, ProxyBody};
-use crate::transport::usage::UsageFormat;
+use crate::transport::body::ProxyBody;
+use crate::transport::upstream::KeyStyle;
+use crate::transport::usage::UsageReader;
+use error::error_response;
+use rewrite::compacted_messages;
+use view::{as_chat, chat_message, item, messages};
 
 pub const MESSAGES: &str = "/v1/messages";
 
@@ -44,8 +53,10 @@ pub struct MessagesRequest {
 impl Dialect for Messages {
     const PATH: &'static str = MESSAGES;
     const SERVED: &'static str = "message";
-    const USAGE: UsageFormat = UsageFormat::Messages;
+    const USAGE: &'static dyn UsageReader = &usage::MessagesUsage;
     const API: Api = Api::Messages;
+    const KEY_STYLE: KeyStyle = KeyStyle::XApiKey;
+    const SUMMARY: &'static dyn SummaryApi = &summary::MessagesSummary;
     const CONVERSATION_FIELD: &'static str = "messages";
     type Request = MessagesRequest;
 
@@ -56,6 +67,30 @@ impl Dialect for Messages {
         mode: Mode,
     ) -> impl Future<Output = Result<Ready, Option<Planned>>> + Send {
         scan(counting, bytes, settings, mode)
+    }
+
+    /// A body with a top-level `system` or Anthropic's content blocks. One that could be
+    /// chat as well is read as chat: `--api` says otherwise.
+    fn written_for(body: &Value) -> bool {
+        let anthropic_block = |block: &Value| {
+            matches!(
+                block.get("type").and_then(Value::as_str),
+                Some("tool_use" | "tool_result" | "thinking" | "redacted_thinking")
+            )
+        };
+        let has_anthropic_blocks = body
+            .get("messages")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|message| message.get("content").and_then(Value::as_array))
+            .flatten()
+            .any(anthropic_block);
+        body.get("system").is_some() || has_anthropic_blocks
+    }
+
+    fn error_response(error: &ProxyError) -> Response<ProxyBody> {
+        error_response(error)
     }
 
     fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError> {
@@ -133,133 +168,6 @@ fn parse_request(bytes: &[u8]) -> Result<Map<String, Value>, ProxyError> {
     let body = object_with_model(bytes, "model: Field required")?;
     array(&body, "messages", "messages: Field required")?;
     Ok(body)
-}
-
-fn messages(body: &Map<String, Value>) -> &[Value] {
-    body.get("messages")
-        .and_then(Value::as_array)
-        .map_or(&[], Vec::as_slice)
-}
-
-/// The content blocks of a message; none when its content is a string.
-fn blocks(message: &Value) -> &[Value] {
-    message
-        .get("content")
-        .and_then(Value::as_array)
-        .map_or(&[], Vec::as_slice)
-}
-
-fn block_type(block: &Value) -> &str {
-    block.get("type").and_then(Value::as_str).unwrap_or("")
-}
-
-fn has_block(message: &Value, kind: &str) -> bool {
-    blocks(message).iter().any(|b| block_type(b) == kind)
-}
-
-fn role(message: &Value) -> &str {
-    message.get("role").and_then(Value::as_str).unwrap_or("")
-}
-
-fn is_user(message: &Value) -> bool {
-    role(message) == "user"
-}
-
-/// What the planner sees of a message: an assistant turn with `tool_use` is a call, a user
-/// turn with `tool_result` answers it; a `system` turn is an instruction (pinned with the task
-/// it follows); any other role is an item of its own, kept as sent.
-fn item(message: &Value, tokens: u32) -> Item {
-    let (role, kind) = match role(message) {
-        "user" if has_block(message, "tool_result") => (Role::User, Kind::ToolResult),
-        "user" => (Role::User, Kind::Message),
-        "assistant" if has_block(message, "tool_use") => (Role::Assistant, Kind::ToolCall),
-        "assistant" => (Role::Assistant, Kind::Message),
-        "system" => (Role::System, Kind::Message),
-        _ => (Role::Other, Kind::Other),
-    };
-    Item { role, kind, tokens }
-}
-
-/// Each message as a chat message: text as text, images as image parts, `tool_use` as
-/// `tool_calls`, `tool_result` as text naming its call. Thinking blocks are left out:
-/// Anthropic drops earlier turns' thinking from the context, and the summarizer is not to
-/// restate it. Other blocks are kept whole, counted as their JSON.
-fn as_chat(messages: &[Value]) -> Vec<Value> {
-    messages.iter().map(chat_message).collect()
-}
-
-fn chat_message(message: &Value) -> Value {
-    let role = role(message);
-    let Some(Value::Array(content)) = message.get("content") else {
-        return json!({"role": role, "content": message.get("content").cloned().unwrap_or(Value::Null)});
-    };
-    let mut parts = Vec::new();
-    let mut calls = Vec::new();
-    for block in content {
-        match block_type(block) {
-            "text" => parts.push(
-                json!({"type": "text", "text": block.get("text").cloned().unwrap_or_default()}),
-            ),
-            "image" => parts.push(image_part(block)),
-            "thinking" | "redacted_thinking" => {}
-            "tool_use" => calls.push(json!({
-                "id": block.get("id").cloned().unwrap_or_default(),
-                "type": "function",
-                "function": {
-                    "name": block.get("name").cloned().unwrap_or_default(),
-                    "arguments": block.get("input").map_or_else(String::new, Value::to_string),
-                },
-            })),
-            "tool_result" => parts.push(json!({"type": "text", "text": tool_result_text(block)})),
-            _ => parts.push(block.clone()),
-        }
-    }
-    let mut chat = json!({"role": role, "content": view_content(parts)});
-    if !calls.is_empty() {
-        chat["tool_calls"] = Value::Array(calls);
-    }
-    chat
-}
-
-/// An Anthropic image as an OpenAI image part, so it is counted as one.
-fn image_part(block: &Value) -> Value {
-    let source = block.get("source");
-    let field = |name: &str| {
-        source
-            .and_then(|s| s.get(name))
-            .and_then(Value::as_str)
-            .unwrap_or("")
-    };
-    let url = match field("type") {
-        "base64" => format!("data:{};base64,{}", field("media_type"), field("data")),
-        _ => field("url").to_string(),
-    };
-    json!({"type": "image_url", "image_url": {"url": url}})
-}
-
-fn tool_result_text(block: &Value) -> String {
-    let id = block
-        .get("tool_use_id")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let error = if block.get("is_error").and_then(Value::as_bool) == Some(true) {
-        " (error)"
-    } else {
-        ""
-    };
-    let content = match block.get("content") {
-        Some(Value::String(text)) => text.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .map(|part| match part.get("text").and_then(Value::as_str) {
-                Some(text) => text.to_string(),
-                None => format!("[{}]", block_type(part)),
-            })
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
-    };
-    format!("[tool result {id}{error}]\n{content}")
 }
 
 /// The fields of a Messages request that counting and planning read, the messages left raw:
@@ -432,174 +340,15 @@ async fn counted(
     }
 }
 
-/// The messages a compaction leaves, starting with a user turn: the pinned task first when
-/// there is one, the summary after its content (or in `system`, when so configured); else
-/// the summary merged into the first kept user turn, or in a user turn of its own before a
-/// kept assistant turn, or in `system` when so configured (and the kept part starts with a
-/// user turn); then the kept messages, tool results cut as planned.
-fn compacted_messages(
-    body: &mut Map<String, Value>,
-    mut sent: Vec<Value>,
-    split: &Split,
-    rewrite: &Rewrite,
-    summary: Option<String>,
-    summary_role: SummaryRole,
-    encoding: Encoding,
-) -> Vec<Value> {
-    let kept_from = rewrite.kept_from.min(sent.len());
-    let mut kept = sent.split_off(kept_from);
-    for cut in &split.shorten {
-        if let Some(message) = cut
-            .index
-            .checked_sub(kept_from)
-            .and_then(|at| kept.get_mut(at))
-        {
-            cut_item_texts(encoding, tool_result_texts(message), cut);
-        }
-    }
-    if let Some(task) = rewrite.pinned.clone() {
-        let mut pinned: Vec<Value> = sent.drain(task).collect();
-        match (summary, pinned.first_mut()) {
-            (Some(summary), _) if summary_role == SummaryRole::System => {
-                append_to_system(body, summary)
-            }
-            (Some(summary), Some(prompt)) => append_text(prompt, summary),
-            _ => {}
-        }
-        pinned.append(&mut kept);
-        return with_head(sent, split.head, pinned);
-    }
-    let starts_with_user = kept.first().is_some_and(is_user);
-    match summary {
-        Some(summary) if summary_role == SummaryRole::System && starts_with_user => {
-            append_to_system(body, summary);
-        }
-        Some(summary) if starts_with_user => {
-            if let Some(first) = kept.first_mut() {
-                prepend_text(first, summary);
-            }
-        }
-        Some(summary) => kept.insert(0, user_turn(summary)),
-        // Trimmed without a summary: Anthropic's first turn must be the user's.
-        None if !starts_with_user => kept.insert(
-            0,
-            user_turn(format!("[{kept_from} earlier messages omitted]")),
-        ),
-        None => {}
-    }
-    with_head(sent, split.head, kept)
-}
-
-/// `rest` after the conversation's leading system turns, if it opens with any: kept as the
-/// head is in every dialect.
-fn with_head(mut sent: Vec<Value>, head: usize, mut rest: Vec<Value>) -> Vec<Value> {
-    sent.truncate(head);
-    sent.append(&mut rest);
-    sent
-}
-
-fn user_turn(text: String) -> Value {
-    json!({"role": "user", "content": [{"type": "text", "text": text}]})
-}
-
-/// The summary as a text block before the turn's own content.
-fn prepend_text(message: &mut Value, text: String) {
-    add_text_block(message, text, |blocks, block| blocks.insert(0, block));
-}
-
-/// The summary as a text block after the turn's own content (the pinned task, verbatim).
-fn append_text(message: &mut Value, text: String) {
-    add_text_block(message, text, |blocks, block| blocks.push(block));
-}
-
-fn add_text_block(message: &mut Value, text: String, place: fn(&mut Vec<Value>, Value)) {
-    let Some(message) = message.as_object_mut() else {
-        return;
-    };
-    let block = json!({"type": "text", "text": text});
-    // Taken and put back in its place, so the turn's keys keep their order.
-    let content = message.entry("content").or_insert(Value::Null);
-    let mut blocks = match std::mem::take(content) {
-        Value::Array(blocks) => blocks,
-        Value::String(own) => vec![json!({"type": "text", "text": own})],
-        _ => Vec::new(),
-    };
-    place(&mut blocks, block);
-    *content = Value::Array(blocks);
-}
-
-/// After the original `system`: joined to a string, or a text block after its blocks (their
-/// `cache_control` marks untouched, so a cached prefix stays cached).
-fn append_to_system(body: &mut Map<String, Value>, summary: String) {
-    match body.get_mut("system") {
-        Some(Value::String(system)) if !system.is_empty() => {
-            system.push_str("\n\n");
-            system.push_str(&summary);
-        }
-        Some(Value::Array(blocks)) => blocks.push(json!({"type": "text", "text": summary})),
-        _ => {
-            body.insert("system".into(), Value::String(summary));
-        }
-    }
-}
-
-/// The texts of a user turn's tool results: what a planned cut shortens.
-fn tool_result_texts(message: &mut Value) -> Vec<&mut String> {
-    let Some(Value::Array(blocks)) = message.get_mut("content") else {
-        return Vec::new();
-    };
-    let mut texts: Vec<&mut String> = Vec::new();
-    for block in blocks.iter_mut() {
-        if block_type(block) != "tool_result" {
-            continue;
-        }
-        match block.get_mut("content") {
-            Some(Value::String(text)) => texts.push(text),
-            Some(Value::Array(parts)) => {
-                texts.extend(
-                    parts
-                        .iter_mut()
-                        .filter_map(|part| match part.get_mut("text") {
-                            Some(Value::String(text)) => Some(text),
-                            _ => None,
-                        }),
-                )
-            }
-            _ => {}
-        }
-    }
-    texts
-}
-
-/// An error in Anthropic's shape, `{"type":"error","error":{"type","message"}}`, with the
-/// status condenser gives it.
-pub fn error_response(error: &ProxyError) -> Response<ProxyBody> {
-    let status = error.status();
-    let kind = match status {
-        StatusCode::BAD_REQUEST => "invalid_request_error",
-        StatusCode::UNAUTHORIZED => "authentication_error",
-        StatusCode::FORBIDDEN => "permission_error",
-        StatusCode::NOT_FOUND => "not_found_error",
-        StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
-        StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
-        s if s.as_u16() == 529 => "overloaded_error",
-        _ => "api_error",
-    };
-    json_response(
-        status,
-        &json!({
-            "type": "error",
-            "error": {"type": kind, "message": error.to_string()},
-        }),
-    )
-}
-
 #[cfg(test)]
 mod tests {
+    use super::view::{block_type, blocks, is_user};
     use super::*;
     use crate::compaction::compactor::{Action, CacheOutcome};
     use crate::compaction::plan::{plan, Decision, PlanInput};
     use crate::compaction::summary::Summary;
+    use crate::config::SummaryRole;
+    use crate::conversation::{Item, Kind, Role};
     use proptest::prelude::*;
     use std::sync::Arc;
     use std::time::Duration;
@@ -706,82 +455,6 @@ mod tests {
             Some(10000)
         );
         assert_eq!(requested_completion_tokens(&body(json!({}))), None);
-    }
-
-    #[tokio::test]
-    async fn errors_take_anthropics_shape() {
-        use http_body_util::BodyExt;
-        for (error, status, kind) in [
-            (
-                ProxyError::InvalidJson(serde_json::from_str::<Value>("").unwrap_err()),
-                400,
-                "invalid_request_error",
-            ),
-            (
-                ProxyError::BodyTooLarge { limit: 9 },
-                413,
-                "request_too_large",
-            ),
-            (ProxyError::NotFound("/x".into()), 404, "not_found_error"),
-            (
-                ProxyError::UpstreamUnreachable("refused".into()),
-                502,
-                "api_error",
-            ),
-            (ProxyError::UpstreamTimeout(5), 504, "api_error"),
-        ] {
-            let response = error_response(&error);
-            assert_eq!(response.status(), status);
-            let body = response.into_body().collect().await.unwrap().to_bytes();
-            let body: Value = serde_json::from_slice(&body).unwrap();
-            assert_eq!(
-                body,
-                json!({"type": "error", "error": {"type": kind, "message": error.to_string()}})
-            );
-        }
-    }
-
-    #[test]
-    fn the_summary_goes_into_system_after_the_original() {
-        let mut body = json!({"system": [{"type": "text", "text": "rules", "cache_control": {"type": "ephemeral"}}]})
-            .as_object()
-            .unwrap()
-            .clone();
-        append_to_system(&mut body, "S".into());
-        assert_eq!(
-            body["system"],
-            json!([{"type": "text", "text": "rules", "cache_control": {"type": "ephemeral"}},
-                {"type": "text", "text": "S"}])
-        );
-        let mut body = json!({"system": "rules"}).as_object().unwrap().clone();
-        append_to_system(&mut body, "S".into());
-        assert_eq!(body["system"], "rules\n\nS");
-    }
-
-    #[test]
-    fn tool_results_are_cut_in_proportion_to_the_planned_size() {
-        let long = "lorem ipsum dolor sit amet ".repeat(400);
-        let mut message = json!({"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "a", "content": long},
-            {"type": "tool_result", "tool_use_id": "b", "content": [{"type": "text", "text": long}]}]});
-        let before = count_text(Encoding::O200k, &chat_message(&message).to_string());
-        cut_item_texts(
-            Encoding::O200k,
-            tool_result_texts(&mut message),
-            &crate::compaction::plan::Shorten {
-                index: 0,
-                tokens: before,
-                keep_tokens: 500,
-            },
-        );
-        let a = message["content"][0]["content"].as_str().unwrap();
-        let b = message["content"][1]["content"][0]["text"]
-            .as_str()
-            .unwrap();
-        assert!(a.contains("tokens removed"), "{a}");
-        assert_eq!(a, b, "equal outputs get equal shares");
-        let after = count_text(Encoding::O200k, &chat_message(&message).to_string());
-        assert!(after <= 500, "{after}");
     }
 
     /// Random alternating conversations, user first, where an assistant turn may call tools

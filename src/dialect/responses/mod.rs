@@ -5,6 +5,10 @@
 //! a summary message and the kept items back as input items. Requests whose history is held
 //! upstream go as sent.
 
+pub mod summary;
+pub mod usage;
+mod view;
+
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::future::Future;
@@ -17,8 +21,9 @@ use serde_json::{json, Map, Value};
 use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{ForwardReason, Mode, Split};
 use crate::compaction::shorten::cut_item_texts;
+use crate::compaction::summary_api::SummaryApi;
 use crate::config::{Api, ContextConfig, SummaryRole};
-use crate::conversation::{units, view_content, Item, Kind, Role};
+use crate::conversation::{units, Item};
 use crate::dialect::request::{object_with_model, opens_an_object, present};
 use crate::dialect::stages::{
     scan_raw, Counting, Dialect, Planned, Prepared, RawRequest, RawStage, Ready,
@@ -29,7 +34,10 @@ use crate::tokens::counter::{
     count_text, count_tools, model_name, RawItems, TokenCounter, REPLY_PRIMING,
 };
 use crate::tokens::encoding::Encoding;
-use crate::transport::usage::UsageFormat;
+use crate::transport::body::ProxyBody;
+use crate::transport::upstream::KeyStyle;
+use crate::transport::usage::UsageReader;
+use view::{call_id, input_items, is_tool_call, is_tool_output, item_type, item_view};
 
 pub const RESPONSES: &str = "/v1/responses";
 
@@ -51,8 +59,10 @@ pub struct ResponsesRequest {
 impl Dialect for Responses {
     const PATH: &'static str = RESPONSES;
     const SERVED: &'static str = "response";
-    const USAGE: UsageFormat = UsageFormat::Responses;
+    const USAGE: &'static dyn UsageReader = &usage::ResponsesUsage;
     const API: Api = Api::Responses;
+    const KEY_STYLE: KeyStyle = KeyStyle::Bearer;
+    const SUMMARY: &'static dyn SummaryApi = &summary::ResponsesSummary;
     const CONVERSATION_FIELD: &'static str = "input";
     type Request = ResponsesRequest;
 
@@ -63,6 +73,16 @@ impl Dialect for Responses {
         mode: Mode,
     ) -> impl Future<Output = Result<Ready, Option<Planned>>> + Send {
         scan(counting, bytes, settings, mode)
+    }
+
+    /// A body with `input` or `instructions`.
+    fn written_for(body: &Value) -> bool {
+        body.get("input").is_some() || body.get("instructions").is_some()
+    }
+
+    /// OpenAI's shape, as chat's.
+    fn error_response(error: &ProxyError) -> hyper::Response<ProxyBody> {
+        crate::dialect::chat::error_response(error)
     }
 
     fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError> {
@@ -231,144 +251,6 @@ pub fn parse_request(bytes: &[u8]) -> Result<ResponsesRequest, ProxyError> {
     })
 }
 
-/// The input as items: a string is one user message.
-fn input_items(body: &Map<String, Value>) -> Cow<'_, [Value]> {
-    match body.get("input") {
-        Some(Value::Array(items)) => Cow::Borrowed(items),
-        Some(Value::String(text)) => Cow::Owned(vec![json!({"role": "user", "content": text})]),
-        _ => Cow::Borrowed(&[]),
-    }
-}
-
-fn item_type(item: &Value) -> &str {
-    match item.get("type").and_then(Value::as_str) {
-        Some(kind) => kind,
-        None if item.get("role").is_some() => "message",
-        None => "",
-    }
-}
-
-/// Client-side tool calls (`function_call`, `custom_tool_call`, `computer_call`,
-/// `local_shell_call`, …) carry a `call_id` that their `…_call_output` answers.
-/// Server-side ones (`web_search_call`, …) have no output item and are kept as other items.
-fn is_tool_call(kind: &str, item: &Value) -> bool {
-    kind.ends_with("_call") && item.get("call_id").is_some()
-}
-
-fn is_tool_output(kind: &str) -> bool {
-    kind.ends_with("_call_output")
-}
-
-fn call_id(item: &Value) -> Option<&str> {
-    item.get("call_id").and_then(Value::as_str)
-}
-
-/// One input item as a chat message, and its role and kind. The chat message carries only
-/// what the model reads (no item ids or statuses), so it is counted the way chat is.
-fn item_view(item: &Value) -> (Value, Item) {
-    let kind = item_type(item);
-    let (message, role, kind) = match kind {
-        "message" => {
-            let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
-            let message = json!({"role": role, "content": chat_content(item.get("content"))});
-            let role = Role::parse(role);
-            let kind = if role == Role::Other {
-                Kind::Other
-            } else {
-                Kind::Message
-            };
-            (message, role, kind)
-        }
-        "reasoning" => {
-            let summary: Vec<&str> = item
-                .get("summary")
-                .and_then(Value::as_array)
-                .map(|parts| {
-                    parts
-                        .iter()
-                        .filter_map(|p| p.get("text").and_then(Value::as_str))
-                        .collect()
-                })
-                .unwrap_or_default();
-            let mut message = json!({"role": "assistant", "content": summary.join("\n")});
-            // Opaque, but sent and paid for: counted as its text.
-            if let Some(encrypted) = item.get("encrypted_content").filter(|v| !v.is_null()) {
-                message["encrypted_content"] = encrypted.clone();
-            }
-            (message, Role::Assistant, Kind::Reasoning)
-        }
-        _ if is_tool_call(kind, item) => {
-            let text = |field: &str| item.get(field).and_then(Value::as_str);
-            let arguments = match kind {
-                "function_call" => text("arguments").unwrap_or("").to_string(),
-                "custom_tool_call" => text("input").unwrap_or("").to_string(),
-                _ => item.to_string(),
-            };
-            let message = json!({
-                "role": "assistant",
-                "tool_calls": [{
-                    "id": call_id(item).unwrap_or(""),
-                    "type": "function",
-                    "function": {"name": text("name").unwrap_or(kind), "arguments": arguments},
-                }],
-            });
-            (message, Role::Assistant, Kind::ToolCall)
-        }
-        _ if is_tool_output(kind) => {
-            let content = match item.get("output") {
-                Some(Value::String(text)) => Value::String(text.clone()),
-                Some(Value::Array(_)) => chat_content(item.get("output")),
-                Some(other) => Value::String(other.to_string()),
-                None => Value::String(String::new()),
-            };
-            let message = json!({
-                "role": "tool",
-                "tool_call_id": call_id(item).unwrap_or(""),
-                "content": content,
-            });
-            (message, Role::Tool, Kind::ToolResult)
-        }
-        _ => {
-            let message = json!({"role": "assistant", "content": format!("[{kind}] {item}")});
-            (message, Role::Other, Kind::Other)
-        }
-    };
-    (
-        message,
-        Item {
-            role,
-            kind,
-            tokens: 0,
-        },
-    )
-}
-
-/// Message content as chat writes it: a string as it is, parts with their text as text
-/// parts and images as image parts, anything else as sent.
-fn chat_content(content: Option<&Value>) -> Value {
-    let Some(Value::Array(parts)) = content else {
-        return content.cloned().unwrap_or(Value::Null);
-    };
-    let part = |part: &Value| {
-        let text = |field: &str| part.get(field).and_then(Value::as_str);
-        match part.get("type").and_then(Value::as_str) {
-            Some("input_text" | "output_text" | "text") => {
-                json!({"type": "text", "text": text("text").unwrap_or("")})
-            }
-            Some("refusal") => json!({"type": "text", "text": text("refusal").unwrap_or("")}),
-            Some("input_image") => {
-                let mut image = json!({"url": part.get("image_url").unwrap_or(&Value::Null)});
-                if let Some(detail) = part.get("detail") {
-                    image["detail"] = detail.clone();
-                }
-                json!({"type": "image_url", "image_url": image})
-            }
-            _ => part.clone(),
-        }
-    };
-    view_content(parts.iter().map(part).collect())
-}
-
 /// Whether every tool output's call comes before it, in the same unit, so that no
 /// compaction can part them. Otherwise the request goes as sent, for upstream to judge.
 fn pairs_travel_together(items: &[Value], metas: &[Item]) -> bool {
@@ -507,6 +389,7 @@ fn compacted_input(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conversation::{Kind, Role};
 
     fn kinds(body: &str) -> Vec<(Role, Kind)> {
         parse_request(body.as_bytes())

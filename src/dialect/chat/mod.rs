@@ -3,6 +3,10 @@
 //! a JSON tree; anything else is parsed, and compacted messages are written out as chat
 //! messages.
 
+pub mod message_spans;
+pub mod summary;
+pub mod usage;
+
 use std::borrow::Cow;
 use std::future::Future;
 
@@ -15,9 +19,9 @@ use serde_json::{json, Map, Value};
 use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{Decision, Limits, Mode, Split};
 use crate::compaction::shorten::cut_item_texts;
+use crate::compaction::summary_api::SummaryApi;
 use crate::config::{Api, ContextConfig};
 use crate::conversation::{content_text, Item};
-use crate::dialect::message_spans;
 use crate::dialect::request::{array, object_with_model, present};
 use crate::dialect::stages::{Counting, Dialect, Planned, Prepared, Ready};
 use crate::error::ProxyError;
@@ -25,7 +29,8 @@ use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::{message_meta, messages, model_name, RawPrompt, TokenCounter};
 use crate::tokens::encoding::Encoding;
 use crate::transport::body::{json_response, ProxyBody};
-use crate::transport::usage::UsageFormat;
+use crate::transport::upstream::KeyStyle;
+use crate::transport::usage::UsageReader;
 
 pub const CHAT_COMPLETIONS: &str = "/v1/chat/completions";
 
@@ -35,8 +40,10 @@ pub struct Chat;
 impl Dialect for Chat {
     const PATH: &'static str = CHAT_COMPLETIONS;
     const SERVED: &'static str = "chat completion";
-    const USAGE: UsageFormat = UsageFormat::Chat;
+    const USAGE: &'static dyn UsageReader = &usage::ChatUsage;
     const API: Api = Api::Chat;
+    const KEY_STYLE: KeyStyle = KeyStyle::Bearer;
+    const SUMMARY: &'static dyn SummaryApi = &summary::ChatSummary;
     const CONVERSATION_FIELD: &'static str = "messages";
     type Request = Map<String, Value>;
 
@@ -47,6 +54,15 @@ impl Dialect for Chat {
         mode: Mode,
     ) -> impl Future<Output = Result<Ready, Option<Planned>>> + Send {
         scan(counting, bytes, settings, mode)
+    }
+
+    /// Any body: chat is tried last.
+    fn written_for(_body: &Value) -> bool {
+        true
+    }
+
+    fn error_response(error: &ProxyError) -> Response<ProxyBody> {
+        error_response(error)
     }
 
     fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError> {

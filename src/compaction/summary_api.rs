@@ -1,0 +1,77 @@
+//! What the summarizer needs of the API a summary is asked in (`SummaryApi`): each dialect
+//! writes the question and reads the answer its own way, and the summarizer, below the
+//! dialects, reaches them only through this trait.
+
+use hyper::header::HeaderMap;
+use serde_json::Value;
+
+use crate::config::Api;
+use crate::error::SummarizeError;
+use crate::transport::upstream::KeyStyle;
+
+/// Completion budget reasoning models get on top of `max_summary_tokens` for their thinking.
+pub const REASONING_ALLOWANCE_TOKENS: u32 = 2_048;
+
+/// One summary asked for: what any API's request says, whatever its shape.
+pub struct SummaryAsk<'a> {
+    pub model: &'a str,
+    /// The system text.
+    pub instructions: &'a str,
+    /// The user's text: the transcript, with a previous summary to extend.
+    pub user: &'a str,
+    /// The summary's completion budget.
+    pub max_tokens: u32,
+}
+
+/// How a reasoning model is asked: the effort its API names, and the completion budget
+/// with room for its thinking.
+pub struct Reasoning {
+    pub effort: &'static str,
+    pub max_tokens: u32,
+}
+
+impl SummaryAsk<'_> {
+    /// Reasoning models take neither a token limit nor a temperature the usual way, and
+    /// spend part of their completion budget thinking: they are asked for little of it, with
+    /// room. `None` for other models.
+    pub fn reasoning(&self) -> Option<Reasoning> {
+        let name = crate::tokens::catalog::base_name(self.model);
+        let effort = if name.starts_with("gpt-5") {
+            "minimal"
+        } else if ["o1", "o3", "o4"].iter().any(|p| name.starts_with(p)) {
+            "low"
+        } else {
+            return None;
+        };
+        Some(Reasoning {
+            effort,
+            max_tokens: self.max_tokens + REASONING_ALLOWANCE_TOKENS,
+        })
+    }
+}
+
+/// How a summary is asked in one API, and read from its reply.
+pub trait SummaryApi: Send + Sync {
+    /// Headers the API requires of every request, besides the credentials.
+    fn add_headers(&self, _headers: &mut HeaderMap) {}
+
+    /// The request body, non-streaming.
+    fn request_body(&self, ask: &SummaryAsk) -> Value;
+
+    /// The summary's text from a successful reply. A reply without the shape of its API is
+    /// `Malformed` (the upstream's fault); a refusal is `Rejected`.
+    fn reply_text(&self, reply: &Value) -> Result<String, SummarizeError>;
+}
+
+/// An API as the summarizer reaches it.
+#[derive(Clone, Copy)]
+pub struct SummaryEndpoint {
+    /// Where a summary is asked for.
+    pub path: &'static str,
+    /// How a key of the summarizer's own is sent.
+    pub key_style: KeyStyle,
+    pub api: &'static dyn SummaryApi,
+}
+
+/// Each API's endpoint, supplied by the dialects when the state is built.
+pub type SummaryApis = fn(Api) -> SummaryEndpoint;

@@ -1,0 +1,323 @@
+//! How a chat completion carries usage: `usage.prompt_tokens`/`completion_tokens`, last in a
+//! body or in a stream's final chunk; and the usage-only chunk condenser asked for on the
+//! client's behalf, kept from it.
+
+use std::sync::LazyLock;
+
+use bytes::BytesMut;
+use memchr::memmem;
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+
+use crate::transport::usage::{contains, event_data, Usage, UsageReader};
+
+/// Chat Completions' usage.
+pub struct ChatUsage;
+
+impl UsageReader for ChatUsage {
+    fn fold(&self, json: &[u8], usage: &mut Option<Usage>) {
+        if let Some(found) = json_usage(json) {
+            *usage = Some(found);
+        }
+    }
+
+    fn relay_event(
+        &self,
+        event: &[u8],
+        injected: bool,
+        usage: &mut Option<Usage>,
+        out: &mut BytesMut,
+    ) {
+        // Only chunks mentioning usage are worth parsing.
+        if !contains(event, b"\"usage\"") {
+            out.extend_from_slice(event);
+            return;
+        }
+        let cleaned;
+        let event = if injected && contains(event, b"null") {
+            cleaned = without_null_usage(event);
+            if !contains(&cleaned, b"\"usage\"") {
+                out.extend_from_slice(&cleaned);
+                return;
+            }
+            &cleaned[..]
+        } else {
+            event
+        };
+        let text = String::from_utf8_lossy(event);
+        for data in event_data(&text) {
+            let Some(chunk) = WithUsage::parse(data.as_bytes()) else {
+                continue;
+            };
+            if let Some(found) = chunk.usage() {
+                *usage = Some(found);
+                let usage_only = chunk.choices.as_ref().is_some_and(Vec::is_empty);
+                if injected && usage_only {
+                    return;
+                }
+            }
+        }
+        out.extend_from_slice(event);
+    }
+}
+
+/// Just the part of a response that holds usage; the rest is skipped, not built.
+#[derive(Deserialize)]
+struct WithUsage {
+    usage: Option<UsageFields>,
+    choices: Option<Vec<IgnoredAny>>,
+}
+
+#[derive(Deserialize)]
+struct UsageFields {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+}
+
+impl WithUsage {
+    fn parse(bytes: &[u8]) -> Option<WithUsage> {
+        serde_json::from_slice(bytes).ok()
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        self.usage.as_ref().map(|u| Usage {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+        })
+    }
+}
+
+/// The usage of a whole JSON response. Chat completions end with it, so the last `"usage"`
+/// key is read first, without scanning the completion before it. Inside a string that key's
+/// quotes would be escaped, so what matches is a key or the string "usage"; anything but a
+/// usage object after it falls back to reading the whole body.
+fn json_usage(body: &[u8]) -> Option<Usage> {
+    tail_usage(body).or_else(|| WithUsage::parse(body).and_then(|r| r.usage()))
+}
+
+const USAGE_KEY: &[u8] = b"\"usage\"";
+
+/// Built once: on a small completion, building a searcher costs as much as the search.
+static USAGE_KEY_FORWARD: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(USAGE_KEY));
+static USAGE_KEY_FROM_END: LazyLock<memmem::FinderRev<'static>> =
+    LazyLock::new(|| memmem::FinderRev::new(USAGE_KEY));
+
+/// How far from its end a completion's usage normally sits (a few members follow it). The
+/// forward search is vectorized and the reverse one is not, so this stretch is searched
+/// forward, and only a body whose usage lies further back is searched in reverse.
+const USAGE_TAIL_BYTES: usize = 1024;
+
+/// Where the last `"usage"` in `body` starts.
+fn last_usage_key(body: &[u8]) -> Option<usize> {
+    let tail = body.len().saturating_sub(USAGE_TAIL_BYTES);
+    match USAGE_KEY_FORWARD.find_iter(&body[tail..]).last() {
+        Some(at) => Some(tail + at),
+        None => USAGE_KEY_FROM_END.rfind(body),
+    }
+}
+
+fn tail_usage(body: &[u8]) -> Option<Usage> {
+    let at = last_usage_key(body)?;
+    let value = body[at + USAGE_KEY.len()..]
+        .trim_ascii_start()
+        .strip_prefix(b":")?;
+    plain_usage(value)
+        .or_else(|| Usage::deserialize(&mut serde_json::Deserializer::from_slice(value)).ok())
+}
+
+/// The usage object as upstreams write it, read without `serde`, which costs several times
+/// more on a response's path: its two counts as plain integers, each once, among other
+/// members that are skipped (nested objects included). Anything else is `None`, and `serde`
+/// reads the object instead.
+fn plain_usage(object: &[u8]) -> Option<Usage> {
+    let mut prompt = None;
+    let mut completion = None;
+    let mut depth = 0usize;
+    let mut at = 0;
+    while let Some(&byte) = object.get(at) {
+        at += 1;
+        match byte {
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(Usage {
+                        prompt_tokens: prompt?,
+                        completion_tokens: completion?,
+                    });
+                }
+            }
+            b'"' => {
+                let start = at;
+                // A string with an escape in it is left to serde, which decodes it.
+                at += memchr::memchr2(b'"', b'\\', &object[at..])?;
+                if object[at] == b'\\' {
+                    return None;
+                }
+                let text = &object[start..at];
+                at += 1;
+                let rest = object[at..].trim_ascii_start();
+                let Some(value) = rest.strip_prefix(b":") else {
+                    continue;
+                };
+                let slot = match (depth, text) {
+                    (1, b"prompt_tokens") => &mut prompt,
+                    (1, b"completion_tokens") => &mut completion,
+                    _ => continue,
+                };
+                let value = value.trim_ascii_start();
+                let digits = value.iter().take_while(|b| b.is_ascii_digit()).count();
+                let after = value[digits..].trim_ascii_start().first();
+                let leading_zero = digits > 1 && value[0] == b'0';
+                if slot.is_some()
+                    || digits == 0
+                    || leading_zero
+                    || !matches!(after, Some(b',' | b'}'))
+                {
+                    return None;
+                }
+                *slot = Some(std::str::from_utf8(&value[..digits]).ok()?.parse().ok()?);
+                at = object.len() - value.len() + digits;
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Once usage is requested, OpenAI adds `"usage":null` to every chunk; a client that did not
+/// ask for usage gets its chunks without it.
+fn without_null_usage(event: &[u8]) -> Vec<u8> {
+    let text = String::from_utf8_lossy(event);
+    [
+        ",\"usage\":null",
+        ", \"usage\": null",
+        "\"usage\":null,",
+        "\"usage\": null, ",
+    ]
+    .iter()
+    .fold(text.into_owned(), |t, pattern| t.replace(pattern, ""))
+    .into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_usage_is_read_from_the_end_unless_the_end_is_a_string() {
+        let plain = br#"{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7},"system_fingerprint":"fp"}"#;
+        let found = json_usage(plain).unwrap();
+        assert_eq!((found.prompt_tokens, found.completion_tokens), (3, 4));
+        // The last "usage" is a string value, or a nested key of another shape: the whole
+        // body is read instead.
+        for tricky in [
+            &br#"{"usage":{"prompt_tokens":3,"completion_tokens":4},"meta":{"kind":"usage"}}"#[..],
+            br#"{"usage":{"prompt_tokens":3,"completion_tokens":4},"meta":{"usage":"n/a"}}"#,
+        ] {
+            let found = json_usage(tricky).unwrap();
+            assert_eq!((found.prompt_tokens, found.completion_tokens), (3, 4));
+        }
+        assert_eq!(json_usage(br#"{"choices":[]}"#), None);
+    }
+
+    #[test]
+    fn the_last_usage_key_is_found_near_the_end_or_further_back() {
+        let usage = br#""usage":{"prompt_tokens":3,"completion_tokens":4}"#;
+        for (before, after) in [
+            (0, 0),
+            (10, 10),
+            (5_000, 10),
+            (10, 5_000),
+            (5_000, USAGE_TAIL_BYTES - 30),
+        ] {
+            let body = [
+                &br#"{"a":""#[..],
+                &vec![b'x'; before],
+                br#"","usage":{"prompt_tokens":1,"completion_tokens":1},"#,
+                usage,
+                br#","b":""#,
+                &vec![b'y'; after],
+                br#""}"#,
+            ]
+            .concat();
+            let at = last_usage_key(&body).unwrap();
+            assert_eq!(&body[at..at + usage.len()], usage, "{before}/{after}");
+            assert_eq!(
+                json_usage(&body),
+                Some(Usage {
+                    prompt_tokens: 3,
+                    completion_tokens: 4
+                }),
+                "{before}/{after}"
+            );
+        }
+        // The key straddling the edge of the searched tail: it starts 3 bytes before it.
+        let filler = USAGE_TAIL_BYTES + 4 - (1 + usage.len() + 6 + 2);
+        let body = [
+            &b"{"[..],
+            usage,
+            br#","b":""#,
+            &vec![b'y'; filler],
+            br#""}"#,
+        ]
+        .concat();
+        assert_eq!(body.len() - USAGE_TAIL_BYTES, 4);
+        assert_eq!(last_usage_key(&body), Some(1));
+        assert_eq!(last_usage_key(br#"{"choices":[]}"#), None);
+    }
+
+    /// The plain reader against `serde` on the shapes upstreams send and on ones it must
+    /// leave to `serde`: where it reads a usage, `serde` reads the same.
+    #[test]
+    fn plain_usage_agrees_with_serde() {
+        let serde =
+            |object: &str| Usage::deserialize(&mut serde_json::Deserializer::from_str(object)).ok();
+        let read = [
+            r#"{"prompt_tokens":120,"completion_tokens":18,"total_tokens":138}"#,
+            r#"{ "completion_tokens" : 7 , "prompt_tokens" : 0 }"#,
+            r#"{"prompt_tokens":19,"completion_tokens":10,"total_tokens":29,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"accepted_prediction_tokens":0}}"#,
+            r#"{"x":{"prompt_tokens":1,"completion_tokens":2},"prompt_tokens":3,"completion_tokens":4}"#,
+            r#"{"note":"a } and a { and \"quotes\"","prompt_tokens":5,"completion_tokens":6}"#,
+        ];
+        for object in read {
+            let plain = if object.contains('\\') {
+                None
+            } else {
+                plain_usage(object.as_bytes())
+            };
+            assert_eq!(plain.or_else(|| serde(object)), serde(object), "{object}");
+            assert!(serde(object).is_some(), "{object}");
+        }
+        assert_eq!(
+            plain_usage(read[3].as_bytes()),
+            Some(Usage {
+                prompt_tokens: 3,
+                completion_tokens: 4
+            }),
+            "nested counts are not the response's"
+        );
+        for object in [
+            r#"{"prompt_tokens":1.5,"completion_tokens":2}"#,
+            r#"{"prompt_tokens":-1,"completion_tokens":2}"#,
+            r#"{"prompt_tokens":01,"completion_tokens":2}"#,
+            r#"{"prompt_tokens":1,"prompt_tokens":2,"completion_tokens":2}"#,
+            r#"{"prompt_tokens":1}"#,
+            r#"{"prompt_tokens":"1","completion_tokens":2}"#,
+            r#"{"prompt_tokens":1,"completion_tokens":99999999999999999999999}"#,
+            r#"{"prompt_tokens":1,"completion_tokens":2"#,
+            r#"{"pro\u006dpt_tokens":1,"completion_tokens":2}"#,
+        ] {
+            assert_eq!(plain_usage(object.as_bytes()), None, "{object}");
+        }
+        // What serde makes of those, the tap still gets: the plain reader only steps aside.
+        let escaped = br#"{"pro\u006dpt_tokens":1,"completion_tokens":2}"#;
+        assert_eq!(
+            tail_usage(&[&b"{\"usage\":"[..], escaped, b"}"].concat()),
+            serde(std::str::from_utf8(escaped).unwrap())
+        );
+    }
+}

@@ -1,0 +1,69 @@
+//! Anthropic's error shape.
+
+use hyper::{Response, StatusCode};
+use serde_json::json;
+
+use crate::error::ProxyError;
+use crate::transport::body::{json_response, ProxyBody};
+
+/// An error in Anthropic's shape, `{"type":"error","error":{"type","message"}}`, with the
+/// status condenser gives it.
+pub fn error_response(error: &ProxyError) -> Response<ProxyBody> {
+    let status = error.status();
+    let kind = match status {
+        StatusCode::BAD_REQUEST => "invalid_request_error",
+        StatusCode::UNAUTHORIZED => "authentication_error",
+        StatusCode::FORBIDDEN => "permission_error",
+        StatusCode::NOT_FOUND => "not_found_error",
+        StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+        StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+        s if s.as_u16() == 529 => "overloaded_error",
+        _ => "api_error",
+    };
+    json_response(
+        status,
+        &json!({
+            "type": "error",
+            "error": {"type": kind, "message": error.to_string()},
+        }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    #[tokio::test]
+    async fn errors_take_anthropics_shape() {
+        use http_body_util::BodyExt;
+        for (error, status, kind) in [
+            (
+                ProxyError::InvalidJson(serde_json::from_str::<Value>("").unwrap_err()),
+                400,
+                "invalid_request_error",
+            ),
+            (
+                ProxyError::BodyTooLarge { limit: 9 },
+                413,
+                "request_too_large",
+            ),
+            (ProxyError::NotFound("/x".into()), 404, "not_found_error"),
+            (
+                ProxyError::UpstreamUnreachable("refused".into()),
+                502,
+                "api_error",
+            ),
+            (ProxyError::UpstreamTimeout(5), 504, "api_error"),
+        ] {
+            let response = error_response(&error);
+            assert_eq!(response.status(), status);
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            let body: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(
+                body,
+                json!({"type": "error", "error": {"type": kind, "message": error.to_string()}})
+            );
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! A Responses request as counting, planning and the summarizer see it: each input item one
+//! conversation item and one chat message.
+
+use std::borrow::Cow;
+
+use serde_json::{json, Map, Value};
+
+use crate::conversation::{view_content, Item, Kind, Role};
+
+/// The input as items: a string is one user message.
+pub(super) fn input_items(body: &Map<String, Value>) -> Cow<'_, [Value]> {
+    match body.get("input") {
+        Some(Value::Array(items)) => Cow::Borrowed(items),
+        Some(Value::String(text)) => Cow::Owned(vec![json!({"role": "user", "content": text})]),
+        _ => Cow::Borrowed(&[]),
+    }
+}
+
+pub(super) fn item_type(item: &Value) -> &str {
+    match item.get("type").and_then(Value::as_str) {
+        Some(kind) => kind,
+        None if item.get("role").is_some() => "message",
+        None => "",
+    }
+}
+
+/// Client-side tool calls (`function_call`, `custom_tool_call`, `computer_call`,
+/// `local_shell_call`, …) carry a `call_id` that their `…_call_output` answers.
+/// Server-side ones (`web_search_call`, …) have no output item and are kept as other items.
+pub(super) fn is_tool_call(kind: &str, item: &Value) -> bool {
+    kind.ends_with("_call") && item.get("call_id").is_some()
+}
+
+pub(super) fn is_tool_output(kind: &str) -> bool {
+    kind.ends_with("_call_output")
+}
+
+pub(super) fn call_id(item: &Value) -> Option<&str> {
+    item.get("call_id").and_then(Value::as_str)
+}
+
+/// One input item as a chat message, and its role and kind. The chat message carries only
+/// what the model reads (no item ids or statuses), so it is counted the way chat is.
+pub(super) fn item_view(item: &Value) -> (Value, Item) {
+    let kind = item_type(item);
+    let (message, role, kind) = match kind {
+        "message" => {
+            let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
+            let message = json!({"role": role, "content": chat_content(item.get("content"))});
+            let role = Role::parse(role);
+            let kind = if role == Role::Other {
+                Kind::Other
+            } else {
+                Kind::Message
+            };
+            (message, role, kind)
+        }
+        "reasoning" => {
+            let summary: Vec<&str> = item
+                .get("summary")
+                .and_then(Value::as_array)
+                .map(|parts| {
+                    parts
+                        .iter()
+                        .filter_map(|p| p.get("text").and_then(Value::as_str))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let mut message = json!({"role": "assistant", "content": summary.join("\n")});
+            // Opaque, but sent and paid for: counted as its text.
+            if let Some(encrypted) = item.get("encrypted_content").filter(|v| !v.is_null()) {
+                message["encrypted_content"] = encrypted.clone();
+            }
+            (message, Role::Assistant, Kind::Reasoning)
+        }
+        _ if is_tool_call(kind, item) => {
+            let text = |field: &str| item.get(field).and_then(Value::as_str);
+            let arguments = match kind {
+                "function_call" => text("arguments").unwrap_or("").to_string(),
+                "custom_tool_call" => text("input").unwrap_or("").to_string(),
+                _ => item.to_string(),
+            };
+            let message = json!({
+                "role": "assistant",
+                "tool_calls": [{
+                    "id": call_id(item).unwrap_or(""),
+                    "type": "function",
+                    "function": {"name": text("name").unwrap_or(kind), "arguments": arguments},
+                }],
+            });
+            (message, Role::Assistant, Kind::ToolCall)
+        }
+        _ if is_tool_output(kind) => {
+            let content = match item.get("output") {
+                Some(Value::String(text)) => Value::String(text.clone()),
+                Some(Value::Array(_)) => chat_content(item.get("output")),
+                Some(other) => Value::String(other.to_string()),
+                None => Value::String(String::new()),
+            };
+            let message = json!({
+                "role": "tool",
+                "tool_call_id": call_id(item).unwrap_or(""),
+                "content": content,
+            });
+            (message, Role::Tool, Kind::ToolResult)
+        }
+        _ => {
+            let message = json!({"role": "assistant", "content": format!("[{kind}] {item}")});
+            (message, Role::Other, Kind::Other)
+        }
+    };
+    (
+        message,
+        Item {
+            role,
+            kind,
+            tokens: 0,
+        },
+    )
+}
+
+/// Message content as chat writes it: a string as it is, parts with their text as text
+/// parts and images as image parts, anything else as sent.
+pub(super) fn chat_content(content: Option<&Value>) -> Value {
+    let Some(Value::Array(parts)) = content else {
+        return content.cloned().unwrap_or(Value::Null);
+    };
+    let part = |part: &Value| {
+        let text = |field: &str| part.get(field).and_then(Value::as_str);
+        match part.get("type").and_then(Value::as_str) {
+            Some("input_text" | "output_text" | "text") => {
+                json!({"type": "text", "text": text("text").unwrap_or("")})
+            }
+            Some("refusal") => json!({"type": "text", "text": text("refusal").unwrap_or("")}),
+            Some("input_image") => {
+                let mut image = json!({"url": part.get("image_url").unwrap_or(&Value::Null)});
+                if let Some(detail) = part.get("detail") {
+                    image["detail"] = detail.clone();
+                }
+                json!({"type": "image_url", "image_url": image})
+            }
+            _ => part.clone(),
+        }
+    };
+    view_content(parts.iter().map(part).collect())
+}
