@@ -5,13 +5,14 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures_util::future::LocalBoxFuture;
 use serde_json::{json, Value};
 
 use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{total_tokens, triggers, Decision, Limits, Mode, PlanInput, Split};
 use crate::config::{Api, Config, ConfigError, ContextConfig, Overrides};
-use crate::dialect::stages::{Dialect, Prepared};
+use crate::dialect::stages::{count_as_sent, Counting, Dialect, Prepared};
 use crate::dialect::{detect_api, with_dialect, WithDialect};
 use crate::error::ProxyError;
 use crate::tokens::catalog::ModelCatalog;
@@ -142,7 +143,13 @@ async fn trimmed_as<D: Dialect>(
     let encoding = catalog.resolve(D::model(&request)).encoding;
     let rewrite = Rewrite::trimmed(split, Duration::ZERO);
     D::rewrite(&mut request, split, &rewrite, settings, encoding);
-    Ok(D::count(&request, &catalog, &counter).await.count.total)
+    let (sent, _) = D::outgoing_body(request, Bytes::new(), true)?;
+    let counting = Counting {
+        config,
+        catalog: &catalog,
+        counter: &counter,
+    };
+    Ok(count_as_sent::<D>(counting, &sent, settings).await?.total)
 }
 
 async fn trimmed_tokens(

@@ -170,6 +170,25 @@ pub struct Counting<'a> {
     pub counter: &'a TokenCounter,
 }
 
+/// The prompt of a body this dialect forwards, counted as its raw first stage counts any
+/// request (each item found by its bytes, counted once ever), else parsed and counted in full:
+/// a rewritten request is counted on the bytes it forwards, as `condenser count` counts them.
+/// Counting the rewritten tree again walked every kept item and the tool schemas (1.9 ms of
+/// an agent-sized Messages request, `bench/agent_replay.sh`); by their bytes, 0.5 ms.
+pub async fn count_as_sent<D: Dialect>(
+    counting: Counting<'_>,
+    body: &Bytes,
+    settings: &ContextConfig,
+) -> Result<PromptCount, ProxyError> {
+    if let Ok(ready) = D::scan(counting, body, settings, Mode::Off).await {
+        return Ok(ready.prepared.count);
+    }
+    let request = D::parse(body)?;
+    Ok(D::count(&request, counting.catalog, counting.counter)
+        .await
+        .count)
+}
+
 /// How a dialect's raw first stage counts: its items (`RawItems`), and the parts besides
 /// them that cost tokens, kept under `parts_seed` and counted by `fixed` once parsed.
 pub struct RawStage {

@@ -8,9 +8,9 @@ use bytes::Bytes;
 use hyper::header::HeaderMap;
 
 use crate::compaction::compactor::{self, Action, CompactionJob};
-use crate::compaction::plan::{Decision, Limits, Mode};
+use crate::compaction::plan::{Decision, Limits, Mode, Split};
 use crate::config::ContextConfig;
-use crate::dialect::stages::{Counting, Dialect, Planned, Ready};
+use crate::dialect::stages::{count_as_sent, Counting, Dialect, Planned, Prepared, Ready};
 use crate::error::ProxyError;
 use crate::pipeline::state::AppState;
 use crate::pipeline::{Outcome, Outgoing};
@@ -92,7 +92,6 @@ async fn prepare_in_full<'s, D: Dialect>(
 ) -> Result<Outgoing<'s>, ProxyError> {
     let mut request = D::parse(&bytes)?;
     let model = D::model(&request).to_string();
-    let upstream = state.upstreams.for_model(Some(&model));
     let (prepared, decision) = match planned {
         Some(Planned { prepared, decision }) => (prepared, Some(decision)),
         None => (
@@ -106,10 +105,8 @@ async fn prepare_in_full<'s, D: Dialect>(
         None => decision.unwrap_or_else(|| prepared.decide(&input)),
     };
 
-    let mut outcome = Outcome::FORWARDED;
-    let mut rewritten = false;
-    match &decision {
-        Decision::Forward(_) => {}
+    let (outcome, rewritten) = match &decision {
+        Decision::Forward(_) => (Outcome::FORWARDED, false),
         Decision::Reject { tokens, limit } => {
             return Err(ProxyError::ContextLengthExceeded {
                 tokens: *tokens,
@@ -118,56 +115,93 @@ async fn prepare_in_full<'s, D: Dialect>(
             })
         }
         Decision::Precompute(split) | Decision::Compact { split, .. } => {
-            let conversation = D::conversation(&request);
-            let job = CompactionJob {
-                messages: &conversation,
-                count: &prepared.count,
+            let job = Job {
+                state,
                 split,
+                prepared: &prepared,
                 model: &model,
-                info: &prepared.info,
-                upstream,
                 headers,
-                api: D::API,
                 settings,
                 mode,
                 limits: Limits::new(&input),
             };
-            if matches!(decision, Decision::Precompute(_)) {
-                compactor::precompute(&state.compactor, job);
-            } else {
-                let rewrite = compactor::compact(&state.compactor, job).await?;
-                drop(conversation);
-                if rewrite.action != Action::Forwarded {
-                    D::rewrite(
-                        &mut request,
-                        split,
-                        &rewrite,
-                        settings,
-                        prepared.info.encoding,
-                    );
-                    rewritten = true;
-                }
-                outcome = Outcome {
-                    action: rewrite.action,
-                    cache: rewrite.cache,
-                    summarized: rewrite.summarized,
-                    summarizer_wait: rewrite.waited,
-                };
-            }
+            let precompute = matches!(decision, Decision::Precompute(_));
+            compacted::<D>(&mut request, job, precompute).await?
         }
-    }
+    };
     let usable = Limits::new(&input).usable;
+    let body = D::outgoing_body(request, bytes, rewritten)?;
     // Only a rewrite changes the prompt.
     let forwarded = if rewritten {
-        let count = D::count(&request, &state.catalog, &state.counter)
-            .await
-            .count;
+        let count = count_as_sent::<D>(counting(state), &body.0, settings).await?;
         (count.total, count.raw_total)
     } else {
         (prepared.count.total, prepared.count.raw_total)
     };
-    let body = D::outgoing_body(request, bytes, rewritten)?;
     Ok(Outgoing::new(
         state, model, prepared, body, forwarded, usable, outcome,
     ))
+}
+
+/// What carrying out a split needs of the request besides its tree.
+struct Job<'a, 's> {
+    state: &'s Arc<AppState>,
+    split: &'a Split,
+    prepared: &'a Prepared,
+    model: &'a str,
+    headers: &'a HeaderMap,
+    settings: &'a ContextConfig,
+    mode: Mode,
+    limits: Limits,
+}
+
+/// The split carried out: its summary made ahead (`precompute`, the request going as it
+/// came), or the request compacted and rewritten. Returns what was done, and whether the
+/// request was rewritten.
+async fn compacted<D: Dialect>(
+    request: &mut D::Request,
+    job: Job<'_, '_>,
+    precompute: bool,
+) -> Result<(Outcome, bool), ProxyError> {
+    let Job {
+        state,
+        split,
+        prepared,
+        model,
+        headers,
+        settings,
+        mode,
+        limits,
+    } = job;
+    let conversation = D::conversation(request);
+    let job = CompactionJob {
+        messages: &conversation,
+        count: &prepared.count,
+        split,
+        model,
+        info: &prepared.info,
+        upstream: state.upstreams.for_model(Some(model)),
+        headers,
+        api: D::API,
+        settings,
+        mode,
+        limits,
+    };
+    if precompute {
+        compactor::precompute(&state.compactor, job);
+        return Ok((Outcome::FORWARDED, false));
+    }
+    let rewrite = compactor::compact(&state.compactor, job).await?;
+    drop(conversation);
+    let rewritten = rewrite.action != Action::Forwarded;
+    if rewritten {
+        D::rewrite(request, split, &rewrite, settings, prepared.info.encoding);
+    }
+    let outcome = Outcome {
+        action: rewrite.action,
+        cache: rewrite.cache,
+        summarized: rewrite.summarized,
+        summarizer_wait: rewrite.waited,
+    };
+    Ok((outcome, rewritten))
 }
