@@ -292,9 +292,15 @@ async fn every_dashboard_panel_shows_data_from_a_real_prometheus() {
 
     // The failing caller's breaker opened in the first round and turned away every request of
     // the second: logged once, not once per request.
-    // This test's lines: its breaker's name its upstream, its failures its summarizer's reply.
+    // This test's lines at INFO and above: its breaker's name its upstream, its failures its
+    // summarizer's reply.
     let logged = logs.text();
-    let ours = |line: &&str| line.contains(&upstream.url()) || line.contains(SUMMARIZER_DOWN);
+    let ours = |line: &&str| {
+        matches!(
+            line.split_whitespace().nth(1),
+            Some("INFO" | "WARN" | "ERROR")
+        ) && (line.contains(&upstream.url()) || line.contains(SUMMARIZER_DOWN))
+    };
     let lines = |text: &str| {
         logged
             .lines()
