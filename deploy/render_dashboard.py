@@ -4,7 +4,7 @@ itself cannot run: each panel's queries (variables set to every instance and mod
 with /api/v1/query_range over the data Prometheus holds, and plotted with matplotlib.
 
 Usage: python3 deploy/render_dashboard.py PROMETHEUS_URL OUT.png   (needs matplotlib)
-tests/dashboard.rs runs it on its own traffic when CONDENSER_DASHBOARD_PNG names the output.
+tests/it/dashboard.rs runs it on its own traffic when CONDENSER_DASHBOARD_PNG names the output.
 """
 import json
 import math
@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 DASHBOARD = Path(__file__).resolve().parent / "grafana" / "condenser.json"
-# As tests/dashboard.rs substitutes them.
+# As tests/it/dashboard.rs substitutes them.
 SUBSTITUTIONS = {
     "$__rate_interval": "30s",
     "$__range": "5m",
@@ -72,7 +72,7 @@ def main():
             ax.legend(fontsize=7, loc="upper left")
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
-    fig.suptitle("condenser (deploy/grafana/condenser.json), from tests/dashboard.rs's traffic", fontsize=12)
+    fig.suptitle("condenser (deploy/grafana/condenser.json), from tests/it/dashboard.rs's traffic", fontsize=12)
     fig.tight_layout(rect=(0, 0, 1, 0.98))
     fig.savefig(out, dpi=80)
 

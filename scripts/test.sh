@@ -12,7 +12,7 @@ if ! command -v redis-server >/dev/null; then
   sudo_if_needed apt-get update -qq
   sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
 fi
-# tests/dashboard.rs runs a real Prometheus and promtool (the `prometheus` package brings both).
+# tests/it/dashboard.rs runs a real Prometheus and promtool (the `prometheus` package brings both).
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
   sudo_if_needed apt-get update -qq
   sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null

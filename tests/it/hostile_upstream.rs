@@ -1,15 +1,12 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! condenser in front of a raw TCP upstream that misbehaves on cue. Each case asserts what
 //! the client gets, how many times upstream received the request, and that the next normal
 //! request is served.
-
-mod common;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

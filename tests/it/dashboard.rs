@@ -1,18 +1,14 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The operators' dashboard and alert rules in deploy/, checked against a real Prometheus:
 //! it scrapes condenser while traffic compacts, hits the cache, fails the summarizer and is
 //! retried, and every panel's query must then return data. promtool checks the rules and runs
 //! their unit tests.
 
-mod common;
-
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 const DASHBOARD: &str = "deploy/grafana/condenser.json";
@@ -32,6 +28,9 @@ const SUBSTITUTIONS: [(&str, &str); 5] = [
 /// The caller whose summaries the mock summarizer refuses with a 500.
 const FAILING_KEY: &str = "Bearer sk-summaries-fail";
 
+/// What the mock summarizer answers [`FAILING_KEY`]: no other test's summarizer says it.
+const SUMMARIZER_DOWN: &str = "the dashboard's summarizer is down";
+
 fn repo_path(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
 }
@@ -50,14 +49,6 @@ fn tool(name: &str) -> &str {
          `prometheus` package (it brings `promtool`), as scripts/test.sh does."
     );
     name
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A Prometheus process, stopped when dropped.
@@ -192,13 +183,6 @@ fn has_data(result: &[Value]) -> bool {
         .any(|value| value.parse::<f64>().is_ok_and(|v| !v.is_nan()))
 }
 
-fn openai_too_long() -> Value {
-    json!({"error": {
-        "message": "This model's maximum context length is 5000 tokens. However, your messages resulted in 5868 tokens.",
-        "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded",
-    }})
-}
-
 /// Answers, compacts, retries when the mock model (50 messages at most) finds a prompt too
 /// long, and fails every summary asked for by [`FAILING_KEY`].
 async fn upstream() -> MockUpstream {
@@ -206,14 +190,14 @@ async fn upstream() -> MockUpstream {
         too_long: Some((50, openai_too_long())),
         summarizer_error: Some(Arc::new(|r: &Recorded| {
             (r.headers.get("authorization")?.to_str().ok()? == FAILING_KEY)
-                .then(|| (500, json!({"error": {"message": "summarizer down"}})))
+                .then(|| (500, json!({"error": {"message": SUMMARIZER_DOWN}})))
         })),
         ..LlmBehaviour::default()
     })
     .await
 }
 
-/// As in tests/reactive.rs: condenser is told gpt-4o's window is 11,000 tokens, so 27 turns
+/// As in tests/it/reactive.rs: condenser is told gpt-4o's window is 11,000 tokens, so 27 turns
 /// go as sent and only upstream's answer says they are too long.
 fn config(upstream: &str) -> condenser::Config {
     let mut config = small_window_config(upstream);
@@ -293,18 +277,11 @@ async fn drive_traffic(proxy: &Proxy, unreachable: &Proxy, prometheus: &Promethe
 
 #[tokio::test]
 async fn every_dashboard_panel_shows_data_from_a_real_prometheus() {
-    // The only test of this binary that logs: it can own the process's subscriber.
-    let logs = tempfile::NamedTempFile::new().unwrap();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .with_writer(logs.reopen().unwrap())
-        .finish();
-    tracing::subscriber::set_global_default(subscriber).unwrap();
+    let logs = captured_logs();
     let upstream = upstream().await;
     let proxy = Proxy::start(config(&upstream.url())).await;
     // A replica whose upstream refuses connections: upstream failures by kind.
-    let closed = format!("http://127.0.0.1:{}", free_port());
+    let closed = closed_url();
     let unreachable = Proxy::start(config(&closed)).await;
     let prometheus =
         Prometheus::start(&[proxy.addr.to_string(), unreachable.addr.to_string()]).await;
@@ -315,8 +292,22 @@ async fn every_dashboard_panel_shows_data_from_a_real_prometheus() {
 
     // The failing caller's breaker opened in the first round and turned away every request of
     // the second: logged once, not once per request.
-    let logged = std::fs::read_to_string(logs.path()).unwrap();
-    let lines = |text: &str| logged.lines().filter(|l| l.contains(text)).count();
+    // This test's lines at INFO and above: its breaker's name its upstream, its failures its
+    // summarizer's reply.
+    let logged = logs.text();
+    let ours = |line: &&str| {
+        matches!(
+            line.split_whitespace().nth(1),
+            Some("INFO" | "WARN" | "ERROR")
+        ) && (line.contains(&upstream.url()) || line.contains(SUMMARIZER_DOWN))
+    };
+    let lines = |text: &str| {
+        logged
+            .lines()
+            .filter(ours)
+            .filter(|l| l.contains(text))
+            .count()
+    };
     assert_eq!(lines("summarizer circuit open"), 1, "{logged}");
     assert_eq!(lines("circuit open after repeated failures"), 0, "{logged}");
     assert!(lines("summarizer failed") >= 2, "{logged}");

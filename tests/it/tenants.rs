@@ -1,12 +1,9 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Tenant isolation: summaries, breakers and credentials scoped to the caller, and no key in
 //! any log line or metric.
 
-mod common;
+use std::sync::Arc;
 
-use std::sync::{Arc, Mutex, OnceLock};
-
-use common::*;
+use crate::common::*;
 use condenser::config::OnFailure;
 use serde_json::{json, Value};
 
@@ -21,17 +18,10 @@ async fn post_as(proxy: &Proxy, body: &Value, headers: &[(&str, &str)]) -> reqwe
     response
 }
 
-fn summarizer_calls(upstream: &MockUpstream) -> Vec<Recorded> {
-    upstream
-        .recorded()
-        .into_iter()
-        .filter(is_summarizer_call)
-        .collect()
-}
-
 /// Summarizer calls carrying `value` in header `name`.
 fn summarizer_calls_with(upstream: &MockUpstream, name: &str, value: &str) -> usize {
-    summarizer_calls(upstream)
+    upstream
+        .summarizer_calls()
         .iter()
         .filter(|r| r.headers.get(name).is_some_and(|v| v == value))
         .count()
@@ -59,14 +49,14 @@ async fn callers_by_x_api_key_or_api_key_each_get_their_own_summaries() {
         assert_eq!(header(&other, "x-condenser-action"), "summarized");
         assert_eq!(header(&other, "x-condenser-cache"), "miss", "{name}: sk-b");
         calls += 2;
-        assert_eq!(summarizer_calls(&upstream).len(), calls);
+        assert_eq!(upstream.summarizer_calls().len(), calls);
         let again = post_as(&proxy, &body, &[(name, "sk-a")]).await;
         assert_eq!(
             header(&again, "x-condenser-cache"),
             "hit",
             "{name}: sk-a again"
         );
-        assert_eq!(summarizer_calls(&upstream).len(), calls);
+        assert_eq!(upstream.summarizer_calls().len(), calls);
     }
     assert_eq!(summarizer_calls_with(&upstream, "x-api-key", "sk-a"), 1);
     assert_eq!(summarizer_calls_with(&upstream, "api-key", "sk-a"), 1);
@@ -84,7 +74,7 @@ async fn a_configured_user_header_splits_users_behind_one_injected_key() {
     post_as(&proxy, &body, &as_user("alice")).await;
     let bob = post_as(&proxy, &body, &as_user("bob")).await;
     assert_eq!(header(&bob, "x-condenser-cache"), "hit");
-    assert_eq!(summarizer_calls(&upstream).len(), 1);
+    assert_eq!(upstream.summarizer_calls().len(), 1);
 
     let mut config = small_window_config(&upstream.url());
     config.cache.scope_headers = vec!["authorization".into(), "x-user-id".into()];
@@ -94,10 +84,10 @@ async fn a_configured_user_header_splits_users_behind_one_injected_key() {
     let bob = post_as(&proxy, &body, &as_user("bob")).await;
     assert_eq!(header(&bob, "x-condenser-action"), "summarized");
     assert_eq!(header(&bob, "x-condenser-cache"), "miss");
-    assert_eq!(summarizer_calls(&upstream).len(), 3);
+    assert_eq!(upstream.summarizer_calls().len(), 3);
     let alice = post_as(&proxy, &body, &as_user("alice")).await;
     assert_eq!(header(&alice, "x-condenser-cache"), "hit");
-    assert_eq!(summarizer_calls(&upstream).len(), 3);
+    assert_eq!(upstream.summarizer_calls().len(), 3);
 }
 
 #[tokio::test]
@@ -118,13 +108,13 @@ async fn replicas_sharing_redis_keep_callers_apart() {
     let other = post_as(&b, &body, &[("x-api-key", "sk-two")]).await;
     assert_eq!(header(&other, "x-condenser-action"), "summarized");
     assert_eq!(header(&other, "x-condenser-cache"), "miss");
-    assert_eq!(summarizer_calls(&upstream).len(), 2);
+    assert_eq!(upstream.summarizer_calls().len(), 2);
     // ...while the same caller does, on either replica.
     let same = post_as(&b, &body, &[("x-api-key", "sk-one")]).await;
     assert_eq!(header(&same, "x-condenser-cache"), "hit");
     let same = post_as(&a, &body, &[("x-api-key", "sk-two")]).await;
     assert_eq!(header(&same, "x-condenser-cache"), "hit");
-    assert_eq!(summarizer_calls(&upstream).len(), 2);
+    assert_eq!(upstream.summarizer_calls().len(), 2);
 }
 
 #[tokio::test]
@@ -205,7 +195,7 @@ async fn the_summarizer_call_carries_the_callers_credentials_or_only_its_own_key
     post_as(&proxy, &long_conversation("anthropic"), &anthropic_style).await;
     let azure_style = [("api-key", "azure-caller")];
     post_as(&proxy, &long_conversation("azure"), &azure_style).await;
-    let calls = summarizer_calls(&upstream);
+    let calls = upstream.summarizer_calls();
     assert_eq!(calls.len(), 2);
     let headers = &calls[0].headers;
     assert_eq!(headers["x-api-key"], "sk-ant-caller");
@@ -228,7 +218,7 @@ async fn the_summarizer_call_carries_the_callers_credentials_or_only_its_own_key
         ("openai-project", "proj-caller"),
     ];
     post_as(&proxy, &long_conversation("own key"), &caller).await;
-    let calls = summarizer_calls(&upstream);
+    let calls = upstream.summarizer_calls();
     assert_eq!(calls.len(), 3);
     let headers = &calls[2].headers;
     assert_eq!(headers["authorization"], "Bearer sk-summarizer-own");
@@ -239,36 +229,6 @@ async fn the_summarizer_call_carries_the_callers_credentials_or_only_its_own_key
         "openai-organization",
     ] {
         assert!(!headers.contains_key(absent), "{absent} sent: {headers:?}");
-    }
-}
-
-/// Every log line this test binary writes, at every level, from every thread.
-fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
-    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let sink = logs.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::TRACE)
-            .with_ansi(false)
-            .with_writer(move || Sink(sink.clone()))
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).unwrap();
-        logs
-    })
-    .clone()
-}
-
-struct Sink(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Sink {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 
@@ -335,7 +295,7 @@ async fn no_key_is_logged_at_any_level_nor_shown_in_metrics() {
     assert_eq!(broken.send().await.unwrap().status(), 502);
     let metrics = proxy.metrics().await;
 
-    let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    let logs = logs.text();
     // The lines that could have carried a key were written, and at the levels below info too.
     for line in [
         "summary made",

@@ -1,13 +1,10 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Compaction as an agent meets it: a request every fraction of a second, a summarizer that
 //! takes longer than a turn. Nobody waits while the window has room; what is forwarded only
 //! grows at its end between compactions, so a provider's prompt cache stays warm.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 /// What the client is told of each turn: the cache outcome and the tokens forwarded.
@@ -121,20 +118,6 @@ async fn over_the_trigger_within_the_hard_limit_a_request_goes_at_once() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         next = send(&proxy, &conversation(31)).await;
     }
-}
-
-/// The share of each forwarded prompt that repeats the start of the previous one, averaged
-/// over the replay: what a provider's prompt cache can bill at its discount.
-fn prefix_reuse(prompts: &[String]) -> f64 {
-    let shares: Vec<f64> = prompts
-        .windows(2)
-        .map(|pair| {
-            let (before, now) = (pair[0].as_bytes(), pair[1].as_bytes());
-            let common = before.iter().zip(now).take_while(|(a, b)| a == b).count();
-            common as f64 / now.len() as f64
-        })
-        .collect();
-    shares.iter().sum::<f64>() / shares.len() as f64
 }
 
 #[tokio::test]

@@ -1,10 +1,7 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The summarizer is asked in the API its upstream speaks: `summarizer.api`, or by default the
 //! dialect of the request's route.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 /// A chat conversation over the trigger, with its summaries asked in `api`: the summarizer

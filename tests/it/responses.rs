@@ -1,16 +1,13 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The OpenAI Responses API (`POST /v1/responses`) through the proxy, against a recording
 //! mock upstream: compaction in the documented shape, pairs kept together, stateful and
 //! small requests forwarded byte for byte, streaming relayed event by event, errors, single
 //! flight, fallback, the official Python SDK, and a property over random tool conversations.
 
-mod common;
-
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use condenser::compaction::compactor::{Action, CacheOutcome, Rewrite};
 use condenser::compaction::plan::{Decision, Mode};
 use condenser::compaction::summary::Summary;
@@ -68,14 +65,6 @@ fn responses_requests(upstream: &MockUpstream) -> Vec<Recorded> {
         .recorded()
         .into_iter()
         .filter(|r| r.path_and_query == "/v1/responses" && !is_summarizer_call(r))
-        .collect()
-}
-
-fn summarizer_calls(upstream: &MockUpstream) -> Vec<Recorded> {
-    upstream
-        .recorded()
-        .into_iter()
-        .filter(is_summarizer_call)
         .collect()
 }
 
@@ -193,7 +182,7 @@ async fn an_over_threshold_conversation_is_summarized_in_the_documented_shape() 
     let summary = input[1]["content"].as_str().unwrap();
     assert!(summary.contains("ORD-4411"), "{summary}");
 
-    let calls = summarizer_calls(&upstream);
+    let calls = upstream.summarizer_calls();
     assert_eq!(calls.len(), 1);
     assert_eq!(
         calls[0].path_and_query, "/v1/responses",
@@ -233,7 +222,7 @@ async fn under_the_trigger_the_body_goes_byte_for_byte() {
             body.as_bytes()
         );
     }
-    assert!(summarizer_calls(&upstream).is_empty());
+    assert!(upstream.summarizer_calls().is_empty());
 }
 
 /// Item types and roles condenser does not know (Codex sends `custom_tool_call`s,
@@ -325,7 +314,7 @@ async fn stateful_requests_and_other_responses_paths_go_as_sent_however_long() {
     let last = recorded.last().unwrap();
     assert_eq!(last.path_and_query, "/v1/responses/compact");
     assert_eq!(last.body.as_ref(), compact.as_bytes());
-    assert!(summarizer_calls(&upstream).is_empty());
+    assert!(upstream.summarizer_calls().is_empty());
     let metrics = proxy.metrics().await;
     assert_eq!(
         metric(
@@ -441,7 +430,7 @@ async fn concurrent_identical_requests_make_one_summarizer_call() {
         assert_eq!(response.status(), 200);
         assert_eq!(header(response, "x-condenser-action"), "summarized");
     }
-    assert_eq!(summarizer_calls(&upstream).len(), 1);
+    assert_eq!(upstream.summarizer_calls().len(), 1);
     assert_eq!(responses_requests(&upstream).len(), 10);
 }
 
@@ -494,7 +483,7 @@ async fn the_openai_python_sdk_responses_create_works_through_condenser() {
     }
     assert_eq!(sent[1].json()["stream"], true);
     assert_eq!(
-        summarizer_calls(&upstream).len(),
+        upstream.summarizer_calls().len(),
         1,
         "the second request reuses the summary"
     );

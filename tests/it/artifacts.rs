@@ -1,12 +1,9 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Every identifier an agent saw stays in the conversation: with a summarizer that keeps
 //! nothing, code carries the identifiers of the summarized messages in the summary's Artifacts
 //! section, from every role, and an extended summary keeps them. And a summary made under other
 //! settings is not reused.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 /// The identifiers planted in turn `t`: in the user's text, in a tool call's arguments, in the

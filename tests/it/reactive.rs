@@ -1,19 +1,9 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! When upstream still finds a prompt too long (an estimated tokenizer, a window configured
 //! too large), condenser compacts it as under `force` and retries once, before any byte has
 //! reached the client; and counts that model's prompts higher from then on.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
-
-fn openai_too_long() -> Value {
-    json!({"error": {
-        "message": "This model's maximum context length is 5000 tokens. However, your messages resulted in 5868 tokens.",
-        "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded",
-    }})
-}
 
 fn anthropic_too_long() -> Value {
     json!({"type": "error", "error": {
@@ -31,15 +21,6 @@ async fn upstream_with_smaller_window(error: Value, limit: usize) -> MockUpstrea
         ..LlmBehaviour::default()
     })
     .await
-}
-
-fn chat_sent(upstream: &MockUpstream) -> Vec<Value> {
-    upstream
-        .recorded()
-        .iter()
-        .filter(|r| !is_summarizer_call(r))
-        .map(Recorded::json)
-        .collect()
 }
 
 async fn post(proxy: &Proxy, body: &Value) -> reqwest::Response {
@@ -74,7 +55,7 @@ async fn a_prompt_upstream_finds_too_long_is_retried_once_compacted() {
         assert_eq!(header(&response, "x-condenser-action"), "summarized");
         let reply: Value = response.json().await.unwrap();
         assert!(reply["choices"][0]["message"]["content"].is_string());
-        let sent = chat_sent(&upstream);
+        let sent = upstream.forwarded();
         assert_eq!(sent.len(), 2, "sent as received, then once compacted");
         assert_eq!(sent[0]["messages"].as_array().unwrap().len(), 55);
         assert!(sent[1]["messages"].as_array().unwrap().len() <= 50);
@@ -110,7 +91,7 @@ async fn a_stream_is_retried_before_its_first_byte() {
     assert!(header(&response, "content-type").starts_with("text/event-stream"));
     let text = stream_text(response).await;
     assert!(text.contains("reply"), "{text}");
-    assert_eq!(chat_sent(&upstream).len(), 2);
+    assert_eq!(upstream.forwarded().len(), 2);
 }
 
 #[tokio::test]
@@ -126,7 +107,7 @@ async fn a_second_failure_is_passed_on() {
     );
     let reply: Value = response.json().await.unwrap();
     assert_eq!(reply, openai_too_long(), "upstream's own error");
-    assert_eq!(chat_sent(&upstream).len(), 2, "one retry, no more");
+    assert_eq!(upstream.forwarded().len(), 2, "one retry, no more");
 }
 
 #[tokio::test]
@@ -142,7 +123,7 @@ async fn a_request_sent_with_compaction_off_is_not_retried() {
         .unwrap();
     assert_eq!(response.status(), 400);
     assert!(response.headers().get("x-condenser-retry").is_none());
-    assert_eq!(chat_sent(&upstream).len(), 1);
+    assert_eq!(upstream.forwarded().len(), 1);
 }
 
 #[tokio::test]
@@ -154,7 +135,7 @@ async fn a_prompt_far_inside_a_window_counted_exactly_is_not_retried() {
     let response = post(&proxy, &chat_body(&conversation(5))).await;
     assert_eq!(response.status(), 400);
     assert!(response.headers().get("x-condenser-retry").is_none());
-    assert_eq!(chat_sent(&upstream).len(), 1);
+    assert_eq!(upstream.forwarded().len(), 1);
 }
 
 #[tokio::test]
@@ -167,7 +148,7 @@ async fn an_error_that_is_not_about_length_is_passed_on_untried() {
     assert_eq!(response.status(), 400);
     assert!(response.headers().get("x-condenser-retry").is_none());
     assert_eq!(response.json::<Value>().await.unwrap(), other);
-    assert_eq!(chat_sent(&upstream).len(), 1);
+    assert_eq!(upstream.forwarded().len(), 1);
 }
 
 #[tokio::test]
@@ -191,7 +172,7 @@ async fn after_a_retry_the_next_request_is_compacted_ahead_of_time() {
         header(&first, "x-condenser-retry"),
         "context_length_exceeded"
     );
-    let sent = chat_sent(&upstream).len();
+    let sent = upstream.forwarded().len();
     // The conversation one turn on: now counted higher, over the trigger, and compacted
     // before it is sent.
     let next = post(&proxy, &next_turn).await;
@@ -201,7 +182,7 @@ async fn after_a_retry_the_next_request_is_compacted_ahead_of_time() {
     let counted: u64 = header(&next, "x-condenser-prompt-tokens").parse().unwrap();
     assert!(counted > before * 11 / 10, "{before} then {counted}");
     assert_eq!(
-        chat_sent(&upstream).len(),
+        upstream.forwarded().len(),
         sent + 1,
         "the next request went once"
     );

@@ -1,13 +1,10 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Anthropic Messages (`POST /v1/messages`) through condenser, over HTTP against a recording
 //! mock Claude whose summarizer calls go to chat completions on the same upstream.
-
-mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
@@ -19,14 +16,6 @@ fn claude_requests(upstream: &MockUpstream) -> Vec<Value> {
         .filter(|r| r.path_and_query == "/v1/messages" && !is_summarizer_call(r))
         .map(Recorded::json)
         .collect()
-}
-
-fn summarizer_calls(upstream: &MockUpstream) -> usize {
-    upstream
-        .recorded()
-        .iter()
-        .filter(|r| is_summarizer_call(r))
-        .count()
 }
 
 async fn post(proxy: &Proxy, body: &Value) -> reqwest::Response {
@@ -124,7 +113,7 @@ async fn compact_once(
 
     let sent = claude_requests(&upstream);
     assert_eq!(sent.len(), 1);
-    assert_eq!(summarizer_calls(&upstream), 1);
+    assert_eq!(upstream.summarizer_calls().len(), 1);
     let call = upstream
         .recorded()
         .into_iter()
@@ -459,9 +448,7 @@ async fn errors_come_in_anthropics_shape_without_calling_upstream() {
     assert!(upstream.recorded().is_empty());
 
     // An upstream that cannot be reached is Anthropic's api_error, 502.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let nowhere = format!("http://{}", closed.local_addr().unwrap());
-    drop(closed);
+    let nowhere = closed_url();
     let unreachable = Proxy::start(claude_config(&nowhere)).await;
     let response = post(
         &unreachable,
@@ -489,7 +476,7 @@ async fn concurrent_identical_requests_make_one_summarizer_call() {
         assert_eq!(response.status(), 200);
         assert_eq!(header(response, "x-condenser-action"), "summarized");
     }
-    assert_eq!(summarizer_calls(&upstream), 1);
+    assert_eq!(upstream.summarizer_calls().len(), 1);
     let sent = claude_requests(&upstream);
     assert_eq!(sent.len(), 8);
     assert!(sent.windows(2).all(|pair| pair[0] == pair[1]));
@@ -510,7 +497,7 @@ async fn a_failing_summarizer_leaves_the_request_successful() {
     let response = post(&proxy, &messages_body(&original)).await;
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "trimmed");
-    assert!(summarizer_calls(&upstream) >= 1);
+    assert!(!upstream.summarizer_calls().is_empty());
     let sent = &claude_requests(&upstream)[0];
     assert_eq!(sent["system"], CLAUDE_SYSTEM);
     let messages = sent["messages"].as_array().unwrap();
@@ -615,9 +602,7 @@ async fn under_the_trigger_a_request_is_counted_from_its_bytes_as_the_full_path_
 /// oversized headers, and its own errors on the paths under `/v1/messages/`.
 #[tokio::test]
 async fn condensers_own_errors_under_the_messages_paths_take_anthropics_shape() {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let nowhere = format!("http://{}", closed.local_addr().unwrap());
-    drop(closed);
+    let nowhere = closed_url();
     let proxy = Proxy::start(claude_config(&nowhere)).await;
     let huge = "x".repeat(70 * 1024);
     let response = client()

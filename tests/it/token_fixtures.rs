@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Counts must equal OpenAI's tiktoken on every shared fixture.
 
 use std::collections::BTreeMap;

@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The real agents, run headless through condenser in front of a scripted upstream: Claude
 //! Code (the current one and 2.0.77, the last JavaScript one) on Anthropic's Messages API, and
 //! Codex on the Responses API, installed from npm by `scripts/test.sh` into `tests/agents/`.
@@ -18,14 +17,12 @@
 //! and over the session, that at least 0.9 of each forwarded prompt repeats the previous one's
 //! start, and that the agent exits 0. A resumed session's first request does not wait.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use condenser::dialect::messages::Messages;
 use condenser::dialect::responses::Responses;
 use condenser::dialect::stages::Dialect;
@@ -187,22 +184,6 @@ fn cached_order(body: &Value, fields: &[&str]) -> Vec<u8> {
     }
     let parts: Vec<Value> = fields.iter().map(|field| unmarked(&body[*field])).collect();
     serde_json::to_vec(&parts).unwrap()
-}
-
-/// The share of each prompt that repeats the start of the one before, on average.
-fn prefix_reuse(prompts: &[Vec<u8>]) -> f64 {
-    let shares: Vec<f64> = prompts
-        .windows(2)
-        .map(|pair| {
-            let common = pair[0]
-                .iter()
-                .zip(&pair[1])
-                .take_while(|(a, b)| a == b)
-                .count();
-            common as f64 / pair[1].len() as f64
-        })
-        .collect();
-    shares.iter().sum::<f64>() / shares.len().max(1) as f64
 }
 
 /// Whether a request is the agent's own loop: its model, with tools. Not the summarizer's,

@@ -1,11 +1,8 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Compaction through the proxy, against a recording mock LLM.
-
-mod common;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use condenser::config::OnFailure;
 use serde_json::{json, Value};
 
@@ -18,24 +15,6 @@ async fn post(proxy: &Proxy, body: &Value, mode: Option<&str>) -> reqwest::Respo
         request = request.header("x-condenser-mode", mode);
     }
     request.send().await.unwrap()
-}
-
-fn chat_requests(upstream: &MockUpstream) -> Vec<Value> {
-    upstream
-        .recorded()
-        .iter()
-        .filter(|r| !is_summarizer_call(r))
-        .map(Recorded::json)
-        .collect()
-}
-
-fn summarizer_requests(upstream: &MockUpstream) -> Vec<Value> {
-    upstream
-        .recorded()
-        .iter()
-        .filter(|r| is_summarizer_call(r))
-        .map(Recorded::json)
-        .collect()
 }
 
 /// Checks the documented shape: head verbatim, one summary, then the original's last
@@ -68,6 +47,15 @@ fn assert_compacted_shape(original: &[Value], forwarded: &[Value], keep_recent: 
     n
 }
 
+/// The summarizer's calls, as JSON.
+fn summarizer_requests(upstream: &MockUpstream) -> Vec<Value> {
+    upstream
+        .summarizer_calls()
+        .iter()
+        .map(Recorded::json)
+        .collect()
+}
+
 #[tokio::test]
 async fn a_long_conversation_is_summarized_in_the_documented_shape() {
     let upstream = mock_llm(LlmBehaviour::default()).await;
@@ -86,7 +74,7 @@ async fn a_long_conversation_is_summarized_in_the_documented_shape() {
     assert!(received > 6_000, "over the trigger: {received}");
     assert!(forwarded <= 3_750, "under the target: {forwarded}");
 
-    let sent = chat_requests(&upstream);
+    let sent = upstream.forwarded();
     assert_eq!(sent.len(), 1);
     let forwarded_messages = sent[0]["messages"].as_array().unwrap();
     // Each received message is encoded once (the raw path's count carries over to the full
@@ -170,7 +158,7 @@ async fn a_grown_conversation_reuses_its_summary_and_sends_only_new_messages() {
         now_covered - covered,
         "exactly the newly evicted messages"
     );
-    let sent = chat_requests(&upstream);
+    let sent = upstream.forwarded();
     let last = sent.last().unwrap()["messages"].as_array().unwrap().clone();
     assert_compacted_shape(&grown, &last, 6);
     assert!(last[1]["content"].as_str().unwrap().contains("ORD-4411"));
@@ -191,7 +179,7 @@ async fn twenty_concurrent_identical_requests_make_one_summarizer_call() {
         assert_eq!(header(response, "x-condenser-action"), "summarized");
     }
     assert_eq!(summarizer_requests(&upstream).len(), 1);
-    assert_eq!(chat_requests(&upstream).len(), 20);
+    assert_eq!(upstream.forwarded().len(), 20);
 }
 
 #[tokio::test]
@@ -214,7 +202,7 @@ async fn a_failing_summarizer_leaves_the_request_successful() {
         .parse()
         .unwrap();
     assert!(forwarded < 6_000);
-    let sent = chat_requests(&upstream);
+    let sent = upstream.forwarded();
     let messages = sent[0]["messages"].as_array().unwrap();
     assert_eq!(messages[0], original[0]);
     assert_eq!(
@@ -230,7 +218,7 @@ async fn a_failing_summarizer_leaves_the_request_successful() {
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "forwarded");
     assert_eq!(
-        chat_requests(&upstream).last().unwrap()["messages"]
+        upstream.forwarded().last().unwrap()["messages"]
             .as_array()
             .unwrap()
             .len(),
@@ -313,7 +301,7 @@ async fn a_streamed_request_is_compacted_and_still_streams() {
         !text.contains("\"usage\""),
         "the usage chunk condenser asked for is removed"
     );
-    let sent = chat_requests(&upstream);
+    let sent = upstream.forwarded();
     assert_compacted_shape(&original, sent[0]["messages"].as_array().unwrap(), 6);
     assert_eq!(sent[0]["stream_options"]["include_usage"], true);
 }
@@ -348,7 +336,7 @@ async fn tool_calls_stay_with_their_results() {
     }
     let response = post(&proxy, &chat_body(&messages), None).await;
     assert_eq!(header(&response, "x-condenser-action"), "summarized");
-    let sent = chat_requests(&upstream);
+    let sent = upstream.forwarded();
     let forwarded = sent[0]["messages"].as_array().unwrap();
     let mut open_calls: Vec<String> = Vec::new();
     for m in &forwarded[2..] {
@@ -429,7 +417,7 @@ async fn two_hundred_turns_replayed() {
         let reply: Value = response.json().await.unwrap();
         messages.push(json!({"role": "assistant", "content": format!("msg-a{t}. {} {}", reply["choices"][0]["message"]["content"].as_str().unwrap(), filler(t + 500, 100))}));
 
-        let sent = chat_requests(&upstream);
+        let sent = upstream.forwarded();
         let last = sent.last().unwrap()["messages"].as_array().unwrap().clone();
         assert_eq!(last[0]["content"], SYSTEM_PROMPT, "turn {t}");
         let sent_user = &messages[messages.len() - 2];
@@ -485,7 +473,7 @@ async fn requests_for_several_choices_are_forwarded_as_sent() {
     let response = post(&proxy, &body, Some("force")).await;
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "forwarded");
-    assert_eq!(chat_requests(&upstream)[0], body);
+    assert_eq!(upstream.forwarded()[0], body);
     assert!(summarizer_requests(&upstream).is_empty());
 }
 
@@ -505,7 +493,7 @@ async fn a_huge_tool_output_with_nothing_to_summarize_is_shortened() {
         .parse()
         .unwrap();
     assert!(forwarded <= 7_500, "{forwarded}");
-    let sent = &chat_requests(&upstream)[0]["messages"];
+    let sent = &upstream.forwarded()[0]["messages"];
     assert_eq!(sent[0], messages[0]);
     assert_eq!(sent[1], messages[1]);
     let cut = sent[2]["content"].as_str().unwrap();
@@ -562,7 +550,7 @@ async fn the_message_trigger_holds_on_every_turn() {
         messages.push(json!({"role": "user", "content": format!("msg-u{t}. short question")}));
         let response = post(&proxy, &chat_body(&messages), None).await;
         assert_eq!(response.status(), 200);
-        let sent = chat_requests(&upstream);
+        let sent = upstream.forwarded();
         let forwarded = sent.last().unwrap()["messages"].as_array().unwrap().len();
         assert!(forwarded <= 20, "turn {t}: {forwarded} messages forwarded");
         messages.push(json!({"role": "assistant", "content": format!("msg-a{t}. short answer")}));

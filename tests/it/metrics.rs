@@ -1,11 +1,8 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! What an operator reads from `/metrics` agrees with what the requests did.
-
-mod common;
 
 use std::collections::{BTreeMap, HashSet};
 
-use common::*;
+use crate::common::*;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 

@@ -1,5 +1,8 @@
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Test harness: mock upstreams and condenser itself, in-process on port 0, over real HTTP.
+
+mod logs;
+
+pub use logs::captured_logs;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -54,6 +57,23 @@ impl MockUpstream {
 
     pub fn recorded(&self) -> Vec<Recorded> {
         self.requests.lock().unwrap().clone()
+    }
+
+    /// The summarizer's calls, in order.
+    pub fn summarizer_calls(&self) -> Vec<Recorded> {
+        self.recorded()
+            .into_iter()
+            .filter(is_summarizer_call)
+            .collect()
+    }
+
+    /// The bodies of the requests condenser forwarded: every call but the summarizer's.
+    pub fn forwarded(&self) -> Vec<Value> {
+        self.recorded()
+            .iter()
+            .filter(|r| !is_summarizer_call(r))
+            .map(Recorded::json)
+            .collect()
     }
 
     pub async fn start(handler: Handler) -> MockUpstream {
@@ -394,6 +414,42 @@ pub fn conversation(turns: usize) -> Vec<Value> {
     messages
 }
 
+/// A port that was just free: nothing listens there, until someone binds it.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// An upstream URL where nothing listens.
+pub fn closed_url() -> String {
+    format!("http://127.0.0.1:{}", free_port())
+}
+
+/// Prefix reuse over consecutive prompts: the mean share of each prompt that repeats the
+/// start of the one before (what a provider's prompt cache can reuse).
+pub fn prefix_reuse<P: AsRef<[u8]>>(prompts: &[P]) -> f64 {
+    let shares: Vec<f64> = prompts
+        .windows(2)
+        .map(|pair| {
+            let (before, now) = (pair[0].as_ref(), pair[1].as_ref());
+            let common = before.iter().zip(now).take_while(|(a, b)| a == b).count();
+            common as f64 / now.len() as f64
+        })
+        .collect();
+    shares.iter().sum::<f64>() / shares.len().max(1) as f64
+}
+
+/// OpenAI's answer to a prompt longer than the model's window.
+pub fn openai_too_long() -> Value {
+    json!({"error": {
+        "message": "This model's maximum context length is 5000 tokens. However, your messages resulted in 5868 tokens.",
+        "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded",
+    }})
+}
+
 /// A config whose gpt-4o has an 8,000-token window, so tests stay small; summaries are made
 /// by gpt-4o-mini, whose window takes any span in one call.
 pub fn small_window_config(upstream: &str) -> Config {
@@ -458,11 +514,7 @@ pub struct Redis {
 
 impl Redis {
     pub async fn start() -> Redis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let mut redis = Redis {
             port,
             child: None,

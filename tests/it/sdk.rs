@@ -1,10 +1,7 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The official OpenAI Python SDK against condenser (`pip install openai`; `.ci/run` and
 //! `scripts/test.sh` install it).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 #[tokio::test]
 async fn the_openai_python_sdk_works_through_condenser() {

@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The layout's promise: data flows one way. The folders are layers, and no module of `src/`
 //! imports one of a higher layer, nor, directly or through others, a module that imports it.
 

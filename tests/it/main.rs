@@ -1,0 +1,26 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! condenser's integration tests, one crate: the helpers in `common` are compiled once, not
+//! once per file. A module per subject; `cargo test --test it MODULE` runs one of them.
+//! Tests share this process: one that needs process-wide state (an environment variable, the
+//! log subscriber) takes a name or a helper no other test uses.
+
+mod common;
+
+mod agent_clients;
+mod agent_sessions;
+mod architecture;
+mod artifacts;
+mod binary;
+mod compaction;
+mod dashboard;
+mod gateway;
+mod hostile_upstream;
+mod messages;
+mod metrics;
+mod reactive;
+mod redis;
+mod responses;
+mod sdk;
+mod summarizer_api;
+mod tenants;
+mod token_fixtures;
