@@ -314,43 +314,101 @@ pub fn plan(input: &PlanInput) -> Decision {
 }
 
 fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Option<Split> {
-    let messages = input.messages;
-    let head = head_len(messages);
-    let fixed = sum(&messages[..head]) + u64::from(input.fixed_tokens);
-    let summary = u64::from(input.summary_tokens);
-    let keep = input.settings.keep_recent_messages;
-    let n = messages.len();
-    let task = task_prompt(messages, units);
-    let in_task = |i: usize| task.as_ref().is_some_and(|task| task.contains(&i));
-    let task_tokens = task.clone().map_or(0, |task| sum(&messages[task]));
-    // The tokens of `messages[from..to]` but the task's, which is always kept.
-    let span = |from: usize, to: usize| {
+    let splitter = Splitter::new(input, limits, units);
+    let tail_start = Some(splitter.kept_within(limits.target))
+        .filter(|&start| splitter.worth_a_summary(start))
+        .unwrap_or(splitter.head);
+    // A step made ahead, from the precompute line, is used once the trigger fires: by then
+    // the conversation has grown by about the distance between the two, so it aims that
+    // much below the target, to land on it.
+    let ahead = splitter
+        .kept_within(
+            limits
+                .target
+                .saturating_sub(limits.trigger.saturating_sub(limits.precompute)),
+        )
+        .max(tail_start);
+    let planned = splitter.kept_from(tail_start, ahead);
+    if planned.estimated_tokens <= limits.usable {
+        return Some(planned);
+    }
+    // The kept minimum cannot fit the window: keep only the last unit, and the task.
+    if splitter.fixed + splitter.task_tokens > limits.usable {
+        return None;
+    }
+    Some(splitter.kept_from(units.last().copied().unwrap_or(splitter.head), ahead))
+        .filter(|split| split.estimated_tokens <= limits.usable)
+}
+
+/// What `split` weighs a conversation's units by: the head and the request's other parts
+/// (`fixed`), the task that is always kept, and the summary's room.
+struct Splitter<'a> {
+    input: &'a PlanInput<'a>,
+    limits: &'a Limits,
+    units: &'a [usize],
+    head: usize,
+    fixed: u64,
+    summary: u64,
+    task: Option<Range<usize>>,
+    task_tokens: u64,
+}
+
+impl<'a> Splitter<'a> {
+    fn new(input: &'a PlanInput<'a>, limits: &'a Limits, units: &'a [usize]) -> Self {
+        let messages = input.messages;
+        let head = head_len(messages);
+        let task = task_prompt(messages, units);
+        Splitter {
+            input,
+            limits,
+            units,
+            head,
+            fixed: sum(&messages[..head]) + u64::from(input.fixed_tokens),
+            summary: u64::from(input.summary_tokens),
+            task_tokens: task.clone().map_or(0, |task| sum(&messages[task])),
+            task,
+        }
+    }
+
+    fn in_task(&self, i: usize) -> bool {
+        self.task.as_ref().is_some_and(|task| task.contains(&i))
+    }
+
+    /// The tokens of `messages[from..to]` but the task's, which is always kept.
+    fn span(&self, from: usize, to: usize) -> u64 {
         (from..to)
-            .filter(|&i| !in_task(i))
-            .map(|i| u64::from(messages[i].tokens))
-            .sum::<u64>()
-    };
-    // The task's tokens before `start`: pinned when the tail starts there.
-    let pinned_tokens = |start: usize| {
-        task.clone().map_or(0, |task| {
-            sum(&messages[task.start.min(start)..task.end.min(start)])
+            .filter(|&i| !self.in_task(i))
+            .map(|i| u64::from(self.input.messages[i].tokens))
+            .sum()
+    }
+
+    /// The task's tokens before `start`: pinned when the tail starts there.
+    fn pinned_tokens(&self, start: usize) -> u64 {
+        self.task.clone().map_or(0, |task| {
+            sum(&self.input.messages[task.start.min(start)..task.end.min(start)])
         })
-    };
-    // Walk units from the newest: first the ones `keep_recent_messages` demands, then as
-    // many whole units as fit `budget` (none more when forced: force means compact now).
-    let grow = input.mode != Mode::Force;
-    let kept_within = |budget: u64| {
+    }
+
+    /// Where the kept tail starts: units walked from the newest, first the ones
+    /// `keep_recent_messages` demands, then as many whole units as fit `budget` (none more
+    /// when forced: force means compact now).
+    fn kept_within(&self, budget: u64) -> usize {
+        let n = self.input.messages.len();
+        let keep = self.input.settings.keep_recent_messages;
+        let grow = self.input.mode != Mode::Force;
         let mut tail_start = n;
         let mut tail_tokens = 0u64;
-        for &start in units.iter().rev() {
-            let unit_tokens = span(start, tail_start);
+        for &start in self.units.iter().rev() {
+            let unit_tokens = self.span(start, tail_start);
             let required = n - tail_start < keep || tail_start == n;
-            let fits_tokens = fixed + task_tokens + summary + tail_tokens + unit_tokens <= budget;
-            let pinned = task
+            let fits_tokens =
+                self.fixed + self.task_tokens + self.summary + tail_tokens + unit_tokens <= budget;
+            let pinned = self
+                .task
                 .as_ref()
                 .map_or(0, |task| task.end.min(start).saturating_sub(task.start));
-            let fits_count = limits.message_target == 0
-                || head + pinned + 1 + (n - start) <= limits.message_target;
+            let fits_count = self.limits.message_target == 0
+                || self.head + pinned + 1 + (n - start) <= self.limits.message_target;
             if !(required || grow && fits_tokens && fits_count) {
                 break;
             }
@@ -358,67 +416,54 @@ fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Option<Split> {
             tail_tokens += unit_tokens;
         }
         tail_start
-    };
-    // A summary that would replace no more than it costs is no step: the prompt is brought
-    // to the target by shortening instead, unless compaction is forced or counts messages.
-    let worth_a_summary = |start: usize| {
-        input.mode == Mode::Force || limits.message_target > 0 || span(head, start) > summary
-    };
-    let tail_start = Some(kept_within(limits.target))
-        .filter(|&start| worth_a_summary(start))
-        .unwrap_or(head);
-    // A step made ahead, from the precompute line, is used once the trigger fires: by then
-    // the conversation has grown by about the distance between the two, so it aims that
-    // much below the target, to land on it.
-    let ahead = kept_within(
-        limits
-            .target
-            .saturating_sub(limits.trigger.saturating_sub(limits.precompute)),
-    )
-    .max(tail_start);
-    // Whether a summary ending before `end` replaces anything: not when all it would hold
-    // is the task, which is kept anyway.
-    let evicts = |end: usize| (head..end).any(|i| !in_task(i));
-    // Keeping everything from `start` on, the task pinned when before it, tool outputs
-    // shortened toward the target.
-    let kept_from = |start: usize| {
-        let start = if evicts(start) { start } else { head };
-        let summary_if_any = if start > head { summary } else { 0 };
+    }
+
+    /// A summary that would replace no more than it costs is no step: the prompt is brought
+    /// to the target by shortening instead, unless compaction is forced or counts messages.
+    fn worth_a_summary(&self, start: usize) -> bool {
+        self.input.mode == Mode::Force
+            || self.limits.message_target > 0
+            || self.span(self.head, start) > self.summary
+    }
+
+    /// Whether a summary ending before `end` replaces anything: not when all it would hold
+    /// is the task, which is kept anyway.
+    fn evicts(&self, end: usize) -> bool {
+        (self.head..end).any(|i| !self.in_task(i))
+    }
+
+    /// Keeping everything from `start` on, the task pinned when before it, tool outputs
+    /// shortened toward the target; the next step ends at `ahead` or later.
+    fn kept_from(&self, start: usize, ahead: usize) -> Split {
+        let head = self.head;
+        let start = if self.evicts(start) { start } else { head };
+        let summary_if_any = if start > head { self.summary } else { 0 };
         let ahead = ahead.max(start);
         let mut split = Split {
             head,
             tail_start: start,
-            task: task.clone(),
+            task: self.task.clone(),
             ahead,
-            summary_ends: units
+            summary_ends: self
+                .units
                 .iter()
                 .copied()
-                .filter(|&unit| head < unit && unit <= ahead && evicts(unit))
+                .filter(|&unit| head < unit && unit <= ahead && self.evicts(unit))
                 .chain((head < start).then_some(start))
                 .collect::<std::collections::BTreeSet<usize>>()
                 .into_iter()
                 .collect(),
             shorten: Vec::new(),
-            estimated_tokens: fixed
-                + pinned_tokens(start)
+            estimated_tokens: self.fixed
+                + self.pinned_tokens(start)
                 + summary_if_any
-                + sum(&messages[start..]),
+                + sum(&self.input.messages[start..]),
         };
-        if split.estimated_tokens > limits.target {
-            shorten_tool_outputs(messages, &mut split, limits.target);
+        if split.estimated_tokens > self.limits.target {
+            shorten_tool_outputs(self.input.messages, &mut split, self.limits.target);
         }
         split
-    };
-    let planned = kept_from(tail_start);
-    if planned.estimated_tokens <= limits.usable {
-        return Some(planned);
     }
-    // The kept minimum cannot fit the window: keep only the last unit, and the task.
-    if fixed + task_tokens > limits.usable {
-        return None;
-    }
-    Some(kept_from(units.last().copied().unwrap_or(head)))
-        .filter(|split| split.estimated_tokens <= limits.usable)
 }
 
 /// Cuts the tail's tool outputs, oldest first, each to `SHORTENED_OUTPUT_TOKENS`, until the
