@@ -15,8 +15,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper::{Request, Response};
+use hyper::{Request, Response, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -30,6 +31,7 @@ use crate::observe::metrics::Route;
 use crate::pipeline::state::{AppState, StartError, Worker};
 use crate::server::routes;
 use crate::transport::body::ProxyBody;
+use crate::transport::departure::{ClientSocket, WatchDeparture};
 use crate::transport::upstream;
 
 const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -243,7 +245,10 @@ async fn accept_loop(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout);
+        .header_read_timeout(header_read_timeout)
+        // A client that half-closes once its request is sent still gets its answer; one that
+        // leaves mid-reply is noticed by the reply's body (`transport::departure`).
+        .half_close(true);
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -275,15 +280,6 @@ async fn accept_loop(
                 };
                 let _ = stream.set_nodelay(true);
                 let worker = worker.clone();
-                let service = service_fn(move |request| {
-                    let worker = worker.clone();
-                    async move {
-                        if let Some(refused) = refuse_oversized_headers(&worker.state, &request) {
-                            return Ok(refused);
-                        }
-                        Ok::<_, Infallible>(routes::handle(worker, request).await)
-                    }
-                });
                 let builder = builder.clone();
                 let watcher = graceful.watcher();
                 tokio::spawn(async move {
@@ -296,7 +292,12 @@ async fn accept_loop(
                     if tokio::time::timeout(header_read_timeout, peeked).await.is_err() {
                         return;
                     }
-                    let connection = builder.serve_connection(TokioIo::new(stream), service);
+                    let socket = ClientSocket::new(stream);
+                    let service = service_fn({
+                        let socket = socket.clone();
+                        move |request| answer(worker.clone(), request, socket.clone())
+                    });
+                    let connection = builder.serve_connection(TokioIo::new(socket), service);
                     if let Err(error) = watcher.watch(connection).await {
                         tracing::debug!(%error, "connection ended with an error");
                     }
@@ -310,6 +311,21 @@ async fn accept_loop(
     tokio::time::timeout(grace, graceful.shutdown())
         .await
         .is_ok()
+}
+
+/// The reply to one request, whose body (over HTTP/1) ends when its client leaves mid-reply;
+/// HTTP/2 streams are reset by the client itself.
+async fn answer(
+    worker: Arc<Worker>,
+    request: Request<Incoming>,
+    socket: ClientSocket,
+) -> Result<Response<WatchDeparture<ProxyBody>>, Infallible> {
+    let watched = (request.version() < Version::HTTP_2).then_some(socket);
+    let response = match refuse_oversized_headers(&worker.state, &request) {
+        Some(refused) => refused,
+        None => routes::handle(worker, request).await,
+    };
+    Ok(response.map(|body| WatchDeparture::new(body, watched)))
 }
 
 /// A 431 in the shape of the path's API when the header fields are over `MAX_HEADER_BYTES`,

@@ -1,15 +1,12 @@
 //! The one body type the server and the upstream client speak, and ways to make it.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
-use hyper::body::{Body, Frame, SizeHint};
+use hyper::body::Body;
 use hyper::{header, HeaderMap, Response, StatusCode};
-use tokio::time::{Instant, Sleep};
+use tower_http::timeout::{TimeoutBody, TimeoutError};
 
 use crate::error::ProxyError;
 
@@ -110,63 +107,22 @@ pub fn limited(body: hyper::body::Incoming, limit: usize) -> ProxyBody {
 pub struct UpstreamSilent(pub u64);
 
 /// `body`, failing once it has been waiting on upstream for `timeout` without a frame.
-pub fn with_idle_timeout<B>(body: B, timeout: Duration) -> IdleTimeout<B> {
-    IdleTimeout {
-        inner: body,
-        timeout,
-        silence: None,
-        armed: false,
-    }
-}
-
-pub struct IdleTimeout<B> {
-    inner: B,
+pub fn with_idle_timeout<B>(
+    body: B,
     timeout: Duration,
-    /// Made the first time a poll finds nothing to read, then re-armed: a body that is
-    /// always ready never touches the timer, and a stream does not allocate per pause.
-    silence: Option<Pin<Box<Sleep>>>,
-    /// Whether `silence` counts from the current pause; a frame ends the pause.
-    armed: bool,
-}
-
-impl<B> Body for IdleTimeout<B>
+) -> impl Body<Data = Bytes, Error = BoxError> + Send + 'static
 where
-    B: Body<Data = Bytes, Error = BoxError> + Unpin,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
 {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            this.armed = false;
-            return Poll::Ready(frame);
+    let secs = timeout.as_secs();
+    TimeoutBody::new(timeout, body).map_err(move |error| {
+        if error.is::<TimeoutError>() {
+            UpstreamSilent(secs).into()
+        } else {
+            error
         }
-        let timeout = this.timeout;
-        let silence = match &mut this.silence {
-            Some(silence) if this.armed => silence,
-            Some(silence) => {
-                silence.as_mut().reset(Instant::now() + timeout);
-                silence
-            }
-            None => this.silence.insert(Box::pin(tokio::time::sleep(timeout))),
-        };
-        this.armed = true;
-        ready!(silence.as_mut().poll(cx));
-        this.armed = false;
-        Poll::Ready(Some(Err(UpstreamSilent(this.timeout.as_secs()).into())))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
+    })
 }
 
 /// The body as one `Bytes`. A small body with a Content-Length arrives as one frame and is
@@ -206,7 +162,9 @@ mod tests {
     use super::*;
     use futures_util::stream;
     use http_body_util::StreamBody;
+    use hyper::body::Frame;
     use hyper::header::HeaderValue;
+    use tokio::time::Instant;
 
     #[tokio::test(start_paused = true)]
     async fn a_body_fails_after_a_silence_and_not_after_a_slow_stream() {
@@ -214,8 +172,10 @@ mod tests {
         let stream = futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|item| (item, rx))
         });
-        let mut body =
-            with_idle_timeout(StreamBody::new(Box::pin(stream)), Duration::from_secs(10));
+        let mut body = Box::pin(with_idle_timeout(
+            StreamBody::new(Box::pin(stream)),
+            Duration::from_secs(10),
+        ));
         let started = Instant::now();
         // Frames every 6 s: each pause is shorter than the timeout, their sum is not.
         for i in 0..4u8 {

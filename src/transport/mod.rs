@@ -2,6 +2,9 @@
 //! It knows HTTP and upstreams, nothing of compaction or of any dialect's requests.
 
 pub mod body;
+pub mod broken;
+pub mod departure;
 pub mod egress;
+pub mod headers;
 pub mod upstream;
 pub mod usage;

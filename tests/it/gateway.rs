@@ -308,6 +308,38 @@ async fn a_client_that_leaves_mid_stream_closes_the_upstream_request() {
         .unwrap();
 }
 
+/// curl's `--no-buffer` with stdin closed, netcat and some SDKs shut down their write side once
+/// the request is sent: that is no departure, and the streamed answer still comes in full.
+#[tokio::test]
+async fn a_client_that_half_closes_after_its_request_gets_its_answer() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (upstream, gate, _closed) = gated_stream_upstream(3).await;
+    let proxy = Proxy::start(config_for(&upstream.url())).await;
+    let body = stream_request();
+    let mut client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: condenser\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    client.write_all(request.as_bytes()).await.unwrap();
+    client.shutdown().await.unwrap();
+    // The upstream's events come only after the half-close has reached condenser.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for _ in 0..3 {
+        gate.send(()).unwrap();
+    }
+    let mut reply = Vec::new();
+    within("the whole answer", client.read_to_end(&mut reply))
+        .await
+        .unwrap();
+    let reply = String::from_utf8(reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
+    for i in 0..3 {
+        assert!(reply.contains(&format!("tok{i} ")), "{reply}");
+    }
+    assert!(reply.contains("data: [DONE]"), "{reply}");
+}
+
 async fn error_of(response: reqwest::Response) -> (u16, Value) {
     let status = response.status().as_u16();
     assert_eq!(response.headers()["content-type"], "application/json");

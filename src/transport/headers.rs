@@ -1,0 +1,370 @@
+//! The headers a request and its reply carry between client and upstream: which describe one
+//! hop and are dropped, which key goes upstream and in which header, and keeping every key
+//! sent out of an error reply.
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::Response;
+
+use crate::config::ConfigError;
+use crate::error::ProxyError;
+use crate::transport::body::{declared_length, full, ProxyBody};
+
+/// Anthropic's key header.
+pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+/// A configured key as Anthropic's `x-api-key` takes it: the bearer token without `Bearer `,
+/// sensitive.
+pub fn bare_key(bearer: &HeaderValue) -> Option<HeaderValue> {
+    let bare = bearer.as_bytes().strip_prefix(b"Bearer ")?;
+    let mut key = HeaderValue::from_bytes(bare).ok()?;
+    key.set_sensitive(true);
+    Some(key)
+}
+
+/// How an API takes a key: as a bearer token (OpenAI's), or bare in `x-api-key`
+/// (Anthropic's). Each dialect says which; a path no dialect serves takes a bearer token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyStyle {
+    Bearer,
+    XApiKey,
+}
+
+impl KeyStyle {
+    /// Puts a configured key (`Bearer …`) into `headers` this way; a key that is not a bearer
+    /// token goes as it is, in `authorization`.
+    pub fn insert(self, headers: &mut HeaderMap, bearer: &HeaderValue) {
+        match bare_key(bearer).filter(|_| self == KeyStyle::XApiKey) {
+            Some(key) => {
+                headers.insert(X_API_KEY, key);
+            }
+            None => {
+                headers.insert(header::AUTHORIZATION, bearer.clone());
+            }
+        }
+    }
+}
+
+/// An upstream's configured key, for a request whose client sent none of its own, in the
+/// style of the API it is sent to.
+pub fn inject_key(headers: &mut HeaderMap, bearer: &HeaderValue, style: KeyStyle) {
+    if headers.contains_key(header::AUTHORIZATION) || headers.contains_key(&X_API_KEY) {
+        return;
+    }
+    style.insert(headers, bearer);
+}
+
+/// The request headers that carry a key: the caller's own, or the one condenser injected.
+pub const CREDENTIAL_HEADERS: [HeaderName; 3] = [
+    header::AUTHORIZATION,
+    X_API_KEY,
+    HeaderName::from_static("api-key"),
+];
+
+/// Error replies echo keys ("Incorrect API key provided: sk-…"); they are small JSON, read
+/// whole up to this size to blank them. A larger or undeclared one is relayed as it streams.
+const MAX_SCRUBBED_ERROR_BYTES: u64 = 64 * 1024;
+
+/// An upstream's error reply with every key that was sent blanked out of its body, when it
+/// declares a length of at most `MAX_SCRUBBED_ERROR_BYTES`; any other reply as it came.
+pub async fn without_credentials(
+    response: Response<ProxyBody>,
+    credentials: &[HeaderValue],
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let small =
+        declared_length(response.headers()).is_some_and(|len| len <= MAX_SCRUBBED_ERROR_BYTES);
+    if credentials.is_empty() || response.status().as_u16() < 400 || !small {
+        return Ok(response);
+    }
+    let (mut head, body) = response.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map_err(|e| ProxyError::UpstreamBroken(e.to_string()))?
+        .to_bytes();
+    let blanked = blank_credentials(&body, credentials);
+    head.headers
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(blanked.len()));
+    Ok(Response::from_parts(
+        head,
+        full(Bytes::from(blanked.into_owned())),
+    ))
+}
+
+/// `text` with each of `credentials` (a header's whole value, and the token after `Bearer `)
+/// replaced by `[redacted]`.
+pub fn blank_credentials<'t>(text: &'t [u8], credentials: &[HeaderValue]) -> Cow<'t, [u8]> {
+    let mut text = Cow::Borrowed(text);
+    for value in credentials {
+        let value = value.as_bytes();
+        let token = value.strip_prefix(b"Bearer ").unwrap_or(value);
+        for secret in [value, token] {
+            if secret.is_empty() || memchr::memmem::find(&text, secret).is_none() {
+                continue;
+            }
+            let mut out = Vec::with_capacity(text.len());
+            let mut rest: &[u8] = &text;
+            while let Some(at) = memchr::memmem::find(rest, secret) {
+                out.extend_from_slice(&rest[..at]);
+                out.extend_from_slice(b"[redacted]");
+                rest = &rest[at + secret.len()..];
+            }
+            out.extend_from_slice(rest);
+            text = Cow::Owned(out);
+        }
+    }
+    text
+}
+
+/// The value of an environment variable named by an `api_key_env`, as a Bearer header.
+pub fn bearer_from_env(var: &str) -> Result<Option<HeaderValue>, ConfigError> {
+    if var.is_empty() {
+        return Ok(None);
+    }
+    match std::env::var(var) {
+        Ok(key) if !key.is_empty() => HeaderValue::from_str(&format!("Bearer {key}"))
+            .map(|mut v| {
+                v.set_sensitive(true);
+                Some(v)
+            })
+            .map_err(|_| {
+                ConfigError::Invalid(format!("{var} holds characters not allowed in a header"))
+            }),
+        _ => {
+            tracing::warn!(
+                var,
+                "api_key_env names an unset variable; requests go without a key"
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// The client's headers minus hop-by-hop ones and Host (the upstream's own is set).
+pub fn forwardable_headers(mut headers: HeaderMap) -> HeaderMap {
+    strip_hop_by_hop(&mut headers);
+    headers.remove(header::HOST);
+    headers
+}
+
+/// Headers that describe one HTTP/1.1 hop, not the message, by their lower-case names:
+/// dropped from requests before they go upstream and from responses before they go to the
+/// client. Matched as text, which is a switch on the length and one comparison.
+fn is_hop_by_hop_name(name: &str) -> bool {
+    matches!(
+        name,
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    is_hop_by_hop_name(name.as_str())
+}
+
+/// Case-insensitive, as Connection tokens are.
+fn is_hop_by_hop_token(token: &str) -> bool {
+    // As long as the longest hop-by-hop name, `proxy-authorization`.
+    let mut lower = [0u8; 19];
+    let Some(lower) = lower.get_mut(..token.len()) else {
+        return false;
+    };
+    lower.copy_from_slice(token.as_bytes());
+    lower.make_ascii_lowercase();
+    std::str::from_utf8(lower).is_ok_and(is_hop_by_hop_name)
+}
+
+/// The names the Connection header lists as hop-by-hop too, as written; a value that is not
+/// text is skipped whole.
+fn connection_listed(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
+        .get_all(header::CONNECTION)
+        .into_iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+}
+
+/// Drops the headers that describe one hop, not the message, removing them in the map's
+/// order (which decides the order of those left). The two common shapes allocate nothing:
+/// no hop-by-hop header at all, and a Connection header alone (most clients send
+/// `Connection: keep-alive`) that lists no other header present.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let fixed = headers.keys().filter(|name| is_hop_by_hop(name)).count();
+    if fixed == 0 {
+        return;
+    }
+    let lone_connection = fixed == 1
+        && headers.contains_key(header::CONNECTION)
+        && !connection_listed(headers)
+            .any(|token| !is_hop_by_hop_token(token) && headers.contains_key(token));
+    if lone_connection {
+        headers.remove(header::CONNECTION);
+        return;
+    }
+    let doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| {
+            is_hop_by_hop(name)
+                || connection_listed(headers).any(|token| token.eq_ignore_ascii_case(name.as_str()))
+        })
+        .cloned()
+        .collect();
+    for name in doomed {
+        headers.remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_configured_key_goes_as_anthropic_or_openai_wants_it_unless_the_caller_sent_one() {
+        let bearer = HeaderValue::from_static("Bearer sk-configured");
+        let injected = |style: KeyStyle, client: &[(&'static str, &'static str)]| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in client {
+                headers.insert(*name, HeaderValue::from_static(value));
+            }
+            inject_key(&mut headers, &bearer, style);
+            headers
+        };
+        let anthropic = injected(KeyStyle::XApiKey, &[]);
+        assert_eq!(anthropic[&X_API_KEY], "sk-configured");
+        assert!(anthropic[&X_API_KEY].is_sensitive());
+        assert!(!anthropic.contains_key(header::AUTHORIZATION));
+        let openai = injected(KeyStyle::Bearer, &[]);
+        assert_eq!(openai[header::AUTHORIZATION], "Bearer sk-configured");
+        assert!(!openai.contains_key(&X_API_KEY));
+        for (style, own) in [
+            (KeyStyle::XApiKey, ("authorization", "Bearer mine")),
+            (KeyStyle::Bearer, ("x-api-key", "mine")),
+        ] {
+            let headers = injected(style, &[own]);
+            assert_eq!(headers.len(), 1, "the caller's own key alone: {headers:?}");
+        }
+    }
+
+    #[test]
+    fn hop_by_hop_and_connection_listed_headers_are_dropped() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Secret-Hop,,"),
+        );
+        h.append(header::CONNECTION, HeaderValue::from_static("x-other-hop"));
+        h.append(
+            header::CONNECTION,
+            HeaderValue::from_bytes(b"x-kept, caf\xe9").unwrap(),
+        );
+        h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert("x-other-hop", HeaderValue::from_static("1"));
+        h.insert(header::HOST, HeaderValue::from_static("proxy"));
+        for name in [
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "proxy-authenticate",
+            "proxy-authorization",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+        ] {
+            h.append(name, HeaderValue::from_static("1"));
+        }
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        h.append("x-kept", HeaderValue::from_static("2"));
+        let out = forwardable_headers(h);
+        assert_eq!(out.keys().collect::<Vec<_>>(), ["x-kept"], "{out:?}");
+        assert_eq!(out.get_all("x-kept").iter().count(), 2);
+    }
+
+    #[test]
+    fn each_hop_by_hop_header_is_dropped_without_a_connection_header() {
+        for name in [
+            "keep-alive",
+            "proxy-connection",
+            "proxy-authenticate",
+            "proxy-authorization",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(name, HeaderValue::from_static("1"));
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+            strip_hop_by_hop(&mut h);
+            assert_eq!(h.keys().collect::<Vec<_>>(), ["content-type"], "{name}");
+        }
+    }
+
+    #[test]
+    fn a_lone_connection_header_is_dropped_and_nothing_else() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("Keep-Alive"));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("317"));
+        h.insert("x-request-id", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<_> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["content-length", "x-request-id"]);
+
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("close, not a name, X-Hop"),
+        );
+        h.insert("x-hop", HeaderValue::from_static("1"));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("317"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.keys().collect::<Vec<_>>(), ["content-length"]);
+    }
+
+    #[test]
+    fn the_headers_left_keep_the_order_of_removing_in_map_order() {
+        let mut h = HeaderMap::new();
+        for name in [
+            "a",
+            "te",
+            "b",
+            "connection",
+            "c",
+            "x-hop",
+            "d",
+            "upgrade",
+            "e",
+        ] {
+            h.insert(name, HeaderValue::from_static("x-hop"));
+        }
+        let mut expected = h.clone();
+        for name in ["te", "connection", "x-hop", "upgrade"] {
+            expected.remove(name);
+        }
+        strip_hop_by_hop(&mut h);
+        assert!(h.iter().eq(expected.iter()), "{h:?}");
+    }
+
+    #[test]
+    fn headers_without_hop_by_hop_ones_are_left_as_they_are() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("a/b"));
+        h.insert("x-keep-alive-ish", HeaderValue::from_static("1"));
+        h.append("x-keep-alive-ish", HeaderValue::from_static("2"));
+        let before = h.clone();
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, before);
+    }
+}
