@@ -175,6 +175,11 @@ impl<S, O: UsageObserver> Drop for UsageTap<S, O> {
 }
 
 /// Length of the first complete SSE event (blank-line terminated) in `buf`, terminator included.
+///
+/// Hand-written rather than an SSE codec crate's: `eventsource-stream`, the well-kept one,
+/// yields parsed events (`data` joined into a `String`, comments dropped), and the tap relays
+/// each event's bytes as upstream sent them; writing events out again from their fields would
+/// change what the client receives.
 fn complete_event_len(buf: &[u8]) -> Option<usize> {
     [&b"\n\n"[..], b"\r\n\r\n", b"\r\r"]
         .iter()
