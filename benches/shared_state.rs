@@ -1,10 +1,9 @@
 //! What each request does to state that every worker shares, from one thread and from two
-//! at once: the count cache lookup, the model memo lookup and a latency observation, each
-//! beside the design it replaced (a mutex per shard, a read lock, a prometheus histogram).
-//! From two threads, a design that writes on every call moves its cache lines between the
-//! cores, and its time per call grows; one that only reads (or writes lines of its own)
-//! keeps its single-thread time. The load benchmark cannot show this on two cores; at more
-//! workers it only grows.
+//! at once: the count cache lookup (scc), the model memo lookup (papaya) and a latency
+//! observation (a prometheus histogram), the first two beside a plain lock. From two threads,
+//! a design that writes on every call moves its cache lines between the cores, and its time
+//! per call grows; one that only reads (or writes lines of its own) keeps its single-thread
+//! time. The load benchmark cannot show this on two cores; at more workers it only grows.
 //!
 //! Run: `cargo bench --bench shared_state` (results in BENCHMARKS.md).
 
@@ -66,7 +65,7 @@ fn compare(c: &mut Criterion, group: &str, designs: &[(&str, &(dyn Fn(u64) + Syn
 
 fn count_cache(c: &mut Criterion) {
     let cache = CountCache::new(200_000);
-    // The design it replaced: a mutex per shard over a hash map.
+    // A mutex per shard over a hash map.
     let shards: Vec<Mutex<HashMap<u128, u32>>> =
         (0..16).map(|_| Mutex::new(HashMap::new())).collect();
     for i in 0..KEYS {
@@ -93,7 +92,7 @@ fn count_cache(c: &mut Criterion) {
     compare(
         c,
         "count_cache_lookup",
-        &[("seqlock", &lookup), ("mutex_shards", &locked_lookup)],
+        &[("scc", &lookup), ("mutex_shards", &locked_lookup)],
     );
 }
 
@@ -120,24 +119,14 @@ fn memo(c: &mut Criterion) {
     compare(
         c,
         "memo_lookup",
-        &[("write_once_slots", &lookup), ("read_lock", &locked_lookup)],
+        &[("papaya", &lookup), ("read_lock", &locked_lookup)],
     );
 }
 
 fn histogram(c: &mut Criterion) {
     let metrics = Metrics::new(&[], ["gpt-4o"]).unwrap();
-    let plain = prometheus::Histogram::with_opts(
-        prometheus::HistogramOpts::new("plain_seconds", "the design it replaced")
-            .buckets((0..13).map(|i| 0.000_05 * f64::powi(2.0, i)).collect()),
-    )
-    .unwrap();
-    let sharded = |i: u64| metrics.overhead_seconds.observe(i as f64 * 1e-6);
-    let shared = |i: u64| plain.observe(i as f64 * 1e-6);
-    compare(
-        c,
-        "histogram_observe",
-        &[("sharded", &sharded), ("prometheus", &shared)],
-    );
+    let observe = |i: u64| metrics.overhead_seconds.observe(i as f64 * 1e-6);
+    compare(c, "histogram_observe", &[("prometheus", &observe)]);
 }
 
 criterion_group!(benches, count_cache, memo, histogram);

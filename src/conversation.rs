@@ -28,16 +28,6 @@ pub enum Role {
 }
 
 impl Role {
-    /// In declaration order, as `role as usize` numbers them.
-    pub const ALL: [Role; 6] = [
-        Role::System,
-        Role::Developer,
-        Role::User,
-        Role::Assistant,
-        Role::Tool,
-        Role::Other,
-    ];
-
     pub fn parse(role: &str) -> Role {
         match role {
             "system" => Role::System,
@@ -65,17 +55,6 @@ pub enum Kind {
     Reasoning,
     /// Anything else: a unit of its own, kept as sent.
     Other,
-}
-
-impl Kind {
-    /// In declaration order, as `kind as usize` numbers them.
-    pub const ALL: [Kind; 5] = [
-        Kind::Message,
-        Kind::ToolCall,
-        Kind::ToolResult,
-        Kind::Reasoning,
-        Kind::Other,
-    ];
 }
 
 /// The text of a message's content: a string, or its text parts with placeholders for the rest.

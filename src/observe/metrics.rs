@@ -1,20 +1,18 @@
 //! Prometheus metrics (names are part of the contract) with bounded label values.
 //!
-//! What every request updates is sharded: each thread adds to cells of its own and a scrape
-//! sums them. Atomic adds to one shared counter cost little in instructions but move its
-//! cache line between cores on every request, which at full load cost about as much as a
-//! tenth of a request's own work. Metrics that change rarely stay plain Prometheus types.
+//! Every metric is the prometheus crate's own type. Those every request updates are atomic
+//! adds to memory every worker shares, which moves their cache lines between cores: that
+//! costs no instructions, and at full load about as much as a tenth of a request's own work,
+//! which a request waiting seconds on an LLM does not see.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use hyper::StatusCode;
-use prometheus::core::{Collector, Desc};
-use prometheus::proto::{self, LabelPair, MetricFamily, MetricType};
+use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
 };
 
 use crate::tokens::catalog::{base_name, ModelInfo};
@@ -66,10 +64,10 @@ pub struct Metrics {
     pub compactions: IntCounterVec,
     /// Requests retried compacted after upstream's `context_length_exceeded`, by model.
     pub reactive_retries: IntCounterVec,
-    pub upstream_seconds: ShardedHistogram,
-    pub overhead_seconds: ShardedHistogram,
+    pub upstream_seconds: Histogram,
+    pub overhead_seconds: Histogram,
     pub summarize_seconds: Histogram,
-    pub ttft_seconds: ShardedHistogram,
+    pub ttft_seconds: Histogram,
     pub summary_cache_entries: IntGauge,
     pub cache_errors: IntCounter,
     pub upstream_failures: UpstreamFailures,
@@ -152,198 +150,34 @@ impl UpstreamFailures {
     }
 }
 
-/// One shard's cell, aligned to 128 bytes: the adjacent-line prefetcher moves cache lines
-/// in pairs, so cells only 64 bytes apart would still bounce between cores.
-#[repr(align(128))]
-#[derive(Default)]
-struct Padded<T>(T);
-
-/// A cell per shard, where the calling thread's updates go. Threads beyond the shard
-/// count share cells: still exact, as every update is an atomic add, only contended again.
-struct Sharded<T> {
-    cells: Box<[Padded<T>]>,
-}
-
-impl<T: Default> Sharded<T> {
-    fn new() -> Sharded<T> {
-        Sharded {
-            cells: (0..shard_count()).map(|_| Padded::default()).collect(),
-        }
-    }
-}
-
-impl<T> Sharded<T> {
-    fn local(&self) -> &T {
-        &self.cells[thread_shard()].0
-    }
-
-    fn cells(&self) -> impl Iterator<Item = &T> {
-        self.cells.iter().map(|cell| &cell.0)
-    }
-}
-
-/// Workers default to one per CPU; twice as many shards keep each worker on its own even
-/// when other threads (tests', a runtime's helpers) took shards first.
-fn shard_count() -> usize {
-    static COUNT: OnceLock<usize> = OnceLock::new();
-    *COUNT.get_or_init(|| 2 * std::thread::available_parallelism().map_or(1, usize::from))
-}
-
-/// Handed out round-robin on a thread's first update, so the workers of one process,
-/// started together, land on distinct shards.
-fn thread_shard() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % shard_count();
-    }
-    SHARD.with(|shard| *shard)
-}
-
-/// A shard's histogram cell holds this many finite buckets, so that its counts and sum fit
-/// in fixed arrays rather than behind a pointer of their own.
-const MAX_BUCKETS: usize = 15;
-
-#[derive(Default)]
-struct HistogramCell {
-    /// Observations by bucket, not cumulative, so that each adds to one count; the last
-    /// counts those above every bound.
-    counts: [AtomicU64; MAX_BUCKETS + 1],
-    /// An `f64`, as its bits.
-    sum: AtomicU64,
-}
-
-struct HistogramCore {
-    desc: Desc,
-    bounds: Vec<f64>,
-    shards: Sharded<HistogramCell>,
-}
-
-/// A histogram exposed exactly as `prometheus::Histogram` is. Clones share the counts, so
-/// the registry can hold one.
-#[derive(Clone)]
-pub struct ShardedHistogram(Arc<HistogramCore>);
-
-impl ShardedHistogram {
-    fn new(name: &str, help: &str, bounds: Vec<f64>) -> Result<ShardedHistogram, MetricsError> {
-        if bounds.len() > MAX_BUCKETS || !bounds.windows(2).all(|pair| pair[0] < pair[1]) {
-            return Err(prometheus::Error::Msg(format!(
-                "{name}: buckets must increase and number at most {MAX_BUCKETS}"
-            ))
-            .into());
-        }
-        Ok(ShardedHistogram(Arc::new(HistogramCore {
-            desc: Desc::new(name.into(), help.into(), Vec::new(), HashMap::new())?,
-            bounds,
-            shards: Sharded::new(),
-        })))
-    }
-
-    pub fn observe(&self, value: f64) {
-        let core = &*self.0;
-        let bucket = core
-            .bounds
-            .iter()
-            .position(|bound| value <= *bound)
-            .unwrap_or(core.bounds.len());
-        let cell = core.shards.local();
-        cell.counts[bucket].fetch_add(1, Ordering::Relaxed);
-        // Only this thread writes this cell, unless threads outnumber shards: the exchange
-        // succeeds first time.
-        let _ = cell
-            .sum
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-                Some((f64::from_bits(bits) + value).to_bits())
-            });
-    }
-}
-
-impl Collector for ShardedHistogram {
-    fn desc(&self) -> Vec<&Desc> {
-        vec![&self.0.desc]
-    }
-
-    fn collect(&self) -> Vec<MetricFamily> {
-        let core = &*self.0;
-        let mut counts = [0; MAX_BUCKETS + 1];
-        let mut sum = 0.0;
-        for cell in core.shards.cells() {
-            for (total, count) in counts.iter_mut().zip(&cell.counts) {
-                *total += count.load(Ordering::Relaxed);
-            }
-            sum += f64::from_bits(cell.sum.load(Ordering::Relaxed));
-        }
-        let mut cumulative = 0;
-        let buckets = core
-            .bounds
-            .iter()
-            .zip(counts)
-            .map(|(bound, count)| {
-                cumulative += count;
-                let mut bucket = proto::Bucket::default();
-                bucket.set_cumulative_count(cumulative);
-                bucket.set_upper_bound(*bound);
-                bucket
-            })
-            .collect();
-        let mut histogram = proto::Histogram::default();
-        histogram.set_bucket(buckets);
-        histogram.set_sample_count(counts.iter().sum());
-        histogram.set_sample_sum(sum);
-        let mut metric = proto::Metric::default();
-        metric.set_histogram(histogram);
-        vec![family(&core.desc, MetricType::HISTOGRAM, vec![metric])]
-    }
-}
-
-struct RequestCore {
-    /// Statuses other than `200`, rare enough to share a vector.
-    others: IntCounterVec,
-    /// Each route's `200`s, where nearly every request lands, by `route as usize`.
-    ok: Sharded<[AtomicU64; Route::ALL.len()]>,
+/// The series of `vec` with `labels`, made on its first update and kept in `cell`: a series
+/// appears once counted, as any of a vector's does, and later updates skip the vector's
+/// lookup by label (a hash, a read lock and a reference count, the last two writes to memory
+/// every worker shares).
+fn series<'a, T: MetricVecBuilder>(
+    cell: &'a OnceLock<T::M>,
+    vec: &MetricVec<T>,
+    labels: &[&str],
+) -> &'a T::M {
+    cell.get_or_init(|| vec.with_label_values(labels))
 }
 
 /// `condenser_requests_total`, by route and status.
-#[derive(Clone)]
-struct RequestCounts(Arc<RequestCore>);
+struct RequestCounts {
+    vec: IntCounterVec,
+    /// Each route's `200`s, where nearly every request lands, by `route as usize`.
+    ok: [OnceLock<IntCounter>; Route::ALL.len()],
+}
 
 impl RequestCounts {
     fn count(&self, route: Route, status: StatusCode) {
         if status == StatusCode::OK {
-            self.0.ok.local()[route as usize].fetch_add(1, Ordering::Relaxed);
+            series(&self.ok[route as usize], &self.vec, &[route.name(), "200"]).inc();
         } else {
-            self.0
-                .others
+            self.vec
                 .with_label_values(&[route.name(), status.as_str()])
                 .inc();
         }
-    }
-}
-
-impl Collector for RequestCounts {
-    fn desc(&self) -> Vec<&Desc> {
-        self.0.others.desc()
-    }
-
-    fn collect(&self) -> Vec<MetricFamily> {
-        let mut families = self.0.others.collect();
-        let mut ok = [0; Route::ALL.len()];
-        for cell in self.0.ok.cells() {
-            for (total, count) in ok.iter_mut().zip(cell) {
-                *total += count.load(Ordering::Relaxed);
-            }
-        }
-        if let Some(requests) = families.first_mut() {
-            // A `200` series appears once counted, as any series of the vector does.
-            for (route, count) in Route::ALL.into_iter().zip(ok) {
-                if count > 0 {
-                    requests.mut_metric().push(counter(
-                        &[("route", route.name()), ("status", "200")],
-                        count,
-                    ));
-                }
-            }
-        }
-        families
     }
 }
 
@@ -351,53 +185,33 @@ impl Collector for RequestCounts {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ModelLabel(usize);
 
-#[derive(Default)]
-struct TokenCell {
-    prompt: AtomicU64,
-    forwarded: AtomicU64,
-    saved: AtomicU64,
-    completion: AtomicU64,
-    /// The series appear once counted, zero or not, and stay.
-    prompt_counted: AtomicBool,
-    completion_counted: AtomicBool,
+/// The vectors of the per-model series, labelled by `model`.
+#[derive(Clone)]
+struct ModelVecs {
+    prompt: IntCounterVec,
+    forwarded: IntCounterVec,
+    saved: IntCounterVec,
+    completion: IntCounterVec,
+    ratio: GaugeVec,
 }
 
-/// A cell's counts, summed over shards.
-#[derive(Default)]
-struct TokenTotals {
-    prompt: u64,
-    forwarded: u64,
-    saved: u64,
-    completion: u64,
-    prompt_counted: bool,
-    completion_counted: bool,
-}
-
-#[derive(Default)]
-struct RatioCell {
-    /// An `f64`, as its bits.
-    value: AtomicU64,
-    set: AtomicBool,
+/// Prompt tokens received, forwarded and saved: counted together, so they appear together.
+struct PromptSeries {
+    prompt: IntCounter,
+    forwarded: IntCounter,
+    saved: IntCounter,
 }
 
 /// The series of one `model` label.
 pub struct ModelSeries {
     label: Box<str>,
-    tokens: Sharded<TokenCell>,
-    /// A gauge, so not shardable, but rewritten only when it changes; padded so that its
-    /// writes leave the fields above, read by every request, shared.
-    ratio: Padded<RatioCell>,
+    vecs: ModelVecs,
+    prompt: OnceLock<PromptSeries>,
+    completion: OnceLock<IntCounter>,
+    ratio: OnceLock<Gauge>,
 }
 
 impl ModelSeries {
-    fn new(label: Box<str>) -> ModelSeries {
-        ModelSeries {
-            label,
-            tokens: Sharded::new(),
-            ratio: Padded::default(),
-        }
-    }
-
     /// The `model` label value of this series.
     pub fn label(&self) -> &str {
         &self.label
@@ -405,62 +219,33 @@ impl ModelSeries {
 
     /// Prompt tokens received and forwarded, and the difference as saved.
     pub fn count_prompt(&self, received: u64, forwarded: u64) {
-        let cell = self.tokens.local();
-        cell.prompt.fetch_add(received, Ordering::Relaxed);
-        cell.forwarded.fetch_add(forwarded, Ordering::Relaxed);
-        cell.saved
-            .fetch_add(received.saturating_sub(forwarded), Ordering::Relaxed);
-        cell.prompt_counted.store(true, Ordering::Release);
+        let labels = [self.label.as_ref()];
+        let series = self.prompt.get_or_init(|| PromptSeries {
+            prompt: self.vecs.prompt.with_label_values(&labels),
+            forwarded: self.vecs.forwarded.with_label_values(&labels),
+            saved: self.vecs.saved.with_label_values(&labels),
+        });
+        series.prompt.inc_by(received);
+        series.forwarded.inc_by(forwarded);
+        series.saved.inc_by(received.saturating_sub(forwarded));
     }
 
     pub fn count_completion(&self, tokens: u64) {
-        let cell = self.tokens.local();
-        cell.completion.fetch_add(tokens, Ordering::Relaxed);
-        cell.completion_counted.store(true, Ordering::Release);
+        series(&self.completion, &self.vecs.completion, &[&self.label]).inc_by(tokens);
     }
 
-    /// Leaves the cell untouched when the ratio is unchanged, as it mostly is once
+    /// Leaves the gauge untouched when the ratio is unchanged, as it mostly is once
     /// smoothed, so that every core can keep its copy of the line.
     pub fn set_token_ratio(&self, ratio: f64) {
-        let cell = &self.ratio.0;
-        let bits = ratio.to_bits();
-        if !cell.set.load(Ordering::Relaxed) || cell.value.load(Ordering::Relaxed) != bits {
-            cell.value.store(bits, Ordering::Relaxed);
-            cell.set.store(true, Ordering::Release);
+        let gauge = series(&self.ratio, &self.vecs.ratio, &[&self.label]);
+        if gauge.get().to_bits() != ratio.to_bits() {
+            gauge.set(ratio);
         }
-    }
-
-    fn token_ratio(&self) -> Option<f64> {
-        let cell = &self.ratio.0;
-        cell.set
-            .load(Ordering::Acquire)
-            .then(|| f64::from_bits(cell.value.load(Ordering::Relaxed)))
-    }
-
-    fn token_totals(&self) -> TokenTotals {
-        let mut totals = TokenTotals::default();
-        for cell in self.tokens.cells() {
-            // The flags first: a count they publish is then read too.
-            totals.prompt_counted |= cell.prompt_counted.load(Ordering::Acquire);
-            totals.completion_counted |= cell.completion_counted.load(Ordering::Acquire);
-            totals.prompt += cell.prompt.load(Ordering::Relaxed);
-            totals.forwarded += cell.forwarded.load(Ordering::Relaxed);
-            totals.saved += cell.saved.load(Ordering::Relaxed);
-            totals.completion += cell.completion.load(Ordering::Relaxed);
-        }
-        totals
     }
 }
 
-struct ModelDescs {
-    prompt: Desc,
-    forwarded: Desc,
-    saved: Desc,
-    completion: Desc,
-    ratio: Desc,
-}
-
-struct ModelCore {
+/// The per-model series, by label.
+struct ModelMetrics {
     /// Configured names, each its own label.
     configured: HashMap<Box<str>, ModelLabel>,
     /// Every label by name: configured names, families, `other`. All are known at start,
@@ -469,18 +254,14 @@ struct ModelCore {
     other: ModelLabel,
     /// By label index.
     series: Box<[ModelSeries]>,
-    descs: ModelDescs,
 }
-
-/// The per-model series, their series appearing once counted.
-#[derive(Clone)]
-struct ModelMetrics(Arc<ModelCore>);
 
 impl ModelMetrics {
     fn new<F: AsRef<str>>(
         configured: &[String],
         families: impl IntoIterator<Item = F>,
-    ) -> Result<ModelMetrics, MetricsError> {
+        vecs: &ModelVecs,
+    ) -> ModelMetrics {
         let mut names: Vec<Box<str>> = Vec::new();
         let mut labels: HashMap<Box<str>, ModelLabel> = HashMap::new();
         let mut intern = |name: &str| {
@@ -500,115 +281,23 @@ impl ModelMetrics {
             intern(family.as_ref());
         }
         let other = intern("other");
-        let desc = |name: &str, help: &str| {
-            Desc::new(
-                name.into(),
-                help.into(),
-                vec!["model".into()],
-                HashMap::new(),
-            )
-        };
-        let descs = ModelDescs {
-            prompt: desc(
-                "condenser_prompt_tokens_total",
-                "Prompt tokens as received from clients.",
-            )?,
-            forwarded: desc(
-                "condenser_forwarded_tokens_total",
-                "Prompt tokens as sent upstream.",
-            )?,
-            saved: desc(
-                "condenser_saved_tokens_total",
-                "Prompt tokens removed by compaction (received - forwarded).",
-            )?,
-            completion: desc(
-                "condenser_completion_tokens_total",
-                "Completion tokens reported by upstream usage.",
-            )?,
-            ratio: desc(
-                "condenser_token_estimate_ratio",
-                "Upstream-reported prompt tokens over condenser's own count, smoothed.",
-            )?,
-        };
-        Ok(ModelMetrics(Arc::new(ModelCore {
+        let series = names
+            .into_iter()
+            .map(|label| ModelSeries {
+                label,
+                vecs: vecs.clone(),
+                prompt: OnceLock::new(),
+                completion: OnceLock::new(),
+                ratio: OnceLock::new(),
+            })
+            .collect();
+        ModelMetrics {
             configured,
             labels,
             other,
-            series: names.into_iter().map(ModelSeries::new).collect(),
-            descs,
-        })))
-    }
-}
-
-impl Collector for ModelMetrics {
-    fn desc(&self) -> Vec<&Desc> {
-        let d = &self.0.descs;
-        vec![&d.prompt, &d.forwarded, &d.saved, &d.completion, &d.ratio]
-    }
-
-    fn collect(&self) -> Vec<MetricFamily> {
-        let (mut prompt, mut forwarded, mut saved, mut completion, mut ratio) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for series in self.0.series.iter() {
-            let labels = [("model", series.label.as_ref())];
-            let totals = series.token_totals();
-            if totals.prompt_counted {
-                prompt.push(counter(&labels, totals.prompt));
-                forwarded.push(counter(&labels, totals.forwarded));
-                saved.push(counter(&labels, totals.saved));
-            }
-            if totals.completion_counted {
-                completion.push(counter(&labels, totals.completion));
-            }
-            if let Some(value) = series.token_ratio() {
-                let mut gauge = proto::Gauge::default();
-                gauge.set_value(value);
-                let mut metric = labelled(&labels);
-                metric.set_gauge(gauge);
-                ratio.push(metric);
-            }
+            series,
         }
-        let d = &self.0.descs;
-        vec![
-            family(&d.prompt, MetricType::COUNTER, prompt),
-            family(&d.forwarded, MetricType::COUNTER, forwarded),
-            family(&d.saved, MetricType::COUNTER, saved),
-            family(&d.completion, MetricType::COUNTER, completion),
-            family(&d.ratio, MetricType::GAUGE, ratio),
-        ]
     }
-}
-
-fn family(desc: &Desc, kind: MetricType, metrics: Vec<proto::Metric>) -> MetricFamily {
-    let mut family = MetricFamily::default();
-    family.set_name(desc.fq_name.clone());
-    family.set_help(desc.help.clone());
-    family.set_field_type(kind);
-    family.set_metric(metrics);
-    family
-}
-
-/// Labels in name order, as a Prometheus vector orders them.
-fn labelled(labels: &[(&str, &str)]) -> proto::Metric {
-    proto::Metric::from_label(
-        labels
-            .iter()
-            .map(|(name, value)| {
-                let mut pair = LabelPair::default();
-                pair.set_name((*name).to_string());
-                pair.set_value((*value).to_string());
-                pair
-            })
-            .collect(),
-    )
-}
-
-fn counter(labels: &[(&str, &str)], value: u64) -> proto::Metric {
-    let mut counter = proto::Counter::default();
-    counter.set_value(value as f64);
-    let mut metric = labelled(labels);
-    metric.set_counter(counter);
-    metric
 }
 
 /// `start`, `start × 2`, … for `count` buckets, then `last`.
@@ -619,6 +308,15 @@ fn doubling(start: f64, count: usize, last: f64) -> Vec<f64> {
     buckets.retain(|b| *b < last);
     buckets.push(last);
     buckets
+}
+
+/// `collector`, registered in `registry`.
+fn registered<C: Collector + Clone + 'static>(
+    registry: &Registry,
+    collector: C,
+) -> Result<C, MetricsError> {
+    registry.register(Box::new(collector.clone()))?;
+    Ok(collector)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -633,113 +331,122 @@ impl Metrics {
         families: impl IntoIterator<Item = F>,
     ) -> Result<Metrics, MetricsError> {
         let registry = Registry::new();
-        let register = |collector: Box<dyn Collector>| registry.register(collector);
-        let sharded_histogram =
-            |name: &str, help: &str, buckets: Vec<f64>| -> Result<ShardedHistogram, MetricsError> {
-                let h = ShardedHistogram::new(name, help, buckets)?;
-                register(Box::new(h.clone()))?;
-                Ok(h)
-            };
-        let requests = RequestCounts(Arc::new(RequestCore {
-            others: IntCounterVec::new(
-                Opts::new(
-                    "condenser_requests_total",
-                    "Requests served, by route and HTTP status.",
-                ),
+        let counters = |name: &str, help: &str, labels: &[&str]| {
+            registered(
+                &registry,
+                IntCounterVec::new(Opts::new(name, help), labels)?,
+            )
+        };
+        let histogram = |name: &str, help: &str, buckets: Vec<f64>| {
+            registered(
+                &registry,
+                Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))?,
+            )
+        };
+        let requests = RequestCounts {
+            vec: counters(
+                "condenser_requests_total",
+                "Requests served, by route and HTTP status.",
                 &["route", "status"],
             )?,
-            ok: Sharded::new(),
-        }));
-        register(Box::new(requests.clone()))?;
-        let models = ModelMetrics::new(configured_models, families)?;
-        register(Box::new(models.clone()))?;
-        let metrics = Metrics {
-            requests,
-            models,
-            compactions: {
-                let c = IntCounterVec::new(
+            ok: Default::default(),
+        };
+        let vecs = ModelVecs {
+            prompt: counters(
+                "condenser_prompt_tokens_total",
+                "Prompt tokens as received from clients.",
+                &["model"],
+            )?,
+            forwarded: counters(
+                "condenser_forwarded_tokens_total",
+                "Prompt tokens as sent upstream.",
+                &["model"],
+            )?,
+            saved: counters(
+                "condenser_saved_tokens_total",
+                "Prompt tokens removed by compaction (received - forwarded).",
+                &["model"],
+            )?,
+            completion: counters(
+                "condenser_completion_tokens_total",
+                "Completion tokens reported by upstream usage.",
+                &["model"],
+            )?,
+            ratio: registered(
+                &registry,
+                GaugeVec::new(
                     Opts::new(
-                        "condenser_compactions_total",
-                        "Chat requests compacted, by action (summarized, trimmed) and summary cache outcome.",
-                    ),
-                    &["action", "cache"],
-                )?;
-                register(Box::new(c.clone()))?;
-                c
-            },
-            reactive_retries: {
-                let c = IntCounterVec::new(
-                    Opts::new(
-                        "condenser_reactive_retries_total",
-                        "Requests retried once, compacted, after upstream answered that the prompt was too long.",
+                        "condenser_token_estimate_ratio",
+                        "Upstream-reported prompt tokens over condenser's own count, smoothed.",
                     ),
                     &["model"],
-                )?;
-                register(Box::new(c.clone()))?;
-                c
-            },
-            upstream_seconds: sharded_histogram(
+                )?,
+            )?,
+        };
+        let summarizer_health = SummarizerHealth::new()?;
+        registered(&registry, summarizer_health.failures.clone())?;
+        registered(&registry, summarizer_health.breakers_open.clone())?;
+        Ok(Metrics {
+            requests,
+            models: ModelMetrics::new(configured_models, families, &vecs),
+            compactions: counters(
+                "condenser_compactions_total",
+                "Chat requests compacted, by action (summarized, trimmed) and summary cache outcome.",
+                &["action", "cache"],
+            )?,
+            reactive_retries: counters(
+                "condenser_reactive_retries_total",
+                "Requests retried once, compacted, after upstream answered that the prompt was too long.",
+                &["model"],
+            )?,
+            upstream_seconds: histogram(
                 "condenser_upstream_seconds",
                 "Time from sending a request upstream to its response head.",
                 doubling(0.01, 14, 80.0),
             )?,
-            overhead_seconds: sharded_histogram(
+            overhead_seconds: histogram(
                 "condenser_overhead_seconds",
                 "Proxy time outside upstream and summarizer calls: parse, count, plan, rewrite, cache.",
                 doubling(0.000_05, 13, 0.25),
             )?,
-            summarize_seconds: {
-                let h = Histogram::with_opts(
-                    HistogramOpts::new(
-                        "condenser_summarize_seconds",
-                        "Summarizer calls, each including any chunked folding.",
-                    )
-                    .buckets(doubling(0.01, 14, 80.0)),
-                )?;
-                register(Box::new(h.clone()))?;
-                h
-            },
-            ttft_seconds: sharded_histogram(
+            summarize_seconds: histogram(
+                "condenser_summarize_seconds",
+                "Summarizer calls, each including any chunked folding.",
+                doubling(0.01, 14, 80.0),
+            )?,
+            ttft_seconds: histogram(
                 "condenser_ttft_seconds",
                 "Time to the first streamed byte of a chat completion, from the request's arrival.",
                 doubling(0.001, 14, 10.0),
             )?,
-            summary_cache_entries: {
-                let g = IntGauge::new(
+            summary_cache_entries: registered(
+                &registry,
+                IntGauge::new(
                     "condenser_summary_cache_entries",
                     "Summaries held in the in-memory cache.",
-                )?;
-                register(Box::new(g.clone()))?;
-                g
-            },
-            cache_errors: {
-                let c = IntCounter::new(
+                )?,
+            )?,
+            cache_errors: registered(
+                &registry,
+                IntCounter::new(
                     "condenser_cache_errors_total",
                     "Faults of the shared (Redis) summary cache.",
-                )?;
-                register(Box::new(c.clone()))?;
-                c
-            },
+                )?,
+            )?,
             upstream_failures: {
                 let failures = UpstreamFailures::new()?;
-                register(Box::new(failures.0.clone()))?;
+                registered(&registry, failures.0.clone())?;
                 failures
             },
-            summarizer_health: {
-                let health = SummarizerHealth::new()?;
-                register(Box::new(health.failures.clone()))?;
-                register(Box::new(health.breakers_open.clone()))?;
-                health
-            },
+            summarizer_health,
             registry,
-        };
-        Ok(metrics)
+        })
     }
 
     /// A model's bounded label: a configured name, else its family, else `other` (as is a
     /// family unknown at start, which `ModelCatalog::families` rules out).
     pub fn for_model(&self, model: &str, info: &ModelInfo) -> ModelLabel {
-        let core = &*self.models.0;
+        let core = &self.models;
         if let Some(label) = core.configured.get(base_name(model).as_ref()) {
             return *label;
         }
@@ -751,7 +458,7 @@ impl Metrics {
     }
 
     pub fn model(&self, label: ModelLabel) -> &ModelSeries {
-        &self.models.0.series[label.0]
+        &self.models.series[label.0]
     }
 
     pub fn count_request(&self, route: Route, status: StatusCode) {
@@ -958,39 +665,6 @@ mod tests {
             lines_of(&text, "condenser_overhead_seconds_sum"),
             [format!("condenser_overhead_seconds_sum {sum}")]
         );
-    }
-
-    #[test]
-    fn sharded_histograms_expose_what_prometheus_histograms_do() {
-        let buckets = doubling(0.001, 14, 10.0);
-        let ours = ShardedHistogram::new("h", "Help.", buckets.clone()).unwrap();
-        let theirs =
-            Histogram::with_opts(HistogramOpts::new("h", "Help.").buckets(buckets)).unwrap();
-        for value in [
-            0.0,
-            0.001,
-            0.0011,
-            0.3,
-            9.99,
-            10.0,
-            10.5,
-            1e9,
-            -1.0,
-            0.1 + 0.2,
-        ] {
-            ours.observe(value);
-            theirs.observe(value);
-        }
-        let text = |families: Vec<MetricFamily>| {
-            let mut out = Vec::new();
-            TextEncoder::new().encode(&families, &mut out).unwrap();
-            String::from_utf8(out).unwrap()
-        };
-        assert_eq!(text(ours.collect()), text(theirs.collect()));
-        assert!(
-            ShardedHistogram::new("h", "Help.", doubling(0.001, MAX_BUCKETS + 1, 1e9)).is_err()
-        );
-        assert!(ShardedHistogram::new("h", "Help.", vec![1.0, 1.0]).is_err());
     }
 
     #[test]

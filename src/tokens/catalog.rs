@@ -133,7 +133,7 @@ pub struct ModelCatalog {
     defaults: TokensConfig,
     warned: Mutex<HashSet<String>>,
     /// By exact model string: a request's model costs one lookup rather than every prefix
-    /// and override. The map only caches, so a poisoned lock is used as it stands.
+    /// and override.
     resolved: Memo<ModelInfo>,
 }
 

@@ -13,7 +13,7 @@ use xxhash_rust::xxh3::{self, Xxh3};
 use crate::canonical::{fast_hash_parts, fast_hash_with_seed};
 use crate::conversation::{Item, Kind, Role, VALID_ROLES};
 use crate::tokens::catalog::{base_name, ModelInfo};
-use crate::tokens::count_cache::{CountCache, Packed};
+use crate::tokens::count_cache::CountCache;
 use crate::tokens::encoding::Encoding;
 use crate::tokens::memo::Memo;
 
@@ -31,9 +31,8 @@ const TOKENS_PER_TOOL_CALL: u32 = 3;
 const DEFAULT_IMAGE_TOKENS: u32 = 765;
 /// Uncached text beyond this many bytes is encoded on the blocking pool, off the async workers.
 const BLOCKING_THRESHOLD_BYTES: usize = 16 * 1024;
-/// Messages whose counts are kept, per cache: 4 MiB of table each (the capacity is rounded up
-/// to a power of two, 131,072), allocated whole on first use. Twice that kept idle memory
-/// over 64 MB once an encoding was built.
+/// Messages whose counts are kept, per cache. Twice that kept idle memory over 64 MB once an
+/// encoding was built.
 const COUNT_CACHE_ENTRIES: usize = 100_000;
 const EXTRAS_CACHE_ENTRIES: usize = 10_000;
 /// Seeds that keep the key spaces of raw-byte keys apart from each other.
@@ -390,8 +389,10 @@ impl TokenCounter {
         let name = base_name(model_name);
         let overflow = self
             .overflow
-            .get(&name)
-            .map_or(1.0, |factor| f64::from_bits(factor.load(Ordering::Relaxed)));
+            .read(&name, |factor| {
+                f64::from_bits(factor.load(Ordering::Relaxed))
+            })
+            .unwrap_or(1.0);
         if model.exact {
             return overflow;
         }
@@ -410,24 +411,22 @@ impl TokenCounter {
         let name = base_name(model);
         let needed = (usable as f64 / counted.max(1) as f64).max(OVERFLOW_STEP);
         let bump = |bits: u64| (f64::from_bits(bits) * needed).min(OVERFLOW_MAX);
-        let Some(factor) = self
-            .overflow
-            .get(&name)
-            .or_else(|| self.overflow.keep(&name, AtomicU64::new(1.0f64.to_bits())))
-        else {
-            return 1.0;
+        let raise = |factor: &AtomicU64| {
+            let (Ok(before) | Err(before)) =
+                factor.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                    Some(bump(bits).to_bits())
+                });
+            bump(before)
         };
-        let (Ok(before) | Err(before)) =
-            factor.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-                Some(bump(bits).to_bits())
-            });
-        bump(before)
+        self.overflow
+            .read_or_keep(&name, || AtomicU64::new(1.0f64.to_bits()), raise)
+            .unwrap_or(1.0)
     }
 
     fn learned_ratio(&self, model_base_name: &str) -> Option<f64> {
-        self.learned
-            .get(model_base_name)
-            .map(|ratio| f64::from_bits(ratio.load(Ordering::Relaxed)))
+        self.learned.read(model_base_name, |ratio| {
+            f64::from_bits(ratio.load(Ordering::Relaxed))
+        })
     }
 
     /// Records upstream's `usage.prompt_tokens` against our unscaled estimate; returns the
@@ -440,16 +439,20 @@ impl TokenCounter {
         // estimate absurd.
         let sample = (actual as f64 / raw_estimate as f64).clamp(0.5, 2.0);
         let name = base_name(model);
-        if let Some(ratio) = self.learned.get(&name) {
-            return Some(smooth(ratio, sample));
+        if let Some(smoothed) = self.learned.read(&name, |ratio| smooth(ratio, sample)) {
+            return Some(smoothed);
         }
-        let ratio = self.learned.keep(&name, AtomicU64::new(sample.to_bits()))?;
         // The first sample is the ratio as it stands, unless another response's was kept
         // first: then this one is smoothed into that.
-        if ratio.load(Ordering::Relaxed) == sample.to_bits() {
-            return Some(sample);
-        }
-        Some(smooth(ratio, sample))
+        let first = |ratio: &AtomicU64| {
+            if ratio.load(Ordering::Relaxed) == sample.to_bits() {
+                sample
+            } else {
+                smooth(ratio, sample)
+            }
+        };
+        self.learned
+            .read_or_keep(&name, || AtomicU64::new(sample.to_bits()), first)
     }
 }
 
@@ -462,21 +465,6 @@ fn smooth(ratio: &AtomicU64, sample: f64) -> f64 {
             Some(step(bits).to_bits())
         });
     step(before)
-}
-
-/// Cached as one word: the count, then the role's and the kind's places in their `ALL`.
-impl Packed for Item {
-    fn pack(self) -> u64 {
-        u64::from(self.tokens) | (self.role as u64) << 32 | (self.kind as u64) << 40
-    }
-
-    fn unpack(bits: u64) -> Option<Item> {
-        Some(Item {
-            tokens: bits as u32,
-            role: *Role::ALL.get((bits >> 32 & 0xff) as usize)?,
-            kind: *Kind::ALL.get((bits >> 40 & 0xff) as usize)?,
-        })
-    }
 }
 
 /// Random bytes for an xxh3 secret, from the standard library's per-process random keys.
@@ -858,26 +846,6 @@ mod tests {
             "twice at most"
         );
         assert_eq!(counter.scale("gpt-4o-mini", &exact), 1.0, "per model");
-    }
-
-    #[test]
-    fn items_survive_the_cache_word() {
-        for role in Role::ALL {
-            for (tokens, kind) in [
-                (0, Kind::Message),
-                (7, Kind::ToolCall),
-                (u32::MAX, Kind::Other),
-            ]
-            .into_iter()
-            .chain(Kind::ALL.map(|kind| (1, kind)))
-            {
-                let meta = Item { role, kind, tokens };
-                assert_eq!(Item::unpack(meta.pack()), Some(meta));
-                assert_eq!(meta.pack() >> 63, 0, "the top bit is the cache's");
-            }
-        }
-        assert_eq!(Item::unpack(6 << 32), None, "no seventh role");
-        assert_eq!(Item::unpack(5 << 40), None, "no sixth kind");
     }
 
     #[test]

@@ -1,104 +1,55 @@
 //! Values derived from a string key, kept for the requests that follow: read on every
 //! request by every worker, written once per new key.
 //!
-//! A read writes nothing shared. Even a read lock is a write to the lock's word, and two
-//! workers taking it for every request kept moving that cache line between their cores. So
-//! the kept values sit in an append-only hash table of write-once slots: a lookup follows
-//! the probe sequence through slots that, once filled, never change.
+//! papaya's map: a read takes no lock and writes nothing that other workers read, so the
+//! workers' lookups of one model name do not move a cache line between their cores.
 
-use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
-
-/// Tables are at least twice as large as what they keep, so probe sequences stay short;
-/// beyond this many slots, keys are derived each time instead of kept.
-const MAX_SLOTS: usize = 1 << 12;
-
-/// Filled once with a key and its value, never changed after.
-type Slot<V> = OnceLock<(Box<str>, V)>;
-
+/// A bounded map of values kept by key: clients choose the keys (model names), so beyond
+/// `max` keys, values are derived each time instead of kept.
 pub struct Memo<V> {
-    slots: Box<[Slot<V>]>,
-    /// Keys beyond this many are derived each time instead of kept.
+    map: papaya::HashMap<Box<str>, V>,
     max: usize,
-    kept: AtomicUsize,
-    /// Clients choose the keys (model names): a per-process seed keeps them from choosing
-    /// one long probe sequence.
-    seed: u64,
 }
 
 impl<V> Memo<V> {
     pub fn new(max: usize) -> Memo<V> {
-        let len = max
-            .saturating_mul(2)
-            .clamp(2, MAX_SLOTS)
-            .next_power_of_two();
         Memo {
-            slots: std::iter::repeat_with(OnceLock::new).take(len).collect(),
-            max: max.min(len / 2),
-            kept: AtomicUsize::new(0),
-            seed: std::collections::hash_map::RandomState::new().hash_one(0u8),
+            map: papaya::HashMap::new(),
+            max,
         }
     }
 
-    /// Slots in the order `key` is looked for, from its hash.
-    fn probe(&self, key: &str) -> impl Iterator<Item = &Slot<V>> {
-        let start = xxhash_rust::xxh3::xxh3_64_with_seed(key.as_bytes(), self.seed) as usize;
-        (0..self.slots.len()).map(move |i| &self.slots[(start + i) & (self.slots.len() - 1)])
+    /// What `read` makes of the value kept for `key`, if one is.
+    pub fn read<R>(&self, key: &str, read: impl FnOnce(&V) -> R) -> Option<R> {
+        self.map.pin().get(key).map(read)
     }
 
-    /// The value kept for `key`, if any.
-    pub fn get(&self, key: &str) -> Option<&V> {
-        for slot in self.probe(key) {
-            match slot.get() {
-                Some((kept, value)) if **kept == *key => return Some(value),
-                Some(_) => continue,
-                // Slots fill along the probe sequence, so the key is in none further on.
-                None => break,
-            }
+    /// What `read` makes of the value kept for `key`, keeping `make`'s first if there is
+    /// room. When two requests keep the same key at once, both read the one kept first.
+    /// None when the key is not kept and there is no room.
+    pub fn read_or_keep<R>(
+        &self,
+        key: &str,
+        make: impl FnOnce() -> V,
+        read: impl FnOnce(&V) -> R,
+    ) -> Option<R> {
+        let map = self.map.pin();
+        if let Some(kept) = map.get(key) {
+            return Some(read(kept));
         }
-        None
-    }
-
-    /// Keeps `value` for `key` if there is room; returns the value kept for `key`, which is
-    /// the first one kept when two requests keep the same key at once.
-    pub fn keep(&self, key: &str, value: V) -> Option<&V> {
-        if self.kept.fetch_add(1, Ordering::Relaxed) >= self.max {
-            self.kept.fetch_sub(1, Ordering::Relaxed);
-            return self.get(key);
+        // Requests racing to keep new keys may each pass this check: the bound can be
+        // overshot by as many, which still bounds it.
+        if map.len() >= self.max {
+            return None;
         }
-        let mut entry = Some((Box::<str>::from(key), value));
-        for slot in self.probe(key) {
-            if let Some(new) = entry.take() {
-                if let Err(back) = slot.set(new) {
-                    entry = Some(back);
-                }
-            }
-            match slot.get() {
-                Some((kept, first)) if **kept == *key => {
-                    if entry.is_some() {
-                        // Another request kept it first: the room taken above is given back.
-                        self.kept.fetch_sub(1, Ordering::Relaxed);
-                    }
-                    return Some(first);
-                }
-                Some(_) => continue,
-                None => break,
-            }
-        }
-        if entry.is_some() {
-            self.kept.fetch_sub(1, Ordering::Relaxed);
-        }
-        None
+        let (Ok(kept) | Err(kept)) = map.try_insert_with(key.into(), make);
+        Some(read(kept))
     }
 
     /// How many values are kept.
     #[cfg(test)]
     pub(crate) fn kept(&self) -> usize {
-        self.slots
-            .iter()
-            .filter(|slot| slot.get().is_some())
-            .count()
+        self.map.len()
     }
 }
 
@@ -106,11 +57,12 @@ impl<V: Clone> Memo<V> {
     /// The value kept for `key`, else `derive`'s, kept if there is room. When two requests
     /// derive the same key at once, both get the one kept first.
     pub fn get_or_derive(&self, key: &str, derive: impl FnOnce() -> V) -> V {
-        if let Some(kept) = self.get(key) {
-            return kept.clone();
+        if let Some(kept) = self.read(key, V::clone) {
+            return kept;
         }
         let value = derive();
-        self.keep(key, value.clone()).cloned().unwrap_or(value)
+        self.read_or_keep(key, || value.clone(), V::clone)
+            .unwrap_or(value)
     }
 }
 
@@ -136,19 +88,20 @@ mod tests {
     }
 
     #[test]
-    fn a_full_table_still_finds_every_kept_key() {
-        let memo = Memo::new(usize::MAX);
-        let keys: Vec<String> = (0..MAX_SLOTS / 2).map(|i| format!("model-{i}")).collect();
+    fn many_kept_keys_are_all_found_again() {
+        let memo = Memo::new(2_000);
+        let keys: Vec<String> = (0..2_000).map(|i| format!("model-{i}")).collect();
         for key in &keys {
             assert_eq!(memo.get_or_derive(key, || key.len()), key.len());
         }
-        assert_eq!(memo.kept(), MAX_SLOTS / 2);
+        assert_eq!(memo.kept(), 2_000);
         for key in &keys {
             assert_eq!(memo.get_or_derive(key, || 0), key.len(), "{key}");
         }
         // Past the bound: derived, not kept.
         assert_eq!(memo.get_or_derive("one more", || 7), 7);
         assert_eq!(memo.get_or_derive("one more", || 8), 8);
+        assert_eq!(memo.read("one more", |v| *v), None);
     }
 
     #[test]
