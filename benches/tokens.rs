@@ -21,8 +21,9 @@ use serde_json::{json, Map, Value};
 use condenser::canonical::fast_hash_with_seed;
 use condenser::tokens::catalog::TokensConfig;
 use condenser::tokens::catalog::{ModelCatalog, ModelInfo};
-use condenser::tokens::counter::{count_text, RawPrompt, TokenCounter};
+use condenser::tokens::counter::{RawPrompt, TokenCounter};
 use condenser::tokens::encoding::Encoding;
+use condenser::tokens::rules::count_text;
 
 /// The conversation of the cold and warm benchmarks.
 const MESSAGES: usize = 200;

@@ -10,8 +10,8 @@ use regex::{Regex, RegexSet};
 use serde_json::Value;
 
 use crate::conversation::content_text;
-use crate::tokens::counter::count_text;
 use crate::tokens::encoding::Encoding;
+use crate::tokens::rules::count_text;
 
 /// The heading the summary's own artifacts go under, as the summarizer is asked to write it.
 const ARTIFACTS_HEADING: &str = "## Artifacts";

@@ -21,8 +21,9 @@ use crate::config::{Api, Config, ConfigError, ContextConfig, OnFailure};
 use crate::error::{ProxyError, SummarizeError};
 use crate::observe::metrics::SummarizerHealth;
 use crate::tokens::catalog::{ModelCatalog, ModelInfo};
-use crate::tokens::counter::{count_text, PromptCount};
+use crate::tokens::counter::PromptCount;
 use crate::tokens::encoding::Encoding;
+use crate::tokens::rules::count_text;
 use crate::transport::upstream::{Connections, Upstream};
 
 /// Poll interval while another replica makes a summary this one needs.

@@ -5,8 +5,8 @@
 //! the request is written, so a shortened request is never over the limit it was planned for.
 
 use crate::compaction::plan::Shorten;
-use crate::tokens::counter::{bpe, count_text};
 use crate::tokens::encoding::Encoding;
+use crate::tokens::rules::{bpe, count_text};
 
 /// Room left for where an item's texts meet its framing when they are counted together.
 const FRAMING_SLACK_TOKENS: u32 = 4;

@@ -18,8 +18,8 @@ use crate::config::{Api, SummarizerConfig};
 use crate::conversation::content_text;
 use crate::error::SummarizeError;
 use crate::observe::metrics::SummarizerHealth;
-use crate::tokens::counter::shorten_middle;
 use crate::tokens::encoding::Encoding;
+use crate::tokens::rules::shorten_middle;
 use crate::transport::upstream::{blank_credentials, Upstream, X_API_KEY};
 
 /// Tool outputs are cut to this many tokens (head and end) before the summarizer sees them.

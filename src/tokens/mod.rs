@@ -6,3 +6,4 @@ pub mod count_cache;
 pub mod counter;
 pub mod encoding;
 pub mod memo;
+pub mod rules;

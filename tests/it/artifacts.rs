@@ -89,7 +89,7 @@ async fn identifiers_kept(proxy: &Proxy, upstream: &MockUpstream, turns: usize) 
         .filter(|id| text.contains(id.as_str()))
         .count();
     let ledger = summary.split("Carried verbatim").nth(1).map_or(0, |l| {
-        condenser::tokens::counter::count_text(condenser::tokens::encoding::Encoding::O200k, l)
+        condenser::tokens::rules::count_text(condenser::tokens::encoding::Encoding::O200k, l)
             as usize
     });
     (kept as f64 / expected.len() as f64, ledger)

@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use condenser::dialect::chat::message_spans;
 use condenser::tokens::catalog::TokensConfig;
 use condenser::tokens::catalog::{ModelCatalog, ModelInfo};
-use condenser::tokens::counter::{count_text, RawPrompt, TokenCounter};
+use condenser::tokens::counter::{RawPrompt, TokenCounter};
 use condenser::tokens::encoding::Encoding;
+use condenser::tokens::rules::count_text;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 

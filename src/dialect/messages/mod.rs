@@ -29,8 +29,9 @@ use crate::dialect::stages::{
 };
 use crate::error::ProxyError;
 use crate::tokens::catalog::ModelCatalog;
-use crate::tokens::counter::{count_text, count_tools, RawItems, TokenCounter, REPLY_PRIMING};
+use crate::tokens::counter::{RawItems, TokenCounter};
 use crate::tokens::encoding::Encoding;
+use crate::tokens::rules::{count_text, count_tools, REPLY_PRIMING};
 use crate::transport::body::ProxyBody;
 use crate::transport::upstream::KeyStyle;
 use crate::transport::usage::UsageReader;

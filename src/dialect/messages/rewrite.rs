@@ -153,7 +153,7 @@ pub(super) fn tool_result_texts(message: &mut Value) -> Vec<&mut String> {
 mod tests {
     use super::*;
     use crate::dialect::messages::view::chat_message;
-    use crate::tokens::counter::count_text;
+    use crate::tokens::rules::count_text;
 
     #[test]
     fn the_summary_goes_into_system_after_the_original() {

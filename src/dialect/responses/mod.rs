@@ -30,10 +30,9 @@ use crate::dialect::stages::{
 };
 use crate::error::ProxyError;
 use crate::tokens::catalog::ModelCatalog;
-use crate::tokens::counter::{
-    count_text, count_tools, model_name, RawItems, TokenCounter, REPLY_PRIMING,
-};
+use crate::tokens::counter::{model_name, RawItems, TokenCounter};
 use crate::tokens::encoding::Encoding;
+use crate::tokens::rules::{count_text, count_tools, REPLY_PRIMING};
 use crate::transport::body::ProxyBody;
 use crate::transport::upstream::KeyStyle;
 use crate::transport::usage::UsageReader;
