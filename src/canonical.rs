@@ -91,13 +91,18 @@ pub fn fast_hash_parts(seed: &[u8], parts: &[Option<&Value>]) -> u128 {
     let mut written = seed.to_vec();
     for part in parts {
         match part {
+            // Each part after its length, so no two lists of parts write the same bytes.
             Some(value) => {
+                let at = written.len();
+                written.extend_from_slice(&[0; 8]);
                 // Writing a `Value` into a `Vec` cannot fail; a failure would only cost a
                 // shorter key.
                 let _ = serde_json::to_writer(&mut written, value);
-                written.push(b';');
+                let len = (written.len() - at - 8) as u64;
+                written[at..at + 8].copy_from_slice(&len.to_le_bytes());
             }
-            None => written.push(b'-'),
+            // No part writes a length of all ones.
+            None => written.extend_from_slice(&u64::MAX.to_le_bytes()),
         }
     }
     xxhash_rust::xxh3::xxh3_128(&written)
@@ -142,6 +147,11 @@ mod tests {
         assert_ne!(key(&[Some(&tools), None]), key(&[Some(&other), None]));
         assert_ne!(key(&[Some(&tools), None]), key(&[None, Some(&tools)]));
         assert_ne!(key(&[None]), key(&[Some(&null)]));
+        let (one, minus_one, five, minus_five) = (parse("1"), parse("-1"), parse("5"), parse("-5"));
+        assert_ne!(
+            key(&[None, Some(&one), Some(&minus_five)]),
+            key(&[Some(&minus_one), None, Some(&five)])
+        );
         assert_ne!(
             fast_hash_parts(b"s", &[None]),
             fast_hash_parts(b"t", &[None])

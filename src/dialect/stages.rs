@@ -180,8 +180,11 @@ pub async fn count_as_sent<D: Dialect>(
     body: &Bytes,
     settings: &ContextConfig,
 ) -> Result<PromptCount, ProxyError> {
-    if let Ok(ready) = D::scan(counting, body, settings, Mode::Off).await {
-        return Ok(ready.prepared.count);
+    match D::scan(counting, body, settings, Mode::Off).await {
+        Ok(Ready { prepared, .. }) | Err(Some(Planned { prepared, .. })) => {
+            return Ok(prepared.count)
+        }
+        Err(None) => {}
     }
     let request = D::parse(body)?;
     Ok(D::count(&request, counting.catalog, counting.counter)

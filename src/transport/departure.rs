@@ -157,7 +157,10 @@ where
         match socket.poll_fin(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Ok(true)) if !first_wait => Poll::Ready(Some(Err(ClientLeft.into()))),
-            // Half-closed before the reply started, data, or an error hyper will meet too.
+            // A reset is never a half-close: hyper, not reading mid-reply, would only meet it
+            // at its next write, while upstream went on generating.
+            Poll::Ready(Err(_)) => Poll::Ready(Some(Err(ClientLeft.into()))),
+            // Half-closed before the reply started, or data.
             Poll::Ready(_) => {
                 this.socket = None;
                 Poll::Pending

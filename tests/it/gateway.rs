@@ -308,6 +308,39 @@ async fn a_client_that_leaves_mid_stream_closes_the_upstream_request() {
         .unwrap();
 }
 
+/// A reset is no half-close: a client that resets its connection mid-stream (SO_LINGER 0, as a
+/// process killed with unread bytes does) closes the upstream request at once, even on the
+/// reply's first wait, where a FIN could still be a half-close.
+#[tokio::test]
+async fn a_client_that_resets_mid_stream_closes_the_upstream_request() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (upstream, _gate, mut closed) = gated_stream_upstream(5).await;
+    let proxy = Proxy::start(config_for(&upstream.url())).await;
+    let body = stream_request();
+    let mut client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: condenser\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    client.write_all(request.as_bytes()).await.unwrap();
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("tok0") {
+        let mut chunk = [0u8; 1024];
+        let read = within("the first event", client.read(&mut chunk))
+            .await
+            .unwrap();
+        assert!(read > 0, "the reply ended early");
+        seen.extend_from_slice(&chunk[..read]);
+    }
+    socket2::SockRef::from(&client)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(client);
+    within("upstream sees the close", closed.recv())
+        .await
+        .unwrap();
+}
+
 /// curl's `--no-buffer` with stdin closed, netcat and some SDKs shut down their write side once
 /// the request is sent: that is no departure, and the streamed answer still comes in full.
 #[tokio::test]
