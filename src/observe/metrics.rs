@@ -195,6 +195,46 @@ struct ModelVecs {
     ratio: GaugeVec,
 }
 
+impl ModelVecs {
+    /// The vectors of the per-model series, registered in `registry`.
+    fn new(registry: &Registry) -> Result<ModelVecs, MetricsError> {
+        let counter = |name: &str, help: &str| {
+            registered(
+                registry,
+                IntCounterVec::new(Opts::new(name, help), &["model"])?,
+            )
+        };
+        Ok(ModelVecs {
+            prompt: counter(
+                "condenser_prompt_tokens_total",
+                "Prompt tokens as received from clients.",
+            )?,
+            forwarded: counter(
+                "condenser_forwarded_tokens_total",
+                "Prompt tokens as sent upstream.",
+            )?,
+            saved: counter(
+                "condenser_saved_tokens_total",
+                "Prompt tokens removed by compaction (received - forwarded).",
+            )?,
+            completion: counter(
+                "condenser_completion_tokens_total",
+                "Completion tokens reported by upstream usage.",
+            )?,
+            ratio: registered(
+                registry,
+                GaugeVec::new(
+                    Opts::new(
+                        "condenser_token_estimate_ratio",
+                        "Upstream-reported prompt tokens over condenser's own count, smoothed.",
+                    ),
+                    &["model"],
+                )?,
+            )?,
+        })
+    }
+}
+
 /// Prompt tokens received, forwarded and saved: counted together, so they appear together.
 struct PromptSeries {
     prompt: IntCounter,
@@ -351,38 +391,7 @@ impl Metrics {
             )?,
             ok: Default::default(),
         };
-        let vecs = ModelVecs {
-            prompt: counters(
-                "condenser_prompt_tokens_total",
-                "Prompt tokens as received from clients.",
-                &["model"],
-            )?,
-            forwarded: counters(
-                "condenser_forwarded_tokens_total",
-                "Prompt tokens as sent upstream.",
-                &["model"],
-            )?,
-            saved: counters(
-                "condenser_saved_tokens_total",
-                "Prompt tokens removed by compaction (received - forwarded).",
-                &["model"],
-            )?,
-            completion: counters(
-                "condenser_completion_tokens_total",
-                "Completion tokens reported by upstream usage.",
-                &["model"],
-            )?,
-            ratio: registered(
-                &registry,
-                GaugeVec::new(
-                    Opts::new(
-                        "condenser_token_estimate_ratio",
-                        "Upstream-reported prompt tokens over condenser's own count, smoothed.",
-                    ),
-                    &["model"],
-                )?,
-            )?,
-        };
+        let vecs = ModelVecs::new(&registry)?;
         let summarizer_health = SummarizerHealth::new()?;
         registered(&registry, summarizer_health.failures.clone())?;
         registered(&registry, summarizer_health.breakers_open.clone())?;

@@ -20,9 +20,9 @@ use hyper::service::service_fn;
 use hyper::{Request, Response, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::config::Config;
@@ -241,20 +241,7 @@ async fn accept_loop(
         }
     };
     let header_read_timeout = Duration::from_secs(state.config.server.header_read_timeout_secs);
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout)
-        // A client that half-closes once its request is sent still gets its answer; one that
-        // leaves mid-reply is noticed by the reply's body (`transport::departure`).
-        .half_close(true);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(H2_KEEP_ALIVE)
-        .max_header_list_size(H2_MAX_HEADER_LIST_BYTES);
-    let builder = Arc::new(builder);
+    let builder = Arc::new(connection_builder(header_read_timeout));
     let graceful = GracefulShutdown::new();
     let worker = Arc::new(Worker {
         state: state.clone(),
@@ -279,29 +266,13 @@ async fn accept_loop(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let worker = worker.clone();
-                let builder = builder.clone();
-                let watcher = graceful.watcher();
-                tokio::spawn(async move {
-                    // Until its first byte the protocol is not known, and hyper's header-read
-                    // timeout, an HTTP/1 one, does not run: a connection that sends nothing
-                    // would hold its descriptor for good.
-                    // (`readable` may wake without data; a peek waits for a byte.)
-                    let mut first_byte = [0u8; 1];
-                    let peeked = stream.peek(&mut first_byte);
-                    if tokio::time::timeout(header_read_timeout, peeked).await.is_err() {
-                        return;
-                    }
-                    let socket = ClientSocket::new(stream);
-                    let service = service_fn({
-                        let socket = socket.clone();
-                        move |request| answer(worker.clone(), request, socket.clone())
-                    });
-                    let connection = builder.serve_connection(TokioIo::new(socket), service);
-                    if let Err(error) = watcher.watch(connection).await {
-                        tracing::debug!(%error, "connection ended with an error");
-                    }
-                });
+                tokio::spawn(serve_connection(
+                    stream,
+                    worker.clone(),
+                    builder.clone(),
+                    graceful.watcher(),
+                    header_read_timeout,
+                ));
             }
             () = stop_requested(&mut stopped) => break,
         }
@@ -311,6 +282,55 @@ async fn accept_loop(
     tokio::time::timeout(grace, graceful.shutdown())
         .await
         .is_ok()
+}
+
+/// How every client connection is served: HTTP/1 with its header-read timeout and
+/// half-close, HTTP/2 with keep-alive pings and a bound on its header list.
+fn connection_builder(header_read_timeout: Duration) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout)
+        // A client that half-closes once its request is sent still gets its answer; one that
+        // leaves mid-reply is noticed by the reply's body (`transport::departure`).
+        .half_close(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(H2_KEEP_ALIVE)
+        .max_header_list_size(H2_MAX_HEADER_LIST_BYTES);
+    builder
+}
+
+/// One client connection, from its first byte to its end (or the drain's).
+async fn serve_connection(
+    stream: TcpStream,
+    worker: Arc<Worker>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    watcher: Watcher,
+    header_read_timeout: Duration,
+) {
+    // Until its first byte the protocol is not known, and hyper's header-read timeout, an
+    // HTTP/1 one, does not run: a connection that sends nothing would hold its descriptor for
+    // good. (`readable` may wake without data; a peek waits for a byte.)
+    let mut first_byte = [0u8; 1];
+    let peeked = stream.peek(&mut first_byte);
+    if tokio::time::timeout(header_read_timeout, peeked)
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let socket = ClientSocket::new(stream);
+    let service = service_fn({
+        let socket = socket.clone();
+        move |request| answer(worker.clone(), request, socket.clone())
+    });
+    let connection = builder.serve_connection(TokioIo::new(socket), service);
+    if let Err(error) = watcher.watch(connection).await {
+        tracing::debug!(%error, "connection ended with an error");
+    }
 }
 
 /// The reply to one request, whose body (over HTTP/1) ends when its client leaves mid-reply;

@@ -464,6 +464,18 @@ impl Upstream {
                 Err(failed) => return Err(self.send_failed(pool, failed.into_error())),
             }
         };
+        self.relayable(pool, response, sender).await
+    }
+
+    /// The reply as condenser relays it: refused when HTTP forbids passing it on (its head,
+    /// or its first frame, broken), hop-by-hop headers gone, its connection given back to
+    /// the pool once read to the end, and failing after a silence of the upstream timeout.
+    async fn relayable(
+        &self,
+        pool: &Arc<WorkerPool>,
+        response: Response<Incoming>,
+        sender: Option<http1::SendRequest<ProxyBody>>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
         let (mut head, mut body) = response.into_parts();
         if let Some(why) = broken_head(&head) {
             return Err(self.broken(pool, FailureKind::Malformed, &why));
