@@ -308,14 +308,10 @@ async fn a_client_that_leaves_mid_stream_closes_the_upstream_request() {
         .unwrap();
 }
 
-/// A reset is no half-close: a client that resets its connection mid-stream (SO_LINGER 0, as a
-/// process killed with unread bytes does) closes the upstream request at once, even on the
-/// reply's first wait, where a FIN could still be a half-close.
-#[tokio::test]
-async fn a_client_that_resets_mid_stream_closes_the_upstream_request() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (upstream, _gate, mut closed) = gated_stream_upstream(5).await;
-    let proxy = Proxy::start(config_for(&upstream.url())).await;
+/// A client on a bare socket that has sent a streamed chat request, written by hand so the
+/// test decides how the connection ends.
+async fn raw_stream_request(proxy: &Proxy) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
     let body = stream_request();
     let mut client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     let request = format!(
@@ -323,6 +319,18 @@ async fn a_client_that_resets_mid_stream_closes_the_upstream_request() {
         body.len()
     );
     client.write_all(request.as_bytes()).await.unwrap();
+    client
+}
+
+/// A reset is no half-close: a client that resets its connection mid-stream (SO_LINGER 0, as a
+/// process killed with unread bytes does) closes the upstream request at once, even on the
+/// reply's first wait, where a FIN could still be a half-close.
+#[tokio::test]
+async fn a_client_that_resets_mid_stream_closes_the_upstream_request() {
+    use tokio::io::AsyncReadExt;
+    let (upstream, _gate, mut closed) = gated_stream_upstream(5).await;
+    let proxy = Proxy::start(config_for(&upstream.url())).await;
+    let mut client = raw_stream_request(&proxy).await;
     let mut seen = Vec::new();
     while !String::from_utf8_lossy(&seen).contains("tok0") {
         let mut chunk = [0u8; 1024];
@@ -348,13 +356,7 @@ async fn a_client_that_half_closes_after_its_request_gets_its_answer() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (upstream, gate, _closed) = gated_stream_upstream(3).await;
     let proxy = Proxy::start(config_for(&upstream.url())).await;
-    let body = stream_request();
-    let mut client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    let request = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: condenser\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    client.write_all(request.as_bytes()).await.unwrap();
+    let mut client = raw_stream_request(&proxy).await;
     client.shutdown().await.unwrap();
     // The upstream's events come only after the half-close has reached condenser.
     tokio::time::sleep(Duration::from_millis(200)).await;
