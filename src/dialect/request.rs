@@ -51,13 +51,13 @@ pub fn present<'de, D: serde::Deserializer<'de>>(
     <&RawValue>::deserialize(value).map(Some)
 }
 
-/// Whether `bytes` open a JSON object: serde's derived readers would take an array for a
-/// struct too.
-pub fn opens_an_object(bytes: &[u8]) -> bool {
+/// Where the body's opening brace is, when it opens a JSON object (after any whitespace):
+/// serde's derived readers would take an array for a struct too.
+pub fn object_start(bytes: &[u8]) -> Option<usize> {
     bytes
         .iter()
-        .find(|b| !b.is_ascii_whitespace())
-        .is_some_and(|&b| b == b'{')
+        .position(|b| !b.is_ascii_whitespace())
+        .filter(|&at| bytes[at] == b'{')
 }
 
 /// The text of the content parts of type `kind`, joined.

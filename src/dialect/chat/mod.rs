@@ -22,7 +22,7 @@ use crate::compaction::shorten::cut_item_texts;
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::{Api, ContextConfig};
 use crate::conversation::{content_text, Item};
-use crate::dialect::request::{array, object_with_model, present};
+use crate::dialect::request::{array, object_start, object_with_model, present};
 use crate::dialect::stages::{Counting, Dialect, Planned, Prepared, Ready};
 use crate::error::ProxyError;
 use crate::tokens::catalog::ModelCatalog;
@@ -122,7 +122,7 @@ impl Dialect for Chat {
         let body = match usage {
             UsageRequest::Splice => {
                 // `parse_request` found an object, so the body has an opening brace.
-                let open = body.iter().position(|&b| b == b'{').unwrap_or(0);
+                let open = object_start(&body).unwrap_or(0);
                 with_usage_requested(&body, open)
             }
             UsageRequest::None | UsageRequest::Merge => body,
@@ -294,11 +294,7 @@ async fn scan(
 ) -> Result<Ready, Option<Planned>> {
     // The derived reader would also take a JSON array for the struct, and skips the fields
     // it does not read without checking their text; the full path rejects both.
-    let Some(open) = bytes
-        .iter()
-        .position(|b| !b.is_ascii_whitespace())
-        .filter(|&at| bytes[at] == b'{')
-    else {
+    let Some(open) = object_start(bytes) else {
         return Err(None);
     };
     // The messages are checked as they are counted (`TokenCounter::count_raw`), the rest

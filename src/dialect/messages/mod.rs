@@ -23,7 +23,7 @@ use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{Mode, Split};
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::{Api, ContextConfig};
-use crate::dialect::request::{array, object_with_model, opens_an_object, present};
+use crate::dialect::request::{array, object_start, object_with_model, present};
 use crate::dialect::stages::{
     scan_raw, Counting, Dialect, Planned, Prepared, RawRequest, RawStage, Ready,
 };
@@ -217,7 +217,7 @@ async fn scan(
     settings: &ContextConfig,
     mode: Mode,
 ) -> Result<Ready, Option<Planned>> {
-    if !opens_an_object(bytes) {
+    if object_start(bytes).is_none() {
         return Err(None);
     }
     let Ok(request) = serde_json::from_slice::<Scanned>(bytes) else {

@@ -24,7 +24,7 @@ use crate::compaction::shorten::cut_item_texts;
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::{Api, ContextConfig, SummaryRole};
 use crate::conversation::{units, Item};
-use crate::dialect::request::{object_with_model, opens_an_object, present};
+use crate::dialect::request::{object_start, object_with_model, present};
 use crate::dialect::stages::{
     scan_raw, Counting, Dialect, Planned, Prepared, RawRequest, RawStage, Ready,
 };
@@ -192,7 +192,7 @@ async fn scan(
     settings: &ContextConfig,
     mode: Mode,
 ) -> Result<Ready, Option<Planned>> {
-    if !opens_an_object(bytes) {
+    if object_start(bytes).is_none() {
         return Err(None);
     }
     let Ok(request) = serde_json::from_slice::<Scanned>(bytes) else {
