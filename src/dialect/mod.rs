@@ -5,6 +5,7 @@
 
 pub mod chat;
 pub mod messages;
+pub mod recall;
 pub mod request;
 pub mod responses;
 pub mod stages;

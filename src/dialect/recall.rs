@@ -1,0 +1,99 @@
+//! The recall tool as a dialect writes it: offered on a compacted request, its calls found in
+//! upstream's reply (whole or streamed), the request continued with condenser's answers, and
+//! the reply the client gets with no trace of the tool. Each dialect implements `RecallWire`
+//! in its folder (`recall.rs`); the loop that serves the calls is the pipeline's.
+
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+
+/// The tool's name, the same in every dialect.
+pub const TOOL_NAME: &str = "condenser_recall";
+
+/// What the model reads about the tool: what it is for, in a few words.
+pub const TOOL_DESCRIPTION: &str = "Recall, verbatim, earlier parts of this conversation that \
+were summarized away. Pass the ctx: references the context summary names, or a search query.";
+
+/// The tool's parameters, as a JSON schema every dialect's definition carries.
+pub fn parameters() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "refs": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "References to recall, such as ctx:7f3a2c91b0de"
+            },
+            "query": {
+                "type": "string",
+                "description": "Words to search the summarized messages for"
+            }
+        }
+    })
+}
+
+/// One call of the tool in upstream's reply: its id, and its arguments as their JSON text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecallCall {
+    pub id: String,
+    pub arguments: String,
+}
+
+/// What one round's reply asks: its recall calls, and whether it also calls the client's own
+/// tools (then its recall calls are not served: the client's calls go back to the client).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct RoundCalls {
+    pub recall: Vec<RecallCall>,
+    pub client_calls: bool,
+}
+
+/// condenser's answer to one recall call.
+pub struct Answered<'a> {
+    pub call: &'a RecallCall,
+    pub text: &'a str,
+    pub is_error: bool,
+}
+
+/// The recall tool in one API's wire format.
+pub trait RecallWire: Sync {
+    /// Adds the tool to a compacted request's tools, always last, so the tools read the same
+    /// on every compacted turn.
+    fn offer(&self, request: &mut Map<String, Value>);
+
+    /// The recall calls in a whole (not streamed) reply.
+    fn calls(&self, reply: &Value) -> RoundCalls;
+
+    /// `request` continued: the assistant turn that made `answered`'s calls, then their
+    /// answers. On the `last` round the model is told not to call tools (`tool_choice`
+    /// none), so the round limit holds and the client still gets an answer.
+    fn continue_with(&self, request: &mut Map<String, Value>, answered: &[Answered], last: bool);
+
+    /// A whole reply as the client gets it: its recall calls taken out, the content of the
+    /// `earlier` rounds (already merged) in front of its own, and usage summed over them.
+    fn merge(&self, earlier: Option<Value>, reply: Value) -> Value;
+
+    /// The state of one streamed reply, across its rounds.
+    fn stream(&self) -> Box<dyn RecallStream>;
+}
+
+/// One streamed reply, seen event by event across its rounds (the first upstream stream,
+/// then each continuation's).
+pub trait RecallStream: Send {
+    /// One whole SSE event of the current round (its lines and the blank line that ends
+    /// it): what the client gets of it now, rewritten when it must be (indices continued
+    /// after the earlier rounds'), or `None` when it is held back or dropped: every event of
+    /// a recall call, a continuation's opening events, and the closing events (kept to
+    /// close the stream once no round follows, with usage summed).
+    fn event(&mut self, event: &[u8]) -> Option<Bytes>;
+
+    /// The current round's stream has ended: the recall calls it made, whole, and whether
+    /// it also called the client's tools.
+    fn round_end(&mut self) -> RoundCalls;
+
+    /// A continuation's stream follows: its opening is not repeated to the client, its
+    /// indices go on after this round's, and its usage is added to this round's.
+    fn next_round(&mut self);
+
+    /// No round follows: the events that close the client's stream (the held closing
+    /// events, usage summed over every round, nothing of the tool in them).
+    fn close(&mut self) -> Bytes;
+}
