@@ -97,3 +97,60 @@ pub trait RecallStream: Send {
     /// events, usage summed over every round, nothing of the tool in them).
     fn close(&mut self) -> Bytes;
 }
+
+/// The JSON an SSE event carries: its `data:` lines joined, parsed. `None` for an event
+/// without JSON data (a comment, `[DONE]`).
+pub fn event_json(event: &[u8]) -> Option<Value> {
+    let text = std::str::from_utf8(event).ok()?;
+    let data: Vec<&str> = crate::transport::usage::event_data(text).collect();
+    serde_json::from_str(&data.join("\n")).ok()
+}
+
+/// `event` with its data replaced by `data`: its other lines (`event:`, `id:`) as upstream
+/// wrote them.
+pub fn rewrite_event(event: &[u8], data: &Value) -> Bytes {
+    let text = String::from_utf8_lossy(event);
+    let mut out = String::with_capacity(event.len() + 16);
+    for line in text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with("data:"))
+    {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.push_str("data: ");
+    out.push_str(&data.to_string());
+    out.push_str("\n\n");
+    Bytes::from(out)
+}
+
+/// Adds every number in `add` to the same field of `into`, nested objects included (usage
+/// and its `*_details`); a field only `add` has is taken as it is.
+pub fn add_usage(into: &mut Value, add: &Value) {
+    let (Some(into), Some(add)) = (into.as_object_mut(), add.as_object()) else {
+        return;
+    };
+    for (key, value) in add {
+        match (into.get_mut(key), value) {
+            (Some(Value::Number(a)), Value::Number(b)) => {
+                if let (Some(x), Some(y)) = (a.as_u64(), b.as_u64()) {
+                    *a = (x + y).into();
+                }
+            }
+            (Some(existing @ Value::Object(_)), Value::Object(_)) => add_usage(existing, value),
+            (None, _) => {
+                into.insert(key.clone(), value.clone());
+            }
+            _ => {}
+        }
+    }
+}
+
+/// An answer as a tool result's text, in APIs without an error flag.
+pub fn answer_text(answered: &Answered) -> String {
+    if answered.is_error {
+        format!("Error: {}", answered.text)
+    } else {
+        answered.text.to_string()
+    }
+}

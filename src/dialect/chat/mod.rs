@@ -4,6 +4,7 @@
 //! messages.
 
 pub mod message_spans;
+pub mod recall;
 pub mod summary;
 pub mod usage;
 
