@@ -30,6 +30,7 @@ pub struct Config {
     pub context: ContextConfig,
     pub summarizer: SummarizerConfig,
     pub cache: CacheConfig,
+    pub recall: RecallConfig,
     pub tokens: TokensConfig,
     pub metrics: MetricsConfig,
     pub models: BTreeMap<String, ModelOverride>,
@@ -170,6 +171,8 @@ pub struct Profile {
     pub response_reserve_tokens: Option<u64>,
     pub summary_role: Option<SummaryRole>,
     pub on_failure: Option<OnFailure>,
+    /// `[profiles.NAME.recall]`: any `[recall]` key, for requests that name the profile.
+    pub recall: Option<RecallOverride>,
 }
 
 impl ContextConfig {
@@ -354,6 +357,65 @@ impl CacheConfig {
     }
 }
 
+/// `[recall]`: what compaction takes out stays recallable by the model, through a tool
+/// condenser offers on compacted requests and serves itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RecallConfig {
+    pub enabled: bool,
+    /// Recall rounds condenser serves within one request.
+    pub max_rounds: u32,
+    /// Most recalled text one call returns.
+    pub max_tokens: u32,
+}
+
+impl Default for RecallConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_rounds: 3,
+            max_tokens: 8192,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecallOverride {
+    pub enabled: Option<bool>,
+    pub max_rounds: Option<u32>,
+    pub max_tokens: Option<u32>,
+}
+
+impl RecallConfig {
+    fn with_override(self, profile: Option<RecallOverride>) -> RecallConfig {
+        let profile = profile.unwrap_or_default();
+        RecallConfig {
+            enabled: profile.enabled.unwrap_or(self.enabled),
+            max_rounds: profile.max_rounds.unwrap_or(self.max_rounds),
+            max_tokens: profile.max_tokens.unwrap_or(self.max_tokens),
+        }
+    }
+
+    fn validate(&self, section: &str) -> Result<(), ConfigError> {
+        if self.max_rounds == 0 {
+            return Err(ConfigError::Invalid(format!(
+                "{section}.max_rounds must be at least 1 (set enabled = false to turn recall off)"
+            )));
+        }
+        if self.max_tokens < MIN_RECALL_TOKENS {
+            return Err(ConfigError::Invalid(format!(
+                "{section}.max_tokens must be at least {MIN_RECALL_TOKENS}, got {}",
+                self.max_tokens
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Below this, one recalled message of an agent's session rarely fits whole.
+const MIN_RECALL_TOKENS: u32 = 256;
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
@@ -430,10 +492,14 @@ impl Config {
         }
         self.context.validate("context")?;
         self.cache.validate()?;
+        self.recall.validate("recall")?;
         for (name, profile) in &self.profiles {
             self.context
                 .with_profile(profile)
                 .validate(&format!("profiles.{name}"))?;
+            self.recall
+                .with_override(profile.recall)
+                .validate(&format!("profiles.{name}.recall"))?;
         }
         for (name, model) in &self.models {
             if let Some(encoding) = &model.encoding {
@@ -460,6 +526,17 @@ impl Config {
                 .profiles
                 .get(name)
                 .map(|p| self.context.with_profile(p)),
+        }
+    }
+
+    /// The `[recall]` settings, with the named profile's overrides; `None` for an unknown name.
+    pub fn recall_for(&self, profile: Option<&str>) -> Option<RecallConfig> {
+        match profile {
+            None => Some(self.recall),
+            Some(name) => self
+                .profiles
+                .get(name)
+                .map(|p| self.recall.with_override(p.recall)),
         }
     }
 
@@ -542,6 +619,36 @@ mod tests {
         let again = Config::from_toml(&config.to_toml(), "t").unwrap();
         assert_eq!(again.summarizer.api, Some(Api::Chat));
         assert!(Config::default().to_toml().contains("api = \"\""));
+    }
+
+    #[test]
+    fn recall_is_on_by_default_and_a_profile_overrides_only_what_it_names() {
+        let config = Config::from_toml(
+            "[recall]\nmax_tokens = 4000\n[profiles.quiet.recall]\nenabled = false\n[profiles.plain]\nmax_messages = 9\n",
+            "t.toml",
+        )
+        .unwrap();
+        let base = config.recall_for(None).unwrap();
+        assert!(base.enabled);
+        assert_eq!((base.max_rounds, base.max_tokens), (3, 4000));
+        let quiet = config.recall_for(Some("quiet")).unwrap();
+        assert!(!quiet.enabled);
+        assert_eq!(quiet.max_tokens, 4000);
+        assert_eq!(config.recall_for(Some("plain")), Some(base));
+        assert_eq!(config.recall_for(Some("nobody")), None);
+        let again = Config::from_toml(&config.to_toml(), "t").unwrap();
+        assert_eq!(again.recall_for(Some("quiet")), Some(quiet));
+    }
+
+    #[test]
+    fn recall_limits_that_cannot_work_are_refused_by_name() {
+        for (toml, names) in [
+            ("[recall]\nmax_rounds = 0\n", "recall.max_rounds"),
+            ("[profiles.p.recall]\nmax_tokens = 10\n", "profiles.p.recall.max_tokens"),
+        ] {
+            let error = Config::from_toml(toml, "t").unwrap_err().to_string();
+            assert!(error.contains(names), "{error}");
+        }
     }
 
     #[test]
