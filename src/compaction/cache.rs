@@ -72,8 +72,18 @@ pub fn prefix_keys(scope: &Key, messages: &[Value]) -> Vec<Key> {
         .collect()
 }
 
+/// Where one caller's archived item is kept: a reference names an item for its caller only.
+fn archive_key(caller: &Key, reference: &str) -> Key {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(caller);
+    hasher.update(reference.as_bytes());
+    *hasher.finalize().as_bytes()
+}
+
 pub struct SummaryCache {
     memory: moka::future::Cache<Key, Arc<Summary>>,
+    /// The verbatim items compaction took out, for the recall tool.
+    archive: moka::future::Cache<Key, Arc<str>>,
     shared: Option<RedisStore>,
 }
 
@@ -86,7 +96,18 @@ impl SummaryCache {
             })
             .time_to_live(Duration::from_secs(config.ttl_secs.max(1)))
             .build();
-        SummaryCache { memory, shared }
+        let archive = moka::future::Cache::builder()
+            .max_capacity(config.max_bytes)
+            .weigher(|_key: &Key, text: &Arc<str>| {
+                u32::try_from(text.len() + 64).unwrap_or(u32::MAX)
+            })
+            .time_to_live(Duration::from_secs(config.ttl_secs.max(1)))
+            .build();
+        SummaryCache {
+            memory,
+            archive,
+            shared,
+        }
     }
 
     pub fn entries(&self) -> u64 {
@@ -130,6 +151,53 @@ impl SummaryCache {
             shared.put(&key, &summary).await;
         }
         self.memory.insert(key, summary).await;
+    }
+
+    /// Archives `(reference, verbatim text)` pairs for `caller`. Items memory already holds
+    /// are skipped, so a later request archiving them again costs nothing in Redis; the
+    /// others reach Redis in one round trip.
+    pub async fn archive_put(&self, caller: &Key, items: &[(String, String)]) {
+        let mut fresh: Vec<(Key, &str)> = Vec::new();
+        for (reference, text) in items {
+            let key = archive_key(caller, reference);
+            if self.archive.contains_key(&key) {
+                continue;
+            }
+            self.archive.insert(key, Arc::from(text.as_str())).await;
+            fresh.push((key, text));
+        }
+        if let Some(shared) = &self.shared {
+            shared.archive_put(&fresh).await;
+        }
+    }
+
+    /// The items `caller` archived under `references`, by index: those memory holds, and
+    /// the rest from Redis in one round trip (kept in memory from then on).
+    pub async fn archive_get(&self, caller: &Key, references: &[String]) -> Vec<Option<Arc<str>>> {
+        let keys: Vec<Key> = references
+            .iter()
+            .map(|reference| archive_key(caller, reference))
+            .collect();
+        let mut found = Vec::with_capacity(keys.len());
+        for key in &keys {
+            found.push(self.archive.get(key).await);
+        }
+        let missing: Vec<usize> = (0..keys.len()).filter(|&i| found[i].is_none()).collect();
+        let Some(shared) = self.shared.as_ref().filter(|_| !missing.is_empty()) else {
+            return found;
+        };
+        let missing_keys: Vec<Key> = missing.iter().map(|&i| keys[i]).collect();
+        for (i, text) in missing
+            .into_iter()
+            .zip(shared.archive_get(&missing_keys).await)
+        {
+            if let Some(text) = text {
+                let text: Arc<str> = Arc::from(text);
+                self.archive.insert(keys[i], text.clone()).await;
+                found[i] = Some(text);
+            }
+        }
+        found
     }
 }
 
@@ -194,6 +262,62 @@ mod tests {
             gateway.caller(&headers(&[("authorization", "a"), ("x-user-id", "b")])),
             gateway.caller(&headers(&[("authorization", "b"), ("x-user-id", "a")]))
         );
+    }
+
+    fn items(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(reference, text)| (reference.to_string(), text.to_string()))
+            .collect()
+    }
+
+    fn texts(found: Vec<Option<Arc<str>>>) -> Vec<Option<String>> {
+        found
+            .into_iter()
+            .map(|text| text.map(|t| t.to_string()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn archived_items_come_back_verbatim_for_their_caller_only() {
+        let cache = SummaryCache::new(&CacheConfig::default(), None);
+        let (alice, bob) = ([1; 32], [2; 32]);
+        let text = "  port 23456\n\twith trailing space ";
+        cache
+            .archive_put(&alice, &items(&[("ctx:a", text), ("ctx:b", "second")]))
+            .await;
+        let asked = ["ctx:b", "ctx:missing", "ctx:a"].map(String::from);
+        assert_eq!(
+            texts(cache.archive_get(&alice, &asked).await),
+            [Some("second".into()), None, Some(text.into())]
+        );
+        assert_eq!(
+            texts(cache.archive_get(&bob, &asked).await),
+            [None, None, None]
+        );
+        assert!(cache.archive_get(&alice, &[]).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn archiving_never_fails_when_redis_is_unreachable() {
+        let config = CacheConfig {
+            redis_url: "redis://127.0.0.1:1".into(),
+            redis_timeout_ms: 200,
+            ..CacheConfig::default()
+        };
+        let errors = prometheus::IntCounter::new("errors", "redis faults").unwrap();
+        let shared = RedisStore::new(&config, errors.clone()).unwrap();
+        let cache = SummaryCache::new(&config, Some(shared));
+        let caller = [7; 32];
+        cache
+            .archive_put(&caller, &items(&[("ctx:a", "kept in memory")]))
+            .await;
+        let asked = ["ctx:a", "ctx:gone"].map(String::from);
+        assert_eq!(
+            texts(cache.archive_get(&caller, &asked).await),
+            [Some("kept in memory".into()), None]
+        );
+        assert!(errors.get() >= 1, "the fault is counted");
     }
 
     #[test]

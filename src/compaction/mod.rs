@@ -6,6 +6,7 @@ pub mod breaker;
 pub mod cache;
 pub mod compactor;
 pub mod plan;
+pub mod recall;
 pub mod redis;
 pub mod shorten;
 pub mod summarizer;

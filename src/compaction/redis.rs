@@ -75,6 +75,10 @@ impl RedisStore {
         format!("{}summary:{}", self.prefix, hex(key))
     }
 
+    fn archive_key(&self, key: &Key) -> String {
+        format!("{}archive:{}", self.prefix, hex(key))
+    }
+
     fn lock_key(&self, key: &Key) -> String {
         format!("{}lock:{}", self.prefix, hex(key))
     }
@@ -185,6 +189,36 @@ impl RedisStore {
                 |mut c| async move { c.pset_ex(name, value, ttl).await },
             )
             .await;
+    }
+
+    /// Stores archived items, each under its key with the cache's TTL, in one round trip.
+    pub async fn archive_put(&self, items: &[(Key, &str)]) {
+        if items.is_empty() {
+            return;
+        }
+        let ttl = self.ttl.as_millis() as u64;
+        let mut pipeline = redis::pipe();
+        for (key, text) in items {
+            pipeline.pset_ex(self.archive_key(key), *text, ttl).ignore();
+        }
+        let _: Option<()> = self
+            .run("archive", |mut c| async move {
+                pipeline.query_async(&mut c).await
+            })
+            .await;
+    }
+
+    /// The archived items under `keys`, by index, in one round trip; all `None` when Redis
+    /// is unavailable.
+    pub async fn archive_get(&self, keys: &[Key]) -> Vec<Option<String>> {
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        let names: Vec<String> = keys.iter().map(|k| self.archive_key(k)).collect();
+        self.run("recall", |mut c| async move { c.mget(names).await })
+            .await
+            .filter(|values: &Vec<Option<String>>| values.len() == keys.len())
+            .unwrap_or_else(|| vec![None; keys.len()])
     }
 
     /// Takes the cross-replica lock for making `key`'s summary, for at most `hold`.

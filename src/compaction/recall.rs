@@ -1,0 +1,573 @@
+//! The recall tool's side in compaction: the short stable reference an archived item is
+//! named by, and the tool's answer to one call (the items asked for by reference, or found
+//! by a lexical search over this conversation's archive), within a token budget.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::canonical::hash_with_seed;
+use crate::compaction::cache::SummaryCache;
+use crate::compaction::shorten::cut_middle;
+use crate::compaction::summary::{hex, Key};
+use crate::tokens::encoding::Encoding;
+use crate::tokens::rules::count_text;
+
+pub const REFERENCE_PREFIX: &str = "ctx:";
+
+const REFERENCE_SEED: &[u8] = b"condenser recall v1";
+
+/// 48 bits: a collision within one caller's archive is out of reach, and the reference
+/// stays short in a summary that names many.
+const REFERENCE_HEX_DIGITS: usize = 12;
+
+const EXPECTED_SHAPE: &str = r#"expected {"refs": ["ctx:…", …]} or {"query": "words"} (or both)"#;
+
+/// Where two parts of an answer meet.
+const SEPARATOR: &str = "\n\n";
+
+/// BM25's usual constants: how fast a term's repetitions stop adding, and how much a long
+/// item is discounted.
+const BM25_K1: f64 = 1.2;
+const BM25_B: f64 = 0.75;
+
+/// The reference an item is archived under: the same item (in canonical form) has the same
+/// reference on every turn and every replica.
+pub fn reference(item: &Value) -> String {
+    let hash = hash_with_seed(REFERENCE_SEED, item);
+    format!("{REFERENCE_PREFIX}{}", &hex(&hash)[..REFERENCE_HEX_DIGITS])
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecallAnswer {
+    pub text: String,
+    pub is_error: bool,
+}
+
+impl RecallAnswer {
+    fn error(text: String) -> RecallAnswer {
+        RecallAnswer {
+            text,
+            is_error: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecallLimits {
+    pub max_tokens: u32,
+    pub encoding: Encoding,
+}
+
+/// What a model may send: one reference or several, a query, or both.
+#[derive(Deserialize)]
+struct Arguments {
+    #[serde(default)]
+    refs: Refs,
+    #[serde(default)]
+    query: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(untagged)]
+enum Refs {
+    #[default]
+    None,
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Refs {
+    /// The references asked for, once each, in the order asked; a bare hash gets the prefix
+    /// the model left off.
+    fn normalized(self) -> Vec<String> {
+        let asked = match self {
+            Refs::None => Vec::new(),
+            Refs::One(reference) => vec![reference],
+            Refs::Many(references) => references,
+        };
+        let mut seen = HashSet::new();
+        asked
+            .iter()
+            .map(|reference| reference.trim())
+            .filter(|reference| !reference.is_empty())
+            .map(|reference| {
+                if reference.starts_with(REFERENCE_PREFIX) {
+                    reference.to_string()
+                } else {
+                    format!("{REFERENCE_PREFIX}{reference}")
+                }
+            })
+            .filter(|reference| seen.insert(reference.clone()))
+            .collect()
+    }
+}
+
+/// The tool's answer to one call. `conversation` lists the references this conversation's
+/// summary names: what a query searches. Never an error to the client: whatever goes wrong
+/// is told to the model in the answer.
+pub async fn answer(
+    cache: &SummaryCache,
+    caller: &Key,
+    conversation: &[String],
+    arguments: &str,
+    limits: &RecallLimits,
+) -> RecallAnswer {
+    let Ok(arguments) = serde_json::from_str::<Arguments>(arguments) else {
+        return RecallAnswer::error(format!("invalid arguments: {EXPECTED_SHAPE}"));
+    };
+    let refs = arguments.refs.normalized();
+    let query = arguments.query.filter(|query| !query.trim().is_empty());
+    if refs.is_empty() && query.is_none() {
+        return RecallAnswer::error(format!("nothing asked: {EXPECTED_SHAPE}"));
+    }
+
+    let mut found: Vec<(String, Arc<str>)> = Vec::new();
+    let mut notes = Vec::new();
+    let mut missing = Vec::new();
+    for (reference, text) in refs.iter().zip(cache.archive_get(caller, &refs).await) {
+        match text {
+            Some(text) => found.push((reference.clone(), text)),
+            None => missing.push(reference.as_str()),
+        }
+    }
+    if !missing.is_empty() {
+        notes.push(format!(
+            "not archived (unknown or expired): {}",
+            missing.join(", ")
+        ));
+    }
+    if let Some(query) = &query {
+        let matches = search(cache, caller, conversation, query, &refs).await;
+        if matches.is_empty() {
+            notes.push(format!("nothing archived matches {query:?}"));
+        }
+        found.extend(matches);
+    }
+    if found.is_empty() {
+        return RecallAnswer::error(notes.join("\n"));
+    }
+    RecallAnswer {
+        text: within_budget(&found, notes, limits),
+        is_error: false,
+    }
+}
+
+/// This conversation's archived items that match `query`, best first, leaving out those
+/// already asked for by reference.
+async fn search(
+    cache: &SummaryCache,
+    caller: &Key,
+    conversation: &[String],
+    query: &str,
+    asked: &[String],
+) -> Vec<(String, Arc<str>)> {
+    let mut seen: HashSet<&str> = asked.iter().map(String::as_str).collect();
+    let candidates: Vec<String> = conversation
+        .iter()
+        .filter(|reference| seen.insert(reference.as_str()))
+        .cloned()
+        .collect();
+    let texts = cache.archive_get(caller, &candidates).await;
+    let archived: Vec<(String, Arc<str>)> = candidates
+        .into_iter()
+        .zip(texts)
+        .filter_map(|(reference, text)| Some((reference, text?)))
+        .collect();
+    let documents: Vec<&str> = archived.iter().map(|(_, text)| &**text).collect();
+    rank(query, &documents)
+        .into_iter()
+        .map(|i| archived[i].clone())
+        .collect()
+}
+
+/// The items that fit `limits.max_tokens` whole, in order, then the notes. The first item is
+/// always given: cut in the middle when it alone is over the budget. Those left out are
+/// named, so the model can ask for them on their own.
+fn within_budget(
+    found: &[(String, Arc<str>)],
+    notes: Vec<String>,
+    limits: &RecallLimits,
+) -> String {
+    let count = |text: &str| count_text(limits.encoding, text);
+    let join = count(SEPARATOR) + JOIN_SLACK_TOKENS;
+    let mut notes = notes;
+    let mut used: u32 = notes.iter().map(|note| count(note) + join).sum();
+    let mut blocks = Vec::new();
+    for (reference, text) in found {
+        let header = format!("[{reference}]\n");
+        let cost = count(&header) + count(text) + join;
+        if used.saturating_add(cost) <= limits.max_tokens {
+            used += cost;
+            blocks.push(format!("{header}{text}"));
+            continue;
+        }
+        if blocks.is_empty() {
+            let cut_note = format!(
+                "{reference} alone is over the budget of {} tokens: its middle is cut",
+                limits.max_tokens
+            );
+            let rest: Vec<&str> = found[1..].iter().map(|(r, _)| r.as_str()).collect();
+            let left_out_cost =
+                left_out_note(&rest, limits.max_tokens).map_or(0, |note| count(&note) + join);
+            let room = limits
+                .max_tokens
+                .saturating_sub(used + count(&cut_note) + join + left_out_cost + count(&header));
+            blocks.push(format!(
+                "{header}{}",
+                cut_middle(limits.encoding, text, room)
+            ));
+            notes.insert(0, cut_note);
+        }
+        break;
+    }
+    // The sum of the parts' counts is an estimate: where parts meet, tokens may merge or
+    // split. Checked once whole, and items dropped from the end until it fits.
+    loop {
+        let left_out: Vec<&str> = found[blocks.len()..]
+            .iter()
+            .map(|(r, _)| r.as_str())
+            .collect();
+        let text = render(&blocks, &notes, left_out_note(&left_out, limits.max_tokens));
+        if blocks.len() <= 1 || count(&text) <= limits.max_tokens {
+            return text;
+        }
+        blocks.pop();
+    }
+}
+
+/// Room left where two parts of an answer meet and their tokens merge differently.
+const JOIN_SLACK_TOKENS: u32 = 2;
+
+fn left_out_note(left_out: &[&str], max_tokens: u32) -> Option<String> {
+    (!left_out.is_empty()).then(|| {
+        format!(
+            "not returned, over the budget of {max_tokens} tokens (ask for them alone): {}",
+            left_out.join(", ")
+        )
+    })
+}
+
+fn render(blocks: &[String], notes: &[String], left_out: Option<String>) -> String {
+    let notes: Vec<&str> = notes
+        .iter()
+        .map(String::as_str)
+        .chain(left_out.as_deref())
+        .collect();
+    let mut text = blocks.join(SEPARATOR);
+    if !notes.is_empty() {
+        text.push_str(SEPARATOR);
+        text.push_str(&notes.join("\n"));
+    }
+    text
+}
+
+/// The lowercase alphanumeric words of `text`.
+fn terms(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|term| !term.is_empty())
+        .map(str::to_lowercase)
+}
+
+/// The indices of `documents` that share a word with `query`, best first by BM25 (ties in
+/// their given order).
+fn rank(query: &str, documents: &[&str]) -> Vec<usize> {
+    let query: HashSet<String> = terms(query).collect();
+    let mut lengths = Vec::with_capacity(documents.len());
+    let frequencies: Vec<HashMap<String, u32>> = documents
+        .iter()
+        .map(|document| {
+            let mut frequency = HashMap::new();
+            let mut length = 0u32;
+            for term in terms(document) {
+                length += 1;
+                if query.contains(&term) {
+                    *frequency.entry(term).or_default() += 1;
+                }
+            }
+            lengths.push(f64::from(length));
+            frequency
+        })
+        .collect();
+    let count = documents.len() as f64;
+    let average_length = (lengths.iter().sum::<f64>() / count.max(1.0)).max(1.0);
+    let idf: HashMap<&str, f64> = query
+        .iter()
+        .map(|term| {
+            let holding = frequencies.iter().filter(|f| f.contains_key(term)).count() as f64;
+            let idf = ((count - holding + 0.5) / (holding + 0.5) + 1.0).ln();
+            (term.as_str(), idf)
+        })
+        .collect();
+    let mut scored: Vec<(usize, f64)> = frequencies
+        .iter()
+        .zip(&lengths)
+        .enumerate()
+        .filter(|(_, (frequency, _))| !frequency.is_empty())
+        .map(|(i, (frequency, length))| {
+            let norm = BM25_K1 * (1.0 - BM25_B + BM25_B * length / average_length);
+            let score = frequency
+                .iter()
+                .map(|(term, &tf)| {
+                    let tf = f64::from(tf);
+                    idf.get(term.as_str()).copied().unwrap_or(0.0) * tf * (BM25_K1 + 1.0)
+                        / (tf + norm)
+                })
+                .sum();
+            (i, score)
+        })
+        .collect();
+    scored.sort_by(|a, b| b.1.total_cmp(&a.1));
+    scored.into_iter().map(|(i, _)| i).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::CacheConfig;
+    use serde_json::json;
+
+    const CALLER: Key = [3; 32];
+
+    fn limits(max_tokens: u32) -> RecallLimits {
+        RecallLimits {
+            max_tokens,
+            encoding: Encoding::O200k,
+        }
+    }
+
+    /// A cache holding `items` for [`CALLER`], and their references in order.
+    async fn archive(items: &[&str]) -> (SummaryCache, Vec<String>) {
+        let cache = SummaryCache::new(&CacheConfig::default(), None);
+        let pairs: Vec<(String, String)> = items
+            .iter()
+            .map(|text| (reference(&json!({"content": text})), text.to_string()))
+            .collect();
+        cache.archive_put(&CALLER, &pairs).await;
+        (cache, pairs.into_iter().map(|(r, _)| r).collect())
+    }
+
+    async fn ask(cache: &SummaryCache, conversation: &[String], arguments: Value) -> RecallAnswer {
+        answer(
+            cache,
+            &CALLER,
+            conversation,
+            &arguments.to_string(),
+            &limits(1_000),
+        )
+        .await
+    }
+
+    #[test]
+    fn a_reference_is_short_stable_and_canonical() {
+        let item = json!({"role": "user", "content": "bind to port 23456"});
+        let same: Value =
+            serde_json::from_str(r#"{"content": "bind to port 23456", "role": "user"}"#).unwrap();
+        let r = reference(&item);
+        assert_eq!(r.len(), REFERENCE_PREFIX.len() + REFERENCE_HEX_DIGITS);
+        assert!(r.starts_with(REFERENCE_PREFIX));
+        assert!(r[REFERENCE_PREFIX.len()..]
+            .chars()
+            .all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(reference(&same), r);
+        assert_ne!(
+            reference(&json!({"role": "user", "content": "bind to port 23457"})),
+            r
+        );
+    }
+
+    #[test]
+    fn ranking_prefers_rare_repeated_words_in_short_items() {
+        let documents = [
+            "the build passed",
+            "The PORT is 23456; the port, again: port.",
+            "nothing relevant here",
+            "the port is mentioned once in a long line about many other things entirely",
+        ];
+        // Case and punctuation do not matter; items without a query word are left out.
+        assert_eq!(rank("Port?", &documents), [1, 3]);
+        // A rare word outweighs a common one.
+        assert_eq!(rank("the build", &documents)[0], 0);
+        assert_eq!(rank("23456", &documents), [1]);
+        assert!(rank("absent words", &documents).is_empty());
+        assert!(rank("", &documents).is_empty());
+        assert!(rank("port", &[]).is_empty());
+        // Equal scores keep their given order.
+        assert_eq!(rank("same", &["same text", "same text"]), [0, 1]);
+    }
+
+    #[tokio::test]
+    async fn arguments_of_the_wrong_shape_are_a_tool_error_naming_the_right_one() {
+        let (cache, refs) = archive(&["kept"]).await;
+        for arguments in [
+            "not json",
+            "{}",
+            r#"{"refs": []}"#,
+            r#"{"query": "  "}"#,
+            "[1]",
+        ] {
+            let answer = answer(&cache, &CALLER, &refs, arguments, &limits(100)).await;
+            assert!(answer.is_error, "{arguments}");
+            assert!(
+                answer.text.contains(r#"{"refs": ["ctx:…", …]}"#),
+                "{arguments}: {}",
+                answer.text
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn references_come_back_verbatim_in_the_order_asked() {
+        let first = "we bind the service to port 23456\n  (decided by the user)  ";
+        let (cache, refs) = archive(&[first, "second item"]).await;
+        let answer = ask(&cache, &[], json!({"refs": [refs[1], refs[0]]})).await;
+        assert!(!answer.is_error);
+        assert_eq!(
+            answer.text,
+            format!("[{}]\nsecond item\n\n[{}]\n{first}", refs[1], refs[0])
+        );
+        // One reference as a bare string, or without its prefix, is understood.
+        let bare = refs[0].trim_start_matches(REFERENCE_PREFIX);
+        for asked in [json!(refs[0]), json!([bare, refs[0]])] {
+            let answer = ask(&cache, &[], json!({ "refs": asked })).await;
+            assert_eq!(answer.text, format!("[{}]\n{first}", refs[0]));
+        }
+    }
+
+    #[tokio::test]
+    async fn unknown_references_are_named_and_an_error_only_when_none_was_found() {
+        let (cache, refs) = archive(&["kept"]).await;
+        let answer = ask(&cache, &[], json!({"refs": [refs[0], "ctx:000000000000"]})).await;
+        assert!(!answer.is_error);
+        assert_eq!(
+            answer.text,
+            format!(
+                "[{}]\nkept\n\nnot archived (unknown or expired): ctx:000000000000",
+                refs[0]
+            )
+        );
+        let answer = ask(
+            &cache,
+            &[],
+            json!({"refs": ["ctx:000000000000", "ctx:111111111111"]}),
+        )
+        .await;
+        assert!(answer.is_error);
+        assert_eq!(
+            answer.text,
+            "not archived (unknown or expired): ctx:000000000000, ctx:111111111111"
+        );
+        // Another caller's references are unknown to this one.
+        let other = answer_for(&cache, &[9; 32], &refs).await;
+        assert!(other.is_error);
+        assert!(other.text.contains(&refs[0]));
+    }
+
+    async fn answer_for(cache: &SummaryCache, caller: &Key, refs: &[String]) -> RecallAnswer {
+        let arguments = json!({ "refs": refs }).to_string();
+        answer(cache, caller, refs, &arguments, &limits(1_000)).await
+    }
+
+    #[tokio::test]
+    async fn a_query_returns_this_conversations_best_matches_first() {
+        let (cache, refs) = archive(&[
+            "tests: 41 passed, 2 failed",
+            "we bind the service to port 23456",
+            "the port of the old service was 8080, port 8080",
+            "archived for another conversation: port 1",
+        ])
+        .await;
+        let conversation = [
+            refs[0].clone(),
+            refs[1].clone(),
+            refs[2].clone(),
+            "ctx:aaaaaaaaaaaa".to_string(), // expired: skipped
+        ];
+        let answer = ask(&cache, &conversation, json!({"query": "Which PORT?"})).await;
+        assert!(!answer.is_error);
+        assert_eq!(
+            answer.text,
+            format!(
+                "[{}]\nthe port of the old service was 8080, port 8080\n\n[{}]\nwe bind the service to port 23456",
+                refs[2], refs[1]
+            )
+        );
+        let answer = ask(&cache, &conversation, json!({"query": "zebra"})).await;
+        assert!(answer.is_error);
+        assert_eq!(answer.text, r#"nothing archived matches "zebra""#);
+    }
+
+    #[tokio::test]
+    async fn refs_and_a_query_together_give_each_item_once() {
+        let (cache, refs) = archive(&["port 23456", "port 8080", "tests passed"]).await;
+        let answer = ask(
+            &cache,
+            &refs,
+            json!({"refs": [refs[2], "ctx:000000000000"], "query": "port tests"}),
+        )
+        .await;
+        assert!(!answer.is_error);
+        assert_eq!(answer.text.matches("tests passed").count(), 1);
+        assert!(answer
+            .text
+            .starts_with(&format!("[{}]\ntests passed\n\n", refs[2])));
+        assert!(answer.text.contains("port 23456") && answer.text.contains("port 8080"));
+        assert!(answer
+            .text
+            .ends_with("not archived (unknown or expired): ctx:000000000000"));
+    }
+
+    #[tokio::test]
+    async fn whole_items_are_given_while_they_fit_and_the_rest_named() {
+        let item = |n: usize| format!("item {n}: {}", "word ".repeat(40));
+        let texts: Vec<String> = (0..5).map(item).collect();
+        let (cache, refs) = archive(&texts.iter().map(String::as_str).collect::<Vec<_>>()).await;
+        let arguments = json!({ "refs": refs }).to_string();
+        let expected = format!(
+            "[{}]\n{}\n\n[{}]\n{}\n\nnot returned, over the budget of {{budget}} tokens (ask for them alone): {}",
+            refs[0],
+            texts[0],
+            refs[1],
+            texts[1],
+            refs[2..].join(", ")
+        );
+        // Room for two items and the note naming the rest, not for a third item.
+        let budget = count_text(Encoding::O200k, &expected) + 4;
+        let answer = answer(&cache, &CALLER, &[], &arguments, &limits(budget)).await;
+        assert!(!answer.is_error);
+        assert_eq!(
+            answer.text,
+            expected.replace("{budget}", &budget.to_string())
+        );
+        assert!(count_text(Encoding::O200k, &answer.text) <= budget);
+    }
+
+    #[tokio::test]
+    async fn an_item_alone_over_the_budget_is_cut_in_the_middle_and_says_so() {
+        let long = format!("start {} end", "filler line\n".repeat(500));
+        let (cache, refs) = archive(&[&long, "next"]).await;
+        let arguments = json!({ "refs": refs }).to_string();
+        let budget = 200;
+        let answer = answer(&cache, &CALLER, &[], &arguments, &limits(budget)).await;
+        assert!(!answer.is_error);
+        assert!(
+            count_text(Encoding::O200k, &answer.text) <= budget,
+            "{}",
+            answer.text
+        );
+        assert!(answer
+            .text
+            .starts_with(&format!("[{}]\nstart filler", refs[0])));
+        assert!(answer.text.contains("tokens removed"));
+        assert!(answer.text.contains(" end\n\n"));
+        assert!(answer.text.contains(&format!(
+            "{} alone is over the budget of {budget} tokens: its middle is cut",
+            refs[0]
+        )));
+        assert!(answer
+            .text
+            .ends_with(&format!("(ask for them alone): {}", refs[1])));
+    }
+}
