@@ -5,6 +5,7 @@
 //! one unit. A compacted `messages` starts with a user turn and alternates roles.
 
 mod error;
+pub mod recall;
 mod rewrite;
 pub mod summary;
 pub mod usage;
