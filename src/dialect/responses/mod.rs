@@ -5,6 +5,7 @@
 //! a summary message and the kept items back as input items. Requests whose history is held
 //! upstream go as sent.
 
+pub mod recall;
 pub mod summary;
 pub mod usage;
 mod view;
