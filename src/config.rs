@@ -644,7 +644,10 @@ mod tests {
     fn recall_limits_that_cannot_work_are_refused_by_name() {
         for (toml, names) in [
             ("[recall]\nmax_rounds = 0\n", "recall.max_rounds"),
-            ("[profiles.p.recall]\nmax_tokens = 10\n", "profiles.p.recall.max_tokens"),
+            (
+                "[profiles.p.recall]\nmax_tokens = 10\n",
+                "profiles.p.recall.max_tokens",
+            ),
         ] {
             let error = Config::from_toml(toml, "t").unwrap_err().to_string();
             assert!(error.contains(names), "{error}");

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use crate::compaction::cache::{prefix_keys, scope, ScopeHeaders, SummaryCache};
 use crate::compaction::plan::{Limits, Mode, Split, Tier, SUMMARY_FRAMING_TOKENS};
+use crate::compaction::recall;
 use crate::compaction::redis::{unix_now, LockOutcome, RedisStore};
 use crate::compaction::summarizer::{Evicted, Summarizer, SummaryRequest};
 use crate::compaction::summary::{Key, Summary};
@@ -91,6 +92,16 @@ pub struct Rewrite {
     pub summarized: usize,
     /// Time spent waiting on the summarizer (not condenser's own overhead).
     pub waited: Duration,
+    /// Where the summarized items are archived, when the request offers recall.
+    pub archive: Option<ArchiveScope>,
+}
+
+/// Where a compacted conversation's items are archived: the caller's scope, and the
+/// conversation's id in it (`recall::reference`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArchiveScope {
+    pub caller: Key,
+    pub conversation: String,
 }
 
 impl Rewrite {
@@ -104,19 +115,28 @@ impl Rewrite {
             cache: CacheOutcome::None,
             summarized: 0,
             waited,
+            archive: None,
         }
     }
 
     /// The summary's text as every dialect forwards it, after the head's `head` items:
-    /// `[Context summary: N earlier <unit>]`, a blank line, then the summary.
+    /// `[Context summary: N earlier <unit>]`, a blank line, then the summary; with recall,
+    /// a line naming the references of the items it replaces.
     pub fn summary_text(&self, head: usize, unit: &str) -> Option<String> {
-        self.summary.as_ref().map(|summary| {
-            format!(
-                "[Context summary: {} earlier {unit}]\n\n{}",
-                self.kept_from - head,
-                summary.text
-            )
-        })
+        let summary = self.summary.as_ref()?;
+        let mut text = format!(
+            "[Context summary: {} earlier {unit}]\n\n{}",
+            self.kept_from - head,
+            summary.text
+        );
+        if let Some(archive) = &self.archive {
+            text.push_str(&recall::archived_note(
+                &archive.conversation,
+                head..self.kept_from,
+                unit,
+            ));
+        }
+        Some(text)
     }
 }
 
@@ -136,6 +156,8 @@ pub struct CompactionJob<'a> {
     pub settings: &'a ContextConfig,
     pub mode: Mode,
     pub limits: Limits,
+    /// The request offers recall: its summary names the archived items.
+    pub recall: bool,
 }
 
 pub struct Compactor {
@@ -178,6 +200,11 @@ impl Compactor {
         })
     }
 
+    /// The summary cache, which holds the archive too.
+    pub fn cache(&self) -> &SummaryCache {
+        &self.cache
+    }
+
     pub fn cached_entries(&self) -> u64 {
         self.cache.entries()
     }
@@ -197,6 +224,8 @@ struct SpanSource {
     /// The request model's, in which the summary is counted.
     encoding: Encoding,
     head: usize,
+    /// The conversation's id in the caller's archive (`recall::conversation_id`).
+    conversation: String,
 }
 
 /// One summary to make: messages `head..end`, folded onto `base` (a summary of
@@ -254,6 +283,14 @@ struct Lookup<'r> {
 }
 
 impl Lookup<'_> {
+    /// Where this conversation's items are archived, for a request that offers recall.
+    fn archive(&self, job: &CompactionJob<'_>) -> Option<ArchiveScope> {
+        job.recall.then(|| ArchiveScope {
+            caller: self.source.caller,
+            conversation: self.source.conversation.clone(),
+        })
+    }
+
     /// The job that makes the summary of messages up to `end`, from `base` if given.
     fn span(&self, base: Option<(usize, Arc<Summary>)>, end: usize) -> SpanJob {
         let from = base.as_ref().map_or(self.source.head, |(e, _)| *e);
@@ -339,6 +376,7 @@ async fn lookup<'r>(
     let on_hand = OnHand { cached, pending };
     let summarizer_info = compactor.catalog.resolve(&summarizer_model);
     let api = compactor.summarizer.api_for(job.api);
+    let conversation = recall::conversation_id(&keys[split.head]);
     let lookup = Lookup {
         keys,
         source: SpanSource {
@@ -350,6 +388,7 @@ async fn lookup<'r>(
             window: summarizer_info.context_window,
             encoding: job.info.encoding,
             head: split.head,
+            conversation,
         },
         messages: job.messages,
         counts: &job.count.per_message,
@@ -359,7 +398,11 @@ async fn lookup<'r>(
 
 /// Estimated prompt, and message count, if `summary` (ending before message `end`) is
 /// forwarded with everything after it (the task pinned, tool outputs shortened as planned).
-fn estimate_with(job: &CompactionJob<'_>, summary: &Summary, end: usize) -> (u64, usize) {
+fn estimate_with(
+    (job, lookup): (&CompactionJob<'_>, &Lookup),
+    summary: &Summary,
+    end: usize,
+) -> (u64, usize) {
     let pinned = job.split.pinned_before(end).unwrap_or_default();
     let head: u64 = job.count.per_message[..job.split.head]
         .iter()
@@ -376,14 +419,27 @@ fn estimate_with(job: &CompactionJob<'_>, summary: &Summary, end: usize) -> (u64
     let tokens = head
         + u64::from(summary.tokens)
         + u64::from(SUMMARY_FRAMING_TOKENS)
+        + recall_tokens(job, lookup, end)
         + rest
         + u64::from(job.count.fixed);
     (tokens, job.split.head + pinned.len() + 1 + items - end)
 }
 
 /// Where forwarding with `summary` (ending before message `end`) would stand.
-fn tier_with(job: &CompactionJob<'_>, summary: &Summary, end: usize) -> Tier {
-    let (tokens, messages) = estimate_with(job, summary, end);
+/// What recall adds to a request forwarded with a summary ending before `end`: the tool,
+/// and the line naming the summarized items' references, counted as written.
+fn recall_tokens(job: &CompactionJob<'_>, lookup: &Lookup, end: usize) -> u64 {
+    if !job.recall {
+        return 0;
+    }
+    let note = recall::archived_note(&lookup.source.conversation, job.split.head..end, "messages");
+    let encoding = job.info.encoding;
+    u64::from(recall::tool_tokens(encoding) + count_text(encoding, &note))
+}
+
+fn tier_with(on: (&CompactionJob<'_>, &Lookup), summary: &Summary, end: usize) -> Tier {
+    let job = on.0;
+    let (tokens, messages) = estimate_with(on, summary, end);
     job.limits.tier(job.settings, tokens, messages)
 }
 
@@ -426,14 +482,14 @@ pub async fn compact(
     let waited = started.elapsed();
     match summary {
         // A summary that came out too large to fit: without it, the plan fits.
-        Ok(summary) if tier_with(&job, &summary, wanted) == Tier::Hard => {
+        Ok(summary) if tier_with((&job, &lookup), &summary, wanted) == Tier::Hard => {
             tracing::warn!(
                 summary_tokens = summary.tokens,
                 "summary too large for the window; trimming instead"
             );
             Ok(trimmed(&job, waited))
         }
-        Ok(summary) => Ok(summarized(&job, summary, wanted, cache, waited)),
+        Ok(summary) => Ok(summarized((&job, &lookup), summary, wanted, cache, waited)),
         Err(error) => {
             // An open breaker logged its opening once; each request it turns away is no news.
             if matches!(error, SummarizeError::CircuitOpen(_)) {
@@ -476,14 +532,14 @@ fn without_waiting(
     let steady = on_hand
         .cached
         .iter()
-        .map(|(end, summary)| (*end, summary, tier_with(job, summary, *end)))
+        .map(|(end, summary)| (*end, summary, tier_with((job, lookup), summary, *end)))
         .find(|(_, _, tier)| *tier <= Tier::Precompute);
     if let Some((end, summary, tier)) = steady {
         if tier == Tier::Precompute && !on_hand.beyond(end) {
             make(job.split.ahead);
         }
         return Some(summarized(
-            job,
+            (job, lookup),
             summary.clone(),
             end,
             CacheOutcome::Hit,
@@ -492,7 +548,7 @@ fn without_waiting(
     }
     let fits_now = on_hand
         .longest()
-        .filter(|(end, summary)| tier_with(job, summary, *end) < Tier::Hard);
+        .filter(|(end, summary)| tier_with((job, lookup), summary, *end) < Tier::Hard);
     let as_sent_fits = job
         .limits
         .tier(job.settings, job.count.total, job.count.per_message.len())
@@ -502,13 +558,19 @@ fn without_waiting(
     }
     make(job.split.tail_start);
     Some(match fits_now {
-        Some((end, summary)) => summarized(job, summary, end, CacheOutcome::Stale, Duration::ZERO),
+        Some((end, summary)) => summarized(
+            (job, lookup),
+            summary,
+            end,
+            CacheOutcome::Stale,
+            Duration::ZERO,
+        ),
         None => as_sent(CacheOutcome::Deferred, Duration::ZERO),
     })
 }
 
 fn summarized(
-    job: &CompactionJob<'_>,
+    (job, lookup): (&CompactionJob<'_>, &Lookup),
     summary: Arc<Summary>,
     end: usize,
     cache: CacheOutcome,
@@ -522,6 +584,7 @@ fn summarized(
         cache,
         summarized: end - job.split.head,
         waited,
+        archive: lookup.archive(job),
     }
 }
 
@@ -536,6 +599,7 @@ fn as_sent(cache: CacheOutcome, waited: Duration) -> Rewrite {
         cache,
         summarized: 0,
         waited,
+        archive: None,
     }
 }
 
@@ -565,6 +629,7 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) {
     let api = job.api;
     let settings = job.settings.clone();
     let limits = job.limits;
+    let recall = job.recall;
     tokio::spawn(async move {
         let job = CompactionJob {
             messages: &messages,
@@ -578,13 +643,13 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) {
             settings: &settings,
             mode: Mode::Auto,
             limits,
+            recall,
         };
         let (lookup, on_hand) = lookup(&compactor, &job, prefix).await;
         let ready = on_hand.pending.is_some()
-            || on_hand
-                .cached
-                .iter()
-                .any(|(end, summary)| tier_with(&job, summary, *end) <= Tier::Precompute);
+            || on_hand.cached.iter().any(|(end, summary)| {
+                tier_with((&job, &lookup), summary, *end) <= Tier::Precompute
+            });
         // Made for when the trigger fires: by then it brings the prompt to the target.
         if !ready {
             let base = on_hand.longest_before(split.ahead);
@@ -719,5 +784,18 @@ async fn summarize_and_store(
         "summary made"
     );
     compactor.cache.put(job.key, summary.clone()).await;
+    // Archived once its summary exists, whether or not this request offers recall: a later
+    // one may, and the summary it uses replaces these items.
+    let from = job.end - job.new_messages.len();
+    let archived: Vec<(String, String)> = job
+        .new_messages
+        .iter()
+        .enumerate()
+        .map(|(i, evicted)| {
+            let reference = recall::reference(&source.conversation, from + i);
+            (reference, evicted.message.to_string())
+        })
+        .collect();
+    compactor.cache.archive_put(&source.caller, &archived).await;
     Ok(summary)
 }

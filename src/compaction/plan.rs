@@ -15,6 +15,11 @@ pub const SHORTENED_OUTPUT_TOKENS: u32 = 256;
 /// `[Context summary: N earlier messages]` line.
 pub const SUMMARY_FRAMING_TOKENS: u32 = 20;
 
+/// What the plan keeps for recall on a compacted request: the tool (about 100 tokens,
+/// `recall::tool_tokens`), and the line after the summary naming the archived references
+/// (40 to 55, as the hex of the conversation's id falls).
+pub const RECALL_RESERVE_TOKENS: u32 = 160;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     Auto,

@@ -3,25 +3,23 @@
 //! by a lexical search over this conversation's archive), within a token budget.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 use std::sync::Arc;
 
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{json, Value};
 
-use crate::canonical::hash_with_seed;
 use crate::compaction::cache::SummaryCache;
 use crate::compaction::shorten::cut_middle;
 use crate::compaction::summary::{hex, Key};
 use crate::tokens::encoding::Encoding;
-use crate::tokens::rules::count_text;
+use crate::tokens::rules::{count_text, count_tools};
 
 pub const REFERENCE_PREFIX: &str = "ctx:";
 
-const REFERENCE_SEED: &[u8] = b"condenser recall v1";
-
-/// 48 bits: a collision within one caller's archive is out of reach, and the reference
-/// stays short in a summary that names many.
-const REFERENCE_HEX_DIGITS: usize = 12;
+/// 32 bits of a conversation's first prefix key: two conversations of one caller (whose
+/// archive alone it names) share an id about once in four billion pairs.
+const CONVERSATION_HEX_DIGITS: usize = 8;
 
 const EXPECTED_SHAPE: &str = r#"expected {"refs": ["ctx:…", …]} or {"query": "words"} (or both)"#;
 
@@ -33,11 +31,63 @@ const SEPARATOR: &str = "\n\n";
 const BM25_K1: f64 = 1.2;
 const BM25_B: f64 = 0.75;
 
-/// The reference an item is archived under: the same item (in canonical form) has the same
-/// reference on every turn and every replica.
-pub fn reference(item: &Value) -> String {
-    let hash = hash_with_seed(REFERENCE_SEED, item);
-    format!("{REFERENCE_PREFIX}{}", &hex(&hash)[..REFERENCE_HEX_DIGITS])
+/// The tool's name, the same in every dialect.
+pub const TOOL_NAME: &str = "condenser_recall";
+
+/// What the model reads about the tool: what it is for, in a few words.
+pub const TOOL_DESCRIPTION: &str = "Recall, verbatim, earlier parts of this conversation that \
+were summarized away. Pass the ctx: references the context summary names, or a search query.";
+
+/// The tool's parameters, as a JSON schema every dialect's definition carries.
+pub fn parameters() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "refs": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "References to recall, such as ctx:7f3a2c91.12"
+            },
+            "query": {
+                "type": "string",
+                "description": "Words to search the summarized messages for"
+            }
+        }
+    })
+}
+
+/// What the tool's definition costs a request, as every dialect counts a function tool.
+pub fn tool_tokens(encoding: Encoding) -> u32 {
+    let tool = json!({"type": "function", "function": {
+        "name": TOOL_NAME,
+        "description": TOOL_DESCRIPTION,
+        "parameters": parameters(),
+    }});
+    count_tools(encoding, std::slice::from_ref(&tool))
+}
+
+/// A conversation's id in its caller's archive, from the prefix key of its first item after
+/// the head: the same on every turn of the conversation and on every replica.
+pub fn conversation_id(first_key: &Key) -> String {
+    hex(first_key)[..CONVERSATION_HEX_DIGITS].to_string()
+}
+
+/// The reference of the conversation's item `index`: `ctx:<conversation>.<index>`. Named by
+/// position, the references of a summarized span are one range, which the summary names in
+/// one line however long the span (`archived_note`).
+pub fn reference(conversation: &str, index: usize) -> String {
+    format!("{REFERENCE_PREFIX}{conversation}.{index}")
+}
+
+/// The line a summary ends with when recall is offered: the references of the items
+/// `summarized` it replaces.
+pub fn archived_note(conversation: &str, summarized: Range<usize>, unit: &str) -> String {
+    format!(
+        "\n\n[The {unit} this summary replaces are archived verbatim as {} to {}: \
+         call condenser_recall with references or a search query to read them.]",
+        reference(conversation, summarized.start),
+        reference(conversation, summarized.end.saturating_sub(1)),
+    )
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -327,7 +377,6 @@ fn rank(query: &str, documents: &[&str]) -> Vec<usize> {
 mod tests {
     use super::*;
     use crate::config::CacheConfig;
-    use serde_json::json;
 
     const CALLER: Key = [3; 32];
 
@@ -343,7 +392,8 @@ mod tests {
         let cache = SummaryCache::new(&CacheConfig::default(), None);
         let pairs: Vec<(String, String)> = items
             .iter()
-            .map(|text| (reference(&json!({"content": text})), text.to_string()))
+            .enumerate()
+            .map(|(i, text)| (reference("0a1b2c3d", i), text.to_string()))
             .collect();
         cache.archive_put(&CALLER, &pairs).await;
         (cache, pairs.into_iter().map(|(r, _)| r).collect())
@@ -361,21 +411,13 @@ mod tests {
     }
 
     #[test]
-    fn a_reference_is_short_stable_and_canonical() {
-        let item = json!({"role": "user", "content": "bind to port 23456"});
-        let same: Value =
-            serde_json::from_str(r#"{"content": "bind to port 23456", "role": "user"}"#).unwrap();
-        let r = reference(&item);
-        assert_eq!(r.len(), REFERENCE_PREFIX.len() + REFERENCE_HEX_DIGITS);
-        assert!(r.starts_with(REFERENCE_PREFIX));
-        assert!(r[REFERENCE_PREFIX.len()..]
-            .chars()
-            .all(|c| c.is_ascii_hexdigit()));
-        assert_eq!(reference(&same), r);
-        assert_ne!(
-            reference(&json!({"role": "user", "content": "bind to port 23457"})),
-            r
-        );
+    fn references_name_the_conversation_and_position_and_the_note_names_the_range() {
+        let id = conversation_id(&[0xab; 32]);
+        assert_eq!(id, "abababab");
+        assert_eq!(reference(&id, 7), "ctx:abababab.7");
+        let note = archived_note(&id, 1..12, "messages");
+        assert!(note.contains("ctx:abababab.1 to ctx:abababab.11"), "{note}");
+        assert!(note.contains("condenser_recall"));
     }
 
     #[test]

@@ -4,32 +4,9 @@
 //! in its folder (`recall.rs`); the loop that serves the calls is the pipeline's.
 
 use bytes::Bytes;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
-/// The tool's name, the same in every dialect.
-pub const TOOL_NAME: &str = "condenser_recall";
-
-/// What the model reads about the tool: what it is for, in a few words.
-pub const TOOL_DESCRIPTION: &str = "Recall, verbatim, earlier parts of this conversation that \
-were summarized away. Pass the ctx: references the context summary names, or a search query.";
-
-/// The tool's parameters, as a JSON schema every dialect's definition carries.
-pub fn parameters() -> Value {
-    json!({
-        "type": "object",
-        "properties": {
-            "refs": {
-                "type": "array",
-                "items": {"type": "string"},
-                "description": "References to recall, such as ctx:7f3a2c91b0de"
-            },
-            "query": {
-                "type": "string",
-                "description": "Words to search the summarized messages for"
-            }
-        }
-    })
-}
+pub use crate::compaction::recall::{parameters, TOOL_DESCRIPTION, TOOL_NAME};
 
 /// One call of the tool in upstream's reply: its id, and its arguments as their JSON text.
 #[derive(Debug, Clone, PartialEq, Eq)]

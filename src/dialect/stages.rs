@@ -8,16 +8,18 @@ use std::future::Future;
 use bytes::Bytes;
 use hyper::Response;
 use serde_json::value::RawValue;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{
-    self, Decision, Limits, Mode, PlanInput, Split, SUMMARY_FRAMING_TOKENS,
+    self, Decision, Limits, Mode, PlanInput, Split, RECALL_RESERVE_TOKENS, SUMMARY_FRAMING_TOKENS,
 };
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::{Api, Config, ContextConfig};
 use crate::conversation::Item;
+use crate::dialect::recall::RecallWire;
 use crate::error::ProxyError;
+use crate::observe::metrics::Route;
 use crate::tokens::catalog::{ModelCatalog, ModelInfo};
 use crate::tokens::counter::{PromptCount, RawItems, TokenCounter};
 use crate::tokens::encoding::Encoding;
@@ -42,6 +44,10 @@ pub trait Dialect {
     const SUMMARY: &'static dyn SummaryApi;
     /// The request field that holds the conversation, named by errors about it.
     const CONVERSATION_FIELD: &'static str;
+    /// Its `route` label in metrics.
+    const ROUTE: Route;
+    /// How it writes the recall tool.
+    const RECALL: Option<&'static dyn RecallWire> = None;
     /// A request parsed for counting, planning and rewriting.
     type Request: Send + Sync;
 
@@ -67,6 +73,9 @@ pub trait Dialect {
     fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError>;
 
     fn model(request: &Self::Request) -> &str;
+
+    /// The request's JSON object, for the recall tool to be offered in once rewritten.
+    fn body_mut(request: &mut Self::Request) -> &mut Map<String, Value>;
 
     fn count(
         request: &Self::Request,
@@ -129,7 +138,13 @@ impl Prepared {
             requested_completion_tokens: self.requested_completion_tokens,
             settings,
             mode,
-            summary_tokens: config.summarizer.max_summary_tokens + SUMMARY_FRAMING_TOKENS,
+            summary_tokens: config.summarizer.max_summary_tokens
+                + SUMMARY_FRAMING_TOKENS
+                + if config.recall.enabled {
+                    RECALL_RESERVE_TOKENS
+                } else {
+                    0
+                },
         }
     }
 

@@ -57,6 +57,19 @@ impl Route {
     }
 }
 
+/// What became of a recall call: `condenser_recalls_total`'s `outcome` label.
+pub const RECALL_OUTCOMES: [&str; 4] = ["served", "error", "skipped", "failed"];
+
+/// Every dialect route's recall series, shown at zero before the first call.
+fn with_every_recall_series(recalls: IntCounterVec) -> IntCounterVec {
+    for route in [Route::ChatCompletions, Route::Responses, Route::Messages] {
+        for outcome in RECALL_OUTCOMES {
+            recalls.with_label_values(&[route.name(), outcome]);
+        }
+    }
+    recalls
+}
+
 pub struct Metrics {
     registry: Registry,
     requests: RequestCounts,
@@ -64,6 +77,8 @@ pub struct Metrics {
     pub compactions: IntCounterVec,
     /// Requests retried compacted after upstream's `context_length_exceeded`, by model.
     pub reactive_retries: IntCounterVec,
+    /// Recall calls, by route and outcome (`RECALL_OUTCOMES`).
+    pub recalls: IntCounterVec,
     pub upstream_seconds: Histogram,
     pub overhead_seconds: Histogram,
     pub summarize_seconds: Histogram,
@@ -408,6 +423,11 @@ impl Metrics {
                 "Requests retried once, compacted, after upstream answered that the prompt was too long.",
                 &["model"],
             )?,
+            recalls: with_every_recall_series(counters(
+                "condenser_recalls_total",
+                "Recall calls, by route and outcome: served, error (a tool error to the model), skipped (the reply also called the client's tools), failed (the continuation upstream failed).",
+                &["route", "outcome"],
+            )?),
             upstream_seconds: histogram(
                 "condenser_upstream_seconds",
                 "Time from sending a request upstream to its response head.",

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::compaction::plan::Mode;
-use crate::config::{Config, ContextConfig};
+use crate::config::{Config, ContextConfig, RecallConfig};
 use crate::error::ProxyError;
 
 pub const MODE_HEADER: HeaderName = HeaderName::from_static("x-condenser-mode");
@@ -54,6 +54,13 @@ pub fn settings_for<'a>(
             None,
         )),
     }
+}
+
+/// The `[recall]` settings with the request's profile applied; the profile is known to
+/// exist once `settings_for` accepted it.
+pub fn recall_for(config: &Config, directives: &Directives) -> RecallConfig {
+    let profile = directives.profile.and_then(|v| v.to_str().ok());
+    config.recall_for(profile).unwrap_or(config.recall)
 }
 
 pub fn mode_for(directives: &Directives) -> Result<Mode, ProxyError> {

@@ -6,6 +6,7 @@
 
 pub mod directives;
 mod prepare;
+pub mod recall;
 mod relay;
 mod send;
 pub mod state;
@@ -20,7 +21,9 @@ use hyper::{Request, Response};
 use crate::compaction::compactor::{Action, CacheOutcome};
 use crate::dialect::stages::{Dialect, Prepared};
 use crate::error::ProxyError;
-use crate::pipeline::directives::{mode_for, settings_for, Directives};
+use crate::pipeline::directives::{mode_for, recall_for, settings_for, Directives};
+use crate::pipeline::prepare::Settings;
+use crate::pipeline::recall::Recallable;
 use crate::pipeline::relay::Timing;
 use crate::pipeline::send::Original;
 use crate::pipeline::state::{AppState, Worker};
@@ -34,6 +37,8 @@ pub struct Outcome {
     pub cache: CacheOutcome,
     pub summarized: usize,
     pub summarizer_wait: Duration,
+    /// What the request offered recall over, when it did.
+    pub recall: Option<Recallable>,
 }
 
 impl Outcome {
@@ -42,6 +47,7 @@ impl Outcome {
         cache: CacheOutcome::None,
         summarized: 0,
         summarizer_wait: Duration::ZERO,
+        recall: None,
     };
 }
 
@@ -102,9 +108,13 @@ pub async fn handle<D: Dialect>(
     let directives = Directives::of(&parts.headers);
     let mode = mode_for(&directives)?;
     let settings = settings_for(&state.config, &directives)?;
+    let settings = Settings {
+        context: &settings,
+        recall: recall_for(&state.config, &directives),
+    };
     // Kept for a reactive retry: a second handle on the same bytes, not a copy.
     let original = bytes.clone();
-    let outgoing = prepare::prepare::<D>(state, bytes, &parts.headers, &settings, mode).await?;
+    let outgoing = prepare::prepare::<D>(state, bytes, &parts.headers, settings, mode).await?;
     let sent = Instant::now();
     let overhead = sent
         .saturating_duration_since(work_started)
@@ -120,7 +130,7 @@ pub async fn handle<D: Dialect>(
             .uri
             .path_and_query()
             .map_or(parts.uri.path(), |pq| pq.as_str()),
-        settings: &settings,
+        settings,
         mode,
     };
     let mut answer = send::send::<D>(state, outgoing, original).await?;

@@ -9,9 +9,10 @@ use hyper::header::HeaderMap;
 
 use crate::compaction::compactor::{self, Action, CompactionJob};
 use crate::compaction::plan::{Decision, Limits, Mode, Split};
-use crate::config::ContextConfig;
+use crate::config::{ContextConfig, RecallConfig};
 use crate::dialect::stages::{count_as_sent, Counting, Dialect, Planned, Prepared, Ready};
 use crate::error::ProxyError;
+use crate::pipeline::recall::Recallable;
 use crate::pipeline::state::AppState;
 use crate::pipeline::{Outcome, Outgoing};
 
@@ -20,10 +21,10 @@ pub(super) async fn prepare<'s, D: Dialect>(
     state: &'s Arc<AppState>,
     bytes: Bytes,
     headers: &HeaderMap,
-    settings: &ContextConfig,
+    settings: Settings<'_>,
     mode: Mode,
 ) -> Result<Outgoing<'s>, ProxyError> {
-    match D::scan(counting(state), &bytes, settings, mode).await {
+    match D::scan(counting(state), &bytes, settings.context, mode).await {
         Ok(ready) => Ok(as_sent(state, ready)),
         // Boxed: the full path's future (summarizer calls included) is large, and the common
         // case should not carry its size.
@@ -36,12 +37,19 @@ pub(super) async fn prepare<'s, D: Dialect>(
     }
 }
 
+/// The request's settings: `[context]` and `[recall]`, with its profile's overrides.
+#[derive(Clone, Copy)]
+pub(super) struct Settings<'a> {
+    pub context: &'a ContextConfig,
+    pub recall: RecallConfig,
+}
+
 /// The request once more under `force`, for the reactive retry.
 pub(super) async fn prepare_forced<'s, D: Dialect>(
     state: &'s Arc<AppState>,
     bytes: Bytes,
     headers: &HeaderMap,
-    settings: &ContextConfig,
+    settings: Settings<'_>,
 ) -> Result<Outgoing<'s>, ProxyError> {
     Box::pin(prepare_in_full::<D>(
         state,
@@ -86,10 +94,11 @@ async fn prepare_in_full<'s, D: Dialect>(
     state: &'s Arc<AppState>,
     bytes: Bytes,
     headers: &HeaderMap,
-    settings: &ContextConfig,
+    all_settings: Settings<'_>,
     mode: Mode,
     planned: Option<Planned>,
 ) -> Result<Outgoing<'s>, ProxyError> {
+    let settings = all_settings.context;
     let mut request = D::parse(&bytes)?;
     let model = D::model(&request).to_string();
     let (prepared, decision) = match planned {
@@ -124,6 +133,7 @@ async fn prepare_in_full<'s, D: Dialect>(
                 settings,
                 mode,
                 limits: Limits::new(&input),
+                recall: all_settings.recall.enabled && D::RECALL.is_some(),
             };
             let precompute = matches!(decision, Decision::Precompute(_));
             compacted::<D>(&mut request, job, precompute).await?
@@ -153,6 +163,8 @@ struct Job<'a, 's> {
     settings: &'a ContextConfig,
     mode: Mode,
     limits: Limits,
+    /// The request may offer recall.
+    recall: bool,
 }
 
 /// The split carried out: its summary made ahead (`precompute`, the request going as it
@@ -172,6 +184,7 @@ async fn compacted<D: Dialect>(
         settings,
         mode,
         limits,
+        recall,
     } = job;
     let conversation = D::conversation(request);
     let job = CompactionJob {
@@ -186,6 +199,7 @@ async fn compacted<D: Dialect>(
         settings,
         mode,
         limits,
+        recall,
     };
     if precompute {
         compactor::precompute(&state.compactor, job);
@@ -197,11 +211,24 @@ async fn compacted<D: Dialect>(
     if rewritten {
         D::rewrite(request, split, &rewrite, settings, prepared.info.encoding);
     }
+    // The summary names the archive only when the tool to read it is offered.
+    let recall = match (rewrite.archive, D::RECALL) {
+        (Some(archive), Some(wire)) => {
+            wire.offer(D::body_mut(request));
+            Some(Recallable {
+                archive,
+                summarized: split.head..rewrite.kept_from,
+                wire,
+            })
+        }
+        _ => None,
+    };
     let outcome = Outcome {
         action: rewrite.action,
         cache: rewrite.cache,
         summarized: rewrite.summarized,
         summarizer_wait: rewrite.waited,
+        recall,
     };
     Ok((outcome, rewritten))
 }

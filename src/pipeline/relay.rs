@@ -2,6 +2,7 @@
 //! `x-condenser-*` headers and metrics), then relayed to the client, its usage read on the
 //! way and the request logged once the reply ends.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -93,7 +94,10 @@ pub(super) fn relay<D: Dialect>(
     timing: Timing,
 ) -> Response<ProxyBody> {
     let Sent {
-        outgoing, response, ..
+        outgoing,
+        response,
+        recalls,
+        ..
     } = sent;
     let Outgoing {
         model,
@@ -135,6 +139,7 @@ pub(super) fn relay<D: Dialect>(
         outcome,
         upstream_time,
         overhead: timing.overhead,
+        recalls,
     };
     let body = if is_sse {
         // Removing the usage chunk changes the length; the relay is chunked anyway.
@@ -170,6 +175,15 @@ struct Observer {
     outcome: Outcome,
     upstream_time: Duration,
     overhead: Duration,
+    recalls: Option<Arc<AtomicU32>>,
+}
+
+impl Observer {
+    fn recalls(&self) -> u32 {
+        self.recalls
+            .as_ref()
+            .map_or(0, |served| served.load(Ordering::Relaxed))
+    }
 }
 
 impl UsageObserver for Observer {
@@ -189,10 +203,17 @@ impl UsageObserver for Observer {
             let state = &self.worker.state;
             let series = state.metrics.model(self.model_label);
             series.count_completion(usage.completion_tokens);
-            if let Some(ratio) =
-                state
-                    .counter
-                    .observe_usage(&self.model, self.forwarded_raw, usage.prompt_tokens)
+            // After recall, the prompt usage is summed over rounds that were not all counted.
+            let learn = self.recalls() == 0;
+            if let Some(ratio) = learn
+                .then(|| {
+                    state.counter.observe_usage(
+                        &self.model,
+                        self.forwarded_raw,
+                        usage.prompt_tokens,
+                    )
+                })
+                .flatten()
             {
                 series.set_token_ratio(ratio);
             }
@@ -209,6 +230,7 @@ impl UsageObserver for Observer {
             action = self.outcome.action.name(),
             cache = self.outcome.cache.name(),
             summarized_messages = self.outcome.summarized,
+            recalls = self.recalls(),
             upstream_ms = self.upstream_time.as_secs_f64() * 1e3,
             summarizer_ms = self.outcome.summarizer_wait.as_secs_f64() * 1e3,
             overhead_ms = self.overhead.as_secs_f64() * 1e3,

@@ -1,6 +1,7 @@
 //! Step two: the prepared request sent upstream, and sent once more, compacted, when upstream
 //! finds the prompt too long (`ReactiveRetry`).
 
+use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -9,10 +10,10 @@ use hyper::{Method, Response};
 
 use crate::compaction::compactor::{Action, CacheOutcome};
 use crate::compaction::plan::Mode;
-use crate::config::ContextConfig;
 use crate::dialect::stages::Dialect;
 use crate::error::ProxyError;
-use crate::pipeline::prepare::prepare_forced;
+use crate::pipeline::prepare::{prepare_forced, Settings};
+use crate::pipeline::recall::{Destination, Recall};
 use crate::pipeline::state::AppState;
 use crate::pipeline::Outgoing;
 use crate::transport::body::{declared_length, full, read_body, ProxyBody};
@@ -26,6 +27,8 @@ pub(super) struct Sent<'s> {
     pub outgoing: Outgoing<'s>,
     pub response: Response<ProxyBody>,
     pub retried: bool,
+    /// Recall calls served for it, counted as its reply goes by, when it offered recall.
+    pub recalls: Option<Arc<AtomicU32>>,
 }
 
 /// The request as the client sent it, for a retry to prepare again.
@@ -33,7 +36,7 @@ pub(super) struct Original<'a> {
     pub bytes: Bytes,
     pub headers: HeaderMap,
     pub path_and_query: &'a str,
-    pub settings: &'a ContextConfig,
+    pub settings: Settings<'a>,
     pub mode: Mode,
 }
 
@@ -55,9 +58,10 @@ impl ReactiveRetry {
         }
     }
 
-    /// The headers to send: a copy while a retry may still need them.
-    fn headers_to_send(&self, headers: &mut HeaderMap) -> HeaderMap {
-        let mut sent = if self.armed {
+    /// The headers to send: a copy while a retry, or recall's continuations (`keep`), may
+    /// still need them.
+    fn headers_to_send(&self, headers: &mut HeaderMap, keep: bool) -> HeaderMap {
+        let mut sent = if self.armed || keep {
             headers.clone()
         } else {
             std::mem::take(headers)
@@ -99,16 +103,12 @@ pub(super) async fn send<'s, D: Dialect>(
                 Method::POST,
                 original.path_and_query,
                 D::KEY_STYLE,
-                retry.headers_to_send(&mut original.headers),
+                retry.headers_to_send(&mut original.headers, outgoing.outcome.recall.is_some()),
                 full(outgoing.body.clone()),
             )
             .await?;
         if !retry.may_apply(&outgoing, &response) {
-            return Ok(Sent {
-                outgoing,
-                response,
-                retried,
-            });
+            return served_recall::<D>(state, outgoing, response, original, retried).await;
         }
         retry.armed = false;
         let (head, body) = response.into_parts();
@@ -120,6 +120,7 @@ pub(super) async fn send<'s, D: Dialect>(
             outgoing,
             response: Response::from_parts(head, full(reply)),
             retried,
+            recalls: None,
         };
         if !says_context_length_exceeded(&reply) {
             return Ok(as_answered(outgoing, head, reply));
@@ -158,6 +159,44 @@ pub(super) async fn send<'s, D: Dialect>(
         outgoing = compacted;
         retried = true;
     }
+}
+
+/// Upstream's answer, with the recall calls in it served when the request offered recall.
+async fn served_recall<'s, D: Dialect>(
+    state: &'s Arc<AppState>,
+    mut outgoing: Outgoing<'s>,
+    response: Response<ProxyBody>,
+    mut original: Original<'_>,
+    retried: bool,
+) -> Result<Sent<'s>, ProxyError> {
+    let Some(offered) = outgoing.outcome.recall.take() else {
+        return Ok(Sent {
+            outgoing,
+            response,
+            retried,
+            recalls: None,
+        });
+    };
+    let destination = Destination {
+        upstream: outgoing.upstream,
+        path_and_query: original.path_and_query,
+        headers: ReactiveRetry { armed: false }.headers_to_send(&mut original.headers, false),
+    };
+    let recall = Recall::new::<D>(
+        state,
+        offered,
+        destination,
+        outgoing.body.clone(),
+        (original.settings.recall, outgoing.info.encoding),
+    );
+    let recalls = recall.served.clone();
+    let response = recall.serve(response).await?;
+    Ok(Sent {
+        outgoing,
+        response,
+        retried,
+        recalls: Some(recalls),
+    })
 }
 
 /// Whether an error reply says the prompt did not fit, as OpenAI (`context_length_exceeded`),

@@ -191,6 +191,11 @@ fn complete_event_len(buf: &[u8]) -> Option<usize> {
         .min()
 }
 
+/// The first whole event in `buf`, taken out of it.
+pub fn next_event(buf: &mut BytesMut) -> Option<Bytes> {
+    complete_event_len(buf).map(|len| buf.split_to(len).freeze())
+}
+
 /// A body itself rather than a stream adapted into one: hyper polls it directly, and a JSON
 /// body keeps its length and end-of-stream as upstream declared them.
 impl<B, O> Body for UsageTap<B, O>

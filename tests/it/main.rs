@@ -18,6 +18,7 @@ mod hostile_upstream;
 mod messages;
 mod metrics;
 mod reactive;
+mod recall;
 mod redis;
 mod responses;
 mod sdk;

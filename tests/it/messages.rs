@@ -129,7 +129,7 @@ async fn compact_once(
     assert!(messages.len() < original.len());
     assert_valid_messages(&messages);
     // Every other field as sent.
-    let mut rest = sent.as_object().unwrap().clone();
+    let mut rest = without_recall_tool(&sent).as_object().unwrap().clone();
     rest.remove("messages");
     rest.remove("system");
     let mut expected = body.as_object().unwrap().clone();

@@ -23,9 +23,11 @@ use crate::compaction::shorten::cut_item_texts;
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::{Api, ContextConfig};
 use crate::conversation::{content_text, Item};
+use crate::dialect::recall::RecallWire;
 use crate::dialect::request::{array, object_start, object_with_model, present};
 use crate::dialect::stages::{Counting, Dialect, Planned, Prepared, Ready};
 use crate::error::ProxyError;
+use crate::observe::metrics::Route;
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::{message_meta, messages, model_name, RawPrompt, TokenCounter};
 use crate::tokens::encoding::Encoding;
@@ -46,6 +48,8 @@ impl Dialect for Chat {
     const KEY_STYLE: KeyStyle = KeyStyle::Bearer;
     const SUMMARY: &'static dyn SummaryApi = &summary::ChatSummary;
     const CONVERSATION_FIELD: &'static str = "messages";
+    const ROUTE: Route = Route::ChatCompletions;
+    const RECALL: Option<&'static dyn RecallWire> = Some(&recall::ChatRecall);
     type Request = Map<String, Value>;
 
     fn scan(
@@ -68,6 +72,10 @@ impl Dialect for Chat {
 
     fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError> {
         parse_request(bytes)
+    }
+
+    fn body_mut(request: &mut Self::Request) -> &mut Map<String, Value> {
+        request
     }
 
     fn model(request: &Self::Request) -> &str {

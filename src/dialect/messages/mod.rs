@@ -24,11 +24,13 @@ use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{Mode, Split};
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::{Api, ContextConfig};
+use crate::dialect::recall::RecallWire;
 use crate::dialect::request::{array, object_start, object_with_model, present};
 use crate::dialect::stages::{
     scan_raw, Counting, Dialect, Planned, Prepared, RawRequest, RawStage, Ready,
 };
 use crate::error::ProxyError;
+use crate::observe::metrics::Route;
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::{RawItems, TokenCounter};
 use crate::tokens::encoding::Encoding;
@@ -60,6 +62,8 @@ impl Dialect for Messages {
     const KEY_STYLE: KeyStyle = KeyStyle::XApiKey;
     const SUMMARY: &'static dyn SummaryApi = &summary::MessagesSummary;
     const CONVERSATION_FIELD: &'static str = "messages";
+    const ROUTE: Route = Route::Messages;
+    const RECALL: Option<&'static dyn RecallWire> = Some(&recall::MessagesRecall);
     type Request = MessagesRequest;
 
     fn scan(
@@ -99,6 +103,10 @@ impl Dialect for Messages {
         let body = parse_request(bytes)?;
         let chat = as_chat(messages(&body));
         Ok(MessagesRequest { body, chat })
+    }
+
+    fn body_mut(request: &mut Self::Request) -> &mut Map<String, Value> {
+        &mut request.body
     }
 
     fn model(request: &Self::Request) -> &str {
@@ -564,6 +572,7 @@ mod tests {
                 cache: CacheOutcome::Miss,
                 summarized: kept_from,
                 waited: Duration::ZERO,
+                archive: None,
             };
             Messages::rewrite(&mut request, &split, &rewrite, &settings, Encoding::O200k);
             let out = messages(&request.body);

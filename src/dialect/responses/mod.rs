@@ -25,11 +25,13 @@ use crate::compaction::shorten::cut_item_texts;
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::{Api, ContextConfig, SummaryRole};
 use crate::conversation::{units, Item};
+use crate::dialect::recall::RecallWire;
 use crate::dialect::request::{object_start, object_with_model, present};
 use crate::dialect::stages::{
     scan_raw, Counting, Dialect, Planned, Prepared, RawRequest, RawStage, Ready,
 };
 use crate::error::ProxyError;
+use crate::observe::metrics::Route;
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::{model_name, RawItems, TokenCounter};
 use crate::tokens::encoding::Encoding;
@@ -64,6 +66,8 @@ impl Dialect for Responses {
     const KEY_STYLE: KeyStyle = KeyStyle::Bearer;
     const SUMMARY: &'static dyn SummaryApi = &summary::ResponsesSummary;
     const CONVERSATION_FIELD: &'static str = "input";
+    const ROUTE: Route = Route::Responses;
+    const RECALL: Option<&'static dyn RecallWire> = Some(&recall::ResponsesRecall);
     type Request = ResponsesRequest;
 
     fn scan(
@@ -87,6 +91,10 @@ impl Dialect for Responses {
 
     fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError> {
         parse_request(bytes)
+    }
+
+    fn body_mut(request: &mut Self::Request) -> &mut Map<String, Value> {
+        &mut request.body
     }
 
     fn model(request: &Self::Request) -> &str {
@@ -539,6 +547,7 @@ mod tests {
             cache: crate::compaction::compactor::CacheOutcome::Miss,
             summarized: 1,
             waited: std::time::Duration::ZERO,
+            archive: None,
         };
         for (role, expected) in [
             (SummaryRole::System, "developer"),

@@ -285,7 +285,7 @@ pub fn summarizer_prompt(request: &Value) -> &str {
 }
 
 /// A summarizer's answer in the API of the path it was asked on.
-fn summary_reply(path: &str, text: &str) -> Value {
+pub fn summary_reply(path: &str, text: &str) -> Value {
     match path {
         "/v1/responses" => json!({
             "id": "resp_summary", "object": "response", "status": "completed",
@@ -817,4 +817,25 @@ pub async fn mock_responses_llm(
         }
     }))
     .await
+}
+
+/// A compacted request as its client wrote it, but for the recall tool condenser offers
+/// (DESIGN.md rewrite rule 9): checked to be the last of its tools, and taken out with the
+/// `tools` it alone made.
+pub fn without_recall_tool(body: &Value) -> Value {
+    let mut body = body.clone();
+    let tools = body["tools"]
+        .as_array_mut()
+        .expect("a compacted request offers recall");
+    let last = tools.pop().unwrap();
+    let name = last.pointer("/function/name").or(last.pointer("/name"));
+    assert_eq!(
+        name,
+        Some(&json!("condenser_recall")),
+        "recall is the last tool: {last}"
+    );
+    if tools.is_empty() {
+        body.as_object_mut().unwrap().remove("tools");
+    }
+    body
 }

@@ -1,0 +1,386 @@
+//! Recall served by condenser: when upstream's reply to a request that offered
+//! `condenser_recall` calls it, condenser answers from the archive and continues the request
+//! upstream, up to `recall.max_rounds` rounds, and the client gets one ordinary reply. A
+//! streamed reply is relayed as it comes; only a recall call's events are held back, and
+//! each continuation's events are stitched into the same stream (`RecallStream`).
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::stream::{self, StreamExt};
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::{Method, Response};
+use prometheus::IntCounter;
+use serde_json::{Map, Value};
+
+use crate::compaction::compactor::{ArchiveScope, Compactor};
+use crate::compaction::recall::{self, RecallAnswer, RecallLimits};
+use crate::config::RecallConfig;
+use crate::dialect::recall::{Answered, RecallCall, RecallStream, RecallWire, RoundCalls};
+use crate::dialect::stages::Dialect;
+use crate::error::ProxyError;
+use crate::pipeline::state::AppState;
+use crate::transport::body::{full, read_body, BoxError, ProxyBody};
+use crate::transport::upstream::{KeyStyle, Upstream};
+use crate::transport::usage::next_event;
+
+/// A whole reply is read to find its recall calls; a larger one is no completion.
+const MAX_REPLY_BYTES: usize = 32 * 1024 * 1024;
+
+pub const RECALLS_HEADER: HeaderName = HeaderName::from_static("x-condenser-recalls");
+
+/// What a compacted request offered recall over: where its summarized items are archived,
+/// and which of the conversation's items its summary replaced (what a query searches).
+pub struct Recallable {
+    pub archive: ArchiveScope,
+    pub summarized: Range<usize>,
+    pub wire: &'static dyn RecallWire,
+}
+
+/// Everything serving one request's recall calls needs, owned, so a streamed reply's rounds
+/// can go on after the handler has returned its response.
+pub(super) struct Recall {
+    wire: &'static dyn RecallWire,
+    compactor: Arc<Compactor>,
+    upstream: Arc<Upstream>,
+    path_and_query: String,
+    key_style: KeyStyle,
+    headers: HeaderMap,
+    /// The request as forwarded, which each continuation extends.
+    request: Bytes,
+    archive: ArchiveScope,
+    conversation: Vec<String>,
+    limits: RecallLimits,
+    max_rounds: u32,
+    outcomes: RecallCounters,
+    /// Recall calls answered so far, which the relay reads once the reply ends.
+    pub served: Arc<AtomicU32>,
+}
+
+/// `condenser_recalls_total{route,outcome}` for one route, resolved once: calls answered
+/// with archived items, answered with a tool error, not served because the reply also
+/// called the client's tools, and continuations upstream did not take.
+struct RecallCounters {
+    served: IntCounter,
+    error: IntCounter,
+    skipped: IntCounter,
+    failed: IntCounter,
+}
+
+/// What sending a request needs besides its body: where, and with which headers.
+pub(super) struct Destination<'a> {
+    pub upstream: &'a Arc<Upstream>,
+    pub path_and_query: &'a str,
+    pub headers: HeaderMap,
+}
+
+impl Recall {
+    pub(super) fn new<D: Dialect>(
+        state: &AppState,
+        offered: Recallable,
+        destination: Destination,
+        request: Bytes,
+        (config, encoding): (RecallConfig, crate::tokens::encoding::Encoding),
+    ) -> Recall {
+        let conversation = offered
+            .summarized
+            .clone()
+            .map(|i| recall::reference(&offered.archive.conversation, i))
+            .collect();
+        let counters = |outcome| {
+            state
+                .metrics
+                .recalls
+                .with_label_values(&[D::ROUTE.name(), outcome])
+        };
+        Recall {
+            wire: offered.wire,
+            compactor: state.compactor.clone(),
+            upstream: destination.upstream.clone(),
+            path_and_query: destination.path_and_query.to_string(),
+            key_style: D::KEY_STYLE,
+            headers: destination.headers,
+            request,
+            archive: offered.archive,
+            conversation,
+            limits: RecallLimits {
+                max_tokens: config.max_tokens,
+                encoding,
+            },
+            max_rounds: config.max_rounds,
+            outcomes: RecallCounters {
+                served: counters("served"),
+                error: counters("error"),
+                skipped: counters("skipped"),
+                failed: counters("failed"),
+            },
+            served: Arc::new(AtomicU32::new(0)),
+        }
+    }
+
+    /// Upstream's reply with every recall call in it served: a whole reply read, served and
+    /// written out again; a streamed one relayed as it comes. Anything else (an error, a
+    /// reply of another kind) is relayed as it came.
+    pub(super) async fn serve(
+        self,
+        response: Response<ProxyBody>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        if !response.status().is_success() {
+            return Ok(response);
+        }
+        let content_type = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        if content_type.starts_with("text/event-stream") {
+            Ok(self.streamed(response))
+        } else if content_type.starts_with("application/json") {
+            self.whole(response).await
+        } else {
+            Ok(response)
+        }
+    }
+
+    /// condenser's answers to one round's recall calls.
+    async fn answer(&self, calls: &[RecallCall]) -> Vec<RecallAnswer> {
+        let mut answers = Vec::with_capacity(calls.len());
+        for call in calls {
+            let answer = recall::answer(
+                self.compactor.cache(),
+                &self.archive.caller,
+                &self.conversation,
+                &call.arguments,
+                &self.limits,
+            )
+            .await;
+            let counter = if answer.is_error {
+                &self.outcomes.error
+            } else {
+                &self.outcomes.served
+            };
+            counter.inc();
+            answers.push(answer);
+        }
+        self.served.fetch_add(calls.len() as u32, Ordering::Relaxed);
+        answers
+    }
+
+    /// The request continued with this round's calls answered, sent upstream.
+    async fn continue_round(
+        &self,
+        request: &mut Map<String, Value>,
+        calls: &[RecallCall],
+        round: u32,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let answers = self.answer(calls).await;
+        let answered: Vec<Answered> = calls
+            .iter()
+            .zip(&answers)
+            .map(|(call, answer)| Answered {
+                call,
+                text: &answer.text,
+                is_error: answer.is_error,
+            })
+            .collect();
+        self.wire
+            .continue_with(request, &answered, round == self.max_rounds);
+        let body = serde_json::to_vec(request).map_err(ProxyError::Rewrite)?;
+        let response = self
+            .upstream
+            .send(
+                Method::POST,
+                &self.path_and_query,
+                self.key_style,
+                self.headers.clone(),
+                full(body),
+            )
+            .await;
+        if !response.as_ref().is_ok_and(|r| r.status().is_success()) {
+            self.outcomes.failed.inc();
+        }
+        response
+    }
+
+    fn request_tree(&self) -> Result<Map<String, Value>, ProxyError> {
+        serde_json::from_slice(&self.request).map_err(ProxyError::Rewrite)
+    }
+
+    /// Whether a round's calls are served: recall calls only, within the round limit.
+    fn serves(&self, calls: &RoundCalls, rounds: u32) -> bool {
+        if calls.client_calls && !calls.recall.is_empty() {
+            self.outcomes.skipped.inc_by(calls.recall.len() as u64);
+        }
+        !calls.recall.is_empty() && !calls.client_calls && rounds < self.max_rounds
+    }
+
+    async fn whole(self, response: Response<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
+        let (mut head, body) = response.into_parts();
+        let mut bytes = read_reply(body, &head.headers).await?;
+        let Ok(mut reply) = serde_json::from_slice::<Value>(&bytes) else {
+            return Ok(Response::from_parts(head, full(bytes)));
+        };
+        let mut calls = self.wire.calls(&reply);
+        if calls.recall.is_empty() {
+            // Nothing of the tool in it: relayed as upstream wrote it.
+            return Ok(Response::from_parts(head, full(bytes)));
+        }
+        let mut request = self.request_tree()?;
+        let mut earlier = None;
+        let mut rounds = 0;
+        while self.serves(&calls, rounds) {
+            rounds += 1;
+            let response = self
+                .continue_round(&mut request, &calls.recall, rounds)
+                .await?;
+            if !response.status().is_success() {
+                return Ok(response);
+            }
+            earlier = Some(self.wire.merge(earlier, reply));
+            let (next_head, body) = response.into_parts();
+            head = next_head;
+            bytes = read_reply(body, &head.headers).await?;
+            reply = serde_json::from_slice(&bytes)
+                .map_err(|e| ProxyError::UpstreamBroken(format!("continuation unreadable: {e}")))?;
+            calls = self.wire.calls(&reply);
+        }
+        let merged =
+            serde_json::to_vec(&self.wire.merge(earlier, reply)).map_err(ProxyError::Rewrite)?;
+        head.headers.remove(header::CONTENT_LENGTH);
+        let served = self.served.load(Ordering::Relaxed);
+        if served > 0 {
+            head.headers
+                .insert(RECALLS_HEADER, HeaderValue::from(served));
+        }
+        Ok(Response::from_parts(head, full(merged)))
+    }
+
+    fn streamed(self, response: Response<ProxyBody>) -> Response<ProxyBody> {
+        let (mut head, body) = response.into_parts();
+        head.headers.remove(header::CONTENT_LENGTH);
+        let relay = Streamed {
+            events: self.wire.stream(),
+            recall: self,
+            body,
+            pending: BytesMut::new(),
+            carry: BytesMut::new(),
+            request: None,
+            rounds: 0,
+            ended: false,
+        };
+        let frames = stream::unfold(relay, Streamed::next).map(|data| data.map(Frame::data));
+        Response::from_parts(head, StreamBody::new(frames).boxed_unsync())
+    }
+}
+
+async fn read_reply(body: ProxyBody, headers: &HeaderMap) -> Result<Bytes, ProxyError> {
+    read_body(body, headers, MAX_REPLY_BYTES)
+        .await
+        .map_err(|e| ProxyError::UpstreamBroken(e.to_string()))
+}
+
+/// A streamed reply across its rounds.
+struct Streamed {
+    recall: Recall,
+    events: Box<dyn RecallStream>,
+    body: ProxyBody,
+    /// Bytes of an event not yet whole.
+    pending: BytesMut,
+    /// What the client gets next, ahead of the next events.
+    carry: BytesMut,
+    /// The request as continued so far, once a round was served.
+    request: Option<Map<String, Value>>,
+    rounds: u32,
+    ended: bool,
+}
+
+impl Streamed {
+    async fn next(mut self) -> Option<(Result<Bytes, BoxError>, Streamed)> {
+        while !self.ended {
+            match self.body.frame().await {
+                Some(Ok(frame)) => {
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
+                    self.pending.extend_from_slice(&data);
+                    let out = self.whole_events();
+                    if !out.is_empty() {
+                        return Some((Ok(out), self));
+                    }
+                }
+                Some(Err(error)) => {
+                    self.ended = true;
+                    return Some((Err(error), self));
+                }
+                None => {
+                    // An unterminated last event is still an event.
+                    let rest = self.pending.split().freeze();
+                    if !rest.is_empty() {
+                        if let Some(passed) = self.events.event(&rest) {
+                            self.carry.extend_from_slice(&passed);
+                        }
+                    }
+                    let calls = self.events.round_end();
+                    if self.recall.serves(&calls, self.rounds) && self.next_round(calls).await {
+                        continue;
+                    }
+                    self.ended = true;
+                    let mut close = self.carry.split();
+                    close.extend_from_slice(&self.events.close());
+                    return Some((Ok(close.freeze()), self));
+                }
+            }
+        }
+        None
+    }
+
+    /// The whole events received so far, as the client gets them.
+    fn whole_events(&mut self) -> Bytes {
+        let mut out = self.carry.split();
+        while let Some(event) = next_event(&mut self.pending) {
+            if let Some(passed) = self.events.event(&event) {
+                out.extend_from_slice(&passed);
+            }
+        }
+        out.freeze()
+    }
+
+    /// The next round's stream in place of the ended one; false when it could not be had,
+    /// and the client's stream ends with what it got.
+    async fn next_round(&mut self, calls: RoundCalls) -> bool {
+        let mut request = match self.request.take() {
+            Some(request) => request,
+            None => match self.recall.request_tree() {
+                Ok(request) => request,
+                Err(_) => return false,
+            },
+        };
+        self.rounds += 1;
+        let response = self
+            .recall
+            .continue_round(&mut request, &calls.recall, self.rounds)
+            .await;
+        self.request = Some(request);
+        match response {
+            Ok(response) if response.status().is_success() => {
+                tracing::debug!(round = self.rounds, "recall served; stream continued");
+                self.body = response.into_body();
+                self.pending.clear();
+                self.events.next_round();
+                true
+            }
+            Ok(response) => {
+                tracing::warn!(status = %response.status(), "recall continuation refused");
+                false
+            }
+            Err(error) => {
+                tracing::warn!(%error, "recall continuation failed");
+                false
+            }
+        }
+    }
+}

@@ -1,0 +1,735 @@
+//! Recall served by condenser (issue 22), in all three dialects, plain and streamed, against a
+//! scripted model: one that calls `condenser_recall` when it is offered and echoes what the
+//! tool answered, with a summarizer that keeps nothing of what it is sent.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http_body_util::BodyExt;
+use hyper::Response;
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+
+use crate::common::*;
+use condenser::transport::body::{BoxError, ProxyBody};
+
+const DECISION: &str = "Decision: we bind the service to port 23456 and never to 8080.";
+const TOOL: &str = "condenser_recall";
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Api {
+    Chat,
+    Responses,
+    Messages,
+}
+
+const APIS: [Api; 3] = [Api::Chat, Api::Responses, Api::Messages];
+
+/// What the scripted model does when the recall tool is offered and not yet answered.
+#[derive(Clone)]
+enum Script {
+    /// Asks for every reference the summary names.
+    AllRefs,
+    /// Searches for the decision.
+    Query,
+    /// Asks for a reference nothing was archived under.
+    Missing,
+    /// Calls recall again on every round.
+    Always,
+    /// Calls one of the client's own tools and recall in the same reply.
+    Mixed,
+    /// Never calls it; streams its first event, then waits for the gate.
+    Gated(Arc<Notify>),
+}
+
+impl Api {
+    fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Responses => "/v1/responses",
+            Api::Messages => "/v1/messages",
+        }
+    }
+
+    fn model(self) -> &'static str {
+        match self {
+            Api::Messages => "claude-sonnet-4-5",
+            _ => "gpt-4o",
+        }
+    }
+
+    /// A conversation of 14 exchanges, the decision stated by the assistant in the second,
+    /// each turn about 100 tokens; the last a question.
+    fn body(self, stream: bool) -> Value {
+        let mut turns = Vec::new();
+        for t in 0..14 {
+            turns.push(("user", format!("msg-u{t}. {}", filler(t, 100))));
+            let said = if t == 1 {
+                format!("{DECISION} {}", filler(t + 1000, 90))
+            } else {
+                format!("msg-a{t}. {}", filler(t + 1000, 100))
+            };
+            turns.push(("assistant", said));
+        }
+        turns.push(("user", "Which port do we bind the service to?".into()));
+        let items: Vec<Value> = turns
+            .iter()
+            .map(|(role, text)| json!({"role": role, "content": text}))
+            .collect();
+        let mut body = match self {
+            Api::Chat => {
+                let mut messages = vec![json!({"role": "system", "content": SYSTEM_PROMPT})];
+                messages.extend(items);
+                json!({"model": self.model(), "messages": messages})
+            }
+            Api::Responses => {
+                json!({"model": self.model(), "instructions": SYSTEM_PROMPT, "input": items})
+            }
+            Api::Messages => {
+                json!({"model": self.model(), "max_tokens": 500, "system": SYSTEM_PROMPT, "messages": items})
+            }
+        };
+        if stream {
+            body["stream"] = json!(true);
+        }
+        body
+    }
+
+    fn offers_recall(self, request: &Value) -> bool {
+        let name = match self {
+            Api::Chat => "/function/name",
+            _ => "/name",
+        };
+        request["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|tool| tool.pointer(name) == Some(&json!(TOOL)))
+    }
+
+    /// The text of the tool answers that end the request, when it ends with some.
+    fn answers(self, request: &Value) -> Option<String> {
+        match self {
+            Api::Chat => {
+                let messages = request["messages"].as_array()?;
+                let last = messages.last()?;
+                (last["role"] == "tool").then(|| last["content"].as_str().unwrap().to_string())
+            }
+            Api::Responses => {
+                let last = request["input"].as_array()?.last()?.clone();
+                (last["type"] == "function_call_output")
+                    .then(|| last["output"].as_str().unwrap().to_string())
+            }
+            Api::Messages => {
+                let last = request["messages"].as_array()?.last()?.clone();
+                let block = last["content"].as_array()?.first()?.clone();
+                (block["type"] == "tool_result").then(|| {
+                    let error = if block["is_error"] == json!(true) {
+                        "Error: "
+                    } else {
+                        ""
+                    };
+                    format!("{error}{}", block["content"].as_str().unwrap())
+                })
+            }
+        }
+    }
+
+    fn text_reply(
+        self,
+        text: &str,
+        stream: bool,
+        gate: Option<Arc<Notify>>,
+    ) -> Response<ProxyBody> {
+        if !stream {
+            let body = match self {
+                Api::Chat => completion(text, 100, 10),
+                Api::Responses => {
+                    json!({"id": "resp_1", "object": "response", "status": "completed",
+                    "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+                                "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+                    "usage": {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}})
+                }
+                Api::Messages => {
+                    json!({"id": "msg_1", "type": "message", "role": "assistant", "model": self.model(),
+                    "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": null,
+                    "usage": {"input_tokens": 100, "output_tokens": 10}})
+                }
+            };
+            return json_response(200, &body);
+        }
+        let events = match self {
+            Api::Chat => vec![
+                chat_chunk(json!({"role": "assistant", "content": ""}), None),
+                chat_chunk(json!({"content": text}), None),
+                chat_chunk(json!({}), Some("stop")),
+                chat_usage(),
+                "data: [DONE]\n\n".to_string(),
+            ],
+            Api::Responses => {
+                let message = json!({"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}]});
+                vec![
+                    responses_event(
+                        json!({"type": "response.created", "response": {"id": "resp_1", "status": "in_progress", "output": []}}),
+                    ),
+                    responses_event(
+                        json!({"type": "response.output_item.added", "output_index": 0, "item": {"type": "message", "id": "msg_1", "role": "assistant", "content": []}}),
+                    ),
+                    responses_event(
+                        json!({"type": "response.output_text.delta", "output_index": 0, "item_id": "msg_1", "content_index": 0, "delta": text}),
+                    ),
+                    responses_event(
+                        json!({"type": "response.output_item.done", "output_index": 0, "item": message}),
+                    ),
+                    responses_event(
+                        json!({"type": "response.completed", "response": {"id": "resp_1", "status": "completed", "output": [message],
+                        "usage": {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}}}),
+                    ),
+                ]
+            }
+            Api::Messages => vec![
+                message_start(),
+                anthropic_event(
+                    "content_block_start",
+                    json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+                ),
+                anthropic_event(
+                    "content_block_delta",
+                    json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
+                ),
+                anthropic_event(
+                    "content_block_stop",
+                    json!({"type": "content_block_stop", "index": 0}),
+                ),
+                message_end("end_turn"),
+                anthropic_event("message_stop", json!({"type": "message_stop"})),
+            ],
+        };
+        sse_response(events, gate)
+    }
+
+    /// A reply calling `calls` (name, arguments), streamed or whole.
+    fn call_reply(self, calls: &[(&str, Value)], stream: bool) -> Response<ProxyBody> {
+        let id = |i: usize| format!("call_{i}");
+        if !stream {
+            let body = match self {
+                Api::Chat => {
+                    let calls: Vec<Value> = calls.iter().enumerate().map(|(i, (name, args))| json!({"id": id(i), "type": "function", "function": {"name": name, "arguments": args.to_string()}})).collect();
+                    json!({"id": "chatcmpl-1", "object": "chat.completion", "model": "gpt-4o",
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": calls}, "finish_reason": "tool_calls"}],
+                        "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}})
+                }
+                Api::Responses => {
+                    let output: Vec<Value> = calls.iter().enumerate().map(|(i, (name, args))| json!({"type": "function_call", "id": format!("fc_{i}"), "call_id": id(i), "name": name, "arguments": args.to_string(), "status": "completed"})).collect();
+                    json!({"id": "resp_1", "object": "response", "status": "completed", "output": output,
+                        "usage": {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}})
+                }
+                Api::Messages => {
+                    let content: Vec<Value> = calls.iter().enumerate().map(|(i, (name, args))| json!({"type": "tool_use", "id": id(i), "name": name, "input": args})).collect();
+                    json!({"id": "msg_1", "type": "message", "role": "assistant", "model": self.model(), "content": content,
+                        "stop_reason": "tool_use", "stop_sequence": null, "usage": {"input_tokens": 100, "output_tokens": 10}})
+                }
+            };
+            return json_response(200, &body);
+        }
+        let mut events = Vec::new();
+        match self {
+            Api::Chat => {
+                events.push(chat_chunk(
+                    json!({"role": "assistant", "content": null}),
+                    None,
+                ));
+                for (i, (name, args)) in calls.iter().enumerate() {
+                    events.push(chat_chunk(json!({"tool_calls": [{"index": i, "id": id(i), "type": "function", "function": {"name": name, "arguments": ""}}]}), None));
+                    events.push(chat_chunk(json!({"tool_calls": [{"index": i, "function": {"arguments": args.to_string()}}]}), None));
+                }
+                events.push(chat_chunk(json!({}), Some("tool_calls")));
+                events.push(chat_usage());
+                events.push("data: [DONE]\n\n".to_string());
+            }
+            Api::Responses => {
+                events.push(responses_event(json!({"type": "response.created", "response": {"id": "resp_1", "status": "in_progress", "output": []}})));
+                let mut output = Vec::new();
+                for (i, (name, args)) in calls.iter().enumerate() {
+                    let item = json!({"type": "function_call", "id": format!("fc_{i}"), "call_id": id(i), "name": name, "arguments": args.to_string(), "status": "completed"});
+                    let mut added = item.clone();
+                    added["arguments"] = json!("");
+                    events.push(responses_event(json!({"type": "response.output_item.added", "output_index": i, "item": added})));
+                    events.push(responses_event(json!({"type": "response.function_call_arguments.delta", "output_index": i, "item_id": format!("fc_{i}"), "delta": args.to_string()})));
+                    events.push(responses_event(json!({"type": "response.function_call_arguments.done", "output_index": i, "item_id": format!("fc_{i}"), "arguments": args.to_string()})));
+                    events.push(responses_event(json!({"type": "response.output_item.done", "output_index": i, "item": item})));
+                    output.push(item);
+                }
+                events.push(responses_event(json!({"type": "response.completed", "response": {"id": "resp_1", "status": "completed", "output": output,
+                    "usage": {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}}})));
+            }
+            Api::Messages => {
+                events.push(message_start());
+                for (i, (name, args)) in calls.iter().enumerate() {
+                    events.push(anthropic_event("content_block_start", json!({"type": "content_block_start", "index": i, "content_block": {"type": "tool_use", "id": id(i), "name": name, "input": {}}})));
+                    events.push(anthropic_event("content_block_delta", json!({"type": "content_block_delta", "index": i, "delta": {"type": "input_json_delta", "partial_json": args.to_string()}})));
+                    events.push(anthropic_event(
+                        "content_block_stop",
+                        json!({"type": "content_block_stop", "index": i}),
+                    ));
+                }
+                events.push(message_end("tool_use"));
+                events.push(anthropic_event(
+                    "message_stop",
+                    json!({"type": "message_stop"}),
+                ));
+            }
+        }
+        sse_response(events, None)
+    }
+
+    /// The text the client got, and the raw bytes (for what must not be there).
+    async fn client_text(self, response: reqwest::Response, stream: bool) -> (String, String) {
+        let raw = if stream {
+            stream_text(response).await
+        } else {
+            response.text().await.unwrap()
+        };
+        if !stream {
+            let body: Value = serde_json::from_str(&raw).unwrap();
+            let text = match self {
+                Api::Chat => body["choices"][0]["message"]["content"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                Api::Responses => body["output"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .flat_map(|item| item["content"].as_array().cloned().unwrap_or_default())
+                    .filter_map(|c| c["text"].as_str().map(str::to_string))
+                    .collect(),
+                Api::Messages => body["content"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter_map(|c| c["text"].as_str().map(str::to_string))
+                    .collect(),
+            };
+            return (text, raw);
+        }
+        let mut text = String::new();
+        for event in raw.split("\n\n") {
+            let Some(data) = event.lines().find_map(|l| l.strip_prefix("data: ")) else {
+                continue;
+            };
+            let Ok(data) = serde_json::from_str::<Value>(data) else {
+                continue;
+            };
+            let piece = match self {
+                Api::Chat => data.pointer("/choices/0/delta/content").cloned(),
+                Api::Responses => {
+                    (data["type"] == "response.output_text.delta").then(|| data["delta"].clone())
+                }
+                Api::Messages => data.pointer("/delta/text").cloned(),
+            };
+            if let Some(piece) = piece.as_ref().and_then(Value::as_str) {
+                text.push_str(piece);
+            }
+        }
+        (text, raw)
+    }
+}
+
+fn chat_chunk(delta: Value, finish: Option<&str>) -> String {
+    let chunk = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "gpt-4o",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+    format!("data: {chunk}\n\n")
+}
+
+fn chat_usage() -> String {
+    let chunk = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [],
+        "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}});
+    format!("data: {chunk}\n\n")
+}
+
+fn responses_event(data: Value) -> String {
+    format!(
+        "event: {}\ndata: {data}\n\n",
+        data["type"].as_str().unwrap()
+    )
+}
+
+fn anthropic_event(name: &str, data: Value) -> String {
+    format!("event: {name}\ndata: {data}\n\n")
+}
+
+fn message_start() -> String {
+    anthropic_event(
+        "message_start",
+        json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+        "model": "claude-sonnet-4-5", "content": [], "stop_reason": null, "usage": {"input_tokens": 100, "output_tokens": 1}}}),
+    )
+}
+
+fn message_end(stop: &str) -> String {
+    anthropic_event(
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": 10}}),
+    )
+}
+
+/// A streamed reply: its first event at once, the rest after `gate` (when given) is notified.
+fn sse_response(events: Vec<String>, gate: Option<Arc<Notify>>) -> Response<ProxyBody> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(1);
+    tokio::spawn(async move {
+        let mut events = events.into_iter();
+        if let Some(first) = events.next() {
+            if tx.send(Bytes::from(first)).await.is_err() {
+                return;
+            }
+        }
+        if let Some(gate) = gate {
+            gate.notified().await;
+        }
+        for event in events {
+            if tx.send(Bytes::from(event)).await.is_err() {
+                return;
+            }
+        }
+    });
+    let frames = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+        .map(|chunk| Ok::<_, BoxError>(hyper::body::Frame::data(chunk)));
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(http_body_util::StreamBody::new(frames).boxed_unsync())
+        .unwrap()
+}
+
+/// Every `ctx:` reference the request's summary names, from its `A to B` range.
+fn named_references(request: &Value) -> Vec<String> {
+    let text = request.to_string();
+    let Some(at) = text.find("archived verbatim as ctx:").map(|at| at + 21) else {
+        return Vec::new();
+    };
+    let range = &text[at..];
+    let end = range.find(" to ").unwrap();
+    let first = &range[..end];
+    let last: String = range[end + 4..]
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == ':' || *c == '.')
+        .collect();
+    let (conversation, from) = first.rsplit_once('.').unwrap();
+    let to: usize = last
+        .trim_end_matches([':', '.'])
+        .rsplit_once('.')
+        .unwrap()
+        .1
+        .parse()
+        .unwrap();
+    (from.parse::<usize>().unwrap()..=to)
+        .map(|i| format!("{conversation}.{i}"))
+        .collect()
+}
+
+/// The scripted model, and the summarizer that keeps nothing.
+async fn scripted_model(api: Api, script: Script) -> MockUpstream {
+    MockUpstream::start(handler(move |r| {
+        let script = script.clone();
+        async move {
+            let request: Value = serde_json::from_slice(&r.body).unwrap();
+            if is_summarizer_call(&r) {
+                let path = r.path_and_query.split('?').next().unwrap_or("").to_string();
+                return json_response(200, &summary_reply(&path, LOSSY_SUMMARY));
+            }
+            let stream = request["stream"] == json!(true);
+            if let Some(answers) = api.answers(&request) {
+                if !matches!(script, Script::Always) {
+                    return api.text_reply(&format!("Recalled: {answers}"), stream, None);
+                }
+            }
+            if !api.offers_recall(&request) {
+                return api.text_reply("no recall offered", stream, None);
+            }
+            let recall = |args: Value| (TOOL, args);
+            match script {
+                Script::Gated(gate) => api.text_reply("plain answer", stream, Some(gate)),
+                Script::AllRefs | Script::Always => api.call_reply(
+                    &[recall(json!({"refs": named_references(&request)}))],
+                    stream,
+                ),
+                Script::Query => api.call_reply(
+                    &[recall(
+                        json!({"query": "which port do we bind the service"}),
+                    )],
+                    stream,
+                ),
+                Script::Missing => {
+                    api.call_reply(&[recall(json!({"refs": ["ctx:00000000.999"]}))], stream)
+                }
+                Script::Mixed => api.call_reply(
+                    &[
+                        ("run_shell", json!({"command": "ls"})),
+                        recall(json!({"query": "port"})),
+                    ],
+                    stream,
+                ),
+            }
+        }
+    }))
+    .await
+}
+
+fn recall_config(upstream: &str) -> condenser::Config {
+    let mut config = claude_config(upstream);
+    config.recall.max_rounds = 2;
+    config
+}
+
+async fn ask(proxy: &Proxy, api: Api, stream: bool) -> reqwest::Response {
+    client()
+        .post(proxy.url(api.path()))
+        .header("x-condenser-mode", "force")
+        .json(&api.body(stream))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// The requests the scripted model got (the summarizer's aside).
+fn model_requests(upstream: &MockUpstream) -> Vec<Value> {
+    upstream.forwarded()
+}
+
+#[tokio::test]
+async fn a_decision_in_an_evicted_assistant_message_is_recalled_verbatim_in_every_dialect() {
+    for api in APIS {
+        for stream in [false, true] {
+            for script in [Script::AllRefs, Script::Query] {
+                let upstream = scripted_model(api, script.clone()).await;
+                let proxy = Proxy::start(recall_config(&upstream.url())).await;
+                let response = ask(&proxy, api, stream).await;
+                assert_eq!(response.status(), 200, "{api:?} stream={stream}");
+                assert_eq!(header(&response, "x-condenser-action"), "summarized");
+                if !stream {
+                    assert_eq!(header(&response, "x-condenser-recalls"), "1", "{api:?}");
+                }
+                let (text, raw) = api.client_text(response, stream).await;
+                assert!(text.contains(DECISION), "{api:?} stream={stream}: {text}");
+                assert!(
+                    !raw.contains(TOOL),
+                    "{api:?} stream={stream}: the tool leaked: {raw}"
+                );
+                let requests = model_requests(&upstream);
+                assert_eq!(requests.len(), 2, "{api:?} stream={stream}");
+                // The summary had lost it: it came back through recall alone.
+                assert!(!requests[0].to_string().contains("port 23456"), "{api:?}");
+                assert!(api.offers_recall(&requests[0]));
+                assert!(api.answers(&requests[1]).unwrap().contains(DECISION));
+                let metrics = proxy.metrics().await;
+                let route = match api {
+                    Api::Chat => "chat_completions",
+                    Api::Responses => "responses",
+                    Api::Messages => "messages",
+                };
+                let served = metric(
+                    &metrics,
+                    &format!("condenser_recalls_total{{outcome=\"served\",route=\"{route}\"}}"),
+                );
+                assert_eq!(served, Some(1.0), "{api:?}");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_missing_reference_is_a_tool_error_to_the_model_and_the_client_still_gets_its_answer() {
+    for api in APIS {
+        for stream in [false, true] {
+            let upstream = scripted_model(api, Script::Missing).await;
+            let proxy = Proxy::start(recall_config(&upstream.url())).await;
+            let response = ask(&proxy, api, stream).await;
+            assert_eq!(response.status(), 200);
+            let (text, raw) = api.client_text(response, stream).await;
+            assert!(!raw.contains(TOOL), "{raw}");
+            let requests = model_requests(&upstream);
+            assert_eq!(requests.len(), 2, "{api:?} stream={stream}");
+            let answer = api.answers(&requests[1]).unwrap();
+            assert!(answer.starts_with("Error: "), "{api:?}: {answer}");
+            assert!(answer.contains("ctx:00000000.999"), "{answer}");
+            assert!(text.contains("ctx:00000000.999"), "{text}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_round_limit_holds_and_the_last_round_may_not_call_tools() {
+    for api in APIS {
+        for stream in [false, true] {
+            let upstream = scripted_model(api, Script::Always).await;
+            let proxy = Proxy::start(recall_config(&upstream.url())).await;
+            let response = ask(&proxy, api, stream).await;
+            assert_eq!(response.status(), 200);
+            let (_, raw) = api.client_text(response, stream).await;
+            assert!(!raw.contains(TOOL), "{api:?} stream={stream}: {raw}");
+            let requests = model_requests(&upstream);
+            // max_rounds = 2: two rounds served, then one continuation that may not call.
+            assert_eq!(requests.len(), 3, "{api:?} stream={stream}");
+            let none = match api {
+                Api::Messages => json!({"type": "none"}),
+                _ => json!("none"),
+            };
+            assert_eq!(requests[2]["tool_choice"], none, "{api:?}");
+            assert!(requests[1].get("tool_choice").is_none());
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_reply_that_also_calls_the_clients_tools_returns_them_and_serves_no_recall() {
+    for api in APIS {
+        for stream in [false, true] {
+            let upstream = scripted_model(api, Script::Mixed).await;
+            let proxy = Proxy::start(recall_config(&upstream.url())).await;
+            let response = ask(&proxy, api, stream).await;
+            assert_eq!(response.status(), 200);
+            assert!(header(&response, "x-condenser-recalls").is_empty());
+            let (_, raw) = api.client_text(response, stream).await;
+            assert!(raw.contains("run_shell"), "{api:?} stream={stream}: {raw}");
+            assert!(!raw.contains(TOOL), "{api:?} stream={stream}: {raw}");
+            assert_eq!(model_requests(&upstream).len(), 1);
+            let metrics = proxy.metrics().await;
+            assert!(
+                metrics.lines().any(|l| l
+                    .starts_with("condenser_recalls_total{outcome=\"skipped\"")
+                    && l.ends_with(" 1")),
+                "{metrics}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_streamed_reply_that_does_not_call_it_reaches_the_client_as_it_comes() {
+    for api in APIS {
+        let gate = Arc::new(Notify::new());
+        let upstream = scripted_model(api, Script::Gated(gate.clone())).await;
+        let proxy = Proxy::start(recall_config(&upstream.url())).await;
+        let response = ask(&proxy, api, true).await;
+        assert_eq!(response.status(), 200);
+        let mut body = response.bytes_stream();
+        // The first event arrives while upstream holds back the rest of its reply.
+        let first = within("the first event before the rest", body.next())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!first.is_empty());
+        gate.notify_one();
+        let mut rest = String::from_utf8(first.to_vec()).unwrap();
+        while let Some(chunk) = within("the rest", body.next()).await {
+            rest.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+        }
+        assert!(rest.contains("plain answer"), "{api:?}: {rest}");
+        assert!(api.offers_recall(&model_requests(&upstream)[0]));
+    }
+}
+
+#[tokio::test]
+async fn references_stay_valid_across_a_restart_with_redis() {
+    for api in APIS {
+        // Each its own: the dialects' conversations are the same, and would share summaries.
+        let redis = Redis::start().await;
+        let upstream = scripted_model(api, Script::AllRefs).await;
+        let mut config = recall_config(&upstream.url());
+        config.cache.redis_url = redis.url();
+        let mut first = Proxy::start(config.clone()).await;
+        let response = ask(&first, api, false).await;
+        assert_eq!(response.status(), 200);
+        first.shutdown();
+        let _ = (&mut first.served).await;
+        let second = Proxy::start(config).await;
+        let response = ask(&second, api, false).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            header(&response, "x-condenser-cache"),
+            "hit",
+            "{api:?}: the summary came from Redis"
+        );
+        let (text, _) = api.client_text(response, false).await;
+        assert!(text.contains(DECISION), "{api:?}: {text}");
+        let summaries = upstream.summarizer_calls().len();
+        assert_eq!(
+            summaries, 1,
+            "{api:?}: the restarted proxy made no summary of its own"
+        );
+    }
+}
+
+/// The line after the summary that names the archive, wherever the request carries it.
+fn archive_note(value: &Value) -> Option<String> {
+    match value {
+        Value::String(text) => {
+            let at = text.find("\n\n[The ")?;
+            let end = at + text[at..].find(".]")? + 2;
+            text[at..end]
+                .contains("archived verbatim")
+                .then(|| text[at..end].to_string())
+        }
+        Value::Array(items) => items.iter().find_map(archive_note),
+        Value::Object(fields) => fields.values().find_map(archive_note),
+        _ => None,
+    }
+}
+
+/// The prompt tokens of `body` in `api`, as `condenser count` counts them.
+async fn counted(api: Api, body: &Value) -> u32 {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("body.json");
+    std::fs::write(&path, body.to_string()).unwrap();
+    let name = format!("{api:?}").to_lowercase();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_condenser"))
+        .args(["count", "--api", &name])
+        .arg(&path)
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn what_recall_adds_to_a_request_is_the_tool_and_one_line_as_the_plan_counts_them() {
+    for api in APIS {
+        let upstream = scripted_model(api, Script::Gated(Arc::new(Notify::new()))).await;
+        let proxy = Proxy::start(recall_config(&upstream.url())).await;
+        let response = ask(&proxy, api, false).await;
+        assert_eq!(response.status(), 200);
+        let forwarded: u32 = header(&response, "x-condenser-forwarded-tokens")
+            .parse()
+            .unwrap();
+        let sent = model_requests(&upstream)[0].clone();
+        assert_eq!(counted(api, &sent).await, forwarded, "{api:?}");
+        // The same request without the tool and without the line naming the archive.
+        let note = archive_note(&sent).expect("the summary names the archive");
+        let escaped = serde_json::to_string(&note).unwrap();
+        let escaped = &escaped[1..escaped.len() - 1];
+        let plain: Value =
+            serde_json::from_str(&without_recall_tool(&sent).to_string().replace(escaped, ""))
+                .unwrap();
+        assert!(archive_note(&plain).is_none());
+        let info = proxy.state.catalog.resolve(api.model());
+        let note_tokens = condenser::tokens::rules::count_text(info.encoding, &note);
+        let tool_tokens = condenser::compaction::recall::tool_tokens(info.encoding);
+        let added = forwarded - counted(api, &plain).await;
+        // A model counted by another's encoding is counted with the safety margin on top, as
+        // the summary itself is; where the line meets the summary, a token may merge.
+        let margin = if info.exact {
+            0.0
+        } else {
+            proxy.state.config.tokens.unknown_model_margin
+        };
+        let planned = f64::from(tool_tokens + note_tokens) * (1.0 + margin);
+        assert!(
+            (f64::from(added) - planned).abs() <= 2.0,
+            "{api:?}: recall added {added}, planned {tool_tokens} + {note_tokens} (x {})",
+            1.0 + margin
+        );
+    }
+}
