@@ -7,12 +7,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::future::LocalBoxFuture;
+use hyper::header::HeaderMap;
 use serde_json::{json, Value};
 
-use crate::compaction::compactor::Rewrite;
+use crate::compaction::cache::ScopeHeaders;
+use crate::compaction::compactor::{ArchiveScope, Rewrite};
 use crate::compaction::plan::{total_tokens, triggers, Decision, Limits, Mode, PlanInput, Split};
+use crate::compaction::recall::conversation_id;
 use crate::config::{Api, Config, ConfigError, ContextConfig, Overrides};
-use crate::dialect::stages::{count_as_sent, Counting, Dialect, Prepared};
+use crate::dialect::stages::{count_as_sent, write_compaction, Counting, Dialect, Prepared};
 use crate::dialect::{detect_api, with_dialect, WithDialect};
 use crate::error::ProxyError;
 use crate::tokens::catalog::ModelCatalog;
@@ -130,19 +133,27 @@ async fn counted_as<D: Dialect>(config: &Config, body: &[u8]) -> Result<Counted,
 }
 
 /// The exact prompt of what the proxy forwards when it goes without a summary (trimmed): the
-/// plan carried out on the body as the proxy carries it out, then counted.
+/// plan carried out on the body as the proxy carries it out, then counted. With `recall`,
+/// cut outputs name their references and the tool is offered, as the proxy does for a
+/// caller that sends no scope header.
 async fn trimmed_as<D: Dialect>(
     config: &Config,
     body: &[u8],
     split: &Split,
-    settings: &ContextConfig,
+    (settings, recall): (&ContextConfig, bool),
 ) -> Result<u64, CommandError> {
     let mut request = D::parse(body)?;
     let catalog = ModelCatalog::new(config.models.clone(), config.tokens.clone());
     let counter = TokenCounter::new(config.tokens.unknown_model_margin);
     let encoding = catalog.resolve(D::model(&request)).encoding;
-    let rewrite = Rewrite::trimmed(split, Duration::ZERO);
-    D::rewrite(&mut request, split, &rewrite, settings, encoding);
+    let mut rewrite = Rewrite::trimmed(split, Duration::ZERO);
+    if recall && !split.shorten.is_empty() {
+        rewrite.archive = Some(ArchiveScope {
+            caller: ScopeHeaders::new(&config.cache)?.caller(&HeaderMap::new()),
+            conversation: conversation_id(&D::conversation(&request), split.head),
+        });
+    }
+    write_compaction::<D>(&mut request, split, &rewrite, settings, encoding);
     let (sent, _) = D::outgoing_body(request, Bytes::new(), true)?;
     let counting = Counting {
         config,
@@ -156,7 +167,7 @@ async fn trimmed_tokens(
     config: &Config,
     counted: &Counted,
     split: &Split,
-    settings: &ContextConfig,
+    settings: (&ContextConfig, bool),
 ) -> Result<u64, CommandError> {
     let trim = TrimAs {
         config,
@@ -172,7 +183,8 @@ struct TrimAs<'a> {
     config: &'a Config,
     body: &'a [u8],
     split: &'a Split,
-    settings: &'a ContextConfig,
+    /// The request's `[context]`, and whether it offers recall.
+    settings: (&'a ContextConfig, bool),
 }
 
 impl<'a> WithDialect for TrimAs<'a> {
@@ -301,7 +313,10 @@ pub async fn plan(
         return Ok(out);
     };
     write_split(&mut out, split, roles, config);
-    let trimmed = trimmed_tokens(config, &counted, split, &settings).await?;
+    let recall = config
+        .recall_for(options.profile)
+        .is_some_and(|recall| recall.enabled);
+    let trimmed = trimmed_tokens(config, &counted, split, (&settings, recall)).await?;
     let _ = writeln!(
         out,
         "forwarded = {trimmed} tokens when trimmed (no summary)"

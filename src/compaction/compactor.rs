@@ -92,7 +92,8 @@ pub struct Rewrite {
     pub summarized: usize,
     /// Time spent waiting on the summarizer (not condenser's own overhead).
     pub waited: Duration,
-    /// Where the summarized items are archived, when the request offers recall.
+    /// Where the summarized items and the cleared tool outputs are archived, when the
+    /// request offers recall.
     pub archive: Option<ArchiveScope>,
 }
 
@@ -137,6 +138,25 @@ impl Rewrite {
             ));
         }
         Some(text)
+    }
+
+    /// The reference a cleared output's stub names, when the request offers recall.
+    pub fn cleared_reference(&self, index: usize) -> Option<String> {
+        let archive = self.archive.as_ref()?;
+        Some(recall::reference(&archive.conversation, index))
+    }
+
+    /// The conversation's items this rewrite archived, which recall searches: those its
+    /// summary replaces, and the tool outputs it cut.
+    pub fn archived_items(&self, split: &Split) -> Vec<usize> {
+        let summarized = if self.summary.is_some() {
+            split.head..self.kept_from
+        } else {
+            0..0
+        };
+        summarized
+            .chain(split.shorten.iter().map(|cut| cut.index))
+            .collect()
     }
 }
 
@@ -338,6 +358,32 @@ fn prefix(compactor: &Compactor, job: &CompactionJob<'_>) -> Prefix {
     }
 }
 
+/// Where a conversation's items are archived: its caller, and its id.
+fn archive_scope(compactor: &Compactor, job: &CompactionJob<'_>) -> ArchiveScope {
+    ArchiveScope {
+        caller: compactor.scope_headers.caller(job.headers),
+        conversation: recall::conversation_id(job.messages, job.split.head),
+    }
+}
+
+/// The tool outputs the rewrite cuts, archived whole under the references their stubs
+/// name; already archived ones cost nothing more (`SummaryCache::archive_put`).
+async fn archive_cleared(compactor: &Compactor, job: &CompactionJob<'_>, archive: &ArchiveScope) {
+    let cleared: Vec<(String, String)> = job
+        .split
+        .shorten
+        .iter()
+        .filter_map(|cut| {
+            let item = job.messages.get(cut.index)?;
+            Some((
+                recall::reference(&archive.conversation, cut.index),
+                item.to_string(),
+            ))
+        })
+        .collect();
+    compactor.cache.archive_put(&archive.caller, &cleared).await;
+}
+
 /// The latest-ending summary being made for one of the split's candidate ends.
 fn pending(compactor: &Compactor, split: &Split, keys: &[Key]) -> Option<(usize, SharedSummary)> {
     let in_flight = compactor.in_flight.lock().ok()?;
@@ -376,7 +422,7 @@ async fn lookup<'r>(
     let on_hand = OnHand { cached, pending };
     let summarizer_info = compactor.catalog.resolve(&summarizer_model);
     let api = compactor.summarizer.api_for(job.api);
-    let conversation = recall::conversation_id(&keys[split.head]);
+    let conversation = recall::conversation_id(job.messages, split.head);
     let lookup = Lookup {
         keys,
         source: SpanSource {
@@ -450,14 +496,30 @@ pub async fn compact(
     compactor: &Arc<Compactor>,
     job: CompactionJob<'_>,
 ) -> Result<Rewrite, ProxyError> {
+    let mut rewrite = carried_out(compactor, &job).await?;
+    let cuts = rewrite.action != Action::Forwarded && !job.split.shorten.is_empty();
+    if job.recall && cuts {
+        let archive = rewrite
+            .archive
+            .get_or_insert_with(|| archive_scope(compactor, &job));
+        archive_cleared(compactor, &job, archive).await;
+    }
+    Ok(rewrite)
+}
+
+/// The plan carried out, with what is on hand or made now.
+async fn carried_out(
+    compactor: &Arc<Compactor>,
+    job: &CompactionJob<'_>,
+) -> Result<Rewrite, ProxyError> {
     let split = job.split;
     if split.summarized() == 0 {
         // Only tool outputs to shorten: nothing for the summarizer.
-        return Ok(trimmed(&job, Duration::ZERO));
+        return Ok(trimmed(job, Duration::ZERO));
     }
-    let (lookup, on_hand) = lookup(compactor, &job, prefix(compactor, &job)).await;
+    let (lookup, on_hand) = lookup(compactor, job, prefix(compactor, job)).await;
     if job.mode == Mode::Auto {
-        if let Some(rewrite) = without_waiting(compactor, &job, &lookup, &on_hand) {
+        if let Some(rewrite) = without_waiting(compactor, job, &lookup, &on_hand) {
             return Ok(rewrite);
         }
     }
@@ -482,14 +544,14 @@ pub async fn compact(
     let waited = started.elapsed();
     match summary {
         // A summary that came out too large to fit: without it, the plan fits.
-        Ok(summary) if tier_with((&job, &lookup), &summary, wanted) == Tier::Hard => {
+        Ok(summary) if tier_with((job, &lookup), &summary, wanted) == Tier::Hard => {
             tracing::warn!(
                 summary_tokens = summary.tokens,
                 "summary too large for the window; trimming instead"
             );
-            Ok(trimmed(&job, waited))
+            Ok(trimmed(job, waited))
         }
-        Ok(summary) => Ok(summarized((&job, &lookup), summary, wanted, cache, waited)),
+        Ok(summary) => Ok(summarized((job, &lookup), summary, wanted, cache, waited)),
         Err(error) => {
             // An open breaker logged its opening once; each request it turns away is no news.
             if matches!(error, SummarizeError::CircuitOpen(_)) {
@@ -500,7 +562,7 @@ pub async fn compact(
             match job.settings.on_failure {
                 OnFailure::Forward => Ok(as_sent(CacheOutcome::None, waited)),
                 OnFailure::Error => Err(ProxyError::SummarizerFailed(error)),
-                OnFailure::Trim => Ok(trimmed(&job, waited)),
+                OnFailure::Trim => Ok(trimmed(job, waited)),
             }
         }
     }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::compaction::cache::SummaryCache;
+use crate::compaction::cache::{prefix_keys, SummaryCache};
 use crate::compaction::shorten::cut_middle;
 use crate::compaction::summary::{hex, Key};
 use crate::tokens::encoding::Encoding;
@@ -20,6 +20,11 @@ pub const REFERENCE_PREFIX: &str = "ctx:";
 /// 32 bits of a conversation's first prefix key: two conversations of one caller (whose
 /// archive alone it names) share an id about once in four billion pairs.
 const CONVERSATION_HEX_DIGITS: usize = 8;
+
+/// What a conversation's id is hashed from besides its items. No caller is in it: the
+/// archive is keyed by caller already, and an id made of the conversation alone can be told
+/// without a request (`condenser plan`).
+const CONVERSATION_SEED: Key = [0; 32];
 
 const EXPECTED_SHAPE: &str = r#"expected {"refs": ["ctx:…", …]} or {"query": "words"} (or both)"#;
 
@@ -66,10 +71,16 @@ pub fn tool_tokens(encoding: Encoding) -> u32 {
     count_tools(encoding, std::slice::from_ref(&tool))
 }
 
-/// A conversation's id in its caller's archive, from the prefix key of its first item after
-/// the head: the same on every turn of the conversation and on every replica.
-pub fn conversation_id(first_key: &Key) -> String {
-    hex(first_key)[..CONVERSATION_HEX_DIGITS].to_string()
+/// A conversation's id in its caller's archive, from its head and first item after it (or
+/// all of it, when shorter): the same on every turn of the conversation and on every
+/// replica.
+pub fn conversation_id(messages: &[Value], head: usize) -> String {
+    let first = &messages[..(head + 1).min(messages.len())];
+    let key = prefix_keys(&CONVERSATION_SEED, first)
+        .last()
+        .copied()
+        .unwrap_or(CONVERSATION_SEED);
+    hex(&key)[..CONVERSATION_HEX_DIGITS].to_string()
 }
 
 /// The reference of the conversation's item `index`: `ctx:<conversation>.<index>`. Named by
@@ -267,7 +278,7 @@ fn within_budget(
                 .saturating_sub(used + count(&cut_note) + join + left_out_cost + count(&header));
             blocks.push(format!(
                 "{header}{}",
-                cut_middle(limits.encoding, text, room)
+                cut_middle(limits.encoding, text, room, None)
             ));
             notes.insert(0, cut_note);
         }
@@ -412,11 +423,22 @@ mod tests {
 
     #[test]
     fn references_name_the_conversation_and_position_and_the_note_names_the_range() {
-        let id = conversation_id(&[0xab; 32]);
-        assert_eq!(id, "abababab");
-        assert_eq!(reference(&id, 7), "ctx:abababab.7");
+        let system = json!({"role": "system", "content": "rules"});
+        let task = |text: &str| json!({"role": "user", "content": text});
+        let id = conversation_id(&[system.clone(), task("fix the build"), task("later")], 1);
+        assert_eq!(id.len(), 8);
+        // Its head and first item name it; what follows does not.
+        assert_eq!(
+            id,
+            conversation_id(&[system.clone(), task("fix the build")], 1)
+        );
+        assert_ne!(id, conversation_id(&[system, task("write the docs")], 1));
+        assert_eq!(reference(&id, 7), format!("ctx:{id}.7"));
         let note = archived_note(&id, 1..12, "messages");
-        assert!(note.contains("ctx:abababab.1 to ctx:abababab.11"), "{note}");
+        assert!(
+            note.contains(&format!("ctx:{id}.1 to ctx:{id}.11")),
+            "{note}"
+        );
         assert!(note.contains("condenser_recall"));
     }
 

@@ -19,34 +19,41 @@ const JOIN_SLACK_TOKENS: usize = 2;
 const MAX_TIGHTENINGS: usize = 8;
 
 /// `text` as it is when it counts at most `budget` tokens; else its first and last tokens
-/// around a marker naming how many were removed, counting at most `budget` (or the marker
-/// alone, when even that does not fit).
-pub fn cut_middle(encoding: Encoding, text: &str, budget: u32) -> String {
+/// around a marker naming how many were removed (and the `reference` recall gives the whole
+/// under, when there is one), counting at most `budget` (or the marker alone, when even that
+/// does not fit).
+pub fn cut_middle(encoding: Encoding, text: &str, budget: u32, reference: Option<&str>) -> String {
     let bpe = bpe(encoding);
     let tokens = bpe.encode_ordinary(text);
     let budget = budget as usize;
     if tokens.len() <= budget {
         return text.to_string();
     }
-    let marker_tokens = count_text(encoding, &marker(tokens.len())) as usize + JOIN_SLACK_TOKENS;
+    let marker_tokens =
+        count_text(encoding, &marker(tokens.len(), reference)) as usize + JOIN_SLACK_TOKENS;
     let mut keep = budget.saturating_sub(marker_tokens);
     for _ in 0..MAX_TIGHTENINGS {
         let head_len = keep / 2;
         let head = decodable_prefix(encoding, &tokens[..head_len]);
         let tail = decodable_suffix(encoding, &tokens[tokens.len() - (keep - head_len)..]);
         let removed = tokens.len() - head.1 - tail.1;
-        let cut = format!("{}{}{}", head.0, marker(removed), tail.0);
+        let cut = format!("{}{}{}", head.0, marker(removed, reference), tail.0);
         let counted = count_text(encoding, &cut) as usize;
         if counted <= budget || keep == 0 {
             return cut;
         }
         keep = keep.saturating_sub(counted - budget);
     }
-    marker(tokens.len())
+    marker(tokens.len(), reference)
 }
 
-fn marker(removed: usize) -> String {
-    format!("\n[… {removed} tokens removed …]\n")
+fn marker(removed: usize, reference: Option<&str>) -> String {
+    match reference {
+        Some(reference) => {
+            format!("\n[… {removed} tokens removed; condenser_recall {reference} returns them …]\n")
+        }
+        None => format!("\n[… {removed} tokens removed …]\n"),
+    }
 }
 
 /// The text of the longest prefix of `tokens` that ends on a character boundary, and how
@@ -78,15 +85,21 @@ fn decodable_suffix(encoding: Encoding, tokens: &[u32]) -> (String, usize) {
 
 /// Cuts the output texts of one item so the whole item counts at most `cut.keep_tokens`:
 /// its framing (role, ids, the rest of its content) stays as it is, and the texts share
-/// what is left, each in proportion to its size.
-pub fn cut_item_texts(encoding: Encoding, texts: Vec<&mut String>, cut: &Shorten) {
+/// what is left, each in proportion to its size. Each cut names `reference`, under which
+/// recall gives the item whole, when the request offers it.
+pub fn cut_item_texts(
+    encoding: Encoding,
+    texts: Vec<&mut String>,
+    cut: &Shorten,
+    reference: Option<&str>,
+) {
     let sizes: Vec<u32> = texts.iter().map(|t| count_text(encoding, t)).collect();
     let framing = cut.tokens.saturating_sub(sizes.iter().sum());
     let budget = cut
         .keep_tokens
         .saturating_sub(framing + FRAMING_SLACK_TOKENS);
     for (text, share) in texts.into_iter().zip(shares(&sizes, budget)) {
-        *text = cut_middle(encoding, text, share);
+        *text = cut_middle(encoding, text, share, reference);
     }
 }
 
@@ -123,7 +136,7 @@ mod tests {
     fn a_text_within_the_budget_is_left_alone() {
         let text = log(3);
         let tokens = count_text(Encoding::O200k, &text);
-        assert_eq!(cut_middle(Encoding::O200k, &text, tokens), text);
+        assert_eq!(cut_middle(Encoding::O200k, &text, tokens, None), text);
     }
 
     #[test]
@@ -131,9 +144,9 @@ mod tests {
         for encoding in [Encoding::O200k, Encoding::Cl100k] {
             let text = log(400);
             for budget in [0, 5, 17, 64, 256, 1000] {
-                let cut = cut_middle(encoding, &text, budget);
+                let cut = cut_middle(encoding, &text, budget, None);
                 let counted = count_text(encoding, &cut);
-                let marker_only = count_text(encoding, &marker(9999));
+                let marker_only = count_text(encoding, &marker(9999, None));
                 assert!(
                     counted <= budget.max(marker_only),
                     "{encoding:?} budget {budget}: {counted}"
@@ -152,8 +165,8 @@ mod tests {
     #[test]
     fn the_same_text_and_budget_always_cut_the_same() {
         let text = log(300);
-        let once = cut_middle(Encoding::O200k, &text, 300);
-        assert_eq!(once, cut_middle(Encoding::O200k, &text, 300));
+        let once = cut_middle(Encoding::O200k, &text, 300, None);
+        assert_eq!(once, cut_middle(Encoding::O200k, &text, 300, None));
         // The marker names what was removed from this text, whatever else is in the request.
         let total = count_text(Encoding::O200k, &text) as usize;
         let removed: usize = once
@@ -163,6 +176,23 @@ mod tests {
             .and_then(|n| n.parse().ok())
             .unwrap_or(0);
         assert!(removed > 0 && removed < total, "{removed} of {total}");
+    }
+
+    #[test]
+    fn a_cut_that_names_its_reference_still_counts_within_its_budget() {
+        let text = log(400);
+        let reference = "ctx:7f3a2c91.17";
+        let cut = cut_middle(Encoding::O200k, &text, 256, Some(reference));
+        assert!(count_text(Encoding::O200k, &cut) <= 256);
+        assert!(
+            cut.contains(&format!("condenser_recall {reference} returns them")),
+            "{cut}"
+        );
+        assert!(cut.starts_with("line 0:"), "{cut}");
+        assert_eq!(
+            cut,
+            cut_middle(Encoding::O200k, &text, 256, Some(reference))
+        );
     }
 
     #[test]

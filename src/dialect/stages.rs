@@ -185,6 +185,22 @@ pub struct Counting<'a> {
     pub counter: &'a TokenCounter,
 }
 
+/// Writes a compaction into the request, and offers the recall tool when the rewrite names
+/// an archive (its summary and cut outputs name references only then); returns the tool's
+/// wire when offered. The proxy and `condenser plan` both write a request through it.
+pub fn write_compaction<D: Dialect>(
+    request: &mut D::Request,
+    split: &Split,
+    rewrite: &Rewrite,
+    settings: &ContextConfig,
+    encoding: Encoding,
+) -> Option<&'static dyn RecallWire> {
+    D::rewrite(request, split, rewrite, settings, encoding);
+    let wire = D::RECALL.filter(|_| rewrite.archive.is_some())?;
+    wire.offer(D::body_mut(request));
+    Some(wire)
+}
+
 /// The prompt of a body this dialect forwards, counted as its raw first stage counts any
 /// request (each item found by its bytes, counted once ever), else parsed and counted in full:
 /// a rewritten request is counted on the bytes it forwards, as `condenser count` counts them.

@@ -10,7 +10,9 @@ use hyper::header::HeaderMap;
 use crate::compaction::compactor::{self, Action, CompactionJob};
 use crate::compaction::plan::{Decision, Limits, Mode, Split};
 use crate::config::{ContextConfig, RecallConfig};
-use crate::dialect::stages::{count_as_sent, Counting, Dialect, Planned, Prepared, Ready};
+use crate::dialect::stages::{
+    count_as_sent, write_compaction, Counting, Dialect, Planned, Prepared, Ready,
+};
 use crate::error::ProxyError;
 use crate::pipeline::recall::Recallable;
 use crate::pipeline::state::AppState;
@@ -208,19 +210,15 @@ async fn compacted<D: Dialect>(
     let rewrite = compactor::compact(&state.compactor, job).await?;
     drop(conversation);
     let rewritten = rewrite.action != Action::Forwarded;
-    if rewritten {
-        D::rewrite(request, split, &rewrite, settings, prepared.info.encoding);
-    }
-    // The summary names the archive only when the tool to read it is offered.
-    let recall = match (rewrite.archive, D::RECALL) {
-        (Some(archive), Some(wire)) => {
-            wire.offer(D::body_mut(request));
-            Some(Recallable {
-                archive,
-                summarized: split.head..rewrite.kept_from,
-                wire,
-            })
-        }
+    let offered = rewritten
+        .then(|| write_compaction::<D>(request, split, &rewrite, settings, prepared.info.encoding))
+        .flatten();
+    let recall = match (offered, &rewrite.archive) {
+        (Some(wire), Some(archive)) => Some(Recallable {
+            archive: archive.clone(),
+            archived: rewrite.archived_items(split),
+            wire,
+        }),
         _ => None,
     };
     let outcome = Outcome {

@@ -4,7 +4,6 @@
 //! streamed reply is relayed as it comes; only a recall call's events are held back, and
 //! each continuation's events are stitched into the same stream (`RecallStream`).
 
-use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -33,11 +32,11 @@ const MAX_REPLY_BYTES: usize = 32 * 1024 * 1024;
 
 pub const RECALLS_HEADER: HeaderName = HeaderName::from_static("x-condenser-recalls");
 
-/// What a compacted request offered recall over: where its summarized items are archived,
-/// and which of the conversation's items its summary replaced (what a query searches).
+/// What a compacted request offered recall over: where its items are archived, and which
+/// of the conversation's items its summary replaced or its stubs cut (what a query searches).
 pub struct Recallable {
     pub archive: ArchiveScope,
-    pub summarized: Range<usize>,
+    pub archived: Vec<usize>,
     pub wire: &'static dyn RecallWire,
 }
 
@@ -87,9 +86,9 @@ impl Recall {
         (config, encoding): (RecallConfig, crate::tokens::encoding::Encoding),
     ) -> Recall {
         let conversation = offered
-            .summarized
-            .clone()
-            .map(|i| recall::reference(&offered.archive.conversation, i))
+            .archived
+            .iter()
+            .map(|&i| recall::reference(&offered.archive.conversation, i))
             .collect();
         let counters = |outcome| {
             state

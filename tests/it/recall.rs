@@ -39,6 +39,8 @@ enum Script {
     Always,
     /// Calls one of the client's own tools and recall in the same reply.
     Mixed,
+    /// Asks for the reference a cut tool output's stub names.
+    ClearedRef,
     /// Never calls it; streams its first event, then waits for the gate.
     Gated(Arc<Notify>),
 }
@@ -114,24 +116,27 @@ impl Api {
             Api::Chat => {
                 let messages = request["messages"].as_array()?;
                 let last = messages.last()?;
-                (last["role"] == "tool").then(|| last["content"].as_str().unwrap().to_string())
+                (last["role"] == "tool" && answers_a_recall(&last["tool_call_id"]))
+                    .then(|| last["content"].as_str().unwrap().to_string())
             }
             Api::Responses => {
                 let last = request["input"].as_array()?.last()?.clone();
-                (last["type"] == "function_call_output")
+                (last["type"] == "function_call_output" && answers_a_recall(&last["call_id"]))
                     .then(|| last["output"].as_str().unwrap().to_string())
             }
             Api::Messages => {
                 let last = request["messages"].as_array()?.last()?.clone();
                 let block = last["content"].as_array()?.first()?.clone();
-                (block["type"] == "tool_result").then(|| {
-                    let error = if block["is_error"] == json!(true) {
-                        "Error: "
-                    } else {
-                        ""
-                    };
-                    format!("{error}{}", block["content"].as_str().unwrap())
-                })
+                (block["type"] == "tool_result" && answers_a_recall(&block["tool_use_id"])).then(
+                    || {
+                        let error = if block["is_error"] == json!(true) {
+                            "Error: "
+                        } else {
+                            ""
+                        };
+                        format!("{error}{}", block["content"].as_str().unwrap())
+                    },
+                )
             }
         }
     }
@@ -338,6 +343,12 @@ impl Api {
     }
 }
 
+/// Whether a tool answer answers a call of the scripted model's (`call_N`), not one of the
+/// client's own in the conversation it was sent.
+fn answers_a_recall(call_id: &Value) -> bool {
+    call_id.as_str().is_some_and(|id| id.starts_with("call_"))
+}
+
 fn chat_chunk(delta: Value, finish: Option<&str>) -> String {
     let chunk = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "gpt-4o",
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
@@ -461,6 +472,16 @@ async fn scripted_model(api: Api, script: Script) -> MockUpstream {
                     )],
                     stream,
                 ),
+                Script::ClearedRef => {
+                    let text = request.to_string();
+                    let reference = text
+                        .split("condenser_recall ")
+                        .nth(1)
+                        .and_then(|rest| rest.split(' ').next())
+                        .unwrap_or("no stub named a reference")
+                        .to_string();
+                    api.call_reply(&[recall(json!({"refs": [reference]}))], stream)
+                }
                 Script::Missing => {
                     api.call_reply(&[recall(json!({"refs": ["ctx:00000000.999"]}))], stream)
                 }
@@ -731,5 +752,91 @@ async fn what_recall_adds_to_a_request_is_the_tool_and_one_line_as_the_plan_coun
             "{api:?}: recall added {added}, planned {tool_tokens} + {note_tokens} (x {})",
             1.0 + margin
         );
+    }
+}
+
+/// A tool output the size of a long log, a line in its middle that a cut leaves out.
+fn long_log() -> String {
+    format!(
+        "{}\nMIDDLE: the flaky test is test_port_binding_23456\n{}",
+        filler(3, 3_500),
+        filler(4, 3_500)
+    )
+}
+
+impl Api {
+    /// A task, one call of the client's tool, and its output: too long for the window, with
+    /// nothing before it to summarize.
+    fn tool_session(self, stream: bool) -> Value {
+        let task = "Read the test log and tell me which test is flaky.";
+        let output = long_log();
+        let mut body = match self {
+            Api::Chat => json!({"model": self.model(), "messages": [
+                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": task},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "client_1", "type": "function", "function": {"name": "read_log", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "client_1", "content": output}]}),
+            Api::Responses => {
+                json!({"model": self.model(), "instructions": SYSTEM_PROMPT, "input": [
+                {"role": "user", "content": task},
+                {"type": "function_call", "call_id": "client_1", "name": "read_log", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "client_1", "output": output}]})
+            }
+            Api::Messages => {
+                json!({"model": self.model(), "max_tokens": 500, "system": SYSTEM_PROMPT, "messages": [
+                {"role": "user", "content": task},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "client_1", "name": "read_log", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "client_1", "content": output}]}]})
+            }
+        };
+        if stream {
+            body["stream"] = json!(true);
+        }
+        body
+    }
+}
+
+#[tokio::test]
+async fn a_cut_tool_output_names_its_reference_and_recall_gives_it_back_whole() {
+    for api in APIS {
+        for stream in [false, true] {
+            let upstream = scripted_model(api, Script::ClearedRef).await;
+            let mut config = recall_config(&upstream.url());
+            // Room for the whole log in one answer.
+            config.recall.max_tokens = 16_000;
+            let proxy = Proxy::start(config).await;
+            let response = client()
+                .post(proxy.url(api.path()))
+                .json(&api.tool_session(stream))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200, "{api:?} stream={stream}");
+            assert_eq!(header(&response, "x-condenser-action"), "trimmed");
+            let (text, raw) = api.client_text(response, stream).await;
+            assert!(!raw.contains(TOOL), "{api:?} stream={stream}: {raw}");
+            let requests = model_requests(&upstream);
+            assert_eq!(requests.len(), 2, "{api:?} stream={stream}");
+            let first = requests[0].to_string();
+            assert!(
+                first.contains("tokens removed; condenser_recall ctx:"),
+                "{api:?}"
+            );
+            assert!(
+                !first.contains("test_port_binding_23456"),
+                "{api:?}: the cut kept it"
+            );
+            assert!(api.offers_recall(&requests[0]));
+            let answer = api.answers(&requests[1]).unwrap();
+            // The whole output, as the client sent it, in the item recall gives back.
+            let escaped = serde_json::to_string(&long_log()).unwrap();
+            assert!(
+                answer.contains(&escaped[1..escaped.len() - 1]),
+                "{api:?} stream={stream}: {}",
+                &answer[..answer.len().min(300)]
+            );
+            assert!(text.contains("test_port_binding_23456"), "{api:?}: {text}");
+            assert!(upstream.summarizer_calls().is_empty());
+        }
     }
 }

@@ -376,7 +376,8 @@ fn compacted_messages(
         let mut message = message.clone();
         if let Some(cut) = split.shorten.iter().find(|cut| cut.index == index) {
             let mut text = content_text(&message);
-            cut_item_texts(encoding, vec![&mut text], cut);
+            let reference = rewrite.cleared_reference(index);
+            cut_item_texts(encoding, vec![&mut text], cut, reference.as_deref());
             message["content"] = Value::String(text);
         }
         message

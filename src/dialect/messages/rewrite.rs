@@ -32,7 +32,12 @@ pub(super) fn compacted_messages(
             .checked_sub(kept_from)
             .and_then(|at| kept.get_mut(at))
         {
-            cut_item_texts(encoding, tool_result_texts(message), cut);
+            cut_item_texts(
+                encoding,
+                tool_result_texts(message),
+                cut,
+                rewrite.cleared_reference(cut.index).as_deref(),
+            );
         }
     }
     if let Some(task) = rewrite.pinned.clone() {
@@ -187,6 +192,7 @@ mod tests {
                 tokens: before,
                 keep_tokens: 500,
             },
+            None,
         );
         let a = message["content"][0]["content"].as_str().unwrap();
         let b = message["content"][1]["content"][0]["text"]

@@ -387,7 +387,8 @@ fn compacted_input(
         let mut item = item.clone();
         let cut = split.shorten.iter().find(|cut| cut.index == index);
         if let (Some(cut), Some(Value::String(output))) = (cut, item.get_mut("output")) {
-            cut_item_texts(encoding, vec![output], cut);
+            let reference = rewrite.cleared_reference(index);
+            cut_item_texts(encoding, vec![output], cut, reference.as_deref());
         }
         item
     }));
