@@ -73,6 +73,16 @@ pub trait RecallStream: Send {
     /// No round follows: the events that close the client's stream (the held closing
     /// events, usage summed over every round, nothing of the tool in them).
     fn close(&mut self) -> Bytes;
+
+    /// The continuation could not be had: the event that ends the client's stream with
+    /// `message` as an error, in the API's own stream format, so that a reply whose only
+    /// content was held back never ends as an empty success.
+    fn failed(&mut self, message: &str) -> Bytes;
+}
+
+/// The message a client's stream ends with when its continuation failed.
+pub fn continuation_failed(reason: &str) -> String {
+    format!("upstream failed while condenser continued the reply: {reason}")
 }
 
 /// The JSON an SSE event carries: its `data:` lines joined, parsed. `None` for an event

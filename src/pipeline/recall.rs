@@ -19,7 +19,9 @@ use serde_json::{Map, Value};
 use crate::compaction::compactor::{ArchiveScope, Compactor};
 use crate::compaction::recall::{self, RecallAnswer, RecallLimits};
 use crate::config::RecallConfig;
-use crate::dialect::recall::{Answered, RecallCall, RecallStream, RecallWire, RoundCalls};
+use crate::dialect::recall::{
+    continuation_failed, Answered, RecallCall, RecallStream, RecallWire, RoundCalls,
+};
 use crate::dialect::stages::Dialect;
 use crate::error::ProxyError;
 use crate::pipeline::state::AppState;
@@ -324,12 +326,17 @@ impl Streamed {
                         }
                     }
                     let calls = self.events.round_end();
-                    if self.recall.serves(&calls, self.rounds) && self.next_round(calls).await {
-                        continue;
-                    }
+                    let end = if self.recall.serves(&calls, self.rounds) {
+                        match self.next_round(calls).await {
+                            Ok(()) => continue,
+                            Err(reason) => self.events.failed(&continuation_failed(&reason)),
+                        }
+                    } else {
+                        self.events.close()
+                    };
                     self.ended = true;
                     let mut close = self.carry.split();
-                    close.extend_from_slice(&self.events.close());
+                    close.extend_from_slice(&end);
                     return Some((Ok(close.freeze()), self));
                 }
             }
@@ -348,15 +355,12 @@ impl Streamed {
         out.freeze()
     }
 
-    /// The next round's stream in place of the ended one; false when it could not be had,
-    /// and the client's stream ends with what it got.
-    async fn next_round(&mut self, calls: RoundCalls) -> bool {
+    /// The next round's stream in place of the ended one; why not, when it could not be
+    /// had and the client's stream ends with an error after what it got.
+    async fn next_round(&mut self, calls: RoundCalls) -> Result<(), String> {
         let mut request = match self.request.take() {
             Some(request) => request,
-            None => match self.recall.request_tree() {
-                Ok(request) => request,
-                Err(_) => return false,
-            },
+            None => self.recall.request_tree().map_err(|e| e.to_string())?,
         };
         self.rounds += 1;
         let response = self
@@ -370,15 +374,15 @@ impl Streamed {
                 self.body = response.into_body();
                 self.pending.clear();
                 self.events.next_round();
-                true
+                Ok(())
             }
             Ok(response) => {
                 tracing::warn!(status = %response.status(), "recall continuation refused");
-                false
+                Err(format!("it answered {}", response.status()))
             }
             Err(error) => {
                 tracing::warn!(%error, "recall continuation failed");
-                false
+                Err(error.to_string())
             }
         }
     }

@@ -41,6 +41,8 @@ enum Script {
     Mixed,
     /// Asks for the reference a cut tool output's stub names.
     ClearedRef,
+    /// Calls it, then fails the continuation with a 500.
+    FailedContinuation,
     /// Never calls it; streams its first event, then waits for the gate.
     Gated(Arc<Notify>),
 }
@@ -452,6 +454,9 @@ async fn scripted_model(api: Api, script: Script) -> MockUpstream {
             }
             let stream = request["stream"] == json!(true);
             if let Some(answers) = api.answers(&request) {
+                if matches!(script, Script::FailedContinuation) {
+                    return json_response(500, &json!({"error": {"message": "model crashed"}}));
+                }
                 if !matches!(script, Script::Always) {
                     return api.text_reply(&format!("Recalled: {answers}"), stream, None);
                 }
@@ -462,7 +467,7 @@ async fn scripted_model(api: Api, script: Script) -> MockUpstream {
             let recall = |args: Value| (TOOL, args);
             match script {
                 Script::Gated(gate) => api.text_reply("plain answer", stream, Some(gate)),
-                Script::AllRefs | Script::Always => api.call_reply(
+                Script::AllRefs | Script::Always | Script::FailedContinuation => api.call_reply(
                     &[recall(json!({"refs": named_references(&request)}))],
                     stream,
                 ),
@@ -837,6 +842,56 @@ async fn a_cut_tool_output_names_its_reference_and_recall_gives_it_back_whole() 
             );
             assert!(text.contains("test_port_binding_23456"), "{api:?}: {text}");
             assert!(upstream.summarizer_calls().is_empty());
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_failed_continuation_is_an_error_to_the_client_never_an_empty_success() {
+    for api in APIS {
+        for stream in [false, true] {
+            let upstream = scripted_model(api, Script::FailedContinuation).await;
+            let proxy = Proxy::start(recall_config(&upstream.url())).await;
+            let response = ask(&proxy, api, stream).await;
+            let status = response.status();
+            let raw = if stream {
+                stream_text(response).await
+            } else {
+                response.text().await.unwrap()
+            };
+            assert!(!raw.contains(TOOL), "{api:?} stream={stream}: {raw}");
+            assert_eq!(
+                model_requests(&upstream).len(),
+                2,
+                "{api:?} stream={stream}"
+            );
+            if stream {
+                // The stream had begun: it ends with an error event in the API's own format.
+                assert_eq!(status, 200);
+                let last = raw.trim_end().rsplit("\n\n").next().unwrap();
+                let data: Value = serde_json::from_str(
+                    last.lines().find_map(|l| l.strip_prefix("data: ")).unwrap(),
+                )
+                .unwrap();
+                let message = match api {
+                    Api::Chat => &data["error"]["message"],
+                    Api::Responses => &data["message"],
+                    Api::Messages => &data["error"]["message"],
+                };
+                assert!(message.as_str().unwrap().contains("500"), "{api:?}: {last}");
+                if api != Api::Chat {
+                    assert!(last.starts_with("event: error"), "{api:?}: {last}");
+                }
+            } else {
+                assert_eq!(status, 500, "{api:?}: upstream's error, relayed");
+            }
+            let metrics = proxy.metrics().await;
+            assert!(
+                metrics.lines().any(|l| l
+                    .starts_with("condenser_recalls_total{outcome=\"failed\"")
+                    && l.ends_with(" 1")),
+                "{api:?} stream={stream}"
+            );
         }
     }
 }

@@ -300,6 +300,14 @@ impl RecallStream for ChatStream {
         self.done = None;
     }
 
+    /// As OpenAI ends a stream that failed: a `data:` chunk holding an error object, no
+    /// `[DONE]`.
+    fn failed(&mut self, message: &str) -> Bytes {
+        let error = json!({"error": {"message": message, "type": "server_error",
+            "param": null, "code": "upstream_error"}});
+        Bytes::from(format!("data: {error}\n\n"))
+    }
+
     fn close(&mut self) -> Bytes {
         let mut out = BytesMut::new();
         if let Some(finish) = self.finish.take() {

@@ -358,6 +358,12 @@ impl RecallStream for MessagesRecallStream {
         self.closing_stop = None;
     }
 
+    /// Anthropic's `error` event, which its SDKs raise.
+    fn failed(&mut self, message: &str) -> Bytes {
+        let error = json!({"type": "error", "error": {"type": "api_error", "message": message}});
+        Bytes::from(format!("event: error\ndata: {error}\n\n"))
+    }
+
     fn close(&mut self) -> Bytes {
         let mut closing = BytesMut::new();
         if let Some((delta, for_tools)) = self.closing_delta.take() {

@@ -366,6 +366,13 @@ impl RecallStream for ResponsesStream {
         self.client_calls = false;
     }
 
+    /// The Responses API's `error` event, numbered after the events the client got.
+    fn failed(&mut self, message: &str) -> Bytes {
+        let error = json!({"type": "error", "code": "server_error", "message": message,
+            "param": null, "sequence_number": self.next_sequence()});
+        Bytes::from(format!("event: error\ndata: {error}\n\n"))
+    }
+
     fn close(&mut self) -> Bytes {
         self.gather_closing();
         let Some((event, mut data)) = self.closing.take() else {
