@@ -516,7 +516,7 @@ async fn the_anthropic_python_sdk_works_through_condenser() {
     })
     .await;
     let proxy = Proxy::start(claude_config(&upstream.url())).await;
-    let stdout = run_sdk_script("anthropic_sdk.py", &proxy.url(""), "anthropic").await;
+    let stdout = run_sdk_script("anthropic_sdk.py", &[&proxy.url("")], "anthropic").await;
     assert!(stdout.contains("plain: summarized"), "{stdout}");
     assert!(stdout.contains("stream: summarized"), "{stdout}");
     assert!(stdout.trim_end().ends_with("ok"), "{stdout}");

@@ -175,26 +175,33 @@ impl Api {
                 "data: [DONE]\n\n".to_string(),
             ],
             Api::Responses => {
+                let part = json!({"type": "output_text", "text": text, "annotations": []});
                 let message = json!({"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-                    "content": [{"type": "output_text", "text": text, "annotations": []}]});
-                vec![
-                    responses_event(
-                        json!({"type": "response.created", "response": {"id": "resp_1", "status": "in_progress", "output": []}}),
+                    "content": [part]});
+                let at = json!({"output_index": 0, "item_id": "msg_1", "content_index": 0});
+                let with = |kind: &str, fields: Value| {
+                    let mut event = at.clone();
+                    event["type"] = json!(kind);
+                    event
+                        .as_object_mut()
+                        .unwrap()
+                        .extend(fields.as_object().unwrap().clone());
+                    event
+                };
+                responses_events(vec![
+                    json!({"type": "response.created", "response": {"id": "resp_1", "status": "in_progress", "output": []}}),
+                    json!({"type": "response.output_item.added", "output_index": 0, "item": {"type": "message", "id": "msg_1", "role": "assistant", "status": "in_progress", "content": []}}),
+                    with(
+                        "response.content_part.added",
+                        json!({"part": {"type": "output_text", "text": "", "annotations": []}}),
                     ),
-                    responses_event(
-                        json!({"type": "response.output_item.added", "output_index": 0, "item": {"type": "message", "id": "msg_1", "role": "assistant", "content": []}}),
-                    ),
-                    responses_event(
-                        json!({"type": "response.output_text.delta", "output_index": 0, "item_id": "msg_1", "content_index": 0, "delta": text}),
-                    ),
-                    responses_event(
-                        json!({"type": "response.output_item.done", "output_index": 0, "item": message}),
-                    ),
-                    responses_event(
-                        json!({"type": "response.completed", "response": {"id": "resp_1", "status": "completed", "output": [message],
+                    with("response.output_text.delta", json!({"delta": text})),
+                    with("response.output_text.done", json!({"text": text})),
+                    with("response.content_part.done", json!({"part": part})),
+                    json!({"type": "response.output_item.done", "output_index": 0, "item": message}),
+                    json!({"type": "response.completed", "response": {"id": "resp_1", "status": "completed", "output": [message],
                         "usage": {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}}}),
-                    ),
-                ]
+                ])
             }
             Api::Messages => vec![
                 message_start(),
@@ -257,20 +264,23 @@ impl Api {
                 events.push("data: [DONE]\n\n".to_string());
             }
             Api::Responses => {
-                events.push(responses_event(json!({"type": "response.created", "response": {"id": "resp_1", "status": "in_progress", "output": []}})));
+                let mut data = vec![
+                    json!({"type": "response.created", "response": {"id": "resp_1", "status": "in_progress", "output": []}}),
+                ];
                 let mut output = Vec::new();
                 for (i, (name, args)) in calls.iter().enumerate() {
                     let item = json!({"type": "function_call", "id": format!("fc_{i}"), "call_id": id(i), "name": name, "arguments": args.to_string(), "status": "completed"});
                     let mut added = item.clone();
                     added["arguments"] = json!("");
-                    events.push(responses_event(json!({"type": "response.output_item.added", "output_index": i, "item": added})));
-                    events.push(responses_event(json!({"type": "response.function_call_arguments.delta", "output_index": i, "item_id": format!("fc_{i}"), "delta": args.to_string()})));
-                    events.push(responses_event(json!({"type": "response.function_call_arguments.done", "output_index": i, "item_id": format!("fc_{i}"), "arguments": args.to_string()})));
-                    events.push(responses_event(json!({"type": "response.output_item.done", "output_index": i, "item": item})));
+                    data.push(json!({"type": "response.output_item.added", "output_index": i, "item": added}));
+                    data.push(json!({"type": "response.function_call_arguments.delta", "output_index": i, "item_id": format!("fc_{i}"), "delta": args.to_string()}));
+                    data.push(json!({"type": "response.function_call_arguments.done", "output_index": i, "item_id": format!("fc_{i}"), "arguments": args.to_string()}));
+                    data.push(json!({"type": "response.output_item.done", "output_index": i, "item": item}));
                     output.push(item);
                 }
-                events.push(responses_event(json!({"type": "response.completed", "response": {"id": "resp_1", "status": "completed", "output": output,
-                    "usage": {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}}})));
+                data.push(json!({"type": "response.completed", "response": {"id": "resp_1", "status": "completed", "output": output,
+                    "usage": {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}}}));
+                events = responses_events(data);
             }
             Api::Messages => {
                 events.push(message_start());
@@ -363,11 +373,18 @@ fn chat_usage() -> String {
     format!("data: {chunk}\n\n")
 }
 
-fn responses_event(data: Value) -> String {
-    format!(
-        "event: {}\ndata: {data}\n\n",
-        data["type"].as_str().unwrap()
-    )
+/// Responses events as the API streams them: each named by its type and numbered in order.
+fn responses_events(data: Vec<Value>) -> Vec<String> {
+    data.into_iter()
+        .enumerate()
+        .map(|(n, mut data)| {
+            data["sequence_number"] = json!(n);
+            format!(
+                "event: {}\ndata: {data}\n\n",
+                data["type"].as_str().unwrap()
+            )
+        })
+        .collect()
 }
 
 fn anthropic_event(name: &str, data: Value) -> String {
@@ -893,5 +910,30 @@ async fn a_failed_continuation_is_an_error_to_the_client_never_an_empty_success(
                 "{api:?} stream={stream}"
             );
         }
+    }
+}
+
+#[tokio::test]
+async fn the_official_sdks_read_a_recalled_reply_plain_and_streamed() {
+    for api in APIS {
+        let upstream = scripted_model(api, Script::AllRefs).await;
+        let proxy = Proxy::start(recall_config(&upstream.url())).await;
+        let (name, base, package) = match api {
+            Api::Chat => ("chat", proxy.url("/v1"), "openai"),
+            Api::Responses => ("responses", proxy.url("/v1"), "openai"),
+            Api::Messages => ("messages", proxy.url(""), "anthropic"),
+        };
+        let stdout = run_sdk_script("recall_sdk.py", &[&base, name, DECISION], package).await;
+        assert!(
+            stdout.contains(&format!("{name} plain: recalled")),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains(&format!("{name} stream: recalled")),
+            "{stdout}"
+        );
+        assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
+        // Two requests, plain and streamed, each sent on once: the model's first reply recalled.
+        assert_eq!(model_requests(&upstream).len(), 4, "{api:?}");
     }
 }

@@ -467,7 +467,7 @@ async fn a_failing_summarizer_trims_and_the_request_succeeds() {
 async fn the_openai_python_sdk_responses_create_works_through_condenser() {
     let upstream = mock_responses_llm(LlmBehaviour::default(), None).await;
     let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let stdout = run_sdk_script("openai_responses.py", &proxy.url("/v1"), "openai").await;
+    let stdout = run_sdk_script("openai_responses.py", &[&proxy.url("/v1")], "openai").await;
     assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
     let sent = responses_requests(&upstream);
     assert_eq!(sent.len(), 2, "plain and streamed");

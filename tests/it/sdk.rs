@@ -7,7 +7,7 @@ use crate::common::*;
 async fn the_openai_python_sdk_works_through_condenser() {
     let upstream = mock_llm(LlmBehaviour::default()).await;
     let proxy = Proxy::start(config_for(&upstream.url())).await;
-    let stdout = run_sdk_script("openai_sdk.py", &proxy.url("/v1"), "openai").await;
+    let stdout = run_sdk_script("openai_sdk.py", &[&proxy.url("/v1")], "openai").await;
     assert!(stdout.contains("plain: reply to 1 messages"), "{stdout}");
     assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
     let recorded = upstream.recorded();

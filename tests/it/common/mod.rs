@@ -465,12 +465,13 @@ pub fn small_window_config(upstream: &str) -> Config {
     config
 }
 
-/// Runs `tests/sdk/SCRIPT` with `base_url` and returns its standard output once it succeeded.
-pub async fn run_sdk_script(script: &str, base_url: &str, package: &str) -> String {
+/// Runs `tests/sdk/SCRIPT` with `args` (a base URL first) and returns its standard output
+/// once it succeeded.
+pub async fn run_sdk_script(script: &str, args: &[&str], package: &str) -> String {
     let path = format!("{}/tests/sdk/{script}", env!("CARGO_MANIFEST_DIR"));
     let output = tokio::process::Command::new("python3")
         .arg(path)
-        .arg(base_url)
+        .args(args)
         .output()
         .await
         .expect("python3 must be installed");
