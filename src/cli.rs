@@ -2,11 +2,11 @@
 //! text to print; `main` prints it.
 
 use std::fmt::Write as _;
+use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::future::LocalBoxFuture;
 use serde_json::{json, Value};
 
 use crate::compaction::compactor::Rewrite;
@@ -175,16 +175,11 @@ struct TrimAs<'a> {
     settings: &'a ContextConfig,
 }
 
-impl<'a> WithDialect for TrimAs<'a> {
-    type Output = LocalBoxFuture<'a, Result<u64, CommandError>>;
+impl WithDialect for TrimAs<'_> {
+    type Output = Result<u64, CommandError>;
 
-    fn with<D: Dialect + 'static>(self) -> Self::Output {
-        Box::pin(trimmed_as::<D>(
-            self.config,
-            self.body,
-            self.split,
-            self.settings,
-        ))
+    fn with<D: Dialect + 'static>(self) -> impl Future<Output = Self::Output> {
+        trimmed_as::<D>(self.config, self.body, self.split, self.settings)
     }
 }
 
@@ -195,10 +190,10 @@ struct CountAs<'a> {
 }
 
 impl<'a> WithDialect for CountAs<'a> {
-    type Output = LocalBoxFuture<'a, Result<Counted, CommandError>>;
+    type Output = Result<Counted, CommandError>;
 
-    fn with<D: Dialect + 'static>(self) -> Self::Output {
-        Box::pin(counted_as::<D>(self.config, self.body))
+    fn with<D: Dialect + 'static>(self) -> impl Future<Output = Self::Output> {
+        counted_as::<D>(self.config, self.body)
     }
 }
 

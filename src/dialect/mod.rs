@@ -1,7 +1,8 @@
 //! One folder per API that condenser compacts, the one home of its wire format: its
-//! request's stages (`stages::Dialect`), its replies' usage, its error shape, how it takes
-//! a key and how a summary is asked in it. `registry!` below lists them: a new API is one
-//! folder and one line there (and its name in `config::Api`).
+//! request's stages (`stages::Dialect`), its path and route label, its replies' usage, its
+//! error shape, how it takes a key and how a summary is asked in it. `registry!` below lists
+//! them: a new API is one folder and one line there (and its name in `config::Api`). The
+//! server routes each `Dialect::PATH` and the metrics know each `Dialect::ROUTE` from it.
 
 pub mod chat;
 pub mod messages;
@@ -10,12 +11,15 @@ pub mod request;
 pub mod responses;
 pub mod stages;
 
+use std::future::Future;
+
 use hyper::Response;
 use serde_json::Value;
 
 use crate::compaction::summary_api::{SummaryApi, SummaryEndpoint};
 use crate::config::Api;
 use crate::error::ProxyError;
+use crate::observe::metrics::Route;
 use crate::transport::body::ProxyBody;
 use crate::transport::upstream::KeyStyle;
 use stages::Dialect;
@@ -26,6 +30,8 @@ pub struct Wire {
     pub api: Api,
     /// The path it serves; the paths under it are its too.
     pub path: &'static str,
+    /// Its `route` label in metrics and in the log.
+    pub route: Route,
     pub key_style: KeyStyle,
     pub summary: &'static dyn SummaryApi,
     pub written_for: fn(&Value) -> bool,
@@ -37,6 +43,7 @@ impl Wire {
         Wire {
             api: D::API,
             path: D::PATH,
+            route: D::ROUTE,
             key_style: D::KEY_STYLE,
             summary: D::SUMMARY,
             written_for: D::written_for,
@@ -54,7 +61,7 @@ impl Wire {
 /// Something done with a dialect's type, whichever it is: its stages are generic.
 pub trait WithDialect {
     type Output;
-    fn with<D: Dialect + 'static>(self) -> Self::Output;
+    fn with<D: Dialect + 'static>(self) -> impl Future<Output = Self::Output>;
 }
 
 macro_rules! registry {
@@ -63,9 +70,9 @@ macro_rules! registry {
         pub const DIALECTS: &[Wire] = &[$(Wire::of::<$dialect>()),*];
 
         /// Does `work` with the dialect of `api`.
-        pub fn with_dialect<W: WithDialect>(api: Api, work: W) -> W::Output {
+        pub async fn with_dialect<W: WithDialect>(api: Api, work: W) -> W::Output {
             match api {
-                $(Api::$api => work.with::<$dialect>(),)*
+                $(Api::$api => work.with::<$dialect>().await,)*
             }
         }
 
@@ -97,6 +104,12 @@ pub fn summary_api(api: Api) -> SummaryEndpoint {
 /// The API of a path: the dialect that serves it or a path above it.
 pub fn for_path(path: &str) -> Option<Wire> {
     DIALECTS.iter().find(|wire| wire.serves(path)).copied()
+}
+
+/// The dialect that compacts a `POST` to `path`: the one whose own path it is (the paths
+/// under it, `/v1/responses/compact` or `/v1/messages/count_tokens`, pass through).
+pub fn compacting(path: &str) -> Option<Wire> {
+    DIALECTS.iter().find(|wire| wire.path == path).copied()
 }
 
 /// How a configured key goes to `path`: as its API takes it, else as a bearer token.
@@ -137,10 +150,14 @@ mod tests {
     }
 
     #[test]
-    fn every_api_has_one_dialect() {
+    fn every_api_has_one_dialect_and_its_own_path_and_route() {
         for api in [Api::Chat, Api::Responses, Api::Messages] {
             assert_eq!(wire(api).api, api);
             assert_eq!(DIALECTS.iter().filter(|w| w.api == api).count(), 1);
+            assert_eq!(compacting(wire(api).path).map(|w| w.api), Some(api));
+            let route = wire(api).route;
+            assert_eq!(DIALECTS.iter().filter(|w| w.route == route).count(), 1);
         }
+        assert!(compacting("/v1/responses/compact").is_none());
     }
 }

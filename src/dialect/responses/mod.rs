@@ -66,7 +66,7 @@ impl Dialect for Responses {
     const KEY_STYLE: KeyStyle = KeyStyle::Bearer;
     const SUMMARY: &'static dyn SummaryApi = &summary::ResponsesSummary;
     const CONVERSATION_FIELD: &'static str = "input";
-    const ROUTE: Route = Route::Responses;
+    const ROUTE: Route = Route::named("responses");
     const RECALL: Option<&'static dyn RecallWire> = Some(&recall::ResponsesRecall);
     type Request = ResponsesRequest;
 
