@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::compaction::compactor::Compactor;
 use crate::config::{Config, ConfigError};
-use crate::dialect::DIALECTS;
+use crate::dialect::{summary_api_named, DIALECTS};
 use crate::observe::metrics::{Metrics, MetricsError};
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::TokenCounter;
@@ -57,7 +57,7 @@ impl AppState {
             metrics.summarize_seconds.clone(),
             metrics.summarizer_health.clone(),
             &connections,
-            crate::dialect::summary_api,
+            summary_api_named(&config.summarizer.api)?,
         )?);
         Ok(AppState {
             config,
