@@ -124,7 +124,7 @@ fn memo(c: &mut Criterion) {
 }
 
 fn histogram(c: &mut Criterion) {
-    let metrics = Metrics::new(&[], ["gpt-4o"]).unwrap();
+    let metrics = Metrics::new(&[], ["gpt-4o"], []).unwrap();
     let observe = |i: u64| metrics.overhead_seconds.observe(i as f64 * 1e-6);
     compare(c, "histogram_observe", &[("prometheus", &observe)]);
 }

@@ -2,11 +2,11 @@
 //! text to print; `main` prints it.
 
 use std::fmt::Write as _;
+use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::future::LocalBoxFuture;
 use hyper::header::HeaderMap;
 use serde_json::{json, Value};
 
@@ -14,9 +14,9 @@ use crate::compaction::cache::ScopeHeaders;
 use crate::compaction::compactor::{ArchiveScope, Rewrite};
 use crate::compaction::plan::{total_tokens, triggers, Decision, Limits, Mode, PlanInput, Split};
 use crate::compaction::recall::conversation_id;
-use crate::config::{Api, Config, ConfigError, ContextConfig, Overrides};
+use crate::config::{Config, ConfigError, ContextConfig, Overrides};
 use crate::dialect::stages::{count_as_sent, write_compaction, Counting, Dialect, Prepared};
-use crate::dialect::{detect_api, with_dialect, WithDialect};
+use crate::dialect::{detect_api, summary_api_named, with_dialect, Api, WithDialect};
 use crate::error::ProxyError;
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::TokenCounter;
@@ -42,8 +42,16 @@ pub fn init_logging(format: LogFormat) {
     };
 }
 
+/// The config at `path` (see `Config::load`), its summarizer's API checked against the
+/// dialects as serving checks it: every command refuses what serving would.
+pub fn load_config(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
+    let config = Config::load(path, overrides)?;
+    summary_api_named(&config.summarizer.api)?;
+    Ok(config)
+}
+
 pub fn check_config(path: Option<&Path>, overrides: &Overrides) -> Result<String, ConfigError> {
-    let mut config = Config::load(path, overrides)?;
+    let mut config = load_config(path, overrides)?;
     // Redis takes its password in its URL, the one configured URL allowed credentials.
     config.cache.redis_url = masked_password(&config.cache.redis_url);
     Ok(format!(
@@ -109,8 +117,12 @@ struct Counted {
     api: Api,
 }
 
-async fn counted_as<D: Dialect>(config: &Config, body: &[u8]) -> Result<Counted, CommandError> {
-    let request = D::parse(body)?;
+async fn counted_as<D: Dialect>(
+    config: &Config,
+    body: String,
+    api: Api,
+) -> Result<Counted, CommandError> {
+    let request = D::parse(body.as_bytes())?;
     let catalog = ModelCatalog::new(config.models.clone(), config.tokens.clone());
     let counter = TokenCounter::new(config.tokens.unknown_model_margin);
     let prepared = D::count(&request, &catalog, &counter).await;
@@ -127,8 +139,8 @@ async fn counted_as<D: Dialect>(config: &Config, body: &[u8]) -> Result<Counted,
         model: D::model(&request).to_string(),
         prepared,
         roles,
-        body: String::new(),
-        api: D::API,
+        body,
+        api,
     })
 }
 
@@ -187,30 +199,26 @@ struct TrimAs<'a> {
     settings: (&'a ContextConfig, bool),
 }
 
-impl<'a> WithDialect for TrimAs<'a> {
-    type Output = LocalBoxFuture<'a, Result<u64, CommandError>>;
+impl WithDialect for TrimAs<'_> {
+    type Output = Result<u64, CommandError>;
 
-    fn with<D: Dialect + 'static>(self) -> Self::Output {
-        Box::pin(trimmed_as::<D>(
-            self.config,
-            self.body,
-            self.split,
-            self.settings,
-        ))
+    fn with<D: Dialect + 'static>(self) -> impl Future<Output = Self::Output> {
+        trimmed_as::<D>(self.config, self.body, self.split, self.settings)
     }
 }
 
-/// `counted_as`, in the dialect `with_dialect` picks.
+/// `counted_as`, in the dialect `with_dialect` picks: `api`'s.
 struct CountAs<'a> {
     config: &'a Config,
-    body: &'a [u8],
+    body: String,
+    api: Api,
 }
 
-impl<'a> WithDialect for CountAs<'a> {
-    type Output = LocalBoxFuture<'a, Result<Counted, CommandError>>;
+impl WithDialect for CountAs<'_> {
+    type Output = Result<Counted, CommandError>;
 
-    fn with<D: Dialect + 'static>(self) -> Self::Output {
-        Box::pin(counted_as::<D>(self.config, self.body))
+    fn with<D: Dialect + 'static>(self) -> impl Future<Output = Self::Output> {
+        counted_as::<D>(self.config, self.body, self.api)
     }
 }
 
@@ -226,16 +234,12 @@ async fn prepare(
         fields.insert("model".into(), Value::String(model.to_string()));
     }
     let api = api.unwrap_or_else(|| detect_api(&body));
-    let bytes = body.to_string();
     let count = CountAs {
         config,
-        body: bytes.as_bytes(),
+        body: body.to_string(),
+        api,
     };
-    let counted = with_dialect(api, count).await?;
-    Ok(Counted {
-        body: bytes,
-        ..counted
-    })
+    with_dialect(api, count).await
 }
 
 pub async fn count(

@@ -226,10 +226,10 @@ pub struct SummarizerConfig {
     pub max_summary_tokens: u32,
     /// Budget for the identifiers carried verbatim from the messages a summary replaces.
     pub max_artifact_tokens: u32,
-    /// The API the summarizer is called in; none (`""` in the file) for the dialect of the
+    /// The name of the API the summarizer is called in (a registered dialect's, checked
+    /// when the state is built: `dialect::summary_api_named`); `""` for the dialect of the
     /// request's route.
-    #[serde(with = "api_or_route")]
-    pub api: Option<Api>,
+    pub api: String,
     pub timeout_secs: u64,
     /// Consecutive failures against one upstream that open the circuit breaker.
     pub breaker_failures: u32,
@@ -245,64 +245,11 @@ impl Default for SummarizerConfig {
             api_key_env: String::new(),
             max_summary_tokens: 1024,
             max_artifact_tokens: 512,
-            api: None,
+            api: String::new(),
             timeout_secs: 60,
             breaker_failures: 5,
             breaker_cooldown_secs: 30,
         }
-    }
-}
-
-/// The APIs condenser speaks, as a request's dialect and as the summarizer's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Api {
-    /// OpenAI Chat Completions.
-    Chat,
-    /// The OpenAI Responses API.
-    Responses,
-    /// Anthropic Messages.
-    Messages,
-}
-
-impl Api {
-    pub fn parse(name: &str) -> Option<Api> {
-        match name {
-            "chat" => Some(Api::Chat),
-            "responses" => Some(Api::Responses),
-            "messages" => Some(Api::Messages),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Api::Chat => "chat",
-            Api::Responses => "responses",
-            Api::Messages => "messages",
-        }
-    }
-}
-
-/// `summarizer.api` as the file writes it: `""` for the route's own API, else an API's name.
-mod api_or_route {
-    use serde::{de, Deserialize, Deserializer, Serializer};
-
-    use super::Api;
-
-    pub fn serialize<S: Serializer>(api: &Option<Api>, out: S) -> Result<S::Ok, S::Error> {
-        out.serialize_str(api.map_or("", Api::name))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(input: D) -> Result<Option<Api>, D::Error> {
-        let name = String::deserialize(input)?;
-        if name.is_empty() {
-            return Ok(None);
-        }
-        Api::parse(&name).map(Some).ok_or_else(|| {
-            de::Error::custom(format!(
-                "{name:?} is not one of chat, responses, messages (or \"\" for the route's own)"
-            ))
-        })
     }
 }
 
@@ -598,27 +545,6 @@ mod tests {
             );
             assert!(!error.contains("hunter2"), "{error}");
         }
-    }
-
-    #[test]
-    fn the_summarizer_api_is_the_routes_own_or_a_named_one() {
-        let api = |value: &str| {
-            Config::from_toml(&format!("[summarizer]\napi = {value:?}\n"), "t")
-                .map(|config| config.summarizer.api)
-        };
-        assert_eq!(api("").unwrap(), None);
-        assert_eq!(api("messages").unwrap(), Some(Api::Messages));
-        assert_eq!(api("responses").unwrap(), Some(Api::Responses));
-        let error = api("grpc").unwrap_err().to_string();
-        assert!(
-            error.contains("\"grpc\" is not one of chat, responses, messages"),
-            "{error}"
-        );
-        // Written back as the file writes it, so check-config's output loads again.
-        let config = Config::from_toml("[summarizer]\napi = \"chat\"\n", "t").unwrap();
-        let again = Config::from_toml(&config.to_toml(), "t").unwrap();
-        assert_eq!(again.summarizer.api, Some(Api::Chat));
-        assert!(Config::default().to_toml().contains("api = \"\""));
     }
 
     #[test]

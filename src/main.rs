@@ -7,10 +7,12 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Parser, Subcommand, ValueEnum};
 use condenser::cli::{self, LogFormat, PlanOptions};
 use condenser::compaction::plan::Mode;
-use condenser::config::{Api, Config, Overrides};
+use condenser::config::{Config, Overrides};
+use condenser::dialect::{self, Api, DIALECTS};
 use condenser::server::serve::{shutdown_signal, Server};
 
 // Many small allocations per request (JSON values, headers, buffers): mimalloc serves them
@@ -56,8 +58,8 @@ enum Command {
         #[arg(long)]
         model: Option<String>,
         /// The body's API; detected from its fields when not given.
-        #[arg(long, value_enum)]
-        api: Option<ApiArg>,
+        #[arg(long, value_parser = api_named())]
+        api: Option<Api>,
         #[arg(long)]
         json: bool,
         /// Request file, or - for stdin (the default).
@@ -68,8 +70,8 @@ enum Command {
         #[arg(long)]
         model: Option<String>,
         /// The body's API; detected from its fields when not given.
-        #[arg(long, value_enum)]
-        api: Option<ApiArg>,
+        #[arg(long, value_parser = api_named())]
+        api: Option<Api>,
         /// auto, off or force, as the x-condenser-mode header.
         #[arg(long, default_value = "auto")]
         mode: String,
@@ -80,21 +82,14 @@ enum Command {
     },
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum ApiArg {
-    Chat,
-    Responses,
-    Messages,
-}
-
-impl From<ApiArg> for Api {
-    fn from(api: ApiArg) -> Api {
-        match api {
-            ApiArg::Chat => Api::Chat,
-            ApiArg::Responses => Api::Responses,
-            ApiArg::Messages => Api::Messages,
-        }
-    }
+/// `--api`: one of the registered dialects' names, the possible values that turn away any
+/// other before it is looked up.
+fn api_named() -> impl TypedValueParser<Value = Api> {
+    PossibleValuesParser::new(DIALECTS.iter().map(|wire| wire.name)).try_map(|name| {
+        dialect::named(&name)
+            .map(|wire| wire.api)
+            .ok_or("not a dialect's name")
+    })
 }
 
 fn read_input(file: Option<&str>) -> std::io::Result<String> {
@@ -136,7 +131,7 @@ async fn main() -> ExitCode {
             Err(e) => fail(e),
         };
     }
-    let config = match Config::load(args.config.as_deref(), &overrides) {
+    let config = match cli::load_config(args.config.as_deref(), &overrides) {
         Ok(config) => config,
         Err(e) => return fail(e),
     };
@@ -148,9 +143,7 @@ async fn main() -> ExitCode {
             json,
             file,
         }) => match read_input(file.as_deref()) {
-            Ok(input) => {
-                cli::count(&config, &input, model.as_deref(), api.map(Api::from), json).await
-            }
+            Ok(input) => cli::count(&config, &input, model.as_deref(), api, json).await,
             Err(e) => return fail(e),
         },
         Some(Command::Plan {
@@ -167,7 +160,7 @@ async fn main() -> ExitCode {
                 Ok(input) => {
                     let options = PlanOptions {
                         model: model.as_deref(),
-                        api: api.map(Api::from),
+                        api,
                         mode,
                         profile: profile.as_deref(),
                     };

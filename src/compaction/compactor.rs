@@ -17,8 +17,8 @@ use crate::compaction::recall;
 use crate::compaction::redis::{unix_now, LockOutcome, RedisStore};
 use crate::compaction::summarizer::{Evicted, Summarizer, SummaryRequest};
 use crate::compaction::summary::{Key, Summary};
-use crate::compaction::summary_api::SummaryApis;
-use crate::config::{Api, Config, ConfigError, ContextConfig, OnFailure};
+use crate::compaction::summary_api::SummaryEndpoint;
+use crate::config::{Config, ConfigError, ContextConfig, OnFailure};
 use crate::error::{ProxyError, SummarizeError};
 use crate::observe::metrics::SummarizerHealth;
 use crate::tokens::catalog::{ModelCatalog, ModelInfo};
@@ -172,7 +172,7 @@ pub struct CompactionJob<'a> {
     /// The request's headers: who the caller is, and the credentials its summaries are paid with.
     pub headers: &'a HeaderMap,
     /// The request's own API, which its summaries are asked in unless `summarizer.api` says.
-    pub api: Api,
+    pub api: SummaryEndpoint,
     pub settings: &'a ContextConfig,
     pub mode: Mode,
     pub limits: Limits,
@@ -198,7 +198,7 @@ impl Compactor {
         summarize_seconds: prometheus::Histogram,
         summarizer_health: SummarizerHealth,
         connections: &Connections,
-        summary_apis: SummaryApis,
+        configured_summary_api: Option<SummaryEndpoint>,
     ) -> Result<Compactor, ConfigError> {
         let shared = if config.cache.redis_url.is_empty() {
             None
@@ -212,7 +212,7 @@ impl Compactor {
                 config.summarizer.clone(),
                 connections,
                 summarizer_health,
-                summary_apis,
+                configured_summary_api,
             )?,
             in_flight: Mutex::new(HashMap::new()),
             catalog,
@@ -235,7 +235,7 @@ impl Compactor {
 #[derive(Clone)]
 struct SpanSource {
     upstream: Arc<Upstream>,
-    api: Api,
+    api: SummaryEndpoint,
     model: String,
     /// The hash of the caller's identity.
     caller: Key,
@@ -430,7 +430,9 @@ async fn lookup<'r>(
             model: summarizer_model,
             caller,
             api,
-            credentials: compactor.summarizer.credentials_for(job.headers, api),
+            credentials: compactor
+                .summarizer
+                .credentials_for(job.headers, api.key_style),
             window: summarizer_info.context_window,
             encoding: job.info.encoding,
             head: split.head,

@@ -13,14 +13,14 @@ use serde_json::Value;
 use crate::compaction::artifacts;
 use crate::compaction::breaker::Breakers;
 use crate::compaction::summary::Key;
-use crate::compaction::summary_api::{SummaryApis, SummaryAsk};
-use crate::config::{Api, SummarizerConfig};
+use crate::compaction::summary_api::{SummaryAsk, SummaryEndpoint};
+use crate::config::SummarizerConfig;
 use crate::conversation::content_text;
 use crate::error::SummarizeError;
 use crate::observe::metrics::SummarizerHealth;
 use crate::tokens::encoding::Encoding;
 use crate::tokens::rules::shorten_middle;
-use crate::transport::upstream::{blank_credentials, Upstream, X_API_KEY};
+use crate::transport::upstream::{blank_credentials, KeyStyle, Upstream, X_API_KEY};
 
 /// Tool outputs are cut to this many tokens (head and end) before the summarizer sees them.
 const TOOL_OUTPUT_TOKENS: u32 = 600;
@@ -97,7 +97,7 @@ pub struct Evicted {
 pub struct SummaryRequest {
     pub upstream: Arc<Upstream>,
     /// The API it is asked in (from [`Summarizer::api_for`]).
-    pub api: Api,
+    pub api: SummaryEndpoint,
     pub model: String,
     /// The hash of the caller's identity: the breaker is per upstream and caller.
     pub caller: Key,
@@ -120,16 +120,18 @@ pub struct Summarizer {
     settings: Key,
     breakers: Breakers,
     health: SummarizerHealth,
-    apis: SummaryApis,
+    /// The API `summarizer.api` names; none for each request's own.
+    configured_api: Option<SummaryEndpoint>,
 }
 
 impl Summarizer {
-    /// `connections`: kept as for every upstream; `apis`: how each API is asked.
+    /// `connections`: kept as for every upstream; `configured_api`: the API `config.api`
+    /// names, found by the dialects that know the names.
     pub fn new(
         config: SummarizerConfig,
         connections: &crate::transport::upstream::Connections,
         health: SummarizerHealth,
-        apis: SummaryApis,
+        configured_api: Option<SummaryEndpoint>,
     ) -> Result<Summarizer, crate::config::ConfigError> {
         let timeout = Duration::from_secs(config.timeout_secs);
         let dedicated = if config.base_url.is_empty() {
@@ -157,7 +159,7 @@ impl Summarizer {
             dedicated,
             health,
             settings,
-            apis,
+            configured_api,
         })
     }
 
@@ -189,17 +191,17 @@ impl Summarizer {
     }
 
     /// The API a summary is asked in: the configured one, else the request's own.
-    pub fn api_for(&self, request_api: Api) -> Api {
-        self.config.api.unwrap_or(request_api)
+    pub fn api_for(&self, request_api: SummaryEndpoint) -> SummaryEndpoint {
+        self.configured_api.unwrap_or(request_api)
     }
 
-    /// Whose key pays: the summarizer's own `api_key_env` alone when set (in the style of
-    /// `api`), else the caller's credential headers (and without any key, the upstream's
+    /// Whose key pays: the summarizer's own `api_key_env` alone when set (in `key_style`, the
+    /// style of the API asked), else the caller's credential headers (and without any key, the upstream's
     /// configured one).
-    pub fn credentials_for(&self, request_headers: &HeaderMap, api: Api) -> HeaderMap {
+    pub fn credentials_for(&self, request_headers: &HeaderMap, key_style: KeyStyle) -> HeaderMap {
         let mut credentials = HeaderMap::new();
         if let Some(key) = &self.own_key {
-            (self.apis)(api).key_style.insert(&mut credentials, key);
+            key_style.insert(&mut credentials, key);
             return credentials;
         }
         for name in CALLER_CREDENTIALS {
@@ -265,7 +267,7 @@ impl Summarizer {
             ),
             None => format!("<transcript>\n{transcript}</transcript>"),
         };
-        let endpoint = (self.apis)(request.api);
+        let endpoint = request.api;
         let api = endpoint.api;
         let body = api.request_body(&SummaryAsk {
             model: &request.model,
@@ -450,6 +452,7 @@ fn render_transcript(messages: &[Evicted], budget: u32) -> String {
 mod tests {
     use super::*;
     use crate::compaction::summary_api::REASONING_ALLOWANCE_TOKENS;
+    use crate::dialect::named;
     use serde_json::json;
 
     #[test]
@@ -457,6 +460,11 @@ mod tests {
         assert!(validate("  ").is_err());
         assert!(validate("I'm sorry, I can't help with that").is_err());
         assert!(validate("## Goal and constraints\nnone").is_ok());
+    }
+
+    /// The dialect named `name`, as the summarizer asks it.
+    fn endpoint(name: &str) -> SummaryEndpoint {
+        named(name).unwrap().summary
     }
 
     fn summarizer(api_key_env: &str) -> Summarizer {
@@ -468,7 +476,7 @@ mod tests {
     }
 
     fn built(config: SummarizerConfig, health: SummarizerHealth) -> Summarizer {
-        Summarizer::new(config, &connections(), health, crate::dialect::summary_api).unwrap()
+        Summarizer::new(config, &connections(), health, None).unwrap()
     }
 
     fn connections() -> crate::transport::upstream::Connections {
@@ -515,7 +523,7 @@ mod tests {
         ] {
             request.insert(name, HeaderValue::from_static(value));
         }
-        let carried = summarizer("").credentials_for(&request, Api::Chat);
+        let carried = summarizer("").credentials_for(&request, endpoint("chat").key_style);
         assert_eq!(carried.len(), 3);
         assert_eq!(carried["x-api-key"], "sk-ant-caller");
         assert_eq!(carried["openai-project"], "proj_1");
@@ -523,11 +531,12 @@ mod tests {
         assert!(carried.values().all(HeaderValue::is_sensitive));
 
         std::env::set_var("CONDENSER_UNIT_SUMMARIZER_KEY", "sk-own");
-        let own = summarizer("CONDENSER_UNIT_SUMMARIZER_KEY").credentials_for(&request, Api::Chat);
+        let own = summarizer("CONDENSER_UNIT_SUMMARIZER_KEY")
+            .credentials_for(&request, endpoint("chat").key_style);
         assert_eq!(own.len(), 1);
         assert_eq!(own[header::AUTHORIZATION], "Bearer sk-own");
-        let own =
-            summarizer("CONDENSER_UNIT_SUMMARIZER_KEY").credentials_for(&request, Api::Messages);
+        let own = summarizer("CONDENSER_UNIT_SUMMARIZER_KEY")
+            .credentials_for(&request, endpoint("messages").key_style);
         assert_eq!(own.len(), 1);
         assert_eq!(
             own[X_API_KEY], "sk-own",
@@ -559,28 +568,26 @@ mod tests {
     }
 
     /// The request body the summarizer sends in `api`.
-    fn request_body(api: Api, model: &str, user: &str, max_tokens: u32) -> Value {
-        crate::dialect::summary_api(api)
-            .api
-            .request_body(&SummaryAsk {
-                model,
-                instructions: INSTRUCTIONS,
-                user,
-                max_tokens,
-            })
+    fn request_body(api: &str, model: &str, user: &str, max_tokens: u32) -> Value {
+        endpoint(api).api.request_body(&SummaryAsk {
+            model,
+            instructions: INSTRUCTIONS,
+            user,
+            max_tokens,
+        })
     }
 
     /// The summary the summarizer takes from a reply in `api`.
-    fn reply_text(api: Api, reply: &Value) -> Result<String, SummarizeError> {
-        validate(&crate::dialect::summary_api(api).api.reply_text(reply)?)
+    fn reply_text(api: &str, reply: &Value) -> Result<String, SummarizeError> {
+        validate(&endpoint(api).api.reply_text(reply)?)
     }
 
     #[test]
     fn each_api_is_asked_its_own_way_and_its_reply_read_its_own_way() {
-        let chat = request_body(Api::Chat, "gpt-4o", "T", 100);
+        let chat = request_body("chat", "gpt-4o", "T", 100);
         assert_eq!(chat["messages"][1]["content"], "T");
         assert_eq!(chat["max_tokens"], 100);
-        let reasoning = request_body(Api::Responses, "o3-mini", "T", 100);
+        let reasoning = request_body("responses", "o3-mini", "T", 100);
         assert_eq!(reasoning["input"], "T");
         assert_eq!(reasoning["instructions"], INSTRUCTIONS);
         assert_eq!(
@@ -588,7 +595,7 @@ mod tests {
             100 + REASONING_ALLOWANCE_TOKENS
         );
         assert_eq!(reasoning["reasoning"]["effort"], "low");
-        let claude = request_body(Api::Messages, "claude-sonnet-4", "T", 100);
+        let claude = request_body("messages", "claude-sonnet-4", "T", 100);
         assert_eq!(claude["system"], INSTRUCTIONS);
         assert_eq!(claude["messages"][0]["content"], "T");
         assert_eq!(claude["max_tokens"], 100);
@@ -598,24 +605,24 @@ mod tests {
             {"type": "reasoning", "summary": []},
             {"type": "message", "content": [{"type": "output_text", "text": summary}]},
         ]});
-        assert_eq!(reply_text(Api::Responses, &responses).unwrap(), summary);
+        assert_eq!(reply_text("responses", &responses).unwrap(), summary);
         let messages =
             json!({"content": [{"type": "text", "text": summary}], "stop_reason": "end_turn"});
-        assert_eq!(reply_text(Api::Messages, &messages).unwrap(), summary);
+        assert_eq!(reply_text("messages", &messages).unwrap(), summary);
         let refused = json!({"content": [], "stop_reason": "refusal"});
         assert!(matches!(
-            reply_text(Api::Messages, &refused),
+            reply_text("messages", &refused),
             Err(SummarizeError::Rejected(_))
         ));
         let refused = json!({"output": [{"type": "message", "content": [{"type": "refusal", "refusal": "no"}]}]});
         assert!(matches!(
-            reply_text(Api::Responses, &refused),
+            reply_text("responses", &refused),
             Err(SummarizeError::Rejected(_))
         ));
         for (api, shapeless) in [
-            (Api::Responses, json!({"id": "r"})),
-            (Api::Messages, json!({"id": "m"})),
-            (Api::Chat, json!({})),
+            ("responses", json!({"id": "r"})),
+            ("messages", json!({"id": "m"})),
+            ("chat", json!({})),
         ] {
             assert!(
                 matches!(

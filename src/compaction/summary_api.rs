@@ -5,7 +5,6 @@
 use hyper::header::HeaderMap;
 use serde_json::Value;
 
-use crate::config::Api;
 use crate::error::SummarizeError;
 use crate::transport::upstream::KeyStyle;
 
@@ -72,6 +71,3 @@ pub struct SummaryEndpoint {
     pub key_style: KeyStyle,
     pub api: &'static dyn SummaryApi,
 }
-
-/// Each API's endpoint, supplied by the dialects when the state is built.
-pub type SummaryApis = fn(Api) -> SummaryEndpoint;

@@ -1,7 +1,9 @@
 //! One folder per API that condenser compacts, the one home of its wire format: its
-//! request's stages (`stages::Dialect`), its replies' usage, its error shape, how it takes
-//! a key and how a summary is asked in it. `registry!` below lists them: a new API is one
-//! folder and one line there (and its name in `config::Api`).
+//! request's stages (`stages::Dialect`), its name, path and route label, its replies' usage,
+//! its error shape, how it takes a key and how a summary is asked in it. `registry!` below
+//! lists them: a new API is one folder and one line there. Everything else that tells the
+//! APIs apart reads the registry: `summarizer.api` and `--api` take `Dialect::NAME`s, the
+//! server routes each `Dialect::PATH` and the metrics know each `Dialect::ROUTE`.
 
 pub mod chat;
 pub mod messages;
@@ -10,12 +12,15 @@ pub mod request;
 pub mod responses;
 pub mod stages;
 
+use std::future::Future;
+
 use hyper::Response;
 use serde_json::Value;
 
-use crate::compaction::summary_api::{SummaryApi, SummaryEndpoint};
-use crate::config::Api;
+use crate::compaction::summary_api::SummaryEndpoint;
+use crate::config::ConfigError;
 use crate::error::ProxyError;
+use crate::observe::metrics::Route;
 use crate::transport::body::ProxyBody;
 use crate::transport::upstream::KeyStyle;
 use stages::Dialect;
@@ -24,21 +29,28 @@ use stages::Dialect;
 #[derive(Clone, Copy)]
 pub struct Wire {
     pub api: Api,
+    /// Its name in `summarizer.api` and `--api`.
+    pub name: &'static str,
     /// The path it serves; the paths under it are its too.
     pub path: &'static str,
+    /// Its `route` label in metrics and in the log.
+    pub route: Route,
     pub key_style: KeyStyle,
-    pub summary: &'static dyn SummaryApi,
+    /// Where and how a summary is asked in it.
+    pub summary: SummaryEndpoint,
     pub written_for: fn(&Value) -> bool,
     pub error_response: fn(&ProxyError) -> Response<ProxyBody>,
 }
 
 impl Wire {
-    const fn of<D: Dialect>() -> Wire {
+    const fn of<D: Dialect>(api: Api) -> Wire {
         Wire {
-            api: D::API,
+            api,
+            name: D::NAME,
             path: D::PATH,
+            route: D::ROUTE,
             key_style: D::KEY_STYLE,
-            summary: D::SUMMARY,
+            summary: D::SUMMARY_ENDPOINT,
             written_for: D::written_for,
             error_response: D::error_response,
         }
@@ -54,44 +66,56 @@ impl Wire {
 /// Something done with a dialect's type, whichever it is: its stages are generic.
 pub trait WithDialect {
     type Output;
-    fn with<D: Dialect + 'static>(self) -> Self::Output;
+    fn with<D: Dialect + 'static>(self) -> impl Future<Output = Self::Output>;
 }
 
 macro_rules! registry {
     ($($api:ident => $dialect:ty),* $(,)?) => {
-        /// Every dialect, in the order a body is tried against them (`detect_api`).
-        pub const DIALECTS: &[Wire] = &[$(Wire::of::<$dialect>()),*];
-
-        /// Does `work` with the dialect of `api`.
-        pub fn with_dialect<W: WithDialect>(api: Api, work: W) -> W::Output {
-            match api {
-                $(Api::$api => work.with::<$dialect>(),)*
-            }
+        /// The APIs condenser speaks, one per dialect.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum Api {
+            $($api,)*
         }
 
-        /// The dialect of `api`.
-        pub fn wire(api: Api) -> Wire {
+        /// Every dialect, in the order their names are listed and a body is tried against
+        /// them (`detect_api`).
+        pub const DIALECTS: &[Wire] = &[$(Wire::of::<$dialect>(Api::$api)),*];
+
+        /// Does `work` with the dialect of `api`.
+        pub async fn with_dialect<W: WithDialect>(api: Api, work: W) -> W::Output {
             match api {
-                $(Api::$api => Wire::of::<$dialect>(),)*
+                $(Api::$api => work.with::<$dialect>().await,)*
             }
         }
     };
 }
 
+// A dialect a line: its `Api` variant and its type. `--api` and `summarizer.api`'s error list
+// the names in this order.
 registry! {
+    Chat => chat::Chat,
     Responses => responses::Responses,
     Messages => messages::Messages,
-    Chat => chat::Chat,
 }
 
-/// Where and how a summary is asked in `api`: what the compactor is built with.
-pub fn summary_api(api: Api) -> SummaryEndpoint {
-    let wire = wire(api);
-    SummaryEndpoint {
-        path: wire.path,
-        key_style: wire.key_style,
-        api: wire.summary,
+/// The dialect named `name` (`Dialect::NAME`).
+pub fn named(name: &str) -> Option<Wire> {
+    DIALECTS.iter().find(|wire| wire.name == name).copied()
+}
+
+/// The API `summarizer.api` names, as the summarizer asks it: none for `""` (each request's
+/// own), refused when no dialect has that name.
+pub fn summary_api_named(name: &str) -> Result<Option<SummaryEndpoint>, ConfigError> {
+    if name.is_empty() {
+        return Ok(None);
     }
+    named(name).map(|wire| Some(wire.summary)).ok_or_else(|| {
+        let names: Vec<&str> = DIALECTS.iter().map(|wire| wire.name).collect();
+        ConfigError::Invalid(format!(
+            "summarizer.api {name:?} is not one of {} (or \"\" for the route's own)",
+            names.join(", ")
+        ))
+    })
 }
 
 /// The API of a path: the dialect that serves it or a path above it.
@@ -99,13 +123,19 @@ pub fn for_path(path: &str) -> Option<Wire> {
     DIALECTS.iter().find(|wire| wire.serves(path)).copied()
 }
 
+/// The dialect that compacts a `POST` to `path`: the one whose own path it is (the paths
+/// under it, `/v1/responses/compact` or `/v1/messages/count_tokens`, pass through).
+pub fn compacting(path: &str) -> Option<Wire> {
+    DIALECTS.iter().find(|wire| wire.path == path).copied()
+}
+
 /// How a configured key goes to `path`: as its API takes it, else as a bearer token.
 pub fn key_style_for(path: &str) -> KeyStyle {
     for_path(path).map_or(KeyStyle::Bearer, |wire| wire.key_style)
 }
 
-/// The API a request body is written for: the first dialect whose `written_for` holds
-/// (chat, tried last, takes any).
+/// The API a request body is written for: the first dialect whose `written_for` holds, else
+/// chat.
 pub fn detect_api(body: &Value) -> Api {
     DIALECTS
         .iter()
@@ -137,10 +167,25 @@ mod tests {
     }
 
     #[test]
-    fn every_api_has_one_dialect() {
-        for api in [Api::Chat, Api::Responses, Api::Messages] {
-            assert_eq!(wire(api).api, api);
-            assert_eq!(DIALECTS.iter().filter(|w| w.api == api).count(), 1);
+    fn every_api_has_one_dialect_and_its_own_name_path_and_route() {
+        for wire in DIALECTS {
+            assert_eq!(named(wire.name).map(|w| w.api), Some(wire.api));
+            assert_eq!(compacting(wire.path).map(|w| w.api), Some(wire.api));
+            assert_eq!(DIALECTS.iter().filter(|w| w.route == wire.route).count(), 1);
         }
+        assert!(compacting("/v1/responses/compact").is_none());
+    }
+
+    #[test]
+    fn the_summarizer_api_is_the_routes_own_or_a_named_one() {
+        let api = |name: &str| summary_api_named(name).map(|api| api.map(|api| api.path));
+        assert_eq!(api("").unwrap(), None);
+        assert_eq!(api("messages").unwrap(), Some("/v1/messages"));
+        assert_eq!(api("responses").unwrap(), Some("/v1/responses"));
+        let error = api("grpc").unwrap_err().to_string();
+        assert!(
+            error.contains("summarizer.api \"grpc\" is not one of chat, responses, messages"),
+            "{error}"
+        );
     }
 }

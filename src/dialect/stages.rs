@@ -14,8 +14,8 @@ use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{
     self, Decision, Limits, Mode, PlanInput, Split, RECALL_RESERVE_TOKENS, SUMMARY_FRAMING_TOKENS,
 };
-use crate::compaction::summary_api::SummaryApi;
-use crate::config::{Api, Config, ContextConfig};
+use crate::compaction::summary_api::{SummaryApi, SummaryEndpoint};
+use crate::config::{Config, ContextConfig};
 use crate::conversation::Item;
 use crate::dialect::recall::RecallWire;
 use crate::error::ProxyError;
@@ -30,18 +30,25 @@ use crate::transport::usage::UsageReader;
 /// What the pipeline needs of one API. Each stage is the dialect's; their order, the plan,
 /// the compaction and the relay are the pipeline's, the same for every dialect.
 pub trait Dialect {
+    /// Its API's name in `summarizer.api` and `condenser count --api`.
+    const NAME: &'static str;
     /// The path it serves; the paths under it (passed through) are its API's too.
     const PATH: &'static str;
     /// What its log line calls a relayed reply.
     const SERVED: &'static str;
     /// How its replies carry usage.
     const USAGE: &'static dyn UsageReader;
-    /// Its API, which its summaries are asked in unless `summarizer.api` says otherwise.
-    const API: Api;
     /// How it takes a configured key.
     const KEY_STYLE: KeyStyle;
     /// How a summary is asked in it.
     const SUMMARY: &'static dyn SummaryApi;
+    /// Where and how a summary is asked in it: what its requests' summaries are asked in
+    /// unless `summarizer.api` says otherwise.
+    const SUMMARY_ENDPOINT: SummaryEndpoint = SummaryEndpoint {
+        path: Self::PATH,
+        key_style: Self::KEY_STYLE,
+        api: Self::SUMMARY,
+    };
     /// The request field that holds the conversation, named by errors about it.
     const CONVERSATION_FIELD: &'static str;
     /// Its `route` label in metrics.
@@ -63,8 +70,11 @@ pub trait Dialect {
         std::future::ready(Err(None))
     }
 
-    /// Whether a request body looks written for it (`condenser count` without `--api`).
-    fn written_for(body: &Value) -> bool;
+    /// Whether a request body looks written for it (`condenser count` without `--api`); one
+    /// that no dialect claims is read as chat.
+    fn written_for(_body: &Value) -> bool {
+        false
+    }
 
     /// An error condenser writes on its paths, in its shape.
     fn error_response(error: &ProxyError) -> Response<ProxyBody>;

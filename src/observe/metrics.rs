@@ -17,43 +17,33 @@ use prometheus::{
 
 use crate::tokens::catalog::{base_name, ModelInfo};
 
-/// What served a request: its `route` label in metrics and in the log.
+/// What served a request: its `route` label in metrics and in the log. Each dialect names
+/// its own (`Dialect::ROUTE`); the constants are condenser's other routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
-    Healthz,
-    Readyz,
-    Metrics,
-    ChatCompletions,
-    Responses,
-    Messages,
-    Passthrough,
-    Other,
-}
+pub struct Route(&'static str);
 
 impl Route {
-    /// In declaration order, so `route as usize` indexes it.
-    pub const ALL: [Route; 8] = [
-        Route::Healthz,
-        Route::Readyz,
-        Route::Metrics,
-        Route::ChatCompletions,
-        Route::Responses,
-        Route::Messages,
-        Route::Passthrough,
-        Route::Other,
+    pub const HEALTHZ: Route = Route("healthz");
+    pub const READYZ: Route = Route("readyz");
+    pub const METRICS: Route = Route("metrics");
+    pub const PASSTHROUGH: Route = Route("passthrough");
+    pub const OTHER: Route = Route("other");
+    /// The routes no dialect serves.
+    const OWN: [Route; 5] = [
+        Route::HEALTHZ,
+        Route::READYZ,
+        Route::METRICS,
+        Route::PASSTHROUGH,
+        Route::OTHER,
     ];
 
+    /// A dialect's route, labelled `name`.
+    pub const fn named(name: &'static str) -> Route {
+        Route(name)
+    }
+
     pub fn name(self) -> &'static str {
-        match self {
-            Route::Healthz => "healthz",
-            Route::Readyz => "readyz",
-            Route::Metrics => "metrics",
-            Route::ChatCompletions => "chat_completions",
-            Route::Responses => "responses",
-            Route::Messages => "messages",
-            Route::Passthrough => "passthrough",
-            Route::Other => "other",
-        }
+        self.0
     }
 }
 
@@ -61,8 +51,8 @@ impl Route {
 pub const RECALL_OUTCOMES: [&str; 4] = ["served", "error", "skipped", "failed"];
 
 /// Every dialect route's recall series, shown at zero before the first call.
-fn with_every_recall_series(recalls: IntCounterVec) -> IntCounterVec {
-    for route in [Route::ChatCompletions, Route::Responses, Route::Messages] {
+fn with_every_recall_series(recalls: IntCounterVec, dialect_routes: &[Route]) -> IntCounterVec {
+    for route in dialect_routes {
         for outcome in RECALL_OUTCOMES {
             recalls.with_label_values(&[route.name(), outcome]);
         }
@@ -180,18 +170,22 @@ fn series<'a, T: MetricVecBuilder>(
 /// `condenser_requests_total`, by route and status.
 struct RequestCounts {
     vec: IntCounterVec,
-    /// Each route's `200`s, where nearly every request lands, by `route as usize`.
-    ok: [OnceLock<IntCounter>; Route::ALL.len()],
+    /// Each route's `200`s, where nearly every request lands: condenser's own routes and
+    /// the dialects', all known at start.
+    ok: Vec<(Route, OnceLock<IntCounter>)>,
 }
 
 impl RequestCounts {
     fn count(&self, route: Route, status: StatusCode) {
-        if status == StatusCode::OK {
-            series(&self.ok[route as usize], &self.vec, &[route.name(), "200"]).inc();
-        } else {
-            self.vec
+        let ok = (status == StatusCode::OK)
+            .then(|| self.ok.iter().find(|(known, _)| *known == route))
+            .flatten();
+        match ok {
+            Some((_, cell)) => series(cell, &self.vec, &[route.name(), "200"]).inc(),
+            None => self
+                .vec
                 .with_label_values(&[route.name(), status.as_str()])
-                .inc();
+                .inc(),
         }
     }
 }
@@ -380,11 +374,14 @@ pub struct MetricsError(#[from] prometheus::Error);
 
 impl Metrics {
     /// `families` are every family the model catalog can resolve to: with the configured
-    /// names and `other`, all the `model` labels there can be.
+    /// names and `other`, all the `model` labels there can be. `dialect_routes` are the
+    /// registered dialects' routes, whose series are known before their first request.
     pub fn new<F: AsRef<str>>(
         configured_models: &[String],
         families: impl IntoIterator<Item = F>,
+        dialect_routes: impl IntoIterator<Item = Route>,
     ) -> Result<Metrics, MetricsError> {
+        let dialect_routes: Vec<Route> = dialect_routes.into_iter().collect();
         let registry = Registry::new();
         let counters = |name: &str, help: &str, labels: &[&str]| {
             registered(
@@ -404,7 +401,11 @@ impl Metrics {
                 "Requests served, by route and HTTP status.",
                 &["route", "status"],
             )?,
-            ok: Default::default(),
+            ok: Route::OWN
+                .into_iter()
+                .chain(dialect_routes.iter().copied())
+                .map(|route| (route, OnceLock::new()))
+                .collect(),
         };
         let vecs = ModelVecs::new(&registry)?;
         let summarizer_health = SummarizerHealth::new()?;
@@ -427,7 +428,7 @@ impl Metrics {
                 "condenser_recalls_total",
                 "Recall calls, by route and outcome: served, error (a tool error to the model), skipped (the reply also called the client's tools), failed (the continuation upstream failed).",
                 &["route", "outcome"],
-            )?),
+            )?, &dialect_routes),
             upstream_seconds: histogram(
                 "condenser_upstream_seconds",
                 "Time from sending a request upstream to its response head.",
@@ -514,6 +515,13 @@ mod tests {
         ModelCatalog::new(BTreeMap::new(), TokensConfig::default())
     }
 
+    /// What the state is built with.
+    fn dialect_routes() -> impl Iterator<Item = Route> {
+        crate::dialect::DIALECTS.iter().map(|wire| wire.route)
+    }
+
+    const CHAT: Route = <crate::dialect::chat::Chat as crate::dialect::stages::Dialect>::ROUTE;
+
     fn model_lines(text: &str) -> Vec<&str> {
         text.lines()
             .filter(|l| l.contains("{model="))
@@ -529,7 +537,12 @@ mod tests {
         let overrides =
             BTreeMap::from([("Corp/Local-Model".to_string(), ModelOverride::default())]);
         let catalog = ModelCatalog::new(overrides, TokensConfig::default());
-        let metrics = Metrics::new(&["Vendor/My-Model".to_string()], catalog.families()).unwrap();
+        let metrics = Metrics::new(
+            &["Vendor/My-Model".to_string()],
+            catalog.families(),
+            dialect_routes(),
+        )
+        .unwrap();
         let label = |model: &str| metrics.for_model(model, &catalog.resolve(model));
         let mine = label("other-vendor/MY-MODEL");
         assert_eq!(mine, label("my-model"));
@@ -573,7 +586,7 @@ mod tests {
     #[test]
     fn a_token_ratio_reads_back_whether_new_unchanged_or_changed() {
         let catalog = catalog();
-        let metrics = Metrics::new(&[], catalog.families()).unwrap();
+        let metrics = Metrics::new(&[], catalog.families(), dialect_routes()).unwrap();
         let series = metrics.model(metrics.for_model("gpt-4o", &catalog.resolve("gpt-4o")));
         let ratio = || lines_of(&metrics.render(), "condenser_token_estimate_ratio{").join("\n");
         assert_eq!(ratio(), "");
@@ -594,7 +607,7 @@ mod tests {
 
     #[test]
     fn requests_are_counted_by_route_and_status_and_appear_when_counted() {
-        let metrics = Metrics::new(&[], catalog().families()).unwrap();
+        let metrics = Metrics::new(&[], catalog().families(), dialect_routes()).unwrap();
         let request_lines = || {
             metrics
                 .render()
@@ -604,30 +617,28 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(request_lines(), Vec::<String>::new());
-        for (i, route) in Route::ALL.into_iter().enumerate() {
-            assert_eq!(route as usize, i, "{route:?}");
+        let mut expected = vec![
+            r#"condenser_requests_total{route="chat_completions",status="413"} 2"#.to_string(),
+            r#"condenser_requests_total{route="readyz",status="503"} 1"#.to_string(),
+            r#"condenser_requests_total{route="unregistered",status="200"} 1"#.to_string(),
+        ];
+        let known: Vec<Route> = Route::OWN.into_iter().chain(dialect_routes()).collect();
+        for (i, route) in known.into_iter().enumerate() {
             for _ in 0..=i {
                 metrics.count_request(route, StatusCode::OK);
             }
+            expected.push(format!(
+                r#"condenser_requests_total{{route="{}",status="200"}} {}"#,
+                route.name(),
+                i + 1
+            ));
         }
-        metrics.count_request(Route::ChatCompletions, StatusCode::PAYLOAD_TOO_LARGE);
-        metrics.count_request(Route::ChatCompletions, StatusCode::PAYLOAD_TOO_LARGE);
-        metrics.count_request(Route::Readyz, StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(
-            request_lines(),
-            [
-                r#"condenser_requests_total{route="chat_completions",status="200"} 4"#,
-                r#"condenser_requests_total{route="chat_completions",status="413"} 2"#,
-                r#"condenser_requests_total{route="healthz",status="200"} 1"#,
-                r#"condenser_requests_total{route="messages",status="200"} 6"#,
-                r#"condenser_requests_total{route="metrics",status="200"} 3"#,
-                r#"condenser_requests_total{route="other",status="200"} 8"#,
-                r#"condenser_requests_total{route="passthrough",status="200"} 7"#,
-                r#"condenser_requests_total{route="readyz",status="200"} 2"#,
-                r#"condenser_requests_total{route="readyz",status="503"} 1"#,
-                r#"condenser_requests_total{route="responses",status="200"} 5"#,
-            ]
-        );
+        metrics.count_request(CHAT, StatusCode::PAYLOAD_TOO_LARGE);
+        metrics.count_request(CHAT, StatusCode::PAYLOAD_TOO_LARGE);
+        metrics.count_request(Route::READYZ, StatusCode::SERVICE_UNAVAILABLE);
+        metrics.count_request(Route::named("unregistered"), StatusCode::OK);
+        expected.sort();
+        assert_eq!(request_lines(), expected);
     }
 
     #[test]
@@ -636,7 +647,8 @@ mod tests {
         const ROUNDS: u64 = 1_000;
         const SMALL: f64 = 1.0 / 4096.0;
         let catalog = catalog();
-        let metrics = Metrics::new(&["mine".to_string()], catalog.families()).unwrap();
+        let metrics =
+            Metrics::new(&["mine".to_string()], catalog.families(), dialect_routes()).unwrap();
         let info = catalog.resolve("mine");
         std::thread::scope(|scope| {
             for thread in 0..THREADS {
@@ -646,9 +658,9 @@ mod tests {
                         let series = metrics.model(metrics.for_model("mine", info));
                         series.count_prompt(10, 7);
                         series.count_completion(thread);
-                        metrics.count_request(Route::ChatCompletions, StatusCode::OK);
+                        metrics.count_request(CHAT, StatusCode::OK);
                         if round % 100 == 0 {
-                            metrics.count_request(Route::ChatCompletions, StatusCode::BAD_GATEWAY);
+                            metrics.count_request(CHAT, StatusCode::BAD_GATEWAY);
                         }
                         // Powers of two: their sums are exact in any order.
                         metrics.overhead_seconds.observe(SMALL);

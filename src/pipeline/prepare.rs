@@ -197,7 +197,7 @@ async fn compacted<D: Dialect>(
         info: &prepared.info,
         upstream: state.upstreams.for_model(Some(model)),
         headers,
-        api: D::API,
+        api: D::SUMMARY_ENDPOINT,
         settings,
         mode,
         limits,

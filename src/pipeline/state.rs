@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::compaction::compactor::Compactor;
 use crate::config::{Config, ConfigError};
+use crate::dialect::{summary_api_named, DIALECTS};
 use crate::observe::metrics::{Metrics, MetricsError};
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::TokenCounter;
@@ -42,7 +43,11 @@ impl AppState {
             config.tokens.clone(),
         ));
         let counter = TokenCounter::new(config.tokens.unknown_model_margin);
-        let metrics = Metrics::new(&config.metrics.models, catalog.families())?;
+        let metrics = Metrics::new(
+            &config.metrics.models,
+            catalog.families(),
+            DIALECTS.iter().map(|wire| wire.route),
+        )?;
         let connections = Connections::new(&config, metrics.upstream_failures.clone());
         let upstreams = Upstreams::from_config(&config, &connections)?;
         let compactor = Arc::new(Compactor::new(
@@ -52,7 +57,7 @@ impl AppState {
             metrics.summarize_seconds.clone(),
             metrics.summarizer_health.clone(),
             &connections,
-            crate::dialect::summary_api,
+            summary_api_named(&config.summarizer.api)?,
         )?);
         Ok(AppState {
             config,

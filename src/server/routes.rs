@@ -1,5 +1,6 @@
 //! Which handler serves a request, and the per-request count of what was served.
 
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,10 +9,9 @@ use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::{header, Method, Request, Response, StatusCode};
 
-use crate::dialect;
-use crate::dialect::chat::{self, Chat, CHAT_COMPLETIONS};
-use crate::dialect::messages::{Messages, MESSAGES};
-use crate::dialect::responses::{Responses, RESPONSES};
+use crate::dialect::chat;
+use crate::dialect::stages::Dialect;
+use crate::dialect::{self, with_dialect, WithDialect};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
 use crate::pipeline;
@@ -26,35 +26,32 @@ pub async fn handle(worker: Arc<Worker>, request: Request<Incoming>) -> Response
     // A Uri clone shares its bytes: no copy for the log line.
     let uri = request.uri().clone();
     let path = uri.path();
-    let (route, result) = match (request.method(), path) {
-        (&Method::GET, "/healthz") => (Route::Healthz, Ok(text(StatusCode::OK, "ok\n"))),
-        (&Method::GET, "/readyz") => (Route::Readyz, Ok(readiness(state))),
-        (&Method::GET, "/metrics") => (Route::Metrics, Ok(metrics(state))),
-        (&Method::POST, CHAT_COMPLETIONS) => (
-            Route::ChatCompletions,
-            pipeline::handle::<Chat>(&worker, request, received).await,
-        ),
-        // Only the exact paths: `/v1/responses/compact`, `/v1/messages/count_tokens` and the
-        // rest pass through.
-        (&Method::POST, RESPONSES) => (
-            Route::Responses,
-            pipeline::handle::<Responses>(&worker, request, received).await,
-        ),
-        (&Method::POST, MESSAGES) => (
-            Route::Messages,
-            pipeline::handle::<Messages>(&worker, request, received).await,
-        ),
-        (_, p) if p.starts_with("/v1/") => (
-            Route::Passthrough,
-            passthrough::handle(state, request).await,
-        ),
-        _ => (Route::Other, Err(ProxyError::NotFound(path.to_string()))),
+    // Only a dialect's own path: `/v1/responses/compact`, `/v1/messages/count_tokens` and the
+    // rest pass through.
+    let compacting = (method == Method::POST)
+        .then(|| dialect::compacting(path))
+        .flatten();
+    let (route, result) = if let Some(wire) = compacting {
+        let compact = Compact {
+            worker: &worker,
+            request,
+            received,
+        };
+        (wire.route, with_dialect(wire.api, compact).await)
+    } else {
+        match (&method, path) {
+            (&Method::GET, "/healthz") => (Route::HEALTHZ, Ok(text(StatusCode::OK, "ok\n"))),
+            (&Method::GET, "/readyz") => (Route::READYZ, Ok(readiness(state))),
+            (&Method::GET, "/metrics") => (Route::METRICS, Ok(metrics(state))),
+            (_, p) if p.starts_with("/v1/") => (
+                Route::PASSTHROUGH,
+                passthrough::handle(state, request).await,
+            ),
+            _ => (Route::OTHER, Err(ProxyError::NotFound(path.to_string()))),
+        }
     };
     // A relayed reply of the pipeline logs its own line when its body ends, with its usage.
-    let logged_by_pipeline = matches!(
-        route,
-        Route::ChatCompletions | Route::Responses | Route::Messages
-    ) && result.is_ok();
+    let logged_by_pipeline = compacting.is_some() && result.is_ok();
     let route_name = route.name();
     let response = result.unwrap_or_else(|error| {
         if error.status().is_server_error() {
@@ -66,7 +63,7 @@ pub async fn handle(worker: Arc<Worker>, request: Request<Incoming>) -> Response
         let status = response.status().as_u16();
         // Read in the log call, so only when that line is written: a clock read per request.
         let elapsed_ms = || received.elapsed().as_secs_f64() * 1e3;
-        if matches!(route, Route::Healthz | Route::Readyz | Route::Metrics) {
+        if [Route::HEALTHZ, Route::READYZ, Route::METRICS].contains(&route) {
             tracing::debug!(method = %method, path = %path, route = route_name, status, elapsed_ms = elapsed_ms(), "request");
         } else {
             tracing::info!(method = %method, path = %path, route = route_name, status, elapsed_ms = elapsed_ms(), "request");
@@ -74,6 +71,21 @@ pub async fn handle(worker: Arc<Worker>, request: Request<Incoming>) -> Response
     }
     state.metrics.count_request(route, response.status());
     response
+}
+
+/// A request to a dialect's own path, handed to the pipeline in that dialect.
+struct Compact<'a> {
+    worker: &'a Arc<Worker>,
+    request: Request<Incoming>,
+    received: Instant,
+}
+
+impl WithDialect for Compact<'_> {
+    type Output = Result<Response<ProxyBody>, ProxyError>;
+
+    fn with<D: Dialect + 'static>(self) -> impl Future<Output = Self::Output> {
+        pipeline::handle::<D>(self.worker, self.request, self.received)
+    }
 }
 
 /// An error condenser writes, in the shape of the API whose path was asked (that path or

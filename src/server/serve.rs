@@ -374,7 +374,7 @@ fn refuse_oversized_headers<B>(
         status = status.as_u16(),
         "request"
     );
-    state.metrics.count_request(Route::Other, status);
+    state.metrics.count_request(Route::OTHER, status);
     Some(response)
 }
 

@@ -292,3 +292,34 @@ async fn invented_model_names_do_not_blow_up_cardinality() {
         1003.0
     );
 }
+
+/// The routes and the route labels come from the dialect registry: each registered dialect's
+/// path is compacted in its pipeline and counted under its label, whose recall series show
+/// from start-up. A dialect the server or the metrics did not take from the registry fails.
+#[tokio::test]
+async fn every_registered_dialect_is_served_at_its_path_and_counted_under_its_label() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let proxy = Proxy::start(config_for(&upstream.url())).await;
+    let at_start = parse_exposition(&proxy.metrics().await);
+    for wire in condenser::dialect::DIALECTS {
+        let route = wire.route.name();
+        let served = format!(r#"condenser_recalls_total{{outcome="served",route="{route}"}}"#);
+        assert_eq!(value(&at_start, &served), 0.0);
+        // Not JSON: the dialect's pipeline refuses it, where a pass-through would forward it.
+        let response = client()
+            .post(proxy.url(wire.path))
+            .header("content-type", "application/json")
+            .body("{")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "{}", wire.path);
+    }
+    assert!(upstream.recorded().is_empty());
+    let samples = parse_exposition(&proxy.metrics().await);
+    for wire in condenser::dialect::DIALECTS {
+        let route = wire.route.name();
+        let refused = format!(r#"condenser_requests_total{{route="{route}",status="400"}}"#);
+        assert_eq!(value(&samples, &refused), 1.0);
+    }
+}

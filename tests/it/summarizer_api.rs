@@ -9,7 +9,7 @@ use serde_json::Value;
 async fn summarized_through(api: &str, path: &str) -> (Value, Recorded) {
     let upstream = mock_llm(LlmBehaviour::default()).await;
     let mut config = small_window_config(&upstream.url());
-    config.summarizer.api = condenser::config::Api::parse(api);
+    config.summarizer.api = api.to_string();
     let proxy = Proxy::start(config).await;
     let response = client()
         .post(proxy.url("/v1/chat/completions"))

@@ -21,7 +21,7 @@ use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{Decision, Limits, Mode, Split};
 use crate::compaction::shorten::cut_item_texts;
 use crate::compaction::summary_api::SummaryApi;
-use crate::config::{Api, ContextConfig};
+use crate::config::ContextConfig;
 use crate::conversation::{content_text, Item};
 use crate::dialect::recall::RecallWire;
 use crate::dialect::request::{array, object_start, object_with_model, present};
@@ -41,14 +41,14 @@ pub const CHAT_COMPLETIONS: &str = "/v1/chat/completions";
 pub struct Chat;
 
 impl Dialect for Chat {
+    const NAME: &'static str = "chat";
     const PATH: &'static str = CHAT_COMPLETIONS;
     const SERVED: &'static str = "chat completion";
     const USAGE: &'static dyn UsageReader = &usage::ChatUsage;
-    const API: Api = Api::Chat;
     const KEY_STYLE: KeyStyle = KeyStyle::Bearer;
     const SUMMARY: &'static dyn SummaryApi = &summary::ChatSummary;
     const CONVERSATION_FIELD: &'static str = "messages";
-    const ROUTE: Route = Route::ChatCompletions;
+    const ROUTE: Route = Route::named("chat_completions");
     const RECALL: Option<&'static dyn RecallWire> = Some(&recall::ChatRecall);
     type Request = Map<String, Value>;
 
@@ -59,11 +59,6 @@ impl Dialect for Chat {
         mode: Mode,
     ) -> impl Future<Output = Result<Ready, Option<Planned>>> + Send {
         scan(counting, bytes, settings, mode)
-    }
-
-    /// Any body: chat is tried last.
-    fn written_for(_body: &Value) -> bool {
-        true
     }
 
     fn error_response(error: &ProxyError) -> Response<ProxyBody> {

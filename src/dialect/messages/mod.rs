@@ -23,7 +23,7 @@ use serde_json::{json, Map, Value};
 use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{Mode, Split};
 use crate::compaction::summary_api::SummaryApi;
-use crate::config::{Api, ContextConfig};
+use crate::config::ContextConfig;
 use crate::dialect::recall::RecallWire;
 use crate::dialect::request::{array, object_start, object_with_model, present};
 use crate::dialect::stages::{
@@ -55,14 +55,14 @@ pub struct MessagesRequest {
 }
 
 impl Dialect for Messages {
+    const NAME: &'static str = "messages";
     const PATH: &'static str = MESSAGES;
     const SERVED: &'static str = "message";
     const USAGE: &'static dyn UsageReader = &usage::MessagesUsage;
-    const API: Api = Api::Messages;
     const KEY_STYLE: KeyStyle = KeyStyle::XApiKey;
     const SUMMARY: &'static dyn SummaryApi = &summary::MessagesSummary;
     const CONVERSATION_FIELD: &'static str = "messages";
-    const ROUTE: Route = Route::Messages;
+    const ROUTE: Route = Route::named("messages");
     const RECALL: Option<&'static dyn RecallWire> = Some(&recall::MessagesRecall);
     type Request = MessagesRequest;
 

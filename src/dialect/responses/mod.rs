@@ -23,7 +23,7 @@ use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{ForwardReason, Mode, Split};
 use crate::compaction::shorten::cut_item_texts;
 use crate::compaction::summary_api::SummaryApi;
-use crate::config::{Api, ContextConfig, SummaryRole};
+use crate::config::{ContextConfig, SummaryRole};
 use crate::conversation::{units, Item};
 use crate::dialect::recall::RecallWire;
 use crate::dialect::request::{object_start, object_with_model, present};
@@ -59,14 +59,14 @@ pub struct ResponsesRequest {
 }
 
 impl Dialect for Responses {
+    const NAME: &'static str = "responses";
     const PATH: &'static str = RESPONSES;
     const SERVED: &'static str = "response";
     const USAGE: &'static dyn UsageReader = &usage::ResponsesUsage;
-    const API: Api = Api::Responses;
     const KEY_STYLE: KeyStyle = KeyStyle::Bearer;
     const SUMMARY: &'static dyn SummaryApi = &summary::ResponsesSummary;
     const CONVERSATION_FIELD: &'static str = "input";
-    const ROUTE: Route = Route::Responses;
+    const ROUTE: Route = Route::named("responses");
     const RECALL: Option<&'static dyn RecallWire> = Some(&recall::ResponsesRecall);
     type Request = ResponsesRequest;
 
