@@ -256,11 +256,19 @@ fn within_budget(
     let join = count(SEPARATOR) + JOIN_SLACK_TOKENS;
     let mut notes = notes;
     let mut used: u32 = notes.iter().map(|note| count(note) + join).sum();
+    // Each item is taken with room kept for the note that would name those after it (the
+    // item's own `join` is the separator before it), so the answer is seldom over the
+    // budget once whole: each check below counts it all again.
+    let left_out_cost = |after: usize| {
+        let rest: Vec<&str> = found[after..].iter().map(|(r, _)| r.as_str()).collect();
+        left_out_note(&rest, limits.max_tokens).map_or(0, |note| count(&note))
+    };
     let mut blocks = Vec::new();
-    for (reference, text) in found {
-        let header = format!("[{reference}]\n");
+    for (i, (reference, text)) in found.iter().enumerate() {
+        let header = header(reference);
         let cost = count(&header) + count(text) + join;
-        if used.saturating_add(cost) <= limits.max_tokens {
+        let reserve = left_out_cost(i + 1);
+        if used.saturating_add(cost).saturating_add(reserve) <= limits.max_tokens {
             used += cost;
             blocks.push(format!("{header}{text}"));
             continue;
@@ -270,12 +278,9 @@ fn within_budget(
                 "{reference} alone is over the budget of {} tokens: its middle is cut",
                 limits.max_tokens
             );
-            let rest: Vec<&str> = found[1..].iter().map(|(r, _)| r.as_str()).collect();
-            let left_out_cost =
-                left_out_note(&rest, limits.max_tokens).map_or(0, |note| count(&note) + join);
             let room = limits
                 .max_tokens
-                .saturating_sub(used + count(&cut_note) + join + left_out_cost + count(&header));
+                .saturating_sub(used + count(&cut_note) + 2 * join + reserve + count(&header));
             blocks.push(format!(
                 "{header}{}",
                 cut_middle(limits.encoding, text, room, None)
@@ -302,12 +307,22 @@ fn within_budget(
 /// Room left where two parts of an answer meet and their tokens merge differently.
 const JOIN_SLACK_TOKENS: u32 = 2;
 
+/// How many left-out references an answer names: a query that matches a long session's
+/// every item would otherwise spend its budget on their names.
+const LEFT_OUT_NAMED: usize = 10;
+
+fn header(reference: &str) -> String {
+    format!("[{reference}]\n")
+}
+
 fn left_out_note(left_out: &[&str], max_tokens: u32) -> Option<String> {
     (!left_out.is_empty()).then(|| {
-        format!(
-            "not returned, over the budget of {max_tokens} tokens (ask for them alone): {}",
-            left_out.join(", ")
-        )
+        let named = left_out[..left_out.len().min(LEFT_OUT_NAMED)].join(", ");
+        let more = match left_out.len().saturating_sub(LEFT_OUT_NAMED) {
+            0 => String::new(),
+            n => format!(" and {n} more"),
+        };
+        format!("not returned, over the budget of {max_tokens} tokens (ask for them alone): {named}{more}")
     })
 }
 
@@ -597,8 +612,9 @@ mod tests {
             texts[1],
             refs[2..].join(", ")
         );
-        // Room for two items and the note naming the rest, not for a third item.
-        let budget = count_text(Encoding::O200k, &expected) + 4;
+        // Room for two items and the note naming the rest (with the slack the parts' counts
+        // keep where they meet), not for a third item.
+        let budget = count_text(Encoding::O200k, &expected) + 8;
         let answer = answer(&cache, &CALLER, &[], &arguments, &limits(budget)).await;
         assert!(!answer.is_error);
         assert_eq!(
@@ -606,6 +622,35 @@ mod tests {
             expected.replace("{budget}", &budget.to_string())
         );
         assert!(count_text(Encoding::O200k, &answer.text) <= budget);
+    }
+
+    #[tokio::test]
+    async fn a_long_list_left_out_is_named_in_part_and_the_answer_stays_within_budget() {
+        let texts: Vec<String> = (0..40)
+            .map(|n| format!("item {n}: {}", "word ".repeat(60)))
+            .collect();
+        let (cache, refs) = archive(&texts.iter().map(String::as_str).collect::<Vec<_>>()).await;
+        let arguments = json!({ "refs": refs }).to_string();
+        let budget = 400;
+        let answer = answer(&cache, &CALLER, &[], &arguments, &limits(budget)).await;
+        assert!(count_text(Encoding::O200k, &answer.text) <= budget);
+        let given = answer.text.matches("\nitem ").count();
+        assert!(
+            given >= 2,
+            "{given} items in {budget} tokens: {}",
+            answer.text
+        );
+        let note = answer.text.rsplit("\n\n").next().unwrap();
+        let left_out = refs.len() - given;
+        assert!(
+            note.ends_with(&format!(
+                "{} and {} more",
+                refs[given + LEFT_OUT_NAMED - 1],
+                left_out - LEFT_OUT_NAMED
+            )),
+            "{note}"
+        );
+        assert!(!note.contains(&refs[given + LEFT_OUT_NAMED]), "{note}");
     }
 
     #[tokio::test]
