@@ -7,7 +7,7 @@
 #   bash bench/instructions.sh BINARY [PATH] [CONNECTIONS]
 #
 # PATH defaults to /v1/chat/completions (/v1/embeddings measures the pass-through relay);
-# CONNECTIONS to 8. Needs valgrind, nginx and wrk (installed when missing, as root).
+# CONNECTIONS to 8. CALLGRIND_OUT=FILE keeps the counted dump there, for callgrind_annotate. Needs valgrind, nginx and wrk (installed when missing, as root).
 set -euo pipefail
 SCRIPT=instructions
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -49,4 +49,5 @@ grep -q 'Non-2xx' <<<"$out" && die "requests failed: $out"
 requests=$(awk '/requests in/ {print $1}' <<<"$out")
 # The dump holds what ran since the counters were zeroed.
 instructions=$(awk '/^(summary|totals):/ {print $2; exit}' "$WORK"/callgrind.out.*)
+[ -n "${CALLGRIND_OUT:-}" ] && cp "$WORK"/callgrind.out.* "$CALLGRIND_OUT"
 echo "$(basename "$BIN") $BENCH_PATH c=$CONNS: $requests requests, $((instructions / requests)) instructions per request"

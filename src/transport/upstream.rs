@@ -46,8 +46,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A response head larger than this (status line and headers, as hyper parsed it) is a
 /// broken reply, however its bytes arrived.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
-/// As many fields as fit `MAX_HEAD_BYTES` at their shortest (`a:\r\n`).
-const MAX_HEAD_FIELDS: usize = MAX_HEAD_BYTES / 4;
+/// Fields a response head may have (hyper's default: 100). hyper allocates room for this
+/// many on every response it parses: at 16,384 (as many as fit `MAX_HEAD_BYTES` at their
+/// shortest, `a:\r\n`), two 512 KiB buffers that cost ~4,000 instructions per chat request
+/// (`bench/instructions.sh`); at 1,024, two 32 KiB ones the allocator keeps at hand.
+const MAX_HEAD_FIELDS: usize = 1024;
 /// Idle HTTP/1.1 connections each worker keeps per upstream.
 const MAX_IDLE_PER_WORKER: usize = 256;
 
@@ -529,7 +532,6 @@ impl Upstream {
         }
         let (sender, connection) = http1::Builder::new()
             .max_header_size(MAX_HEAD_BYTES)
-            // The limit is the head's size, whatever its field count (hyper's default: 100).
             .max_headers(MAX_HEAD_FIELDS)
             .handshake(stream)
             .await?;

@@ -951,8 +951,8 @@ async fn a_connection_that_sends_nothing_is_closed_after_the_header_read_timeout
     assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
 }
 
-/// An upstream head of many short fields is relayed: the limit is the head's 64 KiB, not
-/// hyper's default of 100 fields.
+/// An upstream head of many short fields is relayed: the limits are the head's 64 KiB and
+/// 1,024 fields, not hyper's default of 100 fields.
 #[tokio::test]
 async fn an_upstream_head_of_many_fields_within_64_kib_is_relayed() {
     let upstream = MockUpstream::start(handler(|_| async {
