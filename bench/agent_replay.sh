@@ -12,20 +12,8 @@
 #
 #   bash bench/agent_replay.sh [BINARY]      # default: a `cargo build --release` binary
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
-if [ $# -ge 1 ]; then
-    BIN=$(realpath "$1")
-else
-    (cd "$ROOT" && cargo build --release --locked --quiet)
-    BIN=$TARGET/release/condenser
-fi
-WORK=$(mktemp -d /tmp/condenser-agent-replay.XXXXXX)
-PIDS=()
-cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done; rm -rf "$WORK"; }
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_up() { for _ in $(seq 100); do curl -s -o /dev/null "$1" && return 0; sleep 0.1; done; return 1; }
+SCRIPT=agent-replay
+source "$(dirname "${BASH_SOURCE[0]}")/replay_common.sh"
 
 for model in wide small; do
     python3 "$ROOT/bench/agent_bodies.py" "$WORK/$model" messages "claude-bench-$model" 180 221

@@ -16,20 +16,8 @@
 #   bash bench/recall_round.sh [BINARY]      # default: a `cargo build --release --locked` binary
 #   N=200 (requests per mode and case)
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
-if [ $# -ge 1 ]; then
-    BIN=$(realpath "$1")
-else
-    (cd "$ROOT" && cargo build --release --locked --quiet)
-    BIN=$TARGET/release/condenser
-fi
-WORK=$(mktemp -d /tmp/condenser-recall-round.XXXXXX)
-PIDS=()
-cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done; rm -rf "$WORK"; }
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_up() { for _ in $(seq 100); do curl -s -o /dev/null "$1" && return 0; sleep 0.1; done; return 1; }
+SCRIPT=recall-round
+source "$(dirname "${BASH_SOURCE[0]}")/replay_common.sh"
 
 python3 "$ROOT/bench/agent_bodies.py" "$WORK" messages claude-bench 200 200
 python3 "$ROOT/bench/agent_bodies.py" "$WORK" responses gpt-bench 200 200
