@@ -520,6 +520,13 @@ async fn scripted_model(api: Api, script: Script) -> MockUpstream {
     .await
 }
 
+/// The scripted model, and condenser in front of it with `recall_config`.
+async fn scripted(api: Api, script: Script) -> (MockUpstream, Proxy) {
+    let upstream = scripted_model(api, script).await;
+    let proxy = Proxy::start(recall_config(&upstream.url())).await;
+    (upstream, proxy)
+}
+
 fn recall_config(upstream: &str) -> condenser::Config {
     let mut config = claude_config(upstream);
     config.recall.max_rounds = 2;
@@ -536,6 +543,17 @@ async fn ask(proxy: &Proxy, api: Api, stream: bool) -> reqwest::Response {
         .unwrap()
 }
 
+/// `condenser_recalls_total` for `api`'s route and `outcome`.
+async fn recalls(proxy: &Proxy, api: Api, outcome: &str) -> Option<f64> {
+    let route = match api {
+        Api::Chat => "chat_completions",
+        Api::Responses => "responses",
+        Api::Messages => "messages",
+    };
+    let series = format!("condenser_recalls_total{{outcome=\"{outcome}\",route=\"{route}\"}}");
+    metric(&proxy.metrics().await, &series)
+}
+
 /// The requests the scripted model got (the summarizer's aside).
 fn model_requests(upstream: &MockUpstream) -> Vec<Value> {
     upstream.forwarded()
@@ -546,8 +564,7 @@ async fn a_decision_in_an_evicted_assistant_message_is_recalled_verbatim_in_ever
     for api in APIS {
         for stream in [false, true] {
             for script in [Script::AllRefs, Script::Query] {
-                let upstream = scripted_model(api, script.clone()).await;
-                let proxy = Proxy::start(recall_config(&upstream.url())).await;
+                let (upstream, proxy) = scripted(api, script.clone()).await;
                 let response = ask(&proxy, api, stream).await;
                 assert_eq!(response.status(), 200, "{api:?} stream={stream}");
                 assert_eq!(header(&response, "x-condenser-action"), "summarized");
@@ -566,17 +583,7 @@ async fn a_decision_in_an_evicted_assistant_message_is_recalled_verbatim_in_ever
                 assert!(!requests[0].to_string().contains("port 23456"), "{api:?}");
                 assert!(api.offers_recall(&requests[0]));
                 assert!(api.answers(&requests[1]).unwrap().contains(DECISION));
-                let metrics = proxy.metrics().await;
-                let route = match api {
-                    Api::Chat => "chat_completions",
-                    Api::Responses => "responses",
-                    Api::Messages => "messages",
-                };
-                let served = metric(
-                    &metrics,
-                    &format!("condenser_recalls_total{{outcome=\"served\",route=\"{route}\"}}"),
-                );
-                assert_eq!(served, Some(1.0), "{api:?}");
+                assert_eq!(recalls(&proxy, api, "served").await, Some(1.0), "{api:?}");
             }
         }
     }
@@ -586,8 +593,7 @@ async fn a_decision_in_an_evicted_assistant_message_is_recalled_verbatim_in_ever
 async fn a_missing_reference_is_a_tool_error_to_the_model_and_the_client_still_gets_its_answer() {
     for api in APIS {
         for stream in [false, true] {
-            let upstream = scripted_model(api, Script::Missing).await;
-            let proxy = Proxy::start(recall_config(&upstream.url())).await;
+            let (upstream, proxy) = scripted(api, Script::Missing).await;
             let response = ask(&proxy, api, stream).await;
             assert_eq!(response.status(), 200);
             let (text, raw) = api.client_text(response, stream).await;
@@ -606,8 +612,7 @@ async fn a_missing_reference_is_a_tool_error_to_the_model_and_the_client_still_g
 async fn the_round_limit_holds_and_the_last_round_may_not_call_tools() {
     for api in APIS {
         for stream in [false, true] {
-            let upstream = scripted_model(api, Script::Always).await;
-            let proxy = Proxy::start(recall_config(&upstream.url())).await;
+            let (upstream, proxy) = scripted(api, Script::Always).await;
             let response = ask(&proxy, api, stream).await;
             assert_eq!(response.status(), 200);
             let (_, raw) = api.client_text(response, stream).await;
@@ -629,8 +634,7 @@ async fn the_round_limit_holds_and_the_last_round_may_not_call_tools() {
 async fn a_reply_that_also_calls_the_clients_tools_returns_them_and_serves_no_recall() {
     for api in APIS {
         for stream in [false, true] {
-            let upstream = scripted_model(api, Script::Mixed).await;
-            let proxy = Proxy::start(recall_config(&upstream.url())).await;
+            let (upstream, proxy) = scripted(api, Script::Mixed).await;
             let response = ask(&proxy, api, stream).await;
             assert_eq!(response.status(), 200);
             assert!(header(&response, "x-condenser-recalls").is_empty());
@@ -638,13 +642,7 @@ async fn a_reply_that_also_calls_the_clients_tools_returns_them_and_serves_no_re
             assert!(raw.contains("run_shell"), "{api:?} stream={stream}: {raw}");
             assert!(!raw.contains(TOOL), "{api:?} stream={stream}: {raw}");
             assert_eq!(model_requests(&upstream).len(), 1);
-            let metrics = proxy.metrics().await;
-            assert!(
-                metrics.lines().any(|l| l
-                    .starts_with("condenser_recalls_total{outcome=\"skipped\"")
-                    && l.ends_with(" 1")),
-                "{metrics}"
-            );
+            assert_eq!(recalls(&proxy, api, "skipped").await, Some(1.0), "{api:?}");
         }
     }
 }
@@ -653,8 +651,7 @@ async fn a_reply_that_also_calls_the_clients_tools_returns_them_and_serves_no_re
 async fn a_streamed_reply_that_does_not_call_it_reaches_the_client_as_it_comes() {
     for api in APIS {
         let gate = Arc::new(Notify::new());
-        let upstream = scripted_model(api, Script::Gated(gate.clone())).await;
-        let proxy = Proxy::start(recall_config(&upstream.url())).await;
+        let (upstream, proxy) = scripted(api, Script::Gated(gate.clone())).await;
         let response = ask(&proxy, api, true).await;
         assert_eq!(response.status(), 200);
         let mut body = response.bytes_stream();
@@ -740,8 +737,7 @@ async fn counted(api: Api, body: &Value) -> u32 {
 #[tokio::test]
 async fn what_recall_adds_to_a_request_is_the_tool_and_one_line_as_the_plan_counts_them() {
     for api in APIS {
-        let upstream = scripted_model(api, Script::Gated(Arc::new(Notify::new()))).await;
-        let proxy = Proxy::start(recall_config(&upstream.url())).await;
+        let (upstream, proxy) = scripted(api, Script::Gated(Arc::new(Notify::new()))).await;
         let response = ask(&proxy, api, false).await;
         assert_eq!(response.status(), 200);
         let forwarded: u32 = header(&response, "x-condenser-forwarded-tokens")
@@ -867,8 +863,7 @@ async fn a_cut_tool_output_names_its_reference_and_recall_gives_it_back_whole() 
 async fn a_failed_continuation_is_an_error_to_the_client_never_an_empty_success() {
     for api in APIS {
         for stream in [false, true] {
-            let upstream = scripted_model(api, Script::FailedContinuation).await;
-            let proxy = Proxy::start(recall_config(&upstream.url())).await;
+            let (upstream, proxy) = scripted(api, Script::FailedContinuation).await;
             let response = ask(&proxy, api, stream).await;
             let status = response.status();
             let raw = if stream {
@@ -902,13 +897,7 @@ async fn a_failed_continuation_is_an_error_to_the_client_never_an_empty_success(
             } else {
                 assert_eq!(status, 500, "{api:?}: upstream's error, relayed");
             }
-            let metrics = proxy.metrics().await;
-            assert!(
-                metrics.lines().any(|l| l
-                    .starts_with("condenser_recalls_total{outcome=\"failed\"")
-                    && l.ends_with(" 1")),
-                "{api:?} stream={stream}"
-            );
+            assert_eq!(recalls(&proxy, api, "failed").await, Some(1.0), "{api:?}");
         }
     }
 }
@@ -916,8 +905,7 @@ async fn a_failed_continuation_is_an_error_to_the_client_never_an_empty_success(
 #[tokio::test]
 async fn the_official_sdks_read_a_recalled_reply_plain_and_streamed() {
     for api in APIS {
-        let upstream = scripted_model(api, Script::AllRefs).await;
-        let proxy = Proxy::start(recall_config(&upstream.url())).await;
+        let (upstream, proxy) = scripted(api, Script::AllRefs).await;
         let (name, base, package) = match api {
             Api::Chat => ("chat", proxy.url("/v1"), "openai"),
             Api::Responses => ("responses", proxy.url("/v1"), "openai"),
