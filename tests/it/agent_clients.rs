@@ -32,6 +32,10 @@ use serde_json::{json, Value};
 
 /// Tool rounds before the scripted model ends the task.
 const ROUNDS: usize = 110;
+/// Tool rounds of the session in which the model recalls, and the window that has it
+/// compacted a few times in them.
+const RECALL_ROUNDS: usize = 60;
+const RECALL_WINDOW: u64 = 40_000;
 /// A session that stays under the trigger, to be resumed.
 const SHORT_ROUNDS: usize = 12;
 const TICKET: &str = "KX-7731-QZ";
@@ -353,10 +357,28 @@ fn round_after(id: Option<&str>) -> usize {
         .map_or(0, |n| n + 1)
 }
 
+/// Whether a Messages body ends with the answer to a `condenser_recall` call: condenser's
+/// continuation of the request it was sent.
+fn answers_a_recall(body: &Value) -> bool {
+    let last = body["messages"].as_array().and_then(|m| m.last());
+    let blocks = last.and_then(|turn| turn["content"].as_array());
+    blocks.is_some_and(|blocks| {
+        blocks.iter().any(|b| {
+            b["tool_use_id"]
+                .as_str()
+                .is_some_and(|id| id.starts_with(RECALL_CALL))
+        })
+    })
+}
+
+/// The ids the scripted Claude gives its recall calls start so.
+const RECALL_CALL: &str = "toolu_recall";
+
 /// A scripted Claude: reads the next log with the `Read` tool until `rounds`, then ends;
 /// answers side requests and a resumed session's new prompt in words; summarizes slowly and
-/// keeps nothing.
-async fn scripted_claude(dir: PathBuf, rounds: usize) -> MockUpstream {
+/// keeps nothing. With `recall`, whenever condenser offers `condenser_recall` it first
+/// searches what was summarized for the first planted identifier's kind (`sha256`).
+async fn scripted_claude(dir: PathBuf, rounds: usize, recall: bool) -> MockUpstream {
     MockUpstream::start(handler(move |r| {
         let dir = dir.clone();
         async move {
@@ -376,8 +398,23 @@ async fn scripted_claude(dir: PathBuf, rounds: usize) -> MockUpstream {
                 .and_then(|m| m.last())
                 .is_some_and(|turn| turn["content"].to_string().contains("tool_result"));
             let fresh = !body["messages"].to_string().contains("tool_result");
-            let round = messages_round(&body);
-            let block = if offers_read && round < rounds && (last_is_result || fresh) {
+            let recalled = answers_a_recall(&body);
+            let round = if recalled {
+                // The round of the request condenser continued: the turn before its call.
+                let mut sent = body.clone();
+                let messages = sent["messages"].as_array_mut().unwrap();
+                messages.truncate(messages.len() - 2);
+                messages_round(&sent)
+            } else {
+                messages_round(&body)
+            };
+            let offers_recall = body["tools"]
+                .as_array()
+                .is_some_and(|tools| tools.iter().any(|t| t["name"] == "condenser_recall"));
+            let block = if recall && offers_recall && !recalled {
+                json!({"type": "tool_use", "id": format!("{RECALL_CALL}{round}x"), "name": "condenser_recall",
+                    "input": {"query": "sha256"}})
+            } else if offers_read && round < rounds && (last_is_result || fresh) {
                 let path = dir.join(format!("log-{round:03}.txt"));
                 json!({"type": "tool_use", "id": format!("toolu_{round}"), "name": "Read",
                     "input": {"file_path": path.to_str().unwrap()}})
@@ -592,7 +629,7 @@ struct Session {
 
 async fn claude_stack(rounds: usize) -> Stack {
     Stack::start(
-        |dir| Box::pin(scripted_claude(dir, rounds)),
+        |dir| Box::pin(scripted_claude(dir, rounds, false)),
         MODEL,
         CLAUDE_WINDOW,
         "/v1/messages",
@@ -665,6 +702,77 @@ async fn claude_code_resumes_without_waiting(program: Vec<String>) {
             .all(|t| !matches!(t.cache.as_str(), "miss" | "extended")),
         "{resumed:?}"
     );
+}
+
+/// Claude Code through condenser while the model recalls on every compacted request: the
+/// agent finishes, never sees the tool (its history never holds a call of it), every
+/// continuation is a valid Messages body, and an identifier the lossy summary dropped comes
+/// back verbatim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_never_sees_the_recalls_condenser_serves() {
+    let stack = Stack::start(
+        |dir| Box::pin(scripted_claude(dir, RECALL_ROUNDS, true)),
+        MODEL,
+        RECALL_WINDOW,
+        "/v1/messages",
+    )
+    .await;
+    let front = stack.front.url();
+    let program = claude_code_current();
+    claude(
+        &program,
+        stack.work.path(),
+        stack.home.path(),
+        &front,
+        &claude_task(),
+        false,
+    )
+    .await;
+    let bodies: Vec<Value> = stack
+        .upstream
+        .recorded()
+        .iter()
+        .filter(|r| r.path_and_query.split('?').next() == Some("/v1/messages"))
+        .filter(|r| !is_summarizer_call(r))
+        .map(|r| serde_json::from_slice(&r.body).unwrap())
+        .filter(|body| in_loop(body, MODEL))
+        .collect();
+    let continuations: Vec<&Value> = bodies.iter().filter(|b| answers_a_recall(b)).collect();
+    assert!(
+        continuations.len() >= 2,
+        "{} continuations",
+        continuations.len()
+    );
+    let planted = PLANTED[0].1;
+    assert!(
+        continuations.iter().any(|b| b["messages"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()
+            .to_string()
+            .contains(planted)),
+        "no recall gave back {planted}"
+    );
+    for body in &bodies {
+        valid_messages(body);
+        // What Claude Code itself sent: a continuation less condenser's call and answer.
+        let messages = body["messages"].as_array().unwrap();
+        let sent = if answers_a_recall(body) {
+            &messages[..messages.len() - 2]
+        } else {
+            &messages[..]
+        };
+        let calls_recall = sent.iter().any(|turn| {
+            turn["content"].as_array().is_some_and(|blocks| {
+                blocks
+                    .iter()
+                    .any(|b| b["type"] == "tool_use" && b["name"] == "condenser_recall")
+            })
+        });
+        assert!(!calls_recall, "Claude Code was shown a recall call");
+    }
+    assert!(stack.summaries() >= 1);
 }
 
 fn node_modules(client: &str) -> PathBuf {
