@@ -357,22 +357,43 @@ fn round_after(id: Option<&str>) -> usize {
         .map_or(0, |n| n + 1)
 }
 
-/// Whether a Messages body ends with the answer to a `condenser_recall` call: condenser's
-/// continuation of the request it was sent.
+/// Whether a Messages or Responses body ends with the answer to a `condenser_recall` call:
+/// condenser's continuation of the request it was sent.
 fn answers_a_recall(body: &Value) -> bool {
+    let is_answer = |id: &Value| id.as_str().is_some_and(|id| id.starts_with(RECALL_CALL));
+    if let Some(last) = body["input"].as_array().and_then(|items| items.last()) {
+        return is_answer(&last["call_id"]) && last["type"] == "function_call_output";
+    }
     let last = body["messages"].as_array().and_then(|m| m.last());
     let blocks = last.and_then(|turn| turn["content"].as_array());
-    blocks.is_some_and(|blocks| {
-        blocks.iter().any(|b| {
-            b["tool_use_id"]
-                .as_str()
-                .is_some_and(|id| id.starts_with(RECALL_CALL))
-        })
-    })
+    blocks.is_some_and(|blocks| blocks.iter().any(|b| is_answer(&b["tool_use_id"])))
 }
 
-/// The ids the scripted Claude gives its recall calls start so.
-const RECALL_CALL: &str = "toolu_recall";
+/// The round of a request the scripted model answers: for condenser's continuation, the
+/// round of the request it continued (the items before its call and answer).
+fn round_of(body: &Value, field: &str, round: fn(&Value) -> usize) -> usize {
+    if !answers_a_recall(body) {
+        return round(body);
+    }
+    let mut sent = body.clone();
+    if let Some(items) = sent[field].as_array_mut() {
+        items.truncate(items.len().saturating_sub(2));
+    }
+    round(&sent)
+}
+
+/// Whether condenser offers its recall tool in `body` (and the model should call it now).
+fn recall_due(recall: bool, body: &Value) -> bool {
+    let offered = body["tools"]
+        .as_array()
+        .is_some_and(|tools| tools.iter().any(|t| t["name"] == "condenser_recall"));
+    recall && offered && !answers_a_recall(body)
+}
+
+/// The ids the scripted models give their recall calls start so, in both APIs.
+const RECALL_CALL: &str = "call_recall";
+/// What they search for: the kind of the first planted identifier.
+const RECALL_QUERY: &str = "sha256";
 
 /// A scripted Claude: reads the next log with the `Read` tool until `rounds`, then ends;
 /// answers side requests and a resumed session's new prompt in words; summarizes slowly and
@@ -398,22 +419,10 @@ async fn scripted_claude(dir: PathBuf, rounds: usize, recall: bool) -> MockUpstr
                 .and_then(|m| m.last())
                 .is_some_and(|turn| turn["content"].to_string().contains("tool_result"));
             let fresh = !body["messages"].to_string().contains("tool_result");
-            let recalled = answers_a_recall(&body);
-            let round = if recalled {
-                // The round of the request condenser continued: the turn before its call.
-                let mut sent = body.clone();
-                let messages = sent["messages"].as_array_mut().unwrap();
-                messages.truncate(messages.len() - 2);
-                messages_round(&sent)
-            } else {
-                messages_round(&body)
-            };
-            let offers_recall = body["tools"]
-                .as_array()
-                .is_some_and(|tools| tools.iter().any(|t| t["name"] == "condenser_recall"));
-            let block = if recall && offers_recall && !recalled {
+            let round = round_of(&body, "messages", messages_round);
+            let block = if recall_due(recall, &body) {
                 json!({"type": "tool_use", "id": format!("{RECALL_CALL}{round}x"), "name": "condenser_recall",
-                    "input": {"query": "sha256"}})
+                    "input": {"query": RECALL_QUERY}})
             } else if offers_read && round < rounds && (last_is_result || fresh) {
                 let path = dir.join(format!("log-{round:03}.txt"));
                 json!({"type": "tool_use", "id": format!("toolu_{round}"), "name": "Read",
@@ -728,51 +737,63 @@ async fn claude_code_never_sees_the_recalls_condenser_serves() {
         false,
     )
     .await;
-    let bodies: Vec<Value> = stack
-        .upstream
-        .recorded()
-        .iter()
-        .filter(|r| r.path_and_query.split('?').next() == Some("/v1/messages"))
-        .filter(|r| !is_summarizer_call(r))
-        .map(|r| serde_json::from_slice(&r.body).unwrap())
-        .filter(|body| in_loop(body, MODEL))
-        .collect();
-    let continuations: Vec<&Value> = bodies.iter().filter(|b| answers_a_recall(b)).collect();
-    assert!(
-        continuations.len() >= 2,
-        "{} continuations",
-        continuations.len()
-    );
-    let planted = PLANTED[0].1;
-    assert!(
-        continuations.iter().any(|b| b["messages"]
-            .as_array()
-            .unwrap()
-            .last()
-            .unwrap()
-            .to_string()
-            .contains(planted)),
-        "no recall gave back {planted}"
-    );
-    for body in &bodies {
-        valid_messages(body);
-        // What Claude Code itself sent: a continuation less condenser's call and answer.
-        let messages = body["messages"].as_array().unwrap();
-        let sent = if answers_a_recall(body) {
-            &messages[..messages.len() - 2]
-        } else {
-            &messages[..]
-        };
-        let calls_recall = sent.iter().any(|turn| {
-            turn["content"].as_array().is_some_and(|blocks| {
-                blocks
-                    .iter()
-                    .any(|b| b["type"] == "tool_use" && b["name"] == "condenser_recall")
-            })
-        });
-        assert!(!calls_recall, "Claude Code was shown a recall call");
+    stack.assert_recalls_hidden(("/v1/messages", MODEL), "messages", valid_messages);
+}
+
+impl Stack {
+    /// The session's requests to `path` for `model`, condenser's recall continuations among
+    /// them: at least two, each valid (`valid`), one giving back an identifier the lossy
+    /// summary dropped; and no item the agent itself sent (the body less a continuation's
+    /// call and answer) calls the recall tool, so the agent never saw one.
+    fn assert_recalls_hidden(&self, (path, model): (&str, &str), field: &str, valid: fn(&Value)) {
+        let bodies: Vec<Value> = self
+            .upstream
+            .recorded()
+            .iter()
+            .filter(|r| r.path_and_query.split('?').next() == Some(path))
+            .filter(|r| !is_summarizer_call(r))
+            .map(|r| serde_json::from_slice(&r.body).unwrap())
+            .filter(|body| in_loop(body, model))
+            .collect();
+        let continuations: Vec<&Value> = bodies.iter().filter(|b| answers_a_recall(b)).collect();
+        assert!(
+            continuations.len() >= 2,
+            "{} continuations",
+            continuations.len()
+        );
+        let planted = PLANTED[0].1;
+        assert!(
+            continuations.iter().any(|b| b[field]
+                .as_array()
+                .unwrap()
+                .last()
+                .unwrap()
+                .to_string()
+                .contains(planted)),
+            "no recall gave back {planted}"
+        );
+        for body in &bodies {
+            valid(body);
+            let items = body[field].as_array().unwrap();
+            let sent = if answers_a_recall(body) {
+                &items[..items.len() - 2]
+            } else {
+                &items[..]
+            };
+            let calls_recall = |value: &Value| {
+                value["name"] == "condenser_recall"
+                    && matches!(value["type"].as_str(), Some("tool_use" | "function_call"))
+            };
+            let shown = sent.iter().any(|item| {
+                calls_recall(item)
+                    || item["content"]
+                        .as_array()
+                        .is_some_and(|blocks| blocks.iter().any(calls_recall))
+            });
+            assert!(!shown, "the agent was shown a recall call");
+        }
+        assert!(self.summaries() >= 1);
     }
-    assert!(stack.summaries() >= 1);
 }
 
 fn node_modules(client: &str) -> PathBuf {
@@ -840,7 +861,12 @@ fn read_log(round: usize) -> (&'static str, Value) {
 
 /// A scripted model on the Responses API: thinks (an opaque reasoning item), then reads the
 /// next log with `tool` until `rounds`, then ends; summarizes slowly and keeps nothing.
-async fn scripted_responses(rounds: usize, model: &'static str, tool: ReadLog) -> MockUpstream {
+async fn scripted_responses(
+    rounds: usize,
+    model: &'static str,
+    tool: ReadLog,
+    recall: bool,
+) -> MockUpstream {
     MockUpstream::start(handler(move |r| async move {
         let body: Value = serde_json::from_slice(&r.body).unwrap_or_default();
         if is_summarizer_call(&r) {
@@ -856,9 +882,13 @@ async fn scripted_responses(rounds: usize, model: &'static str, tool: ReadLog) -
         let offers_exec = body["tools"]
             .as_array()
             .is_some_and(|tools| tools.iter().any(|t| t["name"] == name));
-        let round = responses_round(&body);
+        let round = round_of(&body, "input", responses_round);
         let mut output = Vec::new();
-        if offers_exec && round < rounds && (fresh || last_is_output) {
+        if recall_due(recall, &body) {
+            output.push(json!({"type": "function_call", "id": format!("fc_recall_{round}"), "status": "completed",
+                "call_id": format!("{RECALL_CALL}{round}x"), "name": "condenser_recall",
+                "arguments": json!({"query": RECALL_QUERY}).to_string()}));
+        } else if offers_exec && round < rounds && (fresh || last_is_output) {
             output.push(json!({"type": "reasoning", "id": format!("rs_{round}"), "summary": [],
                 "encrypted_content": format!("gAAAA-opaque-thought-{round}-{}", "x".repeat(200))}));
             output.push(json!({"type": "function_call", "id": format!("fc_{round}"), "status": "completed",
@@ -955,7 +985,7 @@ async fn codex(dir: &Path, home: &Path, base: &str, prompt: &str, resume: bool) 
 
 async fn codex_stack(rounds: usize) -> Stack {
     Stack::start(
-        |_| Box::pin(scripted_responses(rounds, CODEX_MODEL, exec_cat)),
+        |_| Box::pin(scripted_responses(rounds, CODEX_MODEL, exec_cat, false)),
         CODEX_MODEL,
         CODEX_WINDOW,
         "/v1/responses",
@@ -966,6 +996,29 @@ async fn codex_stack(rounds: usize) -> Stack {
 /// Codex sends no `max_output_tokens`: the reserve is condenser's default.
 fn codex_hard_limit(_body: &Value) -> u64 {
     CODEX_WINDOW - condenser::config::ContextConfig::default().response_reserve_tokens
+}
+
+/// Codex through condenser while the model recalls on every compacted request, as Claude
+/// Code above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_never_sees_the_recalls_condenser_serves() {
+    let stack = Stack::start(
+        |_| {
+            Box::pin(scripted_responses(
+                RECALL_ROUNDS,
+                CODEX_MODEL,
+                exec_cat,
+                true,
+            ))
+        },
+        CODEX_MODEL,
+        RECALL_WINDOW,
+        "/v1/responses",
+    )
+    .await;
+    let (work, home, front) = (stack.work.path(), stack.home.path(), stack.front.url());
+    codex(work, home, &front, &claude_task(), false).await;
+    stack.assert_recalls_hidden(("/v1/responses", CODEX_MODEL), "input", valid_input);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1145,7 +1198,7 @@ async fn python_session(script: &str, api: &str) {
     let stack = Stack::start(
         |_| {
             if responses {
-                Box::pin(scripted_responses(ROUNDS, PYTHON_MODEL, read_log))
+                Box::pin(scripted_responses(ROUNDS, PYTHON_MODEL, read_log, false))
             } else {
                 Box::pin(scripted_chat(ROUNDS))
             }
