@@ -98,11 +98,14 @@ impl RecallWire for ChatRecall {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
-        if let Some(message) = reply.pointer_mut("/choices/0/message") {
+        let message = reply
+            .pointer_mut("/choices/0/message")
+            .and_then(Value::as_object_mut);
+        if let Some(message) = message {
             let own = message.get("content").and_then(Value::as_str);
             let joined = format!("{earlier_text}{}", own.unwrap_or_default());
             if !joined.is_empty() {
-                message["content"] = Value::String(joined);
+                message.insert("content".into(), Value::String(joined));
             }
         }
         if let (Some(total), Some(usage)) = (earlier.get_mut("usage"), reply.get("usage")) {
@@ -324,14 +327,14 @@ impl RecallStream for ChatStream {
         }
         if let (Some(chunk), Some(usage)) = (self.usage_chunk.take(), &self.usage) {
             match event_json(&chunk) {
-                Some(mut data) => {
-                    data["usage"] = usage.clone();
+                Some(Value::Object(mut data)) => {
+                    data.insert("usage".into(), usage.clone());
                     if let (Some(id), true) = (&self.id, self.continued) {
-                        data["id"] = id.clone();
+                        data.insert("id".into(), id.clone());
                     }
-                    out.extend_from_slice(&rewrite_event(&chunk, &data));
+                    out.extend_from_slice(&rewrite_event(&chunk, &Value::Object(data)));
                 }
-                None => out.extend_from_slice(&chunk),
+                _ => out.extend_from_slice(&chunk),
             }
         }
         if let Some(done) = self.done.take() {

@@ -297,7 +297,8 @@ impl ResponsesStream {
 
 impl RecallStream for ResponsesStream {
     fn event(&mut self, event: &[u8]) -> Option<Bytes> {
-        let Some(mut data) = event_json(event) else {
+        // Only an object is an event of the API; anything else goes by untouched.
+        let Some(mut data) = event_json(event).filter(Value::is_object) else {
             return Some(Bytes::copy_from_slice(event));
         };
         let kind = data.get("type").and_then(Value::as_str).unwrap_or_default();
@@ -338,8 +339,9 @@ impl RecallStream for ResponsesStream {
             changed = true;
         }
         if self.continued {
-            if let (Some(response), Some((id, _))) = (data.get_mut("response"), &self.first) {
-                response["id"] = id.clone();
+            let response = data.get_mut("response").and_then(Value::as_object_mut);
+            if let (Some(response), Some((id, _))) = (response, &self.first) {
+                response.insert("id".into(), id.clone());
                 changed = true;
             }
         }
@@ -383,7 +385,9 @@ impl RecallStream for ResponsesStream {
         if let Some(response) = data.get_mut("response").and_then(Value::as_object_mut) {
             finish(response, output, usage, self.first.clone());
         }
-        data["sequence_number"] = json!(self.next_sequence());
+        if let Some(fields) = data.as_object_mut() {
+            fields.insert("sequence_number".into(), json!(self.next_sequence()));
+        }
         rewrite_event(&event, &data)
     }
 }
@@ -715,6 +719,26 @@ mod tests {
         assert_eq!(completed["response"]["output"], json!([bash]));
         assert_eq!(completed["response"]["usage"], usage(10, 4, 0));
         assert_eq!(completed["sequence_number"], 7);
+    }
+
+    #[test]
+    fn data_that_is_no_event_object_goes_by_without_harm() {
+        let mut stream = ResponsesRecall.stream();
+        for data in ["1", "\"x\"", "[]"] {
+            let event = format!("event: response.output_text.delta\ndata: {data}\n\n");
+            assert_eq!(
+                stream.event(event.as_bytes()).as_deref(),
+                Some(event.as_bytes())
+            );
+        }
+        // A continuation's closing event whose `response` is no object: held, then closed
+        // as it came but for its number.
+        stream.next_round();
+        let odd = "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":1}\n\n";
+        assert_eq!(stream.event(odd.as_bytes()), None);
+        let closed = String::from_utf8(stream.close().to_vec()).unwrap();
+        assert!(closed.contains("\"response\":1"), "{closed}");
+        assert!(closed.contains("\"sequence_number\":0"), "{closed}");
     }
 
     #[test]
