@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::compaction::cache::{prefix_keys, SummaryCache};
+use crate::compaction::cache::prefix_keys;
 use crate::compaction::shorten::cut_middle;
 use crate::compaction::summary::{hex, Key};
 use crate::tokens::encoding::Encoding;
@@ -166,16 +166,14 @@ impl Refs {
     }
 }
 
-/// The tool's answer to one call. `conversation` lists the references this conversation's
-/// summary names: what a query searches. Never an error to the client: whatever goes wrong
-/// is told to the model in the answer.
-pub async fn answer(
-    cache: &SummaryCache,
-    caller: &Key,
-    conversation: &[String],
-    arguments: &str,
-    limits: &RecallLimits,
-) -> RecallAnswer {
+/// An item a request's summary or cuts took out, under its reference.
+pub type Archived = (String, Arc<str>);
+
+/// The tool's answer to one call, from `archived`: the items this request's summary and
+/// cuts took out, in the conversation's order (what a query searches). A reference outside
+/// them is not this conversation's to recall, whatever else its caller archived. Never an
+/// error to the client: whatever goes wrong is told to the model in the answer.
+pub fn answer(archived: &[Archived], arguments: &str, limits: &RecallLimits) -> RecallAnswer {
     let Ok(arguments) = serde_json::from_str::<Arguments>(arguments) else {
         return RecallAnswer::error(format!("invalid arguments: {EXPECTED_SHAPE}"));
     };
@@ -185,23 +183,23 @@ pub async fn answer(
         return RecallAnswer::error(format!("nothing asked: {EXPECTED_SHAPE}"));
     }
 
-    let mut found: Vec<(String, Arc<str>)> = Vec::new();
+    let mut found: Vec<Archived> = Vec::new();
     let mut notes = Vec::new();
     let mut missing = Vec::new();
-    for (reference, text) in refs.iter().zip(cache.archive_get(caller, &refs).await) {
-        match text {
-            Some(text) => found.push((reference.clone(), text)),
+    for reference in &refs {
+        match archived.iter().find(|(archived, _)| archived == reference) {
+            Some(item) => found.push(item.clone()),
             None => missing.push(reference.as_str()),
         }
     }
     if !missing.is_empty() {
         notes.push(format!(
-            "not archived (unknown or expired): {}",
+            "not archived for this conversation (unknown or expired): {}",
             missing.join(", ")
         ));
     }
     if let Some(query) = &query {
-        let matches = search(cache, caller, conversation, query, &refs).await;
+        let matches = search(archived, query, &refs);
         if matches.is_empty() {
             notes.push(format!("nothing archived matches {query:?}"));
         }
@@ -216,31 +214,17 @@ pub async fn answer(
     }
 }
 
-/// This conversation's archived items that match `query`, best first, leaving out those
-/// already asked for by reference.
-async fn search(
-    cache: &SummaryCache,
-    caller: &Key,
-    conversation: &[String],
-    query: &str,
-    asked: &[String],
-) -> Vec<(String, Arc<str>)> {
-    let mut seen: HashSet<&str> = asked.iter().map(String::as_str).collect();
-    let candidates: Vec<String> = conversation
+/// The archived items that match `query`, best first, leaving out those already asked for
+/// by reference.
+fn search(archived: &[Archived], query: &str, asked: &[String]) -> Vec<Archived> {
+    let candidates: Vec<&Archived> = archived
         .iter()
-        .filter(|reference| seen.insert(reference.as_str()))
-        .cloned()
+        .filter(|(reference, _)| !asked.contains(reference))
         .collect();
-    let texts = cache.archive_get(caller, &candidates).await;
-    let archived: Vec<(String, Arc<str>)> = candidates
-        .into_iter()
-        .zip(texts)
-        .filter_map(|(reference, text)| Some((reference, text?)))
-        .collect();
-    let documents: Vec<&str> = archived.iter().map(|(_, text)| &**text).collect();
+    let documents: Vec<&str> = candidates.iter().map(|(_, text)| &**text).collect();
     rank(query, &documents)
         .into_iter()
-        .map(|i| archived[i].clone())
+        .map(|i| candidates[i].clone())
         .collect()
 }
 
@@ -402,9 +386,6 @@ fn rank(query: &str, documents: &[&str]) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::CacheConfig;
-
-    const CALLER: Key = [3; 32];
 
     fn limits(max_tokens: u32) -> RecallLimits {
         RecallLimits {
@@ -413,27 +394,19 @@ mod tests {
         }
     }
 
-    /// A cache holding `items` for [`CALLER`], and their references in order.
-    async fn archive(items: &[&str]) -> (SummaryCache, Vec<String>) {
-        let cache = SummaryCache::new(&CacheConfig::default(), None);
-        let pairs: Vec<(String, String)> = items
+    /// `items` as a request's archived items, and their references in order.
+    fn archive(items: &[&str]) -> (Vec<Archived>, Vec<String>) {
+        let archived: Vec<Archived> = items
             .iter()
             .enumerate()
-            .map(|(i, text)| (reference("0a1b2c3d", i), text.to_string()))
+            .map(|(i, text)| (reference("0a1b2c3d", i), Arc::from(*text)))
             .collect();
-        cache.archive_put(&CALLER, &pairs).await;
-        (cache, pairs.into_iter().map(|(r, _)| r).collect())
+        let refs = archived.iter().map(|(r, _)| r.clone()).collect();
+        (archived, refs)
     }
 
-    async fn ask(cache: &SummaryCache, conversation: &[String], arguments: Value) -> RecallAnswer {
-        answer(
-            cache,
-            &CALLER,
-            conversation,
-            &arguments.to_string(),
-            &limits(1_000),
-        )
-        .await
+    fn ask(archived: &[Archived], arguments: Value) -> RecallAnswer {
+        answer(archived, &arguments.to_string(), &limits(1_000))
     }
 
     #[test]
@@ -477,9 +450,9 @@ mod tests {
         assert_eq!(rank("same", &["same text", "same text"]), [0, 1]);
     }
 
-    #[tokio::test]
-    async fn arguments_of_the_wrong_shape_are_a_tool_error_naming_the_right_one() {
-        let (cache, refs) = archive(&["kept"]).await;
+    #[test]
+    fn arguments_of_the_wrong_shape_are_a_tool_error_naming_the_right_one() {
+        let (archived, _) = archive(&["kept"]);
         for arguments in [
             "not json",
             "{}",
@@ -487,7 +460,7 @@ mod tests {
             r#"{"query": "  "}"#,
             "[1]",
         ] {
-            let answer = answer(&cache, &CALLER, &refs, arguments, &limits(100)).await;
+            let answer = answer(&archived, arguments, &limits(100));
             assert!(answer.is_error, "{arguments}");
             assert!(
                 answer.text.contains(r#"{"refs": ["ctx:…", …]}"#),
@@ -497,11 +470,11 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn references_come_back_verbatim_in_the_order_asked() {
+    #[test]
+    fn references_come_back_verbatim_in_the_order_asked() {
         let first = "we bind the service to port 23456\n  (decided by the user)  ";
-        let (cache, refs) = archive(&[first, "second item"]).await;
-        let answer = ask(&cache, &[], json!({"refs": [refs[1], refs[0]]})).await;
+        let (archived, refs) = archive(&[first, "second item"]);
+        let answer = ask(&archived, json!({"refs": [refs[1], refs[0]]}));
         assert!(!answer.is_error);
         assert_eq!(
             answer.text,
@@ -510,61 +483,49 @@ mod tests {
         // One reference as a bare string, or without its prefix, is understood.
         let bare = refs[0].trim_start_matches(REFERENCE_PREFIX);
         for asked in [json!(refs[0]), json!([bare, refs[0]])] {
-            let answer = ask(&cache, &[], json!({ "refs": asked })).await;
+            let answer = ask(&archived, json!({ "refs": asked }));
             assert_eq!(answer.text, format!("[{}]\n{first}", refs[0]));
         }
     }
 
-    #[tokio::test]
-    async fn unknown_references_are_named_and_an_error_only_when_none_was_found() {
-        let (cache, refs) = archive(&["kept"]).await;
-        let answer = ask(&cache, &[], json!({"refs": [refs[0], "ctx:000000000000"]})).await;
+    #[test]
+    fn unknown_references_are_named_and_an_error_only_when_none_was_found() {
+        let (archived, refs) = archive(&["kept"]);
+        let answer = ask(&archived, json!({"refs": [refs[0], "ctx:000000000000"]}));
         assert!(!answer.is_error);
         assert_eq!(
             answer.text,
             format!(
-                "[{}]\nkept\n\nnot archived (unknown or expired): ctx:000000000000",
+                "[{}]\nkept\n\nnot archived for this conversation (unknown or expired): ctx:000000000000",
                 refs[0]
             )
         );
         let answer = ask(
-            &cache,
-            &[],
+            &archived,
             json!({"refs": ["ctx:000000000000", "ctx:111111111111"]}),
-        )
-        .await;
+        );
         assert!(answer.is_error);
         assert_eq!(
             answer.text,
-            "not archived (unknown or expired): ctx:000000000000, ctx:111111111111"
+            "not archived for this conversation (unknown or expired): ctx:000000000000, ctx:111111111111"
         );
-        // Another caller's references are unknown to this one.
-        let other = answer_for(&cache, &[9; 32], &refs).await;
-        assert!(other.is_error);
-        assert!(other.text.contains(&refs[0]));
+        // A reference this request did not take out is not recalled, though it names an
+        // item of the same conversation: it may be another history's item at that place.
+        let (other, _) = archive(&["kept", "a later item"]);
+        let later = &other[1].0;
+        let answer = ask(&archived, json!({ "refs": [later] }));
+        assert!(answer.is_error);
+        assert!(answer.text.contains(later.as_str()));
     }
 
-    async fn answer_for(cache: &SummaryCache, caller: &Key, refs: &[String]) -> RecallAnswer {
-        let arguments = json!({ "refs": refs }).to_string();
-        answer(cache, caller, refs, &arguments, &limits(1_000)).await
-    }
-
-    #[tokio::test]
-    async fn a_query_returns_this_conversations_best_matches_first() {
-        let (cache, refs) = archive(&[
+    #[test]
+    fn a_query_returns_this_conversations_best_matches_first() {
+        let (archived, refs) = archive(&[
             "tests: 41 passed, 2 failed",
             "we bind the service to port 23456",
             "the port of the old service was 8080, port 8080",
-            "archived for another conversation: port 1",
-        ])
-        .await;
-        let conversation = [
-            refs[0].clone(),
-            refs[1].clone(),
-            refs[2].clone(),
-            "ctx:aaaaaaaaaaaa".to_string(), // expired: skipped
-        ];
-        let answer = ask(&cache, &conversation, json!({"query": "Which PORT?"})).await;
+        ]);
+        let answer = ask(&archived, json!({"query": "Which PORT?"}));
         assert!(!answer.is_error);
         assert_eq!(
             answer.text,
@@ -573,36 +534,34 @@ mod tests {
                 refs[2], refs[1]
             )
         );
-        let answer = ask(&cache, &conversation, json!({"query": "zebra"})).await;
+        let answer = ask(&archived, json!({"query": "zebra"}));
         assert!(answer.is_error);
         assert_eq!(answer.text, r#"nothing archived matches "zebra""#);
     }
 
-    #[tokio::test]
-    async fn refs_and_a_query_together_give_each_item_once() {
-        let (cache, refs) = archive(&["port 23456", "port 8080", "tests passed"]).await;
+    #[test]
+    fn refs_and_a_query_together_give_each_item_once() {
+        let (archived, refs) = archive(&["port 23456", "port 8080", "tests passed"]);
         let answer = ask(
-            &cache,
-            &refs,
+            &archived,
             json!({"refs": [refs[2], "ctx:000000000000"], "query": "port tests"}),
-        )
-        .await;
+        );
         assert!(!answer.is_error);
         assert_eq!(answer.text.matches("tests passed").count(), 1);
         assert!(answer
             .text
             .starts_with(&format!("[{}]\ntests passed\n\n", refs[2])));
         assert!(answer.text.contains("port 23456") && answer.text.contains("port 8080"));
-        assert!(answer
-            .text
-            .ends_with("not archived (unknown or expired): ctx:000000000000"));
+        assert!(answer.text.ends_with(
+            "not archived for this conversation (unknown or expired): ctx:000000000000"
+        ));
     }
 
-    #[tokio::test]
-    async fn whole_items_are_given_while_they_fit_and_the_rest_named() {
+    #[test]
+    fn whole_items_are_given_while_they_fit_and_the_rest_named() {
         let item = |n: usize| format!("item {n}: {}", "word ".repeat(40));
         let texts: Vec<String> = (0..5).map(item).collect();
-        let (cache, refs) = archive(&texts.iter().map(String::as_str).collect::<Vec<_>>()).await;
+        let (archived, refs) = archive(&texts.iter().map(String::as_str).collect::<Vec<_>>());
         let arguments = json!({ "refs": refs }).to_string();
         let expected = format!(
             "[{}]\n{}\n\n[{}]\n{}\n\nnot returned, over the budget of {{budget}} tokens (ask for them alone): {}",
@@ -615,7 +574,7 @@ mod tests {
         // Room for two items and the note naming the rest (with the slack the parts' counts
         // keep where they meet), not for a third item.
         let budget = count_text(Encoding::O200k, &expected) + 8;
-        let answer = answer(&cache, &CALLER, &[], &arguments, &limits(budget)).await;
+        let answer = answer(&archived, &arguments, &limits(budget));
         assert!(!answer.is_error);
         assert_eq!(
             answer.text,
@@ -624,15 +583,15 @@ mod tests {
         assert!(count_text(Encoding::O200k, &answer.text) <= budget);
     }
 
-    #[tokio::test]
-    async fn a_long_list_left_out_is_named_in_part_and_the_answer_stays_within_budget() {
+    #[test]
+    fn a_long_list_left_out_is_named_in_part_and_the_answer_stays_within_budget() {
         let texts: Vec<String> = (0..40)
             .map(|n| format!("item {n}: {}", "word ".repeat(60)))
             .collect();
-        let (cache, refs) = archive(&texts.iter().map(String::as_str).collect::<Vec<_>>()).await;
+        let (archived, refs) = archive(&texts.iter().map(String::as_str).collect::<Vec<_>>());
         let arguments = json!({ "refs": refs }).to_string();
         let budget = 400;
-        let answer = answer(&cache, &CALLER, &[], &arguments, &limits(budget)).await;
+        let answer = answer(&archived, &arguments, &limits(budget));
         assert!(count_text(Encoding::O200k, &answer.text) <= budget);
         let given = answer.text.matches("\nitem ").count();
         assert!(
@@ -653,13 +612,13 @@ mod tests {
         assert!(!note.contains(&refs[given + LEFT_OUT_NAMED]), "{note}");
     }
 
-    #[tokio::test]
-    async fn an_item_alone_over_the_budget_is_cut_in_the_middle_and_says_so() {
+    #[test]
+    fn an_item_alone_over_the_budget_is_cut_in_the_middle_and_says_so() {
         let long = format!("start {} end", "filler line\n".repeat(500));
-        let (cache, refs) = archive(&[&long, "next"]).await;
+        let (archived, refs) = archive(&[&long, "next"]);
         let arguments = json!({ "refs": refs }).to_string();
         let budget = 200;
-        let answer = answer(&cache, &CALLER, &[], &arguments, &limits(budget)).await;
+        let answer = answer(&archived, &arguments, &limits(budget));
         assert!(!answer.is_error);
         assert!(
             count_text(Encoding::O200k, &answer.text) <= budget,

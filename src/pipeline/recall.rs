@@ -15,9 +15,10 @@ use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Response};
 use prometheus::IntCounter;
 use serde_json::{Map, Value};
+use tokio::sync::OnceCell;
 
 use crate::compaction::compactor::{ArchiveScope, Compactor};
-use crate::compaction::recall::{self, RecallAnswer, RecallLimits};
+use crate::compaction::recall::{self, Archived, RecallAnswer, RecallLimits};
 use crate::config::RecallConfig;
 use crate::dialect::recall::{
     continuation_failed, Answered, RecallCall, RecallStream, RecallWire, RoundCalls,
@@ -53,8 +54,14 @@ pub(super) struct Recall {
     headers: HeaderMap,
     /// The request as forwarded, which each continuation extends.
     request: Bytes,
+    /// The request as the client sent it, which still holds every item its summary and
+    /// cuts took out, and how its dialect reads the conversation from it.
+    sent: (Bytes, ConversationOf),
     archive: ArchiveScope,
-    conversation: Vec<String>,
+    /// Which of the conversation's items were taken out: all that may be recalled.
+    taken_out: Vec<usize>,
+    /// Those items under their references, read at the first call.
+    archived: OnceCell<Vec<Archived>>,
     limits: RecallLimits,
     max_rounds: u32,
     outcomes: RecallCounters,
@@ -84,14 +91,9 @@ impl Recall {
         state: &AppState,
         offered: Recallable,
         destination: Destination,
-        request: Bytes,
+        (request, sent): (Bytes, Bytes),
         (config, encoding): (RecallConfig, crate::tokens::encoding::Encoding),
     ) -> Recall {
-        let conversation = offered
-            .archived
-            .iter()
-            .map(|&i| recall::reference(&offered.archive.conversation, i))
-            .collect();
         let counters = |outcome| {
             state
                 .metrics
@@ -106,8 +108,10 @@ impl Recall {
             key_style: D::KEY_STYLE,
             headers: destination.headers,
             request,
+            sent: (sent, conversation_of::<D>),
             archive: offered.archive,
-            conversation,
+            taken_out: offered.archived,
+            archived: OnceCell::new(),
             limits: RecallLimits {
                 max_tokens: config.max_tokens,
                 encoding,
@@ -147,18 +151,54 @@ impl Recall {
         }
     }
 
+    /// The items the request's summary and cuts took out, under their references: read from
+    /// the client's own request, so a reference always names this conversation's item
+    /// (another history that opened alike has items at the same places); the archive gives
+    /// what the request no longer holds.
+    async fn archived(&self) -> &[Archived] {
+        self.archived
+            .get_or_init(|| async {
+                let (bytes, conversation_of) = &self.sent;
+                let items = conversation_of(bytes).unwrap_or_default();
+                let references: Vec<String> = self
+                    .taken_out
+                    .iter()
+                    .map(|&i| recall::reference(&self.archive.conversation, i))
+                    .collect();
+                let mut texts: Vec<Option<Arc<str>>> = self
+                    .taken_out
+                    .iter()
+                    .map(|&i| items.get(i).map(|item| Arc::from(item.to_string())))
+                    .collect();
+                let lacking: Vec<usize> =
+                    (0..texts.len()).filter(|&i| texts[i].is_none()).collect();
+                if !lacking.is_empty() {
+                    let asked: Vec<String> =
+                        lacking.iter().map(|&i| references[i].clone()).collect();
+                    let found = self
+                        .compactor
+                        .cache()
+                        .archive_get(&self.archive.caller, &asked)
+                        .await;
+                    for (i, text) in lacking.into_iter().zip(found) {
+                        texts[i] = text;
+                    }
+                }
+                references
+                    .into_iter()
+                    .zip(texts)
+                    .filter_map(|(reference, text)| Some((reference, text?)))
+                    .collect()
+            })
+            .await
+    }
+
     /// condenser's answers to one round's recall calls.
     async fn answer(&self, calls: &[RecallCall]) -> Vec<RecallAnswer> {
+        let archived = self.archived().await;
         let mut answers = Vec::with_capacity(calls.len());
         for call in calls {
-            let answer = recall::answer(
-                self.compactor.cache(),
-                &self.archive.caller,
-                &self.conversation,
-                &call.arguments,
-                &self.limits,
-            )
-            .await;
+            let answer = recall::answer(archived, &call.arguments, &self.limits);
             let counter = if answer.is_error {
                 &self.outcomes.error
             } else {
@@ -276,6 +316,15 @@ impl Recall {
         let frames = stream::unfold(relay, Streamed::next).map(|data| data.map(Frame::data));
         Response::from_parts(head, StreamBody::new(frames).boxed_unsync())
     }
+}
+
+/// How a dialect reads a request's conversation.
+type ConversationOf = fn(&Bytes) -> Option<Vec<Value>>;
+
+/// The conversation of a request in dialect `D`, as compaction read it.
+fn conversation_of<D: Dialect>(bytes: &Bytes) -> Option<Vec<Value>> {
+    let request = D::parse(bytes).ok()?;
+    Some(D::conversation(&request).into_owned())
 }
 
 async fn read_reply(body: ProxyBody, headers: &HeaderMap) -> Result<Bytes, ProxyError> {

@@ -186,7 +186,7 @@ async fn served_recall<'s, D: Dialect>(
         state,
         offered,
         destination,
-        outgoing.body.clone(),
+        (outgoing.body.clone(), original.bytes.clone()),
         (original.settings.recall, outgoing.info.encoding),
     );
     let recalls = recall.served.clone();

@@ -66,11 +66,16 @@ impl Api {
     /// A conversation of 14 exchanges, the decision stated by the assistant in the second,
     /// each turn about 100 tokens; the last a question.
     fn body(self, stream: bool) -> Value {
+        self.body_deciding(DECISION, stream)
+    }
+
+    /// The same conversation, `decision` stated in it.
+    fn body_deciding(self, decision: &str, stream: bool) -> Value {
         let mut turns = Vec::new();
         for t in 0..14 {
             turns.push(("user", format!("msg-u{t}. {}", filler(t, 100))));
             let said = if t == 1 {
-                format!("{DECISION} {}", filler(t + 1000, 90))
+                format!("{decision} {}", filler(t + 1000, 90))
             } else {
                 format!("msg-a{t}. {}", filler(t + 1000, 100))
             };
@@ -923,5 +928,30 @@ async fn the_official_sdks_read_a_recalled_reply_plain_and_streamed() {
         assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
         // Two requests, plain and streamed, each sent on once: the model's first reply recalled.
         assert_eq!(model_requests(&upstream).len(), 4, "{api:?}");
+    }
+}
+
+#[tokio::test]
+async fn two_histories_that_open_alike_each_recall_their_own_items() {
+    // Same head and first item, so the same references; a different decision at one of them.
+    let other = "Decision: we bind the service to port 34567 and never to 9090.";
+    for api in APIS {
+        let (_upstream, proxy) = scripted(api, Script::AllRefs).await;
+        for (decision, not) in [(DECISION, other), (other, DECISION)] {
+            let response = client()
+                .post(proxy.url(api.path()))
+                .header("x-condenser-mode", "force")
+                .json(&api.body_deciding(decision, false))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200);
+            let (text, _) = api.client_text(response, false).await;
+            assert!(text.contains(decision), "{api:?}: {text}");
+            assert!(
+                !text.contains(not),
+                "{api:?}: another history's item: {text}"
+            );
+        }
     }
 }
