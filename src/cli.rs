@@ -15,7 +15,9 @@ use crate::compaction::compactor::{ArchiveScope, Rewrite};
 use crate::compaction::plan::{total_tokens, triggers, Decision, Limits, Mode, PlanInput, Split};
 use crate::compaction::recall::conversation_id;
 use crate::config::{Config, ConfigError, ContextConfig, Overrides};
-use crate::dialect::stages::{count_as_sent, write_compaction, Counting, Dialect, Prepared};
+use crate::dialect::stages::{
+    count_as_sent, offers_recall, write_compaction, Counting, Dialect, Prepared,
+};
 use crate::dialect::{detect_api, summary_api_named, with_dialect, Api, WithDialect};
 use crate::error::ProxyError;
 use crate::tokens::catalog::ModelCatalog;
@@ -159,7 +161,7 @@ async fn trimmed_as<D: Dialect>(
     let counter = TokenCounter::new(config.tokens.unknown_model_margin);
     let encoding = catalog.resolve(D::model(&request)).encoding;
     let mut rewrite = Rewrite::trimmed(split, Duration::ZERO);
-    if recall && !split.shorten.is_empty() {
+    if offers_recall::<D>(&mut request, recall) && !split.shorten.is_empty() {
         rewrite.archive = Some(ArchiveScope {
             caller: ScopeHeaders::new(&config.cache)?.caller(&HeaderMap::new()),
             conversation: conversation_id(&D::conversation(&request), split.head),

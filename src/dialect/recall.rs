@@ -32,6 +32,11 @@ pub struct Answered<'a> {
 
 /// The recall tool in one API's wire format.
 pub trait RecallWire: Sync {
+    /// Whether recall can be served for this request: a continuation of it would be taken.
+    fn serves(&self, _request: &Map<String, Value>) -> bool {
+        true
+    }
+
     /// Adds the tool to a compacted request's tools, always last, so the tools read the same
     /// on every compacted turn.
     fn offer(&self, request: &mut Map<String, Value>);

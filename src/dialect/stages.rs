@@ -195,6 +195,12 @@ pub struct Counting<'a> {
     pub counter: &'a TokenCounter,
 }
 
+/// Whether this request may offer recall: on in its settings, and a continuation of it
+/// would be taken (`RecallWire::serves`).
+pub fn offers_recall<D: Dialect>(request: &mut D::Request, enabled: bool) -> bool {
+    enabled && D::RECALL.is_some_and(|wire| wire.serves(D::body_mut(request)))
+}
+
 /// Writes a compaction into the request, and offers the recall tool when the rewrite names
 /// an archive (its summary and cut outputs name references only then); returns the tool's
 /// wire when offered. The proxy and `condenser plan` both write a request through it.

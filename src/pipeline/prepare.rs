@@ -11,7 +11,7 @@ use crate::compaction::compactor::{self, Action, CompactionJob};
 use crate::compaction::plan::{Decision, Limits, Mode, Split};
 use crate::config::{ContextConfig, RecallConfig};
 use crate::dialect::stages::{
-    count_as_sent, write_compaction, Counting, Dialect, Planned, Prepared, Ready,
+    count_as_sent, offers_recall, write_compaction, Counting, Dialect, Planned, Prepared, Ready,
 };
 use crate::error::ProxyError;
 use crate::pipeline::recall::Recallable;
@@ -135,7 +135,7 @@ async fn prepare_in_full<'s, D: Dialect>(
                 settings,
                 mode,
                 limits: Limits::new(&input),
-                recall: all_settings.recall.enabled && D::RECALL.is_some(),
+                recall: offers_recall::<D>(&mut request, all_settings.recall.enabled),
             };
             let precompute = matches!(decision, Decision::Precompute(_));
             compacted::<D>(&mut request, job, precompute).await?

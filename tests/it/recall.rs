@@ -955,3 +955,31 @@ async fn two_histories_that_open_alike_each_recall_their_own_items() {
         }
     }
 }
+
+/// With extended thinking, Anthropic takes a continued assistant turn only when it opens with
+/// the round's signed thinking: such a request is compacted without recall (no tool, no
+/// references named), and one with thinking disabled still gets it.
+#[tokio::test]
+async fn a_messages_request_with_extended_thinking_is_not_offered_recall() {
+    for (thinking, offered) in [
+        (json!({"type": "enabled", "budget_tokens": 1024}), false),
+        (json!({"type": "disabled"}), true),
+    ] {
+        let (upstream, proxy) =
+            scripted(Api::Messages, Script::Gated(Arc::new(Notify::new()))).await;
+        let mut body = Api::Messages.body(false);
+        body["thinking"] = thinking;
+        let response = client()
+            .post(proxy.url(Api::Messages.path()))
+            .header("x-condenser-mode", "force")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(header(&response, "x-condenser-action"), "summarized");
+        let sent = &model_requests(&upstream)[0];
+        assert_eq!(Api::Messages.offers_recall(sent), offered, "{body}");
+        assert_eq!(archive_note(sent).is_some(), offered);
+    }
+}

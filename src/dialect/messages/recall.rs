@@ -21,6 +21,16 @@ use crate::transport::usage::event_data;
 pub struct MessagesRecall;
 
 impl RecallWire for MessagesRecall {
+    /// Not with extended thinking: Anthropic takes a continued assistant turn only when it
+    /// opens with the round's signed thinking blocks, which the continuation does not carry.
+    fn serves(&self, request: &Map<String, Value>) -> bool {
+        let thinking = request
+            .get("thinking")
+            .and_then(|thinking| thinking.get("type"))
+            .and_then(Value::as_str);
+        matches!(thinking, None | Some("disabled"))
+    }
+
     fn offer(&self, request: &mut Map<String, Value>) {
         let tools = request
             .entry("tools")
