@@ -49,6 +49,12 @@ pub trait RecallWire: Sync {
     /// none), so the round limit holds and the client still gets an answer.
     fn continue_with(&self, request: &mut Map<String, Value>, answered: &[Answered], last: bool);
 
+    /// Takes out what a reply echoes of the request's tools (the Responses API writes the
+    /// request's `tools` into every response object); true when it changed anything.
+    fn scrub(&self, _reply: &mut Value) -> bool {
+        false
+    }
+
     /// A whole reply as the client gets it: its recall calls taken out, the content of the
     /// `earlier` rounds (already merged) in front of its own, and usage summed over them.
     fn merge(&self, earlier: Option<Value>, reply: Value) -> Value;

@@ -267,7 +267,12 @@ impl Recall {
         };
         let mut calls = self.wire.calls(&reply);
         if calls.recall.is_empty() {
-            // Nothing of the tool in it: relayed as upstream wrote it.
+            // No call of the tool: relayed as upstream wrote it, but for an echo of the tool.
+            if self.wire.scrub(&mut reply) {
+                let scrubbed = serde_json::to_vec(&reply).map_err(ProxyError::Rewrite)?;
+                head.headers.remove(header::CONTENT_LENGTH);
+                return Ok(Response::from_parts(head, full(scrubbed)));
+            }
             return Ok(Response::from_parts(head, full(bytes)));
         }
         let mut request = self.request_tree()?;

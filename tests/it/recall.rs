@@ -158,7 +158,7 @@ impl Api {
             let body = match self {
                 Api::Chat => completion(text, 100, 10),
                 Api::Responses => {
-                    json!({"id": "resp_1", "object": "response", "status": "completed",
+                    json!({"id": "resp_1", "tools": echoed_tools(), "object": "response", "status": "completed",
                     "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
                                 "content": [{"type": "output_text", "text": text, "annotations": []}]}],
                     "usage": {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}})
@@ -194,7 +194,7 @@ impl Api {
                     event
                 };
                 responses_events(vec![
-                    json!({"type": "response.created", "response": {"id": "resp_1", "status": "in_progress", "output": []}}),
+                    json!({"type": "response.created", "response": {"id": "resp_1", "tools": echoed_tools(), "status": "in_progress", "output": []}}),
                     json!({"type": "response.output_item.added", "output_index": 0, "item": {"type": "message", "id": "msg_1", "role": "assistant", "status": "in_progress", "content": []}}),
                     with(
                         "response.content_part.added",
@@ -204,7 +204,7 @@ impl Api {
                     with("response.output_text.done", json!({"text": text})),
                     with("response.content_part.done", json!({"part": part})),
                     json!({"type": "response.output_item.done", "output_index": 0, "item": message}),
-                    json!({"type": "response.completed", "response": {"id": "resp_1", "status": "completed", "output": [message],
+                    json!({"type": "response.completed", "response": {"id": "resp_1", "tools": echoed_tools(), "status": "completed", "output": [message],
                         "usage": {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}}}),
                 ])
             }
@@ -242,7 +242,7 @@ impl Api {
                 }
                 Api::Responses => {
                     let output: Vec<Value> = calls.iter().enumerate().map(|(i, (name, args))| json!({"type": "function_call", "id": format!("fc_{i}"), "call_id": id(i), "name": name, "arguments": args.to_string(), "status": "completed"})).collect();
-                    json!({"id": "resp_1", "object": "response", "status": "completed", "output": output,
+                    json!({"id": "resp_1", "tools": echoed_tools(), "object": "response", "status": "completed", "output": output,
                         "usage": {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}})
                 }
                 Api::Messages => {
@@ -270,7 +270,7 @@ impl Api {
             }
             Api::Responses => {
                 let mut data = vec![
-                    json!({"type": "response.created", "response": {"id": "resp_1", "status": "in_progress", "output": []}}),
+                    json!({"type": "response.created", "response": {"id": "resp_1", "tools": echoed_tools(), "status": "in_progress", "output": []}}),
                 ];
                 let mut output = Vec::new();
                 for (i, (name, args)) in calls.iter().enumerate() {
@@ -283,7 +283,7 @@ impl Api {
                     data.push(json!({"type": "response.output_item.done", "output_index": i, "item": item}));
                     output.push(item);
                 }
-                data.push(json!({"type": "response.completed", "response": {"id": "resp_1", "status": "completed", "output": output,
+                data.push(json!({"type": "response.completed", "response": {"id": "resp_1", "tools": echoed_tools(), "status": "completed", "output": output,
                     "usage": {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}}}));
                 events = responses_events(data);
             }
@@ -358,6 +358,12 @@ impl Api {
         }
         (text, raw)
     }
+}
+
+/// The tools a Responses reply echoes, as the API echoes the request's: the recall tool among
+/// them, for condenser to take out.
+fn echoed_tools() -> Value {
+    json!([{"type": "function", "name": TOOL, "parameters": {}}])
 }
 
 /// Whether a tool answer answers a call of the scripted model's (`call_N`), not one of the

@@ -113,7 +113,12 @@ impl RecallWire for ResponsesRecall {
         }
     }
 
+    fn scrub(&self, reply: &mut Value) -> bool {
+        without_the_tool(reply)
+    }
+
     fn merge(&self, earlier: Option<Value>, mut reply: Value) -> Value {
+        without_the_tool(&mut reply);
         let mut output = Vec::new();
         let mut usage = None;
         if let Some(earlier) = &earlier {
@@ -133,6 +138,17 @@ impl RecallWire for ResponsesRecall {
     fn stream(&self) -> Box<dyn RecallStream> {
         Box::new(ResponsesStream::default())
     }
+}
+
+/// A response object without the recall tool among the `tools` it echoes; true when it was
+/// there.
+fn without_the_tool(response: &mut Value) -> bool {
+    let Some(tools) = response.get_mut("tools").and_then(Value::as_array_mut) else {
+        return false;
+    };
+    let before = tools.len();
+    tools.retain(|tool| tool.get("name").and_then(Value::as_str) != Some(TOOL_NAME));
+    tools.len() != before
 }
 
 /// Adds a response's client-visible output items to `output` and its usage to `usage`.
@@ -338,6 +354,9 @@ impl RecallStream for ResponsesStream {
             data["sequence_number"] = json!(sequence);
             changed = true;
         }
+        if let Some(response) = data.get_mut("response") {
+            changed |= without_the_tool(response);
+        }
         if self.continued {
             let response = data.get_mut("response").and_then(Value::as_object_mut);
             if let (Some(response), Some((id, _))) = (response, &self.first) {
@@ -382,6 +401,9 @@ impl RecallStream for ResponsesStream {
         };
         let output = std::mem::take(&mut self.output);
         let usage = self.usage.take();
+        if let Some(response) = data.get_mut("response") {
+            without_the_tool(response);
+        }
         if let Some(response) = data.get_mut("response").and_then(Value::as_object_mut) {
             finish(response, output, usage, self.first.clone());
         }
