@@ -186,7 +186,9 @@ impl ChatStream {
         let mut kept = Vec::with_capacity(calls.len());
         for mut call in std::mem::take(calls) {
             let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
-            if is_recall(&call) {
+            // Some servers name the function again in every delta of a call: one call an index.
+            let known = self.recall.iter().any(|(i, _)| *i == index);
+            if is_recall(&call) && !known {
                 let id = text_at(&call, "/id");
                 let arguments = String::new();
                 self.recall.push((index, RecallCall { id, arguments }));
@@ -449,6 +451,24 @@ mod tests {
         sse(
             &json!({"id": id, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
         )
+    }
+
+    #[test]
+    fn a_call_whose_every_delta_names_the_function_is_one_call() {
+        let mut stream = ChatRecall.stream();
+        for part in ["{\"query\":", "\"port\"}"] {
+            let delta = json!({"tool_calls": [{"index": 0, "id": "r1", "type": "function",
+                "function": {"name": TOOL_NAME, "arguments": part}}]});
+            assert!(stream.event(&chunk("a", delta, None)).is_none());
+        }
+        let round = stream.round_end();
+        assert_eq!(
+            round.recall,
+            vec![RecallCall {
+                id: "r1".into(),
+                arguments: "{\"query\":\"port\"}".into()
+            }]
+        );
     }
 
     #[test]
