@@ -713,12 +713,9 @@ async fn claude_code_resumes_without_waiting(program: Vec<String>) {
     );
 }
 
-/// Claude Code through condenser while the model recalls on every compacted request: the
-/// agent finishes, never sees the tool (its history never holds a call of it), every
-/// continuation is a valid Messages body, and an identifier the lossy summary dropped comes
-/// back verbatim.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claude_code_never_sees_the_recalls_condenser_serves() {
+/// A scripted Claude session through condenser in which the model recalls whenever it is
+/// offered the tool, run by `program`.
+async fn claude_recall_session(program: Vec<String>) -> Stack {
     let stack = Stack::start(
         |dir| Box::pin(scripted_claude(dir, RECALL_ROUNDS, true)),
         MODEL,
@@ -727,17 +724,43 @@ async fn claude_code_never_sees_the_recalls_condenser_serves() {
     )
     .await;
     let front = stack.front.url();
-    let program = claude_code_current();
-    claude(
-        &program,
-        stack.work.path(),
-        stack.home.path(),
-        &front,
-        &claude_task(),
-        false,
-    )
-    .await;
+    let (work, home) = (stack.work.path(), stack.home.path());
+    claude(&program, work, home, &front, &claude_task(), false).await;
+    stack
+}
+
+/// Claude Code 2.0 (which sends no `thinking`) through condenser while the model recalls on
+/// every compacted request: the agent finishes, never sees the tool (its history never
+/// holds a call of it), every continuation is a valid Messages body, and an identifier the
+/// lossy summary dropped comes back verbatim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_2_0_77_never_sees_the_recalls_condenser_serves() {
+    let stack = claude_recall_session(claude_code_2_0_77()).await;
     stack.assert_recalls_hidden(("/v1/messages", MODEL), "messages", valid_messages);
+}
+
+/// The current Claude Code asks for adaptive thinking on every request, and a continuation
+/// would have to open with the round's signed thinking: its session is compacted without
+/// recall (no tool offered, no continuation) and finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_with_adaptive_thinking_is_compacted_without_recall() {
+    let stack = claude_recall_session(claude_code_current()).await;
+    let bodies: Vec<Value> = stack
+        .upstream
+        .recorded()
+        .iter()
+        .filter(|r| r.path_and_query.split('?').next() == Some("/v1/messages"))
+        .filter(|r| !is_summarizer_call(r))
+        .map(|r| serde_json::from_slice(&r.body).unwrap())
+        .filter(|body| in_loop(body, MODEL))
+        .collect();
+    assert!(!bodies.is_empty());
+    for body in &bodies {
+        assert_eq!(body["thinking"]["type"], "adaptive", "{}", body["thinking"]);
+        assert!(!body["tools"].to_string().contains("condenser_recall"));
+        assert!(!answers_a_recall(body));
+    }
+    assert!(stack.summaries() >= 1, "the session was compacted");
 }
 
 impl Stack {
