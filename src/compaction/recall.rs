@@ -332,7 +332,9 @@ fn terms(text: &str) -> impl Iterator<Item = String> + '_ {
 }
 
 /// The indices of `documents` that share a word with `query`, best first by BM25 (ties in
-/// their given order).
+/// their given order). Written here rather than taken from the `bm25` crate: that one brings
+/// its own tokenizer, stemmer and stop-word lists for an embedding index, where this ranks
+/// one request's archived items, as written, in about thirty lines.
 fn rank(query: &str, documents: &[&str]) -> Vec<usize> {
     let query: HashSet<String> = terms(query).collect();
     let mut lengths = Vec::with_capacity(documents.len());

@@ -266,24 +266,6 @@ async fn a_one_prompt_tool_loop_is_summarized_ahead_with_its_task_pinned() {
     assert!(summaries <= 20, "{summaries} summaries for 120 rounds");
 }
 
-/// Runs the condenser binary with `args`, the body on its standard input.
-async fn condenser_cli(args: &[&str], body: &[u8]) -> String {
-    use tokio::io::AsyncWriteExt;
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_condenser"))
-        .args(args)
-        .env_remove("CONDENSER_CONFIG")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(body).await.unwrap();
-    drop(stdin);
-    let output = child.wait_with_output().await.unwrap();
-    assert!(output.status.success());
-    String::from_utf8(output.stdout).unwrap()
-}
-
 /// The hard limit holds on the bytes forwarded, and `condenser plan` says what they count:
 /// a request trimmed because the summarizer failed, its tool outputs cut, forwards exactly
 /// what the plan printed, and `condenser count` of the forwarded body agrees.

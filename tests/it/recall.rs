@@ -545,10 +545,15 @@ fn recall_config(upstream: &str) -> condenser::Config {
 }
 
 async fn ask(proxy: &Proxy, api: Api, stream: bool) -> reqwest::Response {
+    ask_with(proxy, api, &api.body(stream)).await
+}
+
+/// `body` sent to `api`'s path, compaction forced.
+async fn ask_with(proxy: &Proxy, api: Api, body: &Value) -> reqwest::Response {
     client()
         .post(proxy.url(api.path()))
         .header("x-condenser-mode", "force")
-        .json(&api.body(stream))
+        .json(body)
         .send()
         .await
         .unwrap()
@@ -731,17 +736,8 @@ fn archive_note(value: &Value) -> Option<String> {
 
 /// The prompt tokens of `body` in `api`, as `condenser count` counts them.
 async fn counted(api: Api, body: &Value) -> u32 {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("body.json");
-    std::fs::write(&path, body.to_string()).unwrap();
     let name = format!("{api:?}").to_lowercase();
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_condenser"))
-        .args(["count", "--api", &name])
-        .arg(&path)
-        .output()
-        .await
-        .unwrap();
-    let text = String::from_utf8_lossy(&output.stdout);
+    let text = condenser_cli(&["count", "--api", &name, "-"], body.to_string().as_bytes()).await;
     text.split_whitespace().next().unwrap().parse().unwrap()
 }
 
@@ -944,13 +940,7 @@ async fn two_histories_that_open_alike_each_recall_their_own_items() {
     for api in APIS {
         let (_upstream, proxy) = scripted(api, Script::AllRefs).await;
         for (decision, not) in [(DECISION, other), (other, DECISION)] {
-            let response = client()
-                .post(proxy.url(api.path()))
-                .header("x-condenser-mode", "force")
-                .json(&api.body_deciding(decision, false))
-                .send()
-                .await
-                .unwrap();
+            let response = ask_with(&proxy, api, &api.body_deciding(decision, false)).await;
             assert_eq!(response.status(), 200);
             let (text, _) = api.client_text(response, false).await;
             assert!(text.contains(decision), "{api:?}: {text}");
@@ -975,13 +965,7 @@ async fn a_messages_request_with_extended_thinking_is_not_offered_recall() {
             scripted(Api::Messages, Script::Gated(Arc::new(Notify::new()))).await;
         let mut body = Api::Messages.body(false);
         body["thinking"] = thinking;
-        let response = client()
-            .post(proxy.url(Api::Messages.path()))
-            .header("x-condenser-mode", "force")
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let response = ask_with(&proxy, Api::Messages, &body).await;
         assert_eq!(response.status(), 200);
         assert_eq!(header(&response, "x-condenser-action"), "summarized");
         let sent = &model_requests(&upstream)[0];

@@ -840,3 +840,21 @@ pub fn without_recall_tool(body: &Value) -> Value {
     }
     body
 }
+
+/// Runs the condenser binary with `args`, the body on its standard input.
+pub async fn condenser_cli(args: &[&str], body: &[u8]) -> String {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_condenser"))
+        .args(args)
+        .env_remove("CONDENSER_CONFIG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(body).await.unwrap();
+    drop(stdin);
+    let output = child.wait_with_output().await.unwrap();
+    assert!(output.status.success());
+    String::from_utf8(output.stdout).unwrap()
+}
