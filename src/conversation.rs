@@ -138,21 +138,36 @@ pub fn units(items: &[Item]) -> Option<Vec<usize>> {
     Some(starts)
 }
 
-/// The current task: its prompt, the last user message that is not a tool result, when it
-/// starts one of `units`, and the system or developer messages right after it (Claude Code
-/// sends its environment so). An agent sends them once, then tool rounds; they stay in view
-/// (pinned) while what follows is summarized.
+/// The current task: the turn of the newest prompt (the last user message that is not a tool
+/// result), whole. That is every item the client sent in a row around it, before the model
+/// answered: in a one-prompt session the whole opening turn (Codex's
+/// `<environment_context>` message before the task, a task split over several messages,
+/// Claude Code's reminders), and the system or developer messages right after the prompt
+/// (Claude Code sends its environment so). An agent sends them once, then tool rounds; they
+/// stay in view (pinned) while what follows is summarized.
 pub fn task_prompt(items: &[Item], units: &[usize]) -> Option<Range<usize>> {
-    let start = units
+    let prompt = units
         .iter()
         .rev()
         .copied()
         .find(|&i| items[i].role == Role::User && items[i].kind == Kind::Message)?;
-    let instructions = items[start + 1..]
+    let head = head_len(items);
+    let before = items[head..prompt]
+        .iter()
+        .rev()
+        .take_while(|item| sent_by_the_client(item))
+        .count();
+    let instructions = items[prompt + 1..]
         .iter()
         .take_while(|item| matches!(item.role, Role::System | Role::Developer))
         .count();
-    Some(start..start + 1 + instructions)
+    Some(prompt - before..prompt + 1 + instructions)
+}
+
+/// A message of the client's own (user, system or developer), not a tool's answer: each is a
+/// unit of its own, and a run of them is one turn.
+fn sent_by_the_client(item: &Item) -> bool {
+    item.kind == Kind::Message && matches!(item.role, Role::User | Role::System | Role::Developer)
 }
 
 #[cfg(test)]
@@ -194,5 +209,36 @@ mod tests {
             item(Role::User, Message),
         ];
         assert_eq!(units(&answered_in_a_user_turn), Some(vec![0, 2]));
+    }
+
+    #[test]
+    fn the_task_is_the_newest_prompts_whole_turn() {
+        use Kind::*;
+        // Codex: instructions, then its environment and the task as two user messages.
+        let opening = [
+            item(Role::Developer, Message),
+            item(Role::User, Message),
+            item(Role::User, Message),
+            item(Role::Assistant, ToolCall),
+            item(Role::Tool, ToolResult),
+            item(Role::Assistant, ToolCall),
+            item(Role::Tool, ToolResult),
+        ];
+        let starts = units(&opening).unwrap_or_default();
+        assert_eq!(task_prompt(&opening, &starts), Some(1..3));
+        // A second prompt is the task; the first turn is history.
+        let mut later = opening.to_vec();
+        later.extend([
+            item(Role::User, Message),
+            item(Role::System, Message),
+            item(Role::Assistant, Message),
+        ]);
+        let starts = units(&later).unwrap_or_default();
+        assert_eq!(task_prompt(&later, &starts), Some(7..9));
+        // A prompt right after a tool's answer starts its own turn.
+        let mut interjected = opening.to_vec();
+        interjected.push(item(Role::User, Message));
+        let starts = units(&interjected).unwrap_or_default();
+        assert_eq!(task_prompt(&interjected, &starts), Some(7..8));
     }
 }

@@ -80,6 +80,12 @@ fn archive_key(caller: &Key, reference: &str) -> Key {
     *hasher.finalize().as_bytes()
 }
 
+/// Where the cut horizon of the kept part after `anchor` (a prefix key) is recorded: a name
+/// no recall reference (`ctx:…`) can take.
+fn horizon_reference(anchor: &Key) -> String {
+    format!("cuts:{}", blake3::Hash::from_bytes(*anchor).to_hex())
+}
+
 pub struct SummaryCache {
     memory: moka::future::Cache<Key, Arc<Summary>>,
     /// The verbatim items compaction took out, for the recall tool.
@@ -151,6 +157,24 @@ impl SummaryCache {
             shared.put(&key, &summary).await;
         }
         self.memory.insert(key, summary).await;
+    }
+
+    /// The cut horizons `caller`'s conversations recorded for the kept parts after
+    /// `anchors` (`compactor`'s records), by index. They live beside the archive, with its
+    /// TTL and in its Redis space: like the archive, they are what a session's earlier
+    /// rewrites did, which every replica must do alike.
+    pub async fn horizons(&self, caller: &Key, anchors: &[Key]) -> Vec<Option<Arc<str>>> {
+        let references: Vec<String> = anchors.iter().map(horizon_reference).collect();
+        self.archive_get(caller, &references).await
+    }
+
+    /// Records a cut horizon, replacing the one recorded before for the same kept part.
+    pub async fn horizon_put(&self, caller: &Key, anchor: &Key, record: &str) {
+        let key = archive_key(caller, &horizon_reference(anchor));
+        self.archive.insert(key, Arc::from(record)).await;
+        if let Some(shared) = &self.shared {
+            shared.archive_put(&[(key, record)]).await;
+        }
     }
 
     /// Archives `(reference, verbatim text)` pairs for `caller`. Items memory already holds

@@ -12,13 +12,17 @@ use hyper::header::HeaderMap;
 use serde_json::Value;
 
 use crate::compaction::cache::{prefix_keys, scope, ScopeHeaders, SummaryCache};
-use crate::compaction::plan::{Limits, Mode, Split, Tier, SUMMARY_FRAMING_TOKENS};
+use crate::compaction::plan::{
+    advance_horizon, cuts_before, saving, Limits, Mode, Shorten, Split, Tier,
+    SUMMARY_FRAMING_TOKENS,
+};
 use crate::compaction::recall;
 use crate::compaction::redis::{unix_now, LockOutcome, RedisStore};
 use crate::compaction::summarizer::{Evicted, Summarizer, SummaryRequest};
 use crate::compaction::summary::{Key, Summary};
 use crate::compaction::summary_api::SummaryEndpoint;
 use crate::config::{Config, ConfigError, ContextConfig, OnFailure};
+use crate::conversation::Item;
 use crate::error::{ProxyError, SummarizeError};
 use crate::observe::metrics::SummarizerHealth;
 use crate::tokens::catalog::{ModelCatalog, ModelInfo};
@@ -80,13 +84,15 @@ impl CacheOutcome {
 
 /// What the request becomes, for its dialect to write out: the head, then the `pinned` task
 /// prompt when there is one, then `summary` when there is one (of the items
-/// `head..kept_from`), then the items from `kept_from` on, tool outputs shortened as planned.
+/// `head..kept_from`), then the items from `kept_from` on, the tool outputs in `cuts` cut.
 #[derive(Debug)]
 pub struct Rewrite {
     pub summary: Option<Arc<Summary>>,
     pub kept_from: usize,
     /// The task's items, kept verbatim though before `kept_from`.
     pub pinned: Option<Range<usize>>,
+    /// The kept tool outputs cut: those before the session's cut horizon (`plan::cuts_before`).
+    pub cuts: Vec<Shorten>,
     pub action: Action,
     pub cache: CacheOutcome,
     pub summarized: usize,
@@ -112,6 +118,7 @@ impl Rewrite {
             summary: None,
             kept_from: split.tail_start,
             pinned: split.pinned_before(split.tail_start),
+            cuts: split.shorten.clone(),
             action: Action::Trimmed,
             cache: CacheOutcome::None,
             summarized: 0,
@@ -155,7 +162,7 @@ impl Rewrite {
             0..0
         };
         summarized
-            .chain(split.shorten.iter().map(|cut| cut.index))
+            .chain(self.cuts.iter().map(|cut| cut.index))
             .collect()
     }
 }
@@ -165,6 +172,8 @@ pub struct CompactionJob<'a> {
     /// (`split.ahead`), all that keys and summaries are made of. Its length is the count's.
     pub messages: &'a [Value],
     pub count: &'a PromptCount,
+    /// What the planner read of each item (its kind and tokens), which cuts are chosen by.
+    pub items: &'a [Item],
     pub split: &'a Split,
     pub model: &'a str,
     pub info: &'a ModelInfo,
@@ -267,6 +276,10 @@ struct OnHand {
     cached: Vec<(usize, Arc<Summary>)>,
     /// The latest-ending summary being made (ahead of need, or for another request).
     pending: Option<(usize, SharedSummary)>,
+    /// The cut horizons earlier rewrites of this conversation recorded, by where their kept
+    /// part starts (a cached summary's end, or the head), each checked against this
+    /// request's items.
+    horizons: HashMap<usize, usize>,
 }
 
 impl OnHand {
@@ -275,11 +288,6 @@ impl OnHand {
             .iter()
             .find(|(e, _)| *e == end)
             .map(|(_, s)| s.clone())
-    }
-
-    /// The latest-ending cached summary: the most compact on hand.
-    fn longest(&self) -> Option<(usize, Arc<Summary>)> {
-        self.cached.last().cloned()
     }
 
     /// The latest-ending cached summary before `end`, which a summary up to `end` extends.
@@ -296,6 +304,8 @@ impl OnHand {
 
 /// The request's prefix keys and what its summaries are made from.
 struct Lookup<'r> {
+    /// What every prefix key descends from.
+    scope: Key,
     keys: Vec<Key>,
     source: SpanSource,
     messages: &'r [Value],
@@ -337,6 +347,7 @@ impl Lookup<'_> {
 struct Prefix {
     caller: Key,
     summarizer_model: String,
+    scope: Key,
     keys: Vec<Key>,
 }
 
@@ -354,6 +365,7 @@ fn prefix(compactor: &Compactor, job: &CompactionJob<'_>) -> Prefix {
     Prefix {
         caller,
         summarizer_model,
+        scope,
         keys,
     }
 }
@@ -368,10 +380,13 @@ fn archive_scope(compactor: &Compactor, job: &CompactionJob<'_>) -> ArchiveScope
 
 /// The tool outputs the rewrite cuts, archived whole under the references their stubs
 /// name; already archived ones cost nothing more (`SummaryCache::archive_put`).
-async fn archive_cleared(compactor: &Compactor, job: &CompactionJob<'_>, archive: &ArchiveScope) {
-    let cleared: Vec<(String, String)> = job
-        .split
-        .shorten
+async fn archive_cleared(
+    compactor: &Compactor,
+    job: &CompactionJob<'_>,
+    archive: &ArchiveScope,
+    cuts: &[Shorten],
+) {
+    let cleared: Vec<(String, String)> = cuts
         .iter()
         .filter_map(|cut| {
             let item = job.messages.get(cut.index)?;
@@ -402,6 +417,7 @@ async fn lookup<'r>(
     let Prefix {
         caller,
         summarizer_model,
+        scope,
         keys,
     } = prefix;
     let split = job.split;
@@ -411,7 +427,7 @@ async fn lookup<'r>(
         .map(|&end| (end, keys[end - 1]))
         .collect();
     let candidate_keys: Vec<Key> = candidates.iter().map(|(_, k)| *k).collect();
-    let cached = compactor
+    let cached: Vec<(usize, Arc<Summary>)> = compactor
         .cache
         .cached(&candidate_keys)
         .await
@@ -419,11 +435,20 @@ async fn lookup<'r>(
         .map(|(i, summary)| (candidates[i].0, summary))
         .collect();
     let pending = pending(compactor, split, &keys);
-    let on_hand = OnHand { cached, pending };
+    let starts: Vec<usize> = std::iter::once(split.head)
+        .chain(cached.iter().map(|(end, _)| *end))
+        .collect();
+    let horizons = recorded_horizons(compactor, job, (&caller, &scope, &keys), &starts).await;
+    let on_hand = OnHand {
+        cached,
+        pending,
+        horizons,
+    };
     let summarizer_info = compactor.catalog.resolve(&summarizer_model);
     let api = compactor.summarizer.api_for(job.api);
     let conversation = recall::conversation_id(job.messages, split.head);
     let lookup = Lookup {
+        scope,
         keys,
         source: SpanSource {
             upstream: compactor.summarizer.upstream_for(job.upstream),
@@ -444,36 +469,182 @@ async fn lookup<'r>(
     (lookup, on_hand)
 }
 
-/// Estimated prompt, and message count, if `summary` (ending before message `end`) is
-/// forwarded with everything after it (the task pinned, tool outputs shortened as planned).
-fn estimate_with(
-    (job, lookup): (&CompactionJob<'_>, &Lookup),
-    summary: &Summary,
+/// Where the kept part starting at `start` anchors its cut horizon: the key of the prefix
+/// before it (the scope's, for a conversation with no head).
+fn anchor(scope: &Key, keys: &[Key], start: usize) -> Key {
+    start
+        .checked_sub(1)
+        .and_then(|at| keys.get(at))
+        .copied()
+        .unwrap_or(*scope)
+}
+
+/// What a horizon record says: the horizon, and the hash of the prefix up to it, so that a
+/// conversation whose items before the horizon changed does not take another's cuts.
+fn horizon_record(horizon: usize, prefix: &Key) -> String {
+    let mut record = horizon.to_string();
+    record.push(' ');
+    record.push_str(&blake3::Hash::from_bytes(*prefix).to_hex());
+    record
+}
+
+/// The prefix hash up to `end`, continuing the chain from the kept part's anchor.
+fn prefix_up_to(anchor: &Key, messages: &[Value], start: usize, end: usize) -> Option<Key> {
+    let items = messages.get(start..end)?;
+    Some(
+        prefix_keys(anchor, items)
+            .last()
+            .copied()
+            .unwrap_or(*anchor),
+    )
+}
+
+/// The cut horizons recorded for the kept parts starting at `starts`, kept where the
+/// request's items up to the horizon are those the record was made on.
+async fn recorded_horizons(
+    compactor: &Compactor,
+    job: &CompactionJob<'_>,
+    (caller, scope, keys): (&Key, &Key, &[Key]),
+    starts: &[usize],
+) -> HashMap<usize, usize> {
+    let anchors: Vec<Key> = starts.iter().map(|&s| anchor(scope, keys, s)).collect();
+    let records = compactor.cache.horizons(caller, &anchors).await;
+    starts
+        .iter()
+        .zip(&anchors)
+        .zip(records)
+        .filter_map(|((&start, anchor), record)| {
+            let record = record?;
+            let (horizon, _) = record.split_once(' ')?;
+            let horizon: usize = horizon.parse().ok()?;
+            let prefix = prefix_up_to(anchor, job.messages, start, horizon)?;
+            (horizon >= start && *record == *horizon_record(horizon, &prefix))
+                .then_some((start, horizon))
+        })
+        .collect()
+}
+
+/// Records the cut horizon a rewrite went with, unless it is the one on record already.
+async fn record_horizon(
+    compactor: &Compactor,
+    job: &CompactionJob<'_>,
+    (lookup, on_hand): (&Lookup<'_>, &OnHand),
+    form: &Form,
+) {
+    // A request as sent has nothing to keep; one already on record, nothing to add.
+    let unchanged = form.summary.is_none() && form.horizon == form.end;
+    if unchanged || on_hand.horizons.get(&form.end) == Some(&form.horizon) {
+        return;
+    }
+    let anchor = anchor(&lookup.scope, &lookup.keys, form.end);
+    let Some(prefix) = prefix_up_to(&anchor, job.messages, form.end, form.horizon) else {
+        return;
+    };
+    compactor
+        .cache
+        .horizon_put(
+            &lookup.source.caller,
+            &anchor,
+            &horizon_record(form.horizon, &prefix),
+        )
+        .await;
+}
+
+/// A way the request can go: the items from `end` on kept after `summary` (of the items
+/// `head..end`), or from the head with no summary; the kept tool outputs before `horizon`
+/// cut; and where that stands against the request's limits.
+#[derive(Clone)]
+struct Form {
     end: usize,
+    summary: Option<Arc<Summary>>,
+    horizon: usize,
+    tier: Tier,
+}
+
+/// A request and what its conversation has on hand.
+type On<'a, 'r> = (&'a CompactionJob<'r>, &'a Lookup<'r>);
+
+impl Form {
+    fn at(on: On<'_, '_>, summary: Option<Arc<Summary>>, end: usize, horizon: usize) -> Form {
+        let (job, _) = on;
+        let (tokens, messages) = estimate(on, summary.as_deref(), end, horizon);
+        Form {
+            end,
+            summary,
+            horizon,
+            tier: job.limits.tier(job.settings, tokens, messages),
+        }
+    }
+
+    /// With the horizon the conversation recorded for this kept part, if any: what the
+    /// request before it sent.
+    fn recorded(
+        on: On<'_, '_>,
+        on_hand: &OnHand,
+        summary: Option<Arc<Summary>>,
+        end: usize,
+    ) -> Option<Form> {
+        let horizon = *on_hand.horizons.get(&end)?;
+        Some(Form::at(on, summary, end, horizon))
+    }
+
+    /// Taken up now for the first time: its outputs cut, oldest first, down to the target.
+    fn fresh(on: On<'_, '_>, summary: Option<Arc<Summary>>, end: usize) -> Form {
+        Form::at(on, summary, end, end).stepped(on)
+    }
+
+    /// Its horizon moved on, in one step, so that the prompt comes down to the target.
+    fn stepped(self, on: On<'_, '_>) -> Form {
+        let (job, _) = on;
+        let (tokens, _) = estimate(on, self.summary.as_deref(), self.end, self.horizon);
+        let horizon = advance_horizon(job.items, self.horizon, tokens, job.limits.target);
+        Form::at(on, self.summary, self.end, horizon)
+    }
+
+    fn cuts(&self, job: &CompactionJob<'_>) -> Vec<Shorten> {
+        cuts_before(job.items, self.end, self.horizon)
+    }
+}
+
+/// Estimated prompt, and message count, of a request forwarded with `summary` (ending before
+/// message `end`) and everything after it (the task pinned), the outputs before `horizon`
+/// cut; or, with no summary, whole but for those cuts.
+fn estimate(
+    (job, lookup): On<'_, '_>,
+    summary: Option<&Summary>,
+    end: usize,
+    horizon: usize,
 ) -> (u64, usize) {
+    let cuts = saving(&cuts_before(job.items, end, horizon));
+    let items = job.count.per_message.len();
+    let Some(summary) = summary else {
+        let tool = if job.recall && cuts > 0 {
+            u64::from(recall::tool_tokens(job.info.encoding))
+        } else {
+            0
+        };
+        return (job.count.total + tool - cuts, items);
+    };
     let pinned = job.split.pinned_before(end).unwrap_or_default();
     let head: u64 = job.count.per_message[..job.split.head]
         .iter()
         .chain(&job.count.per_message[pinned.clone()])
         .map(|&t| u64::from(t))
         .sum();
-    let items = job.count.per_message.len();
-    let rest: u64 = (end..items)
-        .map(|i| {
-            let cut = job.split.shorten.iter().find(|s| s.index == i);
-            u64::from(cut.map_or(job.count.per_message[i], |s| s.keep_tokens))
-        })
+    let rest: u64 = job.count.per_message[end..]
+        .iter()
+        .map(|&t| u64::from(t))
         .sum();
     let tokens = head
         + u64::from(summary.tokens)
         + u64::from(SUMMARY_FRAMING_TOKENS)
         + recall_tokens(job, lookup, end)
         + rest
-        + u64::from(job.count.fixed);
+        + u64::from(job.count.fixed)
+        - cuts;
     (tokens, job.split.head + pinned.len() + 1 + items - end)
 }
 
-/// Where forwarding with `summary` (ending before message `end`) would stand.
 /// What recall adds to a request forwarded with a summary ending before `end`: the tool,
 /// and the line naming the summarized items' references, counted as written.
 fn recall_tokens(job: &CompactionJob<'_>, lookup: &Lookup, end: usize) -> u64 {
@@ -485,26 +656,20 @@ fn recall_tokens(job: &CompactionJob<'_>, lookup: &Lookup, end: usize) -> u64 {
     u64::from(recall::tool_tokens(encoding) + count_text(encoding, &note))
 }
 
-fn tier_with(on: (&CompactionJob<'_>, &Lookup), summary: &Summary, end: usize) -> Tier {
-    let job = on.0;
-    let (tokens, messages) = estimate_with(on, summary, end);
-    job.limits.tier(job.settings, tokens, messages)
-}
-
 /// Carries the plan out and says how the request goes: rewritten with a summary, trimmed,
-/// or as sent. In `auto` mode a request waits for the summarizer only when nothing on hand
-/// fits the hard limit; under `force` it always goes with the summary the plan wants.
+/// or as sent. In `auto` mode a request waits for the summarizer only when nothing on hand,
+/// nor cutting tool outputs, makes it fit the hard limit; under `force` it always goes with
+/// the summary the plan wants.
 pub async fn compact(
     compactor: &Arc<Compactor>,
     job: CompactionJob<'_>,
 ) -> Result<Rewrite, ProxyError> {
     let mut rewrite = carried_out(compactor, &job).await?;
-    let cuts = rewrite.action != Action::Forwarded && !job.split.shorten.is_empty();
-    if job.recall && cuts {
+    if job.recall && !rewrite.cuts.is_empty() {
         let archive = rewrite
             .archive
             .get_or_insert_with(|| archive_scope(compactor, &job));
-        archive_cleared(compactor, &job, archive).await;
+        archive_cleared(compactor, &job, archive, &rewrite.cuts).await;
     }
     Ok(rewrite)
 }
@@ -515,15 +680,18 @@ async fn carried_out(
     job: &CompactionJob<'_>,
 ) -> Result<Rewrite, ProxyError> {
     let split = job.split;
-    if split.summarized() == 0 {
-        // Only tool outputs to shorten: nothing for the summarizer.
-        return Ok(trimmed(job, Duration::ZERO));
-    }
     let (lookup, on_hand) = lookup(compactor, job, prefix(compactor, job)).await;
+    let on = (job, &lookup);
     if job.mode == Mode::Auto {
-        if let Some(rewrite) = without_waiting(compactor, job, &lookup, &on_hand) {
-            return Ok(rewrite);
+        if let Some((form, cache)) = without_waiting(compactor, on, &on_hand) {
+            record_horizon(compactor, job, (&lookup, &on_hand), &form).await;
+            return Ok(went(on, form, cache, Duration::ZERO));
         }
+    }
+    if split.summarized() == 0 {
+        // Only tool outputs to cut, and not even all of them fit: nothing for the
+        // summarizer to do either.
+        return Ok(trimmed(job, Duration::ZERO));
     }
     let wanted = split.tail_start;
     let started = Instant::now();
@@ -545,15 +713,19 @@ async fn carried_out(
     };
     let waited = started.elapsed();
     match summary {
-        // A summary that came out too large to fit: without it, the plan fits.
-        Ok(summary) if tier_with((job, &lookup), &summary, wanted) == Tier::Hard => {
-            tracing::warn!(
-                summary_tokens = summary.tokens,
-                "summary too large for the window; trimming instead"
-            );
-            Ok(trimmed(job, waited))
+        Ok(summary) => {
+            let form = Form::fresh(on, Some(summary), wanted);
+            // A summary that came out too large to fit: without it, the plan fits.
+            if form.tier == Tier::Hard {
+                tracing::warn!(
+                    summary_tokens = form.summary.as_ref().map(|s| s.tokens),
+                    "summary too large for the window; trimming instead"
+                );
+                return Ok(trimmed(job, waited));
+            }
+            record_horizon(compactor, job, (&lookup, &on_hand), &form).await;
+            Ok(went(on, form, cache, waited))
         }
-        Ok(summary) => Ok(summarized((job, &lookup), summary, wanted, cache, waited)),
         Err(error) => {
             // An open breaker logged its opening once; each request it turns away is no news.
             if matches!(error, SummarizeError::CircuitOpen(_)) {
@@ -570,83 +742,116 @@ async fn carried_out(
     }
 }
 
-/// The request as it may go now, with what is on hand, if anything fits the hard limit. The
-/// summary in use stays while it keeps the prompt under every trigger, so that what is
-/// forwarded only grows at its end between compactions (and a provider's prompt cache stays
-/// warm): the shortest summary on hand that does so is that summary. Past the precompute
-/// line the next step is made ahead; over a trigger, the plan's summary is made while the
-/// request goes with the most compact one on hand, or as sent.
+/// How the request may go now, with what is on hand, if anything fits the hard limit; no
+/// request waits while something does (rule 10). What the request before it sent stays
+/// (rule 8): the form in use is the latest kept part with a recorded cut horizon, and it
+/// goes unchanged while it keeps the prompt under every trigger. Past the precompute line
+/// the next step is made ahead. Over the trigger the next step is taken when one on hand
+/// brings the prompt down to the target in one step; else the form in use goes on, while
+/// the plan's summary is made. Over the hard limit, with no step on hand that fits, the form
+/// in use cuts its oldest whole tool outputs, in one step to the target, and the summary
+/// takes over when it lands.
 fn without_waiting(
     compactor: &Arc<Compactor>,
-    job: &CompactionJob<'_>,
-    lookup: &Lookup,
+    on: On<'_, '_>,
     on_hand: &OnHand,
-) -> Option<Rewrite> {
+) -> Option<(Form, CacheOutcome)> {
+    let (job, lookup) = on;
+    let split = job.split;
     // The summary to make for `end`, extending the longest on hand that ends before it;
     // unless one is being made already, whose end the conversation has not yet outgrown:
     // a step started on every turn would never be used.
     let make = |end: usize| {
-        if on_hand.exact(end).is_none() && on_hand.pending.is_none() {
+        if end > split.head && on_hand.exact(end).is_none() && on_hand.pending.is_none() {
             drop(start_summary(
                 compactor,
                 lookup.span(on_hand.longest_before(end), end),
             ));
         }
     };
-    let steady = on_hand
+    let make_ahead_from = |form: &Form| {
+        if form.tier == Tier::Precompute && !on_hand.beyond(form.end) {
+            make(split.ahead);
+        }
+    };
+    let in_use = on_hand
         .cached
         .iter()
-        .map(|(end, summary)| (*end, summary, tier_with((job, lookup), summary, *end)))
-        .find(|(_, _, tier)| *tier <= Tier::Precompute);
-    if let Some((end, summary, tier)) = steady {
-        if tier == Tier::Precompute && !on_hand.beyond(end) {
-            make(job.split.ahead);
-        }
-        return Some(summarized(
-            (job, lookup),
-            summary.clone(),
-            end,
-            CacheOutcome::Hit,
-            Duration::ZERO,
-        ));
+        .rev()
+        .find_map(|(end, summary)| Form::recorded(on, on_hand, Some(summary.clone()), *end))
+        .or_else(|| Form::recorded(on, on_hand, None, split.head));
+    if let Some(form) = in_use.as_ref().filter(|form| form.tier <= Tier::Precompute) {
+        make_ahead_from(form);
+        return Some((form.clone(), CacheOutcome::Hit));
     }
-    let fits_now = on_hand
-        .longest()
-        .filter(|(end, summary)| tier_with((job, lookup), summary, *end) < Tier::Hard);
-    let as_sent_fits = job
-        .limits
-        .tier(job.settings, job.count.total, job.count.per_message.len())
-        < Tier::Hard;
-    if fits_now.is_none() && !as_sent_fits {
-        return None;
+    // The next steps on hand: summaries ending after the one in use, shortest first, each
+    // with its outputs cut afresh.
+    let after = in_use.as_ref().map(|form| form.end);
+    let steps: Vec<Form> = on_hand
+        .cached
+        .iter()
+        .filter(|(end, _)| after.is_none_or(|after| *end > after))
+        .map(|(end, summary)| Form::fresh(on, Some(summary.clone()), *end))
+        .collect();
+    if let Some(step) = steps.iter().find(|form| form.tier <= Tier::Precompute) {
+        make_ahead_from(step);
+        return Some((step.clone(), CacheOutcome::Hit));
     }
-    make(job.split.tail_start);
-    Some(match fits_now {
-        Some((end, summary)) => summarized(
-            (job, lookup),
-            summary,
-            end,
-            CacheOutcome::Stale,
-            Duration::ZERO,
-        ),
-        None => as_sent(CacheOutcome::Deferred, Duration::ZERO),
-    })
+    let as_sent = Form::at(on, None, split.head, split.head);
+    let current = in_use.unwrap_or(as_sent);
+    if current.tier < Tier::Hard {
+        make(split.tail_start);
+        return Some((current, CacheOutcome::Stale));
+    }
+    // Over the hard limit: the longest step on hand that fits, else the form in use with
+    // more of its outputs cut.
+    let instant = steps
+        .into_iter()
+        .rev()
+        .find(|form| form.tier < Tier::Hard)
+        .or_else(|| Some(current.stepped(on)).filter(|form| form.tier < Tier::Hard))?;
+    make(split.tail_start);
+    Some((instant, CacheOutcome::Stale))
 }
 
-fn summarized(
-    (job, lookup): (&CompactionJob<'_>, &Lookup),
-    summary: Arc<Summary>,
-    end: usize,
-    cache: CacheOutcome,
-    waited: Duration,
-) -> Rewrite {
+/// The rewrite a form makes: with its summary, or cut only, or as sent when it changes
+/// nothing (the cache outcome then says the request went as it came: `deferred`).
+fn went(on: On<'_, '_>, form: Form, cache: CacheOutcome, waited: Duration) -> Rewrite {
+    let (job, lookup) = on;
+    let cuts = form.cuts(job);
+    let Some(summary) = form.summary else {
+        if cuts.is_empty() {
+            let cache = if cache == CacheOutcome::Stale {
+                CacheOutcome::Deferred
+            } else {
+                cache
+            };
+            return as_sent(cache, waited);
+        }
+        return Rewrite {
+            summary: None,
+            kept_from: job.split.head,
+            pinned: None,
+            cuts,
+            action: Action::Trimmed,
+            cache: if cache == CacheOutcome::Stale {
+                CacheOutcome::Deferred
+            } else {
+                cache
+            },
+            summarized: 0,
+            waited,
+            archive: None,
+        };
+    };
     Rewrite {
         summary: Some(summary),
-        kept_from: end,
-        pinned: job.split.pinned_before(end),
+        kept_from: form.end,
+        pinned: job.split.pinned_before(form.end),
+        cuts,
         action: Action::Summarized,
         cache,
-        summarized: end - job.split.head,
+        summarized: form.end - job.split.head,
         waited,
         archive: lookup.archive(job),
     }
@@ -659,6 +864,7 @@ fn as_sent(cache: CacheOutcome, waited: Duration) -> Rewrite {
         summary: None,
         kept_from: 0,
         pinned: None,
+        cuts: Vec::new(),
         action: Action::Forwarded,
         cache,
         summarized: 0,
@@ -685,6 +891,7 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) {
     // those a summary may hold.
     let messages: Vec<Value> = job.messages[..job.split.ahead].to_vec();
     let count = job.count.clone();
+    let items = job.items.to_vec();
     let split = job.split.clone();
     let model = job.model.to_string();
     let info = job.info.clone();
@@ -698,6 +905,7 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) {
         let job = CompactionJob {
             messages: &messages,
             count: &count,
+            items: &items,
             split: &split,
             model: &model,
             info: &info,
@@ -712,7 +920,7 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) {
         let (lookup, on_hand) = lookup(&compactor, &job, prefix).await;
         let ready = on_hand.pending.is_some()
             || on_hand.cached.iter().any(|(end, summary)| {
-                tier_with((&job, &lookup), summary, *end) <= Tier::Precompute
+                Form::fresh((&job, &lookup), Some(summary.clone()), *end).tier <= Tier::Precompute
             });
         // Made for when the trigger fires: by then it brings the prompt to the target.
         if !ready {

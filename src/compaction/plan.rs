@@ -465,32 +465,63 @@ impl<'a> Splitter<'a> {
                 + sum(&self.input.messages[start..]),
         };
         if split.estimated_tokens > self.limits.target {
-            shorten_tool_outputs(self.input.messages, &mut split, self.limits.target);
+            let horizon = advance_horizon(
+                self.input.messages,
+                start,
+                split.estimated_tokens,
+                self.limits.target,
+            );
+            split.shorten = cuts_before(self.input.messages, start, horizon);
+            split.estimated_tokens -= saving(&split.shorten);
         }
         split
     }
 }
 
-/// Cuts the tail's tool outputs, oldest first, each to `SHORTENED_OUTPUT_TOKENS`, until the
-/// estimate reaches `budget` or nothing is left to cut. Oldest first: what changes from one
-/// turn to the next is then as far back as it can be, and the newest outputs, which the
-/// model reads now, are cut last.
-fn shorten_tool_outputs(messages: &[Item], split: &mut Split, budget: u64) {
-    let tail = messages.iter().enumerate().skip(split.tail_start);
-    for (index, &Item { kind, tokens, .. }) in tail {
-        if split.estimated_tokens <= budget {
+/// The tool outputs cut in a kept part that starts at `kept_from`, with the cut horizon at
+/// `horizon`: every output before the horizon over the cut size. The horizon is what a
+/// session's rewrites keep from one turn to the next (rule 8): outputs before it read the
+/// same, cut, on every turn until a summary takes them; outputs after it are whole.
+pub fn cuts_before(items: &[Item], kept_from: usize, horizon: usize) -> Vec<Shorten> {
+    let horizon = horizon.min(items.len());
+    (kept_from..horizon)
+        .filter(|&index| {
+            items[index].kind == Kind::ToolResult && items[index].tokens > SHORTENED_OUTPUT_TOKENS
+        })
+        .map(|index| Shorten {
+            index,
+            tokens: items[index].tokens,
+            keep_tokens: SHORTENED_OUTPUT_TOKENS,
+        })
+        .collect()
+}
+
+/// What `cuts` take off a prompt.
+pub fn saving(cuts: &[Shorten]) -> u64 {
+    cuts.iter()
+        .map(|cut| u64::from(cut.tokens - cut.keep_tokens))
+        .sum()
+}
+
+/// Where the cut horizon moves from `horizon`, oldest output first, for a prompt estimated
+/// at `estimate` (with the cuts before `horizon`) to come down to `budget`: just past the
+/// output whose cut gets it there, or past every output when nothing does. Oldest first:
+/// what changes is then as far back as it can be, and the newest outputs, which the model
+/// reads now, are cut last. A horizon only moves forward, in one step to the budget, so a
+/// session's cuts change only at such a step.
+pub fn advance_horizon(items: &[Item], horizon: usize, estimate: u64, budget: u64) -> usize {
+    let mut estimate = estimate;
+    let mut horizon = horizon;
+    for (index, item) in items.iter().enumerate().skip(horizon) {
+        if estimate <= budget {
             break;
         }
-        if kind != Kind::ToolResult || tokens <= SHORTENED_OUTPUT_TOKENS {
-            continue;
+        if item.kind == Kind::ToolResult && item.tokens > SHORTENED_OUTPUT_TOKENS {
+            estimate -= u64::from(item.tokens - SHORTENED_OUTPUT_TOKENS);
+            horizon = index + 1;
         }
-        split.shorten.push(Shorten {
-            index,
-            tokens,
-            keep_tokens: SHORTENED_OUTPUT_TOKENS,
-        });
-        split.estimated_tokens -= u64::from(tokens - SHORTENED_OUTPUT_TOKENS);
     }
+    horizon
 }
 
 #[cfg(test)]

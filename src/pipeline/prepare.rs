@@ -192,6 +192,7 @@ async fn compacted<D: Dialect>(
     let job = CompactionJob {
         messages: &conversation,
         count: &prepared.count,
+        items: &prepared.metas,
         split,
         model,
         info: &prepared.info,

@@ -615,6 +615,7 @@ proptest! {
                 })),
                 kept_from,
                 pinned: split.pinned_before(kept_from),
+                cuts: split.shorten.clone(),
                 action: if summarized { Action::Summarized } else { Action::Trimmed },
                 cache: CacheOutcome::Miss,
                 summarized: kept_from - split.head,

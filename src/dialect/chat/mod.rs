@@ -369,7 +369,7 @@ fn compacted_messages(
     out.extend(kept.iter().enumerate().map(|(offset, message)| {
         let index = rewrite.kept_from + offset;
         let mut message = message.clone();
-        if let Some(cut) = split.shorten.iter().find(|cut| cut.index == index) {
+        if let Some(cut) = rewrite.cuts.iter().find(|cut| cut.index == index) {
             let mut text = content_text(&message);
             let reference = rewrite.cleared_reference(index);
             cut_item_texts(encoding, vec![&mut text], cut, reference.as_deref());

@@ -568,6 +568,7 @@ mod tests {
                 })),
                 kept_from,
                 pinned: split.pinned_before(kept_from),
+                cuts: split.shorten.clone(),
                 action: Action::Summarized,
                 cache: CacheOutcome::Miss,
                 summarized: kept_from,

@@ -26,7 +26,7 @@ pub(super) fn compacted_messages(
 ) -> Vec<Value> {
     let kept_from = rewrite.kept_from.min(sent.len());
     let mut kept = sent.split_off(kept_from);
-    for cut in &split.shorten {
+    for cut in &rewrite.cuts {
         if let Some(message) = cut
             .index
             .checked_sub(kept_from)
@@ -42,7 +42,8 @@ pub(super) fn compacted_messages(
     }
     if let Some(task) = rewrite.pinned.clone() {
         let mut pinned: Vec<Value> = sent.drain(task).collect();
-        match (summary, pinned.first_mut()) {
+        // After the turn's last user message, so the summary changes nothing before it.
+        match (summary, pinned.iter_mut().rev().find(|turn| is_user(turn))) {
             (Some(summary), _) if summary_role == SummaryRole::System => {
                 append_to_system(body, summary)
             }

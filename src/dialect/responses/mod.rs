@@ -385,7 +385,7 @@ fn compacted_input(
     out.extend(kept.iter().enumerate().map(|(offset, item)| {
         let index = rewrite.kept_from + offset;
         let mut item = item.clone();
-        let cut = split.shorten.iter().find(|cut| cut.index == index);
+        let cut = rewrite.cuts.iter().find(|cut| cut.index == index);
         if let (Some(cut), Some(Value::String(output))) = (cut, item.get_mut("output")) {
             let reference = rewrite.cleared_reference(index);
             cut_item_texts(encoding, vec![output], cut, reference.as_deref());
@@ -527,11 +527,7 @@ mod tests {
             task: Some(4..5),
             ahead: 2,
             summary_ends: vec![2],
-            shorten: vec![crate::compaction::plan::Shorten {
-                index: 3,
-                tokens: 1000,
-                keep_tokens: 500,
-            }],
+            shorten: Vec::new(),
             estimated_tokens: 0,
         };
         let rewrite = Rewrite {
@@ -544,6 +540,11 @@ mod tests {
             })),
             kept_from: 2,
             pinned: None,
+            cuts: vec![crate::compaction::plan::Shorten {
+                index: 3,
+                tokens: 1000,
+                keep_tokens: 500,
+            }],
             action: crate::compaction::compactor::Action::Summarized,
             cache: crate::compaction::compactor::CacheOutcome::Miss,
             summarized: 1,
