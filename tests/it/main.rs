@@ -11,6 +11,7 @@ mod agent_sessions;
 mod architecture;
 mod artifacts;
 mod binary;
+mod cache_truth;
 mod compaction;
 mod dashboard;
 mod gateway;

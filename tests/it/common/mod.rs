@@ -1,7 +1,9 @@
 //! Test harness: mock upstreams and condenser itself, in-process on port 0, over real HTTP.
 
+mod breaks;
 mod logs;
 
+pub use breaks::{cache_figures, CacheFigures, Sent};
 pub use logs::captured_logs;
 
 use std::convert::Infallible;

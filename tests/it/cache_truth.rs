@@ -1,0 +1,205 @@
+//! An agent's session as its provider's prompt cache sees it (rules 8 and 10): tool outputs of
+//! about 1,700 tokens, well over a hundred rounds, windows small and large, and two paces: a
+//! model that takes its time while the summarizer keeps up, and one that answers at once
+//! while the summarizer takes dozens of rounds. Every forwarded request is judged against the
+//! one before it: no avoidable cache break, none over the hard limit, none waiting, the opening
+//! turn verbatim before the summary, and an identifier read once in the first round still
+//! there in the last request.
+
+use std::time::Duration;
+
+use crate::common::*;
+use serde_json::{json, Value};
+
+const ROUNDS: usize = 130;
+const TICKET: &str = "KX-7731-QZ";
+/// Read once, from a file, in the first round: it must outlive every summary.
+const READ_ONCE: &str = "4f9c2ab1";
+const ENVIRONMENT: &str =
+    "<environment_context>\n  <cwd>/work/falcon</cwd>\n  <shell>bash</shell>\n  <sandbox_mode>workspace-write</sandbox_mode>\n</environment_context>";
+
+fn tools() -> Value {
+    json!([{"type": "function", "function": {
+        "name": "read_file",
+        "description": format!("Reads a file of the workspace. {}", filler(7, 300)),
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    }}])
+}
+
+/// The opening turn: the environment, then the task, as Codex sends them.
+fn opening() -> Vec<Value> {
+    vec![
+        json!({"role": "system", "content": SYSTEM_PROMPT}),
+        json!({"role": "user", "content": ENVIRONMENT}),
+        json!({"role": "user", "content": format!("Ticket {TICKET}: the nightly build fails. Read the logs until you find why.")}),
+    ]
+}
+
+/// Round `r`: a call to read one log, and the log, about 1,700 tokens, its lines numbered by
+/// the round (`turn-r`), the first round's naming the commit to blame.
+fn round(r: usize) -> [Value; 2] {
+    let mut log = String::new();
+    if r == 1 {
+        log.push_str(&format!(
+            "bisect: commit {READ_ONCE} introduced the failure\n"
+        ));
+    }
+    for line in 0..40 {
+        log.push_str(&format!(
+            "turn-{r} line {line}: {}\n",
+            filler(r * 41 + line, 38)
+        ));
+    }
+    let id = format!("call_{r}");
+    [
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+            "function": {"name": "read_file", "arguments": format!("{{\"path\":\"logs/log-{r:03}.txt\"}}")}}]}),
+        json!({"role": "tool", "tool_call_id": id, "content": log}),
+    ]
+}
+
+fn body(messages: &[Value]) -> Value {
+    json!({"model": "gpt-4o", "max_tokens": 500, "tools": tools(), "messages": messages})
+}
+
+/// The parts a provider caches, in its order: chat's tools, then its messages.
+fn cache_order(body: &Value) -> Vec<u8> {
+    serde_json::to_vec(&json!([body["tools"], body["messages"]])).unwrap()
+}
+
+struct Pace {
+    /// How long the model takes to answer.
+    model: Duration,
+    /// How long the client's own tool takes between rounds.
+    tool: Duration,
+    summarizer: Duration,
+}
+
+async fn session(window: u64, pace: Pace) -> CacheFigures {
+    let upstream = mock_llm(LlmBehaviour {
+        chat_latency: pace.model,
+        summarizer_latency: pace.summarizer,
+        lossy_summarizer: true,
+        ..LlmBehaviour::default()
+    })
+    .await;
+    let mut config = small_window_config(&upstream.url());
+    config.models.get_mut("gpt-4o").unwrap().context_window = Some(window);
+    let hard_limit = window - 500;
+    let proxy = Proxy::start(config).await;
+    let mut messages = opening();
+    let mut sent = Vec::new();
+    let mut waits = Vec::new();
+    for r in 0..ROUNDS {
+        let request = body(&messages);
+        let response = client()
+            .post(proxy.url("/v1/chat/completions"))
+            .json(&request)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "round {r}");
+        let cache = header(&response, "x-condenser-cache");
+        if matches!(cache.as_str(), "miss" | "extended") {
+            waits.push(r);
+        }
+        sent.push(Sent {
+            client: cache_order(&request),
+            forwarded: Vec::new(),
+            received_tokens: header(&response, "x-condenser-prompt-tokens")
+                .parse()
+                .unwrap(),
+            forwarded_tokens: header(&response, "x-condenser-forwarded-tokens")
+                .parse()
+                .unwrap(),
+        });
+        response.bytes().await.unwrap();
+        messages.extend(round(r));
+        tokio::time::sleep(pace.tool).await;
+    }
+    let forwarded: Vec<Value> = upstream
+        .recorded()
+        .iter()
+        .filter(|r| !is_summarizer_call(r))
+        .map(|r| r.json())
+        .collect();
+    assert_eq!(
+        forwarded.len(),
+        ROUNDS,
+        "each request reached upstream once"
+    );
+    for (request, body) in sent.iter_mut().zip(&forwarded) {
+        request.forwarded = cache_order(body);
+    }
+    for (r, (request, body)) in sent.iter().zip(&forwarded).enumerate() {
+        assert!(
+            request.forwarded_tokens <= hard_limit,
+            "round {r}: {} over {hard_limit}",
+            request.forwarded_tokens
+        );
+        // The opening turn, verbatim, right after the head and before any summary.
+        assert_eq!(
+            &body["messages"].as_array().unwrap()[..3],
+            &opening()[..],
+            "round {r}"
+        );
+    }
+    assert_eq!(waits, Vec::<usize>::new(), "requests that waited");
+    let last = forwarded.last().unwrap().to_string();
+    assert!(
+        last.contains(READ_ONCE),
+        "read once in round 1, lost by the last request"
+    );
+    assert!(last.contains(TICKET));
+    let figures = cache_figures(&sent, hard_limit);
+    eprintln!(
+        "window {window}: {} requests, {} summary steps, {} cut steps, {} client changes, \
+         {} tool arrivals, prefix reuse {:.3}, billed {:.0} against {:.0} sent whole, {} summaries made",
+        sent.len(),
+        figures.summary_steps,
+        figures.cut_steps,
+        figures.client_changes,
+        figures.tool_arrivals,
+        figures.reuse,
+        figures.billed,
+        figures.billed_whole,
+        upstream.summarizer_calls().len(),
+    );
+    assert_eq!(figures.avoidable, Vec::new(), "avoidable cache breaks");
+    assert!(figures.summary_steps > 0, "the session was summarized");
+    figures
+}
+
+/// The model takes its time (a tenth of a second a turn) and the summarizer keeps up.
+const PATIENT: Pace = Pace {
+    model: Duration::from_millis(100),
+    tool: Duration::from_millis(0),
+    summarizer: Duration::from_millis(300),
+};
+
+/// The model answers at once; the summarizer takes dozens of rounds.
+const HURRIED: Pace = Pace {
+    model: Duration::from_millis(0),
+    tool: Duration::from_millis(10),
+    summarizer: Duration::from_millis(1_500),
+};
+
+#[tokio::test]
+async fn a_small_window_at_a_patient_pace_breaks_the_cache_only_at_steps() {
+    session(32_000, PATIENT).await;
+}
+
+#[tokio::test]
+async fn a_small_window_at_a_hurried_pace_never_waits_and_breaks_only_at_steps() {
+    let figures = session(32_000, HURRIED).await;
+    assert!(
+        figures.cut_steps > 0,
+        "outputs were cut while summaries were made: {figures:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_large_window_at_either_pace_breaks_the_cache_only_at_steps() {
+    session(128_000, PATIENT).await;
+    session(128_000, HURRIED).await;
+}

@@ -1,0 +1,129 @@
+//! Rule 8 checked request by request on what the upstream got: between two requests of a
+//! session, read in the provider's cache order, the forwarded prompt changes only where the
+//! client's own request changed, or from the summary on at a summary step; and, by rule 10,
+//! where the form in use would have gone over the hard limit (a cut step). Anything else is
+//! an avoidable cache break, which costs the user the rest of the prompt at full price.
+
+/// One request of a session: what the client sent and what the upstream got, each in the
+/// provider's cache order (tools, then system or instructions, then the conversation, as
+/// `cached_order` writes them), and condenser's counts of both.
+#[derive(Debug, Clone)]
+pub struct Sent {
+    pub client: Vec<u8>,
+    pub forwarded: Vec<u8>,
+    pub received_tokens: u64,
+    pub forwarded_tokens: u64,
+}
+
+/// What a session's requests did to the provider's cache.
+#[derive(Debug, Default)]
+pub struct CacheFigures {
+    /// Requests after the first, each judged against the one before it.
+    pub pairs: usize,
+    /// Where the client's own request changed what it sent before: its break, not ours.
+    pub client_changes: usize,
+    /// Requests that took a new summary (the `[Context summary: N` line changed).
+    pub summary_steps: usize,
+    /// The one summary step at which the recall tool joined `tools`: the first step's break.
+    pub tool_arrivals: usize,
+    /// Requests that cut more tool outputs because the form in use would not fit.
+    pub cut_steps: usize,
+    /// Breaks none of the above explains: `(request index, what changed)`.
+    pub avoidable: Vec<(usize, String)>,
+    /// The mean share of each forwarded prompt that repeats the previous one's start.
+    pub reuse: f64,
+    /// Forwarded prompt tokens a provider would bill: a cached token (the longest common
+    /// prefix with the previous request, by its share of the bytes) at a tenth.
+    pub billed: f64,
+    /// The same for the session sent whole, as the client sent it.
+    pub billed_whole: f64,
+}
+
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Whether `after` only appends to `before`: the arrays written by `cached_order` end in
+/// `]]`, which an appended item moves.
+fn extends(before: &[u8], after: &[u8]) -> bool {
+    common_prefix(before, after) + 2 >= before.len()
+}
+
+const SUMMARY_LINE: &[u8] = b"[Context summary: ";
+
+/// Where a forwarded prompt's summary line starts, and the line up to its count.
+fn summary_line(prompt: &[u8]) -> Option<(usize, &[u8])> {
+    let at = prompt
+        .windows(SUMMARY_LINE.len())
+        .position(|w| w == SUMMARY_LINE)?;
+    let rest = &prompt[at..];
+    let end = rest.iter().position(|&b| b == b']').unwrap_or(rest.len());
+    Some((at, &rest[..end]))
+}
+
+/// Where a prompt's tools (the first of its parts in cache order) end, so that the recall
+/// tool's arrival at the first summary step is told apart.
+fn tools_end(prompt: &[u8]) -> usize {
+    let parts: serde_json::Value = serde_json::from_slice(prompt).unwrap_or_default();
+    1 + serde_json::to_vec(&parts[0]).map_or(0, |tools| tools.len())
+}
+
+/// Judges every request against the one before it, as rule 8 and rule 10 say.
+pub fn cache_figures(sent: &[Sent], hard_limit: u64) -> CacheFigures {
+    let mut figures = CacheFigures::default();
+    let mut shares = Vec::new();
+    for (i, pair) in sent.windows(2).enumerate() {
+        let (before, now) = (&pair[0], &pair[1]);
+        figures.pairs += 1;
+        let common = common_prefix(&before.forwarded, &now.forwarded);
+        let share = common as f64 / now.forwarded.len().max(1) as f64;
+        shares.push(share);
+        let cached = now.forwarded_tokens as f64 * share;
+        figures.billed += now.forwarded_tokens as f64 - 0.9 * cached;
+        let client_common =
+            common_prefix(&before.client, &now.client) as f64 / now.client.len().max(1) as f64;
+        figures.billed_whole +=
+            now.received_tokens as f64 - 0.9 * now.received_tokens as f64 * client_common;
+        if !extends(&before.client, &now.client) {
+            figures.client_changes += 1;
+            continue;
+        }
+        if extends(&before.forwarded, &now.forwarded) {
+            continue;
+        }
+        let step = summary_line(&now.forwarded).map(|(_, line)| line)
+            != summary_line(&before.forwarded).map(|(_, line)| line);
+        if step {
+            figures.summary_steps += 1;
+            let from_summary =
+                summary_line(&now.forwarded).is_some_and(|(at, _)| common + 64 >= at);
+            let tools_changed = common < tools_end(&now.forwarded);
+            if from_summary {
+                continue;
+            }
+            if tools_changed && figures.tool_arrivals == 0 {
+                figures.tool_arrivals += 1;
+                continue;
+            }
+        }
+        // The form the request before went with, grown by what the client added.
+        let grown =
+            before.forwarded_tokens + now.received_tokens.saturating_sub(before.received_tokens);
+        if grown > hard_limit {
+            figures.cut_steps += 1;
+            continue;
+        }
+        let at = common.saturating_sub(40);
+        let context =
+            String::from_utf8_lossy(&now.forwarded[at..(common + 80).min(now.forwarded.len())]);
+        figures
+            .avoidable
+            .push((i + 1, format!("at byte {common}: …{context}…")));
+    }
+    if let Some(first) = sent.first() {
+        figures.billed += first.forwarded_tokens as f64;
+        figures.billed_whole += first.received_tokens as f64;
+    }
+    figures.reuse = shares.iter().sum::<f64>() / shares.len().max(1) as f64;
+    figures
+}
