@@ -48,29 +48,64 @@ const PLANTED: &[(usize, &str)] = &[
     (50, "src/a.rs:42"),
     (63, "ZX-4417-QA"),
 ];
-/// How long the scripted summarizer takes: longer than a tool round.
-const SUMMARIZER_LATENCY: Duration = Duration::from_secs(1);
+/// How a session goes: how long the model takes to answer, how long the summarizer takes,
+/// and how many lines each log has (about 15 tokens a line).
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    model: Duration,
+    summarizer: Duration,
+    log_lines: usize,
+}
+
+/// The recall sessions and the short resumed one: logs of about 900 tokens, a model that
+/// answers at once and a summarizer that takes a second.
+const BRISK: Pace = Pace {
+    model: Duration::ZERO,
+    summarizer: Duration::from_secs(1),
+    log_lines: 60,
+};
+
+/// An agent at a realistic pace: 0.4 s a model turn, tool outputs of about 1,700 tokens, and
+/// a summarizer that takes 2 s.
+const REALISTIC: Pace = Pace {
+    model: Duration::from_millis(400),
+    summarizer: Duration::from_secs(2),
+    log_lines: 110,
+};
+
+/// An agent whose model answers at once, with the same outputs, and a summarizer that takes
+/// longer than 15 of its rounds (an agent's own round is about 0.12 s).
+const INSTANT: Pace = Pace {
+    model: Duration::ZERO,
+    summarizer: Duration::from_secs(4),
+    log_lines: 110,
+};
 /// What the scripted summarizer writes, whatever it is sent: no identifier survives it.
 const LOSSY_SUMMARY: &str =
     "The agent has been reading log files one after another and has not finished the task.";
 const MODEL: &str = "claude-agent-test";
 
-/// The log the agent reads in `round`: about 900 tokens, with that round's identifier.
-fn log_file(round: usize) -> String {
+/// The log the agent reads in `round`: `lines` lines of about 15 tokens, with that round's
+/// identifier.
+fn log_file(round: usize, lines: usize) -> String {
     let planted = PLANTED
         .iter()
         .find(|(r, _)| *r == round)
         .map(|(_, id)| format!("deploy note: artifact {id} is the one to check\n"))
         .unwrap_or_default();
-    let lines: String = (0..60)
-        .map(|line| format!("{round:03}.{line:02} {}\n", filler(round * 61 + line, 11)))
+    let lines: String = (0..lines)
+        .map(|line| format!("{round:03}.{line:03} {}\n", filler(round * 61 + line, 11)))
         .collect();
     format!("{planted}{lines}")
 }
 
-fn write_logs(dir: &Path) {
+fn write_logs(dir: &Path, lines: usize) {
     for round in 0..ROUNDS {
-        std::fs::write(dir.join(format!("log-{round:03}.txt")), log_file(round)).unwrap();
+        std::fs::write(
+            dir.join(format!("log-{round:03}.txt")),
+            log_file(round, lines),
+        )
+        .unwrap();
     }
 }
 
@@ -93,6 +128,8 @@ struct Exchange {
 /// What condenser told the agent about one request of the loop.
 #[derive(Debug, Clone)]
 struct Told {
+    /// The request as the agent sent it.
+    client: Bytes,
     cache: String,
     received: u64,
     forwarded: u64,
@@ -130,6 +167,7 @@ async fn relay(
                 serde_json::from_slice::<Value>(&r.body).is_ok_and(|b| in_loop(&b, model));
             if r.path_and_query.split('?').next() == Some(path) && in_loop {
                 told.lock().unwrap().push(Told {
+                    client: r.body.clone(),
                     cache: headers
                         .get("x-condenser-cache")
                         .and_then(|v| v.to_str().ok())
@@ -174,20 +212,22 @@ fn sse(events: &[(&str, Value)]) -> hyper::Response<condenser::transport::body::
 /// (Claude Code writes `messages` before `system` and `tools`) is not what is cached, nor are
 /// `cache_control` marks, which Claude Code moves to the newest turn every time.
 fn cached_order(body: &Value, fields: &[&str]) -> Vec<u8> {
-    fn unmarked(value: &Value) -> Value {
-        match value {
-            Value::Object(map) => Value::Object(
-                map.iter()
-                    .filter(|(key, _)| *key != "cache_control")
-                    .map(|(key, value)| (key.clone(), unmarked(value)))
-                    .collect(),
-            ),
-            Value::Array(items) => Value::Array(items.iter().map(unmarked).collect()),
-            other => other.clone(),
-        }
-    }
     let parts: Vec<Value> = fields.iter().map(|field| unmarked(&body[*field])).collect();
     serde_json::to_vec(&parts).unwrap()
+}
+
+/// A body without its `cache_control` marks.
+fn unmarked(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .filter(|(key, _)| *key != "cache_control")
+                .map(|(key, value)| (key.clone(), unmarked(value)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(unmarked).collect()),
+        other => other.clone(),
+    }
 }
 
 /// Whether a request is the agent's own loop: its model, with tools. Not the summarizer's,
@@ -228,6 +268,62 @@ struct Figures {
     hard_limit: u64,
     summaries: usize,
     reuse: f64,
+    cache: CacheFigures,
+}
+
+/// Whether a conversation item is the client's own message (user, system or developer),
+/// not a tool's answer nor the model's.
+fn said_by_the_client(item: &Value) -> bool {
+    let role = item["role"].as_str().unwrap_or("");
+    let message = item["type"].is_null() || item["type"] == "message";
+    let answers_a_tool = item["content"]
+        .as_array()
+        .is_some_and(|blocks| blocks.iter().any(|b| b["type"] == "tool_result"));
+    message && matches!(role, "user" | "system" | "developer") && !answers_a_tool
+}
+
+/// The newest prompt's whole turn: the client's own items in a row around its last user
+/// message, which condenser pins verbatim before the summary (rule 1).
+fn task_turn(items: &[Value]) -> &[Value] {
+    let Some(prompt) = items
+        .iter()
+        .rposition(|item| item["role"] == "user" && said_by_the_client(item))
+    else {
+        return &[];
+    };
+    let start = items[..prompt]
+        .iter()
+        .rposition(|item| !said_by_the_client(item))
+        .map_or(0, |at| at + 1);
+    let after = items[prompt + 1..]
+        .iter()
+        .take_while(|item| matches!(item["role"].as_str(), Some("system" | "developer")))
+        .count();
+    &items[start..prompt + 1 + after]
+}
+
+/// The client's task turn is in the forwarded conversation verbatim; when it is the opening
+/// turn (nothing but instructions before it), before any summary.
+fn assert_task_kept(client: &Value, forwarded: &Value, field: &str, round: usize) {
+    let (client, forwarded) = (unmarked(&client[field]), unmarked(&forwarded[field]));
+    let (client, forwarded) = (client.as_array().unwrap(), forwarded.as_array().unwrap());
+    let turn = task_turn(client);
+    let opening = client
+        .iter()
+        .take_while(|item| !std::ptr::eq(*item, &turn[0]))
+        .all(|item| matches!(item["role"].as_str(), Some("system" | "developer")));
+    assert!(!turn.is_empty(), "round {round}: a prompt in every request");
+    let at = forwarded
+        .windows(turn.len())
+        .position(|window| window == turn)
+        .unwrap_or_else(|| panic!("round {round}: the task's turn is not forwarded verbatim"));
+    let summary = forwarded
+        .iter()
+        .position(|item| item.to_string().contains("[Context summary: "));
+    assert!(
+        !opening || summary.is_none_or(|summary| summary >= at + turn.len()),
+        "round {round}: the summary comes before the opening turn"
+    );
 }
 
 /// The checks every client's session must pass; `cache_order` names the body's fields in the
@@ -249,10 +345,13 @@ fn judge(
     );
     assert_eq!(told.len(), exchanges.len(), "one answer per request");
     let limit = hard_limit(&exchanges[0].body);
+    let conversation = cache_order[cache_order.len() - 1];
     let mut recounted = Vec::new();
-    for exchange in exchanges {
+    for (exchange, told) in exchanges.iter().zip(told) {
         let text = exchange.body.to_string();
         valid(&exchange.body);
+        let client: Value = serde_json::from_slice(&told.client).unwrap();
+        assert_task_kept(&client, &exchange.body, conversation, exchange.round);
         let tokens = recount(&exchange.raw);
         assert!(
             tokens <= limit,
@@ -275,30 +374,58 @@ fn judge(
     let waits = told
         .iter()
         .filter(|t| matches!(t.cache.as_str(), "miss" | "extended"))
-        .inspect(|t| assert!(t.received > limit, "waited though {t:?} fit"))
         .count();
-    let prompts: Vec<Vec<u8>> = exchanges
+    let sent: Vec<Sent> = exchanges
         .iter()
-        .map(|e| cached_order(&e.body, cache_order))
+        .zip(told)
+        .map(|(exchange, told)| {
+            let client: Value = serde_json::from_slice(&told.client).unwrap();
+            let task = unmarked(&client[conversation]);
+            let task = task_turn(task.as_array().unwrap());
+            Sent {
+                client: cached_order(&client, cache_order),
+                task: serde_json::to_vec(task).unwrap(),
+                forwarded: cached_order(&exchange.body, cache_order),
+                received_tokens: told.received,
+                forwarded_tokens: told.forwarded,
+            }
+        })
         .collect();
+    let cache = cache_figures(&sent, limit);
     let figures = Figures {
         requests: exchanges.len(),
         waits,
         largest: recounted.iter().copied().max().unwrap_or(0),
         hard_limit: limit,
         summaries,
-        reuse: prefix_reuse(&prompts),
+        reuse: cache.reuse,
+        cache,
     };
     eprintln!(
-        "{} requests, {} waited, largest {} of a hard limit of {}, {} summaries, prefix reuse {:.3}",
+        "{} requests, {} waited, largest {} of a hard limit of {}, {} summaries made, prefix \
+         reuse {:.3}, {} summary steps, {} cut steps, {} client changes, {} new prompts, {} \
+         avoidable breaks; \
+         billed {:.0} prompt tokens (cached at 0.1) against {:.0} sent whole",
         figures.requests,
         figures.waits,
         figures.largest,
         figures.hard_limit,
         figures.summaries,
-        figures.reuse
+        figures.reuse,
+        figures.cache.summary_steps,
+        figures.cache.cut_steps,
+        figures.cache.client_changes,
+        figures.cache.new_prompts,
+        figures.cache.avoidable.len(),
+        figures.cache.billed,
+        figures.cache.billed_whole,
     );
-    assert!(figures.reuse >= 0.9, "{figures:?}");
+    assert_eq!(figures.waits, 0, "no request waits, at any pace");
+    assert_eq!(
+        figures.cache.avoidable,
+        Vec::new(),
+        "avoidable cache breaks"
+    );
     assert!(
         told.iter().any(|t| t.forwarded < t.received),
         "the session was compacted"
@@ -399,7 +526,7 @@ const RECALL_QUERY: &str = "sha256";
 /// answers side requests and a resumed session's new prompt in words; summarizes slowly and
 /// keeps nothing. With `recall`, whenever condenser offers `condenser_recall` it first
 /// searches what was summarized for the first planted identifier's kind (`sha256`).
-async fn scripted_claude(dir: PathBuf, rounds: usize, recall: bool) -> MockUpstream {
+async fn scripted_claude(dir: PathBuf, rounds: usize, recall: bool, pace: Pace) -> MockUpstream {
     MockUpstream::start(handler(move |r| {
         let dir = dir.clone();
         async move {
@@ -408,9 +535,10 @@ async fn scripted_claude(dir: PathBuf, rounds: usize, recall: bool) -> MockUpstr
                 return json_response(200, &json!({"input_tokens": r.body.len() / 4}));
             }
             if is_summarizer_call(&r) {
-                tokio::time::sleep(SUMMARIZER_LATENCY).await;
+                tokio::time::sleep(pace.summarizer).await;
                 return json_response(200, &claude_message(json!({"type": "text", "text": LOSSY_SUMMARY}), "end_turn", &r));
             }
+            tokio::time::sleep(pace.model).await;
             let offers_read = body["tools"]
                 .as_array()
                 .is_some_and(|tools| tools.iter().any(|t| t["name"] == "Read"));
@@ -568,10 +696,11 @@ impl Stack {
         model: &'static str,
         window: u64,
         path: &'static str,
+        pace: Pace,
     ) -> Stack {
         let work = tempfile::tempdir().unwrap();
         let home = tempfile::tempdir().unwrap();
-        write_logs(work.path());
+        write_logs(work.path(), pace.log_lines);
         let upstream = upstream(work.path().to_path_buf()).await;
         let config = config_for_model(&upstream.url(), model, window);
         let proxy = Proxy::start(config.clone()).await;
@@ -636,12 +765,13 @@ struct Session {
     hard_limit: fn(&Value) -> u64,
 }
 
-async fn claude_stack(rounds: usize) -> Stack {
+async fn claude_stack(rounds: usize, pace: Pace) -> Stack {
     Stack::start(
-        |dir| Box::pin(scripted_claude(dir, rounds, false)),
+        |dir| Box::pin(scripted_claude(dir, rounds, false, pace)),
         MODEL,
         CLAUDE_WINDOW,
         "/v1/messages",
+        pace,
     )
     .await
 }
@@ -659,16 +789,20 @@ fn claude_hard_limit(body: &Value) -> u64 {
     CLAUDE_WINDOW - reserve
 }
 
-async fn claude_code_session(program: Vec<String>) {
-    let stack = claude_stack(ROUNDS).await;
+/// A Claude Code session of `ROUNDS` rounds at `pace`, then resumed with a new prompt
+/// (`--continue`: everything again, some turns resent otherwise than they were sent live,
+/// so the summaries made live stop matching there), judged whole.
+async fn claude_code_session(program: Vec<String>, pace: Pace) {
+    let stack = claude_stack(ROUNDS, pace).await;
     let run = |prompt: String, resume: bool| {
         let (program, work, home) = (program.clone(), stack.work.path(), stack.home.path());
         let front = stack.front.url();
         async move { claude(&program, work, home, &front, &prompt, resume).await }
     };
     run(claude_task(), false).await;
-    let (exchanges, told_session) = stack.judged::<Messages>(&Session {
-        client: format!("Claude Code {program:?}"),
+    run("Anything else?".into(), true).await;
+    stack.judged::<Messages>(&Session {
+        client: format!("Claude Code {program:?} at {pace:?}"),
         path: "/v1/messages",
         model: MODEL,
         round_of: messages_round,
@@ -676,24 +810,11 @@ async fn claude_code_session(program: Vec<String>) {
         valid: valid_messages,
         hard_limit: claude_hard_limit,
     });
-
-    // Resumed: everything again and a new prompt. It may wait only as any request may, when
-    // it is over the hard limit with nothing on hand (Claude Code 2.0 resends some turns
-    // otherwise than it sent them live, so their summaries are not the resent turns').
-    run("Anything else?".into(), true).await;
-    let resumed = stack.told.lock().unwrap()[told_session.len()..].to_vec();
-    let limit = claude_hard_limit(&exchanges[0].body);
-    for told in &resumed {
-        assert!(
-            !matches!(told.cache.as_str(), "miss" | "extended") || told.received > limit,
-            "the resumed session waited though it fit: {told:?}"
-        );
-    }
 }
 
 /// A session that ended under the trigger, resumed: its first request goes at once.
 async fn claude_code_resumes_without_waiting(program: Vec<String>) {
-    let stack = claude_stack(SHORT_ROUNDS).await;
+    let stack = claude_stack(SHORT_ROUNDS, BRISK).await;
     let run = |prompt: String, resume: bool| {
         let (program, work, home) = (program.clone(), stack.work.path(), stack.home.path());
         let front = stack.front.url();
@@ -717,10 +838,11 @@ async fn claude_code_resumes_without_waiting(program: Vec<String>) {
 /// offered the tool, run by `program`.
 async fn claude_recall_session(program: Vec<String>) -> Stack {
     let stack = Stack::start(
-        |dir| Box::pin(scripted_claude(dir, RECALL_ROUNDS, true)),
+        |dir| Box::pin(scripted_claude(dir, RECALL_ROUNDS, true, BRISK)),
         MODEL,
         RECALL_WINDOW,
         "/v1/messages",
+        BRISK,
     )
     .await;
     let front = stack.front.url();
@@ -825,7 +947,12 @@ fn node_modules(client: &str) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_compacts_well_through_condenser() {
-    claude_code_session(claude_code_current()).await;
+    claude_code_session(claude_code_current(), REALISTIC).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_at_an_instant_pace_never_waits() {
+    claude_code_session(claude_code_current(), INSTANT).await;
 }
 
 fn claude_code_2_0_77() -> Vec<String> {
@@ -840,7 +967,12 @@ fn claude_code_current() -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_2_0_77_compacts_well_through_condenser() {
-    claude_code_session(claude_code_2_0_77()).await;
+    claude_code_session(claude_code_2_0_77(), REALISTIC).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_2_0_77_at_an_instant_pace_never_waits() {
+    claude_code_session(claude_code_2_0_77(), INSTANT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -889,13 +1021,15 @@ async fn scripted_responses(
     model: &'static str,
     tool: ReadLog,
     recall: bool,
+    pace: Pace,
 ) -> MockUpstream {
     MockUpstream::start(handler(move |r| async move {
         let body: Value = serde_json::from_slice(&r.body).unwrap_or_default();
         if is_summarizer_call(&r) {
-            tokio::time::sleep(SUMMARIZER_LATENCY).await;
+            tokio::time::sleep(pace.summarizer).await;
             return json_response(200, &responses_reply(LOSSY_SUMMARY, "completed", Some(20)));
         }
+        tokio::time::sleep(pace.model).await;
         let fresh = !body["input"].to_string().contains("function_call_output");
         let last_is_output = body["input"]
             .as_array()
@@ -1006,12 +1140,21 @@ async fn codex(dir: &Path, home: &Path, base: &str, prompt: &str, resume: bool) 
     );
 }
 
-async fn codex_stack(rounds: usize) -> Stack {
+async fn codex_stack(rounds: usize, pace: Pace) -> Stack {
     Stack::start(
-        |_| Box::pin(scripted_responses(rounds, CODEX_MODEL, exec_cat, false)),
+        |_| {
+            Box::pin(scripted_responses(
+                rounds,
+                CODEX_MODEL,
+                exec_cat,
+                false,
+                pace,
+            ))
+        },
         CODEX_MODEL,
         CODEX_WINDOW,
         "/v1/responses",
+        pace,
     )
     .await
 }
@@ -1032,11 +1175,13 @@ async fn codex_never_sees_the_recalls_condenser_serves() {
                 CODEX_MODEL,
                 exec_cat,
                 true,
+                BRISK,
             ))
         },
         CODEX_MODEL,
         RECALL_WINDOW,
         "/v1/responses",
+        BRISK,
     )
     .await;
     let (work, home, front) = (stack.work.path(), stack.home.path(), stack.front.url());
@@ -1044,13 +1189,15 @@ async fn codex_never_sees_the_recalls_condenser_serves() {
     stack.assert_recalls_hidden(("/v1/responses", CODEX_MODEL), "input", valid_input);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn codex_compacts_well_through_condenser() {
-    let stack = codex_stack(ROUNDS).await;
+/// A Codex session of `ROUNDS` rounds at `pace`, then resumed (`exec resume --last`) with a
+/// new prompt, judged whole.
+async fn codex_session(pace: Pace) {
+    let stack = codex_stack(ROUNDS, pace).await;
     let (work, home, front) = (stack.work.path(), stack.home.path(), stack.front.url());
     codex(work, home, &front, &claude_task(), false).await;
+    codex(work, home, &front, "Anything else?", true).await;
     let (exchanges, _) = stack.judged::<Responses>(&Session {
-        client: "Codex".into(),
+        client: format!("Codex at {pace:?}"),
         path: "/v1/responses",
         model: CODEX_MODEL,
         round_of: responses_round,
@@ -1065,8 +1212,18 @@ async fn codex_compacts_well_through_condenser() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_compacts_well_through_condenser() {
+    codex_session(REALISTIC).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_at_an_instant_pace_never_waits() {
+    codex_session(INSTANT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_resumes_a_session_without_waiting() {
-    let stack = codex_stack(SHORT_ROUNDS).await;
+    let stack = codex_stack(SHORT_ROUNDS, BRISK).await;
     let (work, home, front) = (stack.work.path(), stack.home.path(), stack.front.url());
     codex(work, home, &front, &claude_task(), false).await;
     let before = stack.told.lock().unwrap().len();
@@ -1099,13 +1256,14 @@ fn chat_round(body: &Value) -> usize {
 
 /// A scripted model on Chat Completions: reads the next log with `read_log` until `rounds`,
 /// then ends; summarizes slowly and keeps nothing. Streams when asked.
-async fn scripted_chat(rounds: usize) -> MockUpstream {
+async fn scripted_chat(rounds: usize, pace: Pace) -> MockUpstream {
     MockUpstream::start(handler(move |r| async move {
         let body: Value = serde_json::from_slice(&r.body).unwrap_or_default();
         if is_summarizer_call(&r) {
-            tokio::time::sleep(SUMMARIZER_LATENCY).await;
+            tokio::time::sleep(pace.summarizer).await;
             return json_response(200, &completion(LOSSY_SUMMARY, 100, 20));
         }
+        tokio::time::sleep(pace.model).await;
         let fresh = !body["messages"].to_string().contains("\"tool\"");
         let last_is_result = body["messages"]
             .as_array()
@@ -1203,7 +1361,7 @@ fn python_hard_limit(_body: &Value) -> u64 {
 }
 
 /// A Python agent's session over `api` ("responses" or "chat"), judged.
-async fn python_session(script: &str, api: &str) {
+async fn python_session(script: &str, api: &str, pace: Pace) {
     let responses = api == "responses";
     let (path, round_of, cache_order): (
         &'static str,
@@ -1221,14 +1379,21 @@ async fn python_session(script: &str, api: &str) {
     let stack = Stack::start(
         |_| {
             if responses {
-                Box::pin(scripted_responses(ROUNDS, PYTHON_MODEL, read_log, false))
+                Box::pin(scripted_responses(
+                    ROUNDS,
+                    PYTHON_MODEL,
+                    read_log,
+                    false,
+                    pace,
+                ))
             } else {
-                Box::pin(scripted_chat(ROUNDS))
+                Box::pin(scripted_chat(ROUNDS, pace))
             }
         },
         PYTHON_MODEL,
         PYTHON_WINDOW,
         path,
+        pace,
     )
     .await;
     let base = format!("{}/v1", stack.front.url());
@@ -1240,7 +1405,7 @@ async fn python_session(script: &str, api: &str) {
         python_agent(script, &[&base, PYTHON_MODEL, log_dir, &task]).await;
     }
     let session = Session {
-        client: format!("{script} over {api}"),
+        client: format!("{script} over {api} at {pace:?}"),
         path,
         model: PYTHON_MODEL,
         round_of,
@@ -1257,15 +1422,18 @@ async fn python_session(script: &str, api: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agents_sdk_on_the_responses_api_compacts_well_through_condenser() {
-    python_session("agents_sdk.py", "responses").await;
+    python_session("agents_sdk.py", "responses", REALISTIC).await;
+    python_session("agents_sdk.py", "responses", INSTANT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agents_sdk_on_chat_completions_compacts_well_through_condenser() {
-    python_session("agents_sdk.py", "chat").await;
+    python_session("agents_sdk.py", "chat", REALISTIC).await;
+    python_session("agents_sdk.py", "chat", INSTANT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_langgraph_react_agent_compacts_well_through_condenser() {
-    python_session("langgraph_agent.py", "chat").await;
+    python_session("langgraph_agent.py", "chat", REALISTIC).await;
+    python_session("langgraph_agent.py", "chat", INSTANT).await;
 }

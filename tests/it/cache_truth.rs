@@ -105,6 +105,7 @@ async fn session(window: u64, pace: Pace) -> CacheFigures {
         }
         sent.push(Sent {
             client: cache_order(&request),
+            task: Vec::new(),
             forwarded: Vec::new(),
             received_tokens: header(&response, "x-condenser-prompt-tokens")
                 .parse()

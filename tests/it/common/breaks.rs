@@ -10,6 +10,8 @@
 #[derive(Debug, Clone)]
 pub struct Sent {
     pub client: Vec<u8>,
+    /// The client's newest prompt with its turn: the task rule 1 pins.
+    pub task: Vec<u8>,
     pub forwarded: Vec<u8>,
     pub received_tokens: u64,
     pub forwarded_tokens: u64,
@@ -22,6 +24,9 @@ pub struct CacheFigures {
     pub pairs: usize,
     /// Where the client's own request changed what it sent before: its break, not ours.
     pub client_changes: usize,
+    /// Where the client sent a new prompt: the task pinned before the summary (rule 1) is
+    /// now that prompt, and the one pinned before goes back into the history.
+    pub new_prompts: usize,
     /// Requests that took a new summary (the `[Context summary: N` line changed).
     pub summary_steps: usize,
     /// The one summary step at which the recall tool joined `tools`: the first step's break.
@@ -91,12 +96,21 @@ pub fn cache_figures(sent: &[Sent], hard_limit: u64) -> CacheFigures {
         if extends(&before.forwarded, &now.forwarded) {
             continue;
         }
+        if before.task != now.task {
+            figures.new_prompts += 1;
+            continue;
+        }
         let step = summary_line(&now.forwarded).map(|(_, line)| line)
             != summary_line(&before.forwarded).map(|(_, line)| line);
         if step {
             figures.summary_steps += 1;
-            let from_summary =
-                summary_line(&now.forwarded).is_some_and(|(at, _)| common + 64 >= at);
+            // From the summary on: where the new one starts, or where the one it replaces
+            // did (a prompt pinned at the step, placed before the summary, takes its place).
+            let summary_at = [&before.forwarded, &now.forwarded]
+                .into_iter()
+                .filter_map(|prompt| summary_line(prompt).map(|(at, _)| at))
+                .min();
+            let from_summary = summary_at.is_some_and(|at| common + 64 >= at);
             let tools_changed = common < tools_end(&now.forwarded);
             if from_summary {
                 continue;
