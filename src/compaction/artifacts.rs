@@ -197,7 +197,8 @@ const LEDGER_INTRO: &str = "Carried verbatim from the earlier messages:";
 const RUN_ELLIPSIS: &str = " … ";
 
 /// How the Messages API's view of a user turn writes a tool result
-/// (`dialect::messages::view`): a tool's output, though its turn is the user's.
+/// (`dialect::messages::view`): a tool's output, though its turn is the user's. Should the
+/// view write it otherwise, `tests/it/artifacts.rs` fails.
 const TOOL_RESULT_TEXT: &str = "[tool result ";
 
 /// What identifiers alike but for their last number share: the text before and after it.

@@ -280,3 +280,55 @@ async fn a_long_session_keeps_the_tasks_ticket_and_a_commit_read_once_among_coun
         "what did not fit is counted:\n{ledger}"
     );
 }
+
+/// Claude Code's tool results travel in user turns (the Messages API has no tool role); the
+/// ledger still ranks what they hold as tool output, below what the assistant said.
+#[tokio::test]
+async fn a_messages_tool_result_ranks_as_a_tool_output_not_as_the_users() {
+    let upstream = mock_claude(ClaudeBehaviour {
+        llm: LlmBehaviour {
+            lossy_summarizer: true,
+            ..LlmBehaviour::default()
+        },
+        ..ClaudeBehaviour::default()
+    })
+    .await;
+    let proxy = Proxy::start(claude_config(&upstream.url())).await;
+    let build = |r: u8| blake3::hash(&[r]).to_hex()[..10].to_string();
+    let mut messages =
+        vec![json!({"role": "user", "content": format!("Fix ticket {TASK_TICKET}.")})];
+    for r in 0..10 {
+        let id = format!("toolu_{r}");
+        let said = if r == 2 {
+            "Budget code ORD-4411 applies."
+        } else {
+            "Reading on."
+        };
+        messages.push(json!({"role": "assistant", "content": [
+            {"type": "text", "text": said},
+            {"type": "tool_use", "id": id, "name": "Bash", "input": {"command": "cat build.log"}}]}));
+        messages.push(json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": id, "content": format!("build {} ok", build(r))}]}));
+    }
+    let response = client()
+        .post(proxy.url("/v1/messages"))
+        .header("x-api-key", "sk-ant-test")
+        .header("x-condenser-mode", "force")
+        .json(&messages_body(&messages))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "summarized");
+    let sent = upstream
+        .recorded()
+        .into_iter()
+        .rfind(|r| r.path_and_query == "/v1/messages" && !is_summarizer_call(r))
+        .unwrap()
+        .json()
+        .to_string();
+    let ledger = &sent[sent.find("Carried verbatim").unwrap()..];
+    let said = ledger.find("ORD-4411").unwrap();
+    let read = ledger.find(&build(0)).unwrap();
+    assert!(said < read, "the assistant's before the tool's: {ledger}");
+}
