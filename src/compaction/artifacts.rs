@@ -9,7 +9,6 @@ use std::sync::LazyLock;
 use regex::{Regex, RegexSet};
 use serde_json::Value;
 
-use crate::conversation::content_text;
 use crate::tokens::encoding::Encoding;
 use crate::tokens::rules::count_text;
 
@@ -166,41 +165,325 @@ pub fn budget(configured: u32, window: u64) -> u32 {
     configured.max(scaled)
 }
 
-/// Where an identifier was seen. What the user or assistant said, or what a tool was called
-/// with, is what the work is about; a tool's output also holds much that nobody used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Source {
-    Said,
-    ToolResult,
+/// Where an identifier was seen, the most salient first. What the task and the user name is
+/// what the work is about; what the model wrote or called a tool with is what it chose to act
+/// on; a tool's output also holds much that nobody used (logs, listings, counters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Rank {
+    User,
+    Model,
+    ToolOutput,
+}
+
+const RANKS: [Rank; 3] = [Rank::User, Rank::Model, Rank::ToolOutput];
+
+impl Rank {
+    /// The line the ledger lists this rank's identifiers under. It records the rank in the
+    /// summary itself, where an extension reads it back: by then the messages it was
+    /// learned from are no longer sent to the summarizer.
+    fn heading(self) -> &'static str {
+        match self {
+            Rank::User => "Named by the task or the user:",
+            Rank::Model => "Named by the assistant or in its tool calls:",
+            Rank::ToolOutput => "Seen in tool outputs:",
+        }
+    }
+}
+
+/// The line the ledger starts with.
+const LEDGER_INTRO: &str = "Carried verbatim from the earlier messages:";
+
+/// Between the first and the last of a run written compactly: `turn-1 … turn-103 (103 alike)`.
+const RUN_ELLIPSIS: &str = " … ";
+
+/// How the Messages API's view of a user turn writes a tool result
+/// (`dialect::messages::view`): a tool's output, though its turn is the user's. Should the
+/// view write it otherwise, `tests/it/artifacts.rs` fails.
+const TOOL_RESULT_TEXT: &str = "[tool result ";
+
+/// What identifiers alike but for their last number share: the text before and after it.
+type Pattern = (String, String);
+
+/// The pattern of `id` and its last number: `turn-103` is `turn-`, `` around `103`;
+/// `src/a.rs:40` is `src/a.rs:`, `` around `40`. None for an identifier without a number or
+/// that is only one.
+fn pattern(id: &str) -> Option<(Pattern, &str)> {
+    let end = id.rfind(|c: char| c.is_ascii_digit())? + 1;
+    let start = id[..end]
+        .trim_end_matches(|c: char| c.is_ascii_digit())
+        .len();
+    let (before, after) = (&id[..start], &id[end..]);
+    if before.is_empty() && after.is_empty() {
+        return None;
+    }
+    Some(((before.to_string(), after.to_string()), &id[start..end]))
+}
+
+/// The order of a run's members: by their number's value (`turn-9` before `turn-10`, and
+/// `req-0099` before `req-0100`), then as written.
+fn counter_order(id: &str) -> (usize, String, String) {
+    let number = pattern(id).map_or("", |(_, number)| number.trim_start_matches('0'));
+    (number.len(), number.to_string(), id.to_string())
 }
 
 /// What the ledger knows of one identifier.
 struct Seen {
-    source: Source,
-    /// The index of the newest message (or of the earlier summary, `0`) that has it.
-    last: usize,
-    count: usize,
+    rank: Rank,
+    /// How many times it was seen; from an earlier ledger, as many as it said.
+    times: usize,
+    /// When it was first seen, among all identifiers: an earlier summary's come first.
+    first: usize,
 }
 
-/// The texts of a message by where they come from: its content, and for an assistant's tool
-/// calls each call's name and arguments.
-fn texts(message: &Value) -> Vec<(Source, String)> {
-    let tool_output = matches!(
-        message.get("role").and_then(Value::as_str),
-        Some("tool" | "function")
-    );
-    let source = if tool_output {
-        Source::ToolResult
-    } else {
-        Source::Said
+/// A run an earlier ledger wrote as its first and last only.
+struct CompactRun {
+    first: String,
+    last: String,
+    /// How many members it did not name.
+    unnamed: usize,
+}
+
+impl CompactRun {
+    /// How many of its members the ledger did not name are not among `named` either: a
+    /// member seen again between its first and last is taken for one of them, so a run
+    /// re-read at each extension does not count the same members twice.
+    fn unnamed_beside(&self, named: &[String]) -> usize {
+        let (low, high) = (counter_order(&self.first), counter_order(&self.last));
+        let again = named
+            .iter()
+            .map(|id| counter_order(id))
+            .filter(|order| low < *order && *order < high)
+            .count();
+        self.unnamed.saturating_sub(again)
+    }
+}
+
+/// The identifiers an earlier summary and the summarized messages hold.
+#[derive(Default)]
+struct Sightings {
+    seen: HashMap<String, Seen>,
+    /// The runs an earlier ledger wrote compactly, by rank and pattern.
+    compact_runs: HashMap<(Rank, Pattern), CompactRun>,
+}
+
+impl Sightings {
+    /// `id` seen `times` more, at `rank`: an identifier keeps the best rank it was seen at.
+    fn note(&mut self, id: &str, rank: Rank, times: usize) {
+        let first = self.seen.len();
+        let seen = self.seen.entry(id.to_string()).or_insert(Seen {
+            rank,
+            times: 0,
+            first,
+        });
+        seen.rank = seen.rank.min(rank);
+        seen.times += times;
+    }
+
+    /// An earlier summary: its ledger's identifiers at the rank its headings give them, as
+    /// many times as it said, its compact runs with the members they did not name; those of
+    /// the rest of its text at the model's rank, as a summary is a model's writing (so is a
+    /// ledger that lost its headings, such as one written before ranks were recorded).
+    fn read_summary(&mut self, summary: &str) {
+        let mut rank = None;
+        for line in summary.lines().map(str::trim_end) {
+            if let Some(heading) = RANKS.into_iter().find(|r| line == r.heading()) {
+                rank = Some(heading);
+                continue;
+            }
+            match (rank, line.strip_prefix("- ")) {
+                (Some(rank), Some(entry)) => self.read_entry(rank, entry),
+                _ => {
+                    rank = None;
+                    for id in identifiers(line) {
+                        self.note(&id, Rank::Model, 1);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One line of an earlier ledger: `id`, `id (×3)` or `first … last (12 alike)`. The
+    /// count of what was left out, in parentheses, names nothing.
+    fn read_entry(&mut self, rank: Rank, entry: &str) {
+        if entry.starts_with('(') {
+            return;
+        }
+        if let Some((first, last, alike)) = read_run(entry) {
+            self.note(first, rank, 1);
+            self.note(last, rank, 1);
+            if let Some((pattern, _)) = pattern(first) {
+                let unnamed = alike.saturating_sub(2);
+                // A summarizer may have copied the line: the same run, not another.
+                self.compact_runs
+                    .entry((rank, pattern))
+                    .and_modify(|known| known.unnamed = known.unnamed.max(unnamed))
+                    .or_insert(CompactRun {
+                        first: first.to_string(),
+                        last: last.to_string(),
+                        unnamed,
+                    });
+            }
+            return;
+        }
+        let (id, times) = read_repeated(entry).unwrap_or((entry, 1));
+        self.note(id, rank, times);
+    }
+
+    /// The ledger's entries for what `summary` does not already say, best first: by rank;
+    /// within one, what was seen more than once first; then what cannot be found again
+    /// (hashes, tickets, versions, addresses) before what locates something (URLs, paths,
+    /// file names), which an agent can find again by listing or searching; then in the order
+    /// first seen. First seen, not most recent: the newest identifiers are the likeliest to
+    /// be in the recent messages kept verbatim or in the summary's own account of progress,
+    /// while what was read once early is nowhere else; and what one ledger carried, the next
+    /// carries again in the same order unless something more salient comes.
+    fn into_entries(self, summary: &str) -> Vec<LedgerEntry> {
+        let mut runs: HashMap<(Rank, Pattern), LedgerEntry> = HashMap::new();
+        let mut entries = Vec::new();
+        for (id, seen) in self.seen {
+            if says(summary, &id) {
+                continue;
+            }
+            let run = pattern(&id).map(|(pattern, _)| (seen.rank, pattern));
+            let entry = LedgerEntry {
+                rank: seen.rank,
+                locates: locates(&id),
+                members: vec![id],
+                unnamed: 0,
+                times: seen.times,
+                first: seen.first,
+            };
+            match run {
+                Some(run) => match runs.get_mut(&run) {
+                    Some(alike) => alike.absorb(entry),
+                    None => {
+                        runs.insert(run, entry);
+                    }
+                },
+                None => entries.push(entry),
+            }
+        }
+        for (run, mut entry) in runs {
+            entry.unnamed = self
+                .compact_runs
+                .get(&run)
+                .map_or(0, |compact| compact.unnamed_beside(&entry.members));
+            entry.times += entry.unnamed;
+            entry.members.sort_by_cached_key(|id| counter_order(id));
+            entries.push(entry);
+        }
+        entries.sort_by_key(|e| (e.rank, e.times < 2, e.locates, e.first));
+        entries
+    }
+}
+
+/// Whether `text` has `id` as a whole, not as the start of a longer one (`turn-1` in
+/// `turn-10`) or the end of one (`a.rs` in `data.rs`).
+fn says(text: &str, id: &str) -> bool {
+    text.match_indices(id).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + id.len()..].chars().next();
+        !before.is_some_and(char::is_alphanumeric) && !after.is_some_and(char::is_alphanumeric)
+    })
+}
+
+/// A compact run's line, `first … last (12 alike)`: its first, its last, how many are alike.
+fn read_run(entry: &str) -> Option<(&str, &str, usize)> {
+    let (first, rest) = entry.split_once(RUN_ELLIPSIS)?;
+    let (last, alike) = rest.strip_suffix(" alike)")?.rsplit_once(" (")?;
+    Some((first, last, alike.parse().ok()?))
+}
+
+/// A line `id (×3)`: the identifier and how many times it was seen.
+fn read_repeated(entry: &str) -> Option<(&str, usize)> {
+    let (id, times) = entry.strip_suffix(')')?.rsplit_once(" (×")?;
+    Some((id, times.parse().ok()?))
+}
+
+/// One entry of the ledger: an identifier, or a run of identifiers alike but for their last
+/// number, which costs one line however long it is.
+struct LedgerEntry {
+    rank: Rank,
+    /// Its identifiers; a run's in the order of their numbers.
+    members: Vec<String>,
+    /// A run's members an earlier ledger did not name, which only their count stands for.
+    unnamed: usize,
+    /// How many times its identifiers were seen, together: a run's pattern recurs.
+    times: usize,
+    /// When its first identifier was first seen.
+    first: usize,
+    locates: bool,
+}
+
+impl LedgerEntry {
+    /// Another identifier of the same run.
+    fn absorb(&mut self, other: LedgerEntry) {
+        self.members.extend(other.members);
+        self.times += other.times;
+        self.first = self.first.min(other.first);
+        self.locates &= other.locates;
+    }
+
+    /// How many identifiers it stands for.
+    fn identifiers(&self) -> usize {
+        self.members.len() + self.unnamed
+    }
+
+    /// The entry as the ledger writes it: in the cheaper of its forms, and, when that is the
+    /// compact one of a run, in full (every member on a line), to use if room is left. A
+    /// lone identifier seen more than once says how often, for an extension to read back.
+    fn forms(&self, encoding: Encoding) -> (String, Option<String>) {
+        let full: String = match self.members.as_slice() {
+            [id] if self.times > 1 => format!("- {id} (×{})\n", self.times),
+            members => members.iter().map(|id| format!("- {id}\n")).collect(),
+        };
+        let compact = match self.members.as_slice() {
+            [first, .., last] => format!(
+                "- {first}{RUN_ELLIPSIS}{last} ({} alike)\n",
+                self.identifiers()
+            ),
+            _ => return (full, None),
+        };
+        if self.unnamed > 0 {
+            (compact, None)
+        } else if count_text(encoding, &compact) < count_text(encoding, &full) {
+            (compact, Some(full))
+        } else {
+            (full, None)
+        }
+    }
+}
+
+/// The texts of a message by rank: its content's, and for an assistant's tool calls each
+/// call's name and arguments.
+fn texts(message: &Value) -> Vec<(Rank, &str)> {
+    let rank = match message.get("role").and_then(Value::as_str) {
+        Some("tool" | "function") => Rank::ToolOutput,
+        Some("assistant") => Rank::Model,
+        // The user's, and the system or developer turns that instruct mid-conversation.
+        _ => Rank::User,
     };
-    let mut out = vec![(source, content_text(message))];
+    let parts: Vec<&str> = match message.get("content") {
+        Some(Value::String(text)) => vec![text],
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|part| part.get("text").and_then(Value::as_str))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let mut out: Vec<(Rank, &str)> = parts
+        .into_iter()
+        .map(|text| match rank {
+            Rank::User if text.starts_with(TOOL_RESULT_TEXT) => (Rank::ToolOutput, text),
+            _ => (rank, text),
+        })
+        .collect();
     if let Some(Value::Array(calls)) = message.get("tool_calls") {
         for call in calls {
             if let Some(function) = call.get("function") {
                 for field in ["name", "arguments"] {
                     if let Some(text) = function.get(field).and_then(Value::as_str) {
-                        out.push((Source::Said, text.to_string()));
+                        out.push((Rank::Model, text));
                     }
                 }
             }
@@ -209,34 +492,14 @@ fn texts(message: &Value) -> Vec<(Source, String)> {
     out
 }
 
-/// Every identifier of `previous` (an earlier summary being extended, whose ledger must
-/// survive) and of `messages`, best first: what cannot be found again (hashes, tickets,
-/// versions, addresses) before what locates something (URLs, paths, file names); then said
-/// before only seen in a tool's output; then the most recent; then the most repeated.
-fn ranked<'a>(
+/// The ledger's entries for the identifiers of `previous` (an earlier summary being
+/// extended, whose ledger must survive with its ranks) and of `messages` that `summary` does
+/// not already say, best first (see [`Sightings::into_entries`]).
+fn entries<'a>(
+    summary: &str,
     previous: Option<&str>,
     messages: impl IntoIterator<Item = &'a Value>,
-) -> Vec<String> {
-    let mut seen: HashMap<String, Seen> = HashMap::new();
-    let mut order: Vec<String> = Vec::new();
-    let mut note = |id: String, source: Source, at: usize| match seen.get_mut(&id) {
-        Some(entry) => {
-            entry.source = entry.source.min(source);
-            entry.last = at;
-            entry.count += 1;
-        }
-        None => {
-            order.push(id.clone());
-            seen.insert(
-                id,
-                Seen {
-                    source,
-                    last: at,
-                    count: 1,
-                },
-            );
-        }
-    };
+) -> Vec<LedgerEntry> {
     let messages: Vec<&Value> = messages.into_iter().collect();
     // The conversation's own tool-call ids pair calls with results; nobody needs them again.
     let call_ids: HashSet<&str> = messages
@@ -251,33 +514,25 @@ fn ranked<'a>(
                 .filter_map(Value::as_str)
         })
         .collect();
-    for id in previous.map(identifiers).unwrap_or_default() {
-        note(id, Source::Said, 0);
+    let mut sightings = Sightings::default();
+    if let Some(previous) = previous {
+        sightings.read_summary(previous);
     }
-    for (index, message) in messages.iter().enumerate() {
-        for (source, text) in texts(message) {
-            for id in identifiers(&text) {
+    for message in &messages {
+        for (rank, text) in texts(message) {
+            for id in identifiers(text) {
                 if !call_ids.contains(id.as_str()) {
-                    note(id, source, index + 1);
+                    sightings.note(&id, rank, 1);
                 }
             }
         }
     }
-    order.sort_by_cached_key(|id| {
-        let entry = &seen[id];
-        (
-            locates(id),
-            entry.source,
-            std::cmp::Reverse(entry.last),
-            std::cmp::Reverse(entry.count),
-        )
-    });
-    order
+    sightings.into_entries(summary)
 }
 
 /// Whether `id` says where something is (a URL, a path, a file name): what an agent can find
 /// again by listing or searching, unlike a hash, a ticket, a version, an address or a line
-/// where an error was, which it cannot. Within a budget, the ledger keeps those first.
+/// where an error was, which it cannot. Within a rank, the ledger keeps those first.
 fn locates(id: &str) -> bool {
     // `src/a.rs:42` is where something was found, not only where a file is.
     let a_finding = !id.contains("://")
@@ -291,8 +546,11 @@ fn locates(id: &str) -> bool {
 }
 
 /// The summary with every identifier it dropped carried verbatim under its Artifacts heading
-/// (added when it has none), best first, within `budget_tokens` of `encoding`; the list says
-/// how many did not fit.
+/// (added when it has none), best first and under the heading of its rank, within
+/// `budget_tokens` of `encoding`. Entries go in strictly in order until one does not fit;
+/// the list says how many identifiers that left out (all recallable from the archive). Room
+/// left then writes compact runs in full, best first, so runs are cut short only when the
+/// budget needs it.
 pub fn carry<'a>(
     summary: String,
     previous: Option<&str>,
@@ -300,29 +558,50 @@ pub fn carry<'a>(
     budget_tokens: u32,
     encoding: Encoding,
 ) -> String {
-    let missing: Vec<String> = ranked(previous, messages)
-        .into_iter()
-        .filter(|id| !summary.contains(id.as_str()))
-        .collect();
-    if missing.is_empty() {
+    let entries = entries(&summary, previous, messages);
+    if entries.is_empty() {
         return summary;
     }
+    let heading_tokens = |rank: Rank| count_text(encoding, &format!("{}\n", rank.heading()));
     let mut used = 0u32;
-    let mut lines = Vec::new();
-    for id in &missing {
-        let line = format!("- {id}\n");
-        let tokens = count_text(encoding, &line);
+    let mut left_out = 0;
+    let mut written: Vec<(Rank, String, Option<String>)> = Vec::new();
+    for entry in &entries {
+        if left_out > 0 {
+            left_out += entry.identifiers();
+            continue;
+        }
+        let (line, in_full) = entry.forms(encoding);
+        let opens_rank = written.last().map(|(rank, _, _)| *rank) != Some(entry.rank);
+        let heading = opens_rank.then(|| heading_tokens(entry.rank));
+        let tokens = count_text(encoding, &line) + heading.unwrap_or(0);
         if used + tokens > budget_tokens {
-            break;
+            left_out += entry.identifiers();
+            continue;
         }
         used += tokens;
-        lines.push(line);
+        written.push((entry.rank, line, in_full));
     }
-    let left_out = missing.len() - lines.len();
-    let mut ledger = format!(
-        "Carried verbatim from the earlier messages:\n{}",
-        lines.concat()
-    );
+    let mut room = budget_tokens.saturating_sub(used);
+    for (_, line, in_full) in &mut written {
+        if let Some(full) = in_full.take() {
+            let extra = count_text(encoding, &full).saturating_sub(count_text(encoding, line));
+            if extra <= room {
+                room -= extra;
+                *line = full;
+            }
+        }
+    }
+    let mut ledger = format!("{LEDGER_INTRO}\n");
+    let mut rank = None;
+    for (entry_rank, line, _) in written {
+        if rank != Some(entry_rank) {
+            ledger.push_str(entry_rank.heading());
+            ledger.push('\n');
+            rank = Some(entry_rank);
+        }
+        ledger.push_str(&line);
+    }
     if left_out > 0 {
         ledger.push_str(&format!("- ({left_out} more left out)\n"));
     }
@@ -469,27 +748,175 @@ mod tests {
         }
     }
 
+    /// The entries `carry` weighs, best first, each as its identifiers.
+    fn ranked(previous: Option<&str>, messages: &[Value]) -> Vec<String> {
+        entries("", previous, messages)
+            .iter()
+            .map(|entry| entry.members.join(" "))
+            .collect()
+    }
+
+    /// A summary that kept nothing: only the ledger carries identifiers.
+    const KEPT_NOTHING: &str = "## Goal and constraints\nnone";
+
+    /// The ledger `carry` adds to a summary that kept nothing.
+    fn carried(previous: Option<&str>, messages: &[Value], budget: u32) -> String {
+        carry(
+            KEPT_NOTHING.into(),
+            previous,
+            messages,
+            budget,
+            Encoding::O200k,
+        )
+    }
+
+    fn tool_output(text: &str) -> Value {
+        json!({"role": "tool", "tool_call_id": "c0", "content": text})
+    }
+
     #[test]
-    fn every_role_is_read_and_what_was_said_ranks_first() {
+    fn the_user_ranks_before_the_model_and_the_model_before_tool_outputs() {
         let messages = [
-            json!({"role": "tool", "content": "wrote /srv/old.log and /srv/a.txt"}),
-            json!({"role": "user", "content": "fix ORD-4411"}),
+            tool_output("wrote /srv/old.log, build-7f3a"),
             json!({"role": "assistant", "content": null, "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\":\"src/app.rs\"}"}}
+                {"id": "toolu_1", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\":\"src/app.rs\"}"}}
             ]}),
-            json!({"role": "assistant", "content": "The cost is $90; see /srv/a.txt"}),
+            json!({"role": "assistant", "content": "The cost is $90; see /srv/old.log"}),
+            json!({"role": "user", "content": "fix ORD-4411"}),
+            // A tool result as the Messages API's view writes it, in a user turn with a
+            // reminder of the user's.
+            json!({"role": "user", "content": [
+                {"type": "text", "text": "[tool result toolu_1]\nE0425 in lib.rs"},
+                {"type": "text", "text": "remember KX-7731-QZ"},
+            ]}),
         ];
-        let ranked = ranked(None, &messages);
         assert_eq!(
-            ranked,
+            ranked(None, &messages),
             [
-                "$90",
                 "ORD-4411",
-                "/srv/a.txt",
+                "KX-7731-QZ",
+                // The model's: what it said and what it called a tool with, even if a tool
+                // printed it first.
+                "/srv/old.log",
+                "$90",
                 "src/app.rs",
-                "/srv/old.log"
+                "build-7f3a",
+                "E0425",
+                "lib.rs",
             ]
         );
+        let out = carried(None, &messages, 512);
+        let headings = [Rank::User, Rank::Model, Rank::ToolOutput].map(|r| out.find(r.heading()));
+        assert!(
+            headings.iter().all(Option::is_some) && headings.is_sorted(),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn within_a_rank_what_was_seen_more_than_once_comes_first_then_what_was_seen_first() {
+        let messages = [
+            tool_output("commit 4f9c2ab1 built"),
+            tool_output("ticket PAY-12 opened, ticket ZX-4417-QA closed"),
+            tool_output("ZX-4417-QA reopened"),
+        ];
+        assert_eq!(
+            ranked(None, &messages),
+            ["ZX-4417-QA", "4f9c2ab1", "PAY-12"]
+        );
+        let out = carried(None, &messages, 512);
+        assert!(out.contains("- ZX-4417-QA (×2)\n- 4f9c2ab1\n"), "{out}");
+    }
+
+    #[test]
+    fn what_cannot_be_found_again_ranks_before_what_locates() {
+        let messages = [tool_output(
+            "see /srv/b.txt: sha256:9f86d081884c7d65 at src/a.rs:42 in eu-west-1",
+        )];
+        assert_eq!(
+            ranked(None, &messages),
+            [
+                "sha256:9f86d081884c7d65",
+                "src/a.rs:42",
+                "eu-west-1",
+                "/srv/b.txt"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_run_of_one_pattern_with_a_counter_is_one_entry_written_compactly_when_room_is_short() {
+        let mut messages: Vec<Value> = (1..=103)
+            .map(|t| tool_output(&format!("turn-{t} failed at src/worker.rs:{}", 10 * t)))
+            .collect();
+        messages.push(tool_output("last good commit 4f9c2ab1"));
+        messages.push(json!({"role": "user", "content": "why did turn-5 fail?"}));
+        let ranked = ranked(None, &messages);
+        assert_eq!(ranked.len(), 4, "{ranked:?}");
+        assert_eq!(ranked[0], "turn-5", "the user's, apart from the run");
+        let out = carried(None, &messages, 80);
+        for line in [
+            "- turn-5 (×2)\n",
+            "- turn-1 … turn-103 (102 alike)\n",
+            "- src/worker.rs:10 … src/worker.rs:1030 (103 alike)\n",
+            "- 4f9c2ab1\n",
+        ] {
+            assert!(out.contains(line), "{line} in {out}");
+        }
+        assert!(!out.contains("left out"), "{out}");
+        // With room, a run is written in full.
+        let out = carried(None, &messages[..3], 512);
+        assert!(out.contains("- turn-1\n- turn-2\n- turn-3\n"), "{out}");
+    }
+
+    #[test]
+    fn ranks_repetitions_and_runs_survive_extensions() {
+        let turns = |range: std::ops::RangeInclusive<usize>| {
+            range.map(|t| tool_output(&format!("turn-{t} done")))
+        };
+        let mut first = vec![
+            json!({"role": "user", "content": "fix KX-7731-QZ"}),
+            tool_output("commit 4f9c2ab1; PAY-12 open"),
+            tool_output("PAY-12 blocked"),
+        ];
+        first.extend(turns(1..=5));
+        let summary = carried(None, &first, 512);
+        // Then enough new identifiers, each seen once in a tool output, to fill the budget.
+        let mut second: Vec<Value> = turns(6..=60).collect();
+        second.extend((0..60).map(|i| {
+            let hash = blake3::hash(&[i]).to_hex();
+            tool_output(&format!("build {}", &hash[..10]))
+        }));
+        let summary = carried(Some(&summary), &second, 60);
+        assert!(
+            summary.contains("- 4f9c2ab1\n") && summary.contains("more left out)"),
+            "what was seen first stays: {summary}"
+        );
+        // A member of the compact run seen again is not counted twice.
+        let third: Vec<Value> = turns(61..=70)
+            .chain([tool_output("PAY-12 closed"), tool_output("turn-30 retried")])
+            .collect();
+        let summary = carried(Some(&summary), &third, 60);
+        let user = summary.find(Rank::User.heading()).unwrap();
+        let tools = summary.find(Rank::ToolOutput.heading()).unwrap();
+        let at = |line: &str| {
+            summary
+                .find(line)
+                .unwrap_or_else(|| panic!("{line} in {summary}"))
+        };
+        assert!(user < at("- KX-7731-QZ\n") && at("- KX-7731-QZ\n") < tools);
+        assert!(tools < at("- turn-1 … turn-70 (70 alike)\n"), "{summary}");
+        assert!(at("- PAY-12 (×3)\n") < at("- 4f9c2ab1\n"), "{summary}");
+    }
+
+    #[test]
+    fn a_summary_says_an_identifier_only_whole() {
+        assert!(says("ticket ORD-4411.", "ORD-4411"));
+        assert!(
+            !says("turn-10 failed", "turn-1"),
+            "not a longer one's start"
+        );
+        assert!(!says("see data.rs", "a.rs"), "nor its end");
     }
 
     #[test]
@@ -506,27 +933,29 @@ mod tests {
         assert!(!out.contains("- ORD-4411"), "kept by the summary: {out}");
         assert!(out.ends_with("## Next step\nnone"), "{out}");
 
-        let many: Vec<Value> = (0..50)
-            .map(|i| json!({"role": "user", "content": format!("see /data/file{i}.csv")}))
+        // Fifty commits, no two alike.
+        let commits: Vec<String> = (0..50u8)
+            .map(|i| blake3::hash(&[i]).to_hex()[..12].to_string())
             .collect();
-        let out = carry(
-            "## Goal and constraints\nnone".into(),
-            None,
-            &many,
-            40,
-            Encoding::O200k,
-        );
-        let ledger = &out[out.find("Carried verbatim").unwrap()..];
+        let many: Vec<Value> = commits
+            .iter()
+            .map(|commit| json!({"role": "user", "content": format!("see commit {commit}")}))
+            .collect();
+        let out = carried(None, &many, 40);
+        let ledger = &out[out.find(LEDGER_INTRO).unwrap()..];
         assert!(count_text(Encoding::O200k, ledger) <= 40 + 20, "{ledger}");
-        let carried = ledger.lines().filter(|l| l.starts_with("- /data/")).count();
+        let carried = commits
+            .iter()
+            .filter(|c| ledger.contains(c.as_str()))
+            .count();
         assert!(carried > 0 && carried < 50);
         assert!(
             ledger.contains(&format!("({} more left out)", 50 - carried)),
             "{ledger}"
         );
         assert!(
-            ledger.contains("/data/file49.csv"),
-            "the newest first: {ledger}"
+            ledger.contains(&commits[0]),
+            "the first seen first: {ledger}"
         );
     }
 
@@ -551,26 +980,8 @@ mod tests {
     }
 
     #[test]
-    fn what_cannot_be_found_again_ranks_before_what_locates() {
-        let messages = [
-            json!({"role": "tool", "content": "sha256:9f86d081884c7d65 at src/a.rs:42 in eu-west-1"}),
-            json!({"role": "assistant", "content": null, "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{\"path\":\"/srv/b.txt\"}"}}
-            ]}),
-        ];
-        assert_eq!(
-            ranked(None, &messages),
-            [
-                "sha256:9f86d081884c7d65",
-                "src/a.rs:42",
-                "eu-west-1",
-                "/srv/b.txt"
-            ]
-        );
-    }
-
-    #[test]
     fn an_extended_summary_keeps_the_ledger_it_extends() {
+        // A ledger with no rank headings, as written before ranks were recorded.
         let previous =
             "## Artifacts\nCarried verbatim from the earlier messages:\n- /srv/kept.db\n";
         let new = [json!({"role": "user", "content": "now ORD-9"})];
@@ -581,6 +992,7 @@ mod tests {
             512,
             Encoding::O200k,
         );
-        assert!(out.contains("- /srv/kept.db"), "{out}");
+        let model = out.find(Rank::Model.heading()).unwrap();
+        assert!(out[model..].contains("- /srv/kept.db\n"), "{out}");
     }
 }

@@ -4,6 +4,8 @@
 //! settings is not reused.
 
 use crate::common::*;
+use condenser::tokens::encoding::Encoding;
+use condenser::tokens::rules::count_text;
 use serde_json::{json, Value};
 
 /// The identifiers planted in turn `t`: in the user's text, in a tool call's arguments, in the
@@ -88,10 +90,10 @@ async fn identifiers_kept(proxy: &Proxy, upstream: &MockUpstream, turns: usize) 
         .iter()
         .filter(|id| text.contains(id.as_str()))
         .count();
-    let ledger = summary.split("Carried verbatim").nth(1).map_or(0, |l| {
-        condenser::tokens::rules::count_text(condenser::tokens::encoding::Encoding::O200k, l)
-            as usize
-    });
+    let ledger = summary
+        .split("Carried verbatim")
+        .nth(1)
+        .map_or(0, |l| count_text(Encoding::O200k, l) as usize);
     (kept as f64 / expected.len() as f64, ledger)
 }
 
@@ -156,4 +158,177 @@ async fn a_summary_made_under_other_settings_is_not_reused() {
         "hit",
         "the same settings share through Redis"
     );
+}
+
+/// The commit an agent reads once, in the first round's file, and needs again at the end.
+const READ_ONCE: &str = "4f9c2ab1";
+/// The ticket the session's task names.
+const TASK_TICKET: &str = "KX-7731-QZ";
+
+/// Round `r`'s tool output: a log of about 1,800 tokens whose every line carries counters
+/// (`turn-r`, a request number, a line of `src/worker.rs`), headed by the round's build hash:
+/// the bulk a long session piles up. The first round's also names the last good commit, once.
+fn round_output(r: usize) -> String {
+    let mut log = String::new();
+    if r == 1 {
+        log.push_str(&format!("Last good build: commit {READ_ONCE}.\n"));
+    }
+    let build = blake3::hash(format!("build {r}").as_bytes()).to_hex();
+    log.push_str(&format!("Build {}:\n", &build[..10]));
+    for line in 0..30 {
+        log.push_str(&format!(
+            "turn-{r} req-{:05} src/worker.rs:{} {}\n",
+            r * 30 + line,
+            100 + line * 5,
+            filler(r * 31 + line, 45)
+        ));
+    }
+    log
+}
+
+/// A multi-prompt agent session: the task, then tool rounds (a file read and its log), with a
+/// second prompt after the third round, so the task itself is summarized like any history.
+fn long_agent_session(rounds: usize) -> Vec<Value> {
+    let mut messages = vec![
+        json!({"role": "system", "content": SYSTEM_PROMPT}),
+        json!({"role": "user", "content": format!("Fix ticket {TASK_TICKET}: the nightly build fails.")}),
+    ];
+    for r in 1..=rounds {
+        let id = format!("call_{r}");
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{
+            "id": id, "type": "function",
+            "function": {"name": "read_file", "arguments": json!({"path": format!("logs/round-{r}.log")}).to_string()},
+        }]}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": round_output(r)}));
+        if r == 3 {
+            messages.push(json!({"role": "assistant", "content": "The logs repeat; reading on."}));
+            messages
+                .push(json!({"role": "user", "content": "Keep going until the build is green."}));
+        }
+    }
+    messages
+}
+
+/// After 110 rounds whose tool outputs are bulk counters, over many summary extensions, the
+/// ledger (at its default budget) still carries what the task named and a commit read once in
+/// the first round: the bulk is a few runs, not hundreds of entries pushing them out.
+#[tokio::test]
+async fn a_long_session_keeps_the_tasks_ticket_and_a_commit_read_once_among_counter_bulk() {
+    let upstream = mock_llm(LlmBehaviour {
+        lossy_summarizer: true,
+        ..LlmBehaviour::default()
+    })
+    .await;
+    let mut config = small_window_config(&upstream.url());
+    config.models.get_mut("gpt-4o").unwrap().context_window = Some(32_000);
+    let budget = config.summarizer.max_artifact_tokens as usize;
+    assert_eq!(budget, 512, "the default budget");
+    let proxy = Proxy::start(config).await;
+    let rounds = 110;
+    for r in 1..=rounds {
+        let response = client()
+            .post(proxy.url("/v1/chat/completions"))
+            .json(&chat_body(&long_agent_session(r)))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "round {r}");
+        // Let background summaries land, as the time an agent's tool call takes would.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let output_tokens = count_text(Encoding::O200k, &round_output(2));
+    assert!(
+        output_tokens >= 1_500,
+        "tool outputs of {output_tokens} tokens"
+    );
+    let extensions = upstream
+        .summarizer_calls()
+        .iter()
+        .filter(|r| summarizer_prompt(&r.json()).contains("<existing_summary>"))
+        .count();
+    assert!(extensions >= 5, "{extensions} summary extensions");
+    let last = upstream.forwarded().pop().unwrap();
+    let summary = last["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["content"].as_str())
+        .find(|text| text.starts_with("[Context summary: "))
+        .unwrap_or_else(|| panic!("the last request is compacted: {last}"))
+        .to_string();
+    let ledger = summary[summary.find("Carried verbatim").unwrap()..]
+        .split("\n\n")
+        .next()
+        .unwrap();
+    let ledger_tokens = count_text(Encoding::O200k, ledger);
+    println!(
+        "{rounds} rounds, {extensions} extensions, tool outputs of {output_tokens} tokens, \
+         ledger of {ledger_tokens} tokens:\n{ledger}"
+    );
+    for kept in [TASK_TICKET, READ_ONCE] {
+        assert!(
+            ledger.contains(kept),
+            "{kept} lost from the ledger:\n{ledger}"
+        );
+    }
+    assert!(
+        ledger_tokens as usize <= budget + 64,
+        "a ledger of {ledger_tokens} tokens"
+    );
+    assert!(
+        ledger.contains("more left out"),
+        "what did not fit is counted:\n{ledger}"
+    );
+}
+
+/// Claude Code's tool results travel in user turns (the Messages API has no tool role); the
+/// ledger still ranks what they hold as tool output, below what the assistant said.
+#[tokio::test]
+async fn a_messages_tool_result_ranks_as_a_tool_output_not_as_the_users() {
+    let upstream = mock_claude(ClaudeBehaviour {
+        llm: LlmBehaviour {
+            lossy_summarizer: true,
+            ..LlmBehaviour::default()
+        },
+        ..ClaudeBehaviour::default()
+    })
+    .await;
+    let proxy = Proxy::start(claude_config(&upstream.url())).await;
+    let build = |r: u8| blake3::hash(&[r]).to_hex()[..10].to_string();
+    let mut messages =
+        vec![json!({"role": "user", "content": format!("Fix ticket {TASK_TICKET}.")})];
+    for r in 0..10 {
+        let id = format!("toolu_{r}");
+        let said = if r == 2 {
+            "Budget code ORD-4411 applies."
+        } else {
+            "Reading on."
+        };
+        messages.push(json!({"role": "assistant", "content": [
+            {"type": "text", "text": said},
+            {"type": "tool_use", "id": id, "name": "Bash", "input": {"command": "cat build.log"}}]}));
+        messages.push(json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": id, "content": format!("build {} ok", build(r))}]}));
+    }
+    let response = client()
+        .post(proxy.url("/v1/messages"))
+        .header("x-api-key", "sk-ant-test")
+        .header("x-condenser-mode", "force")
+        .json(&messages_body(&messages))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "summarized");
+    let sent = upstream
+        .recorded()
+        .into_iter()
+        .rfind(|r| r.path_and_query == "/v1/messages" && !is_summarizer_call(r))
+        .unwrap()
+        .json()
+        .to_string();
+    let ledger = &sent[sent.find("Carried verbatim").unwrap()..];
+    let said = ledger.find("ORD-4411").unwrap();
+    let read = ledger.find(&build(0)).unwrap();
+    assert!(said < read, "the assistant's before the tool's: {ledger}");
 }
