@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 use std::future::Future;
+use std::io::IsTerminal;
 use std::path::Path;
 use std::time::Duration;
 
@@ -12,7 +13,9 @@ use serde_json::{json, Value};
 
 use crate::compaction::cache::ScopeHeaders;
 use crate::compaction::compactor::{ArchiveScope, Rewrite};
-use crate::compaction::plan::{total_tokens, triggers, Decision, Limits, Mode, PlanInput, Split};
+use crate::compaction::plan::{
+    summary_room, total_tokens, triggers, Decision, Limits, Mode, PlanInput, Split,
+};
 use crate::compaction::recall::conversation_id;
 use crate::config::{Config, ConfigError, ContextConfig, Overrides};
 use crate::dialect::stages::{
@@ -35,8 +38,11 @@ pub enum LogFormat {
 pub fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour codes only where a terminal reads them: in a file or a log collector they are
+    // noise around every level and field name.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
@@ -106,6 +112,20 @@ pub enum CommandError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Request(#[from] ProxyError),
+    /// A flag's mistake, not the config's: the config may be fine.
+    #[error(
+        "--profile {name}: the config has no [profiles.{name}] (it has: {})",
+        list_or_none(known)
+    )]
+    UnknownProfile { name: String, known: Vec<String> },
+}
+
+fn list_or_none(names: &[String]) -> String {
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
+    }
 }
 
 /// A request counted as the proxy counts it: its model, its count, and each counted item's
@@ -298,12 +318,13 @@ pub async fn plan(
     input: &str,
     options: PlanOptions<'_>,
 ) -> Result<String, CommandError> {
-    let settings = config.context_for(options.profile).ok_or_else(|| {
-        ConfigError::Invalid(format!(
-            "no profile named {:?}",
-            options.profile.unwrap_or("")
-        ))
-    })?;
+    let settings =
+        config
+            .context_for(options.profile)
+            .ok_or_else(|| CommandError::UnknownProfile {
+                name: options.profile.unwrap_or_default().to_string(),
+                known: config.profiles.keys().cloned().collect(),
+            })?;
     let counted = prepare(config, input, options.model, options.api).await?;
     let Counted {
         model,
@@ -318,11 +339,16 @@ pub async fn plan(
     let Some(split) = write_decision(&mut out, &decision) else {
         return Ok(out);
     };
-    write_split(&mut out, split, roles, config);
-    let recall = config
-        .recall_for(options.profile)
-        .is_some_and(|recall| recall.enabled);
-    let trimmed = trimmed_tokens(config, &counted, split, (&settings, recall)).await?;
+    // As the proxy decides it: in a window too small for the tool beside a summary, no recall.
+    let room = summary_room(
+        &Limits::new(&input),
+        config.summarizer.max_summary_tokens,
+        config
+            .recall_for(options.profile)
+            .is_some_and(|recall| recall.enabled),
+    );
+    write_split(&mut out, split, roles, room.summary_tokens);
+    let trimmed = trimmed_tokens(config, &counted, split, (&settings, room.recall)).await?;
     let _ = writeln!(
         out,
         "forwarded = {trimmed} tokens when trimmed (no summary)"
@@ -411,10 +437,12 @@ fn write_decision<'d>(out: &mut String, decision: &'d Decision) -> Option<&'d Sp
             let _ = writeln!(out, "decision: compact");
             Some(split)
         }
-        Decision::Reject { tokens, limit } => {
+        Decision::Reject {
+            tokens, shortfall, ..
+        } => {
             let _ = writeln!(
                 out,
-                "decision: reject with 400 context_length_exceeded ({tokens} tokens; the task cannot fit {limit})"
+                "decision: reject with 400 context_length_exceeded: {tokens} prompt tokens, and {shortfall}"
             );
             None
         }
@@ -422,13 +450,15 @@ fn write_decision<'d>(out: &mut String, decision: &'d Decision) -> Option<&'d Sp
 }
 
 /// What a split keeps, summarizes and shortens.
-fn write_split(out: &mut String, split: &Split, roles: &[String], config: &Config) {
-    let _ = writeln!(
-        out,
-        "keep head      messages 0..{} ({})",
-        split.head,
-        roles[..split.head].join(", ")
-    );
+fn write_split(out: &mut String, split: &Split, roles: &[String], summary_tokens: u32) {
+    if split.head > 0 {
+        let _ = writeln!(
+            out,
+            "keep head      messages 0..{} ({})",
+            split.head,
+            roles[..split.head].join(", ")
+        );
+    }
     if let Some(task) = split.pinned_before(split.tail_start) {
         let _ = writeln!(
             out,
@@ -460,6 +490,6 @@ fn write_split(out: &mut String, split: &Split, roles: &[String], config: &Confi
     let _ = writeln!(
         out,
         "forwarded ≤ {} tokens with a summary of at most {} tokens",
-        split.estimated_tokens, config.summarizer.max_summary_tokens
+        split.estimated_tokens, summary_tokens
     );
 }

@@ -12,7 +12,7 @@ use hyper::header::HeaderMap;
 use serde_json::Value;
 
 use crate::compaction::cache::{prefix_keys, scope, ScopeHeaders, SummaryCache};
-use crate::compaction::plan::{Limits, Mode, Split, Tier, SUMMARY_FRAMING_TOKENS};
+use crate::compaction::plan::{summary_room, Limits, Mode, Split, Tier, SUMMARY_FRAMING_TOKENS};
 use crate::compaction::recall;
 use crate::compaction::redis::{unix_now, LockOutcome, RedisStore};
 use crate::compaction::summarizer::{Evicted, Summarizer, SummaryRequest};
@@ -241,6 +241,8 @@ struct SpanSource {
     caller: Key,
     credentials: HeaderMap,
     window: u64,
+    /// The most the summary's text may take (`plan::summary_room`).
+    summary_tokens: u32,
     /// The request model's, in which the summary is counted.
     encoding: Encoding,
     head: usize,
@@ -337,23 +339,27 @@ impl Lookup<'_> {
 struct Prefix {
     caller: Key,
     summarizer_model: String,
+    summary_tokens: u32,
     keys: Vec<Key>,
 }
 
 fn prefix(compactor: &Compactor, job: &CompactionJob<'_>) -> Prefix {
     let summarizer_model = compactor.summarizer.model_for(job.model);
+    let max_summary_tokens = compactor.summarizer.config().max_summary_tokens;
+    let summary_tokens = summary_room(&job.limits, max_summary_tokens, job.recall).summary_tokens;
     // Every key below descends from the caller's: memory, Redis, single-flight jobs and
     // cross-replica locks are all per caller.
     let caller = compactor.scope_headers.caller(job.headers);
     let scope = scope(
         &caller,
         &summarizer_model,
-        &compactor.summarizer.settings_key(),
+        &compactor.summarizer.settings_key(summary_tokens),
     );
     let keys = prefix_keys(&scope, &job.messages[..job.split.ahead]);
     Prefix {
         caller,
         summarizer_model,
+        summary_tokens,
         keys,
     }
 }
@@ -402,6 +408,7 @@ async fn lookup<'r>(
     let Prefix {
         caller,
         summarizer_model,
+        summary_tokens,
         keys,
     } = prefix;
     let split = job.split;
@@ -434,6 +441,7 @@ async fn lookup<'r>(
                 .summarizer
                 .credentials_for(job.headers, api.key_style),
             window: summarizer_info.context_window,
+            summary_tokens,
             encoding: job.info.encoding,
             head: split.head,
             conversation,
@@ -826,6 +834,7 @@ async fn summarize_and_store(
             previous,
             messages,
             window: source.window,
+            max_tokens: source.summary_tokens,
             encoding: source.encoding,
         })
         .await;
