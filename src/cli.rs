@@ -15,6 +15,7 @@ use crate::compaction::cache::ScopeHeaders;
 use crate::compaction::compactor::{ArchiveScope, Rewrite};
 use crate::compaction::plan::{
     summary_room, total_tokens, triggers, Decision, Limits, Mode, PlanInput, Split,
+    RECALL_RESERVE_TOKENS,
 };
 use crate::compaction::recall::conversation_id;
 use crate::config::{Config, ConfigError, ContextConfig, Overrides};
@@ -60,12 +61,80 @@ pub fn load_config(path: Option<&Path>, overrides: &Overrides) -> Result<Config,
 
 pub fn check_config(path: Option<&Path>, overrides: &Overrides) -> Result<String, ConfigError> {
     let mut config = load_config(path, overrides)?;
+    for warning in window_warnings(&config) {
+        tracing::warn!("{warning}");
+    }
     // Redis takes its password in its URL, the one configured URL allowed credentials.
     config.cache.redis_url = masked_password(&config.cache.redis_url);
     Ok(format!(
         "# effective configuration: valid\n{}",
         config.to_toml()
     ))
+}
+
+/// A warning for each configured window (`[models.*] context_window`,
+/// `tokens.default_context_window`) that leaves less room than the settings ask: valid, and
+/// compacted in the room there is, but not as the settings read.
+fn window_warnings(config: &Config) -> Vec<String> {
+    let models = config.models.iter().filter_map(|(name, model)| {
+        Some((
+            format!("models.{name:?}.context_window"),
+            model.context_window?,
+        ))
+    });
+    models
+        .chain([(
+            "tokens.default_context_window".to_string(),
+            config.tokens.default_context_window,
+        )])
+        .filter_map(|(key, window)| {
+            let short = window_shortfalls(config, window);
+            (!short.is_empty()).then(|| {
+                format!(
+                    "{key} = {window} leaves less room than the settings need: {}",
+                    short.join("; ")
+                )
+            })
+        })
+        .collect()
+}
+
+/// What a window of `window` tokens cannot give the settings, as the planner reckons it for
+/// a request that names no reply limit.
+fn window_shortfalls(config: &Config, window: u64) -> Vec<String> {
+    let settings = &config.context;
+    let input = PlanInput {
+        messages: &[],
+        fixed_tokens: 0,
+        context_window: window,
+        requested_completion_tokens: None,
+        settings,
+        mode: Mode::Auto,
+        summary_tokens: 0,
+    };
+    let limits = Limits::new(&input);
+    let max_summary_tokens = config.summarizer.max_summary_tokens;
+    let room = summary_room(&limits, max_summary_tokens, config.recall.enabled);
+    let reserve = window.saturating_sub(limits.usable);
+    let mut short = Vec::new();
+    if reserve < settings.response_reserve_tokens {
+        short.push(format!(
+            "a request that names no max_tokens reserves {reserve} tokens for its reply (at most half the window), not response_reserve_tokens = {}",
+            settings.response_reserve_tokens
+        ));
+    }
+    if room.summary_tokens < max_summary_tokens {
+        short.push(format!(
+            "a summary gets at most {} tokens (half the compacted prompt's target of {}), not max_summary_tokens = {max_summary_tokens}",
+            room.summary_tokens, limits.target
+        ));
+    }
+    if config.recall.enabled && !room.recall {
+        short.push(format!(
+            "recall is not offered: its tool and line need {RECALL_RESERVE_TOKENS} tokens beside the summary"
+        ));
+    }
+    short
 }
 
 /// `url` with the password in its user info (or the whole user info, when it is one word)

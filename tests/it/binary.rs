@@ -156,6 +156,40 @@ async fn the_shipped_config_holds_every_key_check_config_prints_with_its_default
 }
 
 #[tokio::test]
+async fn check_config_warns_of_a_window_too_small_for_the_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, _, stderr) = run(
+        &["check-config", write_config(&dir, "").to_str().unwrap()],
+        None,
+    )
+    .await;
+    assert_eq!(code, 0);
+    assert!(!stderr.contains("leaves less room"), "{stderr}");
+    let small = write_config(
+        &dir,
+        "[models.\"llama-local\"]\ncontext_window = 1000\n[tokens]\ndefault_context_window = 4096\n",
+    );
+    let (code, stdout, stderr) = run(&["check-config", small.to_str().unwrap()], None).await;
+    assert_eq!(code, 0, "valid: it compacts, in the room there is");
+    assert!(stdout.contains("context_window = 1000"), "{stdout}");
+    for said in [
+        "models.\"llama-local\".context_window = 1000 leaves less room than the settings need",
+        "reserves 500 tokens for its reply (at most half the window), not response_reserve_tokens = 4096",
+        "a summary gets at most 125 tokens (half the compacted prompt's target of 250), not max_summary_tokens = 1024",
+        "recall is not offered",
+        "tokens.default_context_window = 4096 leaves less room",
+        "a summary gets at most 512 tokens",
+    ] {
+        assert!(stderr.contains(said), "{said:?} in {stderr}");
+    }
+    assert_eq!(
+        stderr.matches("recall is not offered").count(),
+        1,
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
 async fn errors_name_the_file_or_the_flag_and_logs_are_plain_text_off_a_terminal() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing.json");
