@@ -253,10 +253,14 @@ impl Summarizer {
     }
 
     async fn fold(&self, request: &SummaryRequest) -> Result<String, SummarizeError> {
+        // At least 1,000 tokens a chunk, for fewer calls; but in a small window (a local
+        // model summarizing with its own 1,000 or 2,048 tokens) a quarter of it, so that the
+        // instructions, the summary so far and the answer still fit beside the chunk.
+        let floor = (request.window / 4).min(1_000);
         let budget = request
             .window
             .saturating_sub(u64::from(request.max_tokens) + PROMPT_OVERHEAD_TOKENS)
-            .max(1_000);
+            .max(floor);
         let budget = u32::try_from(budget).unwrap_or(u32::MAX);
         let mut summary = request.previous.clone();
         for chunk in chunks(&request.messages, budget) {

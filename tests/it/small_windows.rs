@@ -3,6 +3,7 @@
 //! fit is refused with what does not fit and by how much, by the proxy and by `condenser plan`.
 
 use condenser::tokens::catalog::ModelOverride;
+use condenser::tokens::counter::TokenCounter;
 use serde_json::{json, Value};
 
 use crate::common::*;
@@ -66,8 +67,20 @@ async fn a_long_conversation_compacts_in_a_window_of_1000_2048_or_4096_tokens() 
         let recorded = &upstream.recorded()[seen..];
         let (asked, sent): (Vec<_>, Vec<_>) = recorded.iter().partition(|r| is_summarizer_call(r));
         assert!(!asked.is_empty(), "{window}: a summary was made");
+        // The summarizer is gpt-4o too, in the same small window: every call it gets, and its
+        // answer, fit that window.
+        let info = proxy.state.catalog.resolve("gpt-4o");
         for call in asked {
-            assert_eq!(call.json()["max_tokens"], summary_tokens, "{window}");
+            let call = call.json();
+            assert_eq!(call["max_tokens"], summary_tokens, "{window}");
+            let prompt = TokenCounter::new(0.0)
+                .count_request(call.as_object().unwrap(), &info)
+                .await
+                .total;
+            assert!(
+                prompt + summary_tokens <= window,
+                "{window}: a summarizer call of {prompt} tokens"
+            );
         }
         let [sent] = sent.as_slice() else {
             panic!("{window}: one request upstream, not {}", sent.len());
