@@ -44,13 +44,14 @@ impl SummaryRoom {
 }
 
 /// The room a request with these limits keeps for its summary: half its target, at most
-/// `max_summary_tokens`. A fixed room takes a small window whole (1,204 tokens of a 1,000-token
-/// window's 500 usable once the reserve is out); half the target leaves the other half for
-/// the head, the task and the recent turns the summary makes room for. At the default ratios
-/// that is a quarter of the usable window, and the cap holds from 4,096 usable tokens up (an
-/// 8,192-token window with the default reserve), so larger windows plan as they always did. Recall's tool
-/// and line cost 160 tokens whatever the window: they are offered (`recall` on) only where
-/// that half is at least as large, so they never take more room than a summary could.
+/// `max_summary_tokens`. A fixed room takes a small window whole (1,204 tokens of the 500 a
+/// 1,000-token window leaves once the reserve is out); half the target leaves the other half
+/// for the head, the task and the recent turns the summary makes room for. At the default
+/// ratios that is a quarter of the usable window, and the cap holds from 4,096 usable tokens
+/// up (an 8,192-token window with the default reserve), so larger windows plan as they always
+/// did. Recall's tool and line cost 160 tokens whatever the window: they are offered
+/// (`recall` on) only where that half is at least as large, so they never take more room
+/// than a summary could.
 pub fn summary_room(limits: &Limits, max_summary_tokens: u32, recall: bool) -> SummaryRoom {
     let half = u32::try_from(limits.target / 2).unwrap_or(u32::MAX);
     SummaryRoom {
