@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Runs every test on a fresh Debian machine: installs what the tests need first
-# (redis-server for the shared-cache tests, the OpenAI and Anthropic Python SDKs, PyYAML for
-# deploy/ checks, the Claude Code and Codex CLIs from npm and the Agents SDK and LangGraph
-# from PyPI for the agent tests).
+# Runs every test on a fresh Debian machine: installs what the tests need first (README, "Two
+# commands"): redis-server and prometheus from Debian, the OpenAI and Anthropic Python SDKs,
+# PyYAML, the Agents SDK and LangGraph from PyPI, the Claude Code and Codex CLIs from npm.
+# Needs root or sudo, and network to those registries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 use std::future::Future;
+use std::io::IsTerminal;
 use std::path::Path;
 use std::time::Duration;
 
@@ -12,7 +13,10 @@ use serde_json::{json, Value};
 
 use crate::compaction::cache::ScopeHeaders;
 use crate::compaction::compactor::{ArchiveScope, Rewrite};
-use crate::compaction::plan::{total_tokens, triggers, Decision, Limits, Mode, PlanInput, Split};
+use crate::compaction::plan::{
+    summary_room, total_tokens, triggers, Decision, Limits, Mode, PlanInput, Split,
+    RECALL_RESERVE_TOKENS,
+};
 use crate::compaction::recall::conversation_id;
 use crate::config::{Config, ConfigError, ContextConfig, Overrides};
 use crate::dialect::stages::{
@@ -35,8 +39,11 @@ pub enum LogFormat {
 pub fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour codes only where a terminal reads them: in a file or a log collector they are
+    // noise around every level and field name.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
@@ -54,12 +61,80 @@ pub fn load_config(path: Option<&Path>, overrides: &Overrides) -> Result<Config,
 
 pub fn check_config(path: Option<&Path>, overrides: &Overrides) -> Result<String, ConfigError> {
     let mut config = load_config(path, overrides)?;
+    for warning in window_warnings(&config) {
+        tracing::warn!("{warning}");
+    }
     // Redis takes its password in its URL, the one configured URL allowed credentials.
     config.cache.redis_url = masked_password(&config.cache.redis_url);
     Ok(format!(
         "# effective configuration: valid\n{}",
         config.to_toml()
     ))
+}
+
+/// A warning for each configured window (`[models.*] context_window`,
+/// `tokens.default_context_window`) that leaves less room than the settings ask: valid, and
+/// compacted in the room there is, but not as the settings read.
+fn window_warnings(config: &Config) -> Vec<String> {
+    let models = config.models.iter().filter_map(|(name, model)| {
+        Some((
+            format!("models.{name:?}.context_window"),
+            model.context_window?,
+        ))
+    });
+    models
+        .chain([(
+            "tokens.default_context_window".to_string(),
+            config.tokens.default_context_window,
+        )])
+        .filter_map(|(key, window)| {
+            let short = window_shortfalls(config, window);
+            (!short.is_empty()).then(|| {
+                format!(
+                    "{key} = {window} leaves less room than the settings need: {}",
+                    short.join("; ")
+                )
+            })
+        })
+        .collect()
+}
+
+/// What a window of `window` tokens cannot give the settings, as the planner reckons it for
+/// a request that names no reply limit.
+fn window_shortfalls(config: &Config, window: u64) -> Vec<String> {
+    let settings = &config.context;
+    let input = PlanInput {
+        messages: &[],
+        fixed_tokens: 0,
+        context_window: window,
+        requested_completion_tokens: None,
+        settings,
+        mode: Mode::Auto,
+        summary_tokens: 0,
+    };
+    let limits = Limits::new(&input);
+    let max_summary_tokens = config.summarizer.max_summary_tokens;
+    let room = summary_room(&limits, max_summary_tokens, config.recall.enabled);
+    let reserve = window.saturating_sub(limits.usable);
+    let mut short = Vec::new();
+    if reserve < settings.response_reserve_tokens {
+        short.push(format!(
+            "a request that names no max_tokens reserves {reserve} tokens for its reply (at most half the window), not response_reserve_tokens = {}",
+            settings.response_reserve_tokens
+        ));
+    }
+    if room.summary_tokens < max_summary_tokens {
+        short.push(format!(
+            "a summary gets at most {} tokens (half the compacted prompt's target of {}), not max_summary_tokens = {max_summary_tokens}",
+            room.summary_tokens, limits.target
+        ));
+    }
+    if config.recall.enabled && !room.recall {
+        short.push(format!(
+            "recall is not offered: its tool and line need {RECALL_RESERVE_TOKENS} tokens beside the summary"
+        ));
+    }
+    short
 }
 
 /// `url` with the password in its user info (or the whole user info, when it is one word)
@@ -106,6 +181,20 @@ pub enum CommandError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Request(#[from] ProxyError),
+    /// A flag's mistake, not the config's: the config may be fine.
+    #[error(
+        "--profile {name}: the config has no [profiles.{name}] (it has: {})",
+        list_or_none(known)
+    )]
+    UnknownProfile { name: String, known: Vec<String> },
+}
+
+fn list_or_none(names: &[String]) -> String {
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
+    }
 }
 
 /// A request counted as the proxy counts it: its model, its count, and each counted item's
@@ -298,12 +387,13 @@ pub async fn plan(
     input: &str,
     options: PlanOptions<'_>,
 ) -> Result<String, CommandError> {
-    let settings = config.context_for(options.profile).ok_or_else(|| {
-        ConfigError::Invalid(format!(
-            "no profile named {:?}",
-            options.profile.unwrap_or("")
-        ))
-    })?;
+    let settings =
+        config
+            .context_for(options.profile)
+            .ok_or_else(|| CommandError::UnknownProfile {
+                name: options.profile.unwrap_or_default().to_string(),
+                known: config.profiles.keys().cloned().collect(),
+            })?;
     let counted = prepare(config, input, options.model, options.api).await?;
     let Counted {
         model,
@@ -318,11 +408,16 @@ pub async fn plan(
     let Some(split) = write_decision(&mut out, &decision) else {
         return Ok(out);
     };
-    write_split(&mut out, split, roles, config);
-    let recall = config
-        .recall_for(options.profile)
-        .is_some_and(|recall| recall.enabled);
-    let trimmed = trimmed_tokens(config, &counted, split, (&settings, recall)).await?;
+    // As the proxy decides it: in a window too small for the tool beside a summary, no recall.
+    let room = summary_room(
+        &Limits::new(&input),
+        config.summarizer.max_summary_tokens,
+        config
+            .recall_for(options.profile)
+            .is_some_and(|recall| recall.enabled),
+    );
+    write_split(&mut out, split, roles, room.summary_tokens);
+    let trimmed = trimmed_tokens(config, &counted, split, (&settings, room.recall)).await?;
     let _ = writeln!(
         out,
         "forwarded = {trimmed} tokens when trimmed (no summary)"
@@ -411,10 +506,12 @@ fn write_decision<'d>(out: &mut String, decision: &'d Decision) -> Option<&'d Sp
             let _ = writeln!(out, "decision: compact");
             Some(split)
         }
-        Decision::Reject { tokens, limit } => {
+        Decision::Reject {
+            tokens, shortfall, ..
+        } => {
             let _ = writeln!(
                 out,
-                "decision: reject with 400 context_length_exceeded ({tokens} tokens; the task cannot fit {limit})"
+                "decision: reject with 400 context_length_exceeded: {tokens} prompt tokens, and {shortfall}"
             );
             None
         }
@@ -422,13 +519,15 @@ fn write_decision<'d>(out: &mut String, decision: &'d Decision) -> Option<&'d Sp
 }
 
 /// What a split keeps, summarizes and shortens.
-fn write_split(out: &mut String, split: &Split, roles: &[String], config: &Config) {
-    let _ = writeln!(
-        out,
-        "keep head      messages 0..{} ({})",
-        split.head,
-        roles[..split.head].join(", ")
-    );
+fn write_split(out: &mut String, split: &Split, roles: &[String], summary_tokens: u32) {
+    if split.head > 0 {
+        let _ = writeln!(
+            out,
+            "keep head      messages 0..{} ({})",
+            split.head,
+            roles[..split.head].join(", ")
+        );
+    }
     if let Some(task) = split.pinned_before(split.tail_start) {
         let _ = writeln!(
             out,
@@ -460,6 +559,6 @@ fn write_split(out: &mut String, split: &Split, roles: &[String], config: &Confi
     let _ = writeln!(
         out,
         "forwarded ≤ {} tokens with a summary of at most {} tokens",
-        split.estimated_tokens, config.summarizer.max_summary_tokens
+        split.estimated_tokens, summary_tokens
     );
 }

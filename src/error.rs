@@ -16,10 +16,11 @@ pub enum ProxyError {
     BodyTooLarge { limit: usize },
     #[error("request header fields exceed the limit of {limit} bytes")]
     HeadersTooLarge { limit: usize },
-    #[error("this request has {tokens} prompt tokens; even its last message does not fit the model's context window of {limit} tokens")]
+    #[error("this request has {tokens} prompt tokens and cannot be made to fit: {why}")]
     ContextLengthExceeded {
         tokens: u64,
-        limit: u64,
+        /// What does not fit, with its numbers (`compaction::plan::Shortfall`).
+        why: String,
         /// The request's conversation field: `messages`, or `input` on the Responses API.
         param: &'static str,
     },

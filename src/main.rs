@@ -92,14 +92,17 @@ fn api_named() -> impl TypedValueParser<Value = Api> {
     })
 }
 
-fn read_input(file: Option<&str>) -> std::io::Result<String> {
+/// The request body from `file`, or standard input; an error names which it could not read.
+fn read_input(file: Option<&str>) -> Result<String, String> {
     match file {
         None | Some("-") => {
             let mut text = String::new();
-            std::io::stdin().read_to_string(&mut text)?;
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .map_err(|e| format!("cannot read the request from standard input: {e}"))?;
             Ok(text)
         }
-        Some(path) => std::fs::read_to_string(path),
+        Some(path) => std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}")),
     }
 }
 

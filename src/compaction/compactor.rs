@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::compaction::cache::{prefix_keys, scope, ScopeHeaders, SummaryCache};
 use crate::compaction::plan::{
-    advance_horizon, cuts_before, saving, Limits, Mode, Shorten, Split, Tier,
+    advance_horizon, cuts_before, saving, summary_room, Limits, Mode, Shorten, Split, Tier,
     SUMMARY_FRAMING_TOKENS,
 };
 use crate::compaction::recall;
@@ -250,6 +250,8 @@ struct SpanSource {
     caller: Key,
     credentials: HeaderMap,
     window: u64,
+    /// The most the summary's text may take (`plan::summary_room`).
+    summary_tokens: u32,
     /// The request model's, in which the summary is counted.
     encoding: Encoding,
     head: usize,
@@ -348,24 +350,28 @@ struct Prefix {
     caller: Key,
     summarizer_model: String,
     scope: Key,
+    summary_tokens: u32,
     keys: Vec<Key>,
 }
 
 fn prefix(compactor: &Compactor, job: &CompactionJob<'_>) -> Prefix {
     let summarizer_model = compactor.summarizer.model_for(job.model);
+    let max_summary_tokens = compactor.summarizer.config().max_summary_tokens;
+    let summary_tokens = summary_room(&job.limits, max_summary_tokens, job.recall).summary_tokens;
     // Every key below descends from the caller's: memory, Redis, single-flight jobs and
     // cross-replica locks are all per caller.
     let caller = compactor.scope_headers.caller(job.headers);
     let scope = scope(
         &caller,
         &summarizer_model,
-        &compactor.summarizer.settings_key(),
+        &compactor.summarizer.settings_key(summary_tokens),
     );
     let keys = prefix_keys(&scope, &job.messages[..job.split.ahead]);
     Prefix {
         caller,
         summarizer_model,
         scope,
+        summary_tokens,
         keys,
     }
 }
@@ -418,6 +424,7 @@ async fn lookup<'r>(
         caller,
         summarizer_model,
         scope,
+        summary_tokens,
         keys,
     } = prefix;
     let split = job.split;
@@ -459,6 +466,7 @@ async fn lookup<'r>(
                 .summarizer
                 .credentials_for(job.headers, api.key_style),
             window: summarizer_info.context_window,
+            summary_tokens,
             encoding: job.info.encoding,
             head: split.head,
             conversation,
@@ -1034,6 +1042,7 @@ async fn summarize_and_store(
             previous,
             messages,
             window: source.window,
+            max_tokens: source.summary_tokens,
             encoding: source.encoding,
         })
         .await;

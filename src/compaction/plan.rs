@@ -2,6 +2,7 @@
 //! what to keep, what to summarize and what to refuse. Pure: no I/O, no clock.
 
 use crate::config::ContextConfig;
+use std::fmt;
 use std::ops::Range;
 
 use crate::conversation::{head_len, task_prompt, units, Item, Kind};
@@ -19,6 +20,45 @@ pub const SUMMARY_FRAMING_TOKENS: u32 = 20;
 /// `recall::tool_tokens`), and the line after the summary naming the archived references
 /// (40 to 55, as the hex of the conversation's id falls).
 pub const RECALL_RESERVE_TOKENS: u32 = 160;
+
+/// What a compacted request keeps room for besides the items it keeps: the summary's text,
+/// and recall's tool and line when they are offered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SummaryRoom {
+    /// The most a summary's text may take: what the summarizer is asked for.
+    pub summary_tokens: u32,
+    /// Recall's tool and line are offered, and room is kept for them.
+    pub recall: bool,
+}
+
+impl SummaryRoom {
+    /// What the plan keeps: the summary, its framing, and recall's tool and line.
+    pub fn reserved(self) -> u32 {
+        let recall = if self.recall {
+            RECALL_RESERVE_TOKENS
+        } else {
+            0
+        };
+        self.summary_tokens + SUMMARY_FRAMING_TOKENS + recall
+    }
+}
+
+/// The room a request with these limits keeps for its summary: half its target, at most
+/// `max_summary_tokens`. A fixed room takes a small window whole (1,204 tokens of the 500 a
+/// 1,000-token window leaves once the reserve is out); half the target leaves the other half
+/// for the head, the task and the recent turns the summary makes room for. At the default
+/// ratios that is a quarter of the usable window, and the cap holds from 4,096 usable tokens
+/// up (an 8,192-token window with the default reserve), so larger windows plan as they always
+/// did. Recall's tool and line cost 160 tokens whatever the window: they are offered
+/// (`recall` on) only where that half is at least as large, so they never take more room
+/// than a summary could.
+pub fn summary_room(limits: &Limits, max_summary_tokens: u32, recall: bool) -> SummaryRoom {
+    let half = u32::try_from(limits.target / 2).unwrap_or(u32::MAX);
+    SummaryRoom {
+        summary_tokens: max_summary_tokens.min(half),
+        recall: recall && half >= RECALL_RESERVE_TOKENS,
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -158,7 +198,53 @@ pub enum Decision {
     Reject {
         tokens: u64,
         limit: u64,
+        /// What the smallest request that could be made of it needs.
+        shortfall: Shortfall,
     },
+}
+
+/// Why a request cannot be sent, whatever is summarized: what the smallest request condenser
+/// could make of it needs (the head, the task, the last turn, the summary's room), against
+/// what the window leaves once the reply's reserve is out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shortfall {
+    pub window: u64,
+    /// The window less the reply's reserve.
+    pub usable: u64,
+    /// The head and the request's parts besides its conversation (tools, reply priming).
+    pub head: u64,
+    /// The current task, always kept.
+    pub task: u64,
+    /// The last turn besides the task, its tool outputs cut as far as they may be.
+    pub last_turn: u64,
+    /// The room kept for the summary of the rest (and recall's tool, when offered).
+    pub summary: u64,
+}
+
+impl Shortfall {
+    pub fn needed(&self) -> u64 {
+        self.head + self.task + self.last_turn + self.summary
+    }
+}
+
+impl fmt::Display for Shortfall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the model's context window is {} tokens, {} of them reserved for the response \
+             (max_tokens, else response_reserve_tokens), which leaves {}; the smallest request \
+             condenser can make of this one needs {}: {} for the head and the request's other \
+             fields, {} for the task, {} for the last turn and {} kept for the summary",
+            self.window,
+            self.window.saturating_sub(self.usable),
+            self.usable,
+            self.needed(),
+            self.head,
+            self.task,
+            self.last_turn,
+            self.summary,
+        )
+    }
 }
 
 /// The thresholds a request is measured against, in tokens.
@@ -287,16 +373,16 @@ pub fn plan(input: &PlanInput) -> Decision {
     let Some(units) = units(input.messages) else {
         return Decision::Forward(ForwardReason::UnpairedToolMessage);
     };
-    // None: even the task alone cannot fit the window.
-    let Some(split) = split(input, &limits, &units) else {
-        return if fired.is_empty() {
-            Decision::Forward(ForwardReason::UnderTriggers)
-        } else {
-            Decision::Reject {
+    let split = match split(input, &limits, &units) {
+        Ok(split) => split,
+        Err(_) if fired.is_empty() => return Decision::Forward(ForwardReason::UnderTriggers),
+        Err(shortfall) => {
+            return Decision::Reject {
                 tokens,
                 limit: limits.usable,
+                shortfall,
             }
-        };
+        }
     };
     if split.summarized() == 0 && split.shorten.is_empty() {
         return Decision::Forward(if fired.is_empty() {
@@ -318,7 +404,8 @@ pub fn plan(input: &PlanInput) -> Decision {
     }
 }
 
-fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Option<Split> {
+/// The plan's split; else, when not even the task and the last turn fit, why.
+fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, Shortfall> {
     let splitter = Splitter::new(input, limits, units);
     let tail_start = Some(splitter.kept_within(limits.target))
         .filter(|&start| splitter.worth_a_summary(start))
@@ -335,14 +422,28 @@ fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Option<Split> {
         .max(tail_start);
     let planned = splitter.kept_from(tail_start, ahead);
     if planned.estimated_tokens <= limits.usable {
-        return Some(planned);
+        return Ok(planned);
     }
     // The kept minimum cannot fit the window: keep only the last unit, and the task.
-    if splitter.fixed + splitter.task_tokens > limits.usable {
-        return None;
+    let last = splitter.kept_from(units.last().copied().unwrap_or(splitter.head), ahead);
+    if last.estimated_tokens <= limits.usable {
+        return Ok(last);
     }
-    Some(splitter.kept_from(units.last().copied().unwrap_or(splitter.head), ahead))
-        .filter(|split| split.estimated_tokens <= limits.usable)
+    let summary = if last.summarized() > 0 {
+        splitter.summary
+    } else {
+        0
+    };
+    Err(Shortfall {
+        window: input.context_window,
+        usable: limits.usable,
+        head: splitter.fixed,
+        task: splitter.task_tokens,
+        last_turn: last
+            .estimated_tokens
+            .saturating_sub(splitter.fixed + splitter.task_tokens + summary),
+        summary,
+    })
 }
 
 /// What `split` weighs a conversation's units by: the head and the request's other parts
@@ -733,14 +834,71 @@ mod tests {
     }
 
     #[test]
-    fn a_last_message_larger_than_the_window_is_rejected() {
+    fn a_last_message_larger_than_the_window_is_rejected_naming_what_does_not_fit() {
         let s = settings();
         let mut m = chat(3, 100);
         m.push(msg(Role::User, 20_000));
-        assert!(matches!(
-            plan(&input(&m, &s)),
-            Decision::Reject { limit: 10_000, .. }
-        ));
+        let Decision::Reject {
+            limit: 10_000,
+            shortfall,
+            ..
+        } = plan(&input(&m, &s))
+        else {
+            panic!("expected a rejection");
+        };
+        assert_eq!(
+            shortfall,
+            Shortfall {
+                window: 10_000,
+                usable: 10_000,
+                head: 103,
+                task: 20_000,
+                last_turn: 0,
+                summary: 500,
+            }
+        );
+        let said = shortfall.to_string();
+        assert!(
+            said.contains("window is 10000 tokens, 0 of them reserved")
+                && said.contains("needs 20603: 103 for the head")
+                && said.contains("20000 for the task"),
+            "{said}"
+        );
+    }
+
+    #[test]
+    fn the_summary_room_is_half_the_target_at_most_max_summary_tokens() {
+        let s = ContextConfig::default();
+        let m = chat(1, 10);
+        let room = |window: u64| {
+            let mut i = input(&m, &s);
+            i.context_window = window;
+            i.requested_completion_tokens = None;
+            summary_room(&Limits::new(&i), 1024, true)
+        };
+        // 1,000 tokens: 500 usable once the reserve (at most half) is out, a target of 250.
+        let room_of = |summary_tokens, recall| SummaryRoom {
+            summary_tokens,
+            recall,
+        };
+        assert_eq!(
+            room(1_000),
+            room_of(125, false),
+            "no room for recall's tool"
+        );
+        assert_eq!(room(2_048), room_of(256, true));
+        assert_eq!(room(4_096), room_of(512, true));
+        assert_eq!(room(8_192), room_of(1024, true), "the cap, from here on");
+        assert_eq!(room(128_000), room_of(1024, true));
+        assert_eq!(room(1_000).reserved(), 125 + SUMMARY_FRAMING_TOKENS);
+        assert_eq!(
+            room(4_096).reserved(),
+            512 + SUMMARY_FRAMING_TOKENS + RECALL_RESERVE_TOKENS
+        );
+        let m = chat(1, 10);
+        let mut off = input(&m, &s);
+        off.context_window = 128_000;
+        assert!(!summary_room(&Limits::new(&off), 1024, false).recall);
     }
 
     #[test]
@@ -921,7 +1079,9 @@ mod tests {
                         prop_assert_eq!(s.keep_tokens, SHORTENED_OUTPUT_TOKENS);
                     }
                 }
-                Decision::Reject { tokens, limit } => {
+                Decision::Reject { tokens, limit, shortfall } => {
+                    prop_assert_eq!(shortfall.usable, limit);
+                    prop_assert!(shortfall.needed() > limit);
                     prop_assert_eq!(limit, limits.usable);
                     prop_assert!(tokens > limit);
                 }

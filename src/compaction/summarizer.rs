@@ -107,6 +107,9 @@ pub struct SummaryRequest {
     pub messages: Vec<Evicted>,
     /// The summarizer model's context window.
     pub window: u64,
+    /// The summary's completion budget: `max_summary_tokens`, or less in a small window
+    /// (`plan::summary_room`).
+    pub max_tokens: u32,
     /// The request model's: the artifact budget is counted in it.
     pub encoding: Encoding,
 }
@@ -144,14 +147,7 @@ impl Summarizer {
                 connections,
             )?))
         };
-        let settings = settings_key(
-            &[INSTRUCTIONS, EXTEND_INSTRUCTIONS],
-            &[
-                TOOL_OUTPUT_TOKENS,
-                config.max_summary_tokens,
-                config.max_artifact_tokens,
-            ],
-        );
+        let settings = settings_for(&config, config.max_summary_tokens);
         Ok(Summarizer {
             own_key: crate::transport::upstream::bearer_from_env(&config.api_key_env)?,
             breakers: Breakers::new(&config, health.clone()),
@@ -183,11 +179,16 @@ impl Summarizer {
             .unwrap_or_else(|| request_upstream.clone())
     }
 
-    /// What shapes a summary besides its model and its messages: the prompt's text, how tool
-    /// outputs are cut, the summary's and the artifact ledger's budgets. Summaries made
-    /// under other settings are not reused, with no version number to remember to bump.
-    pub fn settings_key(&self) -> Key {
-        self.settings
+    /// What shapes a summary of at most `summary_tokens` besides its model and its messages:
+    /// the prompt's text, how tool outputs are cut, the summary's and the artifact ledger's
+    /// budgets. Summaries made under other settings (a smaller window's budget included) are
+    /// not reused, with no version number to remember to bump.
+    pub fn settings_key(&self, summary_tokens: u32) -> Key {
+        if summary_tokens == self.config.max_summary_tokens {
+            self.settings
+        } else {
+            settings_for(&self.config, summary_tokens)
+        }
     }
 
     /// The API a summary is asked in: the configured one, else the request's own.
@@ -236,16 +237,30 @@ impl Summarizer {
             summary,
             request.previous.as_deref(),
             request.messages.iter().map(|m| &m.message),
-            artifacts::budget(self.config.max_artifact_tokens, request.window),
+            self.ledger_budget(&request),
             request.encoding,
         ))
     }
 
+    /// The ledger's budget: the configured one (`artifacts::budget`), shrunk in the
+    /// proportion a small window shrank the summary, so that identifiers do not outgrow the
+    /// summary they end.
+    fn ledger_budget(&self, request: &SummaryRequest) -> u32 {
+        let full = artifacts::budget(self.config.max_artifact_tokens, request.window);
+        let scaled = u64::from(full) * u64::from(request.max_tokens)
+            / u64::from(self.config.max_summary_tokens.max(1));
+        u32::try_from(scaled).map_or(full, |scaled| scaled.min(full))
+    }
+
     async fn fold(&self, request: &SummaryRequest) -> Result<String, SummarizeError> {
+        // At least 1,000 tokens a chunk, for fewer calls; but in a small window (a local
+        // model summarizing with its own 1,000 or 2,048 tokens) a quarter of it, so that the
+        // instructions, the summary so far and the answer still fit beside the chunk.
+        let floor = (request.window / 4).min(1_000);
         let budget = request
             .window
-            .saturating_sub(u64::from(self.config.max_summary_tokens) + PROMPT_OVERHEAD_TOKENS)
-            .max(1_000);
+            .saturating_sub(u64::from(request.max_tokens) + PROMPT_OVERHEAD_TOKENS)
+            .max(floor);
         let budget = u32::try_from(budget).unwrap_or(u32::MAX);
         let mut summary = request.previous.clone();
         for chunk in chunks(&request.messages, budget) {
@@ -267,13 +282,23 @@ impl Summarizer {
             ),
             None => format!("<transcript>\n{transcript}</transcript>"),
         };
+        // A budget below the configured one is a small window's: said, so that the model
+        // writes a whole short summary rather than the start of a long one.
+        let user = if request.max_tokens < self.config.max_summary_tokens {
+            format!(
+                "{user}\n\nThe whole summary must fit in {} tokens: keep the headings, and only what matters most under them.",
+                request.max_tokens
+            )
+        } else {
+            user
+        };
         let endpoint = request.api;
         let api = endpoint.api;
         let body = api.request_body(&SummaryAsk {
             model: &request.model,
             instructions: INSTRUCTIONS,
             user: &user,
-            max_tokens: self.config.max_summary_tokens,
+            max_tokens: request.max_tokens,
         });
         let mut headers = request.credentials.clone();
         headers.insert(
@@ -316,6 +341,20 @@ impl Summarizer {
             .map_err(|e| SummarizeError::Malformed(format!("not JSON: {e}")))?;
         validate(&api.reply_text(&reply)?)
     }
+}
+
+/// The settings key of summaries of at most `summary_tokens` (`Summarizer::settings_key`):
+/// the configured budget is in it too, since the ledger shrinks by their proportion.
+fn settings_for(config: &SummarizerConfig, summary_tokens: u32) -> Key {
+    settings_key(
+        &[INSTRUCTIONS, EXTEND_INSTRUCTIONS],
+        &[
+            TOOL_OUTPUT_TOKENS,
+            summary_tokens,
+            config.max_summary_tokens,
+            config.max_artifact_tokens,
+        ],
+    )
 }
 
 /// The hash of `texts` (length-prefixed, so no two lists hash alike) and `numbers`.
@@ -561,10 +600,16 @@ mod tests {
             max_artifact_tokens,
             ..SummarizerConfig::default()
         };
-        let key = |config| built(config, SummarizerHealth::new().unwrap()).settings_key();
-        assert_eq!(key(config(1024, 512)), key(config(1024, 512)));
-        assert_ne!(key(config(1024, 512)), key(config(900, 512)));
-        assert_ne!(key(config(1024, 512)), key(config(1024, 100)));
+        let key = |config, summary_tokens| {
+            built(config, SummarizerHealth::new().unwrap()).settings_key(summary_tokens)
+        };
+        assert_eq!(key(config(1024, 512), 1024), key(config(1024, 512), 1024));
+        assert_ne!(key(config(1024, 512), 1024), key(config(900, 512), 900));
+        assert_ne!(key(config(1024, 512), 1024), key(config(1024, 100), 1024));
+        // A small window's budget is a setting of its own, whatever the configured one.
+        assert_ne!(key(config(1024, 512), 1024), key(config(1024, 512), 300));
+        assert_eq!(key(config(1024, 512), 300), key(config(1024, 512), 300));
+        assert_ne!(key(config(1024, 512), 300), key(config(900, 512), 300));
     }
 
     /// The request body the summarizer sends in `api`.

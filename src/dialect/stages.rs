@@ -11,9 +11,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::compaction::compactor::Rewrite;
-use crate::compaction::plan::{
-    self, Decision, Limits, Mode, PlanInput, Split, RECALL_RESERVE_TOKENS, SUMMARY_FRAMING_TOKENS,
-};
+use crate::compaction::plan::{self, Decision, Limits, Mode, PlanInput, Split};
 use crate::compaction::summary_api::{SummaryApi, SummaryEndpoint};
 use crate::config::{Config, ContextConfig};
 use crate::conversation::Item;
@@ -141,21 +139,23 @@ impl Prepared {
         settings: &'a ContextConfig,
         mode: Mode,
     ) -> PlanInput<'a> {
-        PlanInput {
+        let mut input = PlanInput {
             messages: &self.metas,
             fixed_tokens: self.count.fixed,
             context_window: self.info.context_window,
             requested_completion_tokens: self.requested_completion_tokens,
             settings,
             mode,
-            summary_tokens: config.summarizer.max_summary_tokens
-                + SUMMARY_FRAMING_TOKENS
-                + if config.recall.enabled {
-                    RECALL_RESERVE_TOKENS
-                } else {
-                    0
-                },
-        }
+            summary_tokens: 0,
+        };
+        // The summary's room is a share of the limits, which the rest of the input sets.
+        input.summary_tokens = plan::summary_room(
+            &Limits::new(&input),
+            config.summarizer.max_summary_tokens,
+            config.recall.enabled,
+        )
+        .reserved();
+        input
     }
 
     /// The planner's decision, except that requests asking for several choices go as sent.

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use hyper::header::HeaderMap;
 
 use crate::compaction::compactor::{self, Action, CompactionJob};
-use crate::compaction::plan::{Decision, Limits, Mode, Split};
+use crate::compaction::plan::{summary_room, Decision, Limits, Mode, Split};
 use crate::config::{ContextConfig, RecallConfig};
 use crate::dialect::stages::{
     count_as_sent, offers_recall, write_compaction, Counting, Dialect, Planned, Prepared, Ready,
@@ -118,14 +118,23 @@ async fn prepare_in_full<'s, D: Dialect>(
 
     let (outcome, rewritten) = match &decision {
         Decision::Forward(_) => (Outcome::FORWARDED, false),
-        Decision::Reject { tokens, limit } => {
+        Decision::Reject {
+            tokens, shortfall, ..
+        } => {
             return Err(ProxyError::ContextLengthExceeded {
                 tokens: *tokens,
-                limit: *limit,
+                why: shortfall.to_string(),
                 param: D::CONVERSATION_FIELD,
             })
         }
         Decision::Precompute(split) | Decision::Compact { split, .. } => {
+            let limits = Limits::new(&input);
+            // In a window too small for the tool beside a summary, recall is not offered.
+            let room = summary_room(
+                &limits,
+                state.config.summarizer.max_summary_tokens,
+                all_settings.recall.enabled,
+            );
             let job = Job {
                 state,
                 split,
@@ -134,8 +143,8 @@ async fn prepare_in_full<'s, D: Dialect>(
                 headers,
                 settings,
                 mode,
-                limits: Limits::new(&input),
-                recall: offers_recall::<D>(&mut request, all_settings.recall.enabled),
+                limits,
+                recall: offers_recall::<D>(&mut request, room.recall),
             };
             let precompute = matches!(decision, Decision::Precompute(_));
             compacted::<D>(&mut request, job, precompute).await?

@@ -101,6 +101,7 @@ pub(super) fn relay<D: Dialect>(
     } = sent;
     let Outgoing {
         model,
+        info,
         inject_usage,
         received_tokens,
         forwarded_tokens,
@@ -130,6 +131,7 @@ pub(super) fn relay<D: Dialect>(
         served: D::SERVED,
         model,
         model_label,
+        estimated: !info.exact,
         stream: is_sse,
         received: timing.received,
         status: head.status.as_u16(),
@@ -166,6 +168,8 @@ struct Observer {
     served: &'static str,
     model: String,
     model_label: ModelLabel,
+    /// The model's tokenizer is only estimated: its usage teaches condenser its ratio.
+    estimated: bool,
     stream: bool,
     received: Instant,
     status: u16,
@@ -204,7 +208,9 @@ impl UsageObserver for Observer {
             let series = state.metrics.model(self.model_label);
             series.count_completion(usage.completion_tokens);
             // After recall, the prompt usage is summed over rounds that were not all counted.
-            let learn = self.recalls() == 0;
+            // An exact encoding is never scaled, so a ratio learned for it would be a figure
+            // nothing uses, shown on the dashboard as if it were.
+            let learn = self.estimated && self.recalls() == 0;
             if let Some(ratio) = learn
                 .then(|| {
                     state.counter.observe_usage(

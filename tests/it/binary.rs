@@ -1,5 +1,6 @@
 //! The `condenser` binary itself: commands, logs, and SIGTERM.
 
+use std::collections::BTreeMap;
 use std::process::Stdio;
 
 use crate::common::*;
@@ -72,6 +73,159 @@ async fn check_config_accepts_the_shipped_file_and_names_bad_keys() {
     assert!(
         !stderr.contains("hunter2") && !stdout.contains("hunter2"),
         "{stderr}"
+    );
+}
+
+/// `config` flattened to its keys (`section.key`, `routes[0].models`), each with its value.
+/// A section that holds no key (`[models]`, `[profiles]` and, at the top, the empty list of
+/// `[[routes]]`) adds none.
+fn keys_of(config: &str) -> BTreeMap<String, toml::Value> {
+    fn walk(prefix: &str, value: &toml::Value, out: &mut BTreeMap<String, toml::Value>) {
+        match value {
+            toml::Value::Table(table) => {
+                for (key, value) in table {
+                    let path = if prefix.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{prefix}.{key}")
+                    };
+                    walk(&path, value, out);
+                }
+            }
+            toml::Value::Array(items) if items.iter().all(toml::Value::is_table) => {
+                for (i, item) in items.iter().enumerate() {
+                    walk(&format!("{prefix}[{i}]"), item, out);
+                }
+            }
+            leaf => {
+                out.insert(prefix.to_string(), leaf.clone());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk("", &toml::from_str(config).unwrap(), &mut out);
+    out
+}
+
+#[tokio::test]
+async fn the_shipped_config_holds_every_key_check_config_prints_with_its_default() {
+    let shipped =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let empty = write_config(&dir, "");
+    let (code, defaults, _) = run(&["check-config", empty.to_str().unwrap()], None).await;
+    assert_eq!(code, 0);
+    let (printed, listed) = (keys_of(&defaults), keys_of(&shipped));
+    for (key, value) in &printed {
+        assert_eq!(listed.get(key), Some(value), "{key} in config.toml");
+    }
+    for (key, value) in &listed {
+        assert_eq!(
+            printed.get(key),
+            Some(value),
+            "{key}: not a key condenser has"
+        );
+    }
+    // The sections empty by default are commented examples; uncommented, every key in them is
+    // one condenser takes, and prints back.
+    let examples: String = shipped
+        .lines()
+        .map(|line| match line.strip_prefix("# ") {
+            Some(example)
+                if example.starts_with('[')
+                    || example.split_once(" = ").is_some_and(|(key, _)| {
+                        key.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                    }) =>
+            {
+                example
+            }
+            _ => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(examples.contains("\n[[routes]]"), "{examples}");
+    let uncommented = write_config(&dir, &examples);
+    let (code, effective, stderr) =
+        run(&["check-config", uncommented.to_str().unwrap()], None).await;
+    assert_eq!(code, 0, "{stderr}");
+    let effective = keys_of(&effective);
+    for (key, value) in keys_of(&examples) {
+        assert_eq!(effective.get(&key), Some(&value), "{key}");
+    }
+    assert!(effective.contains_key("profiles.research.recall.enabled"));
+}
+
+#[tokio::test]
+async fn check_config_warns_of_a_window_too_small_for_the_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, _, stderr) = run(
+        &["check-config", write_config(&dir, "").to_str().unwrap()],
+        None,
+    )
+    .await;
+    assert_eq!(code, 0);
+    assert!(!stderr.contains("leaves less room"), "{stderr}");
+    let small = write_config(
+        &dir,
+        "[models.\"llama-local\"]\ncontext_window = 1000\n[tokens]\ndefault_context_window = 4096\n",
+    );
+    let (code, stdout, stderr) = run(&["check-config", small.to_str().unwrap()], None).await;
+    assert_eq!(code, 0, "valid: it compacts, in the room there is");
+    assert!(stdout.contains("context_window = 1000"), "{stdout}");
+    for said in [
+        "models.\"llama-local\".context_window = 1000 leaves less room than the settings need",
+        "reserves 500 tokens for its reply (at most half the window), not response_reserve_tokens = 4096",
+        "a summary gets at most 125 tokens (half the compacted prompt's target of 250), not max_summary_tokens = 1024",
+        "recall is not offered",
+        "tokens.default_context_window = 4096 leaves less room",
+        "a summary gets at most 512 tokens",
+    ] {
+        assert!(stderr.contains(said), "{said:?} in {stderr}");
+    }
+    assert_eq!(
+        stderr.matches("recall is not offered").count(),
+        1,
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn errors_name_the_file_or_the_flag_and_logs_are_plain_text_off_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.json");
+    let (code, _, stderr) = run(&["count", missing.to_str().unwrap()], None).await;
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("cannot read") && stderr.contains("missing.json"),
+        "{stderr}"
+    );
+    let body = chat_body(&conversation(3)).to_string();
+    let (code, _, stderr) = run(&["plan", "--profile", "nope"], Some(&body)).await;
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("--profile nope: the config has no [profiles.nope] (it has: none)")
+            && !stderr.contains("invalid config"),
+        "{stderr}"
+    );
+    // No system message: no head to keep, and no line saying "keep head 0..0".
+    let headless: Vec<Value> = conversation(40).into_iter().skip(1).collect();
+    let (code, stdout, _) = run(
+        &["plan", "--mode", "force"],
+        Some(&chat_body(&headless).to_string()),
+    )
+    .await;
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("summarize      messages 0..") && !stdout.contains("keep head"),
+        "{stdout}"
+    );
+    // Standard error is a pipe here, as a file or a log collector is: an unknown model's
+    // warning comes without colour codes.
+    let (code, _, stderr) = run(&["count", "--model", "no-such-model-7"], Some(&body)).await;
+    assert_eq!(code, 0);
+    assert!(
+        stderr.contains("WARN") && stderr.contains("unknown model") && !stderr.contains('\u{1b}'),
+        "{stderr:?}"
     );
 }
 

@@ -242,6 +242,11 @@ async fn traffic_round(proxy: &Proxy, unreachable: &Proxy, round: usize) {
     let mut broken = chat_body(&conversation(1));
     broken["user"] = json!(ERROR_USER);
     assert_eq!(send(proxy, &broken, &caller).await.status(), 500);
+    // A model whose tokenizer is only estimated: its usage teaches the ratio the dashboard
+    // shows (exact encodings have none).
+    let mut estimated = chat_body(&conversation(1));
+    estimated["model"] = json!("claude-sonnet-4-5");
+    assert_eq!(send(proxy, &estimated, &caller).await.status(), 200);
     let failed = send(unreachable, &chat_body(&conversation(1)), &caller).await;
     assert_eq!(failed.status(), 502);
     for turns in [44, 46, 47, 48] {

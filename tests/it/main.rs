@@ -23,6 +23,7 @@ mod recall;
 mod redis;
 mod responses;
 mod sdk;
+mod small_windows;
 mod summarizer_api;
 mod tenants;
 mod token_fixtures;

@@ -1,7 +1,9 @@
-//! Counts must equal OpenAI's tiktoken on every shared fixture.
+//! Counts must equal OpenAI's tiktoken on every fixture in `tests/fixtures/tokens/`, in this
+//! checkout and in a clone of the repository standing alone.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use condenser::dialect::chat::message_spans;
 use condenser::tokens::catalog::TokensConfig;
@@ -12,10 +14,14 @@ use condenser::tokens::rules::count_text;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-fn fixture(name: &str) -> Vec<Value> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/fixtures/tokens")
-        .join(name);
+/// The repository's root: this checkout's.
+fn checkout() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A fixture of the repository at `root`, one JSON value a line.
+fn fixture(root: &Path, name: &str) -> Vec<Value> {
+    let path = root.join("tests/fixtures/tokens").join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     text.lines()
         .filter(|l| !l.trim().is_empty())
@@ -25,7 +31,60 @@ fn fixture(name: &str) -> Vec<Value> {
 
 #[test]
 fn every_text_fixture_matches_tiktoken() {
-    let cases = fixture("texts.jsonl");
+    texts_match_tiktoken(&checkout());
+}
+
+#[tokio::test]
+async fn every_chat_request_fixture_matches_the_cookbook() {
+    requests_match_the_cookbook(&checkout()).await;
+}
+
+/// A newcomer clones the repository and runs its tests, with nothing beside it: the clone
+/// holds its fixtures, and no file in it reads from outside the repository. The fixture
+/// checks then run on the clone's own files (the test binary is this one: the counting code
+/// is the same, only where the data is read from differs, so nothing is built twice).
+#[tokio::test]
+async fn a_clone_standing_alone_holds_its_token_fixtures() {
+    let dir = tempfile::tempdir().unwrap();
+    let clone = dir.path().join("condenser");
+    let source = format!("file://{}", checkout().display());
+    let cloned = Command::new("git")
+        .args(["clone", "--quiet", "--depth", "1", &source])
+        .arg(&clone)
+        .status()
+        .unwrap();
+    assert!(cloned.success(), "git clone {source}");
+    let listed = Command::new("git")
+        .args(["ls-files", "-z"])
+        .current_dir(&clone)
+        .output()
+        .unwrap();
+    assert!(listed.status.success());
+    // Written in two parts, so this file does not name it.
+    let outside = ["..", "shared"].join("/");
+    let reading_outside: Vec<&str> = listed
+        .stdout
+        .split(|&b| b == 0)
+        .filter_map(|name| std::str::from_utf8(name).ok())
+        .filter(|name| !name.is_empty())
+        .filter(|name| {
+            std::fs::read(clone.join(name)).is_ok_and(|bytes| {
+                bytes
+                    .windows(outside.len())
+                    .any(|w| w == outside.as_bytes())
+            })
+        })
+        .collect();
+    assert!(
+        reading_outside.is_empty(),
+        "files that name {outside}: {reading_outside:?}"
+    );
+    texts_match_tiktoken(&clone);
+    requests_match_the_cookbook(&clone).await;
+}
+
+fn texts_match_tiktoken(root: &Path) {
+    let cases = fixture(root, "texts.jsonl");
     assert!(cases.len() > 300);
     let mut wrong = Vec::new();
     for (i, case) in cases.iter().enumerate() {
@@ -43,9 +102,8 @@ fn every_text_fixture_matches_tiktoken() {
     assert!(wrong.is_empty(), "{} mismatches: {:?}", wrong.len(), wrong);
 }
 
-#[tokio::test]
-async fn every_chat_request_fixture_matches_the_cookbook() {
-    let cases = fixture("messages.jsonl");
+async fn requests_match_the_cookbook(root: &Path) {
+    let cases = fixture(root, "messages.jsonl");
     assert!(cases.len() >= 60);
     let catalog = ModelCatalog::new(BTreeMap::new(), TokensConfig::default());
     let counter = TokenCounter::new(0.1);

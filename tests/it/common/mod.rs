@@ -823,7 +823,7 @@ pub async fn mock_responses_llm(
 }
 
 /// A compacted request as its client wrote it, but for the recall tool condenser offers
-/// (DESIGN.md rewrite rule 9): checked to be the last of its tools, and taken out with the
+/// (docs/design.md, rewrite rule 9): checked to be the last of its tools, and taken out with the
 /// `tools` it alone made.
 pub fn without_recall_tool(body: &Value) -> Value {
     let mut body = body.clone();
