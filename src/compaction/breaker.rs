@@ -128,7 +128,7 @@ mod tests {
             breaker_cooldown_secs: 0,
             ..SummarizerConfig::default()
         };
-        let health = SummarizerHealth::new().unwrap();
+        let health = SummarizerHealth::standalone().unwrap();
         let breakers = Breakers::new(&config, health.clone());
         let key = ("http://llm.test".to_string(), [7; 32]);
         let outage = logs_of(|| {
@@ -163,7 +163,7 @@ mod tests {
     #[test]
     fn the_breaker_opens_for_one_caller_of_an_upstream_only() {
         let config = SummarizerConfig::default();
-        let breakers = Breakers::new(&config, SummarizerHealth::new().unwrap());
+        let breakers = Breakers::new(&config, SummarizerHealth::standalone().unwrap());
         let upstream = "http://llm.test".to_string();
         let (a, b) = ((upstream.clone(), [1; 32]), (upstream, [2; 32]));
         for _ in 0..config.breaker_failures {

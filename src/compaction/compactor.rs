@@ -82,6 +82,18 @@ impl CacheOutcome {
     }
 }
 
+/// Every action and cache outcome a compaction ends with but a request sent as it came with
+/// no summary in the making (`Forwarded`, `None`): the series of `condenser_compactions_total`,
+/// shown from start-up. A new outcome belongs here.
+pub const COUNTED_OUTCOMES: [(Action, CacheOutcome); 6] = [
+    (Action::Summarized, CacheOutcome::Hit),
+    (Action::Summarized, CacheOutcome::Miss),
+    (Action::Summarized, CacheOutcome::Extended),
+    (Action::Summarized, CacheOutcome::Stale),
+    (Action::Trimmed, CacheOutcome::None),
+    (Action::Forwarded, CacheOutcome::Deferred),
+];
+
 /// What the request becomes, for its dialect to write out: the head, then the `pinned` task
 /// prompt when there is one, then `summary` when there is one (of the items
 /// `head..kept_from`), then the items from `kept_from` on, the tool outputs in `cuts` cut.
@@ -221,6 +233,7 @@ impl Compactor {
                 config.summarizer.clone(),
                 connections,
                 summarizer_health,
+                catalog.clone(),
                 configured_summary_api,
             )?,
             in_flight: Mutex::new(HashMap::new()),

@@ -17,7 +17,8 @@ use crate::compaction::summary_api::{SummaryAsk, SummaryEndpoint};
 use crate::config::SummarizerConfig;
 use crate::conversation::content_text;
 use crate::error::SummarizeError;
-use crate::observe::metrics::SummarizerHealth;
+use crate::observe::metrics::{SummarizerFailure, SummarizerHealth};
+use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::encoding::Encoding;
 use crate::tokens::rules::shorten_middle;
 use crate::transport::upstream::{blank_credentials, KeyStyle, Upstream, X_API_KEY};
@@ -74,15 +75,15 @@ impl SummarizeError {
     }
 
     /// The `reason` label of `condenser_summarizer_failures_total`.
-    fn reason(&self) -> &'static str {
+    fn reason(&self) -> SummarizerFailure {
         match self {
-            SummarizeError::CircuitOpen(_) => "circuit_open",
-            SummarizeError::Upstream(_) => "connection",
-            SummarizeError::Status { .. } => "status",
-            SummarizeError::Timeout(_) => "timeout",
-            SummarizeError::Malformed(_) => "malformed",
-            SummarizeError::Rejected(_) => "rejected",
-            SummarizeError::Internal(_) => "internal",
+            SummarizeError::CircuitOpen(_) => SummarizerFailure::CircuitOpen,
+            SummarizeError::Upstream(_) => SummarizerFailure::Connection,
+            SummarizeError::Status { .. } => SummarizerFailure::Status,
+            SummarizeError::Timeout(_) => SummarizerFailure::Timeout,
+            SummarizeError::Malformed(_) => SummarizerFailure::Malformed,
+            SummarizeError::Rejected(_) => SummarizerFailure::Rejected,
+            SummarizeError::Internal(_) => SummarizerFailure::Internal,
         }
     }
 }
@@ -125,15 +126,19 @@ pub struct Summarizer {
     health: SummarizerHealth,
     /// The API `summarizer.api` names; none for each request's own.
     configured_api: Option<SummaryEndpoint>,
+    /// Resolves the summarizer model's family, its `model` label in metrics.
+    catalog: Arc<ModelCatalog>,
 }
 
 impl Summarizer {
     /// `connections`: kept as for every upstream; `configured_api`: the API `config.api`
-    /// names, found by the dialects that know the names.
+    /// names, found by the dialects that know the names. A configured model's token series
+    /// show from start-up.
     pub fn new(
         config: SummarizerConfig,
         connections: &crate::transport::upstream::Connections,
         health: SummarizerHealth,
+        catalog: Arc<ModelCatalog>,
         configured_api: Option<SummaryEndpoint>,
     ) -> Result<Summarizer, crate::config::ConfigError> {
         let timeout = Duration::from_secs(config.timeout_secs);
@@ -148,6 +153,10 @@ impl Summarizer {
             )?))
         };
         let settings = settings_for(&config, config.max_summary_tokens);
+        if !config.model.is_empty() {
+            let label = health.label_for(&config.model, &catalog.resolve(&config.model));
+            health.count_tokens(label, 0, 0);
+        }
         Ok(Summarizer {
             own_key: crate::transport::upstream::bearer_from_env(&config.api_key_env)?,
             breakers: Breakers::new(&config, health.clone()),
@@ -156,6 +165,7 @@ impl Summarizer {
             health,
             settings,
             configured_api,
+            catalog,
         })
     }
 
@@ -337,6 +347,13 @@ impl Summarizer {
         let bytes = tokio::time::timeout(timeout, call)
             .await
             .map_err(|_| SummarizeError::Timeout(timeout))??;
+        // Counted before the reply is judged: a summary refused was paid for all the same.
+        if let Some(usage) = endpoint.usage.body_usage(&bytes) {
+            let model = &request.model;
+            let label = self.health.label_for(model, &self.catalog.resolve(model));
+            self.health
+                .count_tokens(label, usage.prompt_tokens, usage.completion_tokens);
+        }
         let reply: Value = serde_json::from_slice(&bytes)
             .map_err(|e| SummarizeError::Malformed(format!("not JSON: {e}")))?;
         validate(&api.reply_text(&reply)?)
@@ -511,11 +528,12 @@ mod tests {
             api_key_env: api_key_env.into(),
             ..SummarizerConfig::default()
         };
-        built(config, SummarizerHealth::new().unwrap())
+        built(config, SummarizerHealth::standalone().unwrap())
     }
 
     fn built(config: SummarizerConfig, health: SummarizerHealth) -> Summarizer {
-        Summarizer::new(config, &connections(), health, None).unwrap()
+        let catalog = ModelCatalog::new(Default::default(), Default::default());
+        Summarizer::new(config, &connections(), health, Arc::new(catalog), None).unwrap()
     }
 
     fn connections() -> crate::transport::upstream::Connections {
@@ -601,7 +619,7 @@ mod tests {
             ..SummarizerConfig::default()
         };
         let key = |config, summary_tokens| {
-            built(config, SummarizerHealth::new().unwrap()).settings_key(summary_tokens)
+            built(config, SummarizerHealth::standalone().unwrap()).settings_key(summary_tokens)
         };
         assert_eq!(key(config(1024, 512), 1024), key(config(1024, 512), 1024));
         assert_ne!(key(config(1024, 512), 1024), key(config(900, 512), 900));

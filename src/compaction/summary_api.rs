@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use crate::error::SummarizeError;
 use crate::transport::upstream::KeyStyle;
+use crate::transport::usage::UsageReader;
 
 /// Completion budget reasoning models get on top of `max_summary_tokens` for their thinking.
 pub const REASONING_ALLOWANCE_TOKENS: u32 = 2_048;
@@ -70,4 +71,6 @@ pub struct SummaryEndpoint {
     /// How a key of the summarizer's own is sent.
     pub key_style: KeyStyle,
     pub api: &'static dyn SummaryApi,
+    /// How its replies carry usage: the relay's reader, the summarizer's tokens counted.
+    pub usage: &'static dyn UsageReader,
 }

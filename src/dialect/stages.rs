@@ -46,6 +46,7 @@ pub trait Dialect {
         path: Self::PATH,
         key_style: Self::KEY_STYLE,
         api: Self::SUMMARY,
+        usage: Self::USAGE,
     };
     /// The request field that holds the conversation, named by errors about it.
     const CONVERSATION_FIELD: &'static str;

@@ -6,7 +6,7 @@
 //! which a request waiting seconds on an LLM does not see.
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use hyper::StatusCode;
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
@@ -63,7 +63,9 @@ fn with_every_recall_series(recalls: IntCounterVec, dialect_routes: &[Route]) ->
 pub struct Metrics {
     registry: Registry,
     requests: RequestCounts,
-    models: ModelMetrics,
+    labels: Arc<ModelLabels>,
+    /// By label index.
+    models: Box<[ModelSeries]>,
     pub compactions: IntCounterVec,
     /// Requests retried compacted after upstream's `context_length_exceeded`, by model.
     pub reactive_retries: IntCounterVec,
@@ -79,22 +81,73 @@ pub struct Metrics {
     pub summarizer_health: SummarizerHealth,
 }
 
-/// What the summarizer reports of its own health: `condenser_summarizer_failures_total{reason}`
-/// and `condenser_summarizer_breakers_open`. Both change rarely, so plain Prometheus types do.
+/// Why a summary was not made, as `condenser_summarizer_failures_total` labels it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SummarizerFailure {
+    /// The summarizer answered an error status.
+    Status,
+    Timeout,
+    /// No answer could be had: connecting or reading failed.
+    Connection,
+    /// An answer without its API's shape.
+    Malformed,
+    /// A refusal, or a summary that is none.
+    Rejected,
+    /// Turned away by an open breaker: no call made.
+    CircuitOpen,
+    /// condenser's own summary job failed.
+    Internal,
+}
+
+impl SummarizerFailure {
+    pub const ALL: [SummarizerFailure; 7] = [
+        SummarizerFailure::Status,
+        SummarizerFailure::Timeout,
+        SummarizerFailure::Connection,
+        SummarizerFailure::Malformed,
+        SummarizerFailure::Rejected,
+        SummarizerFailure::CircuitOpen,
+        SummarizerFailure::Internal,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SummarizerFailure::Status => "status",
+            SummarizerFailure::Timeout => "timeout",
+            SummarizerFailure::Connection => "connection",
+            SummarizerFailure::Malformed => "malformed",
+            SummarizerFailure::Rejected => "rejected",
+            SummarizerFailure::CircuitOpen => "circuit_open",
+            SummarizerFailure::Internal => "internal",
+        }
+    }
+}
+
+/// The summarizer's direction labels: tokens it was sent, and tokens it wrote.
+const SUMMARIZER_DIRECTIONS: [&str; 2] = ["input", "output"];
+
+/// What the summarizer reports of its own health, `condenser_summarizer_failures_total{reason}`
+/// and `condenser_summarizer_breakers_open`, and of what it spends,
+/// `condenser_summarizer_tokens_total{model,direction}`. All change at most once per summarizer
+/// call, so plain Prometheus types do.
 #[derive(Clone)]
 pub struct SummarizerHealth {
     failures: IntCounterVec,
     /// Caller-and-upstream pairs whose breaker opened and no success has closed since.
     pub breakers_open: IntGauge,
+    tokens: IntCounterVec,
+    labels: Arc<ModelLabels>,
 }
 
 impl SummarizerHealth {
-    pub fn new() -> Result<SummarizerHealth, MetricsError> {
-        Ok(SummarizerHealth {
+    /// Every failure reason, and the tokens of every model label known at start, show 0
+    /// from start-up.
+    pub fn new(labels: Arc<ModelLabels>) -> Result<SummarizerHealth, MetricsError> {
+        let health = SummarizerHealth {
             failures: IntCounterVec::new(
                 Opts::new(
                     "condenser_summarizer_failures_total",
-                    "Summaries not made, by reason: status, timeout, connection, malformed, rejected, circuit_open.",
+                    "Summaries not made, by reason: status, timeout, connection, malformed, rejected, circuit_open, internal.",
                 ),
                 &["reason"],
             )?,
@@ -102,12 +155,47 @@ impl SummarizerHealth {
                 "condenser_summarizer_breakers_open",
                 "Summarizer circuit breakers open (per upstream and caller), until a success closes them.",
             )?,
-        })
+            tokens: IntCounterVec::new(
+                Opts::new(
+                    "condenser_summarizer_tokens_total",
+                    "Tokens of summarizer calls as the summarizer's usage reports them, by model and direction (input, output).",
+                ),
+                &["model", "direction"],
+            )?,
+            labels,
+        };
+        for reason in SummarizerFailure::ALL {
+            health.failures.with_label_values(&[reason.as_str()]);
+        }
+        for label in health.labels.known() {
+            health.count_tokens(label, 0, 0);
+        }
+        Ok(health)
     }
 
-    /// `reason` is one of a fixed few, so the label stays bounded.
-    pub fn count_failure(&self, reason: &'static str) {
-        self.failures.with_label_values(&[reason]).inc();
+    /// Unregistered, with only the built-in `other` label: for tests of what reports to it.
+    #[cfg(test)]
+    pub fn standalone() -> Result<SummarizerHealth, MetricsError> {
+        SummarizerHealth::new(Arc::new(ModelLabels::new(&[], std::iter::empty::<&str>())))
+    }
+
+    pub fn count_failure(&self, reason: SummarizerFailure) {
+        self.failures.with_label_values(&[reason.as_str()]).inc();
+    }
+
+    /// The summarizer model's bounded label, as `Metrics::for_model` gives a request's.
+    pub fn label_for(&self, model: &str, info: &ModelInfo) -> ModelLabel {
+        self.labels.resolve(model, info)
+    }
+
+    /// One summarizer call's usage. Counting zero shows a model's series.
+    pub fn count_tokens(&self, label: ModelLabel, input: u64, output: u64) {
+        let model = self.labels.name(label);
+        for (direction, tokens) in SUMMARIZER_DIRECTIONS.into_iter().zip([input, output]) {
+            self.tokens
+                .with_label_values(&[model, direction])
+                .inc_by(tokens);
+        }
     }
 }
 
@@ -125,6 +213,13 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
+    pub const ALL: [FailureKind; 4] = [
+        FailureKind::Connect,
+        FailureKind::Timeout,
+        FailureKind::Malformed,
+        FailureKind::Reset,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             FailureKind::Connect => "connect",
@@ -140,14 +235,19 @@ impl FailureKind {
 pub struct UpstreamFailures(IntCounterVec);
 
 impl UpstreamFailures {
+    /// Every kind shows 0 from start-up.
     pub fn new() -> Result<UpstreamFailures, MetricsError> {
-        Ok(UpstreamFailures(IntCounterVec::new(
+        let failures = IntCounterVec::new(
             Opts::new(
                 "condenser_upstream_failures_total",
                 "Upstream exchanges that failed, by kind: connect, timeout, malformed, reset.",
             ),
             &["kind"],
-        )?))
+        )?;
+        for kind in FailureKind::ALL {
+            failures.with_label_values(&[kind.as_str()]);
+        }
+        Ok(UpstreamFailures(failures))
     }
 
     pub fn count(&self, kind: FailureKind) {
@@ -176,6 +276,13 @@ struct RequestCounts {
 }
 
 impl RequestCounts {
+    /// `route`'s `200` series, shown at 0 until its first request.
+    fn show(&self, route: Route) {
+        if let Some((_, cell)) = self.ok.iter().find(|(known, _)| *known == route) {
+            series(cell, &self.vec, &[route.name(), "200"]);
+        }
+    }
+
     fn count(&self, route: Route, status: StatusCode) {
         let ok = (status == StatusCode::OK)
             .then(|| self.ok.iter().find(|(known, _)| *known == route))
@@ -201,6 +308,7 @@ struct ModelVecs {
     forwarded: IntCounterVec,
     saved: IntCounterVec,
     completion: IntCounterVec,
+    cached: IntCounterVec,
     ratio: GaugeVec,
 }
 
@@ -230,6 +338,10 @@ impl ModelVecs {
                 "condenser_completion_tokens_total",
                 "Completion tokens reported by upstream usage.",
             )?,
+            cached: counter(
+                "condenser_cached_prompt_tokens_total",
+                "Prompt tokens upstream usage reports served from the provider's prompt cache.",
+            )?,
             ratio: registered(
                 registry,
                 GaugeVec::new(
@@ -257,6 +369,7 @@ pub struct ModelSeries {
     vecs: ModelVecs,
     prompt: OnceLock<PromptSeries>,
     completion: OnceLock<IntCounter>,
+    cached: OnceLock<IntCounter>,
     ratio: OnceLock<Gauge>,
 }
 
@@ -283,6 +396,10 @@ impl ModelSeries {
         series(&self.completion, &self.vecs.completion, &[&self.label]).inc_by(tokens);
     }
 
+    pub fn count_cached(&self, tokens: u64) {
+        series(&self.cached, &self.vecs.cached, &[&self.label]).inc_by(tokens);
+    }
+
     /// Leaves the gauge untouched when the ratio is unchanged, as it mostly is once
     /// smoothed, so that every core can keep its copy of the line.
     pub fn set_token_ratio(&self, ratio: f64) {
@@ -293,24 +410,25 @@ impl ModelSeries {
     }
 }
 
-/// The per-model series, by label.
-struct ModelMetrics {
+/// The bounded `model` labels, all known at start: configured names, families, `other`. A
+/// request resolves its label without a lock or an allocation.
+pub struct ModelLabels {
     /// Configured names, each its own label.
     configured: HashMap<Box<str>, ModelLabel>,
-    /// Every label by name: configured names, families, `other`. All are known at start,
-    /// so a request resolves its label without a lock or an allocation.
+    /// Every label by name.
     labels: HashMap<Box<str>, ModelLabel>,
     other: ModelLabel,
     /// By label index.
-    series: Box<[ModelSeries]>,
+    names: Box<[Box<str>]>,
 }
 
-impl ModelMetrics {
-    fn new<F: AsRef<str>>(
+impl ModelLabels {
+    /// `families` are every family the model catalog can resolve to: with the `configured`
+    /// names and `other`, all the `model` labels there can be.
+    pub fn new<F: AsRef<str>>(
         configured: &[String],
         families: impl IntoIterator<Item = F>,
-        vecs: &ModelVecs,
-    ) -> ModelMetrics {
+    ) -> ModelLabels {
         let mut names: Vec<Box<str>> = Vec::new();
         let mut labels: HashMap<Box<str>, ModelLabel> = HashMap::new();
         let mut intern = |name: &str| {
@@ -330,22 +448,36 @@ impl ModelMetrics {
             intern(family.as_ref());
         }
         let other = intern("other");
-        let series = names
-            .into_iter()
-            .map(|label| ModelSeries {
-                label,
-                vecs: vecs.clone(),
-                prompt: OnceLock::new(),
-                completion: OnceLock::new(),
-                ratio: OnceLock::new(),
-            })
-            .collect();
-        ModelMetrics {
+        ModelLabels {
             configured,
             labels,
             other,
-            series,
+            names: names.into(),
         }
+    }
+
+    /// A model's label: a configured name, else its family, else `other` (as is a family
+    /// unknown at start, which `ModelCatalog::families` rules out).
+    pub fn resolve(&self, model: &str, info: &ModelInfo) -> ModelLabel {
+        if let Some(label) = self.configured.get(base_name(model).as_ref()) {
+            return *label;
+        }
+        info.family
+            .as_deref()
+            .and_then(|family| self.labels.get(family))
+            .copied()
+            .unwrap_or(self.other)
+    }
+
+    fn name(&self, label: ModelLabel) -> &str {
+        &self.names[label.0]
+    }
+
+    /// The labels whose series show from start-up: those the operator named, and `other`.
+    /// A family's show once a request of it is counted, or the dashboard would list every
+    /// family the catalog knows.
+    fn known(&self) -> impl Iterator<Item = ModelLabel> + '_ {
+        self.configured.values().copied().chain([self.other])
     }
 }
 
@@ -376,6 +508,10 @@ impl Metrics {
     /// `families` are every family the model catalog can resolve to: with the configured
     /// names and `other`, all the `model` labels there can be. `dialect_routes` are the
     /// registered dialects' routes, whose series are known before their first request.
+    ///
+    /// Every counter the shipped dashboard and alert rules read shows from start-up, at 0
+    /// for each label value known then: a series that appears only with its first event
+    /// hides, until then, whether it is zero or missing, and a rate over it starts late.
     pub fn new<F: AsRef<str>>(
         configured_models: &[String],
         families: impl IntoIterator<Item = F>,
@@ -407,23 +543,52 @@ impl Metrics {
                 .map(|route| (route, OnceLock::new()))
                 .collect(),
         };
+        // The routes of model traffic, which the alert rules read.
+        for route in dialect_routes.iter().chain([&Route::PASSTHROUGH]) {
+            requests.show(*route);
+        }
         let vecs = ModelVecs::new(&registry)?;
-        let summarizer_health = SummarizerHealth::new()?;
+        let labels = Arc::new(ModelLabels::new(configured_models, families));
+        let models: Box<[ModelSeries]> = labels
+            .names
+            .iter()
+            .map(|label| ModelSeries {
+                label: label.clone(),
+                vecs: vecs.clone(),
+                prompt: OnceLock::new(),
+                completion: OnceLock::new(),
+                cached: OnceLock::new(),
+                ratio: OnceLock::new(),
+            })
+            .collect();
+        let summarizer_health = SummarizerHealth::new(labels.clone())?;
         registered(&registry, summarizer_health.failures.clone())?;
         registered(&registry, summarizer_health.breakers_open.clone())?;
+        registered(&registry, summarizer_health.tokens.clone())?;
+        let reactive_retries = counters(
+            "condenser_reactive_retries_total",
+            "Requests retried once, compacted, after upstream answered that the prompt was too long.",
+            &["model"],
+        )?;
+        // Counting zero shows a series; the learned ratio has no value before a reply's
+        // usage, so its gauge waits for one.
+        for label in labels.known() {
+            let series = &models[label.0];
+            series.count_prompt(0, 0);
+            series.count_completion(0);
+            series.count_cached(0);
+            reactive_retries.with_label_values(&[labels.name(label)]);
+        }
         Ok(Metrics {
             requests,
-            models: ModelMetrics::new(configured_models, families, &vecs),
+            labels,
+            models,
             compactions: counters(
                 "condenser_compactions_total",
                 "Chat requests compacted, by action (summarized, trimmed) and summary cache outcome.",
                 &["action", "cache"],
             )?,
-            reactive_retries: counters(
-                "condenser_reactive_retries_total",
-                "Requests retried once, compacted, after upstream answered that the prompt was too long.",
-                &["model"],
-            )?,
+            reactive_retries,
             recalls: with_every_recall_series(counters(
                 "condenser_recalls_total",
                 "Recall calls, by route and outcome: served, error (a tool error to the model), skipped (the reply also called the client's tools), failed (the continuation upstream failed).",
@@ -473,22 +638,13 @@ impl Metrics {
         })
     }
 
-    /// A model's bounded label: a configured name, else its family, else `other` (as is a
-    /// family unknown at start, which `ModelCatalog::families` rules out).
+    /// A model's bounded label (`ModelLabels::resolve`).
     pub fn for_model(&self, model: &str, info: &ModelInfo) -> ModelLabel {
-        let core = &self.models;
-        if let Some(label) = core.configured.get(base_name(model).as_ref()) {
-            return *label;
-        }
-        info.family
-            .as_deref()
-            .and_then(|family| core.labels.get(family))
-            .copied()
-            .unwrap_or(core.other)
+        self.labels.resolve(model, info)
     }
 
     pub fn model(&self, label: ModelLabel) -> &ModelSeries {
-        &self.models.series[label.0]
+        &self.models[label.0]
     }
 
     pub fn count_request(&self, route: Route, status: StatusCode) {
@@ -533,7 +689,7 @@ mod tests {
     }
 
     #[test]
-    fn model_series_use_bounded_labels_and_appear_when_used() {
+    fn model_series_use_bounded_labels_and_show_the_known_ones_from_start() {
         let overrides =
             BTreeMap::from([("Corp/Local-Model".to_string(), ModelOverride::default())]);
         let catalog = ModelCatalog::new(overrides, TokensConfig::default());
@@ -547,7 +703,25 @@ mod tests {
         let mine = label("other-vendor/MY-MODEL");
         assert_eq!(mine, label("my-model"));
         assert_ne!(label("Corp/Local-Model"), label("some-local-model"));
-        assert_eq!(model_lines(&metrics.render()), Vec::<&str>::new());
+        // The configured name and `other` show from start-up; no family does.
+        let known = |metric: &str| {
+            [
+                format!(r#"{metric}{{model="my-model"}} 0"#),
+                format!(r#"{metric}{{model="other"}} 0"#),
+            ]
+        };
+        let at_start: Vec<String> = [
+            "condenser_cached_prompt_tokens_total",
+            "condenser_completion_tokens_total",
+            "condenser_forwarded_tokens_total",
+            "condenser_prompt_tokens_total",
+            "condenser_reactive_retries_total",
+            "condenser_saved_tokens_total",
+        ]
+        .into_iter()
+        .flat_map(known)
+        .collect();
+        assert_eq!(model_lines(&metrics.render()), at_start);
         metrics.model(mine).count_prompt(5, 3);
         metrics.model(label("claude-3-5-sonnet")).count_prompt(7, 7);
         metrics
@@ -555,8 +729,17 @@ mod tests {
             .count_prompt(1, 1);
         metrics.model(label("some-local-model")).count_prompt(1, 0);
         metrics.model(label("Corp/Local-Model")).count_prompt(2, 5);
+        let text = metrics.render();
+        let counted: Vec<&str> = model_lines(&text)
+            .into_iter()
+            .filter(|l| {
+                ["forwarded", "prompt", "saved"]
+                    .iter()
+                    .any(|m| l.starts_with(&format!("condenser_{m}_tokens_total")))
+            })
+            .collect();
         assert_eq!(
-            model_lines(&metrics.render()),
+            counted,
             [
                 r#"condenser_forwarded_tokens_total{model="claude"} 8"#,
                 r#"condenser_forwarded_tokens_total{model="local-model"} 5"#,
@@ -574,13 +757,16 @@ mod tests {
         );
         metrics.model(mine).count_completion(4);
         metrics.model(label("claude-x")).count_completion(0);
+        metrics.model(mine).count_cached(3);
         metrics.model(mine).set_token_ratio(1.5);
         let text = metrics.render();
         let lines = model_lines(&text);
         assert!(lines.contains(&r#"condenser_completion_tokens_total{model="my-model"} 4"#));
         assert!(lines.contains(&r#"condenser_completion_tokens_total{model="claude"} 0"#));
+        assert!(lines.contains(&r#"condenser_cached_prompt_tokens_total{model="my-model"} 3"#));
         assert!(lines.contains(&r#"condenser_token_estimate_ratio{model="my-model"} 1.5"#));
-        assert_eq!(lines.len(), 15, "{lines:?}");
+        // The 12 known from start, 2 families × 3 prompt series, claude's completion, the ratio.
+        assert_eq!(lines.len(), 20, "{lines:?}");
     }
 
     #[test]
@@ -606,7 +792,7 @@ mod tests {
     }
 
     #[test]
-    fn requests_are_counted_by_route_and_status_and_appear_when_counted() {
+    fn requests_are_counted_by_route_and_status_and_model_routes_show_from_start() {
         let metrics = Metrics::new(&[], catalog().families(), dialect_routes()).unwrap();
         let request_lines = || {
             metrics
@@ -616,7 +802,18 @@ mod tests {
                 .map(String::from)
                 .collect::<Vec<_>>()
         };
-        assert_eq!(request_lines(), Vec::<String>::new());
+        // The routes of model traffic, which the alert rules read, at 0.
+        let mut at_start: Vec<String> = dialect_routes()
+            .chain([Route::PASSTHROUGH])
+            .map(|route| {
+                format!(
+                    r#"condenser_requests_total{{route="{}",status="200"}} 0"#,
+                    route.name()
+                )
+            })
+            .collect();
+        at_start.sort();
+        assert_eq!(request_lines(), at_start);
         let mut expected = vec![
             r#"condenser_requests_total{route="chat_completions",status="413"} 2"#.to_string(),
             r#"condenser_requests_total{route="readyz",status="503"} 1"#.to_string(),

@@ -203,10 +203,14 @@ impl UsageObserver for Observer {
 
     fn finished(&mut self, usage: Option<Usage>) {
         let completion = usage.map_or(0, |u| u.completion_tokens);
+        let cached = usage.map_or(0, |u| u.cached_tokens);
         if let Some(usage) = usage {
             let state = &self.worker.state;
             let series = state.metrics.model(self.model_label);
             series.count_completion(usage.completion_tokens);
+            // After recall, summed over the rounds: each round's prompt was sent and cached
+            // on its own.
+            series.count_cached(usage.cached_tokens);
             // After recall, the prompt usage is summed over rounds that were not all counted.
             // An exact encoding is never scaled, so a ratio learned for it would be a figure
             // nothing uses, shown on the dashboard as if it were.
@@ -233,6 +237,7 @@ impl UsageObserver for Observer {
             prompt_tokens = self.received_tokens,
             forwarded_tokens = self.forwarded_tokens,
             completion_tokens = completion,
+            cached_tokens = cached,
             action = self.outcome.action.name(),
             cache = self.outcome.cache.name(),
             summarized_messages = self.outcome.summarized,

@@ -4,7 +4,7 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use crate::compaction::compactor::Compactor;
+use crate::compaction::compactor::{Compactor, COUNTED_OUTCOMES};
 use crate::config::{Config, ConfigError};
 use crate::dialect::{summary_api_named, DIALECTS};
 use crate::observe::metrics::{Metrics, MetricsError};
@@ -48,6 +48,11 @@ impl AppState {
             catalog.families(),
             DIALECTS.iter().map(|wire| wire.route),
         )?;
+        for (action, cache) in COUNTED_OUTCOMES {
+            metrics
+                .compactions
+                .with_label_values(&[action.name(), cache.name()]);
+        }
         let connections = Connections::new(&config, metrics.upstream_failures.clone());
         let upstreams = Upstreams::from_config(&config, &connections)?;
         let compactor = Arc::new(Compactor::new(

@@ -9,34 +9,47 @@ use std::task::{ready, Context, Poll};
 use bytes::{Bytes, BytesMut};
 use hyper::body::{Body, Frame, SizeHint};
 use memchr::memmem;
-use serde::Deserialize;
 
 use crate::transport::body::{BoxError, Gathered};
 
 /// A JSON body larger than this is relayed without reading its usage.
 const MAX_JSON_COPY: usize = 16 * 1024 * 1024;
 
-/// Both counts are required: a `"usage"` object without them is not a chat completion's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+/// What one reply says it cost, as its dialect's reader found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Usage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+    /// Of the prompt, the tokens the provider served from its prompt cache (billed at about
+    /// a tenth); 0 where it reported none.
+    pub cached_tokens: u64,
+}
+
+/// The counts one JSON document of a reply carries, each where it was written.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UsageCounts {
+    pub prompt: Option<u64>,
+    pub completion: Option<u64>,
+    pub cached: Option<u64>,
 }
 
 impl Usage {
-    /// Folds counts read so far of a stream into `usage`: a prompt count replaces the
-    /// prompt, an output count the completion (Anthropic's `message_delta` counts are
-    /// cumulative). Neither leaves it as it was.
-    pub fn fold(usage: &mut Option<Usage>, prompt: Option<u64>, completion: Option<u64>) {
-        if prompt.is_none() && completion.is_none() {
+    /// Folds counts read so far of a stream into `usage`: each count written replaces its
+    /// own (Anthropic's `message_delta` counts are cumulative), and what is not written
+    /// stays. Counts with none written leave it as it was.
+    pub fn fold(usage: &mut Option<Usage>, counts: UsageCounts) {
+        if counts.prompt.is_none() && counts.completion.is_none() && counts.cached.is_none() {
             return;
         }
         let current = usage.get_or_insert_with(Usage::default);
-        if let Some(prompt) = prompt {
-            current.prompt_tokens = prompt;
-        }
-        if let Some(completion) = completion {
-            current.completion_tokens = completion;
+        for (slot, count) in [
+            (&mut current.prompt_tokens, counts.prompt),
+            (&mut current.completion_tokens, counts.completion),
+            (&mut current.cached_tokens, counts.cached),
+        ] {
+            if let Some(count) = count {
+                *slot = count;
+            }
         }
     }
 }
@@ -294,6 +307,14 @@ mod tests {
 
     const CHAT: &dyn UsageReader = &ChatUsage;
 
+    fn counts(usage: Usage) -> (u64, u64, u64) {
+        (
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            usage.cached_tokens,
+        )
+    }
+
     #[derive(Clone, Default)]
     struct Seen(Arc<Mutex<(u32, Option<Usage>)>>);
 
@@ -367,19 +388,16 @@ mod tests {
             usage,
             Some(Usage {
                 prompt_tokens: 120,
-                completion_tokens: 9
+                completion_tokens: 9,
+                cached_tokens: 100,
             })
         );
-        let body = r#"{"id":"r","output":[],"usage":{"input_tokens":5,"output_tokens":2,"total_tokens":7}}"#;
+        let body = r#"{"id":"r","output":[],"usage":{"input_tokens":5,"input_tokens_details":{"cached_tokens":3},"output_tokens":2,"total_tokens":7}}"#;
         let (_, seen) = typed(&ResponsesUsage, vec![body], false).await;
-        assert_eq!(
-            seen.0
-                .lock()
-                .unwrap()
-                .1
-                .map(|u| (u.prompt_tokens, u.completion_tokens)),
-            Some((5, 2))
-        );
+        assert_eq!(seen.0.lock().unwrap().1.map(counts), Some((5, 2, 3)));
+        let body = r#"{"id":"r","output":[],"usage":{"input_tokens":5,"output_tokens":2}}"#;
+        let (_, seen) = typed(&ResponsesUsage, vec![body], false).await;
+        assert_eq!(seen.0.lock().unwrap().1.map(counts), Some((5, 2, 0)));
     }
 
     #[tokio::test]
@@ -398,19 +416,20 @@ mod tests {
             seen.0.lock().unwrap().1,
             Some(Usage {
                 prompt_tokens: 18,
-                completion_tokens: 7
+                completion_tokens: 7,
+                cached_tokens: 5,
             })
         );
         let body = r#"{"id":"m","content":[],"usage":{"input_tokens":4,"cache_read_input_tokens":6,"output_tokens":2}}"#;
         let (_, seen) = typed(&MessagesUsage, vec![body], false).await;
-        assert_eq!(
-            seen.0
-                .lock()
-                .unwrap()
-                .1
-                .map(|u| (u.prompt_tokens, u.completion_tokens)),
-            Some((10, 2))
-        );
+        assert_eq!(seen.0.lock().unwrap().1.map(counts), Some((10, 2, 6)));
+        // The current API repeats the prompt counts, cumulative, in `message_delta`.
+        let events = vec![
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":10,\"cache_read_input_tokens\":0,\"output_tokens\":1}}}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":10,\"cache_read_input_tokens\":40,\"output_tokens\":7}}\n\n",
+        ];
+        let (_, seen) = typed(&MessagesUsage, events, true).await;
+        assert_eq!(seen.0.lock().unwrap().1.map(counts), Some((50, 7, 40)));
         let (_, seen) = typed(&MessagesUsage, vec![r#"{"type":"error"}"#], false).await;
         assert_eq!(seen.0.lock().unwrap().1, None, "no usage, none read");
     }
@@ -449,7 +468,8 @@ mod tests {
                 usage,
                 Some(Usage {
                     prompt_tokens: 3,
-                    completion_tokens: 4
+                    completion_tokens: 4,
+                    cached_tokens: 0,
                 }),
                 "{cuts:?}"
             );
@@ -475,7 +495,8 @@ mod tests {
             seen.0.lock().unwrap().1,
             Some(Usage {
                 prompt_tokens: 3,
-                completion_tokens: 4
+                completion_tokens: 4,
+                cached_tokens: 0,
             })
         );
 
@@ -504,8 +525,7 @@ mod tests {
 
     #[tokio::test]
     async fn usage_chunk_is_read_and_stripped_across_split_chunks() {
-        let usage =
-            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3}}\n\n";
+        let usage = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3,\"prompt_tokens_details\":{\"cached_tokens\":2}}}\n\n";
         let (text, seen) = run(
             vec![
                 "data: {\"choices\":[{\"delta\":{}}]}\n",
@@ -526,7 +546,8 @@ mod tests {
             got,
             Some(Usage {
                 prompt_tokens: 7,
-                completion_tokens: 3
+                completion_tokens: 3,
+                cached_tokens: 2,
             })
         );
         let (text, _) = run(vec![usage, "data: [DONE]\n\n"], false).await;

@@ -1,7 +1,7 @@
 //! The operators' dashboard and alert rules in deploy/, checked against a real Prometheus:
-//! it scrapes condenser while traffic compacts, hits the cache, fails the summarizer and is
-//! retried, and every panel's query must then return data. promtool checks the rules and runs
-//! their unit tests.
+//! it scrapes condenser while traffic compacts, hits the cache (condenser's and the provider's
+//! prompt cache), fails the summarizer and is retried, and every panel's query must then
+//! return data. promtool checks the rules and runs their unit tests.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -184,10 +184,12 @@ fn has_data(result: &[Value]) -> bool {
 }
 
 /// Answers, compacts, retries when the mock model (50 messages at most) finds a prompt too
-/// long, and fails every summary asked for by [`FAILING_KEY`].
+/// long, fails every summary asked for by [`FAILING_KEY`], and reports what its prompt cache
+/// served.
 async fn upstream() -> MockUpstream {
     mock_llm(LlmBehaviour {
         too_long: Some((50, openai_too_long())),
+        prompt_cache: Some(PromptCache::default()),
         summarizer_error: Some(Arc::new(|r: &Recorded| {
             (r.headers.get("authorization")?.to_str().ok()? == FAILING_KEY)
                 .then(|| (500, json!({"error": {"message": SUMMARIZER_DOWN}})))
@@ -317,6 +319,10 @@ async fn every_dashboard_panel_shows_data_from_a_real_prometheus() {
     assert_eq!(lines("circuit open after repeated failures"), 0, "{logged}");
     assert!(lines("summarizer failed") >= 2, "{logged}");
 
+    // A hit rate of 0 is data too: the provider's cache must have served some of it.
+    prometheus
+        .wait_for("sum(condenser_cached_prompt_tokens_total) > 0")
+        .await;
     let dashboard: Value =
         serde_json::from_str(&std::fs::read_to_string(repo_path(DASHBOARD)).unwrap()).unwrap();
     let mut waiting = panel_queries(&dashboard);

@@ -1,6 +1,7 @@
-//! What an operator reads from `/metrics` agrees with what the requests did.
+//! What an operator reads from `/metrics` agrees with what the requests did, and what the
+//! dashboard and alert rules read is there from start-up.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use crate::common::*;
 use futures_util::StreamExt;
@@ -327,5 +328,202 @@ async fn every_registered_dialect_is_served_at_its_path_and_counted_under_its_la
         let route = wire.route.name();
         let refused = format!(r#"condenser_requests_total{{route="{route}",status="400"}}"#);
         assert_eq!(value(&samples, &refused), 1.0);
+    }
+}
+
+/// The sum of every series of `name`, whatever its labels.
+fn total(samples: &BTreeMap<String, f64>, name: &str) -> f64 {
+    samples
+        .iter()
+        .filter(|(series, _)| series.split('{').next() == Some(name))
+        .map(|(_, value)| value)
+        .sum()
+}
+
+/// One dialect's traffic for the cache test: its path, and its request of `turns` turns.
+struct Dialect {
+    path: &'static str,
+    body: fn(usize) -> Value,
+}
+
+const CACHED_DIALECTS: [Dialect; 3] = [
+    Dialect {
+        path: "/v1/chat/completions",
+        body: |turns| chat_body(&conversation(turns)),
+    },
+    Dialect {
+        path: "/v1/responses",
+        body: |turns| {
+            let input = conversation(turns)[1..].to_vec();
+            json!({"model": "gpt-4o", "instructions": SYSTEM_PROMPT, "input": input, "store": false})
+        },
+    },
+    Dialect {
+        path: "/v1/messages",
+        body: |turns| messages_body(&claude_conversation(turns)),
+    },
+];
+
+/// What the provider's cache served, as each dialect's upstream reports it (chat
+/// `prompt_tokens_details.cached_tokens`, Responses `input_tokens_details.cached_tokens`,
+/// Anthropic `cache_read_input_tokens`), is counted from whole replies and from streams: each
+/// request's share, replayed from what condenser forwarded, is what the counter grows by.
+#[tokio::test]
+async fn cached_prompt_tokens_are_counted_in_every_dialect_whole_and_streamed() {
+    for dialect in CACHED_DIALECTS {
+        let behaviour = LlmBehaviour {
+            prompt_cache: Some(PromptCache::default()),
+            ..LlmBehaviour::default()
+        };
+        let upstream = match dialect.path {
+            "/v1/responses" => mock_responses_llm(behaviour, None).await,
+            "/v1/messages" => {
+                mock_claude(ClaudeBehaviour {
+                    llm: behaviour,
+                    ..ClaudeBehaviour::default()
+                })
+                .await
+            }
+            _ => mock_llm(behaviour).await,
+        };
+        let proxy = Proxy::start(claude_config(&upstream.url())).await;
+        let replay = PromptCache::default();
+        let mut expected = 0.0;
+        for (turns, stream) in [(2, false), (3, true), (4, false), (5, true)] {
+            let mut body = (dialect.body)(turns);
+            body["stream"] = json!(stream);
+            let response = client()
+                .post(proxy.url(dialect.path))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200, "{}", dialect.path);
+            stream_text(response).await;
+            let forwarded = upstream.forwarded();
+            let cached = replay.prompt(forwarded.last().unwrap()).cached_tokens;
+            if turns > 2 {
+                assert!(cached > 0, "{}: the previous prompt repeats", dialect.path);
+            }
+            expected += cached as f64;
+            // Counted once the relay ends, which may be just after the client has it all.
+            within("cached tokens counted", async {
+                while total(
+                    &parse_exposition(&proxy.metrics().await),
+                    "condenser_cached_prompt_tokens_total",
+                ) != expected
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+            })
+            .await;
+        }
+    }
+}
+
+/// Names the dashboard or the alert rules read: every `condenser_…` word in them.
+fn metric_names_read_in(text: &str) -> BTreeSet<String> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|word| word.starts_with("condenser_"))
+        .map(String::from)
+        .collect()
+}
+
+/// Every counter (and histogram) the shipped dashboard and alert rules read is there at
+/// start-up, its known label values at 0: a series that appears with its first event leaves
+/// its panel empty and its alert blind until then. A new panel reading a series that is not
+/// shown from the start fails here.
+#[tokio::test]
+async fn every_series_the_dashboard_and_alerts_read_is_there_from_start_up() {
+    let upstream = closed_url();
+    let mut config = small_window_config(&upstream);
+    config.metrics.models = vec!["my-fine-tune".into()];
+    let proxy = Proxy::start(config).await;
+    let samples = parse_exposition(&proxy.metrics().await);
+    let read = |path: &str| {
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path))
+            .unwrap()
+    };
+    let mut names = metric_names_read_in(&read("deploy/grafana/condenser.json"));
+    names.extend(metric_names_read_in(&read("deploy/prometheus/alerts.yml")));
+    assert!(names.len() >= 15, "{names:?}");
+    // A gauge of what upstream's usage said, which has no value before the first reply.
+    names.remove("condenser_token_estimate_ratio");
+    for name in &names {
+        assert!(
+            samples.keys().any(|series| {
+                // A histogram's series are its family's name with a suffix.
+                let family = series.split('{').next().unwrap_or_default();
+                ["", "_bucket", "_count", "_sum"]
+                    .iter()
+                    .any(|suffix| family.strip_suffix(suffix) == Some(name))
+            }),
+            "{name} is read by the dashboard or the alerts but not there at start-up"
+        );
+    }
+    let at_zero = |series: String| {
+        assert_eq!(
+            samples.get(&series),
+            Some(&0.0),
+            "{series} is not there at 0"
+        )
+    };
+    for model in ["my-fine-tune", "other"] {
+        for name in [
+            "condenser_prompt_tokens_total",
+            "condenser_forwarded_tokens_total",
+            "condenser_saved_tokens_total",
+            "condenser_completion_tokens_total",
+            "condenser_cached_prompt_tokens_total",
+            "condenser_reactive_retries_total",
+        ] {
+            at_zero(format!(r#"{name}{{model="{model}"}}"#));
+        }
+    }
+    // The configured summarizer model's family too (gpt-4o-mini's).
+    for model in ["my-fine-tune", "other", "gpt-4o"] {
+        for direction in ["input", "output"] {
+            at_zero(format!(
+                r#"condenser_summarizer_tokens_total{{direction="{direction}",model="{model}"}}"#
+            ));
+        }
+    }
+    for reason in [
+        "status",
+        "timeout",
+        "connection",
+        "malformed",
+        "rejected",
+        "circuit_open",
+        "internal",
+    ] {
+        at_zero(format!(
+            r#"condenser_summarizer_failures_total{{reason="{reason}"}}"#
+        ));
+    }
+    for kind in ["connect", "timeout", "malformed", "reset"] {
+        at_zero(format!(
+            r#"condenser_upstream_failures_total{{kind="{kind}"}}"#
+        ));
+    }
+    for (action, cache) in [
+        ("summarized", "hit"),
+        ("summarized", "miss"),
+        ("summarized", "extended"),
+        ("summarized", "stale"),
+        ("trimmed", "none"),
+        ("forwarded", "deferred"),
+    ] {
+        at_zero(format!(
+            r#"condenser_compactions_total{{action="{action}",cache="{cache}"}}"#
+        ));
+    }
+    let routes = condenser::dialect::DIALECTS
+        .iter()
+        .map(|wire| wire.route.name());
+    for route in routes.chain(["passthrough"]) {
+        at_zero(format!(
+            r#"condenser_requests_total{{route="{route}",status="200"}}"#
+        ));
     }
 }

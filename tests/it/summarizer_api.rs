@@ -1,5 +1,5 @@
 //! The summarizer is asked in the API its upstream speaks: `summarizer.api`, or by default the
-//! dialect of the request's route.
+//! dialect of the request's route; its reply's usage is counted, read the way of that API.
 
 use crate::common::*;
 use serde_json::Value;
@@ -36,6 +36,25 @@ async fn summarized_through(api: &str, path: &str) -> (Value, Recorded) {
         .find(|r| !is_summarizer_call(r))
         .unwrap()
         .json();
+    // Each summarizer reply's usage (100 in, 60 out in every API) is counted under the
+    // summarizer model's label: gpt-4o-mini's family. A call made ahead may still be in flight.
+    within("summarizer tokens counted", async {
+        loop {
+            let calls = upstream.summarizer_calls().len() as f64;
+            let metrics = proxy.metrics().await;
+            let tokens = |direction: &str| {
+                let series = format!(
+                    r#"condenser_summarizer_tokens_total{{direction="{direction}",model="gpt-4o"}}"#
+                );
+                metric(&metrics, &series)
+            };
+            if (tokens("input"), tokens("output")) == (Some(100.0 * calls), Some(60.0 * calls)) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
     (forwarded, call)
 }
 

@@ -1,6 +1,7 @@
-//! How a chat completion carries usage: `usage.prompt_tokens`/`completion_tokens`, last in a
-//! body or in a stream's final chunk; and the usage-only chunk condenser asked for on the
-//! client's behalf, kept from it.
+//! How a chat completion carries usage: `usage.prompt_tokens`/`completion_tokens`, with the
+//! prompt cache's share in `prompt_tokens_details.cached_tokens`, last in a body or in a
+//! stream's final chunk; and the usage-only chunk condenser asked for on the client's behalf,
+//! kept from it.
 
 use std::sync::LazyLock;
 
@@ -68,12 +69,51 @@ struct WithUsage {
     choices: Option<Vec<IgnoredAny>>,
 }
 
+/// A usage object's counts; which of them must be written is up to the reader.
 #[derive(Deserialize)]
 struct UsageFields {
-    #[serde(default)]
-    prompt_tokens: u64,
-    #[serde(default)]
-    completion_tokens: u64,
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Deserialize)]
+struct PromptDetails {
+    cached_tokens: Option<u64>,
+}
+
+impl UsageFields {
+    /// A stream's usage chunk: a count it leaves out is 0.
+    fn lenient(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_tokens.unwrap_or(0),
+            completion_tokens: self.completion_tokens.unwrap_or(0),
+            cached_tokens: self.cached(),
+        }
+    }
+
+    /// A whole body's: a `"usage"` object without both counts is not a chat completion's.
+    fn complete(&self) -> Option<Usage> {
+        Some(Usage {
+            prompt_tokens: self.prompt_tokens?,
+            completion_tokens: self.completion_tokens?,
+            cached_tokens: self.cached(),
+        })
+    }
+
+    fn cached(&self) -> u64 {
+        self.prompt_tokens_details
+            .as_ref()
+            .and_then(|details| details.cached_tokens)
+            .unwrap_or(0)
+    }
+
+    /// The usage object that `json` starts with, read by `serde`.
+    fn read(json: &[u8]) -> Option<Usage> {
+        UsageFields::deserialize(&mut serde_json::Deserializer::from_slice(json))
+            .ok()?
+            .complete()
+    }
 }
 
 impl WithUsage {
@@ -82,10 +122,7 @@ impl WithUsage {
     }
 
     fn usage(&self) -> Option<Usage> {
-        self.usage.as_ref().map(|u| Usage {
-            prompt_tokens: u.prompt_tokens,
-            completion_tokens: u.completion_tokens,
-        })
+        self.usage.as_ref().map(UsageFields::lenient)
     }
 }
 
@@ -124,17 +161,19 @@ fn tail_usage(body: &[u8]) -> Option<Usage> {
     let value = body[at + USAGE_KEY.len()..]
         .trim_ascii_start()
         .strip_prefix(b":")?;
-    plain_usage(value)
-        .or_else(|| Usage::deserialize(&mut serde_json::Deserializer::from_slice(value)).ok())
+    plain_usage(value).or_else(|| UsageFields::read(value))
 }
 
 /// The usage object as upstreams write it, read without `serde`, which costs several times
-/// more on a response's path: its two counts as plain integers, each once, among other
-/// members that are skipped (nested objects included). Anything else is `None`, and `serde`
-/// reads the object instead.
+/// more on a response's path: its two counts as plain integers, each once, and the cached
+/// count in `prompt_tokens_details` when there is one, among other members that are skipped
+/// (nested objects included). Anything else is `None`, and `serde` reads the object instead.
 fn plain_usage(object: &[u8]) -> Option<Usage> {
     let mut prompt = None;
     let mut completion = None;
+    let mut cached = None;
+    // The last key read at the top: a key one deeper is a member of its value.
+    let mut parent: &[u8] = b"";
     let mut depth = 0usize;
     let mut at = 0;
     while let Some(&byte) = object.get(at) {
@@ -147,6 +186,7 @@ fn plain_usage(object: &[u8]) -> Option<Usage> {
                     return Some(Usage {
                         prompt_tokens: prompt?,
                         completion_tokens: completion?,
+                        cached_tokens: cached.unwrap_or(0),
                     });
                 }
             }
@@ -166,6 +206,11 @@ fn plain_usage(object: &[u8]) -> Option<Usage> {
                 let slot = match (depth, text) {
                     (1, b"prompt_tokens") => &mut prompt,
                     (1, b"completion_tokens") => &mut completion,
+                    (2, b"cached_tokens") if parent == b"prompt_tokens_details" => &mut cached,
+                    (1, _) => {
+                        parent = text;
+                        continue;
+                    }
                     _ => continue,
                 };
                 let value = value.trim_ascii_start();
@@ -250,7 +295,8 @@ mod tests {
                 json_usage(&body),
                 Some(Usage {
                     prompt_tokens: 3,
-                    completion_tokens: 4
+                    completion_tokens: 4,
+                    cached_tokens: 0,
                 }),
                 "{before}/{after}"
             );
@@ -274,14 +320,17 @@ mod tests {
     /// leave to `serde`: where it reads a usage, `serde` reads the same.
     #[test]
     fn plain_usage_agrees_with_serde() {
-        let serde =
-            |object: &str| Usage::deserialize(&mut serde_json::Deserializer::from_str(object)).ok();
+        let serde = |object: &str| UsageFields::read(object.as_bytes());
         let read = [
             r#"{"prompt_tokens":120,"completion_tokens":18,"total_tokens":138}"#,
             r#"{ "completion_tokens" : 7 , "prompt_tokens" : 0 }"#,
             r#"{"prompt_tokens":19,"completion_tokens":10,"total_tokens":29,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"accepted_prediction_tokens":0}}"#,
             r#"{"x":{"prompt_tokens":1,"completion_tokens":2},"prompt_tokens":3,"completion_tokens":4}"#,
             r#"{"note":"a } and a { and \"quotes\"","prompt_tokens":5,"completion_tokens":6}"#,
+            r#"{"prompt_tokens":2006,"completion_tokens":300,"prompt_tokens_details":{"cached_tokens":1920,"audio_tokens":0}}"#,
+            r#"{"prompt_tokens_details":{"audio_tokens":0,"cached_tokens":1920},"completion_tokens_details":{"cached_tokens":7},"prompt_tokens":2006,"completion_tokens":300}"#,
+            r#"{"prompt_tokens":2006,"completion_tokens":300,"prompt_tokens_details":{"cached_tokens":null}}"#,
+            r#"{"prompt_tokens":2006,"completion_tokens":300,"prompt_tokens_details":null}"#,
         ];
         for object in read {
             let plain = if object.contains('\\') {
@@ -296,10 +345,18 @@ mod tests {
             plain_usage(read[3].as_bytes()),
             Some(Usage {
                 prompt_tokens: 3,
-                completion_tokens: 4
+                completion_tokens: 4,
+                cached_tokens: 0,
             }),
             "nested counts are not the response's"
         );
+        // The cached count is the prompt's, wherever it stands among the members.
+        for object in &read[5..7] {
+            let usage = plain_usage(object.as_bytes());
+            assert_eq!(usage.map(|u| u.cached_tokens), Some(1920), "{object}");
+        }
+        assert_eq!(serde(read[7]).map(|u| u.cached_tokens), Some(0));
+        assert_eq!(serde(read[8]).map(|u| u.cached_tokens), Some(0));
         for object in [
             r#"{"prompt_tokens":1.5,"completion_tokens":2}"#,
             r#"{"prompt_tokens":-1,"completion_tokens":2}"#,

@@ -1,11 +1,11 @@
 //! How Anthropic's Messages API carries usage: `usage.input_tokens` (with
 //! `cache_creation_input_tokens` and `cache_read_input_tokens`, all of them prompt) and
 //! `output_tokens`, in a body, or in a stream's `message_start` and then its `message_delta`
-//! events.
+//! events. `cache_read_input_tokens` is also the share the prompt cache served.
 
 use serde::Deserialize;
 
-use crate::transport::usage::{Usage, UsageReader};
+use crate::transport::usage::{Usage, UsageCounts, UsageReader};
 
 /// Anthropic's usage.
 pub struct MessagesUsage;
@@ -48,7 +48,14 @@ impl UsageReader for MessagesUsage {
         };
         let started = reply.message.and_then(|message| message.usage);
         for counts in [started, reply.usage].into_iter().flatten() {
-            Usage::fold(usage, counts.prompt(), counts.output_tokens);
+            Usage::fold(
+                usage,
+                UsageCounts {
+                    prompt: counts.prompt(),
+                    completion: counts.output_tokens,
+                    cached: counts.cache_read_input_tokens,
+                },
+            );
         }
     }
 }

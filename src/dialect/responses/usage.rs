@@ -1,9 +1,10 @@
 //! How the Responses API carries usage: `usage.input_tokens`/`output_tokens` of the response,
-//! in a body or in the stream's `response.completed` event.
+//! with the prompt cache's share in `input_tokens_details.cached_tokens`, in a body or in the
+//! stream's `response.completed` event.
 
 use serde::Deserialize;
 
-use crate::transport::usage::{Usage, UsageReader};
+use crate::transport::usage::{Usage, UsageCounts, UsageReader};
 
 /// The Responses API's usage.
 pub struct ResponsesUsage;
@@ -26,6 +27,12 @@ struct Response {
 struct Counts {
     input_tokens: Option<u64>,
     output_tokens: Option<u64>,
+    input_tokens_details: Option<InputDetails>,
+}
+
+#[derive(Deserialize)]
+struct InputDetails {
+    cached_tokens: Option<u64>,
 }
 
 impl UsageReader for ResponsesUsage {
@@ -34,7 +41,14 @@ impl UsageReader for ResponsesUsage {
             .ok()
             .and_then(|reply| reply.usage.or_else(|| reply.response?.usage));
         if let Some(counts) = counts {
-            Usage::fold(usage, counts.input_tokens, counts.output_tokens);
+            Usage::fold(
+                usage,
+                UsageCounts {
+                    prompt: counts.input_tokens,
+                    completion: counts.output_tokens,
+                    cached: counts.input_tokens_details.and_then(|d| d.cached_tokens),
+                },
+            );
         }
     }
 }

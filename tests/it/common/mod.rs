@@ -2,9 +2,11 @@
 
 mod breaks;
 mod logs;
+mod prompt_cache;
 
 pub use breaks::{cache_figures, CacheFigures, Sent};
 pub use logs::captured_logs;
+pub use prompt_cache::{CachedPrompt, PromptCache};
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -243,6 +245,11 @@ pub struct LlmBehaviour {
     /// A chat request with more messages than this is answered 400 with this body: the
     /// model's real window is smaller than condenser was told.
     pub too_long: Option<(usize, Value)>,
+    /// Replies report usage as providers do, from this cache: the prompt's tokens, and of them
+    /// those it shares with the previous request as cached. Read by `mock_llm`'s chat answers
+    /// and by the answers `mock_responses_llm` and `mock_claude` (through `llm`) give
+    /// themselves; without it, their fixed counts and no cached tokens (Claude's: 3).
+    pub prompt_cache: Option<PromptCache>,
 }
 
 /// What a summarizer that keeps nothing answers.
@@ -355,6 +362,7 @@ pub async fn mock_llm(behaviour: LlmBehaviour) -> MockUpstream {
                 return json_response(500, &json!({"error": {"message": "upstream broke", "type": "server_error"}}));
             }
             let reply = format!("reply to {} messages", request["messages"].as_array().map_or(0, Vec::len));
+            let usage = chat_usage(behaviour.prompt_cache.as_ref(), &request);
             if request["stream"] == json!(true) {
                 let mut events = String::new();
                 for word in reply.split(' ') {
@@ -362,7 +370,7 @@ pub async fn mock_llm(behaviour: LlmBehaviour) -> MockUpstream {
                     events.push_str(&format!("data: {chunk}\n\n"));
                 }
                 if request["stream_options"]["include_usage"] == json!(true) {
-                    let usage = json!({"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15}});
+                    let usage = json!({"choices": [], "usage": usage});
                     events.push_str(&format!("data: {usage}\n\n"));
                 }
                 events.push_str("data: [DONE]\n\n");
@@ -371,10 +379,28 @@ pub async fn mock_llm(behaviour: LlmBehaviour) -> MockUpstream {
                     .body(full(Bytes::from(events)))
                     .unwrap();
             }
-            json_response(200, &completion(&reply, 11, 4))
+            let mut answer = completion(&reply, 11, 4);
+            answer["usage"] = usage;
+            json_response(200, &answer)
         }
     }))
     .await
+}
+
+/// What `mock_llm` reports of a chat answer: 11 prompt tokens and 4 completion tokens, or the
+/// prompt and its cached share as `cache` counts them.
+fn chat_usage(cache: Option<&PromptCache>, request: &Value) -> Value {
+    match cache.map(|cache| cache.prompt(request)) {
+        Some(CachedPrompt {
+            prompt_tokens,
+            cached_tokens,
+        }) => json!({
+            "prompt_tokens": prompt_tokens, "completion_tokens": 4,
+            "total_tokens": prompt_tokens + 4,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens, "audio_tokens": 0},
+        }),
+        None => json!({"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15}),
+    }
 }
 
 const WORDS: &[&str] = &[
@@ -618,10 +644,22 @@ pub async fn mock_claude(behaviour: ClaudeBehaviour) -> MockUpstream {
                 request["messages"].as_array().map_or(0, Vec::len)
             );
             let model = request["model"].clone();
+            // Anthropic's input_tokens are the prompt's uncached part.
+            let (input, created, read) = match &behaviour.llm.prompt_cache {
+                Some(cache) => {
+                    let counted = cache.prompt(&request);
+                    (counted.prompt_tokens - counted.cached_tokens, 0, counted.cached_tokens)
+                }
+                None => (
+                    behaviour.input_tokens.unwrap_or(CLAUDE_INPUT_TOKENS),
+                    CLAUDE_CACHE_CREATION_TOKENS,
+                    CLAUDE_CACHE_READ_TOKENS,
+                ),
+            };
             let usage = json!({
-                "input_tokens": behaviour.input_tokens.unwrap_or(CLAUDE_INPUT_TOKENS),
-                "cache_creation_input_tokens": CLAUDE_CACHE_CREATION_TOKENS,
-                "cache_read_input_tokens": CLAUDE_CACHE_READ_TOKENS,
+                "input_tokens": input,
+                "cache_creation_input_tokens": created,
+                "cache_read_input_tokens": read,
                 "output_tokens": 1,
             });
             let message = |content: Value, stop: Value, usage: Value| {
@@ -763,12 +801,14 @@ pub async fn mock_responses_llm(
     behaviour: LlmBehaviour,
     gate: Option<Arc<tokio::sync::Notify>>,
 ) -> MockUpstream {
+    let cache = behaviour.prompt_cache.clone();
     let chat = mock_llm(behaviour).await.url();
     let http = client();
     MockUpstream::start(handler(move |r| {
         let chat = chat.clone();
         let http = http.clone();
         let gate = gate.clone();
+        let cache = cache.clone();
         async move {
             if r.path_and_query != "/v1/responses" || is_summarizer_call(&r) {
                 let mut forwarded = http.post(format!("{chat}{}", r.path_and_query)).body(r.body.clone());
@@ -789,8 +829,19 @@ pub async fn mock_responses_llm(
                 _ => 0,
             };
             let text = format!("reply to {items} items");
+            let counted = cache.map(|cache| cache.prompt(&request));
+            // The fixed input count, or the prompt and its cached share.
+            let reply = move |text: &str, output: u64| {
+                let mut reply = responses_reply(text, "completed", Some(output));
+                if let Some(counted) = counted {
+                    reply["usage"]["input_tokens"] = json!(counted.prompt_tokens);
+                    reply["usage"]["input_tokens_details"]["cached_tokens"] = json!(counted.cached_tokens);
+                    reply["usage"]["total_tokens"] = json!(counted.prompt_tokens + output);
+                }
+                reply
+            };
             if request["stream"] != json!(true) {
-                return json_response(200, &responses_reply(&text, "completed", Some(RESPONSES_OUTPUT_TOKENS)));
+                return json_response(200, &reply(&text, RESPONSES_OUTPUT_TOKENS));
             }
             let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
             tokio::spawn(async move {
@@ -807,7 +858,7 @@ pub async fn mock_responses_llm(
                 }
                 let done = json!({"item_id": "msg_test", "output_index": 0, "content_index": 0, "text": text});
                 let _ = tx.send(Ok(responses_event("response.output_text.done", sequence, done))).await;
-                let completed = json!({"response": responses_reply(&text, "completed", Some(RESPONSES_STREAM_OUTPUT_TOKENS))});
+                let completed = json!({"response": reply(&text, RESPONSES_STREAM_OUTPUT_TOKENS)});
                 let _ = tx.send(Ok(responses_event("response.completed", sequence + 1, completed))).await;
             });
             let mut rx = rx;
