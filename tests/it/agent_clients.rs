@@ -748,7 +748,33 @@ impl Stack {
             },
             session.hard_limit,
         );
-        eprintln!("{}: {figures:?}", session.client);
+        // The bill: forwarded prompt tokens with the cached share at a tenth, and what the
+        // summarizer read (counted as condenser counts) and wrote (the scripted usage, 20).
+        let summarizer: u64 = self
+            .upstream
+            .recorded()
+            .iter()
+            .filter(|r| is_summarizer_call(r))
+            .map(|r| {
+                let request = D::parse(&r.body).unwrap();
+                block_on(D::count(&request, &catalog, &counter)).count.total + 20
+            })
+            .sum();
+        let per_100 = |value: f64| value * 100.0 / figures.requests as f64;
+        eprintln!(
+            "BENCH {}: prefix reuse {:.3}, avoidable breaks {}, summary steps per 100 rounds \
+             {:.1}, cut steps {}, bill per 100 rounds {:.0} (prompt {:.0} + summarizer {:.0}) \
+             against {:.0} sent whole",
+            session.client,
+            figures.reuse,
+            figures.cache.avoidable.len(),
+            per_100(figures.cache.summary_steps as f64),
+            figures.cache.cut_steps,
+            per_100(figures.cache.billed + summarizer as f64),
+            per_100(figures.cache.billed),
+            per_100(summarizer as f64),
+            per_100(figures.cache.billed_whole),
+        );
         (exchanges, told)
     }
 }
