@@ -18,10 +18,13 @@ const READ_ONCE: &str = "4f9c2ab1";
 const ENVIRONMENT: &str =
     "<environment_context>\n  <cwd>/work/falcon</cwd>\n  <shell>bash</shell>\n  <sandbox_mode>workspace-write</sandbox_mode>\n</environment_context>";
 
+/// An agent's tool schemas, about 9,000 tokens (Claude Code's run to some 15,000): with them,
+/// in the small window, the recent rounds the plan must keep are over the target on their
+/// own, so tool outputs are cut at every step.
 fn tools() -> Value {
     json!([{"type": "function", "function": {
         "name": "read_file",
-        "description": format!("Reads a file of the workspace. {}", filler(7, 300)),
+        "description": format!("Reads a file of the workspace. {}", filler(7, 9_000)),
         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
     }}])
 }
