@@ -27,6 +27,9 @@ pub enum ProxyError {
     UpstreamUnreachable(String),
     #[error("upstream sent a broken reply: {0}")]
     UpstreamBroken(String),
+    /// An upstream error reply whose body could not be scanned for keys, so was not relayed.
+    #[error("upstream answered {status}; its body was withheld, as {why}")]
+    UpstreamReplyWithheld { status: StatusCode, why: String },
     #[error("upstream did not answer within {0} seconds")]
     UpstreamTimeout(u64),
     #[error("summarizer failed: {0}")]
@@ -81,6 +84,7 @@ impl ProxyError {
             | ProxyError::UpstreamBroken(_)
             | ProxyError::SummarizerFailed(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::UpstreamReplyWithheld { status, .. } => *status,
             ProxyError::Rewrite(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ProxyError::NotFound(_) => StatusCode::NOT_FOUND,
         }
@@ -108,6 +112,7 @@ impl ProxyError {
             ProxyError::UpstreamUnreachable(_) => "upstream_unreachable",
             ProxyError::UpstreamBroken(_) => "upstream_error",
             ProxyError::UpstreamTimeout(_) => "upstream_timeout",
+            ProxyError::UpstreamReplyWithheld { .. } => "upstream_reply_withheld",
             ProxyError::SummarizerFailed(_) => "summarizer_failed",
             ProxyError::NotFound(_) => "not_found",
             ProxyError::ClientBody(_) => "invalid_body",

@@ -35,12 +35,10 @@ use crate::observe::metrics::{FailureKind, UpstreamFailures};
 use crate::transport::body::{with_idle_timeout, BodyLimitExceeded, BoxError, ProxyBody};
 use crate::transport::broken::{broken_head, failure_kind, root_cause};
 use crate::transport::egress::Egress;
-pub use crate::transport::headers::{
-    bare_key, bearer_from_env, blank_credentials, KeyStyle, X_API_KEY,
-};
-use crate::transport::headers::{
-    forwardable_headers, inject_key, strip_hop_by_hop, without_credentials, CREDENTIAL_HEADERS,
-};
+pub use crate::transport::headers::{bare_key, bearer_from_env, KeyStyle, X_API_KEY};
+use crate::transport::headers::{forwardable_headers, inject_key, strip_hop_by_hop};
+pub use crate::transport::redact::blank_credentials;
+use crate::transport::redact::{without_credentials, CREDENTIAL_HEADERS};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A response head larger than this (status line and headers, as hyper parsed it) is a
