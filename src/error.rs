@@ -3,6 +3,12 @@
 
 use hyper::StatusCode;
 
+/// nginx's status for a request whose client closed its connection before the answer.
+const CLIENT_CLOSED_REQUEST: StatusCode = match StatusCode::from_u16(499) {
+    Ok(status) => status,
+    Err(_) => StatusCode::BAD_REQUEST,
+};
+
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
     #[error("request body is not valid JSON: {0}")]
@@ -42,6 +48,9 @@ pub enum ProxyError {
     NotFound(String),
     #[error("error reading the request body: {0}")]
     ClientBody(String),
+    /// The client closed its connection while its request waited; nobody reads the answer.
+    #[error("the client left while its request waited; its upstream request was cancelled")]
+    ClientLeft,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -87,6 +96,7 @@ impl ProxyError {
             ProxyError::UpstreamReplyWithheld { status, .. } => *status,
             ProxyError::Rewrite(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ProxyError::NotFound(_) => StatusCode::NOT_FOUND,
+            ProxyError::ClientLeft => CLIENT_CLOSED_REQUEST,
         }
     }
 
@@ -117,6 +127,7 @@ impl ProxyError {
             ProxyError::NotFound(_) => "not_found",
             ProxyError::ClientBody(_) => "invalid_body",
             ProxyError::Rewrite(_) => "internal_error",
+            ProxyError::ClientLeft => "client_closed_request",
         }
     }
 
