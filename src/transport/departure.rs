@@ -235,9 +235,9 @@ impl Departure {
     }
 }
 
-/// The client left while its reply waited on upstream.
+/// The client left before or during its reply: nobody to write it to.
 #[derive(Debug, thiserror::Error)]
-#[error("the client closed its connection mid-reply")]
+#[error("the client closed its connection")]
 pub struct ClientLeft;
 
 /// A reply's body that ends with [`ClientLeft`] once its client has left: at once for a

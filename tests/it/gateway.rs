@@ -1038,8 +1038,10 @@ async fn an_upstream_error_that_echoes_a_key_reaches_the_client_with_the_key_bla
         let response = request.send().await.unwrap();
         assert_eq!(response.status(), 401, "{path}");
         let text = response.text().await.unwrap();
+        // The key goes, whether sent bare or after `Bearer `.
         assert!(
-            text.contains("Incorrect API key provided: [redacted]"),
+            text.contains("Incorrect API key provided: [redacted]")
+                || text.contains("Incorrect API key provided: Bearer [redacted]"),
             "{path}: {text}"
         );
         assert!(!text.contains("SECRET"), "{path}: {text}");
