@@ -180,7 +180,9 @@ impl Departure {
         request: Request<Incoming>,
         socket: Option<ClientSocket>,
     ) -> (Request<ClientBody>, Departure) {
+        // A request without a body has been read with its head.
         let (read, watch) = match socket {
+            Some(_) if request.body().is_end_stream() => (None, Watch::Watching(Instant::now())),
             Some(_) => {
                 let (read, request_read) = oneshot::channel();
                 (Some(read), Watch::Reading(request_read))

@@ -776,69 +776,67 @@ async fn an_error_body_over_the_bound_is_withheld_in_the_dialects_shape() {
     assert_eq!(upstream.seen().len(), paths.len() * forms.len());
 }
 
-/// What a client on a bare socket sends: a chat request, streamed or not, written by hand so
-/// the test decides how the connection ends.
-async fn raw_chat_request(proxy: &Proxy, stream: bool) -> TcpStream {
-    let body = request_body(CHAT, stream).to_string();
+/// A client on a bare socket that has sent `method path` with `body` (none when empty),
+/// written by hand so the test decides how the connection ends.
+async fn raw_request(proxy: &Proxy, method: &str, path: &str, body: &str) -> TcpStream {
     let mut client = TcpStream::connect(proxy.addr).await.unwrap();
-    let request = format!(
-        "POST {CHAT} HTTP/1.1\r\nhost: condenser\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let framing = match body.is_empty() {
+        true => String::new(),
+        false => format!(
+            "content-type: application/json\r\ncontent-length: {}\r\n",
+            body.len()
+        ),
+    };
+    let request = format!("{method} {path} HTTP/1.1\r\nhost: condenser\r\n{framing}\r\n{body}");
     client.write_all(request.as_bytes()).await.unwrap();
     client
 }
 
 /// Issue 28: an abandoned request ran until upstream answered, and was billed. A client that
 /// leaves while its request waits on upstream (a FIN after the request, or a reset), streamed
-/// or not, has the upstream request closed at once, long before the upstream would have
-/// answered; each is counted as 499.
+/// or not, intercepted or passed through, has the upstream request closed at once, long
+/// before the upstream would have answered; each is counted as 499.
 #[tokio::test]
 async fn a_client_that_leaves_while_upstream_thinks_cancels_the_upstream_request() {
+    let chat = |stream| request_body(CHAT, stream).to_string();
+    let embeddings = request_body(PASSTHROUGH, false).to_string();
     let cases = [
-        (false, "FIN"),
-        (true, "FIN"),
-        (false, "reset"),
-        (true, "reset"),
+        ("POST", CHAT, chat(false), "FIN"),
+        ("POST", CHAT, chat(true), "FIN"),
+        ("POST", CHAT, chat(false), "reset"),
+        ("POST", CHAT, chat(true), "reset"),
+        ("POST", PASSTHROUGH, embeddings, "FIN"),
+        ("GET", "/v1/models", String::new(), "FIN"),
     ];
     let mut upstream = Hostile::start(vec![Act::Silence; cases.len()]).await;
     let proxy = condenser_before(&upstream, 600).await;
-    for (i, (stream, how)) in cases.into_iter().enumerate() {
-        let client = raw_chat_request(&proxy, stream).await;
+    for (i, (method, path, body, how)) in cases.iter().enumerate() {
+        let what = format!("{method} {path} {body:.40} {how}");
+        let client = raw_request(&proxy, method, path, body).await;
         // Upstream has the request, and would answer in 3 s.
         while upstream.seen().len() <= i {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
-        if how == "reset" {
+        if *how == "reset" {
             socket2::SockRef::from(&client)
                 .set_linger(Some(Duration::ZERO))
                 .unwrap();
         }
         drop(client);
         let left = std::time::Instant::now();
-        let closed = within(
-            "upstream sees the close",
-            upstream.closed_by_condenser.recv(),
-        )
-        .await
-        .unwrap();
+        let closed = within(&what, upstream.closed_by_condenser.recv())
+            .await
+            .unwrap();
         let noticed = left.elapsed();
-        eprintln!(
-            "stream={stream} {how}: upstream saw the close {noticed:?} after the client left"
-        );
-        assert_eq!(closed, upstream.seen()[i].connection);
-        assert!(
-            noticed < Duration::from_secs(1),
-            "stream={stream} {how}: {noticed:?}"
-        );
+        eprintln!("{what}: upstream saw the close {noticed:?} after the client left");
+        assert_eq!(closed, upstream.seen()[i].connection, "{what}");
+        assert!(noticed < Duration::from_secs(1), "{what}: {noticed:?}");
     }
     let metrics = proxy.metrics().await;
-    let cancelled = r#"condenser_requests_total{route="chat_completions",status="499"}"#;
-    assert_eq!(
-        metric(&metrics, cancelled),
-        Some(cases.len() as f64),
-        "{metrics}"
-    );
+    for (route, cancelled) in [("chat_completions", 4.0), ("passthrough", 2.0)] {
+        let series = format!(r#"condenser_requests_total{{route="{route}",status="499"}}"#);
+        assert_eq!(metric(&metrics, &series), Some(cancelled), "{metrics}");
+    }
     assert_served(&proxy, CHAT).await;
 }
