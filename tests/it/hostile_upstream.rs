@@ -814,9 +814,12 @@ async fn a_client_that_leaves_while_upstream_thinks_cancels_the_upstream_request
         let what = format!("{method} {path} {body:.40} {how}");
         let client = raw_request(&proxy, method, path, body).await;
         // Upstream has the request, and would answer in 3 s.
-        while upstream.seen().len() <= i {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        within("upstream has the request", async {
+            while upstream.seen().len() <= i {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         if *how == "reset" {
             socket2::SockRef::from(&client)
