@@ -39,16 +39,17 @@ const MAX_ZSTD_WINDOW_BYTES: u64 = 8 * 1024 * 1024;
 
 const REDACTED: &[u8] = b"[redacted]";
 
-/// What is looked for of each credential header's value: the token after `Bearer `, or the
-/// whole value (a bare key), when it is long enough to be a key.
+/// What is looked for of each credential header's value: what follows its scheme
+/// (`Bearer sk-…`, `Basic …`), or the whole value (a bare key, as `x-api-key` carries it),
+/// when it is long enough to be a key.
 fn keys(credentials: &[HeaderValue]) -> impl Iterator<Item = &[u8]> {
     credentials
         .iter()
         .map(|value| {
             let value = value.as_bytes();
-            match value.split_at_checked(7) {
-                Some((scheme, token)) if scheme.eq_ignore_ascii_case(b"Bearer ") => token,
-                _ => value,
+            match value.iter().position(|byte| *byte == b' ') {
+                Some(space) => value[space + 1..].trim_ascii_start(),
+                None => value,
             }
         })
         .filter(|key| key.len() >= MIN_KEY_BYTES)
@@ -314,12 +315,19 @@ mod tests {
             blank_credentials(b"text/event-stream test", &short),
             Cow::Borrowed(_)
         ));
-        // A bare key, as `x-api-key` carries it, is looked for whole.
-        let bare = [HeaderValue::from_static(KEY)];
-        assert_eq!(
-            blank_credentials(format!("[{KEY}]").as_bytes(), &bare).as_ref(),
-            b"[[redacted]]"
-        );
+        // A bare key, as `x-api-key` carries it, is looked for whole; after any scheme, the
+        // credentials alone.
+        for sent in [
+            KEY.to_string(),
+            format!("Basic {KEY}"),
+            format!("bearer  {KEY}"),
+        ] {
+            let sent = [HeaderValue::from_str(&sent).unwrap()];
+            assert_eq!(
+                blank_credentials(format!("[{KEY}]").as_bytes(), &sent).as_ref(),
+                b"[[redacted]]"
+            );
+        }
     }
 
     #[test]
