@@ -27,7 +27,7 @@ pub const CREDENTIAL_HEADERS: [HeaderName; 3] = [
 
 /// The most of an error body read to scan it, before and after decoding. Errors are small
 /// JSON; a body larger than this is withheld, never relayed unscanned.
-pub const MAX_SCANNED_ERROR_BYTES: usize = 256 * 1024;
+const MAX_SCANNED_ERROR_BYTES: usize = 256 * 1024;
 
 /// A key shorter than this is no real API key, and blanking it would cut ordinary words out
 /// of every reply (a key `test` would blank `text/event-stream`).
