@@ -55,22 +55,25 @@ fn keys(credentials: &[HeaderValue]) -> impl Iterator<Item = &[u8]> {
         .filter(|key| key.len() >= MIN_KEY_BYTES)
 }
 
-/// A plain function, not the iterator inline: an iterator of closures held in an async fn
-/// leaves its future not provably `Send`.
-fn carries_a_key(credentials: &[HeaderValue]) -> bool {
-    keys(credentials).next().is_some()
-}
-
 /// `text` with each of `credentials`' keys replaced by `[redacted]`, wherever it is written
 /// raw or JSON-escaped; borrowed back when it holds none.
 pub fn blank_credentials<'t>(text: &'t [u8], credentials: &[HeaderValue]) -> Cow<'t, [u8]> {
-    let mut text = Cow::Borrowed(text);
-    for key in keys(credentials) {
-        if let Some(blanked) = blank_key(&text, key) {
-            text = Cow::Owned(blanked);
+    let keys: Vec<&[u8]> = keys(credentials).collect();
+    match blank_keys(text, &keys) {
+        Some(blanked) => Cow::Owned(blanked),
+        None => Cow::Borrowed(text),
+    }
+}
+
+/// `text` with each of `keys` replaced, or None when it holds none.
+fn blank_keys(text: &[u8], keys: &[&[u8]]) -> Option<Vec<u8>> {
+    let mut blanked: Option<Vec<u8>> = None;
+    for key in keys {
+        if let Some(again) = blank_key(blanked.as_deref().unwrap_or(text), key) {
+            blanked = Some(again);
         }
     }
-    text
+    blanked
 }
 
 /// `text` with every occurrence of `key` replaced, or None when it has none.
@@ -131,22 +134,18 @@ fn escaped_byte(hex: [u8; 4]) -> Option<u8> {
 
 /// Every header with each key blanked out of its value; a header whose name holds a key
 /// is dropped (names are case-insensitive, so it is looked for in any case).
-fn blank_headers(headers: &mut HeaderMap, credentials: &[HeaderValue]) {
+fn blank_headers(headers: &mut HeaderMap, keys: &[&[u8]]) {
     let mut named_by_a_key = Vec::new();
     for (name, value) in headers.iter_mut() {
-        let name_holds_key = keys(credentials).any(|key| {
-            name.as_str()
-                .as_bytes()
-                .windows(key.len())
-                .any(|window| window.eq_ignore_ascii_case(key))
-        });
-        if name_holds_key {
+        if keys
+            .iter()
+            .any(|key| holds_in_any_case(name.as_str().as_bytes(), key))
+        {
             named_by_a_key.push(name.clone());
             continue;
         }
-        let blanked = match blank_credentials(value.as_bytes(), credentials) {
-            Cow::Owned(blanked) => blanked,
-            Cow::Borrowed(_) => continue,
+        let Some(blanked) = blank_keys(value.as_bytes(), keys) else {
+            continue;
         };
         // `[redacted]` is allowed wherever the key stood; a value that still will not do
         // goes.
@@ -160,6 +159,16 @@ fn blank_headers(headers: &mut HeaderMap, credentials: &[HeaderValue]) {
     }
 }
 
+/// Whether `name`, in lower case as hyper keeps header names, holds `key` in any case; only
+/// where `key`'s first character stands is the rest compared.
+fn holds_in_any_case(name: &[u8], key: &[u8]) -> bool {
+    let (Some(first), Some(last_start)) = (key.first(), name.len().checked_sub(key.len())) else {
+        return false;
+    };
+    memchr::memchr_iter(first.to_ascii_lowercase(), &name[..=last_start])
+        .any(|at| name[at..at + key.len()].eq_ignore_ascii_case(key))
+}
+
 /// The reply with every key of `credentials` blanked from its headers and, when its status
 /// is an error, from its body, relayed decoded with its length. An error body that cannot be
 /// scanned whole (larger than `MAX_SCANNED_ERROR_BYTES`, or encoded in a way that does not
@@ -169,11 +178,12 @@ pub async fn without_credentials(
     response: Response<ProxyBody>,
     credentials: &[HeaderValue],
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    if !carries_a_key(credentials) {
+    let keys: Vec<&[u8]> = keys(credentials).collect();
+    if keys.is_empty() {
         return Ok(response);
     }
     let (mut head, body) = response.into_parts();
-    blank_headers(&mut head.headers, credentials);
+    blank_headers(&mut head.headers, &keys);
     if head.status.as_u16() < 400 || body.is_end_stream() {
         return Ok(Response::from_parts(head, body));
     }
@@ -187,10 +197,7 @@ pub async fn without_credentials(
         Err(e) => return Err(ProxyError::UpstreamBroken(e.to_string())),
     };
     let decoded = decoded(raw, &head.headers).map_err(|why| withheld(head.status, why))?;
-    let body = match blank_credentials(&decoded, credentials) {
-        Cow::Owned(blanked) => Bytes::from(blanked),
-        Cow::Borrowed(_) => decoded.clone(),
-    };
+    let body = blank_keys(&decoded, &keys).map_or(decoded, Bytes::from);
     head.headers.remove(header::CONTENT_ENCODING);
     head.headers
         .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
@@ -343,7 +350,7 @@ mod tests {
             HeaderValue::from_static("1"),
         );
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-        blank_headers(&mut headers, &bearer());
+        blank_headers(&mut headers, &[KEY.as_bytes()]);
         assert_eq!(headers.len(), 3, "{headers:?}");
         assert_eq!(
             headers[header::WWW_AUTHENTICATE],
