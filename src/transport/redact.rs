@@ -78,6 +78,10 @@ fn blank_keys(text: &[u8], keys: &[&[u8]]) -> Option<Vec<u8>> {
 
 /// `text` with every occurrence of `key` replaced, or None when it has none.
 fn blank_key(text: &[u8], key: &[u8]) -> Option<Vec<u8>> {
+    // Escapes only lengthen a key: most header values are shorter than any real key.
+    if text.len() < key.len() {
+        return None;
+    }
     let first = *key.first()?;
     let mut blanked: Option<Vec<u8>> = None;
     // `text[copied..]` is not yet in `blanked`; a key is looked for from `from` on.
