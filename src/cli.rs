@@ -137,21 +137,41 @@ fn window_shortfalls(config: &Config, window: u64) -> Vec<String> {
     short
 }
 
-/// `url` with the password in its user info (or the whole user info, when it is one word)
-/// shown as `****`.
+/// `url` with its password shown as `****`, wherever a Redis URL may hold one: in its user
+/// info (the whole user info when it is one word, as Redis takes a bare password), and in a
+/// `pass` or `password` query parameter (`redis+unix:///run/redis.sock?pass=…`). A URL that
+/// does not parse is not shown at all.
 fn masked_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
+    const MASK: &str = "****";
+    if url.is_empty() {
+        return String::new();
+    }
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        return MASK.to_string();
     };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
-        return url.to_string();
-    };
-    let user = match rest[..at].split_once(':') {
-        Some((user, _)) => format!("{user}:****"),
-        None => "****".to_string(),
-    };
-    format!("{scheme}://{user}{}", &rest[at..])
+    let mut masked = false;
+    if parsed.password().is_some() {
+        masked |= parsed.set_password(Some(MASK)).is_ok();
+    } else if !parsed.username().is_empty() {
+        masked |= parsed.set_username(MASK).is_ok();
+    }
+    let is_password = |name: &str| name == "pass" || name == "password";
+    if parsed.query_pairs().any(|(name, _)| is_password(&name)) {
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(name, value)| match is_password(&name) {
+                true => (name.into_owned(), MASK.to_string()),
+                false => (name.into_owned(), value.into_owned()),
+            })
+            .collect();
+        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+        masked = true;
+    }
+    match masked {
+        true => parsed.into(),
+        // As written, not as the parser would write it again.
+        false => url.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -168,6 +188,15 @@ mod tests {
             ),
             ("rediss://s3cret@cache", "rediss://****@cache"),
             ("redis://cache:6379/0", "redis://cache:6379/0"),
+            (
+                "redis+unix:///run/redis.sock?db=2&pass=s3cret",
+                "redis+unix:///run/redis.sock?db=2&pass=****",
+            ),
+            (
+                "unix:///run/redis.sock?user=app&password=s3cret",
+                "unix:///run/redis.sock?user=app&password=****",
+            ),
+            ("redis://[s3cret", "****"),
             ("", ""),
         ] {
             assert_eq!(masked_password(url), shown);

@@ -3,6 +3,12 @@
 
 use hyper::StatusCode;
 
+/// nginx's status for a request whose client closed its connection before the answer.
+const CLIENT_CLOSED_REQUEST: StatusCode = match StatusCode::from_u16(499) {
+    Ok(status) => status,
+    Err(_) => StatusCode::BAD_REQUEST,
+};
+
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
     #[error("request body is not valid JSON: {0}")]
@@ -28,6 +34,9 @@ pub enum ProxyError {
     UpstreamUnreachable(String),
     #[error("upstream sent a broken reply: {0}")]
     UpstreamBroken(String),
+    /// An upstream error reply whose body could not be scanned for keys, so was not relayed.
+    #[error("upstream answered {status}; its body was withheld, as {why}")]
+    UpstreamReplyWithheld { status: StatusCode, why: String },
     #[error("upstream did not answer within {0} seconds")]
     UpstreamTimeout(u64),
     #[error("summarizer failed: {0}")]
@@ -40,6 +49,9 @@ pub enum ProxyError {
     NotFound(String),
     #[error("error reading the request body: {0}")]
     ClientBody(String),
+    /// The client closed its connection while its request waited; nobody reads the answer.
+    #[error("the client left while its request waited; its upstream request was cancelled")]
+    ClientLeft,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -82,8 +94,10 @@ impl ProxyError {
             | ProxyError::UpstreamBroken(_)
             | ProxyError::SummarizerFailed(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::UpstreamReplyWithheld { status, .. } => *status,
             ProxyError::Rewrite(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ProxyError::NotFound(_) => StatusCode::NOT_FOUND,
+            ProxyError::ClientLeft => CLIENT_CLOSED_REQUEST,
         }
     }
 
@@ -109,10 +123,12 @@ impl ProxyError {
             ProxyError::UpstreamUnreachable(_) => "upstream_unreachable",
             ProxyError::UpstreamBroken(_) => "upstream_error",
             ProxyError::UpstreamTimeout(_) => "upstream_timeout",
+            ProxyError::UpstreamReplyWithheld { .. } => "upstream_reply_withheld",
             ProxyError::SummarizerFailed(_) => "summarizer_failed",
             ProxyError::NotFound(_) => "not_found",
             ProxyError::ClientBody(_) => "invalid_body",
             ProxyError::Rewrite(_) => "internal_error",
+            ProxyError::ClientLeft => "client_closed_request",
         }
     }
 

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hyper::body::Incoming;
 use hyper::{Request, Response};
 
 use crate::compaction::compactor::{Action, CacheOutcome};
@@ -29,6 +28,7 @@ use crate::pipeline::send::Original;
 use crate::pipeline::state::{AppState, Worker};
 use crate::tokens::catalog::ModelInfo;
 use crate::transport::body::{read_body, ProxyBody};
+use crate::transport::departure::ClientBody;
 use crate::transport::upstream::Upstream;
 
 /// What was done to the request, for headers, metrics and the log.
@@ -98,7 +98,7 @@ impl<'s> Outgoing<'s> {
 /// One request of dialect `D`, from its body to the relayed reply.
 pub async fn handle<D: Dialect>(
     worker: &Arc<Worker>,
-    request: Request<Incoming>,
+    request: Request<ClientBody>,
     received: Instant,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let state = &worker.state;

@@ -2,7 +2,6 @@
 
 use std::borrow::Cow;
 
-use hyper::body::Incoming;
 use hyper::{Method, Request, Response};
 use serde::Deserialize;
 
@@ -10,6 +9,7 @@ use crate::dialect::key_style_for;
 use crate::error::ProxyError;
 use crate::pipeline::state::AppState;
 use crate::transport::body::{declared_length, full, limited, read_body, ProxyBody};
+use crate::transport::departure::ClientBody;
 
 /// The one field read of a body routed by its model.
 #[derive(Deserialize)]
@@ -29,7 +29,7 @@ fn routed_by_model(method: &Method, path: &str) -> bool {
 
 pub async fn handle(
     state: &AppState,
-    request: Request<Incoming>,
+    request: Request<ClientBody>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let limit = state.config.server.max_body_bytes;
     let (parts, body) = request.into_parts();

@@ -1,12 +1,12 @@
 //! Which handler serves a request, and the per-request count of what was served.
 
 use std::future::Future;
+use std::pin::{pin, Pin};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use hyper::body::Incoming;
 use hyper::{header, Method, Request, Response, StatusCode};
 
 use crate::dialect::chat;
@@ -18,8 +18,15 @@ use crate::pipeline;
 use crate::pipeline::state::{AppState, Worker};
 use crate::server::passthrough;
 use crate::transport::body::{full, ProxyBody};
+use crate::transport::departure::{ClientBody, Departure};
 
-pub async fn handle(worker: Arc<Worker>, request: Request<Incoming>) -> Response<ProxyBody> {
+/// `departure` watches the client while its request waits: one that leaves has the request's
+/// work dropped (its upstream request with it) and is counted as 499.
+pub async fn handle(
+    worker: Arc<Worker>,
+    request: Request<ClientBody>,
+    departure: &mut Departure,
+) -> Response<ProxyBody> {
     let state = &worker.state;
     let received = Instant::now();
     let method = request.method().clone();
@@ -37,16 +44,17 @@ pub async fn handle(worker: Arc<Worker>, request: Request<Incoming>) -> Response
             request,
             received,
         };
-        (wire.route, with_dialect(wire.api, compact).await)
+        let handled = pin!(with_dialect(wire.api, compact));
+        (wire.route, unless_left(departure, handled).await)
     } else {
         match (&method, path) {
             (&Method::GET, "/healthz") => (Route::HEALTHZ, Ok(text(StatusCode::OK, "ok\n"))),
             (&Method::GET, "/readyz") => (Route::READYZ, Ok(readiness(state))),
             (&Method::GET, "/metrics") => (Route::METRICS, Ok(metrics(state))),
-            (_, p) if p.starts_with("/v1/") => (
-                Route::PASSTHROUGH,
-                passthrough::handle(state, request).await,
-            ),
+            (_, p) if p.starts_with("/v1/") => {
+                let handled = pin!(passthrough::handle(state, request));
+                (Route::PASSTHROUGH, unless_left(departure, handled).await)
+            }
             _ => (Route::OTHER, Err(ProxyError::NotFound(path.to_string()))),
         }
     };
@@ -56,6 +64,8 @@ pub async fn handle(worker: Arc<Worker>, request: Request<Incoming>) -> Response
     let response = result.unwrap_or_else(|error| {
         if error.status().is_server_error() {
             tracing::warn!(route = route_name, %error, "request failed");
+        } else if matches!(error, ProxyError::ClientLeft) {
+            tracing::info!(route = route_name, %error, "request cancelled");
         }
         error_for(path, &error)
     });
@@ -73,10 +83,24 @@ pub async fn handle(worker: Arc<Worker>, request: Request<Incoming>) -> Response
     response
 }
 
+/// What `handled` answers, unless the client leaves first: then it is dropped, and with it
+/// any upstream request or summarizer wait of its. Pinned where it was made: a request's
+/// future is kilobytes, and moving it in cost ~3,000 instructions per chat request.
+async fn unless_left<T>(
+    departure: &mut Departure,
+    handled: Pin<&mut impl Future<Output = Result<T, ProxyError>>>,
+) -> Result<T, ProxyError> {
+    tokio::select! {
+        biased;
+        answered = handled => answered,
+        () = departure.left() => Err(ProxyError::ClientLeft),
+    }
+}
+
 /// A request to a dialect's own path, handed to the pipeline in that dialect.
 struct Compact<'a> {
     worker: &'a Arc<Worker>,
-    request: Request<Incoming>,
+    request: Request<ClientBody>,
     received: Instant,
 }
 

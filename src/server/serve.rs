@@ -31,7 +31,7 @@ use crate::observe::metrics::Route;
 use crate::pipeline::state::{AppState, StartError, Worker};
 use crate::server::routes;
 use crate::transport::body::ProxyBody;
-use crate::transport::departure::{ClientSocket, WatchDeparture};
+use crate::transport::departure::{ClientSocket, Departure, WatchDeparture};
 use crate::transport::upstream;
 
 const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -333,19 +333,21 @@ async fn serve_connection(
     }
 }
 
-/// The reply to one request, whose body (over HTTP/1) ends when its client leaves mid-reply;
-/// HTTP/2 streams are reset by the client itself.
+/// The reply to one request. Over HTTP/1 its client is watched from the moment its request
+/// has been read: one that leaves cancels the request while it waits, and ends its reply
+/// mid-way. HTTP/2 streams are reset by the client itself.
 async fn answer(
     worker: Arc<Worker>,
     request: Request<Incoming>,
     socket: ClientSocket,
 ) -> Result<Response<WatchDeparture<ProxyBody>>, Infallible> {
     let watched = (request.version() < Version::HTTP_2).then_some(socket);
+    let (request, mut departure) = Departure::watch(request, watched);
     let response = match refuse_oversized_headers(&worker.state, &request) {
         Some(refused) => refused,
-        None => routes::handle(worker, request).await,
+        None => routes::handle(worker, request, &mut departure).await,
     };
-    Ok(response.map(|body| WatchDeparture::new(body, watched)))
+    Ok(response.map(|body| WatchDeparture::new(body, departure)))
 }
 
 /// A 431 in the shape of the path's API when the header fields are over `MAX_HEADER_BYTES`,

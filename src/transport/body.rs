@@ -91,7 +91,11 @@ pub struct BodyLimitExceeded(pub usize);
 /// The client's body, relayed frame by frame, failing once more than `limit` bytes have
 /// passed. A declared length within the limit stays in the size hint, so it is forwarded as
 /// such.
-pub fn limited(body: hyper::body::Incoming, limit: usize) -> ProxyBody {
+pub fn limited<B>(body: B, limit: usize) -> ProxyBody
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
     // `Limited`'s own error does not say what the limit was; the client's 413 does.
     Limited::new(body, limit)
         .map_err(move |error| {

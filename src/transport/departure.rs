@@ -1,23 +1,28 @@
 //! Telling a client that half-closed from one that left. Both send a FIN; they differ only in
-//! when: a client that half-closes does so once its request is sent, before the reply starts,
-//! and waits for it; one that leaves mid-reply has stopped reading. So hyper serves HTTP/1.1
-//! with `half_close` on (a FIN before the reply does not end the exchange), and a streamed
-//! reply's body watches the socket: a FIN that comes while it waits on upstream ends the
-//! reply, which closes the upstream request at once.
-//!
-//! A client that leaves before the reply starts cannot be told from one that half-closed;
-//! the upstream request then runs until its reply's first write to the client fails.
+//! when: a client that half-closes does so once its request is sent, and waits for the reply;
+//! one that leaves does so later, while it waits or mid-reply. So hyper serves HTTP/1.1 with
+//! `half_close` on (a FIN does not end the exchange), and each request watches its client's
+//! socket from the moment its body has been read: a FIN there by then (or within
+//! `HALF_CLOSE_GRACE`, while the reply has not started) is a half-close, and the client is
+//! answered; a FIN that comes later, or a reset at any time, is a departure. A departure while the request waits on upstream
+//! (or on the summarizer) drops the request's work, which closes its upstream request at
+//! once; one mid-reply ends the reply, which does the same.
 
+use std::future::Future;
 use std::io;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
-use hyper::body::{Body, Frame, SizeHint};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::Request;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use crate::transport::body::BoxError;
 
@@ -110,28 +115,144 @@ impl AsyncWrite for ClientSocket {
     }
 }
 
-/// The client left while its reply waited on upstream.
+/// How long after its request was read a client's FIN still counts as its half-close, unless
+/// the reply has started: the shutdown is a system call of its own after the request's last
+/// write, and its FIN may reach condenser a moment after the request.
+const HALF_CLOSE_GRACE: Duration = Duration::from_millis(50);
+
+/// The client's request body, which tells its request's [`Departure`] once it has been read
+/// to its end (or dropped unread: nothing more of it will be read).
+pub struct ClientBody {
+    inner: Incoming,
+    read: Option<oneshot::Sender<()>>,
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        if frame.is_none() || this.inner.is_end_stream() {
+            if let Some(read) = this.read.take() {
+                let _ = read.send(());
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// One request's watch on its client's connection: whether the client has left.
+pub struct Departure {
+    socket: Option<ClientSocket>,
+    watch: Watch,
+    /// Whether the reply has started: from then on, a FIN is a departure at once.
+    replying: bool,
+}
+
+enum Watch {
+    /// The request is being read; it ends when its body tells it has been.
+    Reading(oneshot::Receiver<()>),
+    /// The request was read at this instant: a FIN after the grace is a departure.
+    Watching(Instant),
+    /// Nothing to watch: HTTP/2 (whose clients reset their streams themselves), a client
+    /// that half-closed, or one that sent more to read.
+    Off,
+    Left,
+}
+
+impl Departure {
+    /// `request` with a body that tells when it has been read, and the watch on its client's
+    /// `socket` (None over HTTP/2).
+    pub fn watch(
+        request: Request<Incoming>,
+        socket: Option<ClientSocket>,
+    ) -> (Request<ClientBody>, Departure) {
+        // A request without a body has been read with its head.
+        let (read, watch) = match socket {
+            Some(_) if request.body().is_end_stream() => (None, Watch::Watching(Instant::now())),
+            Some(_) => {
+                let (read, request_read) = oneshot::channel();
+                (Some(read), Watch::Reading(request_read))
+            }
+            None => (None, Watch::Off),
+        };
+        let request = request.map(|inner| ClientBody { inner, read });
+        let departure = Departure {
+            socket,
+            watch,
+            replying: false,
+        };
+        (request, departure)
+    }
+
+    /// Ready once the client has left; never for one that half-closed with its request.
+    pub fn poll_left(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            self.watch = match &mut self.watch {
+                Watch::Reading(request_read) => {
+                    // Sent, or its sender dropped with the body: read either way.
+                    let _ = ready!(Pin::new(request_read).poll(cx));
+                    Watch::Watching(Instant::now())
+                }
+                Watch::Watching(read_at) => {
+                    let Some(socket) = &self.socket else {
+                        return Poll::Pending;
+                    };
+                    let half_close_over = self.replying || read_at.elapsed() >= HALF_CLOSE_GRACE;
+                    match ready!(socket.poll_fin(cx)) {
+                        Ok(true) if half_close_over => Watch::Left,
+                        // A reset is never a half-close: hyper, not reading while it waits
+                        // for the reply, would only meet it at its first write.
+                        Err(_) => Watch::Left,
+                        // Half-closed with the request, or more data: no FIN to wait for.
+                        Ok(_) => Watch::Off,
+                    }
+                }
+                Watch::Off => return Poll::Pending,
+                Watch::Left => return Poll::Ready(()),
+            };
+        }
+    }
+
+    /// Resolves once the client has left.
+    pub async fn left(&mut self) {
+        std::future::poll_fn(|cx| self.poll_left(cx)).await;
+    }
+
+    fn has_left(&self) -> bool {
+        matches!(self.watch, Watch::Left)
+    }
+}
+
+/// The client left before or during its reply: nobody to write it to.
 #[derive(Debug, thiserror::Error)]
-#[error("the client closed its connection mid-reply")]
+#[error("the client closed its connection")]
 pub struct ClientLeft;
 
-/// A reply's body that ends with [`ClientLeft`] once its client sends a FIN while the body
-/// waits for upstream; a client that had half-closed before is not watched.
+/// A reply's body that ends with [`ClientLeft`] once its client has left: at once for a
+/// client that left before the reply, or when it leaves while the body waits for upstream.
 pub struct WatchDeparture<B> {
     inner: B,
-    /// `None` once there is nothing to watch: HTTP/2, a half-closed client, or data to read.
-    socket: Option<ClientSocket>,
-    /// Whether the reply has waited once: its first wait tells a half-close that came before.
-    waited: bool,
+    departure: Departure,
 }
 
 impl<B> WatchDeparture<B> {
-    pub fn new(inner: B, socket: Option<ClientSocket>) -> WatchDeparture<B> {
-        WatchDeparture {
-            inner,
-            socket,
-            waited: false,
-        }
+    pub fn new(inner: B, mut departure: Departure) -> WatchDeparture<B> {
+        departure.replying = true;
+        WatchDeparture { inner, departure }
     }
 }
 
@@ -147,25 +268,15 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
+        // Nobody to write the reply to: the connection is closed instead.
+        if this.departure.has_left() {
+            return Poll::Ready(Some(Err(ClientLeft.into())));
+        }
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
             return Poll::Ready(frame);
         }
-        let Some(socket) = &this.socket else {
-            return Poll::Pending;
-        };
-        let first_wait = !std::mem::replace(&mut this.waited, true);
-        match socket.poll_fin(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Ok(true)) if !first_wait => Poll::Ready(Some(Err(ClientLeft.into()))),
-            // A reset is never a half-close: hyper, not reading mid-reply, would only meet it
-            // at its next write, while upstream went on generating.
-            Poll::Ready(Err(_)) => Poll::Ready(Some(Err(ClientLeft.into()))),
-            // Half-closed before the reply started, or data.
-            Poll::Ready(_) => {
-                this.socket = None;
-                Poll::Pending
-            }
-        }
+        ready!(this.departure.poll_left(cx));
+        Poll::Ready(Some(Err(ClientLeft.into())))
     }
 
     fn is_end_stream(&self) -> bool {

@@ -1,17 +1,10 @@
 //! The headers a request and its reply carry between client and upstream: which describe one
-//! hop and are dropped, which key goes upstream and in which header, and keeping every key
-//! sent out of an error reply.
+//! hop and are dropped, and which key goes upstream and in which header. (Keys kept out of
+//! replies: `redact.rs`.)
 
-use std::borrow::Cow;
-
-use bytes::Bytes;
-use http_body_util::BodyExt;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
-use hyper::Response;
 
 use crate::config::ConfigError;
-use crate::error::ProxyError;
-use crate::transport::body::{declared_length, full, ProxyBody};
 
 /// Anthropic's key header.
 pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
@@ -55,68 +48,6 @@ pub fn inject_key(headers: &mut HeaderMap, bearer: &HeaderValue, style: KeyStyle
         return;
     }
     style.insert(headers, bearer);
-}
-
-/// The request headers that carry a key: the caller's own, or the one condenser injected.
-pub const CREDENTIAL_HEADERS: [HeaderName; 3] = [
-    header::AUTHORIZATION,
-    X_API_KEY,
-    HeaderName::from_static("api-key"),
-];
-
-/// Error replies echo keys ("Incorrect API key provided: sk-…"); they are small JSON, read
-/// whole up to this size to blank them. A larger or undeclared one is relayed as it streams.
-const MAX_SCRUBBED_ERROR_BYTES: u64 = 64 * 1024;
-
-/// An upstream's error reply with every key that was sent blanked out of its body, when it
-/// declares a length of at most `MAX_SCRUBBED_ERROR_BYTES`; any other reply as it came.
-pub async fn without_credentials(
-    response: Response<ProxyBody>,
-    credentials: &[HeaderValue],
-) -> Result<Response<ProxyBody>, ProxyError> {
-    let small =
-        declared_length(response.headers()).is_some_and(|len| len <= MAX_SCRUBBED_ERROR_BYTES);
-    if credentials.is_empty() || response.status().as_u16() < 400 || !small {
-        return Ok(response);
-    }
-    let (mut head, body) = response.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map_err(|e| ProxyError::UpstreamBroken(e.to_string()))?
-        .to_bytes();
-    let blanked = blank_credentials(&body, credentials);
-    head.headers
-        .insert(header::CONTENT_LENGTH, HeaderValue::from(blanked.len()));
-    Ok(Response::from_parts(
-        head,
-        full(Bytes::from(blanked.into_owned())),
-    ))
-}
-
-/// `text` with each of `credentials` (a header's whole value, and the token after `Bearer `)
-/// replaced by `[redacted]`.
-pub fn blank_credentials<'t>(text: &'t [u8], credentials: &[HeaderValue]) -> Cow<'t, [u8]> {
-    let mut text = Cow::Borrowed(text);
-    for value in credentials {
-        let value = value.as_bytes();
-        let token = value.strip_prefix(b"Bearer ").unwrap_or(value);
-        for secret in [value, token] {
-            if secret.is_empty() || memchr::memmem::find(&text, secret).is_none() {
-                continue;
-            }
-            let mut out = Vec::with_capacity(text.len());
-            let mut rest: &[u8] = &text;
-            while let Some(at) = memchr::memmem::find(rest, secret) {
-                out.extend_from_slice(&rest[..at]);
-                out.extend_from_slice(b"[redacted]");
-                rest = &rest[at + secret.len()..];
-            }
-            out.extend_from_slice(rest);
-            text = Cow::Owned(out);
-        }
-    }
-    text
 }
 
 /// The value of an environment variable named by an `api_key_env`, as a Bearer header.

@@ -6,5 +6,6 @@ pub mod broken;
 pub mod departure;
 pub mod egress;
 pub mod headers;
+pub mod redact;
 pub mod upstream;
 pub mod usage;

@@ -35,12 +35,10 @@ use crate::observe::metrics::{FailureKind, UpstreamFailures};
 use crate::transport::body::{with_idle_timeout, BodyLimitExceeded, BoxError, ProxyBody};
 use crate::transport::broken::{broken_head, failure_kind, root_cause};
 use crate::transport::egress::Egress;
-pub use crate::transport::headers::{
-    bare_key, bearer_from_env, blank_credentials, KeyStyle, X_API_KEY,
-};
-use crate::transport::headers::{
-    forwardable_headers, inject_key, strip_hop_by_hop, without_credentials, CREDENTIAL_HEADERS,
-};
+pub use crate::transport::headers::{bare_key, bearer_from_env, KeyStyle, X_API_KEY};
+use crate::transport::headers::{forwardable_headers, inject_key, strip_hop_by_hop};
+pub use crate::transport::redact::blank_credentials;
+use crate::transport::redact::{without_credentials, CREDENTIAL_HEADERS};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A response head larger than this (status line and headers, as hyper parsed it) is a
@@ -368,7 +366,8 @@ impl Upstream {
     /// Sends and waits for the response head and the first frame of its body (or its end),
     /// so that a reply broken that early is still answered as an error. The body then fails
     /// once upstream stays silent for the upstream timeout, or breaks. The response's
-    /// headers are its own, minus hop-by-hop ones.
+    /// headers are its own, minus hop-by-hop ones, and no key it was sent reaches the client
+    /// in them or in an error's body (`redact.rs`).
     pub async fn send(
         &self,
         method: Method,
@@ -386,7 +385,7 @@ impl Upstream {
         if headers.remove(header::CONTENT_LENGTH).is_some() && body.size_hint().exact() == Some(0) {
             headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
         }
-        // Refcounted handles, not copies: what an error reply must not echo.
+        // Refcounted handles, not copies: what the reply must not echo.
         let credentials: Vec<HeaderValue> = CREDENTIAL_HEADERS
             .iter()
             .filter_map(|name| headers.get(name).cloned())

@@ -229,6 +229,29 @@ async fn errors_name_the_file_or_the_flag_and_logs_are_plain_text_off_a_terminal
     );
 }
 
+/// Every form of Redis URL takes a password somewhere; check-config shows none of them.
+#[tokio::test]
+async fn check_config_masks_the_password_in_every_form_of_redis_url() {
+    let dir = tempfile::tempdir().unwrap();
+    for (url, shown) in [
+        (
+            "redis+unix:///run/redis.sock?db=0&pass=hunter2",
+            "redis+unix:///run/redis.sock?db=0&pass=****",
+        ),
+        ("rediss://:hunter2@cache:6380", "rediss://:****@cache:6380"),
+        ("redis://hunter2@cache", "redis://****@cache"),
+    ] {
+        let config = write_config(&dir, &format!("[cache]\nredis_url = \"{url}\"\n"));
+        let (code, stdout, stderr) = run(&["check-config", config.to_str().unwrap()], None).await;
+        assert_eq!(code, 0, "{url}: {stderr}");
+        assert!(stdout.contains(shown), "{url}: {stdout}");
+        assert!(
+            !stdout.contains("hunter2") && !stderr.contains("hunter2"),
+            "{stdout}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn count_and_plan_read_a_request_from_stdin_or_a_file() {
     let body = chat_body(&conversation(40)).to_string();

@@ -375,6 +375,57 @@ async fn a_client_that_half_closes_after_its_request_gets_its_answer() {
     assert!(reply.contains("data: [DONE]"), "{reply}");
 }
 
+/// A client that leaves while its request waits on the summarizer: the request never goes
+/// upstream, and is counted as 499; the summary is still made, once, and serves the next
+/// request of the conversation.
+#[tokio::test]
+async fn a_client_that_leaves_while_its_summary_is_made_is_never_sent_upstream() {
+    use tokio::io::AsyncWriteExt;
+    let upstream = mock_llm(LlmBehaviour {
+        summarizer_latency: Duration::from_secs(3),
+        ..Default::default()
+    })
+    .await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let body = chat_body(&conversation(40)).to_string();
+    let mut leaving = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: condenser\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    leaving.write_all(request.as_bytes()).await.unwrap();
+    within("the summarizer called", async {
+        while upstream.summarizer_calls().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(leaving);
+    let cancelled = r#"condenser_requests_total{route="chat_completions",status="499"}"#;
+    within("the request counted as cancelled", async {
+        while metric(&proxy.metrics().await, cancelled).is_none() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "summarized");
+    assert_eq!(upstream.summarizer_calls().len(), 1);
+    assert_eq!(
+        upstream.forwarded().len(),
+        1,
+        "the first request went upstream"
+    );
+    assert_eq!(metric(&proxy.metrics().await, cancelled), Some(1.0));
+}
+
 async fn error_of(response: reqwest::Response) -> (u16, Value) {
     let status = response.status().as_u16();
     assert_eq!(response.headers()["content-type"], "application/json");
@@ -1038,8 +1089,10 @@ async fn an_upstream_error_that_echoes_a_key_reaches_the_client_with_the_key_bla
         let response = request.send().await.unwrap();
         assert_eq!(response.status(), 401, "{path}");
         let text = response.text().await.unwrap();
+        // The key goes, whether sent bare or after `Bearer `.
         assert!(
-            text.contains("Incorrect API key provided: [redacted]"),
+            text.contains("Incorrect API key provided: [redacted]")
+                || text.contains("Incorrect API key provided: Bearer [redacted]"),
             "{path}: {text}"
         );
         assert!(!text.contains("SECRET"), "{path}: {text}");

@@ -489,3 +489,357 @@ async fn a_stream_cut_mid_event_aborts_the_client_stream() {
         assert_eq!(upstream.seen().len(), 3);
     }
 }
+
+/// The keys a hostile upstream echoes: condenser's own (`upstream.api_key_env`), a route's,
+/// and the caller's.
+const INJECTED_KEY: &str = "sk-INJECTED-0001-secret";
+const ROUTE_KEY: &str = "sk-ant-ROUTE-0002-secret";
+const CALLER_KEY: &str = "sk-CALLER-0003-secret";
+
+const MESSAGES: &str = "/v1/messages";
+const RESPONSES: &str = "/v1/responses";
+
+/// condenser in front of `upstream` with a key of its own for it, and a `claude-*` route to
+/// the same upstream with the route's key.
+fn keyed_config(upstream: &Hostile) -> condenser::Config {
+    std::env::set_var("CONDENSER_TEST_HOSTILE_INJECTED_KEY", INJECTED_KEY);
+    std::env::set_var("CONDENSER_TEST_HOSTILE_ROUTE_KEY", ROUTE_KEY);
+    let mut config = one_worker_config(upstream, 600);
+    config.upstream.api_key_env = "CONDENSER_TEST_HOSTILE_INJECTED_KEY".into();
+    config.routes.push(condenser::config::RouteConfig {
+        models: vec!["claude-*".into()],
+        base_url: format!("http://{}", upstream.addr),
+        api_key_env: "CONDENSER_TEST_HOSTILE_ROUTE_KEY".into(),
+    });
+    config
+}
+
+/// A request on `path` for `model`, with the caller's key when `caller` is set.
+fn keyed_request(proxy: &Proxy, path: &str, model: &str, caller: bool) -> reqwest::RequestBuilder {
+    let body = match path {
+        MESSAGES => {
+            json!({"model": model, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+        }
+        RESPONSES => json!({"model": model, "input": "hi"}),
+        CHAT => json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}),
+        _ => json!({"model": model, "input": "hi"}),
+    };
+    let request = client().post(proxy.url(path)).json(&body);
+    match caller {
+        true => request.header("authorization", format!("Bearer {CALLER_KEY}")),
+        false => request,
+    }
+}
+
+/// Each path with each key condenser sends on it: the one it injects (the route's for a
+/// `claude-*` model, else its own) and the caller's. Pass-through reaches the route by a
+/// path that names its model.
+fn keyed_cases() -> Vec<(&'static str, &'static str, bool, &'static str)> {
+    let mut cases = Vec::new();
+    for path in [CHAT, MESSAGES, RESPONSES, PASSTHROUGH] {
+        let routed = match path {
+            PASSTHROUGH => "/v1/messages/count_tokens",
+            _ => path,
+        };
+        cases.push((path, "gpt-4o", false, INJECTED_KEY));
+        cases.push((routed, "claude-x", false, ROUTE_KEY));
+        cases.push((path, "gpt-4o", true, CALLER_KEY));
+    }
+    cases
+}
+
+/// `text` with every character written as a JSON `\u` escape.
+fn json_escaped(text: &str) -> String {
+    text.chars()
+        .map(|c| format!("\\u{:04x}", c as u32))
+        .collect()
+}
+
+fn error_text(key_as_written: &str) -> String {
+    format!(
+        r#"{{"error":{{"message":"Incorrect API key provided: Bearer {key_as_written}","type":"invalid_request_error","code":"invalid_api_key"}}}}"#
+    )
+}
+
+fn gzip(body: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(body).unwrap();
+    encoder.finish().unwrap()
+}
+
+/// A reply with `status`, `headers` (each line ending in CRLF) and `body`, framed by its length.
+fn with_length(status: &str, headers: &str, body: &[u8]) -> Vec<u8> {
+    let mut reply = format!(
+        "HTTP/1.1 {status}\r\n{headers}content-length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    reply.extend_from_slice(body);
+    reply
+}
+
+/// Every way found to slip `key` past a scan of small, declared-length error bodies, each
+/// with what the reply must show instead (`[redacted]` where the key stood, or nothing of it).
+fn leaks(key: &str) -> Vec<(&'static str, Act)> {
+    let text = error_text(key);
+    let split = text.find(key).unwrap() + key.len() / 2;
+    let (first, second) = text.split_at(split);
+    let chunked = format!(
+        "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{first}\r\n{:x}\r\n{second}\r\n0\r\n\r\n",
+        first.len(),
+        second.len()
+    );
+    let event = format!("event: error\ndata: {text}\n\n");
+    let sse = format!(
+        "HTTP/1.1 401 Unauthorized\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{event}\r\n0\r\n\r\n",
+        event.len()
+    );
+    let close_delimited = format!(
+        "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n{text}"
+    );
+    let padded = format!(
+        r#"{{"error":{{"message":"Incorrect API key provided: Bearer {key}","padding":"{}"}}}}"#,
+        "p".repeat(100 * 1024)
+    );
+    let compressed = gzip(text.as_bytes());
+    let echoing_headers = format!("www-authenticate: Bearer realm=\"{key}\"\r\nx-echo-key: {key}\r\ncontent-type: application/json\r\n");
+    let answer_body = completion("fine", 3, 1).to_string();
+    vec![
+        ("chunked, split across two chunks", Act::Send(chunked.into_bytes())),
+        ("server-sent events", Act::Send(sse.into_bytes())),
+        ("close-delimited", Act::SendAndClose(close_delimited.into_bytes())),
+        (
+            "declared length over 64 KiB",
+            Act::Send(with_length("401 Unauthorized", "content-type: application/json\r\n", padded.as_bytes())),
+        ),
+        (
+            "gzip",
+            Act::Send(with_length(
+                "401 Unauthorized",
+                "content-type: application/json\r\ncontent-encoding: gzip\r\n",
+                &compressed,
+            )),
+        ),
+        (
+            "JSON \\u escapes",
+            Act::Send(with_length(
+                "401 Unauthorized",
+                "content-type: application/json\r\n",
+                error_text(&json_escaped(key)).as_bytes(),
+            )),
+        ),
+        (
+            "headers of an error",
+            Act::Send(with_length(
+                "401 Unauthorized",
+                &echoing_headers,
+                br#"{"error":{"message":"bad key","type":"invalid_request_error","code":"invalid_api_key"}}"#,
+            )),
+        ),
+        (
+            "headers of a success",
+            Act::Send(with_length("200 OK", &echoing_headers, answer_body.as_bytes())),
+        ),
+    ]
+}
+
+/// Nothing of `key` in the reply, raw or escaped, in a header's name or value or its body;
+/// the body as the client got it.
+async fn keyless(response: reqwest::Response, key: &str, what: &str) -> String {
+    for (name, value) in response.headers() {
+        assert!(
+            !name.as_str().contains(&key.to_ascii_lowercase()),
+            "{what}: header {name}"
+        );
+        let value = String::from_utf8_lossy(value.as_bytes());
+        assert!(!value.contains(key), "{what}: {name}: {value}");
+    }
+    assert!(
+        response.headers().get("content-encoding").is_none(),
+        "{what}"
+    );
+    let body = within("the reply's body", response.bytes()).await.unwrap();
+    let body = String::from_utf8_lossy(&body).into_owned();
+    for written in [key.to_string(), json_escaped(key)] {
+        assert!(!body.contains(&written), "{what}: {body:.300}");
+    }
+    body
+}
+
+/// Issue 28: keys reached clients in every framing but a small declared length. Each leak,
+/// on each path, with each key condenser sends: none reaches the client, and the key's place
+/// in an error body reads `[redacted]`.
+#[tokio::test]
+async fn no_key_reaches_the_client_whatever_the_framing_of_the_reply() {
+    let cases = keyed_cases();
+    let script: Vec<Act> = cases
+        .iter()
+        .flat_map(|(_, _, _, key)| leaks(key).into_iter().map(|(_, act)| act))
+        .collect();
+    let upstream = Hostile::start(script).await;
+    let proxy = Proxy::start(keyed_config(&upstream)).await;
+    let mut requests = 0;
+    for (path, model, caller, key) in cases {
+        for (leak, _) in leaks(key) {
+            let what = format!("{path} {model} caller={caller}, {leak}");
+            let response = within(&what, keyed_request(&proxy, path, model, caller).send())
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            let body = keyless(response, key, &what).await;
+            requests += 1;
+            assert_eq!(upstream.seen().len(), requests, "{what}: sent once");
+            if leak.starts_with("headers") {
+                assert_eq!(
+                    status,
+                    if leak.ends_with("success") { 200 } else { 401 },
+                    "{what}"
+                );
+                continue;
+            }
+            assert_eq!(status, 401, "{what}: {body:.300}");
+            assert!(body.contains("Bearer [redacted]"), "{what}: {body:.300}");
+        }
+    }
+}
+
+/// An error body too large to scan whole is never relayed: condenser answers upstream's status
+/// with its own error in the shape of the path's API, saying the body was withheld. Declared or
+/// not, compressed or not.
+#[tokio::test]
+async fn an_error_body_over_the_bound_is_withheld_in_the_dialects_shape() {
+    let huge = format!(
+        r#"{{"error":{{"message":"Bearer {INJECTED_KEY}","padding":"{}"}}}}"#,
+        "p".repeat(300 * 1024)
+    );
+    let chunked = {
+        let mut reply = b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        for piece in huge.as_bytes().chunks(16 * 1024) {
+            reply.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+            reply.extend_from_slice(piece);
+            reply.extend_from_slice(b"\r\n");
+        }
+        reply.extend_from_slice(b"0\r\n\r\n");
+        reply
+    };
+    let forms = [
+        with_length(
+            "429 Too Many Requests",
+            "content-type: application/json\r\n",
+            huge.as_bytes(),
+        ),
+        chunked,
+        // Small on the wire, over the bound once decoded.
+        with_length(
+            "429 Too Many Requests",
+            "content-type: application/json\r\ncontent-encoding: gzip\r\n",
+            &gzip(huge.as_bytes()),
+        ),
+    ];
+    let paths = [CHAT, MESSAGES, RESPONSES, PASSTHROUGH];
+    let script = paths
+        .iter()
+        .flat_map(|_| forms.iter().cloned().map(Act::Send))
+        .collect();
+    let upstream = Hostile::start(script).await;
+    let proxy = Proxy::start(keyed_config(&upstream)).await;
+    for path in paths {
+        for form in 0..forms.len() {
+            let what = format!("{path}, form {form}");
+            let response = within(&what, keyed_request(&proxy, path, "gpt-4o", false).send())
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 429, "{what}");
+            let body: Value =
+                serde_json::from_str(&keyless(response, INJECTED_KEY, &what).await).unwrap();
+            let message = match path {
+                MESSAGES => {
+                    assert_eq!(body["type"], "error", "{what}: {body}");
+                    assert_eq!(body["error"]["type"], "rate_limit_error", "{what}: {body}");
+                    body["error"]["message"].as_str().unwrap().to_string()
+                }
+                _ => {
+                    assert_eq!(
+                        body["error"]["code"], "upstream_reply_withheld",
+                        "{what}: {body}"
+                    );
+                    body["error"]["message"].as_str().unwrap().to_string()
+                }
+            };
+            assert!(
+                message.contains("429") && message.contains("withheld"),
+                "{what}: {message}"
+            );
+        }
+    }
+    assert_eq!(upstream.seen().len(), paths.len() * forms.len());
+}
+
+/// A client on a bare socket that has sent `method path` with `body` (none when empty),
+/// written by hand so the test decides how the connection ends.
+async fn raw_request(proxy: &Proxy, method: &str, path: &str, body: &str) -> TcpStream {
+    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
+    let framing = match body.is_empty() {
+        true => String::new(),
+        false => format!(
+            "content-type: application/json\r\ncontent-length: {}\r\n",
+            body.len()
+        ),
+    };
+    let request = format!("{method} {path} HTTP/1.1\r\nhost: condenser\r\n{framing}\r\n{body}");
+    client.write_all(request.as_bytes()).await.unwrap();
+    client
+}
+
+/// Issue 28: an abandoned request ran until upstream answered, and was billed. A client that
+/// leaves while its request waits on upstream (a FIN after the request, or a reset), streamed
+/// or not, intercepted or passed through, has the upstream request closed at once, long
+/// before the upstream would have answered; each is counted as 499.
+#[tokio::test]
+async fn a_client_that_leaves_while_upstream_thinks_cancels_the_upstream_request() {
+    let chat = |stream| request_body(CHAT, stream).to_string();
+    let embeddings = request_body(PASSTHROUGH, false).to_string();
+    let cases = [
+        ("POST", CHAT, chat(false), "FIN"),
+        ("POST", CHAT, chat(true), "FIN"),
+        ("POST", CHAT, chat(false), "reset"),
+        ("POST", CHAT, chat(true), "reset"),
+        ("POST", PASSTHROUGH, embeddings, "FIN"),
+        ("GET", "/v1/models", String::new(), "FIN"),
+    ];
+    let mut upstream = Hostile::start(vec![Act::Silence; cases.len()]).await;
+    let proxy = condenser_before(&upstream, 600).await;
+    for (i, (method, path, body, how)) in cases.iter().enumerate() {
+        let what = format!("{method} {path} {body:.40} {how}");
+        let client = raw_request(&proxy, method, path, body).await;
+        // Upstream has the request, and would answer in 3 s.
+        within("upstream has the request", async {
+            while upstream.seen().len() <= i {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if *how == "reset" {
+            socket2::SockRef::from(&client)
+                .set_linger(Some(Duration::ZERO))
+                .unwrap();
+        }
+        drop(client);
+        let left = std::time::Instant::now();
+        let closed = within(&what, upstream.closed_by_condenser.recv())
+            .await
+            .unwrap();
+        let noticed = left.elapsed();
+        eprintln!("{what}: upstream saw the close {noticed:?} after the client left");
+        assert_eq!(closed, upstream.seen()[i].connection, "{what}");
+        assert!(noticed < Duration::from_secs(1), "{what}: {noticed:?}");
+    }
+    let metrics = proxy.metrics().await;
+    for (route, cancelled) in [("chat_completions", 4.0), ("passthrough", 2.0)] {
+        let series = format!(r#"condenser_requests_total{{route="{route}",status="499"}}"#);
+        assert_eq!(metric(&metrics, &series), Some(cancelled), "{metrics}");
+    }
+    assert_served(&proxy, CHAT).await;
+}

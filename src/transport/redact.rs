@@ -1,0 +1,442 @@
+//! Keys kept out of what upstream answers: the one rule for every reply condenser relays.
+//! Each key a request carried upstream (the caller's, or the one condenser injected) is
+//! blanked from the reply's headers, whatever its status, and from the body of an error
+//! reply (status 400 and up), wherever it stands: raw, or written as JSON escapes it. An
+//! error body is read whole first, whatever its framing, and decoded from its
+//! `Content-Encoding`; one too large to read, or in an encoding that does not decode, is
+//! withheld rather than relayed unscanned. Success bodies stream through untouched.
+
+use std::borrow::Cow;
+use std::io::Read;
+
+use bytes::Bytes;
+use hyper::body::Body;
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::{Response, StatusCode};
+
+use crate::error::ProxyError;
+use crate::transport::body::{full, read_body, ProxyBody};
+use crate::transport::headers::X_API_KEY;
+
+/// The request headers that carry a key: the caller's own, or the one condenser injected.
+pub const CREDENTIAL_HEADERS: [HeaderName; 3] = [
+    header::AUTHORIZATION,
+    X_API_KEY,
+    HeaderName::from_static("api-key"),
+];
+
+/// The most of an error body read to scan it, before and after decoding. Errors are small
+/// JSON; a body larger than this is withheld, never relayed unscanned.
+const MAX_SCANNED_ERROR_BYTES: usize = 256 * 1024;
+
+/// A key shorter than this is no real API key, and blanking it would cut ordinary words out
+/// of every reply (a key `test` would blank `text/event-stream`).
+const MIN_KEY_BYTES: usize = 8;
+
+/// The largest zstd window decoded, as RFC 8878 asks of HTTP (§3.1.1.1.2): a frame that
+/// declares more would make the decoder allocate it.
+const MAX_ZSTD_WINDOW_BYTES: u64 = 8 * 1024 * 1024;
+
+const REDACTED: &[u8] = b"[redacted]";
+
+/// What is looked for of each credential header's value: what follows its scheme
+/// (`Bearer sk-…`, `Basic …`), or the whole value (a bare key, as `x-api-key` carries it),
+/// when it is long enough to be a key.
+fn keys(credentials: &[HeaderValue]) -> impl Iterator<Item = &[u8]> {
+    credentials
+        .iter()
+        .map(|value| {
+            let value = value.as_bytes();
+            match value.iter().position(|byte| *byte == b' ') {
+                Some(space) => value[space + 1..].trim_ascii_start(),
+                None => value,
+            }
+        })
+        .filter(|key| key.len() >= MIN_KEY_BYTES)
+}
+
+/// `text` with each of `credentials`' keys replaced by `[redacted]`, wherever it is written
+/// raw or JSON-escaped; borrowed back when it holds none.
+pub fn blank_credentials<'t>(text: &'t [u8], credentials: &[HeaderValue]) -> Cow<'t, [u8]> {
+    let keys: Vec<&[u8]> = keys(credentials).collect();
+    match blank_keys(text, &keys) {
+        Some(blanked) => Cow::Owned(blanked),
+        None => Cow::Borrowed(text),
+    }
+}
+
+/// `text` with each of `keys` replaced, or None when it holds none.
+fn blank_keys(text: &[u8], keys: &[&[u8]]) -> Option<Vec<u8>> {
+    let mut blanked: Option<Vec<u8>> = None;
+    for key in keys {
+        if let Some(again) = blank_key(blanked.as_deref().unwrap_or(text), key) {
+            blanked = Some(again);
+        }
+    }
+    blanked
+}
+
+/// `text` with every occurrence of `key` replaced, or None when it has none.
+fn blank_key(text: &[u8], key: &[u8]) -> Option<Vec<u8>> {
+    // Escapes only lengthen a key: most header values are shorter than any real key.
+    if text.len() < key.len() {
+        return None;
+    }
+    let first = *key.first()?;
+    let mut blanked: Option<Vec<u8>> = None;
+    // `text[copied..]` is not yet in `blanked`; a key is looked for from `from` on.
+    let (mut copied, mut from) = (0, 0);
+    // A key starts with its first character, or with an escape of it.
+    while let Some(found) = text
+        .get(from..)
+        .and_then(|rest| memchr::memchr2(first, b'\\', rest))
+    {
+        let at = from + found;
+        match key_end(text, at, key) {
+            Some(end) => {
+                let out = blanked.get_or_insert_with(|| Vec::with_capacity(text.len()));
+                out.extend_from_slice(&text[copied..at]);
+                out.extend_from_slice(REDACTED);
+                (copied, from) = (end, end);
+            }
+            None => from = at + 1,
+        }
+    }
+    let mut out = blanked?;
+    out.extend_from_slice(&text[copied..]);
+    Some(out)
+}
+
+/// Where `key` ends when it is written from `at` on: each of its characters as it is, or as
+/// JSON may escape it (`\u` and four hex digits of either case, for any character; `\/`,
+/// `\\`, `\"`), in any mix. An escape is tried first: in JSON a backslash always starts one.
+fn key_end(text: &[u8], mut at: usize, key: &[u8]) -> Option<usize> {
+    for &wanted in key {
+        match text.get(at..)? {
+            [b'\\', b'u', a, b, c, d, ..] if escaped_byte([*a, *b, *c, *d]) == Some(wanted) => {
+                at += 6;
+            }
+            [b'\\', escaped, ..] if *escaped == wanted && matches!(wanted, b'/' | b'\\' | b'"') => {
+                at += 2;
+            }
+            [byte, ..] if *byte == wanted => at += 1,
+            _ => return None,
+        }
+    }
+    Some(at)
+}
+
+/// The character a `\uXXXX` escape stands for, when it is one byte.
+fn escaped_byte(hex: [u8; 4]) -> Option<u8> {
+    let code = hex.iter().try_fold(0u32, |code, digit| {
+        char::from(*digit)
+            .to_digit(16)
+            .map(|digit| code * 16 + digit)
+    })?;
+    u8::try_from(code).ok()
+}
+
+/// Every header with each key blanked out of its value; a header whose name holds a key
+/// is dropped (names are case-insensitive, so it is looked for in any case).
+fn blank_headers(headers: &mut HeaderMap, keys: &[&[u8]]) {
+    let mut named_by_a_key = Vec::new();
+    for (name, value) in headers.iter_mut() {
+        if keys
+            .iter()
+            .any(|key| holds_in_any_case(name.as_str().as_bytes(), key))
+        {
+            named_by_a_key.push(name.clone());
+            continue;
+        }
+        let Some(blanked) = blank_keys(value.as_bytes(), keys) else {
+            continue;
+        };
+        // `[redacted]` is allowed wherever the key stood; a value that still will not do
+        // goes.
+        match HeaderValue::from_bytes(&blanked) {
+            Ok(blanked) => *value = blanked,
+            Err(_) => named_by_a_key.push(name.clone()),
+        }
+    }
+    for name in named_by_a_key {
+        headers.remove(name);
+    }
+}
+
+/// Whether `name`, in lower case as hyper keeps header names, holds `key` in any case; only
+/// where `key`'s first character stands is the rest compared.
+fn holds_in_any_case(name: &[u8], key: &[u8]) -> bool {
+    let (Some(first), Some(last_start)) = (key.first(), name.len().checked_sub(key.len())) else {
+        return false;
+    };
+    memchr::memchr_iter(first.to_ascii_lowercase(), &name[..=last_start])
+        .any(|at| name[at..at + key.len()].eq_ignore_ascii_case(key))
+}
+
+/// The reply with every key of `credentials` blanked from its headers and, when its status
+/// is an error, from its body, relayed decoded with its length. An error body that cannot be
+/// scanned whole (larger than `MAX_SCANNED_ERROR_BYTES`, or encoded in a way that does not
+/// decode) is withheld: the error then says upstream's status, for the client's dialect to
+/// shape. A request that carried no key has its reply as it came.
+pub async fn without_credentials(
+    response: Response<ProxyBody>,
+    credentials: &[HeaderValue],
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let keys: Vec<&[u8]> = keys(credentials).collect();
+    if keys.is_empty() {
+        return Ok(response);
+    }
+    let (mut head, body) = response.into_parts();
+    blank_headers(&mut head.headers, &keys);
+    if head.status.as_u16() < 400 || body.is_end_stream() {
+        return Ok(Response::from_parts(head, body));
+    }
+    let raw = match read_body(body, &head.headers, MAX_SCANNED_ERROR_BYTES).await {
+        Ok(raw) => raw,
+        Err(ProxyError::BodyTooLarge { .. }) => {
+            let why = format!("its body is larger than {MAX_SCANNED_ERROR_BYTES} bytes");
+            return Err(withheld(head.status, why));
+        }
+        // Upstream's reply broke off: its fault, not the client's.
+        Err(e) => return Err(ProxyError::UpstreamBroken(e.to_string())),
+    };
+    let decoded = decoded(raw, &head.headers).map_err(|why| withheld(head.status, why))?;
+    let body = blank_keys(&decoded, &keys).map_or(decoded, Bytes::from);
+    head.headers.remove(header::CONTENT_ENCODING);
+    head.headers
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    Ok(Response::from_parts(head, full(body)))
+}
+
+fn withheld(status: StatusCode, why: String) -> ProxyError {
+    tracing::warn!(status = status.as_u16(), %why, "upstream error reply withheld");
+    ProxyError::UpstreamReplyWithheld { status, why }
+}
+
+/// `body` with its content codings undone, the last applied first, and no larger than
+/// `MAX_SCANNED_ERROR_BYTES` once decoded; why not, when it cannot be.
+fn decoded(mut body: Bytes, headers: &HeaderMap) -> Result<Bytes, String> {
+    let mut codings = Vec::new();
+    for value in headers.get_all(header::CONTENT_ENCODING) {
+        let value = value
+            .to_str()
+            .map_err(|_| "its Content-Encoding is not text".to_string())?;
+        codings.extend(
+            value
+                .split(',')
+                .map(|coding| coding.trim().to_ascii_lowercase())
+                .filter(|coding| !coding.is_empty() && coding != "identity"),
+        );
+    }
+    for coding in codings.iter().rev() {
+        let source = &body[..];
+        let decoder: Box<dyn Read + '_> = match coding.as_str() {
+            "gzip" | "x-gzip" => Box::new(flate2::read::MultiGzDecoder::new(source)),
+            "deflate" => Box::new(flate2::read::ZlibDecoder::new(source)),
+            "br" => Box::new(brotli_decompressor::Decompressor::new(source, 4096)),
+            "zstd" => Box::new(
+                ruzstd::decoding::StreamingDecoder::new_with_max_window_size(
+                    source,
+                    MAX_ZSTD_WINDOW_BYTES,
+                )
+                .map_err(|e| format!("its zstd encoding does not decode: {e}"))?,
+            ),
+            other => {
+                return Err(format!(
+                    "it is encoded as {other:?}, which condenser does not decode"
+                ))
+            }
+        };
+        let mut out = Vec::new();
+        decoder
+            .take(MAX_SCANNED_ERROR_BYTES as u64 + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| format!("its {coding} encoding does not decode: {e}"))?;
+        if out.len() > MAX_SCANNED_ERROR_BYTES {
+            return Err(format!(
+                "its body is larger than {MAX_SCANNED_ERROR_BYTES} bytes once decoded"
+            ));
+        }
+        body = Bytes::from(out);
+    }
+    Ok(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    const KEY: &str = "sk-FIXTURE-KEY-123";
+
+    fn bearer() -> [HeaderValue; 1] {
+        [HeaderValue::from_static("Bearer sk-FIXTURE-KEY-123")]
+    }
+
+    fn blanked(text: &str) -> String {
+        String::from_utf8(blank_credentials(text.as_bytes(), &bearer()).into_owned()).unwrap()
+    }
+
+    /// `text` with every character written as `\uXXXX`, in upper-case hex when `upper`.
+    fn escaped(text: &str, upper: bool) -> String {
+        text.chars()
+            .map(|c| match upper {
+                true => format!("\\u{:04X}", c as u32),
+                false => format!("\\u{:04x}", c as u32),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_key_is_blanked_raw_and_in_every_json_escape() {
+        let mixed = format!("sk-FIX{}URE-KEY-12\\u0033", escaped("T", true));
+        for written in [
+            KEY.to_string(),
+            escaped(KEY, false),
+            escaped(KEY, true),
+            mixed,
+        ] {
+            assert_eq!(
+                blanked(&format!(
+                    r#"{{"message":"Incorrect key {written}, and again {written}."}}"#
+                )),
+                r#"{"message":"Incorrect key [redacted], and again [redacted]."}"#,
+                "{written}"
+            );
+        }
+        // `\/` and the other one-character escapes a key's characters may take.
+        let key = HeaderValue::from_static("abc/def\\ghi\"jk");
+        let text = r#"key abc\/def\\ghi\"jk end"#;
+        assert_eq!(
+            blank_credentials(text.as_bytes(), &[key]).as_ref(),
+            b"key [redacted] end"
+        );
+    }
+
+    #[test]
+    fn text_without_a_key_is_borrowed_back_and_short_values_are_no_keys() {
+        for text in ["", "\\", "\\u00", "sk-FIXTURE-KEY-12", "\\u0073k-FIXTURE"] {
+            assert!(matches!(
+                blank_credentials(text.as_bytes(), &bearer()),
+                Cow::Borrowed(_)
+            ));
+        }
+        let short = [HeaderValue::from_static("Bearer test")];
+        assert!(matches!(
+            blank_credentials(b"text/event-stream test", &short),
+            Cow::Borrowed(_)
+        ));
+        // A bare key, as `x-api-key` carries it, is looked for whole; after any scheme, the
+        // credentials alone.
+        for sent in [
+            KEY.to_string(),
+            format!("Basic {KEY}"),
+            format!("bearer  {KEY}"),
+        ] {
+            let sent = [HeaderValue::from_str(&sent).unwrap()];
+            assert_eq!(
+                blank_credentials(format!("[{KEY}]").as_bytes(), &sent).as_ref(),
+                b"[[redacted]]"
+            );
+        }
+    }
+
+    #[test]
+    fn headers_lose_the_key_in_their_values_and_the_headers_named_by_one() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_str(&format!("Bearer realm=\"{KEY}\"")).unwrap(),
+        );
+        headers.insert("x-echo-key", HeaderValue::from_static(KEY));
+        headers.insert(
+            HeaderName::from_bytes(KEY.to_ascii_lowercase().as_bytes()).unwrap(),
+            HeaderValue::from_static("1"),
+        );
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        blank_headers(&mut headers, &[KEY.as_bytes()]);
+        assert_eq!(headers.len(), 3, "{headers:?}");
+        assert_eq!(
+            headers[header::WWW_AUTHENTICATE],
+            "Bearer realm=\"[redacted]\""
+        );
+        assert_eq!(headers["x-echo-key"], "[redacted]");
+        assert_eq!(headers[header::CONTENT_TYPE], "text/plain");
+    }
+
+    fn encoded(coding: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_ENCODING,
+            HeaderValue::from_str(coding).unwrap(),
+        );
+        headers
+    }
+
+    const MESSAGE: &[u8] =
+        br#"{"error":{"message":"Incorrect API key provided: sk-FIXTURE-KEY-123"}}"#;
+
+    /// `MESSAGE` as `brotli` (Python's module) and `zstd -19` (the command) wrote it.
+    const MESSAGE_BR: &[u8] = &[
+        0x1b, 0x45, 0x00, 0xf8, 0x8d, 0xd4, 0x4e, 0x77, 0xe2, 0x50, 0xa4, 0x6e, 0x4b, 0xf5, 0xac,
+        0x3f, 0xa8, 0xed, 0xcd, 0x70, 0xe1, 0x58, 0x44, 0x14, 0xb4, 0x14, 0x8b, 0x49, 0x8e, 0x55,
+        0xb6, 0x06, 0x1b, 0x70, 0x22, 0x10, 0x70, 0x18, 0xe8, 0x20, 0x70, 0x8f, 0x30, 0xc3, 0x15,
+        0x30, 0xc1, 0xa1, 0x10, 0x07, 0x41, 0x60, 0xa7, 0xa5, 0xdc, 0x8c, 0x7a, 0x74, 0x62, 0x4e,
+        0xba, 0xb9, 0xd8, 0x1a, 0xb3, 0x2b, 0x57, 0xdd, 0x1c, 0x62, 0xc2, 0xff,
+    ];
+    const MESSAGE_ZSTD: &[u8] = &[
+        0x28, 0xb5, 0x2f, 0xfd, 0x04, 0x68, 0x31, 0x02, 0x00, 0x7b, 0x22, 0x65, 0x72, 0x72, 0x6f,
+        0x72, 0x22, 0x3a, 0x7b, 0x22, 0x6d, 0x65, 0x73, 0x73, 0x61, 0x67, 0x65, 0x22, 0x3a, 0x22,
+        0x49, 0x6e, 0x63, 0x6f, 0x72, 0x72, 0x65, 0x63, 0x74, 0x20, 0x41, 0x50, 0x49, 0x20, 0x6b,
+        0x65, 0x79, 0x20, 0x70, 0x72, 0x6f, 0x76, 0x69, 0x64, 0x65, 0x64, 0x3a, 0x20, 0x73, 0x6b,
+        0x2d, 0x46, 0x49, 0x58, 0x54, 0x55, 0x52, 0x45, 0x2d, 0x4b, 0x45, 0x59, 0x2d, 0x31, 0x32,
+        0x33, 0x22, 0x7d, 0x7d, 0x00, 0x19, 0xef, 0x41,
+    ];
+
+    fn gzip(body: &[u8]) -> Vec<u8> {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(body).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    fn zlib(body: &[u8]) -> Vec<u8> {
+        let mut encoder = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(body).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    #[test]
+    fn each_content_coding_is_undone_before_the_scan() {
+        for (coding, body) in [
+            ("gzip", gzip(MESSAGE)),
+            ("x-gzip", gzip(MESSAGE)),
+            ("deflate", zlib(MESSAGE)),
+            ("br", MESSAGE_BR.to_vec()),
+            ("zstd", MESSAGE_ZSTD.to_vec()),
+            ("identity", MESSAGE.to_vec()),
+            // Applied in the order listed, undone in the reverse.
+            ("deflate, GZIP", gzip(&zlib(MESSAGE))),
+        ] {
+            let headers = encoded(coding);
+            let decoded = decoded(Bytes::from(body), &headers).unwrap();
+            assert_eq!(decoded, MESSAGE, "{coding}");
+        }
+    }
+
+    #[test]
+    fn a_body_that_cannot_be_decoded_or_decodes_too_large_cannot_be_scanned() {
+        let bomb = gzip(&vec![b'a'; MAX_SCANNED_ERROR_BYTES + 1]);
+        assert!(bomb.len() < 4096);
+        for (coding, body, why) in [
+            ("gzip", bomb, "larger than"),
+            ("gzip", MESSAGE.to_vec(), "does not decode"),
+            ("br", b"\xff\xff\xff".to_vec(), "does not decode"),
+            ("zstd", MESSAGE.to_vec(), "does not decode"),
+            ("compress", MESSAGE.to_vec(), "\"compress\""),
+        ] {
+            let headers = encoded(coding);
+            let error = decoded(Bytes::from(body), &headers).unwrap_err();
+            assert!(error.contains(why), "{coding}: {error}");
+        }
+    }
+}
