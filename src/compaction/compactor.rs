@@ -491,13 +491,20 @@ async fn lookup<'r>(
 }
 
 /// Where the kept part starting at `start` anchors its cut horizon: the key of the prefix
-/// before it (the scope's, for a conversation with no head).
-fn anchor(scope: &Key, keys: &[Key], start: usize) -> Key {
-    start
+/// before it (the scope's, for a conversation with no head), and what the request's parts
+/// besides its conversation cost. Those parts (tools, system) come first in a provider's
+/// cache, so requests that differ in them share no cached prefix, and an agent's side
+/// requests over the same conversation (without tools, another system) must not move the
+/// cuts of its loop.
+fn anchor(scope: &Key, keys: &[Key], start: usize, fixed: u32) -> Key {
+    let prefix = start
         .checked_sub(1)
         .and_then(|at| keys.get(at))
-        .copied()
-        .unwrap_or(*scope)
+        .unwrap_or(scope);
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(prefix);
+    hasher.update(&fixed.to_le_bytes());
+    *hasher.finalize().as_bytes()
 }
 
 /// What a horizon record says: the horizon, and the hash of the prefix up to it, so that a
@@ -528,7 +535,11 @@ async fn recorded_horizons(
     (caller, scope, keys): (&Key, &Key, &[Key]),
     starts: &[usize],
 ) -> HashMap<usize, usize> {
-    let anchors: Vec<Key> = starts.iter().map(|&s| anchor(scope, keys, s)).collect();
+    let fixed = job.count.fixed;
+    let anchors: Vec<Key> = starts
+        .iter()
+        .map(|&s| anchor(scope, keys, s, fixed))
+        .collect();
     let records = compactor.cache.horizons(caller, &anchors).await;
     starts
         .iter()
@@ -557,7 +568,7 @@ async fn record_horizon(
     if unchanged || on_hand.horizons.get(&form.end) == Some(&form.horizon) {
         return;
     }
-    let anchor = anchor(&lookup.scope, &lookup.keys, form.end);
+    let anchor = anchor(&lookup.scope, &lookup.keys, form.end, job.count.fixed);
     let Some(prefix) = prefix_up_to(&anchor, job.messages, form.end, form.horizon) else {
         return;
     };
