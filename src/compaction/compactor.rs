@@ -85,12 +85,14 @@ impl CacheOutcome {
 /// Every action and cache outcome a compaction ends with but a request sent as it came with
 /// no summary in the making (`Forwarded`, `None`): the series of `condenser_compactions_total`,
 /// shown from start-up. A new outcome belongs here.
-pub const COUNTED_OUTCOMES: [(Action, CacheOutcome); 6] = [
+pub const COUNTED_OUTCOMES: [(Action, CacheOutcome); 8] = [
     (Action::Summarized, CacheOutcome::Hit),
     (Action::Summarized, CacheOutcome::Miss),
     (Action::Summarized, CacheOutcome::Extended),
     (Action::Summarized, CacheOutcome::Stale),
     (Action::Trimmed, CacheOutcome::None),
+    (Action::Trimmed, CacheOutcome::Hit),
+    (Action::Trimmed, CacheOutcome::Deferred),
     (Action::Forwarded, CacheOutcome::Deferred),
 ];
 

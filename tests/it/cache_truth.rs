@@ -79,6 +79,12 @@ struct Pace {
 }
 
 async fn session(window: u64, pace: Pace) -> CacheFigures {
+    session_on(window, pace, None).await
+}
+
+/// A session at `pace` in a window of `window` tokens; with `shared`, over two replicas
+/// sharing that Redis, each request sent to the other one.
+async fn session_on(window: u64, pace: Pace, shared: Option<&Redis>) -> CacheFigures {
     let upstream = mock_llm(LlmBehaviour {
         chat_latency: pace.model,
         summarizer_latency: pace.summarizer,
@@ -89,14 +95,21 @@ async fn session(window: u64, pace: Pace) -> CacheFigures {
     let mut config = small_window_config(&upstream.url());
     config.models.get_mut("gpt-4o").unwrap().context_window = Some(window);
     let hard_limit = window - 500;
-    let proxy = Proxy::start(config).await;
+    if let Some(redis) = shared {
+        config.cache.redis_url = redis.url();
+    }
+    let replicas = if shared.is_some() { 2 } else { 1 };
+    let mut proxies = Vec::new();
+    for _ in 0..replicas {
+        proxies.push(Proxy::start(config.clone()).await);
+    }
     let mut messages = opening();
     let mut sent = Vec::new();
     let mut waits = Vec::new();
     for r in 0..ROUNDS {
         let request = body(&messages);
         let response = client()
-            .post(proxy.url("/v1/chat/completions"))
+            .post(proxies[r % replicas].url("/v1/chat/completions"))
             .json(&request)
             .send()
             .await
@@ -206,4 +219,14 @@ async fn a_small_window_at_a_hurried_pace_never_waits_and_breaks_only_at_steps()
 async fn a_large_window_at_either_pace_breaks_the_cache_only_at_steps() {
     session(128_000, PATIENT).await;
     session(128_000, HURRIED).await;
+}
+
+/// Two replicas behind a load balancer that sends each request to the other: the cuts one
+/// made are the ones the other keeps (the horizon is recorded in Redis beside the archive),
+/// and the summaries one made serve the other.
+#[tokio::test]
+async fn two_replicas_sharing_redis_cut_and_summarize_alike() {
+    let redis = Redis::start().await;
+    let figures = session_on(32_000, HURRIED, Some(&redis)).await;
+    assert!(figures.cut_steps > 0, "outputs were cut: {figures:?}");
 }
