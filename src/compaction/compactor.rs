@@ -457,14 +457,10 @@ async fn lookup<'r>(
         .map(|(i, summary)| (candidates[i].0, summary))
         .collect();
     let pending = pending(compactor, split, &keys);
-    let starts: Vec<usize> = std::iter::once(split.head)
-        .chain(cached.iter().map(|(end, _)| *end))
-        .collect();
-    let horizons = recorded_horizons(compactor, job, (&caller, &scope, &keys), &starts).await;
     let on_hand = OnHand {
         cached,
         pending,
-        horizons,
+        horizons: HashMap::new(),
     };
     let summarizer_info = compactor.catalog.resolve(&summarizer_model);
     let api = compactor.summarizer.api_for(job.api);
@@ -534,15 +530,21 @@ fn prefix_up_to(anchor: &Key, messages: &[Value], start: usize, end: usize) -> O
 async fn recorded_horizons(
     compactor: &Compactor,
     job: &CompactionJob<'_>,
-    (caller, scope, keys): (&Key, &Key, &[Key]),
-    starts: &[usize],
+    lookup: &Lookup<'_>,
+    on_hand: &OnHand,
 ) -> HashMap<usize, usize> {
+    let starts: Vec<usize> = std::iter::once(job.split.head)
+        .chain(on_hand.cached.iter().map(|(end, _)| *end))
+        .collect();
     let fixed = job.count.fixed;
     let anchors: Vec<Key> = starts
         .iter()
-        .map(|&s| anchor(scope, keys, s, fixed))
+        .map(|&start| anchor(&lookup.scope, &lookup.keys, start, fixed))
         .collect();
-    let records = compactor.cache.horizons(caller, &anchors).await;
+    let records = compactor
+        .cache
+        .horizons(&lookup.source.caller, &anchors)
+        .await;
     starts
         .iter()
         .zip(&anchors)
@@ -714,7 +716,9 @@ async fn carried_out(
     job: &CompactionJob<'_>,
 ) -> Result<Rewrite, ProxyError> {
     let split = job.split;
-    let (lookup, on_hand) = lookup(compactor, job, prefix(compactor, job)).await;
+    let (lookup, mut on_hand) = lookup(compactor, job, prefix(compactor, job)).await;
+    // Only a request that goes now needs the cuts on record; one made ahead does not.
+    on_hand.horizons = recorded_horizons(compactor, job, &lookup, &on_hand).await;
     let on = (job, &lookup);
     if job.mode == Mode::Auto {
         if let Some((form, cache)) = without_waiting(compactor, on, &on_hand) {
