@@ -18,7 +18,7 @@ const RULE_TESTS: &str = "deploy/prometheus/alerts.test.yml";
 /// What the dashboard's variables read as with every instance and model selected, and the
 /// rate window Grafana would choose for a 1 s scrape interval, with room.
 const SUBSTITUTIONS: [(&str, &str); 5] = [
-    ("$__rate_interval", "30s"),
+    ("$__rate_interval", "1m"),
     ("$__range", "5m"),
     ("$instance", ".*"),
     ("$model", ".*"),
@@ -263,7 +263,9 @@ async fn traffic_round(proxy: &Proxy, unreachable: &Proxy, round: usize) {
 async fn drive_traffic(proxy: &Proxy, unreachable: &Proxy, prometheus: &Prometheus) {
     traffic_round(proxy, unreachable, 0).await;
     prometheus
-        .wait_for("count(condenser_summarizer_failures_total) and count(condenser_upstream_failures_total)")
+        // Counted, not only present: every series exists from start-up at 0, and the second
+        // round must come after a scrape that saw the first, or an increase reads 0 over 0.
+        .wait_for("sum(condenser_summarizer_failures_total) > 0 and sum(condenser_upstream_failures_total) > 0 and sum(condenser_prompt_tokens_total) > 0")
         .await;
     traffic_round(proxy, unreachable, 1).await;
     let metrics = proxy.metrics().await;
