@@ -858,12 +858,13 @@ fn went(on: On<'_, '_>, form: Form, cache: CacheOutcome, waited: Duration) -> Re
     let (job, lookup) = on;
     let cuts = form.cuts(job);
     let Some(summary) = form.summary else {
+        // No summary on hand yet: the request went without one while it is made.
+        let cache = if cache == CacheOutcome::Stale {
+            CacheOutcome::Deferred
+        } else {
+            cache
+        };
         if cuts.is_empty() {
-            let cache = if cache == CacheOutcome::Stale {
-                CacheOutcome::Deferred
-            } else {
-                cache
-            };
             return as_sent(cache, waited);
         }
         return Rewrite {
@@ -872,11 +873,7 @@ fn went(on: On<'_, '_>, form: Form, cache: CacheOutcome, waited: Duration) -> Re
             pinned: None,
             cuts,
             action: Action::Trimmed,
-            cache: if cache == CacheOutcome::Stale {
-                CacheOutcome::Deferred
-            } else {
-                cache
-            },
+            cache,
             summarized: 0,
             waited,
             archive: None,
