@@ -164,8 +164,27 @@ impl SummaryCache {
     /// TTL and in its Redis space: like the archive, they are what a session's earlier
     /// rewrites did, which every replica must do alike.
     pub async fn horizons(&self, caller: &Key, anchors: &[Key]) -> Vec<Option<Arc<str>>> {
-        let references: Vec<String> = anchors.iter().map(horizon_reference).collect();
-        self.archive_get(caller, &references).await
+        let keys: Vec<Key> = anchors
+            .iter()
+            .map(|anchor| archive_key(caller, &horizon_reference(anchor)))
+            .collect();
+        let mut found = Vec::with_capacity(keys.len());
+        for key in &keys {
+            found.push(self.archive.get(key).await);
+        }
+        // Unlike an archived item, a record changes: another replica may have moved it since
+        // this one's memory took it, so with Redis the shared record wins (memory serves when
+        // Redis has none, or is down).
+        if let Some(shared) = &self.shared {
+            for (i, record) in shared.archive_get(&keys).await.into_iter().enumerate() {
+                if let Some(record) = record {
+                    let record: Arc<str> = Arc::from(record);
+                    self.archive.insert(keys[i], record.clone()).await;
+                    found[i] = Some(record);
+                }
+            }
+        }
+        found
     }
 
     /// Records a cut horizon, replacing the one recorded before for the same kept part.
