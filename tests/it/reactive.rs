@@ -23,15 +23,6 @@ async fn upstream_with_smaller_window(error: Value, limit: usize) -> MockUpstrea
     .await
 }
 
-async fn post(proxy: &Proxy, body: &Value) -> reqwest::Response {
-    client()
-        .post(proxy.url("/v1/chat/completions"))
-        .json(body)
-        .send()
-        .await
-        .unwrap()
-}
-
 /// A window condenser is told is about twice what the model takes: the 27 turns are planned
 /// as nothing to prepare (under 0.6 of 10,500 usable tokens), and only upstream's answer says
 /// otherwise.
@@ -46,7 +37,7 @@ async fn a_prompt_upstream_finds_too_long_is_retried_once_compacted() {
     for error in [openai_too_long(), anthropic_too_long()] {
         let upstream = upstream_with_smaller_window(error.clone(), 50).await;
         let proxy = Proxy::start(window_configured_too_large(&upstream)).await;
-        let response = post(&proxy, &chat_body(&conversation(TURNS))).await;
+        let response = post_chat(&proxy, &chat_body(&conversation(TURNS))).await;
         assert_eq!(response.status(), 200, "{error}");
         assert_eq!(
             header(&response, "x-condenser-retry"),
@@ -82,7 +73,7 @@ async fn a_stream_is_retried_before_its_first_byte() {
     let proxy = Proxy::start(small_window_config(&upstream.url())).await;
     let mut body = chat_body(&conversation(TURNS));
     body["stream"] = json!(true);
-    let response = post(&proxy, &body).await;
+    let response = post_chat(&proxy, &body).await;
     assert_eq!(response.status(), 200);
     assert_eq!(
         header(&response, "x-condenser-retry"),
@@ -99,7 +90,7 @@ async fn a_second_failure_is_passed_on() {
     // Nothing compacted fits a model that takes three messages.
     let upstream = upstream_with_smaller_window(openai_too_long(), 3).await;
     let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let response = post(&proxy, &chat_body(&conversation(TURNS))).await;
+    let response = post_chat(&proxy, &chat_body(&conversation(TURNS))).await;
     assert_eq!(response.status(), 400);
     assert_eq!(
         header(&response, "x-condenser-retry"),
@@ -132,7 +123,7 @@ async fn a_prompt_far_inside_a_window_counted_exactly_is_not_retried() {
     // upstream that finds them too long disagrees about more than counting.
     let upstream = upstream_with_smaller_window(openai_too_long(), 3).await;
     let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let response = post(&proxy, &chat_body(&conversation(5))).await;
+    let response = post_chat(&proxy, &chat_body(&conversation(5))).await;
     assert_eq!(response.status(), 400);
     assert!(response.headers().get("x-condenser-retry").is_none());
     assert_eq!(upstream.forwarded().len(), 1);
@@ -144,7 +135,7 @@ async fn an_error_that_is_not_about_length_is_passed_on_untried() {
                                  "param": "temperature", "code": "invalid_value"}});
     let upstream = upstream_with_smaller_window(other.clone(), 50).await;
     let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let response = post(&proxy, &chat_body(&conversation(TURNS))).await;
+    let response = post_chat(&proxy, &chat_body(&conversation(TURNS))).await;
     assert_eq!(response.status(), 400);
     assert!(response.headers().get("x-condenser-retry").is_none());
     assert_eq!(response.json::<Value>().await.unwrap(), other);
@@ -162,12 +153,12 @@ async fn after_a_retry_the_next_request_is_compacted_ahead_of_time() {
     ))
     .await;
     let before: u64 = header(
-        &post(&untold, &next_turn).await,
+        &post_chat(&untold, &next_turn).await,
         "x-condenser-prompt-tokens",
     )
     .parse()
     .unwrap();
-    let first = post(&proxy, &chat_body(&conversation(TURNS))).await;
+    let first = post_chat(&proxy, &chat_body(&conversation(TURNS))).await;
     assert_eq!(
         header(&first, "x-condenser-retry"),
         "context_length_exceeded"
@@ -175,7 +166,7 @@ async fn after_a_retry_the_next_request_is_compacted_ahead_of_time() {
     let sent = upstream.forwarded().len();
     // The conversation one turn on: now counted higher, over the trigger, and compacted
     // before it is sent.
-    let next = post(&proxy, &next_turn).await;
+    let next = post_chat(&proxy, &next_turn).await;
     assert_eq!(next.status(), 200);
     assert!(next.headers().get("x-condenser-retry").is_none());
     assert_eq!(header(&next, "x-condenser-action"), "summarized");

@@ -29,15 +29,6 @@ fn long_conversation(last: &str) -> Value {
     json!({"model": "gpt-4o", "messages": messages})
 }
 
-async fn ask(proxy: &Proxy, body: &Value) -> reqwest::Response {
-    client()
-        .post(proxy.url("/v1/chat/completions"))
-        .json(body)
-        .send()
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn a_long_conversation_compacts_in_a_window_of_1000_2048_or_4096_tokens() {
     let upstream = mock_llm(LlmBehaviour::default()).await;
@@ -51,7 +42,7 @@ async fn a_long_conversation_compacts_in_a_window_of_1000_2048_or_4096_tokens() 
     ] {
         let proxy = Proxy::start(with_window(&upstream.url(), window)).await;
         let seen = upstream.recorded().len();
-        let response = ask(&proxy, &body).await;
+        let response = post_chat(&proxy, &body).await;
         assert_eq!(response.status(), 200, "{window}");
         assert_eq!(
             header(&response, "x-condenser-action"),
@@ -110,7 +101,7 @@ async fn a_last_turn_larger_than_a_small_window_is_refused_naming_what_does_not_
     let upstream = mock_llm(LlmBehaviour::default()).await;
     let proxy = Proxy::start(with_window(&upstream.url(), 1_000)).await;
     let body = long_conversation(&filler(7, 600));
-    let response = ask(&proxy, &body).await;
+    let response = post_chat(&proxy, &body).await;
     assert_eq!(response.status(), 400);
     let error: Value = response.json().await.unwrap();
     assert_eq!(error["error"]["code"], "context_length_exceeded");

@@ -512,6 +512,16 @@ pub async fn run_sdk_script(script: &str, args: &[&str], package: &str) -> Strin
     stdout
 }
 
+/// `body` posted to condenser's chat completions path, as it is.
+pub async fn post_chat(proxy: &Proxy, body: &Value) -> reqwest::Response {
+    client()
+        .post(proxy.url("/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
 pub fn chat_body(messages: &[Value]) -> Value {
     json!({"model": "gpt-4o", "max_tokens": 500, "messages": messages, "user": "tester"})
 }
