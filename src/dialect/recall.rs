@@ -1,9 +1,12 @@
-//! The recall tool as a dialect writes it: offered on a compacted request, its calls found in
-//! upstream's reply (whole or streamed), the request continued with condenser's answers, and
-//! the reply the client gets with no trace of the tool. Each dialect implements `RecallWire`
-//! in its folder (`recall.rs`); the loop that serves the calls is the pipeline's.
+//! The reply model recall is written over, once for every dialect. A dialect decodes its
+//! replies into it and encodes out of it (`RecallWire` for a whole reply and the request's
+//! side, `StreamWire` for a stream's events); the rest is here: which parts of a reply are
+//! recall calls, the round's own reply that a continuation carries whole (text, thinking
+//! with its signature, reasoning items), a stream's rounds stitched into one (held parts,
+//! indices continued, openings dropped, closings held, usage summed). The loop that serves
+//! the calls is the pipeline's.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use serde_json::{Map, Value};
 
 pub use crate::compaction::recall::{parameters, TOOL_DESCRIPTION, TOOL_NAME};
@@ -15,12 +18,42 @@ pub struct RecallCall {
     pub arguments: String,
 }
 
+/// What a part of a reply is to recall: a call of the tool, a call of the client's own
+/// tools, or content (text, thinking, reasoning) that is relayed and carried as it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    Content,
+    Recall(RecallCall),
+    ClientCall,
+}
+
 /// What one round's reply asks: its recall calls, and whether it also calls the client's own
 /// tools (then its recall calls are not served: the client's calls go back to the client).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct RoundCalls {
     pub recall: Vec<RecallCall>,
     pub client_calls: bool,
+}
+
+impl RoundCalls {
+    pub fn of(parts: Vec<Part>) -> RoundCalls {
+        let mut round = RoundCalls::default();
+        for part in parts {
+            match part {
+                Part::Recall(call) => round.recall.push(call),
+                Part::ClientCall => round.client_calls = true,
+                Part::Content => {}
+            }
+        }
+        round
+    }
+}
+
+/// One round of a reply, whole: its calls, and the reply itself (as upstream wrote it, or
+/// gathered from its stream), whose parts a continuation carries.
+pub struct Round {
+    pub calls: RoundCalls,
+    pub reply: Value,
 }
 
 /// condenser's answer to one recall call.
@@ -30,7 +63,7 @@ pub struct Answered<'a> {
     pub is_error: bool,
 }
 
-/// The recall tool in one API's wire format.
+/// The recall tool, and a whole reply, in one API's wire format.
 pub trait RecallWire: Sync {
     /// Whether recall can be served for this request: a continuation of it would be taken.
     fn serves(&self, _request: &Map<String, Value>) -> bool {
@@ -41,13 +74,24 @@ pub trait RecallWire: Sync {
     /// on every compacted turn.
     fn offer(&self, request: &mut Map<String, Value>);
 
-    /// The recall calls in a whole (not streamed) reply.
-    fn calls(&self, reply: &Value) -> RoundCalls;
+    /// A whole reply's parts, in order.
+    fn parts(&self, reply: &Value) -> Vec<Part>;
 
-    /// `request` continued: the assistant turn that made `answered`'s calls, then their
-    /// answers. On the `last` round the model is told not to call tools (`tool_choice`
-    /// none), so the round limit holds and the client still gets an answer.
-    fn continue_with(&self, request: &mut Map<String, Value>, answered: &[Answered], last: bool);
+    /// Where a whole reply says how many tokens it wrote (a JSON pointer): what carrying the
+    /// round into a continuation costs its window.
+    fn output_tokens(&self) -> &'static str;
+
+    /// `request` continued: the round's own reply, every part as the model produced it (its
+    /// text, its signed thinking, its reasoning items, its recall calls), then condenser's
+    /// answers. On the `last` round the model is told not to call tools (`tool_choice` none),
+    /// so the round limit holds and the client still gets an answer.
+    fn continue_with(
+        &self,
+        request: &mut Map<String, Value>,
+        round: &Value,
+        answered: &[Answered],
+        last: bool,
+    );
 
     /// Takes out what a reply echoes of the request's tools (the Responses API writes the
     /// request's `tools` into every response object); true when it changed anything.
@@ -59,36 +103,210 @@ pub trait RecallWire: Sync {
     /// `earlier` rounds (already merged) in front of its own, and usage summed over them.
     fn merge(&self, earlier: Option<Value>, reply: Value) -> Value;
 
-    /// The state of one streamed reply, across its rounds.
-    fn stream(&self) -> Box<dyn RecallStream>;
+    /// How its streams' events read.
+    fn stream(&self) -> &'static dyn StreamWire;
+}
+
+/// Where an event stands in a stream, to recall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The reply's opening: a continuation's is not repeated to the client.
+    Opening,
+    /// The reply's closing: held until no round follows, then written with every round's
+    /// reply merged.
+    Closing,
+    /// Anything else: relayed, less its recall parts.
+    Body,
+}
+
+/// The client's view of a streamed reply across its rounds: which of this round's parts (by
+/// upstream's index) are recall calls held back, which are shown and at which index (after
+/// the earlier rounds'), and what the client's events carry from the first round.
+#[derive(Default)]
+pub struct ClientView {
+    /// A continuation's round is streaming.
+    pub continued: bool,
+    /// Parts the client got in earlier rounds.
+    before: u64,
+    shown: Vec<u64>,
+    held: Vec<u64>,
+    /// The first round's reply id, for APIs whose every event carries one.
+    pub id: Option<Value>,
+    /// The next event's number, for APIs that number their events.
+    pub sequence: u64,
+}
+
+impl ClientView {
+    /// A part starts at upstream's `index` (once, however often an API names it).
+    pub fn start(&mut self, index: u64, recall: bool) {
+        let list = if recall {
+            &mut self.held
+        } else {
+            &mut self.shown
+        };
+        if !list.contains(&index) {
+            list.push(index);
+        }
+    }
+
+    pub fn held(&self, index: u64) -> bool {
+        self.held.contains(&index)
+    }
+
+    /// The index the client sees for upstream's `index`, when the part is shown.
+    pub fn shown(&self, index: u64) -> Option<u64> {
+        let position = self.shown.iter().position(|&i| i == index)?;
+        Some(self.before + position as u64)
+    }
+
+    pub fn next_sequence(&mut self) -> u64 {
+        let sequence = self.sequence;
+        self.sequence += 1;
+        sequence
+    }
+
+    fn next_round(&mut self) {
+        self.continued = true;
+        self.before += self.shown.len() as u64;
+        self.shown.clear();
+        self.held.clear();
+    }
+}
+
+/// How one API's stream events read and are written for the client.
+pub trait StreamWire: Sync {
+    fn kind(&self, data: &Value) -> Kind;
+
+    /// Folds an event into the round's reply, so that a stream's round reads as the same
+    /// whole reply upstream would have written.
+    fn gather(&self, round: &mut Value, data: &Value);
+
+    /// The event as the client gets it: recall parts taken out, the others numbered as the
+    /// client sees them. Whether anything of it is left for the client.
+    fn relay(&self, data: &mut Value, view: &mut ClientView) -> bool;
+
+    /// Whether a non-JSON event ends the stream (chat's `[DONE]`).
+    fn is_end(&self, _event: &[u8]) -> bool {
+        false
+    }
+
+    /// The held closing events, written from `merged`: every round's reply as the client
+    /// gets it whole.
+    fn close(&self, closing: &mut [Value], merged: &Value, view: &mut ClientView);
+
+    /// The event that ends the client's stream with `message` as an error, in the API's own
+    /// stream format, so that a reply whose only content was held back never ends as an
+    /// empty success.
+    fn failed(&self, message: &str, view: &mut ClientView) -> Bytes;
 }
 
 /// One streamed reply, seen event by event across its rounds (the first upstream stream,
 /// then each continuation's).
-pub trait RecallStream: Send {
-    /// One whole SSE event of the current round (its lines and the blank line that ends
-    /// it): what the client gets of it now, rewritten when it must be (indices continued
-    /// after the earlier rounds'), or `None` when it is held back or dropped: every event of
-    /// a recall call, a continuation's opening events, and the closing events (kept to
-    /// close the stream once no round follows, with usage summed).
-    fn event(&mut self, event: &[u8]) -> Option<Bytes>;
+pub struct Stitched {
+    wire: &'static dyn RecallWire,
+    events: &'static dyn StreamWire,
+    view: ClientView,
+    /// This round's reply so far.
+    round: Value,
+    /// The earlier rounds' replies, merged.
+    earlier: Option<Value>,
+    /// This round's closing events: as upstream wrote them, and their data (`None` for one
+    /// without JSON).
+    closing: Vec<(Bytes, Option<Value>)>,
+}
 
-    /// The current round's stream has ended: the recall calls it made, whole, and whether
-    /// it also called the client's tools.
-    fn round_end(&mut self) -> RoundCalls;
+impl Stitched {
+    pub fn new(wire: &'static dyn RecallWire) -> Stitched {
+        Stitched {
+            wire,
+            events: wire.stream(),
+            view: ClientView::default(),
+            round: Value::Object(Map::new()),
+            earlier: None,
+            closing: Vec::new(),
+        }
+    }
+
+    /// One whole SSE event of the current round (its lines and the blank line that ends
+    /// it): what the client gets of it now, or `None` when it is held back or dropped.
+    pub fn event(&mut self, event: &[u8]) -> Option<Bytes> {
+        let Some(mut data) = event_json(event).filter(Value::is_object) else {
+            if self.events.is_end(event) {
+                self.closing.push((Bytes::copy_from_slice(event), None));
+                return None;
+            }
+            return Some(Bytes::copy_from_slice(event));
+        };
+        self.events.gather(&mut self.round, &data);
+        match self.events.kind(&data) {
+            Kind::Opening if self.view.continued => None,
+            Kind::Closing => {
+                self.closing
+                    .push((Bytes::copy_from_slice(event), Some(data)));
+                None
+            }
+            Kind::Opening | Kind::Body => {
+                let before = data.clone();
+                if !self.events.relay(&mut data, &mut self.view) {
+                    return None;
+                }
+                Some(if data == before {
+                    Bytes::copy_from_slice(event)
+                } else {
+                    rewrite_event(event, &data)
+                })
+            }
+        }
+    }
+
+    /// The current round's stream has ended: its calls, and its reply whole.
+    pub fn round_end(&mut self) -> Round {
+        Round {
+            calls: RoundCalls::of(self.wire.parts(&self.round)),
+            reply: self.round.clone(),
+        }
+    }
 
     /// A continuation's stream follows: its opening is not repeated to the client, its
-    /// indices go on after this round's, and its usage is added to this round's.
-    fn next_round(&mut self);
+    /// indices go on after this round's, and its reply is merged after this round's.
+    pub fn next_round(&mut self) {
+        let round = std::mem::replace(&mut self.round, Value::Object(Map::new()));
+        self.earlier = Some(self.wire.merge(self.earlier.take(), round));
+        self.closing.clear();
+        self.view.next_round();
+    }
 
-    /// No round follows: the events that close the client's stream (the held closing
-    /// events, usage summed over every round, nothing of the tool in them).
-    fn close(&mut self) -> Bytes;
+    /// No round follows: the events that close the client's stream, written from every
+    /// round's reply merged (nothing of the tool in them, usage summed).
+    pub fn close(&mut self) -> Bytes {
+        let round = std::mem::replace(&mut self.round, Value::Object(Map::new()));
+        let merged = self.wire.merge(self.earlier.take(), round);
+        let closing = std::mem::take(&mut self.closing);
+        let mut data: Vec<Value> = closing.iter().filter_map(|(_, d)| d.clone()).collect();
+        self.events.close(&mut data, &merged, &mut self.view);
+        let mut written = data.into_iter();
+        let mut out = BytesMut::new();
+        for (event, before) in closing {
+            match before {
+                Some(before) => {
+                    let after = written.next().unwrap_or(Value::Null);
+                    if after == before {
+                        out.extend_from_slice(&event);
+                    } else {
+                        out.extend_from_slice(&rewrite_event(&event, &after));
+                    }
+                }
+                None => out.extend_from_slice(&event),
+            }
+        }
+        out.freeze()
+    }
 
-    /// The continuation could not be had: the event that ends the client's stream with
-    /// `message` as an error, in the API's own stream format, so that a reply whose only
-    /// content was held back never ends as an empty success.
-    fn failed(&mut self, message: &str) -> Bytes;
+    /// The continuation could not be had: the client's stream ends with `message` as an
+    /// error.
+    pub fn failed(&mut self, message: &str) -> Bytes {
+        self.events.failed(message, &mut self.view)
+    }
 }
 
 /// The message a client's stream ends with when its continuation failed.
@@ -141,6 +359,37 @@ pub fn add_usage(into: &mut Value, add: &Value) {
             }
             _ => {}
         }
+    }
+}
+
+/// `earlier`'s usage added to `reply`'s, in `reply`: the usage of every round so far.
+pub fn sum_usage(earlier: &Value, reply: &mut Map<String, Value>) {
+    let Some(earlier) = earlier.get("usage").filter(|u| u.is_object()) else {
+        return;
+    };
+    let mut total = earlier.clone();
+    if let Some(own) = reply.get("usage") {
+        add_usage(&mut total, own);
+    }
+    reply.insert("usage".into(), total);
+}
+
+/// Appends `text` to the string at `field` of `object` (made one when absent).
+pub fn append_text(object: &mut Map<String, Value>, field: &str, text: &str) {
+    match object.get_mut(field) {
+        Some(Value::String(own)) => own.push_str(text),
+        _ => {
+            object.insert(field.into(), Value::String(text.into()));
+        }
+    }
+}
+
+/// The string at `field` of `value`, empty when there is none.
+pub fn text_of(value: &Value, field: &str) -> String {
+    match value.get(field) {
+        Some(Value::String(text)) => text.clone(),
+        None | Some(Value::Null) => String::new(),
+        Some(other) => other.to_string(),
     }
 }
 

@@ -2,9 +2,11 @@
 //! `condenser_recall` calls it, condenser answers from the archive and continues the request
 //! upstream, up to `recall.max_rounds` rounds, and the client gets one ordinary reply. A
 //! streamed reply is relayed as it comes; only a recall call's events are held back, and
-//! each continuation's events are stitched into the same stream (`RecallStream`).
+//! each continuation's events are stitched into the same stream (`Stitched`). All of a
+//! request's answers share one budget: the window's room left after what was forwarded and
+//! what each round carried, so no continuation goes past the window.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -21,17 +23,27 @@ use crate::compaction::compactor::{ArchiveScope, Compactor};
 use crate::compaction::recall::{self, Archived, RecallAnswer, RecallLimits};
 use crate::config::RecallConfig;
 use crate::dialect::recall::{
-    continuation_failed, Answered, RecallCall, RecallStream, RecallWire, RoundCalls,
+    continuation_failed, Answered, RecallCall, RecallWire, Round, RoundCalls, Stitched,
 };
 use crate::dialect::stages::Dialect;
 use crate::error::ProxyError;
 use crate::pipeline::state::AppState;
+use crate::tokens::encoding::Encoding;
+use crate::tokens::rules::count_text;
 use crate::transport::body::{full, read_body, BoxError, ProxyBody};
 use crate::transport::upstream::{KeyStyle, Upstream};
 use crate::transport::usage::next_event;
 
 /// A whole reply is read to find its recall calls; a larger one is no completion.
 const MAX_REPLY_BYTES: usize = 32 * 1024 * 1024;
+
+/// What a tool result's message costs beside its text (its role, its call's id and the
+/// framing around them), counted against the request's budget.
+const ANSWER_FRAMING_TOKENS: u64 = 16;
+
+/// Less room than this left in the window, and a call is answered that the budget is spent:
+/// a few dozen tokens recall nothing useful.
+const LEAST_ANSWER_TOKENS: u64 = 64;
 
 pub const RECALLS_HEADER: HeaderName = HeaderName::from_static("x-condenser-recalls");
 
@@ -63,6 +75,9 @@ pub(super) struct Recall {
     /// Those items under their references, read at the first call.
     archived: OnceCell<Vec<Archived>>,
     limits: RecallLimits,
+    /// The window's room left for this request's answers: usable less what was forwarded,
+    /// less what each round's continuation carried and each answer took.
+    room: AtomicU64,
     max_rounds: u32,
     outcomes: RecallCounters,
     /// Recall calls answered so far, which the relay reads once the reply ends.
@@ -92,7 +107,8 @@ impl Recall {
         offered: Recallable,
         destination: Destination,
         (request, sent): (Bytes, Bytes),
-        (config, encoding): (RecallConfig, crate::tokens::encoding::Encoding),
+        (config, encoding): (RecallConfig, Encoding),
+        room: u64,
     ) -> Recall {
         let counters = |outcome| {
             state
@@ -116,6 +132,7 @@ impl Recall {
                 max_tokens: config.max_tokens,
                 encoding,
             },
+            room: AtomicU64::new(room),
             max_rounds: config.max_rounds,
             outcomes: RecallCounters {
                 served: counters("served"),
@@ -193,12 +210,48 @@ impl Recall {
             .await
     }
 
-    /// condenser's answers to one round's recall calls.
-    async fn answer(&self, calls: &[RecallCall]) -> Vec<RecallAnswer> {
+    /// condenser's answers to one round's recall calls, within the room the request has
+    /// left once `round`, the reply that made them, is carried into the continuation.
+    async fn answer(&self, calls: &[RecallCall], round: &Value) -> Vec<RecallAnswer> {
         let archived = self.archived().await;
+        // What upstream says it wrote, or the round as text when that says less: an
+        // estimate over, never under, what the continuation adds.
+        let written = round
+            .pointer(self.wire.output_tokens())
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        let carried = written.max(u64::from(count_text(
+            self.limits.encoding,
+            &round.to_string(),
+        )));
+        self.take_room(carried);
         let mut answers = Vec::with_capacity(calls.len());
         for call in calls {
-            let answer = recall::answer(archived, &call.arguments, &self.limits);
+            let room = self
+                .room
+                .load(Ordering::Relaxed)
+                .saturating_sub(ANSWER_FRAMING_TOKENS);
+            let answer = if room < LEAST_ANSWER_TOKENS {
+                RecallAnswer {
+                    text: format!(
+                        "not recalled: this request's window has {room} tokens left, too few \
+                         for more recall; answer from what you have"
+                    ),
+                    is_error: true,
+                }
+            } else {
+                let limits = RecallLimits {
+                    max_tokens: self
+                        .limits
+                        .max_tokens
+                        .min(u32::try_from(room).unwrap_or(u32::MAX)),
+                    ..self.limits
+                };
+                recall::answer(archived, &call.arguments, &limits)
+            };
+            self.take_room(
+                u64::from(count_text(self.limits.encoding, &answer.text)) + ANSWER_FRAMING_TOKENS,
+            );
             let counter = if answer.is_error {
                 &self.outcomes.error
             } else {
@@ -211,15 +264,23 @@ impl Recall {
         answers
     }
 
-    /// The request continued with this round's calls answered, sent upstream.
+    fn take_room(&self, tokens: u64) {
+        // One task serves a request's rounds in turn: a load then a store loses nothing.
+        let left = self.room.load(Ordering::Relaxed).saturating_sub(tokens);
+        self.room.store(left, Ordering::Relaxed);
+    }
+
+    /// The request continued with this round's reply and its calls answered, sent upstream.
     async fn continue_round(
         &self,
         request: &mut Map<String, Value>,
-        calls: &[RecallCall],
-        round: u32,
+        round: &Round,
+        number: u32,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let answers = self.answer(calls).await;
-        let answered: Vec<Answered> = calls
+        let answers = self.answer(&round.calls.recall, &round.reply).await;
+        let answered: Vec<Answered> = round
+            .calls
+            .recall
             .iter()
             .zip(&answers)
             .map(|(call, answer)| Answered {
@@ -229,7 +290,7 @@ impl Recall {
             })
             .collect();
         self.wire
-            .continue_with(request, &answered, round == self.max_rounds);
+            .continue_with(request, &round.reply, &answered, number == self.max_rounds);
         let body = serde_json::to_vec(request).map_err(ProxyError::Rewrite)?;
         let response = self
             .upstream
@@ -265,7 +326,7 @@ impl Recall {
         let Ok(mut reply) = serde_json::from_slice::<Value>(&bytes) else {
             return Ok(Response::from_parts(head, full(bytes)));
         };
-        let mut calls = self.wire.calls(&reply);
+        let mut calls = RoundCalls::of(self.wire.parts(&reply));
         if calls.recall.is_empty() {
             // No call of the tool: relayed as upstream wrote it, but for an echo of the tool.
             if self.wire.scrub(&mut reply) {
@@ -280,19 +341,18 @@ impl Recall {
         let mut rounds = 0;
         while self.serves(&calls, rounds) {
             rounds += 1;
-            let response = self
-                .continue_round(&mut request, &calls.recall, rounds)
-                .await?;
+            let round = Round { calls, reply };
+            let response = self.continue_round(&mut request, &round, rounds).await?;
             if !response.status().is_success() {
                 return Ok(response);
             }
-            earlier = Some(self.wire.merge(earlier, reply));
+            earlier = Some(self.wire.merge(earlier, round.reply));
             let (next_head, body) = response.into_parts();
             head = next_head;
             bytes = read_reply(body, &head.headers).await?;
             reply = serde_json::from_slice(&bytes)
                 .map_err(|e| ProxyError::UpstreamBroken(format!("continuation unreadable: {e}")))?;
-            calls = self.wire.calls(&reply);
+            calls = RoundCalls::of(self.wire.parts(&reply));
         }
         let merged =
             serde_json::to_vec(&self.wire.merge(earlier, reply)).map_err(ProxyError::Rewrite)?;
@@ -309,7 +369,7 @@ impl Recall {
         let (mut head, body) = response.into_parts();
         head.headers.remove(header::CONTENT_LENGTH);
         let relay = Streamed {
-            events: self.wire.stream(),
+            events: Stitched::new(self.wire),
             recall: self,
             body,
             pending: BytesMut::new(),
@@ -341,7 +401,7 @@ async fn read_reply(body: ProxyBody, headers: &HeaderMap) -> Result<Bytes, Proxy
 /// A streamed reply across its rounds.
 struct Streamed {
     recall: Recall,
-    events: Box<dyn RecallStream>,
+    events: Stitched,
     body: ProxyBody,
     /// Bytes of an event not yet whole.
     pending: BytesMut,
@@ -379,9 +439,9 @@ impl Streamed {
                             self.carry.extend_from_slice(&passed);
                         }
                     }
-                    let calls = self.events.round_end();
-                    let end = if self.recall.serves(&calls, self.rounds) {
-                        match self.next_round(calls).await {
+                    let round = self.events.round_end();
+                    let end = if self.recall.serves(&round.calls, self.rounds) {
+                        match self.next_round(round).await {
                             Ok(()) => continue,
                             Err(reason) => self.events.failed(&continuation_failed(&reason)),
                         }
@@ -411,7 +471,7 @@ impl Streamed {
 
     /// The next round's stream in place of the ended one; why not, when it could not be
     /// had and the client's stream ends with an error after what it got.
-    async fn next_round(&mut self, calls: RoundCalls) -> Result<(), String> {
+    async fn next_round(&mut self, round: Round) -> Result<(), String> {
         let mut request = match self.request.take() {
             Some(request) => request,
             None => self.recall.request_tree().map_err(|e| e.to_string())?,
@@ -419,7 +479,7 @@ impl Streamed {
         self.rounds += 1;
         let response = self
             .recall
-            .continue_round(&mut request, &calls.recall, self.rounds)
+            .continue_round(&mut request, &round, self.rounds)
             .await;
         self.request = Some(request);
         match response {

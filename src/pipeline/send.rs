@@ -188,6 +188,7 @@ async fn served_recall<'s, D: Dialect>(
         destination,
         (outgoing.body.clone(), original.bytes.clone()),
         (original.settings.recall, outgoing.info.encoding),
+        outgoing.usable.saturating_sub(outgoing.forwarded_tokens),
     );
     let recalls = recall.served.clone();
     let response = recall.serve(response).await?;

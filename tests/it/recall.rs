@@ -827,8 +827,22 @@ async fn a_cut_tool_output_names_its_reference_and_recall_gives_it_back_whole() 
         for stream in [false, true] {
             let upstream = scripted_model(api, Script::ClearedRef).await;
             let mut config = recall_config(&upstream.url());
-            // Room for the whole log in one answer.
+            // Room for the whole log in one answer, and in the window beside the request:
+            // compaction starts at two fifths of a 16k window, so the trimmed request leaves
+            // the room (a continuation never goes past the window).
             config.recall.max_tokens = 16_000;
+            for model in ["gpt-4o", "claude-sonnet-4-5"] {
+                config.models.insert(
+                    model.into(),
+                    condenser::tokens::catalog::ModelOverride {
+                        context_window: Some(16_000),
+                        encoding: None,
+                    },
+                );
+            }
+            config.context.trigger_ratio = 0.4;
+            config.context.target_ratio = 0.2;
+            config.context.precompute_ratio = 0.3;
             let proxy = Proxy::start(config).await;
             let response = client()
                 .post(proxy.url(api.path()))

@@ -1,15 +1,23 @@
 //! The recall tool in Chat Completions: a `function` tool, called through an assistant
-//! message's `tool_calls` and answered by a `tool` message; streamed as `tool_calls` deltas.
+//! message's `tool_calls` and answered by a `tool` message; streamed as chunks whose deltas
+//! carry the message's text and its `tool_calls` by index.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use crate::dialect::recall::{
-    add_usage, answer_text, event_json, parameters, rewrite_event, Answered, RecallCall,
-    RecallStream, RecallWire, RoundCalls, TOOL_DESCRIPTION, TOOL_NAME,
+    answer_text, append_text, parameters, sum_usage, text_of, Answered, ClientView, Kind, Part,
+    RecallCall, RecallWire, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
 };
 
 pub struct ChatRecall;
+
+/// How chat streams read, for recall.
+struct ChatStream;
+
+/// The text a delta carries, appended to the same field of the message: its answer, and the
+/// reasoning some servers stream beside it (which a continuation carries back).
+const TEXT_FIELDS: [&str; 4] = ["content", "reasoning_content", "reasoning", "refusal"];
 
 fn is_recall(call: &Value) -> bool {
     call.pointer("/function/name").and_then(Value::as_str) == Some(TOOL_NAME)
@@ -42,25 +50,48 @@ impl RecallWire for ChatRecall {
         }
     }
 
-    fn calls(&self, reply: &Value) -> RoundCalls {
-        let mut round = RoundCalls::default();
+    fn parts(&self, reply: &Value) -> Vec<Part> {
         let calls = reply
             .pointer("/choices/0/message/tool_calls")
             .and_then(Value::as_array);
-        for call in calls.into_iter().flatten() {
-            if is_recall(call) {
-                round.recall.push(RecallCall {
-                    id: text_at(call, "/id"),
-                    arguments: text_at(call, "/function/arguments"),
-                });
-            } else {
-                round.client_calls = true;
-            }
-        }
-        round
+        calls
+            .into_iter()
+            .flatten()
+            .map(|call| match is_recall(call) {
+                true => Part::Recall(RecallCall {
+                    id: text_of(call, "id"),
+                    arguments: call
+                        .pointer("/function/arguments")
+                        .map_or_else(String::new, |a| {
+                            a.as_str().map_or_else(|| a.to_string(), str::to_owned)
+                        }),
+                }),
+                false => Part::ClientCall,
+            })
+            .collect()
     }
 
-    fn continue_with(&self, request: &mut Map<String, Value>, answered: &[Answered], last: bool) {
+    fn output_tokens(&self) -> &'static str {
+        "/usage/completion_tokens"
+    }
+
+    fn continue_with(
+        &self,
+        request: &mut Map<String, Value>,
+        round: &Value,
+        answered: &[Answered],
+        last: bool,
+    ) {
+        let said = round.pointer("/choices/0/message");
+        let mut assistant = Map::new();
+        assistant.insert("role".into(), json!("assistant"));
+        for field in TEXT_FIELDS {
+            let text = said.and_then(|m| m.get(field)).filter(|t| !t.is_null());
+            if let Some(text) = text {
+                assistant.insert(field.into(), text.clone());
+            }
+        }
+        assistant.entry("content").or_insert(Value::Null);
         let calls: Vec<Value> = answered
             .iter()
             .map(|a| {
@@ -71,8 +102,9 @@ impl RecallWire for ChatRecall {
                 })
             })
             .collect();
+        assistant.insert("tool_calls".into(), Value::Array(calls));
         if let Some(messages) = request.get_mut("messages").and_then(Value::as_array_mut) {
-            messages.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
+            messages.push(Value::Object(assistant));
             for a in answered {
                 messages.push(json!({
                     "role": "tool",
@@ -90,14 +122,13 @@ impl RecallWire for ChatRecall {
         if let Some(choice) = first_choice_mut(&mut reply) {
             without_recall_calls(choice);
         }
-        let Some(mut earlier) = earlier else {
+        let Some(earlier) = earlier else {
             return reply;
         };
         let earlier_text = earlier
             .pointer("/choices/0/message/content")
             .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
+            .unwrap_or_default();
         let message = reply
             .pointer_mut("/choices/0/message")
             .and_then(Value::as_object_mut);
@@ -108,13 +139,8 @@ impl RecallWire for ChatRecall {
                 message.insert("content".into(), Value::String(joined));
             }
         }
-        if let (Some(total), Some(usage)) = (earlier.get_mut("usage"), reply.get("usage")) {
-            add_usage(total, usage);
-        }
         if let Some(reply) = reply.as_object_mut() {
-            if let Some(usage) = earlier.get("usage") {
-                reply.insert("usage".into(), usage.clone());
-            }
+            sum_usage(&earlier, reply);
             if let Some(id) = earlier.get("id") {
                 reply.insert("id".into(), id.clone());
             }
@@ -122,17 +148,9 @@ impl RecallWire for ChatRecall {
         reply
     }
 
-    fn stream(&self) -> Box<dyn RecallStream> {
-        Box::new(ChatStream::default())
+    fn stream(&self) -> &'static dyn StreamWire {
+        &ChatStream
     }
-}
-
-fn text_at(value: &Value, pointer: &str) -> String {
-    value
-        .pointer(pointer)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string()
 }
 
 /// A choice's message without its recall calls; with none of its calls left, the choice
@@ -153,74 +171,6 @@ fn without_recall_calls(choice: &mut Map<String, Value>) {
     }
 }
 
-/// A streamed chat completion across its rounds.
-#[derive(Default)]
-struct ChatStream {
-    /// The first round's completion id, which every chunk the client gets carries.
-    id: Option<Value>,
-    /// Later rounds: their chunks are rewritten to the first round's id.
-    continued: bool,
-    /// This round's tool-call indices (as upstream numbers them) that are recall calls,
-    /// with the calls as gathered so far.
-    recall: Vec<(u64, RecallCall)>,
-    /// This round's client tool-call indices, as upstream numbers them, in order.
-    client: Vec<u64>,
-    /// Client tool calls the client got in earlier rounds: this round's go on after them.
-    client_before: u64,
-    /// The held chunk that carried `finish_reason`.
-    finish: Option<Bytes>,
-    /// Usage summed over every round's usage chunk, and the last such chunk.
-    usage: Option<Value>,
-    usage_chunk: Option<Bytes>,
-    done: Option<Bytes>,
-}
-
-impl ChatStream {
-    /// Takes the recall calls' deltas out of the chunk's and renumbers the client's; whether
-    /// it changed anything.
-    fn tool_deltas(&mut self, delta: &mut Map<String, Value>) -> bool {
-        let Some(calls) = delta.get_mut("tool_calls").and_then(Value::as_array_mut) else {
-            return false;
-        };
-        let mut changed = false;
-        let mut kept = Vec::with_capacity(calls.len());
-        for mut call in std::mem::take(calls) {
-            let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
-            // Some servers name the function again in every delta of a call: one call an index.
-            let known = self.recall.iter().any(|(i, _)| *i == index);
-            if is_recall(&call) && !known {
-                let id = text_at(&call, "/id");
-                let arguments = String::new();
-                self.recall.push((index, RecallCall { id, arguments }));
-            }
-            if let Some((_, gathered)) = self.recall.iter_mut().find(|(i, _)| *i == index) {
-                if let Some(part) = call.pointer("/function/arguments").and_then(Value::as_str) {
-                    gathered.arguments.push_str(part);
-                }
-                changed = true;
-                continue;
-            }
-            let position = self.client.iter().position(|&i| i == index);
-            let position = position.unwrap_or_else(|| {
-                self.client.push(index);
-                self.client.len() - 1
-            });
-            let shown = self.client_before + position as u64;
-            if shown != index {
-                call["index"] = json!(shown);
-                changed = true;
-            }
-            kept.push(call);
-        }
-        if kept.is_empty() {
-            delta.remove("tool_calls");
-        } else {
-            *calls = kept;
-        }
-        changed
-    }
-}
-
 /// Whether a delta says nothing: no content, no calls, at most its role.
 fn says_nothing(delta: &Map<String, Value>) -> bool {
     delta.iter().all(|(key, value)| match key.as_str() {
@@ -230,125 +180,193 @@ fn says_nothing(delta: &Map<String, Value>) -> bool {
     })
 }
 
-impl RecallStream for ChatStream {
-    fn event(&mut self, event: &[u8]) -> Option<Bytes> {
-        let Some(mut chunk) = event_json(event) else {
-            if String::from_utf8_lossy(event).contains("[DONE]") {
-                self.done = Some(Bytes::copy_from_slice(event));
-                return None;
+fn finish_reason(chunk: &Value) -> Option<&Value> {
+    chunk
+        .pointer("/choices/0/finish_reason")
+        .filter(|f| !f.is_null())
+}
+
+/// Takes the recall calls' deltas out of a chunk's and numbers the client's as it sees them.
+fn tool_deltas(delta: &mut Map<String, Value>, view: &mut ClientView) {
+    let Some(calls) = delta.get_mut("tool_calls").and_then(Value::as_array_mut) else {
+        return;
+    };
+    let mut kept = Vec::with_capacity(calls.len());
+    for mut call in std::mem::take(calls) {
+        let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+        // Some servers name the function again in every delta of a call: one call an index.
+        if !view.held(index) && view.shown(index).is_none() {
+            view.start(index, is_recall(&call));
+        }
+        if let Some(shown) = view.shown(index) {
+            if shown != index {
+                call["index"] = json!(shown);
             }
-            return Some(Bytes::copy_from_slice(event));
+            kept.push(call);
+        }
+    }
+    if kept.is_empty() {
+        delta.remove("tool_calls");
+    } else {
+        *calls = kept;
+    }
+}
+
+/// The chunk's delta as the client sees it, and whether anything of it is left.
+fn relay_delta(chunk: &mut Value, view: &mut ClientView) -> bool {
+    let Some(delta) = chunk
+        .pointer_mut("/choices/0/delta")
+        .and_then(Value::as_object_mut)
+    else {
+        return true;
+    };
+    let had_calls = delta.contains_key("tool_calls");
+    tool_deltas(delta, view);
+    let emptied = had_calls && !delta.contains_key("tool_calls");
+    !((view.continued || emptied) && says_nothing(delta))
+}
+
+impl StreamWire for ChatStream {
+    fn kind(&self, chunk: &Value) -> Kind {
+        let no_choices = chunk
+            .get("choices")
+            .and_then(Value::as_array)
+            .is_none_or(Vec::is_empty);
+        let usage_only = no_choices && chunk.get("usage").is_some_and(Value::is_object);
+        if usage_only || finish_reason(chunk).is_some() {
+            Kind::Closing
+        } else {
+            Kind::Body
+        }
+    }
+
+    fn gather(&self, round: &mut Value, chunk: &Value) {
+        let Some(round) = round.as_object_mut() else {
+            return;
         };
-        if self.id.is_none() {
-            self.id = chunk.get("id").cloned();
+        if let Some(id) = chunk.get("id").filter(|_| !round.contains_key("id")) {
+            round.insert("id".into(), id.clone());
         }
         if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
-            match &mut self.usage {
-                Some(total) => add_usage(total, usage),
-                None => self.usage = Some(usage.clone()),
-            }
-            if chunk
-                .get("choices")
-                .and_then(Value::as_array)
-                .is_none_or(Vec::is_empty)
-            {
-                self.usage_chunk = Some(Bytes::copy_from_slice(event));
-                return None;
+            round.insert("usage".into(), usage.clone());
+        }
+        let Some(choice) = chunk.pointer("/choices/0") else {
+            return;
+        };
+        let choices = round
+            .entry("choices")
+            .or_insert_with(|| json!([{"message": {"role": "assistant"}}]));
+        let Some(gathered) = choices.pointer_mut("/0").and_then(Value::as_object_mut) else {
+            return;
+        };
+        if let Some(reason) = choice.get("finish_reason").filter(|f| !f.is_null()) {
+            gathered.insert("finish_reason".into(), reason.clone());
+        }
+        let (Some(delta), Some(message)) = (
+            choice.get("delta").and_then(Value::as_object),
+            gathered.get_mut("message").and_then(Value::as_object_mut),
+        ) else {
+            return;
+        };
+        for field in TEXT_FIELDS {
+            if let Some(text) = delta.get(field).and_then(Value::as_str) {
+                append_text(message, field, text);
             }
         }
-        let mut changed = false;
-        let mut finished = false;
-        if let Some(choice) = first_choice_mut(&mut chunk) {
-            finished = choice.get("finish_reason").is_some_and(|f| !f.is_null());
-            if let Some(delta) = choice.get_mut("delta").and_then(Value::as_object_mut) {
-                changed = self.tool_deltas(delta);
-                if self.continued && says_nothing(delta) && !finished {
-                    return None;
-                }
-                if changed && says_nothing(delta) && !finished {
-                    return None;
-                }
-            }
+        let deltas = delta.get("tool_calls").and_then(Value::as_array);
+        for call in deltas.into_iter().flatten() {
+            gather_call(message, call);
         }
-        if self.continued {
-            if let (Some(id), Some(chunk)) = (&self.id, chunk.as_object_mut()) {
+    }
+
+    fn relay(&self, chunk: &mut Value, view: &mut ClientView) -> bool {
+        if view.id.is_none() {
+            view.id = chunk.get("id").cloned();
+        }
+        if view.continued {
+            if let (Some(id), Some(chunk)) = (&view.id, chunk.as_object_mut()) {
                 chunk.insert("id".into(), id.clone());
             }
-            changed = true;
         }
-        let out = if changed {
-            rewrite_event(event, &chunk)
-        } else {
-            Bytes::copy_from_slice(event)
-        };
-        if finished {
-            self.finish = Some(out);
-            return None;
-        }
-        Some(out)
+        relay_delta(chunk, view)
     }
 
-    fn round_end(&mut self) -> RoundCalls {
-        RoundCalls {
-            recall: self.recall.iter().map(|(_, call)| call.clone()).collect(),
-            client_calls: !self.client.is_empty(),
-        }
+    fn is_end(&self, event: &[u8]) -> bool {
+        String::from_utf8_lossy(event).contains("[DONE]")
     }
 
-    fn next_round(&mut self) {
-        self.continued = true;
-        self.recall.clear();
-        self.client_before += self.client.len() as u64;
-        self.client.clear();
-        self.finish = None;
-        self.usage_chunk = None;
-        self.done = None;
+    fn close(&self, closing: &mut [Value], merged: &Value, view: &mut ClientView) {
+        for chunk in closing {
+            if view.continued {
+                if let (Some(id), Some(chunk)) = (&view.id, chunk.as_object_mut()) {
+                    chunk.insert("id".into(), id.clone());
+                }
+            }
+            if let Some(delta) = chunk
+                .pointer_mut("/choices/0/delta")
+                .and_then(Value::as_object_mut)
+            {
+                tool_deltas(delta, view);
+            }
+            if finish_reason(chunk).is_some() {
+                if let Some(reason) = merged.pointer("/choices/0/finish_reason") {
+                    chunk["choices"][0]["finish_reason"] = reason.clone();
+                }
+            }
+            if chunk.get("usage").is_some_and(Value::is_object) {
+                if let Some(usage) = merged.get("usage") {
+                    chunk["usage"] = usage.clone();
+                }
+            }
+        }
     }
 
     /// As OpenAI ends a stream that failed: a `data:` chunk holding an error object, no
     /// `[DONE]`.
-    fn failed(&mut self, message: &str) -> Bytes {
+    fn failed(&self, message: &str, _view: &mut ClientView) -> Bytes {
         let error = json!({"error": {"message": message, "type": "server_error",
             "param": null, "code": "upstream_error"}});
         Bytes::from(format!("data: {error}\n\n"))
     }
+}
 
-    fn close(&mut self) -> Bytes {
-        let mut out = BytesMut::new();
-        if let Some(finish) = self.finish.take() {
-            let recall_only = !self.recall.is_empty() && self.client.is_empty();
-            match event_json(&finish) {
-                Some(mut chunk) if recall_only => {
-                    if let Some(choice) = first_choice_mut(&mut chunk) {
-                        choice.insert("finish_reason".into(), json!("stop"));
-                    }
-                    out.extend_from_slice(&rewrite_event(&finish, &chunk));
-                }
-                _ => out.extend_from_slice(&finish),
-            }
-        }
-        if let (Some(chunk), Some(usage)) = (self.usage_chunk.take(), &self.usage) {
-            match event_json(&chunk) {
-                Some(Value::Object(mut data)) => {
-                    data.insert("usage".into(), usage.clone());
-                    if let (Some(id), true) = (&self.id, self.continued) {
-                        data.insert("id".into(), id.clone());
-                    }
-                    out.extend_from_slice(&rewrite_event(&chunk, &Value::Object(data)));
-                }
-                _ => out.extend_from_slice(&chunk),
-            }
-        }
-        if let Some(done) = self.done.take() {
-            out.extend_from_slice(&done);
-        }
-        out.freeze()
+/// Folds one tool-call delta into the message's calls, by its index.
+fn gather_call(message: &mut Map<String, Value>, delta: &Value) {
+    let index = delta.get("index").and_then(Value::as_u64).unwrap_or(0);
+    let calls = message
+        .entry("tool_calls")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    let Some(calls) = calls.as_array_mut() else {
+        return;
+    };
+    let at = calls
+        .iter()
+        .position(|call| call.get("index").and_then(Value::as_u64) == Some(index));
+    let at = at.unwrap_or_else(|| {
+        calls.push(json!({"index": index, "type": "function", "function": {"arguments": ""}}));
+        calls.len() - 1
+    });
+    let Some(call) = calls[at].as_object_mut() else {
+        return;
+    };
+    if let Some(id) = delta.get("id").filter(|id| id.is_string()) {
+        call.entry("id").or_insert_with(|| id.clone());
+    }
+    let Some(function) = call.get_mut("function").and_then(Value::as_object_mut) else {
+        return;
+    };
+    if let Some(name) = delta.pointer("/function/name").filter(|n| n.is_string()) {
+        function.entry("name").or_insert_with(|| name.clone());
+    }
+    if let Some(part) = delta.pointer("/function/arguments").and_then(Value::as_str) {
+        append_text(function, "arguments", part);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::recall::{event_json, RoundCalls, Stitched};
 
     fn sse(data: &Value) -> Vec<u8> {
         format!("data: {data}\n\n").into_bytes()
@@ -379,7 +397,7 @@ mod tests {
             recall_call("r1", "{\"refs\":[\"ctx:1\"]}"),
             {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}},
         ]}}]});
-        let round = ChatRecall.calls(&reply);
+        let round = RoundCalls::of(ChatRecall.parts(&reply));
         assert_eq!(
             round.recall,
             vec![RecallCall {
@@ -389,7 +407,7 @@ mod tests {
         );
         assert!(round.client_calls);
         assert_eq!(
-            ChatRecall.calls(&json!({"choices": [{"message": {"content": "hi"}}]})),
+            RoundCalls::of(ChatRecall.parts(&json!({"choices": [{"message": {"content": "hi"}}]}))),
             RoundCalls::default()
         );
     }
@@ -407,7 +425,7 @@ mod tests {
             text: "no refs",
             is_error: true,
         }];
-        ChatRecall.continue_with(body, &answered, false);
+        ChatRecall.continue_with(body, &json!({}), &answered, false);
         assert!(!body.contains_key("tool_choice"));
         let messages = body["messages"].as_array().unwrap();
         assert_eq!(messages[1]["tool_calls"][0]["id"], "r1");
@@ -415,8 +433,48 @@ mod tests {
             messages[2],
             json!({"role": "tool", "tool_call_id": "r1", "content": "Error: no refs"})
         );
-        ChatRecall.continue_with(body, &answered, true);
+        ChatRecall.continue_with(body, &json!({}), &answered, true);
         assert_eq!(body["tool_choice"], "none");
+    }
+
+    /// Servers that stream reasoning beside the answer (`reasoning_content`) want it back in
+    /// a tool loop's assistant turn: the streamed round is gathered and carried whole.
+    #[test]
+    fn a_streamed_rounds_text_and_reasoning_go_back_with_its_call() {
+        let mut stream = Stitched::new(&ChatRecall);
+        for delta in [
+            json!({"role": "assistant", "reasoning_content": "The port was "}),
+            json!({"reasoning_content": "set early."}),
+            json!({"content": "Looking. "}),
+            json!({"tool_calls": [{"index": 0, "id": "r1", "type": "function", "function": {"name": TOOL_NAME, "arguments": "{\"query\":"}}]}),
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"port\"}"}}]}),
+        ] {
+            stream.event(&chunk("a", delta, None));
+        }
+        assert!(stream
+            .event(&chunk("a", json!({}), Some("tool_calls")))
+            .is_none());
+        let round = stream.round_end();
+        let call = RecallCall {
+            id: "r1".into(),
+            arguments: "{\"query\":\"port\"}".into(),
+        };
+        assert_eq!(round.calls.recall, [call.clone()]);
+        let mut request = json!({"messages": [{"role": "user", "content": "q"}]});
+        let body = request.as_object_mut().unwrap();
+        let answered = [Answered {
+            call: &call,
+            text: "port 23456",
+            is_error: false,
+        }];
+        ChatRecall.continue_with(body, &round.reply, &answered, false);
+        let assistant = &body["messages"][1];
+        assert_eq!(assistant["reasoning_content"], "The port was set early.");
+        assert_eq!(assistant["content"], "Looking. ");
+        assert_eq!(
+            assistant["tool_calls"][0]["function"]["arguments"],
+            "{\"query\":\"port\"}"
+        );
     }
 
     #[test]
@@ -455,13 +513,13 @@ mod tests {
 
     #[test]
     fn a_call_whose_every_delta_names_the_function_is_one_call() {
-        let mut stream = ChatRecall.stream();
+        let mut stream = Stitched::new(&ChatRecall);
         for part in ["{\"query\":", "\"port\"}"] {
             let delta = json!({"tool_calls": [{"index": 0, "id": "r1", "type": "function",
                 "function": {"name": TOOL_NAME, "arguments": part}}]});
             assert!(stream.event(&chunk("a", delta, None)).is_none());
         }
-        let round = stream.round_end();
+        let round = stream.round_end().calls;
         assert_eq!(
             round.recall,
             vec![RecallCall {
@@ -473,7 +531,7 @@ mod tests {
 
     #[test]
     fn a_streamed_recall_is_held_and_the_continuation_stitched_on() {
-        let mut stream = ChatRecall.stream();
+        let mut stream = Stitched::new(&ChatRecall);
         let text = chunk(
             "a",
             json!({"role": "assistant", "content": "Looking. "}),
@@ -500,7 +558,7 @@ mod tests {
         );
         assert!(stream.event(&usage).is_none());
         assert!(stream.event(b"data: [DONE]\n\n").is_none());
-        let round = stream.round_end();
+        let round = stream.round_end().calls;
         assert_eq!(
             round.recall,
             vec![RecallCall {
@@ -530,7 +588,7 @@ mod tests {
         );
         assert!(stream.event(&usage).is_none());
         assert!(stream.event(b"data: [DONE]\n\n").is_none());
-        assert!(stream.round_end().recall.is_empty());
+        assert!(stream.round_end().calls.recall.is_empty());
         let close = String::from_utf8(stream.close().to_vec()).unwrap();
         assert!(close.contains("\"finish_reason\":\"stop\""), "{close}");
         assert!(close.contains("\"prompt_tokens\":40"), "{close}");
@@ -540,7 +598,7 @@ mod tests {
 
     #[test]
     fn a_mixed_round_passes_the_clients_calls_renumbered_and_drops_the_recall() {
-        let mut stream = ChatRecall.stream();
+        let mut stream = Stitched::new(&ChatRecall);
         let recall = chunk(
             "a",
             json!({"tool_calls": [{"index": 0, "id": "r1", "type": "function", "function": {"name": TOOL_NAME, "arguments": "{}"}}]}),
@@ -558,7 +616,7 @@ mod tests {
         assert!(stream
             .event(&chunk("a", json!({}), Some("tool_calls")))
             .is_none());
-        let round = stream.round_end();
+        let round = stream.round_end().calls;
         assert!(round.client_calls);
         assert_eq!(round.recall.len(), 1);
         let close = String::from_utf8(stream.close().to_vec()).unwrap();

@@ -2,35 +2,28 @@
 //! called by `tool_use` content blocks, answered by `tool_result` blocks in a user turn. A
 //! streamed call is a `content_block_start` of a `tool_use` block, its `input_json_delta`s
 //! and its `content_block_stop`; those never reach the client, and the blocks after them are
-//! renumbered so the client's indices have no gap.
+//! renumbered so the client's indices have no gap. A continuation's assistant turn is the
+//! round's own content, so with extended thinking it opens with the round's signed thinking
+//! blocks, as Anthropic requires.
 
-use std::borrow::Cow;
-use std::collections::HashMap;
-
-use bytes::{Bytes, BytesMut};
-use serde::Deserialize;
+use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use crate::dialect::recall::{
-    parameters, Answered, RecallCall, RecallStream, RecallWire, RoundCalls, TOOL_DESCRIPTION,
-    TOOL_NAME,
+    append_text, parameters, sum_usage, text_of, Answered, ClientView, Kind, Part, RecallCall,
+    RecallWire, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
 };
-use crate::transport::usage::event_data;
 
 /// The recall tool as Anthropic's Messages API writes it.
 pub struct MessagesRecall;
 
-impl RecallWire for MessagesRecall {
-    /// Not with extended thinking: Anthropic takes a continued assistant turn only when it
-    /// opens with the round's signed thinking blocks, which the continuation does not carry.
-    fn serves(&self, request: &Map<String, Value>) -> bool {
-        let thinking = request
-            .get("thinking")
-            .and_then(|thinking| thinking.get("type"))
-            .and_then(Value::as_str);
-        matches!(thinking, None | Some("disabled"))
-    }
+/// How Messages streams read, for recall.
+struct MessagesStream;
 
+const TOOL_USE: &str = "tool_use";
+const END_TURN: &str = "end_turn";
+
+impl RecallWire for MessagesRecall {
     fn offer(&self, request: &mut Map<String, Value>) {
         let tools = request
             .entry("tools")
@@ -50,35 +43,48 @@ impl RecallWire for MessagesRecall {
         }
     }
 
-    fn calls(&self, reply: &Value) -> RoundCalls {
-        let mut calls = RoundCalls::default();
-        for block in content(reply) {
-            if is_recall(block) {
-                calls.recall.push(RecallCall {
-                    id: text_field(block, "id"),
-                    arguments: block
-                        .get("input")
-                        .map_or_else(|| "{}".to_owned(), Value::to_string),
-                });
-            } else if is_tool_use(block) {
-                calls.client_calls = true;
-            }
-        }
-        calls
+    fn parts(&self, reply: &Value) -> Vec<Part> {
+        content(reply)
+            .map(|block| {
+                if is_recall(block) {
+                    Part::Recall(RecallCall {
+                        id: text_of(block, "id"),
+                        arguments: block
+                            .get("input")
+                            .map_or_else(|| "{}".to_owned(), Value::to_string),
+                    })
+                } else if is_tool_use(block) {
+                    Part::ClientCall
+                } else {
+                    Part::Content
+                }
+            })
+            .collect()
     }
 
-    fn continue_with(&self, request: &mut Map<String, Value>, answered: &[Answered], last: bool) {
-        let uses: Vec<Value> = answered
-            .iter()
-            .map(|answer| {
-                json!({
-                    "type": "tool_use",
-                    "id": answer.call.id,
-                    "name": TOOL_NAME,
-                    "input": input_of(&answer.call.arguments),
-                })
-            })
-            .collect();
+    fn output_tokens(&self) -> &'static str {
+        "/usage/output_tokens"
+    }
+
+    fn continue_with(
+        &self,
+        request: &mut Map<String, Value>,
+        round: &Value,
+        answered: &[Answered],
+        last: bool,
+    ) {
+        let mut said: Vec<Value> = content(round).cloned().collect();
+        for answer in answered {
+            let carried = said.iter().any(|block| {
+                is_recall(block) && block.get("id").and_then(Value::as_str) == Some(&answer.call.id)
+            });
+            if !carried {
+                said.push(
+                    json!({"type": TOOL_USE, "id": answer.call.id, "name": TOOL_NAME,
+                    "input": input_of(&answer.call.arguments)}),
+                );
+            }
+        }
         let results: Vec<Value> = answered
             .iter()
             .map(|answer| {
@@ -94,7 +100,7 @@ impl RecallWire for MessagesRecall {
             })
             .collect();
         if let Some(Value::Array(messages)) = request.get_mut("messages") {
-            messages.push(json!({"role": "assistant", "content": uses}));
+            messages.push(json!({"role": "assistant", "content": said}));
             messages.push(json!({"role": "user", "content": results}));
         }
         if last {
@@ -110,19 +116,19 @@ impl RecallWire for MessagesRecall {
         let Some(Value::Array(own)) = reply.remove("content") else {
             return Value::Object(reply);
         };
-        let own: Vec<Value> = own.into_iter().filter(|block| !is_recall(block)).collect();
+        let own: Vec<Value> = own
+            .into_iter()
+            .filter(|block| block.is_object() && !is_recall(block))
+            .collect();
         let client_calls = own.iter().any(is_tool_use);
         let mut merged = Vec::new();
-        if let Some(Value::Object(mut earlier)) = earlier {
-            if let Some(Value::Array(blocks)) = earlier.remove("content") {
+        if let Some(mut earlier) = earlier {
+            sum_usage(&earlier, &mut reply);
+            if let Some(Value::Array(blocks)) = earlier.get_mut("content").map(Value::take) {
                 merged = blocks;
             }
-            let counts = usage_counts(earlier.get("usage")).plus(usage_counts(reply.get("usage")));
-            if let Some(usage) = usage_map(&mut reply) {
-                counts.write(usage);
-            }
-            if let Some(id) = earlier.remove("id") {
-                reply.insert("id".into(), id);
+            if let Some(id) = earlier.get("id") {
+                reply.insert("id".into(), id.clone());
             }
         }
         merged.extend(own);
@@ -133,13 +139,10 @@ impl RecallWire for MessagesRecall {
         Value::Object(reply)
     }
 
-    fn stream(&self) -> Box<dyn RecallStream> {
-        Box::<MessagesRecallStream>::default()
+    fn stream(&self) -> &'static dyn StreamWire {
+        &MessagesStream
     }
 }
-
-const TOOL_USE: &str = "tool_use";
-const END_TURN: &str = "end_turn";
 
 fn content(reply: &Value) -> impl Iterator<Item = &Value> {
     reply
@@ -147,6 +150,9 @@ fn content(reply: &Value) -> impl Iterator<Item = &Value> {
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
+        // A streamed round's blocks are gathered by index: a gap left by a block never
+        // started is no block.
+        .filter(|block| block.is_object())
 }
 
 /// A client tool call; server tools (`server_tool_use`) are the provider's own.
@@ -158,14 +164,6 @@ fn is_recall(block: &Value) -> bool {
     is_tool_use(block) && block.get("name").and_then(Value::as_str) == Some(TOOL_NAME)
 }
 
-fn text_field(value: &Value, field: &str) -> String {
-    value
-        .get(field)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned()
-}
-
 /// A call's arguments as a `tool_use` input, which must be an object: `{}` when they are not.
 fn input_of(arguments: &str) -> Value {
     match serde_json::from_str::<Value>(arguments) {
@@ -174,305 +172,164 @@ fn input_of(arguments: &str) -> Value {
     }
 }
 
-/// The counts Anthropic's `usage` carries that a reply over several rounds sums.
-const COUNTED: [&str; 4] = [
-    "input_tokens",
-    "output_tokens",
-    "cache_creation_input_tokens",
-    "cache_read_input_tokens",
-];
+fn index_of(data: &Value) -> Option<u64> {
+    data.get("index").and_then(Value::as_u64)
+}
 
-/// `usage`'s counts, by `COUNTED` name, each absent where upstream did not write it.
-#[derive(Default, Clone, Copy, Debug, PartialEq)]
-struct Counts([Option<u64>; 4]);
+/// The field of a block each delta type appends its text to.
+fn delta_field(kind: &str) -> Option<(&'static str, &'static str)> {
+    match kind {
+        "text_delta" => Some(("text", "text")),
+        "thinking_delta" => Some(("thinking", "thinking")),
+        "signature_delta" => Some(("signature", "signature")),
+        // A tool's input streams as JSON text, read whole when its block stops.
+        "input_json_delta" => Some(("partial_json", "input")),
+        _ => None,
+    }
+}
 
-impl Counts {
-    fn read(usage: &Map<String, Value>) -> Counts {
-        Counts(COUNTED.map(|name| usage.get(name).and_then(Value::as_u64)))
+impl StreamWire for MessagesStream {
+    fn kind(&self, data: &Value) -> Kind {
+        match data.get("type").and_then(Value::as_str) {
+            Some("message_start") => Kind::Opening,
+            Some("message_delta" | "message_stop") => Kind::Closing,
+            _ => Kind::Body,
+        }
     }
 
-    /// Both rounds' counts; a count neither wrote stays absent.
-    fn plus(self, other: Counts) -> Counts {
-        let mut sum = self;
-        for (mine, theirs) in sum.0.iter_mut().zip(other.0) {
-            if let Some(theirs) = theirs {
-                *mine = Some(mine.unwrap_or(0) + theirs);
+    fn gather(&self, round: &mut Value, data: &Value) {
+        let kind = data.get("type").and_then(Value::as_str).unwrap_or_default();
+        if kind == "message_start" {
+            if let Some(message) = data.get("message") {
+                *round = message.clone();
             }
+            return;
         }
-        sum
-    }
-
-    /// The round's counts as a later event of it says them (they are the round's totals).
-    fn updated(self, later: Counts) -> Counts {
-        let mut updated = self;
-        for (mine, later) in updated.0.iter_mut().zip(later.0) {
-            *mine = later.or(*mine);
-        }
-        updated
-    }
-
-    fn write(&self, usage: &mut Map<String, Value>) {
-        for (name, count) in COUNTED.iter().zip(self.0) {
-            if let Some(count) = count {
-                usage.insert((*name).into(), count.into());
+        let Some(round) = round.as_object_mut() else {
+            return;
+        };
+        if kind == "message_delta" {
+            if let Some(delta) = data.get("delta").and_then(Value::as_object) {
+                round.extend(delta.iter().map(|(k, v)| (k.clone(), v.clone())));
             }
-        }
-    }
-}
-
-fn usage_counts(usage: Option<&Value>) -> Counts {
-    usage
-        .and_then(Value::as_object)
-        .map(Counts::read)
-        .unwrap_or_default()
-}
-
-/// `object.usage`, made an object when absent.
-fn usage_map(object: &mut Map<String, Value>) -> Option<&mut Map<String, Value>> {
-    object
-        .entry("usage")
-        .or_insert_with(|| Value::Object(Map::new()))
-        .as_object_mut()
-}
-
-/// The fields of a stream event's data that recall reads; text is skipped unread.
-#[derive(Deserialize)]
-struct Event<'a> {
-    #[serde(rename = "type", borrow)]
-    kind: Cow<'a, str>,
-    index: Option<usize>,
-    #[serde(borrow)]
-    content_block: Option<Block<'a>>,
-    #[serde(borrow)]
-    delta: Option<Delta<'a>>,
-    usage: Option<Map<String, Value>>,
-    message: Option<Started>,
-}
-
-#[derive(Deserialize)]
-struct Block<'a> {
-    #[serde(rename = "type", borrow)]
-    kind: Cow<'a, str>,
-    id: Option<String>,
-    #[serde(borrow)]
-    name: Option<Cow<'a, str>>,
-}
-
-#[derive(Deserialize)]
-struct Delta<'a> {
-    partial_json: Option<String>,
-    #[serde(borrow)]
-    stop_reason: Option<Cow<'a, str>>,
-}
-
-#[derive(Deserialize)]
-struct Started {
-    usage: Option<Map<String, Value>>,
-}
-
-/// One streamed reply across its rounds. Holds only the arguments of the recall calls being
-/// made and the closing events.
-#[derive(Default)]
-struct MessagesRecallStream {
-    /// The index the client sees for the next block passed, continued across rounds.
-    next_index: usize,
-    /// This round's passed blocks: upstream's index, and the client's.
-    indices: HashMap<usize, usize>,
-    /// This round's recall calls still streaming, by upstream's index: their arguments so far.
-    open: HashMap<usize, RecallCall>,
-    /// This round's recall calls, whole.
-    calls: Vec<RecallCall>,
-    /// This round passed a client `tool_use` block.
-    client_calls: bool,
-    /// A continuation is streaming: its opening is dropped and usage is summed at the close.
-    continued: bool,
-    /// The usage of the rounds before this one, summed.
-    earlier: Counts,
-    /// This round's usage so far.
-    round: Counts,
-    /// This round's `message_delta` (and whether it stopped for tool use), and `message_stop`.
-    closing_delta: Option<(Bytes, bool)>,
-    closing_stop: Option<Bytes>,
-}
-
-impl RecallStream for MessagesRecallStream {
-    fn event(&mut self, event: &[u8]) -> Option<Bytes> {
-        let passed = || Some(Bytes::copy_from_slice(event));
-        let Some(data) = data_of(event) else {
-            return passed();
-        };
-        let Ok(parsed) = serde_json::from_str::<Event>(&data) else {
-            return passed();
-        };
-        match parsed.kind.as_ref() {
-            "message_start" => {
-                let usage = parsed.message.and_then(|message| message.usage);
-                self.round = usage.as_ref().map(Counts::read).unwrap_or_default();
-                if self.continued {
-                    None
-                } else {
-                    passed()
+            // Its counts are the round's so far: each replaces the start's.
+            if let Some(Value::Object(usage)) = data.get("usage") {
+                let own = round.entry("usage").or_insert_with(|| json!({}));
+                if let Some(own) = own.as_object_mut() {
+                    own.extend(usage.iter().map(|(k, v)| (k.clone(), v.clone())));
                 }
             }
-            "content_block_start" => self.block_start(&parsed, event, &data),
-            "content_block_delta" => match parsed.index.and_then(|i| self.open.get_mut(&i)) {
-                Some(call) => {
-                    let partial = parsed.delta.and_then(|delta| delta.partial_json);
-                    call.arguments
-                        .push_str(partial.as_deref().unwrap_or_default());
-                    None
-                }
-                None => self.renumbered(parsed.index, event, &data),
-            },
-            "content_block_stop" => match parsed.index.and_then(|i| self.open.remove(&i)) {
-                Some(mut call) => {
-                    if call.arguments.trim().is_empty() {
-                        call.arguments = "{}".into();
+            return;
+        }
+        let Some(index) = index_of(data).and_then(|i| usize::try_from(i).ok()) else {
+            return;
+        };
+        let content = round.entry("content").or_insert_with(|| json!([]));
+        let Some(content) = content.as_array_mut() else {
+            return;
+        };
+        if kind == "content_block_start" {
+            let mut block = data.get("content_block").cloned().unwrap_or(Value::Null);
+            if is_tool_use(&block) {
+                block["input"] = json!("");
+            }
+            if content.len() <= index {
+                content.resize(index + 1, Value::Null);
+            }
+            content[index] = block;
+            return;
+        }
+        let Some(block) = content.get_mut(index).and_then(Value::as_object_mut) else {
+            return;
+        };
+        match kind {
+            "content_block_delta" => {
+                let Some(delta) = data.get("delta") else {
+                    return;
+                };
+                let delta_kind = delta
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                if let Some((from, to)) = delta_field(delta_kind) {
+                    if let Some(text) = delta.get(from).and_then(Value::as_str) {
+                        append_text(block, to, text);
                     }
-                    self.calls.push(call);
-                    None
+                } else if let Some(citation) = delta.get("citation") {
+                    let citations = block.entry("citations").or_insert_with(|| json!([]));
+                    if let Some(citations) = citations.as_array_mut() {
+                        citations.push(citation.clone());
+                    }
                 }
-                None => self.renumbered(parsed.index, event, &data),
-            },
-            "message_delta" => {
-                let usage = parsed.usage.as_ref().map(Counts::read).unwrap_or_default();
-                self.round = self.round.updated(usage);
-                let stop_reason = parsed.delta.and_then(|delta| delta.stop_reason);
-                let for_tools = stop_reason.as_deref() == Some(TOOL_USE);
-                self.closing_delta = Some((Bytes::copy_from_slice(event), for_tools));
-                None
             }
-            "message_stop" => {
-                self.closing_stop = Some(Bytes::copy_from_slice(event));
-                None
+            "content_block_stop" => {
+                if let Some(Value::String(json)) = block.get("input") {
+                    let input = input_of(json);
+                    block.insert("input".into(), input);
+                }
             }
-            _ => passed(),
+            _ => {}
         }
     }
 
-    fn round_end(&mut self) -> RoundCalls {
-        RoundCalls {
-            recall: std::mem::take(&mut self.calls),
-            client_calls: self.client_calls,
+    fn relay(&self, data: &mut Value, view: &mut ClientView) -> bool {
+        let Some(index) = index_of(data) else {
+            return true;
+        };
+        if let Some(block) = data.get("content_block") {
+            view.start(index, is_recall(block));
         }
+        if view.held(index) {
+            return false;
+        }
+        if let Some(shown) = view.shown(index).filter(|&shown| shown != index) {
+            data["index"] = shown.into();
+        }
+        true
     }
 
-    fn next_round(&mut self) {
-        self.continued = true;
-        self.earlier = self.earlier.plus(std::mem::take(&mut self.round));
-        self.indices.clear();
-        self.open.clear();
-        self.calls.clear();
-        self.client_calls = false;
-        self.closing_delta = None;
-        self.closing_stop = None;
+    /// The last round's `message_delta` with usage summed over every round (the counts its
+    /// own event carries, and output always), and the stop reason of the reply merged.
+    fn close(&self, closing: &mut [Value], merged: &Value, view: &mut ClientView) {
+        for data in closing {
+            if data.get("type").and_then(Value::as_str) != Some("message_delta") {
+                continue;
+            }
+            if let (Some(stop), Some(delta)) = (
+                merged.get("stop_reason"),
+                data.get_mut("delta").and_then(Value::as_object_mut),
+            ) {
+                delta.insert("stop_reason".into(), stop.clone());
+            }
+            let (true, Some(total)) = (view.continued, merged.get("usage")) else {
+                continue;
+            };
+            let usage = data
+                .as_object_mut()
+                .map(|d| d.entry("usage").or_insert_with(|| json!({})));
+            if let Some(Value::Object(usage)) = usage {
+                let mut named: Vec<String> = usage.keys().cloned().collect();
+                named.push("output_tokens".into());
+                for name in named {
+                    if let Some(count) = total.get(&name) {
+                        usage.insert(name, count.clone());
+                    }
+                }
+            }
+        }
     }
 
     /// Anthropic's `error` event, which its SDKs raise.
-    fn failed(&mut self, message: &str) -> Bytes {
+    fn failed(&self, message: &str, _view: &mut ClientView) -> Bytes {
         let error = json!({"type": "error", "error": {"type": "api_error", "message": message}});
         Bytes::from(format!("event: error\ndata: {error}\n\n"))
     }
-
-    fn close(&mut self) -> Bytes {
-        let mut closing = BytesMut::new();
-        if let Some((delta, for_tools)) = self.closing_delta.take() {
-            // Stopped for tool use with no client call passed: only recall calls were made.
-            let ended = for_tools && !self.client_calls;
-            if self.continued || ended {
-                closing.extend_from_slice(&self.closing_delta_rewritten(&delta, ended));
-            } else {
-                closing.extend_from_slice(&delta);
-            }
-        }
-        if let Some(stop) = self.closing_stop.take() {
-            closing.extend_from_slice(&stop);
-        }
-        closing.freeze()
-    }
-}
-
-impl MessagesRecallStream {
-    fn block_start(&mut self, parsed: &Event, event: &[u8], data: &str) -> Option<Bytes> {
-        let (Some(index), Some(block)) = (parsed.index, parsed.content_block.as_ref()) else {
-            return Some(Bytes::copy_from_slice(event));
-        };
-        let tool_use = block.kind == TOOL_USE;
-        if tool_use && block.name.as_deref() == Some(TOOL_NAME) {
-            let id = block.id.clone().unwrap_or_default();
-            let arguments = String::new();
-            self.open.insert(index, RecallCall { id, arguments });
-            return None;
-        }
-        self.client_calls |= tool_use;
-        self.indices.insert(index, self.next_index);
-        self.next_index += 1;
-        self.renumbered(Some(index), event, data)
-    }
-
-    /// A passed block's event with the client's index, rewritten only when it differs.
-    fn renumbered(&self, index: Option<usize>, event: &[u8], data: &str) -> Option<Bytes> {
-        let client = index.and_then(|index| self.indices.get(&index).copied());
-        match (index, client) {
-            (Some(upstream), Some(client)) if upstream != client => rewritten(data, |object| {
-                object.insert("index".into(), client.into());
-            }),
-            _ => None,
-        }
-        .or_else(|| Some(Bytes::copy_from_slice(event)))
-    }
-
-    /// The last round's `message_delta` with usage summed over every round (output always;
-    /// the prompt counts where upstream's event carries them), and `end_turn` when `ended`.
-    fn closing_delta_rewritten(&self, delta: &Bytes, ended: bool) -> Bytes {
-        let total = self.earlier.plus(self.round);
-        let data = data_of(delta).unwrap_or_default();
-        let summed = self.continued;
-        rewritten(&data, |object| {
-            if summed {
-                if let Some(usage) = usage_map(object) {
-                    let mut carried = total;
-                    for (name, count) in COUNTED.iter().zip(carried.0.iter_mut()) {
-                        if *name != "output_tokens" && !usage.contains_key(*name) {
-                            *count = None;
-                        }
-                    }
-                    carried.write(usage);
-                }
-            }
-            if ended {
-                if let Some(Value::Object(delta)) = object.get_mut("delta") {
-                    delta.insert("stop_reason".into(), Value::from(END_TURN));
-                }
-            }
-        })
-        .unwrap_or_else(|| delta.clone())
-    }
-}
-
-/// The data of an SSE event, its `data:` lines joined.
-fn data_of(event: &[u8]) -> Option<String> {
-    let text = std::str::from_utf8(event).ok()?;
-    let lines: Vec<&str> = event_data(text).collect();
-    (!lines.is_empty()).then(|| lines.join("\n"))
-}
-
-/// The event `data` describes, changed by `change`, written anew; `None` if it is no object.
-fn rewritten(data: &str, change: impl FnOnce(&mut Map<String, Value>)) -> Option<Bytes> {
-    let mut object = serde_json::from_str::<Map<String, Value>>(data).ok()?;
-    change(&mut object);
-    let kind = object
-        .get("type")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
-    let data = Value::Object(object);
-    Some(Bytes::from(format!("event: {kind}\ndata: {data}\n\n")))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::recall::{RoundCalls, Stitched};
 
     fn object(value: Value) -> Map<String, Value> {
         match value {
@@ -519,7 +376,7 @@ mod tests {
             {"type": "tool_use", "id": "toolu_1", "name": TOOL_NAME, "input": {"refs": ["ctx:1"]}},
         ]});
         assert_eq!(
-            MessagesRecall.calls(&recall_only),
+            RoundCalls::of(MessagesRecall.parts(&recall_only)),
             RoundCalls {
                 recall: vec![call("toolu_1", r#"{"refs":["ctx:1"]}"#)],
                 client_calls: false,
@@ -530,7 +387,7 @@ mod tests {
             {"type": "tool_use", "id": "toolu_1", "name": TOOL_NAME, "input": {"query": "port"}},
             {"type": "tool_use", "id": "toolu_2", "name": "bash", "input": {"command": "ls"}},
         ]});
-        let calls = MessagesRecall.calls(&mixed);
+        let calls = RoundCalls::of(MessagesRecall.parts(&mixed));
         assert_eq!(calls.recall, vec![call("toolu_1", r#"{"query":"port"}"#)]);
         assert!(calls.client_calls);
 
@@ -539,7 +396,10 @@ mod tests {
             {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []},
             {"type": "text", "text": "Found it."},
         ]});
-        assert_eq!(MessagesRecall.calls(&server), RoundCalls::default());
+        assert_eq!(
+            RoundCalls::of(MessagesRecall.parts(&server)),
+            RoundCalls::default()
+        );
     }
 
     #[test]
@@ -563,7 +423,7 @@ mod tests {
                 is_error: true,
             },
         ];
-        MessagesRecall.continue_with(&mut request, &answered, false);
+        MessagesRecall.continue_with(&mut request, &json!({}), &answered, false);
         assert!(!request.contains_key("tool_choice"));
         assert_eq!(request["max_tokens"], 100);
         let messages = request["messages"].as_array().cloned().unwrap_or_default();
@@ -583,7 +443,7 @@ mod tests {
             ]})
         );
 
-        MessagesRecall.continue_with(&mut request, &answered[..1], true);
+        MessagesRecall.continue_with(&mut request, &json!({}), &answered[..1], true);
         assert_eq!(request["tool_choice"], json!({"type": "none"}));
         assert_eq!(request["messages"].as_array().map(Vec::len), Some(5));
     }
@@ -698,7 +558,7 @@ mod tests {
 
     /// Feeds events one by one; what the client got of them, with each event's input kept
     /// beside its output.
-    fn feed(stream: &mut dyn RecallStream, events: &[String]) -> Vec<(String, Option<Bytes>)> {
+    fn feed(stream: &mut Stitched, events: &[String]) -> Vec<(String, Option<Bytes>)> {
         events
             .iter()
             .map(|event| (event.clone(), stream.event(event.as_bytes())))
@@ -711,9 +571,80 @@ mod tests {
             .collect()
     }
 
+    fn thinking_block(index: usize, thinking: &[&str], signature: &str) -> Vec<String> {
+        let mut events = vec![sse(json!({"type": "content_block_start", "index": index,
+            "content_block": {"type": "thinking", "thinking": "", "signature": ""}}))];
+        events.extend(thinking.iter().map(|part| {
+            sse(json!({"type": "content_block_delta", "index": index,
+                "delta": {"type": "thinking_delta", "thinking": part}}))
+        }));
+        events.push(sse(json!({"type": "content_block_delta", "index": index,
+            "delta": {"type": "signature_delta", "signature": signature}})));
+        events.push(sse(json!({"type": "content_block_stop", "index": index})));
+        events
+    }
+
+    /// Anthropic takes a continued assistant turn only when it opens with the round's
+    /// thinking blocks, signed, as the model wrote them: the streamed round is gathered
+    /// whole, and the continuation carries it.
+    #[test]
+    fn a_streamed_thinking_round_is_carried_whole_signature_and_all() {
+        let mut stream = Stitched::new(&MessagesRecall);
+        let mut round = vec![message_start(100)];
+        round.extend(thinking_block(
+            0,
+            &["The port was ", "set early on."],
+            "c2lnbmVk",
+        ));
+        round.push(sse(json!({"type": "content_block_start", "index": 1,
+            "content_block": {"type": "redacted_thinking", "data": "b3BhcXVl"}})));
+        round.push(sse(json!({"type": "content_block_stop", "index": 1})));
+        round.extend(text_block(2, "Let me look."));
+        round.extend(tool_block(
+            3,
+            "toolu_1",
+            TOOL_NAME,
+            &["{\"query\":", " \"port\"}"],
+        ));
+        round.extend(closing("tool_use", 20));
+        let fed = feed(&mut stream, &round);
+        // The thinking reaches the client as it came; the call does not.
+        let shown = passed(&fed);
+        assert_eq!(shown[1]["content_block"]["type"], "thinking");
+        assert!(!shown
+            .iter()
+            .any(|event| event.to_string().contains(TOOL_NAME)));
+
+        let round = stream.round_end();
+        assert_eq!(round.calls.recall, [call("toolu_1", r#"{"query":"port"}"#)]);
+        let mut request = object(json!({"model": "claude", "thinking": {"type": "adaptive"},
+            "messages": [{"role": "user", "content": "Which port?"}]}));
+        assert!(MessagesRecall.serves(&request));
+        let found = call("toolu_1", r#"{"query":"port"}"#);
+        let answered = [Answered {
+            call: &found,
+            text: "port 23456",
+            is_error: false,
+        }];
+        MessagesRecall.continue_with(&mut request, &round.reply, &answered, false);
+        assert_eq!(
+            request["messages"][1],
+            json!({"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "The port was set early on.", "signature": "c2lnbmVk"},
+                {"type": "redacted_thinking", "data": "b3BhcXVl"},
+                {"type": "text", "text": "Let me look."},
+                {"type": "tool_use", "id": "toolu_1", "name": TOOL_NAME, "input": {"query": "port"}},
+            ]})
+        );
+        assert_eq!(
+            request["messages"][2]["content"][0]["tool_use_id"],
+            "toolu_1"
+        );
+    }
+
     #[test]
     fn a_recall_call_streamed_is_held_and_the_continuation_stitched_in() {
-        let mut stream = MessagesRecall.stream();
+        let mut stream = Stitched::new(&MessagesRecall);
         let mut round_one = vec![message_start(100)];
         round_one.extend(text_block(0, "Let me look."));
         round_one.extend(tool_block(
@@ -723,7 +654,7 @@ mod tests {
             &["{\"refs\":", " [\"ctx:1\"]}"],
         ));
         round_one.extend(closing("tool_use", 20));
-        let fed = feed(stream.as_mut(), &round_one);
+        let fed = feed(&mut stream, &round_one);
 
         // message_start and the text block pass unchanged, as they come; nothing else does.
         for (input, output) in &fed[..4] {
@@ -731,9 +662,9 @@ mod tests {
         }
         assert!(fed[4..].iter().all(|(_, output)| output.is_none()));
         assert_eq!(
-            stream.round_end(),
+            stream.round_end().calls,
             RoundCalls {
-                recall: vec![call("toolu_1", r#"{"refs": ["ctx:1"]}"#)],
+                recall: vec![call("toolu_1", r#"{"refs":["ctx:1"]}"#)],
                 client_calls: false,
             }
         );
@@ -742,7 +673,7 @@ mod tests {
         let mut round_two = vec![message_start(150)];
         round_two.extend(text_block(0, "Port 23456."));
         round_two.extend(closing("end_turn", 7));
-        let fed = feed(stream.as_mut(), &round_two);
+        let fed = feed(&mut stream, &round_two);
         let seen = passed(&fed);
         assert_eq!(
             seen.iter().map(|event| &event["type"]).collect::<Vec<_>>(),
@@ -754,7 +685,7 @@ mod tests {
         );
         assert!(seen.iter().all(|event| event["index"] == 1));
         assert_eq!(seen[1]["delta"]["text"], "Port 23456.");
-        assert_eq!(stream.round_end(), RoundCalls::default());
+        assert_eq!(stream.round_end().calls, RoundCalls::default());
 
         let closed = stream.close();
         let text = String::from_utf8_lossy(&closed).into_owned();
@@ -770,12 +701,12 @@ mod tests {
 
     #[test]
     fn a_closing_delta_that_carries_prompt_counts_gets_them_summed() {
-        let mut stream = MessagesRecall.stream();
+        let mut stream = Stitched::new(&MessagesRecall);
         let mut round_one = vec![message_start(100)];
         round_one.extend(tool_block(0, "toolu_1", TOOL_NAME, &[]));
         round_one.extend(closing("tool_use", 20));
-        feed(stream.as_mut(), &round_one);
-        assert_eq!(stream.round_end().recall, vec![call("toolu_1", "{}")]);
+        feed(&mut stream, &round_one);
+        assert_eq!(stream.round_end().calls.recall, vec![call("toolu_1", "{}")]);
         stream.next_round();
         let round_two = [
             message_start(150),
@@ -784,7 +715,7 @@ mod tests {
                 "usage": {"input_tokens": 150, "output_tokens": 7}}),
             ),
         ];
-        feed(stream.as_mut(), &round_two);
+        feed(&mut stream, &round_two);
         let closed = stream.close();
         assert_eq!(
             data(&closed)["usage"],
@@ -794,17 +725,17 @@ mod tests {
 
     #[test]
     fn a_mixed_round_passes_the_client_call_without_a_gap_and_says_so() {
-        let mut stream = MessagesRecall.stream();
+        let mut stream = Stitched::new(&MessagesRecall);
         let mut events = vec![message_start(100)];
         events.extend(tool_block(0, "toolu_1", TOOL_NAME, &["{}"]));
         events.extend(tool_block(1, "toolu_2", "bash", &["{\"command\":\"ls\"}"]));
         events.extend(closing("tool_use", 30));
-        let fed = feed(stream.as_mut(), &events);
+        let fed = feed(&mut stream, &events);
         let seen = passed(&fed);
         assert_eq!(seen.len(), 4);
         assert_eq!(seen[1]["content_block"]["name"], "bash");
         assert!(seen[1..].iter().all(|event| event["index"] == 0));
-        let calls = stream.round_end();
+        let calls = stream.round_end().calls;
         assert!(calls.client_calls);
         assert_eq!(calls.recall, vec![call("toolu_1", "{}")]);
 
@@ -815,11 +746,11 @@ mod tests {
 
     #[test]
     fn a_round_that_ends_on_recall_alone_closes_as_end_turn() {
-        let mut stream = MessagesRecall.stream();
+        let mut stream = Stitched::new(&MessagesRecall);
         let mut events = vec![message_start(100)];
         events.extend(tool_block(0, "toolu_1", TOOL_NAME, &["{}"]));
         events.extend(closing("tool_use", 30));
-        feed(stream.as_mut(), &events);
+        feed(&mut stream, &events);
         stream.round_end();
         let closed = stream.close();
         assert_eq!(data(&closed)["delta"]["stop_reason"], "end_turn");
@@ -828,7 +759,7 @@ mod tests {
 
     #[test]
     fn pings_errors_and_server_tools_pass_through() {
-        let mut stream = MessagesRecall.stream();
+        let mut stream = Stitched::new(&MessagesRecall);
         let events = [
             message_start(10),
             sse(json!({"type": "ping"})),
@@ -839,10 +770,10 @@ mod tests {
             sse(json!({"type": "content_block_stop", "index": 0})),
             sse(json!({"type": "error", "error": {"type": "overloaded_error", "message": "busy"}})),
         ];
-        let fed = feed(stream.as_mut(), &events);
+        let fed = feed(&mut stream, &events);
         for (input, output) in &fed {
             assert_eq!(output.as_deref(), Some(input.as_bytes()));
         }
-        assert!(!stream.round_end().client_calls);
+        assert!(!stream.round_end().calls.client_calls);
     }
 }

@@ -1,22 +1,32 @@
 //! The recall tool in the Responses API: a `function` tool, called by a `function_call`
 //! output item and answered by a `function_call_output` input item; streamed as that item's
-//! `response.output_item.*` and `response.function_call_arguments.*` events.
+//! `response.output_item.*` and `response.function_call_arguments.*` events. A continuation
+//! carries the round's output items as input (its reasoning items with their encrypted
+//! content among them).
 //!
 //! A client call is an output item the client must answer: a `…_call` with a `call_id`
 //! (`function_call`, `custom_tool_call`, `computer_call`, `local_shell_call`, …), as the
 //! dialect's view reads tool calls. Calls upstream ran itself (`web_search_call`,
 //! `mcp_call`, …) carry no `call_id` and need nothing of the client.
+//!
+//! The reply the client gets carries the last round's `id`: upstream stored that response
+//! with the whole continued conversation, so a later `previous_response_id` chains on a
+//! conversation with every call answered (the first round's stored response ends in
+//! condenser's unanswered call).
 
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use super::view::{is_tool_call, item_type};
 use crate::dialect::recall::{
-    add_usage, answer_text, event_json, parameters, rewrite_event, Answered, RecallCall,
-    RecallStream, RecallWire, RoundCalls, TOOL_DESCRIPTION, TOOL_NAME,
+    add_usage, answer_text, parameters, text_of, Answered, ClientView, Kind, Part, RecallCall,
+    RecallWire, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
 };
 
 pub struct ResponsesRecall;
+
+/// How Responses streams read, for recall.
+struct ResponsesStream;
 
 fn is_recall_call(item: &Value) -> bool {
     item.get("type").and_then(Value::as_str) == Some("function_call")
@@ -27,19 +37,14 @@ fn is_client_call(item: &Value) -> bool {
     is_tool_call(item_type(item), item) && !is_recall_call(item)
 }
 
-fn text(value: &Value, field: &str) -> String {
-    match value.get(field) {
-        Some(Value::String(text)) => text.clone(),
-        None | Some(Value::Null) => String::new(),
-        Some(other) => other.to_string(),
-    }
-}
-
-fn recall_call(item: &Value) -> RecallCall {
-    RecallCall {
-        id: text(item, "call_id"),
-        arguments: text(item, "arguments"),
-    }
+fn output(reply: &Value) -> impl Iterator<Item = &Value> {
+    reply
+        .get("output")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        // A streamed round's items are gathered by index: a gap is no item.
+        .filter(|item| item.is_object())
 }
 
 impl RecallWire for ResponsesRecall {
@@ -66,20 +71,36 @@ impl RecallWire for ResponsesRecall {
         }
     }
 
-    fn calls(&self, reply: &Value) -> RoundCalls {
-        let mut round = RoundCalls::default();
-        let output = reply.get("output").and_then(Value::as_array);
-        for item in output.into_iter().flatten() {
-            if is_recall_call(item) {
-                round.recall.push(recall_call(item));
-            } else if is_client_call(item) {
-                round.client_calls = true;
-            }
-        }
-        round
+    fn parts(&self, reply: &Value) -> Vec<Part> {
+        output(reply)
+            .map(|item| {
+                if is_recall_call(item) {
+                    Part::Recall(RecallCall {
+                        id: text_of(item, "call_id"),
+                        arguments: text_of(item, "arguments"),
+                    })
+                } else if is_client_call(item) {
+                    Part::ClientCall
+                } else {
+                    Part::Content
+                }
+            })
+            .collect()
     }
 
-    fn continue_with(&self, request: &mut Map<String, Value>, answered: &[Answered], last: bool) {
+    fn output_tokens(&self) -> &'static str {
+        "/usage/output_tokens"
+    }
+
+    fn continue_with(
+        &self,
+        request: &mut Map<String, Value>,
+        round: &Value,
+        answered: &[Answered],
+        last: bool,
+    ) {
+        // Unstored items are no item to refer to by id: upstream refuses an id it never kept.
+        let stored = request.get("store").and_then(Value::as_bool) != Some(false);
         let input = request
             .entry("input")
             .or_insert_with(|| Value::Array(Vec::new()));
@@ -91,23 +112,39 @@ impl RecallWire for ResponsesRecall {
             Value::Null => *input = Value::Array(Vec::new()),
             _ => {}
         }
-        if let Some(items) = input.as_array_mut() {
-            items.extend(answered.iter().map(|a| {
-                json!({
-                    "type": "function_call",
-                    "call_id": a.call.id,
-                    "name": TOOL_NAME,
-                    "arguments": a.call.arguments,
-                })
-            }));
-            items.extend(answered.iter().map(|a| {
-                json!({
-                    "type": "function_call_output",
-                    "call_id": a.call.id,
-                    "output": answer_text(a),
-                })
-            }));
-        }
+        let Some(items) = input.as_array_mut() else {
+            return;
+        };
+        let carried: Vec<Value> = output(round)
+            .map(|item| {
+                let mut item = item.clone();
+                if let (false, Some(item)) = (stored, item.as_object_mut()) {
+                    item.remove("id");
+                }
+                item
+            })
+            .collect();
+        let made: Vec<Value> = answered
+            .iter()
+            .filter(|answer| {
+                !carried
+                    .iter()
+                    .any(|item| is_recall_call(item) && text_of(item, "call_id") == answer.call.id)
+            })
+            .map(|answer| {
+                json!({"type": "function_call", "call_id": answer.call.id,
+                    "name": TOOL_NAME, "arguments": answer.call.arguments})
+            })
+            .collect();
+        items.extend(carried);
+        items.extend(made);
+        items.extend(answered.iter().map(|a| {
+            json!({
+                "type": "function_call_output",
+                "call_id": a.call.id,
+                "output": answer_text(a),
+            })
+        }));
         if last {
             request.insert("tool_choice".into(), json!("none"));
         }
@@ -117,26 +154,32 @@ impl RecallWire for ResponsesRecall {
         without_the_tool(reply)
     }
 
+    /// The last round's response, with every round's client-visible output and usage.
     fn merge(&self, earlier: Option<Value>, mut reply: Value) -> Value {
         without_the_tool(&mut reply);
-        let mut output = Vec::new();
-        let mut usage = None;
-        if let Some(earlier) = &earlier {
-            gather(earlier, &mut output, &mut usage);
+        let mut items: Vec<Value> = earlier.iter().flat_map(output).cloned().collect();
+        items.extend(output(&reply).filter(|item| !is_recall_call(item)).cloned());
+        let mut usage = earlier.as_ref().and_then(|e| e.get("usage")).cloned();
+        if let Some(own) = reply.get("usage").filter(|u| u.is_object()) {
+            match &mut usage {
+                Some(total) => add_usage(total, own),
+                None => usage = Some(own.clone()),
+            }
         }
-        gather(&reply, &mut output, &mut usage);
-        let first = earlier.as_ref().and_then(|earlier| {
-            let field = |name: &str| earlier.get(name).cloned();
-            Some((field("id")?, field("created_at")))
-        });
         if let Some(response) = reply.as_object_mut() {
-            finish(response, output, usage, first);
+            if response.contains_key("output_text") {
+                response.insert("output_text".into(), json!(output_text(&items)));
+            }
+            response.insert("output".into(), Value::Array(items));
+            if let Some(usage) = usage {
+                response.insert("usage".into(), usage);
+            }
         }
         reply
     }
 
-    fn stream(&self) -> Box<dyn RecallStream> {
-        Box::new(ResponsesStream::default())
+    fn stream(&self) -> &'static dyn StreamWire {
+        &ResponsesStream
     }
 }
 
@@ -149,48 +192,6 @@ fn without_the_tool(response: &mut Value) -> bool {
     let before = tools.len();
     tools.retain(|tool| tool.get("name").and_then(Value::as_str) != Some(TOOL_NAME));
     tools.len() != before
-}
-
-/// Adds a response's client-visible output items to `output` and its usage to `usage`.
-fn gather(response: &Value, output: &mut Vec<Value>, usage: &mut Option<Value>) {
-    let items = response.get("output").and_then(Value::as_array);
-    output.extend(
-        items
-            .into_iter()
-            .flatten()
-            .filter(|item| !is_recall_call(item))
-            .cloned(),
-    );
-    if let Some(add) = response.get("usage").filter(|u| u.is_object()) {
-        match usage {
-            Some(total) => add_usage(total, add),
-            None => *usage = Some(add.clone()),
-        }
-    }
-}
-
-/// A response as the client gets it: `output` and `usage` of every round, the first round's
-/// `id` and `created_at`, and `output_text`, where upstream wrote one, read again from the
-/// messages.
-fn finish(
-    response: &mut Map<String, Value>,
-    output: Vec<Value>,
-    usage: Option<Value>,
-    first: Option<(Value, Option<Value>)>,
-) {
-    if response.contains_key("output_text") {
-        response.insert("output_text".into(), json!(output_text(&output)));
-    }
-    response.insert("output".into(), Value::Array(output));
-    if let Some(usage) = usage {
-        response.insert("usage".into(), usage);
-    }
-    if let Some((id, created_at)) = first {
-        response.insert("id".into(), id);
-        if let Some(created_at) = created_at {
-            response.insert("created_at".into(), created_at);
-        }
-    }
 }
 
 /// The text of the output's messages, joined, as the SDKs' `output_text` reads it.
@@ -219,204 +220,95 @@ const OPENING: [&str; 3] = [
     "response.queued",
 ];
 
-/// A streamed response across its rounds.
-#[derive(Default)]
-struct ResponsesStream {
-    /// The first round's response `id` and `created_at`, which every response object the
-    /// client gets carries.
-    first: Option<(Value, Option<Value>)>,
-    /// Later rounds: their opening is dropped and their response objects take the first id.
-    continued: bool,
-    /// The `sequence_number` the client's next event gets: its events are numbered without
-    /// gaps across the dropped ones and the rounds.
-    sequence: u64,
-    /// Output items the client got in earlier rounds: this round's are numbered after them.
-    items_before: u64,
-    /// This round's output items as upstream numbers them: recall calls (with the call as
-    /// gathered so far) and the others, each in order.
-    recall: Vec<(u64, RecallCall)>,
-    shown: Vec<u64>,
-    client_calls: bool,
-    /// Client-visible output items and usage of the earlier rounds' closing events.
-    output: Vec<Value>,
-    usage: Option<Value>,
-    /// The last closing event held, and whether its items and usage are already in
-    /// `output` and `usage`.
-    closing: Option<(Bytes, Value)>,
-    closing_gathered: bool,
-}
-
-impl ResponsesStream {
-    /// A new output item: a recall call is taken aside, any other gets the next index the
-    /// client sees.
-    fn added(&mut self, index: u64, item: &Value) {
-        if is_recall_call(item) {
-            self.recall.push((index, recall_call(item)));
+impl StreamWire for ResponsesStream {
+    fn kind(&self, data: &Value) -> Kind {
+        let kind = data.get("type").and_then(Value::as_str).unwrap_or_default();
+        if OPENING.contains(&kind) {
+            Kind::Opening
+        } else if CLOSING.contains(&kind) {
+            Kind::Closing
         } else {
-            self.client_calls |= is_client_call(item);
-            self.shown.push(index);
+            Kind::Body
         }
     }
 
-    /// Gathers what a recall call's event says of it; `false` when the event is not a
-    /// recall call's.
-    fn recall_event(&mut self, index: u64, data: &Value) -> bool {
-        let Some((_, call)) = self.recall.iter_mut().find(|(i, _)| *i == index) else {
-            return false;
+    /// A round is its latest response object, with the output items streamed whole
+    /// (`response.output_item.done`) where that object lists none.
+    fn gather(&self, round: &mut Value, data: &Value) {
+        if let Some(response) = data.get("response").filter(|r| r.is_object()) {
+            let gathered = round.get_mut("output").map(Value::take);
+            *round = response.clone();
+            let listed = output(round).next().is_some();
+            if let (false, Some(gathered)) = (listed, gathered) {
+                round["output"] = gathered;
+            }
+            return;
+        }
+        if data.get("type").and_then(Value::as_str) != Some("response.output_item.done") {
+            return;
+        }
+        let (Some(index), Some(item)) = (
+            data.get("output_index")
+                .and_then(Value::as_u64)
+                .and_then(|i| usize::try_from(i).ok()),
+            data.get("item"),
+        ) else {
+            return;
         };
-        match data.get("type").and_then(Value::as_str) {
-            Some("response.function_call_arguments.delta") => {
-                call.arguments.push_str(&text(data, "delta"));
+        let Some(round) = round.as_object_mut() else {
+            return;
+        };
+        let items = round.entry("output").or_insert_with(|| json!([]));
+        if let Some(items) = items.as_array_mut() {
+            if items.len() <= index {
+                items.resize(index + 1, Value::Null);
             }
-            Some("response.function_call_arguments.done") => {
-                call.arguments = text(data, "arguments");
-            }
-            Some("response.output_item.done") => {
-                // The whole item: its fields win over what the earlier events gathered.
-                if let Some(done) = data.get("item").map(recall_call) {
-                    if !done.id.is_empty() {
-                        call.id = done.id;
-                    }
-                    if !done.arguments.is_empty() {
-                        call.arguments = done.arguments;
-                    }
+            items[index] = item.clone();
+        }
+    }
+
+    fn relay(&self, data: &mut Value, view: &mut ClientView) -> bool {
+        if let Some(index) = data.get("output_index").and_then(Value::as_u64) {
+            if data.get("type").and_then(Value::as_str) == Some("response.output_item.added") {
+                if let Some(item) = data.get("item") {
+                    view.start(index, is_recall_call(item));
                 }
             }
-            _ => {}
+            if view.held(index) {
+                return false;
+            }
+            if let Some(shown) = view.shown(index).filter(|&shown| shown != index) {
+                data["output_index"] = json!(shown);
+            }
+        }
+        data["sequence_number"] = json!(view.next_sequence());
+        if let Some(response) = data.get_mut("response") {
+            without_the_tool(response);
         }
         true
     }
 
-    /// The index the client sees for upstream's `index`, if the item is one it sees.
-    fn shown_index(&self, index: u64) -> Option<u64> {
-        let position = self.shown.iter().position(|&i| i == index)?;
-        Some(self.items_before + position as u64)
-    }
-
-    /// Adds the held closing event's items and usage to the earlier rounds', once.
-    fn gather_closing(&mut self) {
-        if let (Some((_, data)), false) = (&self.closing, self.closing_gathered) {
-            if let Some(response) = data.get("response") {
-                gather(response, &mut self.output, &mut self.usage);
+    fn close(&self, closing: &mut [Value], merged: &Value, view: &mut ClientView) {
+        for data in closing {
+            if data.get("response").is_some_and(Value::is_object) {
+                data["response"] = merged.clone();
             }
-            self.closing_gathered = true;
+            data["sequence_number"] = json!(view.next_sequence());
         }
-    }
-
-    /// The next sequence number the client sees.
-    fn next_sequence(&mut self) -> u64 {
-        let sequence = self.sequence;
-        self.sequence += 1;
-        sequence
-    }
-}
-
-impl RecallStream for ResponsesStream {
-    fn event(&mut self, event: &[u8]) -> Option<Bytes> {
-        // Only an object is an event of the API; anything else goes by untouched.
-        let Some(mut data) = event_json(event).filter(Value::is_object) else {
-            return Some(Bytes::copy_from_slice(event));
-        };
-        let kind = data.get("type").and_then(Value::as_str).unwrap_or_default();
-        if self.continued && OPENING.contains(&kind) {
-            return None;
-        }
-        if self.first.is_none() {
-            if let Some(response) = data.get("response") {
-                let id = response.get("id").cloned().unwrap_or(Value::Null);
-                self.first = Some((id, response.get("created_at").cloned()));
-            }
-        }
-        if let Some(index) = data.get("output_index").and_then(Value::as_u64) {
-            if kind == "response.output_item.added" {
-                if let Some(item) = data.get("item") {
-                    self.added(index, item);
-                }
-            }
-            if self.recall_event(index, &data) {
-                return None;
-            }
-        }
-        if CLOSING.contains(&kind) {
-            self.closing = Some((Bytes::copy_from_slice(event), data));
-            self.closing_gathered = false;
-            return None;
-        }
-        let mut changed = false;
-        if let Some(index) = data.get("output_index").and_then(Value::as_u64) {
-            if let Some(shown) = self.shown_index(index).filter(|&shown| shown != index) {
-                data["output_index"] = json!(shown);
-                changed = true;
-            }
-        }
-        let sequence = self.next_sequence();
-        if data.get("sequence_number").and_then(Value::as_u64) != Some(sequence) {
-            data["sequence_number"] = json!(sequence);
-            changed = true;
-        }
-        if let Some(response) = data.get_mut("response") {
-            changed |= without_the_tool(response);
-        }
-        if self.continued {
-            let response = data.get_mut("response").and_then(Value::as_object_mut);
-            if let (Some(response), Some((id, _))) = (response, &self.first) {
-                response.insert("id".into(), id.clone());
-                changed = true;
-            }
-        }
-        Some(if changed {
-            rewrite_event(event, &data)
-        } else {
-            Bytes::copy_from_slice(event)
-        })
-    }
-
-    fn round_end(&mut self) -> RoundCalls {
-        RoundCalls {
-            recall: self.recall.iter().map(|(_, call)| call.clone()).collect(),
-            client_calls: self.client_calls,
-        }
-    }
-
-    fn next_round(&mut self) {
-        self.gather_closing();
-        self.continued = true;
-        self.items_before += self.shown.len() as u64;
-        self.shown.clear();
-        self.recall.clear();
-        self.client_calls = false;
     }
 
     /// The Responses API's `error` event, numbered after the events the client got.
-    fn failed(&mut self, message: &str) -> Bytes {
+    fn failed(&self, message: &str, view: &mut ClientView) -> Bytes {
         let error = json!({"type": "error", "code": "server_error", "message": message,
-            "param": null, "sequence_number": self.next_sequence()});
+            "param": null, "sequence_number": view.next_sequence()});
         Bytes::from(format!("event: error\ndata: {error}\n\n"))
-    }
-
-    fn close(&mut self) -> Bytes {
-        self.gather_closing();
-        let Some((event, mut data)) = self.closing.take() else {
-            return Bytes::new();
-        };
-        let output = std::mem::take(&mut self.output);
-        let usage = self.usage.take();
-        if let Some(response) = data.get_mut("response") {
-            without_the_tool(response);
-        }
-        if let Some(response) = data.get_mut("response").and_then(Value::as_object_mut) {
-            finish(response, output, usage, self.first.clone());
-        }
-        if let Some(fields) = data.as_object_mut() {
-            fields.insert("sequence_number".into(), json!(self.next_sequence()));
-        }
-        rewrite_event(&event, &data)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::recall::{event_json, RoundCalls, Stitched};
 
     fn recall_item(call_id: &str, arguments: &str) -> Value {
         json!({"type": "function_call", "id": format!("fc_{call_id}"), "call_id": call_id,
@@ -463,7 +355,7 @@ mod tests {
             recall_item("r1", "{\"refs\":[\"ctx:1\"]}"),
             {"type": "web_search_call", "id": "ws_1", "status": "completed"},
         ]});
-        let round = ResponsesRecall.calls(&reply);
+        let round = RoundCalls::of(ResponsesRecall.parts(&reply));
         assert_eq!(round.recall, [call("r1", "{\"refs\":[\"ctx:1\"]}")]);
         assert!(!round.client_calls, "upstream ran its own search");
         for client in [
@@ -472,11 +364,11 @@ mod tests {
             json!({"type": "local_shell_call", "call_id": "c3", "action": {}}),
         ] {
             let mixed = json!({"output": [recall_item("r1", "{}"), client]});
-            let round = ResponsesRecall.calls(&mixed);
+            let round = RoundCalls::of(ResponsesRecall.parts(&mixed));
             assert_eq!(round.recall, [call("r1", "{}")]);
             assert!(round.client_calls, "{client}");
         }
-        let plain = ResponsesRecall.calls(&json!({"output": [message("hi")]}));
+        let plain = RoundCalls::of(ResponsesRecall.parts(&json!({"output": [message("hi")]})));
         assert_eq!(plain, RoundCalls::default());
     }
 
@@ -497,7 +389,7 @@ mod tests {
                 is_error: true,
             },
         ];
-        ResponsesRecall.continue_with(body, &answered, false);
+        ResponsesRecall.continue_with(body, &json!({}), &answered, false);
         assert!(!body.contains_key("tool_choice"));
         assert_eq!(body["store"], false);
         assert_eq!(
@@ -511,13 +403,45 @@ mod tests {
                 {"type": "function_call_output", "call_id": "r2", "output": "Error: no refs or query"},
             ])
         );
-        ResponsesRecall.continue_with(body, &answered[..1], true);
+        ResponsesRecall.continue_with(body, &json!({}), &answered[..1], true);
         assert_eq!(body["tool_choice"], "none");
         assert_eq!(body["input"].as_array().unwrap().len(), 7);
     }
 
+    /// A continuation carries the round's output items as input, its reasoning item with
+    /// its encrypted content among them; an unstored request's items go without the ids
+    /// upstream never kept.
     #[test]
-    fn the_merged_reply_has_no_recall_the_first_id_and_summed_usage() {
+    fn a_continuation_carries_the_rounds_reasoning_item_and_drops_unstored_ids() {
+        let reasoning = json!({"type": "reasoning", "id": "rs_1", "summary": [],
+            "encrypted_content": "gAAAAB-opaque"});
+        let round = json!({"id": "resp_1", "output": [reasoning, recall_item("r1", "{\"query\":\"port\"}")]});
+        let found = call("r1", "{\"query\":\"port\"}");
+        let answered = [Answered {
+            call: &found,
+            text: "port 23456",
+            is_error: false,
+        }];
+        for (store, id) in [(json!(false), None), (json!(true), Some("rs_1"))] {
+            let mut request = json!({"model": "gpt-5", "store": store, "input": "Which port?"});
+            let body = request.as_object_mut().unwrap();
+            ResponsesRecall.continue_with(body, &round, &answered, false);
+            let input = body["input"].as_array().unwrap();
+            assert_eq!(input.len(), 4, "{input:?}");
+            assert_eq!(input[1]["type"], "reasoning");
+            assert_eq!(input[1]["encrypted_content"], "gAAAAB-opaque");
+            assert_eq!(input[1]["id"].as_str(), id);
+            assert_eq!(input[2]["call_id"], "r1");
+            assert_eq!(input[2]["name"], TOOL_NAME);
+            assert_eq!(
+                input[3],
+                json!({"type": "function_call_output", "call_id": "r1", "output": "port 23456"})
+            );
+        }
+    }
+
+    #[test]
+    fn the_merged_reply_has_no_recall_the_last_rounds_id_and_summed_usage() {
         let first = ResponsesRecall.merge(
             None,
             json!({"id": "resp_1", "created_at": 100, "output_text": "Looking. ",
@@ -531,8 +455,10 @@ mod tests {
                 "output_text": "Port 23456.",
                 "output": [message("Port 23456.")], "usage": usage(30, 3, 8)}),
         );
-        assert_eq!(merged["id"], "resp_1");
-        assert_eq!(merged["created_at"], 100);
+        // The id a later `previous_response_id` chains on: the round stored with every call
+        // answered.
+        assert_eq!(merged["id"], "resp_2");
+        assert_eq!(merged["created_at"], 105);
         assert_eq!(merged["status"], "completed");
         assert_eq!(
             merged["output"],
@@ -638,7 +564,7 @@ mod tests {
     }
 
     /// What the client gets of `events`, each event's data.
-    fn relay(stream: &mut dyn RecallStream, events: Vec<Vec<u8>>) -> Vec<Value> {
+    fn relay(stream: &mut Stitched, events: Vec<Vec<u8>>) -> Vec<Value> {
         events
             .iter()
             .filter_map(|event| stream.event(event))
@@ -652,7 +578,7 @@ mod tests {
 
     #[test]
     fn a_streamed_recall_is_held_and_the_continuation_stitched_on() {
-        let mut stream = ResponsesRecall.stream();
+        let mut stream = Stitched::new(&ResponsesRecall);
         let mut one = Upstream::new("resp_1");
         let mut events = one.opening();
         events.extend(one.text_item(0, "Looking. "));
@@ -667,10 +593,10 @@ mod tests {
             );
         }
         let recall_events = one.call_item(1, &recall, &arguments);
-        assert!(relay(stream.as_mut(), recall_events).is_empty());
+        assert!(relay(&mut stream, recall_events).is_empty());
         let closing = one.completed(json!([message("Looking. "), recall]), usage(10, 2, 0));
         assert!(stream.event(&closing).is_none(), "held");
-        let round = stream.round_end();
+        let round = stream.round_end().calls;
         assert_eq!(round.recall, [call("r1", "{\"refs\":[\"ctx:7f3a\"]}")]);
         assert!(!round.client_calls);
 
@@ -678,7 +604,7 @@ mod tests {
         let mut two = Upstream::new("resp_2");
         let mut events = two.opening();
         events.extend(two.text_item(0, "Port 23456."));
-        let passed = relay(stream.as_mut(), events);
+        let passed = relay(&mut stream, events);
         assert_eq!(
             field(&passed, "type"),
             [
@@ -694,7 +620,7 @@ mod tests {
         assert_eq!(passed[1]["delta"], "Port 23456.");
         let closing = two.completed(json!([message("Port 23456.")]), usage(30, 3, 0));
         assert!(stream.event(&closing).is_none());
-        assert_eq!(stream.round_end(), RoundCalls::default());
+        assert_eq!(stream.round_end().calls, RoundCalls::default());
 
         let close = stream.close();
         let text = String::from_utf8(close.to_vec()).unwrap();
@@ -707,7 +633,7 @@ mod tests {
         let completed = event_json(&close).unwrap();
         assert_eq!(completed["sequence_number"], 10);
         let response = &completed["response"];
-        assert_eq!(response["id"], "resp_1");
+        assert_eq!(response["id"], "resp_2");
         assert_eq!(
             response["output"],
             json!([message("Looking. "), message("Port 23456.")])
@@ -717,24 +643,24 @@ mod tests {
 
     #[test]
     fn a_mixed_round_passes_the_clients_call_and_drops_the_recall() {
-        let mut stream = ResponsesRecall.stream();
+        let mut stream = Stitched::new(&ResponsesRecall);
         let mut one = Upstream::new("resp_1");
-        let opening = relay(stream.as_mut(), one.opening());
+        let opening = relay(&mut stream, one.opening());
         assert_eq!(opening.len(), 2);
         let recall = recall_item("r1", "{}");
         let recall_events = one.call_item(0, &recall, &["{}"]);
-        assert!(relay(stream.as_mut(), recall_events).is_empty());
+        assert!(relay(&mut stream, recall_events).is_empty());
         let bash = json!({"type": "function_call", "id": "fc_c1", "call_id": "c1", "name": "bash",
             "arguments": "{\"cmd\":\"ls\"}", "status": "completed"});
         let client_events = one.call_item(1, &bash, &["{\"cmd\":", "\"ls\"}"]);
-        let passed = relay(stream.as_mut(), client_events);
+        let passed = relay(&mut stream, client_events);
         assert_eq!(passed.len(), 5);
         assert!(passed.iter().all(|event| event["output_index"] == 0));
         assert_eq!(field(&passed, "sequence_number"), [2, 3, 4, 5, 6]);
         assert_eq!(passed[4]["item"], bash);
         let closing = one.completed(json!([recall, bash]), usage(10, 4, 0));
         assert!(stream.event(&closing).is_none());
-        let round = stream.round_end();
+        let round = stream.round_end().calls;
         assert!(round.client_calls);
         assert_eq!(round.recall, [call("r1", "{}")]);
         let completed = event_json(&stream.close()).unwrap();
@@ -745,7 +671,7 @@ mod tests {
 
     #[test]
     fn data_that_is_no_event_object_goes_by_without_harm() {
-        let mut stream = ResponsesRecall.stream();
+        let mut stream = Stitched::new(&ResponsesRecall);
         for data in ["1", "\"x\"", "[]"] {
             let event = format!("event: response.output_text.delta\ndata: {data}\n\n");
             assert_eq!(
@@ -765,9 +691,9 @@ mod tests {
 
     #[test]
     fn a_stream_that_never_closed_has_nothing_to_close() {
-        let mut stream = ResponsesRecall.stream();
+        let mut stream = Stitched::new(&ResponsesRecall);
         let mut one = Upstream::new("resp_1");
-        assert_eq!(relay(stream.as_mut(), one.opening()).len(), 2);
+        assert_eq!(relay(&mut stream, one.opening()).len(), 2);
         assert!(stream.close().is_empty());
     }
 }
