@@ -459,7 +459,7 @@ mod tests {
             id: "r1".into(),
             arguments: "{\"query\":\"port\"}".into(),
         };
-        assert_eq!(round.calls.recall, [call.clone()]);
+        assert_eq!(round.calls.recall, std::slice::from_ref(&call));
         let mut request = json!({"messages": [{"role": "user", "content": "q"}]});
         let body = request.as_object_mut().unwrap();
         let answered = [Answered {
