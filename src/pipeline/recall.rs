@@ -23,7 +23,7 @@ use crate::compaction::compactor::{ArchiveScope, Compactor};
 use crate::compaction::recall::{self, Archived, RecallAnswer, RecallLimits};
 use crate::config::RecallConfig;
 use crate::dialect::recall::{
-    continuation_failed, Answered, RecallCall, RecallWire, Round, RoundCalls, Stitched,
+    continuation_failed, Answered, RecallWire, Round, RoundCalls, Stitched,
 };
 use crate::dialect::stages::Dialect;
 use crate::error::ProxyError;
@@ -78,6 +78,9 @@ pub(super) struct Recall {
     /// The window's room left for this request's answers: usable less what was forwarded,
     /// less what each round's continuation carried and each answer took.
     room: AtomicU64,
+    /// How the request's count scales a text's tokens (an estimated tokenizer's ratio):
+    /// answers and carried rounds are counted as the request was.
+    scale: f64,
     max_rounds: u32,
     outcomes: RecallCounters,
     /// Recall calls answered so far, which the relay reads once the reply ends.
@@ -108,7 +111,7 @@ impl Recall {
         destination: Destination,
         (request, sent): (Bytes, Bytes),
         (config, encoding): (RecallConfig, Encoding),
-        room: u64,
+        (room, scale): (u64, f64),
     ) -> Recall {
         let counters = |outcome| {
             state
@@ -133,6 +136,7 @@ impl Recall {
                 encoding,
             },
             room: AtomicU64::new(room),
+            scale,
             max_rounds: config.max_rounds,
             outcomes: RecallCounters {
                 served: counters("served"),
@@ -210,27 +214,50 @@ impl Recall {
             .await
     }
 
-    /// condenser's answers to one round's recall calls, within the room the request has
-    /// left once `round`, the reply that made them, is carried into the continuation.
-    async fn answer(&self, calls: &[RecallCall], round: &Value) -> Vec<RecallAnswer> {
-        let archived = self.archived().await;
-        // What upstream says it wrote, or the round as text when that says less: an
-        // estimate over, never under, what the continuation adds.
+    /// What carrying `round` into a continuation adds to the prompt: what upstream says it
+    /// wrote, or the round as text when that says less (an estimate over, never under).
+    fn carried(&self, round: &Value) -> u64 {
         let written = round
             .pointer(self.wire.output_tokens())
             .and_then(Value::as_u64)
             .unwrap_or(0);
-        let carried = written.max(u64::from(count_text(
-            self.limits.encoding,
-            &round.to_string(),
-        )));
+        written.max(self.tokens(&round.to_string()))
+    }
+
+    /// A text's tokens as the request's count has them.
+    fn tokens(&self, text: &str) -> u64 {
+        (f64::from(count_text(self.limits.encoding, text)) * self.scale).ceil() as u64
+    }
+
+    /// What another round would need beside this one's: its own reply carried (guessed as
+    /// large as this one's) and an answer that says no more fits.
+    fn another_round(carried: u64) -> u64 {
+        carried + LEAST_ANSWER_TOKENS + ANSWER_FRAMING_TOKENS
+    }
+
+    /// condenser's answers to one round's recall calls, within the room the request has
+    /// left once the round, the reply that made them, is carried into the continuation; and
+    /// whether the continuation is the last (no room for another round, or the round limit).
+    async fn answer(&self, round: &Round, number: u32) -> (Vec<RecallAnswer>, bool) {
+        let archived = self.archived().await;
+        let carried = self.carried(&round.reply);
         self.take_room(carried);
-        let mut answers = Vec::with_capacity(calls.len());
-        for call in calls {
-            let room = self
-                .room
-                .load(Ordering::Relaxed)
-                .saturating_sub(ANSWER_FRAMING_TOKENS);
+        let mut last = number == self.max_rounds;
+        let mut answers = Vec::with_capacity(round.calls.recall.len());
+        for call in &round.calls.recall {
+            let left = self.room.load(Ordering::Relaxed);
+            // Room for another round is kept while one may follow, unless that leaves too
+            // little to answer: then this round is the last.
+            let kept = if last {
+                0
+            } else {
+                Self::another_round(carried)
+            };
+            if left.saturating_sub(kept + ANSWER_FRAMING_TOKENS) < LEAST_ANSWER_TOKENS {
+                last = true;
+            }
+            let kept = if last { 0 } else { kept };
+            let room = left.saturating_sub(kept + ANSWER_FRAMING_TOKENS);
             let answer = if room < LEAST_ANSWER_TOKENS {
                 RecallAnswer {
                     text: format!(
@@ -240,18 +267,18 @@ impl Recall {
                     is_error: true,
                 }
             } else {
+                // The answer's own count is unscaled.
+                let unscaled = (room as f64 / self.scale) as u64;
                 let limits = RecallLimits {
                     max_tokens: self
                         .limits
                         .max_tokens
-                        .min(u32::try_from(room).unwrap_or(u32::MAX)),
+                        .min(u32::try_from(unscaled).unwrap_or(u32::MAX)),
                     ..self.limits
                 };
                 recall::answer(archived, &call.arguments, &limits)
             };
-            self.take_room(
-                u64::from(count_text(self.limits.encoding, &answer.text)) + ANSWER_FRAMING_TOKENS,
-            );
+            self.take_room(self.tokens(&answer.text) + ANSWER_FRAMING_TOKENS);
             let counter = if answer.is_error {
                 &self.outcomes.error
             } else {
@@ -260,8 +287,10 @@ impl Recall {
             counter.inc();
             answers.push(answer);
         }
-        self.served.fetch_add(calls.len() as u32, Ordering::Relaxed);
-        answers
+        self.served
+            .fetch_add(round.calls.recall.len() as u32, Ordering::Relaxed);
+        let room_for_another = self.room.load(Ordering::Relaxed) >= Self::another_round(carried);
+        (answers, last || !room_for_another)
     }
 
     fn take_room(&self, tokens: u64) {
@@ -277,7 +306,7 @@ impl Recall {
         round: &Round,
         number: u32,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let answers = self.answer(&round.calls.recall, &round.reply).await;
+        let (answers, last) = self.answer(round, number).await;
         let answered: Vec<Answered> = round
             .calls
             .recall
@@ -290,7 +319,7 @@ impl Recall {
             })
             .collect();
         self.wire
-            .continue_with(request, &round.reply, &answered, number == self.max_rounds);
+            .continue_with(request, &round.reply, &answered, last);
         let body = serde_json::to_vec(request).map_err(ProxyError::Rewrite)?;
         let response = self
             .upstream
@@ -312,25 +341,35 @@ impl Recall {
         serde_json::from_slice(&self.request).map_err(ProxyError::Rewrite)
     }
 
-    /// Whether a round's calls are served: recall calls only, within the round limit.
-    fn serves(&self, calls: &RoundCalls, rounds: u32) -> bool {
+    /// Whether a round's calls are served: recall calls only, within the round limit, and
+    /// the round itself fits in the room the request has left (a model that called again
+    /// when told not to gets no continuation past the window).
+    fn serves(&self, round: &Round, rounds: u32) -> bool {
+        let calls = &round.calls;
         if calls.client_calls && !calls.recall.is_empty() {
             self.outcomes.skipped.inc_by(calls.recall.len() as u64);
         }
-        !calls.recall.is_empty() && !calls.client_calls && rounds < self.max_rounds
+        !calls.recall.is_empty()
+            && !calls.client_calls
+            && rounds < self.max_rounds
+            && self.carried(&round.reply) + ANSWER_FRAMING_TOKENS
+                <= self.room.load(Ordering::Relaxed)
     }
 
     async fn whole(self, response: Response<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
         let (mut head, body) = response.into_parts();
         let mut bytes = read_reply(body, &head.headers).await?;
-        let Ok(mut reply) = serde_json::from_slice::<Value>(&bytes) else {
+        let Ok(reply) = serde_json::from_slice::<Value>(&bytes) else {
             return Ok(Response::from_parts(head, full(bytes)));
         };
-        let mut calls = RoundCalls::of(self.wire.parts(&reply));
-        if calls.recall.is_empty() {
+        let mut round = Round {
+            calls: RoundCalls::of(self.wire.parts(&reply)),
+            reply,
+        };
+        if round.calls.recall.is_empty() {
             // No call of the tool: relayed as upstream wrote it, but for an echo of the tool.
-            if self.wire.scrub(&mut reply) {
-                let scrubbed = serde_json::to_vec(&reply).map_err(ProxyError::Rewrite)?;
+            if self.wire.scrub(&mut round.reply) {
+                let scrubbed = serde_json::to_vec(&round.reply).map_err(ProxyError::Rewrite)?;
                 head.headers.remove(header::CONTENT_LENGTH);
                 return Ok(Response::from_parts(head, full(scrubbed)));
             }
@@ -339,9 +378,8 @@ impl Recall {
         let mut request = self.request_tree()?;
         let mut earlier = None;
         let mut rounds = 0;
-        while self.serves(&calls, rounds) {
+        while self.serves(&round, rounds) {
             rounds += 1;
-            let round = Round { calls, reply };
             let response = self.continue_round(&mut request, &round, rounds).await?;
             if !response.status().is_success() {
                 return Ok(response);
@@ -350,12 +388,15 @@ impl Recall {
             let (next_head, body) = response.into_parts();
             head = next_head;
             bytes = read_reply(body, &head.headers).await?;
-            reply = serde_json::from_slice(&bytes)
+            let reply: Value = serde_json::from_slice(&bytes)
                 .map_err(|e| ProxyError::UpstreamBroken(format!("continuation unreadable: {e}")))?;
-            calls = RoundCalls::of(self.wire.parts(&reply));
+            round = Round {
+                calls: RoundCalls::of(self.wire.parts(&reply)),
+                reply,
+            };
         }
-        let merged =
-            serde_json::to_vec(&self.wire.merge(earlier, reply)).map_err(ProxyError::Rewrite)?;
+        let merged = serde_json::to_vec(&self.wire.merge(earlier, round.reply))
+            .map_err(ProxyError::Rewrite)?;
         head.headers.remove(header::CONTENT_LENGTH);
         let served = self.served.load(Ordering::Relaxed);
         if served > 0 {
@@ -440,7 +481,7 @@ impl Streamed {
                         }
                     }
                     let round = self.events.round_end();
-                    let end = if self.recall.serves(&round.calls, self.rounds) {
+                    let end = if self.recall.serves(&round, self.rounds) {
                         match self.next_round(round).await {
                             Ok(()) => continue,
                             Err(reason) => self.events.failed(&continuation_failed(&reason)),

@@ -188,7 +188,13 @@ async fn served_recall<'s, D: Dialect>(
         destination,
         (outgoing.body.clone(), original.bytes.clone()),
         (original.settings.recall, outgoing.info.encoding),
-        outgoing.usable.saturating_sub(outgoing.forwarded_tokens),
+        (
+            outgoing.usable.saturating_sub(outgoing.forwarded_tokens),
+            match outgoing.forwarded_raw {
+                0 => 1.0,
+                raw => outgoing.forwarded_tokens as f64 / raw as f64,
+            },
+        ),
     );
     let recalls = recall.served.clone();
     let response = recall.serve(response).await?;

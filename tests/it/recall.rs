@@ -827,9 +827,9 @@ async fn a_cut_tool_output_names_its_reference_and_recall_gives_it_back_whole() 
         for stream in [false, true] {
             let upstream = scripted_model(api, Script::ClearedRef).await;
             let mut config = recall_config(&upstream.url());
-            // Room for the whole log in one answer, and in the window beside the request:
-            // compaction starts at two fifths of a 16k window, so the trimmed request leaves
-            // the room (a continuation never goes past the window).
+            // Room for the whole log in one answer, and in the window beside the request: an
+            // operator's cap of 6,000 in a 16k window trims the request, and leaves the room
+            // (a continuation never goes past the window).
             config.recall.max_tokens = 16_000;
             for model in ["gpt-4o", "claude-sonnet-4-5"] {
                 config.models.insert(
@@ -840,9 +840,7 @@ async fn a_cut_tool_output_names_its_reference_and_recall_gives_it_back_whole() 
                     },
                 );
             }
-            config.context.trigger_ratio = 0.4;
-            config.context.target_ratio = 0.2;
-            config.context.precompute_ratio = 0.3;
+            config.context.max_prompt_tokens = 6_000;
             let proxy = Proxy::start(config).await;
             let response = client()
                 .post(proxy.url(api.path()))
@@ -966,24 +964,317 @@ async fn two_histories_that_open_alike_each_recall_their_own_items() {
     }
 }
 
-/// With extended thinking, Anthropic takes a continued assistant turn only when it opens with
-/// the round's signed thinking: such a request is compacted without recall (no tool, no
-/// references named), and one with thinking disabled still gets it.
-#[tokio::test]
-async fn a_messages_request_with_extended_thinking_is_not_offered_recall() {
-    for (thinking, offered) in [
-        (json!({"type": "enabled", "budget_tokens": 1024}), false),
-        (json!({"type": "disabled"}), true),
-    ] {
-        let (upstream, proxy) =
-            scripted(Api::Messages, Script::Gated(Arc::new(Notify::new()))).await;
-        let mut body = Api::Messages.body(false);
-        body["thinking"] = thinking;
-        let response = ask_with(&proxy, Api::Messages, &body).await;
-        assert_eq!(response.status(), 200);
-        assert_eq!(header(&response, "x-condenser-action"), "summarized");
-        let sent = &model_requests(&upstream)[0];
-        assert_eq!(Api::Messages.offers_recall(sent), offered, "{body}");
-        assert_eq!(archive_note(sent).is_some(), offered);
+/// The signature the scripted Claude gives its round's thinking block: Anthropic checks a
+/// continued turn's thinking against it.
+const SIGNATURE: &str = "EqQBCkYIBxgCKkDsigned-by-the-model";
+
+fn thinking_block(round: u32) -> Value {
+    json!({"type": "thinking", "thinking": format!("Round {round}: the port was decided early on."),
+        "signature": format!("{SIGNATURE}-{round}")})
+}
+
+/// Anthropic's rule with thinking on: the assistant turn whose `tool_use` the last user turn
+/// answers opens with the round's thinking block, signed as it was given.
+fn opens_with_signed_thinking(request: &Value) -> Result<(), String> {
+    let messages = request["messages"].as_array().ok_or("no messages")?;
+    let at = messages.len().checked_sub(2).ok_or("no assistant turn")?;
+    let first = &messages[at]["content"][0];
+    if *first == thinking_block(1) {
+        return Ok(());
     }
+    Err(format!(
+        "messages.{at}.content.0.type: Expected `thinking` or `redacted_thinking`, but found \
+         `{}`. When `thinking` is enabled, a final `assistant` message must start with a \
+         thinking block",
+        first["type"]
+    ))
+}
+
+/// A Messages reply of `blocks`, whole or streamed block by block as Anthropic streams them.
+fn messages_reply(blocks: Vec<Value>, stop: &str, stream: bool) -> Response<ProxyBody> {
+    if !stream {
+        return json_response(
+            200,
+            &json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
+                "content": blocks, "stop_reason": stop, "stop_sequence": null,
+                "usage": {"input_tokens": 100, "output_tokens": 10}}),
+        );
+    }
+    let mut events = vec![message_start()];
+    for (index, block) in blocks.iter().enumerate() {
+        let (start, deltas) = match block["type"].as_str() {
+            Some("thinking") => (
+                json!({"type": "thinking", "thinking": "", "signature": ""}),
+                vec![
+                    json!({"type": "thinking_delta", "thinking": block["thinking"]}),
+                    json!({"type": "signature_delta", "signature": block["signature"]}),
+                ],
+            ),
+            Some("text") => (
+                json!({"type": "text", "text": ""}),
+                vec![json!({"type": "text_delta", "text": block["text"]})],
+            ),
+            _ => {
+                let mut start = block.clone();
+                start["input"] = json!({});
+                let input = block["input"].to_string();
+                (
+                    start,
+                    vec![json!({"type": "input_json_delta", "partial_json": input})],
+                )
+            }
+        };
+        events.push(anthropic_event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": index, "content_block": start}),
+        ));
+        for delta in deltas {
+            events.push(anthropic_event(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": index, "delta": delta}),
+            ));
+        }
+        events.push(anthropic_event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
+    }
+    events.push(message_end(stop));
+    events.push(anthropic_event(
+        "message_stop",
+        json!({"type": "message_stop"}),
+    ));
+    sse_response(events, None)
+}
+
+/// A Claude that thinks before every answer, as with extended or adaptive thinking: it
+/// recalls whenever condenser offers the tool, and refuses a continuation that does not open
+/// with its round's signed thinking, as Anthropic does.
+async fn thinking_claude() -> MockUpstream {
+    MockUpstream::start(handler(move |r| async move {
+        let request: Value = serde_json::from_slice(&r.body).unwrap();
+        if is_summarizer_call(&r) {
+            return json_response(200, &summary_reply("/v1/messages", LOSSY_SUMMARY));
+        }
+        assert!(request["thinking"]["type"] != "disabled", "{}", request["thinking"]);
+        let stream = request["stream"] == json!(true);
+        if let Some(answers) = Api::Messages.answers(&request) {
+            if let Err(message) = opens_with_signed_thinking(&request) {
+                return json_response(
+                    400,
+                    &json!({"type": "error", "error": {"type": "invalid_request_error", "message": message}}),
+                );
+            }
+            let text = json!({"type": "text", "text": format!("Recalled: {answers}")});
+            return messages_reply(vec![thinking_block(2), text], "end_turn", stream);
+        }
+        if !Api::Messages.offers_recall(&request) {
+            let text = json!({"type": "text", "text": "no recall offered"});
+            return messages_reply(vec![thinking_block(1), text], "end_turn", stream);
+        }
+        let call = json!({"type": "tool_use", "id": "call_think", "name": TOOL,
+            "input": {"refs": named_references(&request)}});
+        messages_reply(vec![thinking_block(1), call], "tool_use", stream)
+    }))
+    .await
+}
+
+/// With extended or adaptive thinking, a continued assistant turn must open with the round's
+/// signed thinking: the continuation carries the round whole, so a thinking request is
+/// offered recall like any other, and recalls what its summary dropped.
+#[tokio::test]
+async fn a_thinking_request_recalls_and_its_continuation_opens_with_the_signed_thinking() {
+    for thinking in [
+        json!({"type": "enabled", "budget_tokens": 1024}),
+        json!({"type": "adaptive"}),
+    ] {
+        for stream in [false, true] {
+            let upstream = thinking_claude().await;
+            let proxy = Proxy::start(recall_config(&upstream.url())).await;
+            let mut body = Api::Messages.body(stream);
+            body["thinking"] = thinking.clone();
+            let response = ask_with(&proxy, Api::Messages, &body).await;
+            assert_eq!(response.status(), 200);
+            assert_eq!(header(&response, "x-condenser-action"), "summarized");
+            let (text, raw) = Api::Messages.client_text(response, stream).await;
+            let label = format!("{thinking} stream={stream}");
+            assert!(text.contains(DECISION), "{label}: {text}");
+            assert!(!raw.contains(TOOL), "{label}: {raw}");
+            // The client gets both rounds' thinking, signed as the model signed it.
+            for round in ["1", "2"] {
+                assert!(
+                    raw.contains(&format!("{SIGNATURE}-{round}")),
+                    "{label}: {raw}"
+                );
+            }
+            let requests = model_requests(&upstream);
+            assert_eq!(requests.len(), 2, "{label}");
+            assert!(Api::Messages.offers_recall(&requests[0]));
+            assert!(archive_note(&requests[0]).is_some());
+            assert_eq!(opens_with_signed_thinking(&requests[1]), Ok(()), "{label}");
+            assert_eq!(recalls(&proxy, Api::Messages, "served").await, Some(1.0));
+        }
+    }
+}
+
+/// The official `anthropic` SDK with thinking on reads a recalled reply, plain and streamed,
+/// with its own accumulator: both rounds' signed thinking, then the answer.
+#[tokio::test]
+async fn the_anthropic_sdk_with_thinking_reads_a_recalled_reply_plain_and_streamed() {
+    let upstream = thinking_claude().await;
+    let proxy = Proxy::start(recall_config(&upstream.url())).await;
+    let stdout = run_sdk_script(
+        "recall_sdk.py",
+        &[&proxy.url(""), "messages-thinking", DECISION],
+        "anthropic",
+    )
+    .await;
+    for label in ["plain", "stream"] {
+        assert!(
+            stdout.contains(&format!("messages-thinking {label}: recalled")),
+            "{stdout}"
+        );
+    }
+    assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
+    let requests = model_requests(&upstream);
+    assert_eq!(requests.len(), 4);
+    for continuation in [&requests[1], &requests[3]] {
+        assert_eq!(opens_with_signed_thinking(continuation), Ok(()));
+    }
+}
+
+/// Three recall calls over three rounds, each asking for every archived item: together the
+/// answers are more than the window has room for. They share the request's one budget, so
+/// no continuation goes past the window (the answer that would not fit is cut, and says so).
+#[tokio::test]
+async fn a_requests_recall_answers_share_one_budget_and_no_continuation_passes_the_window() {
+    for api in APIS {
+        let upstream = scripted_model(api, Script::Always).await;
+        let mut config = recall_config(&upstream.url());
+        config.recall.max_rounds = 3;
+        // 4,000 usable in every API: a Messages request reserves its `max_tokens` (500), the
+        // others half the 8,000 window.
+        config.models.insert(
+            "claude-sonnet-4-5".into(),
+            condenser::tokens::catalog::ModelOverride {
+                context_window: Some(4_500),
+                encoding: None,
+            },
+        );
+        let usable = 4_000;
+        let proxy = Proxy::start(config).await;
+        let response = ask(&proxy, api, false).await;
+        assert_eq!(response.status(), 200, "{api:?}");
+        let requests = model_requests(&upstream);
+        assert!(requests.len() >= 2, "{api:?}: no continuation");
+        let mut answered = 0;
+        for (round, request) in requests.iter().enumerate().skip(1) {
+            let tokens = u64::from(counted(api, request).await);
+            assert!(
+                tokens <= usable,
+                "{api:?}: continuation {round} is {tokens} of {usable}"
+            );
+            answered += api.answers(request).map_or(0, |answer| answer.len());
+        }
+        // Three whole answers would not fit: the room ran out before the round limit, the
+        // last continuation told the model to answer, and its answer was cut or refused.
+        let whole = api.answers(&requests[1]).unwrap_or_default().len();
+        assert!(answered < 3 * whole, "{api:?}: {answered} bytes answered");
+        let last = requests.last().unwrap();
+        let choice = last["tool_choice"].to_string();
+        assert!(choice.contains("none"), "{api:?}: {choice}");
+        let said = api.answers(last).unwrap_or_default();
+        assert!(
+            said.contains("left") || said.contains("over the budget"),
+            "{api:?}: {said}"
+        );
+    }
+}
+
+/// A Responses API that stores what it answers, as OpenAI does unless `store` is false: a
+/// request chains on a stored response by `previous_response_id`, and is refused when that
+/// response ends in a function call its input does not answer.
+async fn storing_responses() -> MockUpstream {
+    let stored: Arc<std::sync::Mutex<Vec<Value>>> = Arc::default();
+    MockUpstream::start(handler(move |r| {
+        let stored = stored.clone();
+        async move {
+            let request: Value = serde_json::from_slice(&r.body).unwrap();
+            if is_summarizer_call(&r) {
+                return json_response(200, &summary_reply("/v1/responses", LOSSY_SUMMARY));
+            }
+            let mut stored = stored.lock().unwrap();
+            let text = |text: String| {
+                json!([{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}]}])
+            };
+            let output = if let Some(previous) = request["previous_response_id"].as_str() {
+                let index: usize = previous["resp_".len()..].parse().unwrap();
+                let input = request["input"].as_array().cloned().unwrap_or_default();
+                let unanswered = stored[index - 1]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|item| item["type"] == "function_call")
+                    .find(|call| {
+                        !input.iter().any(|item| {
+                            item["type"] == "function_call_output" && item["call_id"] == call["call_id"]
+                        })
+                    })
+                    .cloned();
+                if let Some(call) = unanswered {
+                    let message = format!("No tool output found for function call {}.", call["call_id"].as_str().unwrap());
+                    return json_response(400, &json!({"error": {"message": message, "type": "invalid_request_error", "param": "input", "code": null}}));
+                }
+                text("chained".into())
+            } else if let Some(answers) = Api::Responses.answers(&request) {
+                text(format!("Recalled: {answers}"))
+            } else if Api::Responses.offers_recall(&request) {
+                json!([{"type": "function_call", "id": "fc_1", "call_id": "call_store", "name": TOOL,
+                    "arguments": json!({"refs": named_references(&request)}).to_string(), "status": "completed"}])
+            } else {
+                text("no recall offered".into())
+            };
+            stored.push(output.clone());
+            let id = format!("resp_{}", stored.len());
+            json_response(200, &json!({"id": id, "object": "response", "status": "completed",
+                "output": output, "usage": {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}}))
+        }
+    }))
+    .await
+}
+
+/// A stored reply that condenser continued: the client gets the id of the last round, which
+/// upstream stored with the recall call answered, so a later request chains on it. (The first
+/// round's stored response ends in condenser's unanswered call: chaining on it is refused.)
+#[tokio::test]
+async fn a_stored_response_that_recalled_is_one_a_later_request_can_chain_on() {
+    let upstream = storing_responses().await;
+    let proxy = Proxy::start(recall_config(&upstream.url())).await;
+    let response = ask(&proxy, Api::Responses, false).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-recalls"), "1");
+    let reply: Value = response.json().await.unwrap();
+    assert_eq!(reply["id"], "resp_2", "{reply}");
+    assert!(reply.to_string().contains(DECISION));
+    let chain = |previous: &str| {
+        json!({"model": "gpt-4o", "previous_response_id": previous,
+            "input": [{"role": "user", "content": "Thanks. Which port again?"}]})
+    };
+    let chained = client()
+        .post(proxy.url("/v1/responses"))
+        .json(&chain(reply["id"].as_str().unwrap()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(chained.status(), 200);
+    let chained: Value = chained.json().await.unwrap();
+    assert_eq!(chained["output"][0]["content"][0]["text"], "chained");
+    let on_the_first_round = client()
+        .post(proxy.url("/v1/responses"))
+        .json(&chain("resp_1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(on_the_first_round.status(), 400);
 }

@@ -2,7 +2,8 @@
 a compacted conversation whose decision the summary lost, a scripted model that recalls it,
 and the SDK's own parsing and stream accumulators reading the one reply the client gets
 (stitched across rounds when streamed). Usage: recall_sdk.py BASE_URL API DECISION
-(API: chat, responses or messages)."""
+(API: chat, responses, messages, or messages-thinking: extended thinking on, the model's signed
+thinking in every round)."""
 
 import sys
 
@@ -100,7 +101,35 @@ def messages(base_url, decision):
     check("messages stream", streamed, final.model_dump_json(), decision)
 
 
+def messages_thinking(base_url, decision):
+    """With thinking on, the reply holds both rounds' signed thinking, then the answer."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=base_url, api_key="sk-ant-sdk-test", max_retries=0)
+    request = dict(model="claude-sonnet-4-5", max_tokens=2000, system="Be brief.", messages=turns(decision),
+                   thinking={"type": "enabled", "budget_tokens": 1024}, extra_headers=FORCE)
+    raw = client.messages.with_raw_response.create(**request)
+    assert raw.headers["x-condenser-recalls"] == "1", dict(raw.headers)
+    reply = raw.parse()
+    assert [block.type for block in reply.content] == ["thinking", "thinking", "text"], reply.content
+    assert all(block.signature for block in reply.content[:2]), reply.content
+    assert reply.stop_reason == "end_turn", reply
+    assert reply.usage.output_tokens == 20, reply.usage
+    check("messages-thinking plain", reply.content[2].text, reply.model_dump_json(), decision)
+
+    with client.messages.stream(**request) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert [block.type for block in final.content] == ["thinking", "thinking", "text"], final.content
+    assert [block.signature for block in final.content[:2]] == [
+        block.signature for block in reply.content[:2]], final.content
+    assert final.stop_reason == "end_turn", final
+    assert final.usage.output_tokens == 20, final.usage
+    check("messages-thinking stream", streamed, final.model_dump_json(), decision)
+
+
 if __name__ == "__main__":
     base_url, api, decision = sys.argv[1:4]
-    {"chat": chat, "responses": responses, "messages": messages}[api](base_url, decision)
+    {"chat": chat, "responses": responses, "messages": messages,
+     "messages-thinking": messages_thinking}[api](base_url, decision)
     print("ok")
