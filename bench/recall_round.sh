@@ -14,7 +14,7 @@
 # request by request (end-to-end less all upstream time, mode − none, at p50).
 #
 #   bash bench/recall_round.sh [BINARY]      # default: a `cargo build --release --locked` binary
-#   N=200 (requests per mode and case)
+#   N=200 (requests per mode and case), ONLY=chat40+th (one body alone)
 set -euo pipefail
 SCRIPT=recall-round
 source "$(dirname "${BASH_SOURCE[0]}")/replay_common.sh"
@@ -42,7 +42,7 @@ wait_up "http://127.0.0.1:$UP/stats"
 echo "binary: $BIN ($(git -C "$ROOT" rev-parse --short HEAD)), N=${N:-200}, load: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 python3 - "$PORT" "$UP" "$WORK" "${N:-200}" <<'PY'
-import http.client, json, random, statistics, sys, time
+import http.client, json, os, random, statistics, sys, time
 port, up, work, n = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 MODES = ("none", "refs", "query")
 rng = random.Random(7)
@@ -58,7 +58,14 @@ bodies = {
     ("chat40", "messages"): {"model": "claude-bench", "max_tokens": 500, "system": system, "messages": chat},
     ("agent200", "messages"): json.load(open(f"{work}/messages-0200.json")),
     ("agent200", "responses"): json.load(open(f"{work}/responses-0200.json")),
+    # Adaptive thinking, as the current Claude Code asks on every request: each reply opens
+    # with signed thinking, which a continuation must carry back.
+    ("chat40+th", "messages"): {"model": "claude-bench", "max_tokens": 2000, "system": system, "messages": chat,
+                                "thinking": {"type": "adaptive"}},
 }
+# ONLY=chat40+th (a body's name) measures that body alone.
+if os.environ.get("ONLY"):
+    bodies = {key: body for key, body in bodies.items() if key[0] == os.environ["ONLY"]}
 conn = http.client.HTTPConnection("127.0.0.1", port)
 upstream = http.client.HTTPConnection("127.0.0.1", up)
 log = open(f"{work}/condenser.log")

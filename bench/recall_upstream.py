@@ -50,8 +50,17 @@ def sse(events, named=True):
     return "".join((f"event: {e['type']}\n" if named else "") + f"data: {json.dumps(e)}\n\n" for e in events)
 
 
-def reply(path, stream, text=None, args=None):
-    """A text reply, or a reply calling the recall tool with `args`: (content type, bytes)."""
+THINKING = {"type": "thinking", "thinking": "The port was settled early; look it up.", "signature": "EqQBCkYIBxgCKkD-bench"}
+
+
+def opens_with_signed_thinking(body):
+    """Anthropic's rule with thinking on: a continued assistant turn opens with the round's signed thinking."""
+    return body["messages"][-2]["content"][0] == THINKING
+
+
+def reply(path, stream, text=None, args=None, thinks=False):
+    """A text reply, or a reply calling the recall tool with `args`: (content type, bytes). A
+    Messages reply with `thinks` opens with a signed thinking block."""
     arguments = json.dumps(args) if args is not None else None
     if path.endswith("/chat/completions"):
         message = {"role": "assistant", "content": text}
@@ -95,19 +104,26 @@ def reply(path, stream, text=None, args=None):
         return "text/event-stream", sse(events)
     # Anthropic Messages
     block = {"type": "tool_use", "id": "rcl_0", "name": TOOL, "input": args} if arguments else {"type": "text", "text": text}
+    blocks = [THINKING, block] if thinks else [block]
     stop = "tool_use" if arguments else "end_turn"
     if not stream:
-        body = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [block],
+        body = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": blocks,
                 "stop_reason": stop, "stop_sequence": None, "usage": {"input_tokens": 100, "output_tokens": 10}}
         return "application/json", json.dumps(body)
     start = dict(block, input={}) if arguments else dict(block, text="")
     delta = {"type": "input_json_delta", "partial_json": arguments} if arguments else {"type": "text_delta", "text": text}
+    streamed = [(start, [delta])]
+    if thinks:
+        streamed.insert(0, (dict(THINKING, thinking="", signature=""),
+                            [{"type": "thinking_delta", "thinking": THINKING["thinking"]},
+                             {"type": "signature_delta", "signature": THINKING["signature"]}]))
     events = [{"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [],
-                                                    "stop_reason": None, "usage": {"input_tokens": 100, "output_tokens": 1}}},
-              {"type": "content_block_start", "index": 0, "content_block": start},
-              {"type": "content_block_delta", "index": 0, "delta": delta},
-              {"type": "content_block_stop", "index": 0},
-              {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": 10}},
+                                                    "stop_reason": None, "usage": {"input_tokens": 100, "output_tokens": 1}}}]
+    for index, (opened, deltas) in enumerate(streamed):
+        events.append({"type": "content_block_start", "index": index, "content_block": opened})
+        events += [{"type": "content_block_delta", "index": index, "delta": d} for d in deltas]
+        events.append({"type": "content_block_stop", "index": index})
+    events += [{"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": 10}},
               {"type": "message_stop"}]
     return "text/event-stream", sse(events)
 
@@ -128,6 +144,11 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
         path, stream = self.path.split("?")[0], body.get("stream") is True
         script = self.headers.get("x-bench-recall", "none")
+        thinks = (body.get("thinking") or {}).get("type") in ("enabled", "adaptive")
+        if thinks and answered(body) and not opens_with_signed_thinking(body):
+            self.send(400, "application/json", json.dumps({"type": "error", "error": {
+                "type": "invalid_request_error", "message": "a final assistant message must start with a thinking block"}}))
+            return
         if is_summarizer(body):
             kind, text, args = "summary", "## Goal and constraints\nkeep going\n## Next step\nnone", None
         elif answered(body):
@@ -138,7 +159,7 @@ class Handler(BaseHTTPRequestHandler):
             kind, text, args = "call", None, {"refs": refs} if script == "refs" else {"query": "which port does the service bind on timeout"}
         else:
             kind, text, args = "text", "A plain answer.", None
-        self.send(200, *reply(path, stream, text, args))
+        self.send(200, *reply(path, stream, text, args, thinks and kind != "summary"))
         with LOCK:
             STATS.append({"id": self.headers.get("x-bench-id"), "kind": kind, "ms": (time.perf_counter() - started) * 1e3})
 

@@ -505,6 +505,10 @@ fn round_of(body: &Value, field: &str, round: fn(&Value) -> usize) -> usize {
     let mut sent = body.clone();
     if let Some(items) = sent[field].as_array_mut() {
         items.truncate(items.len().saturating_sub(2));
+        // A Responses continuation carries the round's reasoning before its call.
+        while items.last().is_some_and(|item| item["type"] == "reasoning") {
+            items.pop();
+        }
     }
     round(&sent)
 }
@@ -559,30 +563,85 @@ async fn scripted_claude(dir: PathBuf, rounds: usize, recall: bool, pace: Pace) 
                 json!({"type": "text", "text": format!("Done with {TICKET}.")})
             };
             let stop = if block["type"] == "tool_use" { "tool_use" } else { "end_turn" };
+            // With thinking on, every reply opens with signed thinking, and a turn that
+            // continues one must open with it, as Anthropic demands.
+            let thinks = body["thinking"]["type"].as_str().is_some_and(|t| t != "disabled");
+            if thinks {
+                if let Err(message) = continues_with_signed_thinking(&body) {
+                    let error = json!({"type": "error", "error": {"type": "invalid_request_error", "message": message}});
+                    return json_response(400, &error);
+                }
+            }
+            let mut blocks = Vec::new();
+            if thinks {
+                blocks.push(json!({"type": "thinking", "thinking": format!("Round {round}: what next?"),
+                    "signature": format!("{SIGNED}{round}")}));
+            }
+            blocks.push(block);
             if body["stream"] != true {
-                return json_response(200, &claude_message(block, stop, &r));
+                let mut message = claude_message(json!(null), stop, &r);
+                message["content"] = Value::Array(blocks);
+                return json_response(200, &message);
             }
             let mut start = claude_message(json!(null), "", &r);
             start["content"] = json!([]);
             start["stop_reason"] = Value::Null;
-            let (opened, delta) = if block["type"] == "tool_use" {
-                let mut opened = block.clone();
-                opened["input"] = json!({});
-                (opened, json!({"type": "input_json_delta", "partial_json": block["input"].to_string()}))
-            } else {
-                (json!({"type": "text", "text": ""}), json!({"type": "text_delta", "text": block["text"]}))
-            };
-            sse(&[
-                ("message_start", json!({"type": "message_start", "message": start})),
-                ("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": opened})),
-                ("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": delta})),
-                ("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
-                ("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": 20}})),
-                ("message_stop", json!({"type": "message_stop"})),
-            ])
+            let mut events = vec![("message_start", json!({"type": "message_start", "message": start}))];
+            for (index, block) in blocks.iter().enumerate() {
+                let (opened, deltas) = match block["type"].as_str() {
+                    Some("tool_use") => {
+                        let mut opened = block.clone();
+                        opened["input"] = json!({});
+                        (opened, vec![json!({"type": "input_json_delta", "partial_json": block["input"].to_string()})])
+                    }
+                    Some("thinking") => (json!({"type": "thinking", "thinking": "", "signature": ""}), vec![
+                        json!({"type": "thinking_delta", "thinking": block["thinking"]}),
+                        json!({"type": "signature_delta", "signature": block["signature"]}),
+                    ]),
+                    _ => (json!({"type": "text", "text": ""}), vec![json!({"type": "text_delta", "text": block["text"]})]),
+                };
+                events.push(("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": opened})));
+                for delta in deltas {
+                    events.push(("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": delta})));
+                }
+                events.push(("content_block_stop", json!({"type": "content_block_stop", "index": index})));
+            }
+            events.push(("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": 20}})));
+            events.push(("message_stop", json!({"type": "message_stop"})));
+            sse(&events)
         }
     }))
     .await
+}
+
+/// How the scripted Claude signs its thinking: the round's number follows.
+const SIGNED: &str = "EqQBCkYIBxgCKkD-scripted-signature-";
+
+/// Anthropic's rule with thinking on: the assistant turn that a request's last user turn
+/// answers with `tool_result`s opens with that round's thinking, signed as it was given.
+fn continues_with_signed_thinking(body: &Value) -> Result<(), String> {
+    let Some(messages) = body["messages"].as_array() else {
+        return Ok(());
+    };
+    let answers = messages
+        .last()
+        .is_some_and(|turn| turn["content"].to_string().contains("tool_result"));
+    if !answers || messages.len() < 2 {
+        return Ok(());
+    }
+    let at = messages.len() - 2;
+    let first = &messages[at]["content"][0];
+    let signed = first["signature"]
+        .as_str()
+        .is_some_and(|s| s.starts_with(SIGNED));
+    if first["type"] == "thinking" && signed {
+        return Ok(());
+    }
+    Err(format!(
+        "messages.{at}.content.0.type: Expected `thinking` or `redacted_thinking`, but found `{}`. \
+         When `thinking` is enabled, a final `assistant` message must start with a thinking block",
+        first["type"]
+    ))
 }
 
 fn claude_message(block: Value, stop: &str, r: &Recorded) -> Value {
@@ -887,28 +946,22 @@ async fn claude_code_2_0_77_never_sees_the_recalls_condenser_serves() {
     stack.assert_recalls_hidden(("/v1/messages", MODEL), "messages", valid_messages);
 }
 
-/// The current Claude Code asks for adaptive thinking on every request, and a continuation
-/// would have to open with the round's signed thinking: its session is compacted without
-/// recall (no tool offered, no continuation) and finishes.
+/// The current Claude Code asks for adaptive thinking on every request, and the model
+/// thinks before every answer: condenser's continuations carry the round's signed thinking,
+/// so the model recalls on compacted requests like any other, and the agent never sees the
+/// tool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claude_code_with_adaptive_thinking_is_compacted_without_recall() {
+async fn claude_code_with_adaptive_thinking_recalls_and_never_sees_the_tool() {
     let stack = claude_recall_session(claude_code_current()).await;
-    let bodies: Vec<Value> = stack
-        .upstream
-        .recorded()
-        .iter()
-        .filter(|r| r.path_and_query.split('?').next() == Some("/v1/messages"))
-        .filter(|r| !is_summarizer_call(r))
-        .map(|r| serde_json::from_slice(&r.body).unwrap())
-        .filter(|body| in_loop(body, MODEL))
-        .collect();
-    assert!(!bodies.is_empty());
-    for body in &bodies {
-        assert_eq!(body["thinking"]["type"], "adaptive", "{}", body["thinking"]);
-        assert!(!body["tools"].to_string().contains("condenser_recall"));
-        assert!(!answers_a_recall(body));
-    }
-    assert!(stack.summaries() >= 1, "the session was compacted");
+    stack.assert_recalls_hidden(("/v1/messages", MODEL), "messages", valid_thinking_messages);
+}
+
+/// A valid Messages body from an agent with adaptive thinking, whose every continued turn
+/// (condenser's recall continuations among them) opens with the round's signed thinking.
+fn valid_thinking_messages(body: &Value) {
+    valid_messages(body);
+    assert_eq!(body["thinking"]["type"], "adaptive", "{}", body["thinking"]);
+    assert_eq!(continues_with_signed_thinking(body), Ok(()));
 }
 
 impl Stack {
@@ -1068,6 +1121,8 @@ async fn scripted_responses(
         let round = round_of(&body, "input", responses_round);
         let mut output = Vec::new();
         if recall_due(recall, &body) {
+            output.push(json!({"type": "reasoning", "id": format!("rs_recall_{round}"), "summary": [],
+                "encrypted_content": format!("{THOUGHT}{round}")}));
             output.push(json!({"type": "function_call", "id": format!("fc_recall_{round}"), "status": "completed",
                 "call_id": format!("{RECALL_CALL}{round}x"), "name": "condenser_recall",
                 "arguments": json!({"query": RECALL_QUERY}).to_string()}));
@@ -1101,6 +1156,26 @@ async fn scripted_responses(
         sse(&events)
     }))
     .await
+}
+
+/// The encrypted content the scripted model gives a recall round's reasoning item.
+const THOUGHT: &str = "gAAAA-opaque-recall-thought-";
+
+/// A valid Responses input from Codex (which does not store), whose recall continuations
+/// carry the round's reasoning item, encrypted content and all, without the id upstream
+/// never kept, before the call.
+fn valid_codex_input(body: &Value) {
+    valid_input(body);
+    if !answers_a_recall(body) {
+        return;
+    }
+    assert_eq!(body["store"], false);
+    let items = body["input"].as_array().unwrap();
+    let reasoning = &items[items.len() - 3];
+    assert_eq!(reasoning["type"], "reasoning", "{reasoning}");
+    let content = reasoning["encrypted_content"].as_str().unwrap_or_default();
+    assert!(content.starts_with(THOUGHT), "{reasoning}");
+    assert!(reasoning.get("id").is_none(), "{reasoning}");
 }
 
 /// What the Responses API demands of input: every tool output answers a call before it, by
@@ -1212,7 +1287,7 @@ async fn codex_never_sees_the_recalls_condenser_serves() {
     .await;
     let (work, home, front) = (stack.work.path(), stack.home.path(), stack.front.url());
     codex(work, home, &front, &claude_task(), false).await;
-    stack.assert_recalls_hidden(("/v1/responses", CODEX_MODEL), "input", valid_input);
+    stack.assert_recalls_hidden(("/v1/responses", CODEX_MODEL), "input", valid_codex_input);
 }
 
 /// A Codex session of `ROUNDS` rounds at `pace`, then resumed (`exec resume --last`) with a
