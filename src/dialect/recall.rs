@@ -70,9 +70,24 @@ pub trait RecallWire: Sync {
         true
     }
 
-    /// Adds the tool to a compacted request's tools, always last, so the tools read the same
-    /// on every compacted turn.
-    fn offer(&self, request: &mut Map<String, Value>);
+    /// The tool's definition in this API.
+    fn tool(&self) -> Value;
+
+    /// Adds the tool to a compacted request's tools, always last and once, so the tools read
+    /// the same on every compacted turn.
+    fn offer(&self, request: &mut Map<String, Value>) {
+        let tools = request
+            .entry("tools")
+            .or_insert_with(|| Value::Array(Vec::new()));
+        if tools.is_null() {
+            *tools = Value::Array(Vec::new());
+        }
+        if let Some(tools) = tools.as_array_mut() {
+            if !tools.iter().any(names_the_tool) {
+                tools.push(self.tool());
+            }
+        }
+    }
 
     /// A whole reply's parts, in order.
     fn parts(&self, reply: &Value) -> Vec<Part>;
@@ -307,6 +322,15 @@ impl Stitched {
     pub fn failed(&mut self, message: &str) -> Bytes {
         self.events.failed(message, &mut self.view)
     }
+}
+
+/// Whether a tool definition or call names the recall tool, as every API names a function:
+/// at `name`, or at `function.name` (chat).
+pub fn names_the_tool(value: &Value) -> bool {
+    let name = value
+        .get("name")
+        .or_else(|| value.pointer("/function/name"));
+    name.and_then(Value::as_str) == Some(TOOL_NAME)
 }
 
 /// The message a client's stream ends with when its continuation failed.

@@ -6,8 +6,8 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use crate::dialect::recall::{
-    answer_text, append_text, parameters, sum_usage, text_of, Answered, ClientView, Kind, Part,
-    RecallCall, RecallWire, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
+    answer_text, append_text, names_the_tool, parameters, sum_usage, text_of, Answered, ClientView,
+    Kind, Part, RecallCall, RecallWire, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
 };
 
 pub struct ChatRecall;
@@ -20,7 +20,7 @@ struct ChatStream;
 const TEXT_FIELDS: [&str; 4] = ["content", "reasoning_content", "reasoning", "refusal"];
 
 fn is_recall(call: &Value) -> bool {
-    call.pointer("/function/name").and_then(Value::as_str) == Some(TOOL_NAME)
+    names_the_tool(call)
 }
 
 fn first_choice_mut(reply: &mut Value) -> Option<&mut Map<String, Value>> {
@@ -32,22 +32,12 @@ fn first_choice_mut(reply: &mut Value) -> Option<&mut Map<String, Value>> {
 }
 
 impl RecallWire for ChatRecall {
-    fn offer(&self, request: &mut Map<String, Value>) {
-        let tools = request
-            .entry("tools")
-            .or_insert_with(|| Value::Array(Vec::new()));
-        if let Some(tools) = tools.as_array_mut() {
-            if !tools.iter().any(is_recall) {
-                tools.push(json!({
-                    "type": "function",
-                    "function": {
-                        "name": TOOL_NAME,
-                        "description": TOOL_DESCRIPTION,
-                        "parameters": parameters(),
-                    }
-                }));
-            }
-        }
+    fn tool(&self) -> Value {
+        json!({"type": "function", "function": {
+            "name": TOOL_NAME,
+            "description": TOOL_DESCRIPTION,
+            "parameters": parameters(),
+        }})
     }
 
     fn parts(&self, reply: &Value) -> Vec<Part> {

@@ -10,8 +10,8 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use crate::dialect::recall::{
-    append_text, parameters, sum_usage, text_of, Answered, ClientView, Kind, Part, RecallCall,
-    RecallWire, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
+    append_text, names_the_tool, parameters, sum_usage, text_of, Answered, ClientView, Kind, Part,
+    RecallCall, RecallWire, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
 };
 
 /// The recall tool as Anthropic's Messages API writes it.
@@ -24,23 +24,8 @@ const TOOL_USE: &str = "tool_use";
 const END_TURN: &str = "end_turn";
 
 impl RecallWire for MessagesRecall {
-    fn offer(&self, request: &mut Map<String, Value>) {
-        let tools = request
-            .entry("tools")
-            .or_insert_with(|| Value::Array(Vec::new()));
-        let Value::Array(tools) = tools else {
-            return;
-        };
-        let offered = tools
-            .iter()
-            .any(|tool| tool.get("name").and_then(Value::as_str) == Some(TOOL_NAME));
-        if !offered {
-            tools.push(json!({
-                "name": TOOL_NAME,
-                "description": TOOL_DESCRIPTION,
-                "input_schema": parameters(),
-            }));
-        }
+    fn tool(&self) -> Value {
+        json!({"name": TOOL_NAME, "description": TOOL_DESCRIPTION, "input_schema": parameters()})
     }
 
     fn parts(&self, reply: &Value) -> Vec<Part> {
@@ -161,7 +146,7 @@ fn is_tool_use(block: &Value) -> bool {
 }
 
 fn is_recall(block: &Value) -> bool {
-    is_tool_use(block) && block.get("name").and_then(Value::as_str) == Some(TOOL_NAME)
+    is_tool_use(block) && names_the_tool(block)
 }
 
 /// A call's arguments as a `tool_use` input, which must be an object: `{}` when they are not.

@@ -19,8 +19,8 @@ use serde_json::{json, Map, Value};
 
 use super::view::{is_tool_call, item_type};
 use crate::dialect::recall::{
-    add_usage, answer_text, parameters, text_of, Answered, ClientView, Kind, Part, RecallCall,
-    RecallWire, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
+    add_usage, answer_text, names_the_tool, parameters, text_of, Answered, ClientView, Kind, Part,
+    RecallCall, RecallWire, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
 };
 
 pub struct ResponsesRecall;
@@ -29,8 +29,7 @@ pub struct ResponsesRecall;
 struct ResponsesStream;
 
 fn is_recall_call(item: &Value) -> bool {
-    item.get("type").and_then(Value::as_str) == Some("function_call")
-        && item.get("name").and_then(Value::as_str) == Some(TOOL_NAME)
+    item.get("type").and_then(Value::as_str) == Some("function_call") && names_the_tool(item)
 }
 
 fn is_client_call(item: &Value) -> bool {
@@ -48,27 +47,9 @@ fn output(reply: &Value) -> impl Iterator<Item = &Value> {
 }
 
 impl RecallWire for ResponsesRecall {
-    fn offer(&self, request: &mut Map<String, Value>) {
-        let tools = request
-            .entry("tools")
-            .or_insert_with(|| Value::Array(Vec::new()));
-        if tools.is_null() {
-            *tools = Value::Array(Vec::new());
-        }
-        if let Some(tools) = tools.as_array_mut() {
-            let offered = tools.iter().any(|tool| {
-                tool.get("type").and_then(Value::as_str) == Some("function")
-                    && tool.get("name").and_then(Value::as_str) == Some(TOOL_NAME)
-            });
-            if !offered {
-                tools.push(json!({
-                    "type": "function",
-                    "name": TOOL_NAME,
-                    "description": TOOL_DESCRIPTION,
-                    "parameters": parameters(),
-                }));
-            }
-        }
+    fn tool(&self) -> Value {
+        json!({"type": "function", "name": TOOL_NAME, "description": TOOL_DESCRIPTION,
+            "parameters": parameters()})
     }
 
     fn parts(&self, reply: &Value) -> Vec<Part> {
@@ -190,7 +171,7 @@ fn without_the_tool(response: &mut Value) -> bool {
         return false;
     };
     let before = tools.len();
-    tools.retain(|tool| tool.get("name").and_then(Value::as_str) != Some(TOOL_NAME));
+    tools.retain(|tool| !names_the_tool(tool));
     tools.len() != before
 }
 
