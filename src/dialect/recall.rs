@@ -188,6 +188,26 @@ impl ClientView {
     }
 }
 
+/// What relaying did to an event: it says nothing for the client, it goes as upstream wrote
+/// it (byte for byte), or it was written anew.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Relayed {
+    Dropped,
+    AsItCame,
+    Changed,
+}
+
+impl Relayed {
+    /// `AsItCame`, or `Changed` when `changed`.
+    pub fn changed_if(changed: bool) -> Relayed {
+        if changed {
+            Relayed::Changed
+        } else {
+            Relayed::AsItCame
+        }
+    }
+}
+
 /// How one API's stream events read and are written for the client.
 pub trait StreamWire: Sync {
     fn kind(&self, data: &Value) -> Kind;
@@ -197,8 +217,8 @@ pub trait StreamWire: Sync {
     fn gather(&self, round: &mut Value, data: &Value);
 
     /// The event as the client gets it: recall parts taken out, the others numbered as the
-    /// client sees them. Whether anything of it is left for the client.
-    fn relay(&self, data: &mut Value, view: &mut ClientView) -> bool;
+    /// client sees them; what became of it.
+    fn relay(&self, data: &mut Value, view: &mut ClientView) -> Relayed;
 
     /// Whether a non-JSON event ends the stream (chat's `[DONE]`).
     fn is_end(&self, _event: &[u8]) -> bool {
@@ -260,17 +280,11 @@ impl Stitched {
                     .push((Bytes::copy_from_slice(event), Some(data)));
                 None
             }
-            Kind::Opening | Kind::Body => {
-                let before = data.clone();
-                if !self.events.relay(&mut data, &mut self.view) {
-                    return None;
-                }
-                Some(if data == before {
-                    Bytes::copy_from_slice(event)
-                } else {
-                    rewrite_event(event, &data)
-                })
-            }
+            Kind::Opening | Kind::Body => match self.events.relay(&mut data, &mut self.view) {
+                Relayed::Dropped => None,
+                Relayed::AsItCame => Some(Bytes::copy_from_slice(event)),
+                Relayed::Changed => Some(rewrite_event(event, &data)),
+            },
         }
     }
 

@@ -7,7 +7,7 @@ use serde_json::{json, Map, Value};
 
 use crate::dialect::recall::{
     answer_text, append_text, names_the_tool, parameters, sum_usage, text_of, Answered, ClientView,
-    Kind, Part, RecallCall, RecallWire, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
+    Kind, Part, RecallCall, RecallWire, Relayed, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
 };
 
 pub struct ChatRecall;
@@ -176,11 +176,13 @@ fn finish_reason(chunk: &Value) -> Option<&Value> {
         .filter(|f| !f.is_null())
 }
 
-/// Takes the recall calls' deltas out of a chunk's and numbers the client's as it sees them.
-fn tool_deltas(delta: &mut Map<String, Value>, view: &mut ClientView) {
+/// Takes the recall calls' deltas out of a chunk's and numbers the client's as it sees them;
+/// whether it changed anything.
+fn tool_deltas(delta: &mut Map<String, Value>, view: &mut ClientView) -> bool {
     let Some(calls) = delta.get_mut("tool_calls").and_then(Value::as_array_mut) else {
-        return;
+        return false;
     };
+    let mut changed = false;
     let mut kept = Vec::with_capacity(calls.len());
     for mut call in std::mem::take(calls) {
         let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
@@ -188,11 +190,14 @@ fn tool_deltas(delta: &mut Map<String, Value>, view: &mut ClientView) {
         if !view.held(index) && view.shown(index).is_none() {
             view.start(index, is_recall(&call));
         }
-        if let Some(shown) = view.shown(index) {
-            if shown != index {
+        match view.shown(index) {
+            Some(shown) if shown != index => {
                 call["index"] = json!(shown);
+                changed = true;
+                kept.push(call);
             }
-            kept.push(call);
+            Some(_) => kept.push(call),
+            None => changed = true,
         }
     }
     if kept.is_empty() {
@@ -200,20 +205,22 @@ fn tool_deltas(delta: &mut Map<String, Value>, view: &mut ClientView) {
     } else {
         *calls = kept;
     }
+    changed
 }
 
-/// The chunk's delta as the client sees it, and whether anything of it is left.
-fn relay_delta(chunk: &mut Value, view: &mut ClientView) -> bool {
+/// The chunk's delta as the client sees it.
+fn relay_delta(chunk: &mut Value, view: &mut ClientView) -> Relayed {
     let Some(delta) = chunk
         .pointer_mut("/choices/0/delta")
         .and_then(Value::as_object_mut)
     else {
-        return true;
+        return Relayed::AsItCame;
     };
-    let had_calls = delta.contains_key("tool_calls");
-    tool_deltas(delta, view);
-    let emptied = had_calls && !delta.contains_key("tool_calls");
-    !((view.continued || emptied) && says_nothing(delta))
+    let changed = tool_deltas(delta, view);
+    if (view.continued || changed) && says_nothing(delta) {
+        return Relayed::Dropped;
+    }
+    Relayed::changed_if(changed || view.continued)
 }
 
 impl StreamWire for ChatStream {
@@ -269,7 +276,7 @@ impl StreamWire for ChatStream {
         }
     }
 
-    fn relay(&self, chunk: &mut Value, view: &mut ClientView) -> bool {
+    fn relay(&self, chunk: &mut Value, view: &mut ClientView) -> Relayed {
         if view.id.is_none() {
             view.id = chunk.get("id").cloned();
         }

@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 
 use crate::dialect::recall::{
     append_text, names_the_tool, parameters, sum_usage, text_of, Answered, ClientView, Kind, Part,
-    RecallCall, RecallWire, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
+    RecallCall, RecallWire, Relayed, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
 };
 
 /// The recall tool as Anthropic's Messages API writes it.
@@ -257,20 +257,23 @@ impl StreamWire for MessagesStream {
         }
     }
 
-    fn relay(&self, data: &mut Value, view: &mut ClientView) -> bool {
+    fn relay(&self, data: &mut Value, view: &mut ClientView) -> Relayed {
         let Some(index) = index_of(data) else {
-            return true;
+            return Relayed::AsItCame;
         };
         if let Some(block) = data.get("content_block") {
             view.start(index, is_recall(block));
         }
         if view.held(index) {
-            return false;
+            return Relayed::Dropped;
         }
-        if let Some(shown) = view.shown(index).filter(|&shown| shown != index) {
-            data["index"] = shown.into();
+        match view.shown(index).filter(|&shown| shown != index) {
+            Some(shown) => {
+                data["index"] = shown.into();
+                Relayed::Changed
+            }
+            None => Relayed::AsItCame,
         }
-        true
     }
 
     /// The last round's `message_delta` with usage summed over every round (the counts its

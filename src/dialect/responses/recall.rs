@@ -20,7 +20,7 @@ use serde_json::{json, Map, Value};
 use super::view::{is_tool_call, item_type};
 use crate::dialect::recall::{
     add_usage, answer_text, names_the_tool, parameters, text_of, Answered, ClientView, Kind, Part,
-    RecallCall, RecallWire, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
+    RecallCall, RecallWire, Relayed, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
 };
 
 pub struct ResponsesRecall;
@@ -248,7 +248,8 @@ impl StreamWire for ResponsesStream {
         }
     }
 
-    fn relay(&self, data: &mut Value, view: &mut ClientView) -> bool {
+    fn relay(&self, data: &mut Value, view: &mut ClientView) -> Relayed {
+        let mut changed = false;
         if let Some(index) = data.get("output_index").and_then(Value::as_u64) {
             if data.get("type").and_then(Value::as_str) == Some("response.output_item.added") {
                 if let Some(item) = data.get("item") {
@@ -256,17 +257,23 @@ impl StreamWire for ResponsesStream {
                 }
             }
             if view.held(index) {
-                return false;
+                return Relayed::Dropped;
             }
             if let Some(shown) = view.shown(index).filter(|&shown| shown != index) {
                 data["output_index"] = json!(shown);
+                changed = true;
             }
         }
-        data["sequence_number"] = json!(view.next_sequence());
-        if let Some(response) = data.get_mut("response") {
-            without_the_tool(response);
+        // The client's events are numbered without gaps across dropped ones and rounds.
+        let sequence = view.next_sequence();
+        if data.get("sequence_number").and_then(Value::as_u64) != Some(sequence) {
+            data["sequence_number"] = json!(sequence);
+            changed = true;
         }
-        true
+        if let Some(response) = data.get_mut("response") {
+            changed |= without_the_tool(response);
+        }
+        Relayed::changed_if(changed)
     }
 
     fn close(&self, closing: &mut [Value], merged: &Value, view: &mut ClientView) {
