@@ -14,9 +14,9 @@ use crate::dialect::stages::{
     count_as_sent, offers_recall, write_compaction, Counting, Dialect, Planned, Prepared, Ready,
 };
 use crate::error::ProxyError;
+use crate::pipeline::outgoing::{Outcome, Outgoing};
 use crate::pipeline::recall::Recallable;
 use crate::pipeline::state::AppState;
-use crate::pipeline::{Outcome, Outgoing};
 
 /// A request the raw first stage may send as it came; any other, prepared in full.
 pub(super) async fn prepare<'s, D: Dialect>(
