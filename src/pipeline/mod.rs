@@ -17,10 +17,9 @@ use std::time::Instant;
 
 use hyper::{Request, Response};
 
-use crate::dialect::stages::Dialect;
+use crate::dialect::stages::{Dialect, Settings};
 use crate::error::ProxyError;
 use crate::pipeline::directives::{mode_for, recall_for, settings_for, Directives};
-use crate::pipeline::prepare::Settings;
 use crate::pipeline::relay::Timing;
 use crate::pipeline::send::Original;
 use crate::pipeline::state::Worker;
