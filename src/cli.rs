@@ -20,7 +20,7 @@ use crate::compaction::plan::{
 use crate::compaction::recall::conversation_id;
 use crate::config::{Config, ConfigError, ContextConfig, Overrides};
 use crate::dialect::stages::{
-    count_as_sent, offers_recall, write_compaction, Counting, Dialect, Prepared,
+    count_as_sent, offers_recall, write_compaction, Counting, Dialect, Prepared, Settings,
 };
 use crate::dialect::{detect_api, summary_api_named, with_dialect, Api, WithDialect};
 use crate::error::ProxyError;
@@ -272,7 +272,7 @@ async fn trimmed_as<D: Dialect>(
     config: &Config,
     body: &[u8],
     split: &Split,
-    (settings, recall): (&ContextConfig, bool),
+    (settings, recall): (Settings<'_>, bool),
 ) -> Result<u64, CommandError> {
     let mut request = D::parse(body)?;
     let catalog = ModelCatalog::new(config.models.clone(), config.tokens.clone());
@@ -285,7 +285,7 @@ async fn trimmed_as<D: Dialect>(
             conversation: conversation_id(&D::conversation(&request), split.head),
         });
     }
-    write_compaction::<D>(&mut request, split, &rewrite, settings, encoding);
+    write_compaction::<D>(&mut request, split, &rewrite, settings.context, encoding);
     let (sent, _) = D::outgoing_body(request, Bytes::new(), true)?;
     let counting = Counting {
         config,
@@ -299,7 +299,7 @@ async fn trimmed_tokens(
     config: &Config,
     counted: &Counted,
     split: &Split,
-    settings: (&ContextConfig, bool),
+    settings: (Settings<'_>, bool),
 ) -> Result<u64, CommandError> {
     let trim = TrimAs {
         config,
@@ -315,8 +315,8 @@ struct TrimAs<'a> {
     config: &'a Config,
     body: &'a [u8],
     split: &'a Split,
-    /// The request's `[context]`, and whether it offers recall.
-    settings: (&'a ContextConfig, bool),
+    /// The request's settings, and whether it offers recall.
+    settings: (Settings<'a>, bool),
 }
 
 impl WithDialect for TrimAs<'_> {
@@ -416,13 +416,20 @@ pub async fn plan(
     input: &str,
     options: PlanOptions<'_>,
 ) -> Result<String, CommandError> {
-    let settings =
-        config
-            .context_for(options.profile)
-            .ok_or_else(|| CommandError::UnknownProfile {
-                name: options.profile.unwrap_or_default().to_string(),
-                known: config.profiles.keys().cloned().collect(),
-            })?;
+    let unknown_profile = || CommandError::UnknownProfile {
+        name: options.profile.unwrap_or_default().to_string(),
+        known: config.profiles.keys().cloned().collect(),
+    };
+    let context = config
+        .context_for(options.profile)
+        .ok_or_else(unknown_profile)?;
+    let recall = config
+        .recall_for(options.profile)
+        .ok_or_else(unknown_profile)?;
+    let settings = Settings {
+        context: &context,
+        recall,
+    };
     let counted = prepare(config, input, options.model, options.api).await?;
     let Counted {
         model,
@@ -430,9 +437,9 @@ pub async fn plan(
         roles,
         ..
     } = &counted;
-    let input = prepared.plan_input(config, &settings, options.mode);
+    let input = prepared.plan_input(config, settings, options.mode);
     let mut out = String::new();
-    write_limits(&mut out, model, prepared, &input, &settings);
+    write_limits(&mut out, model, prepared, &input, &context);
     let decision = prepared.decide(&input);
     let Some(split) = write_decision(&mut out, &decision) else {
         return Ok(out);
@@ -441,12 +448,10 @@ pub async fn plan(
     let room = summary_room(
         &Limits::new(&input),
         config.summarizer.max_summary_tokens,
-        config
-            .recall_for(options.profile)
-            .is_some_and(|recall| recall.enabled),
+        recall.enabled,
     );
     write_split(&mut out, split, roles, room.summary_tokens);
-    let trimmed = trimmed_tokens(config, &counted, split, (&settings, room.recall)).await?;
+    let trimmed = trimmed_tokens(config, &counted, split, (settings, room.recall)).await?;
     let _ = writeln!(
         out,
         "forwarded = {trimmed} tokens when trimmed (no summary)"

@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{self, Decision, Limits, Mode, PlanInput, Split};
 use crate::compaction::summary_api::{SummaryApi, SummaryEndpoint};
-use crate::config::{Config, ContextConfig};
+use crate::config::{Config, ContextConfig, RecallConfig};
 use crate::conversation::Item;
 use crate::dialect::recall::RecallWire;
 use crate::error::ProxyError;
@@ -63,7 +63,7 @@ pub trait Dialect {
     fn scan(
         _counting: Counting<'_>,
         _bytes: &Bytes,
-        _settings: &ContextConfig,
+        _settings: Settings<'_>,
         _mode: Mode,
     ) -> impl Future<Output = Result<Ready, Option<Planned>>> + Send {
         std::future::ready(Err(None))
@@ -121,6 +121,13 @@ pub trait Dialect {
     ) -> Result<(Bytes, bool), ProxyError>;
 }
 
+/// The request's settings: `[context]` and `[recall]`, with its profile's overrides.
+#[derive(Clone, Copy)]
+pub struct Settings<'a> {
+    pub context: &'a ContextConfig,
+    pub recall: RecallConfig,
+}
+
 /// A request counted and ready to plan, whatever its dialect; shared by the proxy and
 /// `condenser plan`.
 pub struct Prepared {
@@ -137,7 +144,7 @@ impl Prepared {
     pub fn plan_input<'a>(
         &'a self,
         config: &Config,
-        settings: &'a ContextConfig,
+        settings: Settings<'a>,
         mode: Mode,
     ) -> PlanInput<'a> {
         let mut input = PlanInput {
@@ -145,15 +152,16 @@ impl Prepared {
             fixed_tokens: self.count.fixed,
             context_window: self.info.context_window,
             requested_completion_tokens: self.requested_completion_tokens,
-            settings,
+            settings: settings.context,
             mode,
             summary_tokens: 0,
         };
-        // The summary's room is a share of the limits, which the rest of the input sets.
+        // The summary's room is a share of the limits, which the rest of the input sets;
+        // recall's tool and line take room beside it when the request's profile offers recall.
         input.summary_tokens = plan::summary_room(
             &Limits::new(&input),
             config.summarizer.max_summary_tokens,
-            config.recall.enabled,
+            settings.recall.enabled,
         )
         .reserved();
         input
@@ -226,7 +234,7 @@ pub fn write_compaction<D: Dialect>(
 pub async fn count_as_sent<D: Dialect>(
     counting: Counting<'_>,
     body: &Bytes,
-    settings: &ContextConfig,
+    settings: Settings<'_>,
 ) -> Result<PromptCount, ProxyError> {
     match D::scan(counting, body, settings, Mode::Off).await {
         Ok(Ready { prepared, .. }) | Err(Some(Planned { prepared, .. })) => {
@@ -266,7 +274,7 @@ pub async fn scan_raw(
     bytes: &Bytes,
     stage: &RawStage,
     request: RawRequest<'_>,
-    settings: &ContextConfig,
+    settings: Settings<'_>,
     mode: Mode,
 ) -> Result<Ready, Option<Planned>> {
     let info = counting.catalog.resolve(&request.model);

@@ -9,14 +9,15 @@ use hyper::header::HeaderMap;
 
 use crate::compaction::compactor::{self, Action, CompactionJob};
 use crate::compaction::plan::{summary_room, Decision, Limits, Mode, Split};
-use crate::config::{ContextConfig, RecallConfig};
+use crate::config::ContextConfig;
 use crate::dialect::stages::{
     count_as_sent, offers_recall, write_compaction, Counting, Dialect, Planned, Prepared, Ready,
+    Settings,
 };
 use crate::error::ProxyError;
+use crate::pipeline::outgoing::{Outcome, Outgoing};
 use crate::pipeline::recall::Recallable;
 use crate::pipeline::state::AppState;
-use crate::pipeline::{Outcome, Outgoing};
 
 /// A request the raw first stage may send as it came; any other, prepared in full.
 pub(super) async fn prepare<'s, D: Dialect>(
@@ -26,7 +27,7 @@ pub(super) async fn prepare<'s, D: Dialect>(
     settings: Settings<'_>,
     mode: Mode,
 ) -> Result<Outgoing<'s>, ProxyError> {
-    match D::scan(counting(state), &bytes, settings.context, mode).await {
+    match D::scan(counting(state), &bytes, settings, mode).await {
         Ok(ready) => Ok(as_sent(state, ready)),
         // Boxed: the full path's future (summarizer calls included) is large, and the common
         // case should not carry its size.
@@ -37,13 +38,6 @@ pub(super) async fn prepare<'s, D: Dialect>(
             .await
         }
     }
-}
-
-/// The request's settings: `[context]` and `[recall]`, with its profile's overrides.
-#[derive(Clone, Copy)]
-pub(super) struct Settings<'a> {
-    pub context: &'a ContextConfig,
-    pub recall: RecallConfig,
 }
 
 /// The request once more under `force`, for the reactive retry.
@@ -110,7 +104,7 @@ async fn prepare_in_full<'s, D: Dialect>(
             None,
         ),
     };
-    let input = prepared.plan_input(&state.config, settings, mode);
+    let input = prepared.plan_input(&state.config, all_settings, mode);
     let decision = match D::forward_as_sent(&request) {
         Some(reason) => Decision::Forward(reason),
         None => decision.unwrap_or_else(|| prepared.decide(&input)),
@@ -154,7 +148,7 @@ async fn prepare_in_full<'s, D: Dialect>(
     let body = D::outgoing_body(request, bytes, rewritten)?;
     // Only a rewrite changes the prompt.
     let forwarded = if rewritten {
-        let count = count_as_sent::<D>(counting(state), &body.0, settings).await?;
+        let count = count_as_sent::<D>(counting(state), &body.0, all_settings).await?;
         (count.total, count.raw_total)
     } else {
         (prepared.count.total, prepared.count.raw_total)

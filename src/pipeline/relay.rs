@@ -13,9 +13,9 @@ use hyper::Response;
 use crate::compaction::compactor::{Action, CacheOutcome};
 use crate::dialect::stages::Dialect;
 use crate::observe::metrics::ModelLabel;
+use crate::pipeline::outgoing::{Outcome, Outgoing};
 use crate::pipeline::send::Sent;
 use crate::pipeline::state::Worker;
-use crate::pipeline::{Outcome, Outgoing};
 use crate::transport::body::ProxyBody;
 use crate::transport::usage::{Usage, UsageObserver, UsageTap};
 

@@ -10,12 +10,12 @@ use hyper::{Method, Response};
 
 use crate::compaction::compactor::{Action, CacheOutcome};
 use crate::compaction::plan::Mode;
-use crate::dialect::stages::Dialect;
+use crate::dialect::stages::{Dialect, Settings};
 use crate::error::ProxyError;
-use crate::pipeline::prepare::{prepare_forced, Settings};
+use crate::pipeline::outgoing::Outgoing;
+use crate::pipeline::prepare::prepare_forced;
 use crate::pipeline::recall::{Destination, Recall};
 use crate::pipeline::state::AppState;
-use crate::pipeline::Outgoing;
 use crate::transport::body::{declared_length, full, read_body, ProxyBody};
 
 /// An upstream's answer that a prompt is too long is a small error body; more is relayed

@@ -35,53 +35,98 @@ fn modules() -> BTreeMap<String, String> {
     out
 }
 
-/// The module files each module names: `crate::a::b::item` and `crate::a::{b, c}`.
+/// The module files each module names. A path starts at `crate::`, at `self::` or `super::`
+/// (as many as it has), or at a module the file declares (`mod view;` then `view::item`),
+/// and branches through `use` groups to any depth (`super::{a, b::{self, C}}`). What it
+/// names is the longest of its prefixes that is a module file; a folder's `mod.rs` is one
+/// like any other. Declaring a module (`mod view;`) is not importing it.
 fn imports(modules: &BTreeMap<String, String>) -> BTreeMap<String, BTreeSet<String>> {
-    let is_file = |name: &str| modules.contains_key(name);
     modules
         .iter()
-        .map(|(name, code)| {
-            let mut found = BTreeSet::new();
-            for (at, _) in code.match_indices("crate::") {
-                let rest = &code[at + "crate::".len()..];
-                let path: String = rest
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
-                    .collect();
-                let path = path.trim_end_matches(':');
-                let parts: Vec<&str> = path.split("::").collect();
-                // The longest prefix that is a module file is what is imported.
-                if let Some(module) = (1..=parts.len())
-                    .rev()
-                    .map(|i| parts[..i].join("::"))
-                    .find(|candidate| is_file(candidate))
-                {
-                    found.insert(module.clone());
-                    // `crate::a::{b, c}`: siblings named inside the braces.
-                    let after = &rest[path.len()..];
-                    if let Some(group) = after.strip_prefix("::{") {
-                        let group = &group[..group.find('}').unwrap_or(0)];
-                        for item in group.split(',') {
-                            let item = item.trim().split("::").next().unwrap_or("");
-                            let sibling = format!("{module}::{item}");
-                            if is_file(&sibling) {
-                                found.insert(sibling);
-                            }
-                        }
-                    }
-                }
-            }
-            found.remove(name);
-            // A folder's `mod.rs` only declares its files; naming the folder is not a cycle.
-            found.retain(|m| !is_folder(m, modules));
-            (name.clone(), found)
-        })
+        .map(|(name, code)| (name.clone(), imports_of(name, code, modules)))
         .collect()
 }
 
-fn is_folder(name: &str, modules: &BTreeMap<String, String>) -> bool {
-    let prefix = format!("{name}::");
-    modules.keys().any(|m| m.starts_with(&prefix))
+fn imports_of(name: &str, code: &str, modules: &BTreeMap<String, String>) -> BTreeSet<String> {
+    let own: Vec<String> = name.split("::").map(String::from).collect();
+    let declared = |word: &str| modules.contains_key(&format!("{name}::{word}"));
+    let mut paths = Vec::new();
+    let mut at = 0;
+    while let Some(next) = code[at..].chars().next() {
+        let word = identifier(&code[at..]);
+        if word.is_empty() {
+            at += next.len_utf8();
+            continue;
+        }
+        // A word after `::` continues a path read already, or one that is not the crate's.
+        let starts_path = code[at + word.len()..].starts_with("::")
+            && !code[..at].ends_with("::")
+            && (["crate", "self", "super"].contains(&word) || declared(word));
+        at += if starts_path {
+            use_tree(&code[at..], &own, &mut paths)
+        } else {
+            word.len()
+        };
+    }
+    paths
+        .iter()
+        .filter_map(|path| {
+            (1..=path.len())
+                .rev()
+                .map(|i| path[..i].join("::"))
+                .find(|prefix| modules.contains_key(prefix))
+        })
+        .filter(|module| module != name)
+        .collect()
+}
+
+/// Reads the use tree (or plain path) at the start of `text`, starting from module `from`:
+/// each path it ends in goes to `paths`, from the crate's root. Returns the bytes it spans.
+fn use_tree(text: &str, from: &[String], paths: &mut Vec<Vec<String>>) -> usize {
+    let mut path = from.to_vec();
+    let mut at = 0;
+    loop {
+        at += text[at..].len() - text[at..].trim_start().len();
+        if text[at..].starts_with('{') {
+            at += 1;
+            loop {
+                at += text[at..].len() - text[at..].trim_start().len();
+                match text[at..].chars().next() {
+                    None => return at,
+                    Some('}') => return at + 1,
+                    Some(',') => at += 1,
+                    Some(_) => {
+                        at += use_tree(&text[at..], &path, paths);
+                        // What follows a branch up to the next `,` or `}` (`as name`, `*`)
+                        // names nothing more.
+                        at += text[at..].find([',', '}']).unwrap_or(text.len() - at);
+                    }
+                }
+            }
+        }
+        let word = identifier(&text[at..]);
+        at += word.len();
+        match word {
+            "crate" => path.clear(),
+            "super" => {
+                path.pop();
+            }
+            "self" | "" => {}
+            _ => path.push(word.to_string()),
+        }
+        if !text[at..].starts_with("::") {
+            paths.push(path);
+            return at;
+        }
+        at += "::".len();
+    }
+}
+
+fn identifier(text: &str) -> &str {
+    let end = text
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(text.len());
+    &text[..end]
 }
 
 /// A path from `from` back to itself, if there is one.
@@ -184,6 +229,11 @@ fn no_module_imports_one_that_imports_it() {
         "the import reader misses imports: {:?}",
         graph["dialect::chat"]
     );
+    assert!(
+        graph["server::routes"].contains("pipeline"),
+        "the import reader misses a folder's own module: {:?}",
+        graph["server::routes"]
+    );
     let cycles: Vec<Vec<String>> = graph
         .keys()
         .filter_map(|module| cycle_through(module, &graph))
@@ -207,4 +257,57 @@ fn the_cycle_finder_finds_a_cycle() {
         Some(vec!["a".into(), "b".into(), "c".into()])
     );
     assert_eq!(cycle_through("d", &graph), None);
+}
+
+/// Module sources by name, for the reader's own tests.
+fn sources(files: &[(&str, &str)]) -> BTreeMap<String, String> {
+    files
+        .iter()
+        .map(|(name, code)| (name.to_string(), code.to_string()))
+        .collect()
+}
+
+#[test]
+fn the_import_reader_follows_relative_paths_and_groups() {
+    let modules = sources(&[
+        (
+            "shop",
+            "pub mod stock;\nmod till;\nuse till::Till;\npub struct Receipt;\n",
+        ),
+        (
+            "shop::till",
+            "use super::{\n    stock::{self, Shelf as Rack},\n    Receipt,\n};\npub struct Till;\n",
+        ),
+        (
+            "shop::stock",
+            "pub struct Shelf;\nfn pay() { super::super::bank::pay(self::Shelf) }\n",
+        ),
+        (
+            "bank",
+            "pub fn pay() {}\nfn f() { serde_json::Value::Null; }\n",
+        ),
+    ]);
+    let graph = imports(&modules);
+    let named = |module: &str| graph[module].iter().cloned().collect::<Vec<_>>();
+    // `pub mod stock;` declares a module; `till::Till` names one.
+    assert_eq!(named("shop"), vec!["shop::till"]);
+    assert_eq!(named("shop::till"), vec!["shop", "shop::stock"]);
+    assert_eq!(named("shop::stock"), vec!["bank"]);
+    assert_eq!(named("bank"), Vec::<String>::new());
+}
+
+#[test]
+fn the_cycle_finder_finds_a_cycle_through_super() {
+    let modules = sources(&[
+        (
+            "pipeline",
+            "mod send;\npub struct Outcome;\nfn go() { send::send() }\n",
+        ),
+        ("pipeline::send", "use super::Outcome;\npub fn send() {}\n"),
+    ]);
+    let graph = imports(&modules);
+    assert_eq!(
+        cycle_through("pipeline::send", &graph),
+        Some(vec!["pipeline::send".to_string(), "pipeline".to_string()])
+    );
 }

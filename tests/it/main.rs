@@ -20,6 +20,7 @@ mod messages;
 mod metrics;
 mod reactive;
 mod recall;
+mod recall_offer;
 mod redis;
 mod responses;
 mod sdk;

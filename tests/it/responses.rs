@@ -12,7 +12,7 @@ use condenser::compaction::compactor::{Action, CacheOutcome, Rewrite};
 use condenser::compaction::plan::{Decision, Mode};
 use condenser::compaction::summary::Summary;
 use condenser::dialect::responses::Responses;
-use condenser::dialect::stages::Dialect;
+use condenser::dialect::stages::{Dialect, Settings};
 use condenser::tokens::catalog::ModelCatalog;
 use condenser::tokens::counter::TokenCounter;
 use condenser::tokens::encoding::Encoding;
@@ -597,7 +597,8 @@ proptest! {
             return Ok(());
         }
         let mode = if force { Mode::Force } else { Mode::Auto };
-        let input = prepared.plan_input(&config, &config.context, mode);
+        let settings = Settings { context: &config.context, recall: config.recall };
+        let input = prepared.plan_input(&config, settings, mode);
         let Decision::Compact { split, .. } = prepared.decide(&input) else {
             return Ok(());
         };

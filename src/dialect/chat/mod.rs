@@ -25,7 +25,7 @@ use crate::config::ContextConfig;
 use crate::conversation::{content_text, Item};
 use crate::dialect::recall::RecallWire;
 use crate::dialect::request::{array, object_start, object_with_model, present};
-use crate::dialect::stages::{Counting, Dialect, Planned, Prepared, Ready};
+use crate::dialect::stages::{Counting, Dialect, Planned, Prepared, Ready, Settings};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
 use crate::tokens::catalog::ModelCatalog;
@@ -55,7 +55,7 @@ impl Dialect for Chat {
     fn scan(
         counting: Counting<'_>,
         bytes: &Bytes,
-        settings: &ContextConfig,
+        settings: Settings<'_>,
         mode: Mode,
     ) -> impl Future<Output = Result<Ready, Option<Planned>>> + Send {
         scan(counting, bytes, settings, mode)
@@ -293,7 +293,7 @@ fn with_usage_requested(body: &[u8], open: usize) -> Bytes {
 async fn scan(
     counting: Counting<'_>,
     bytes: &Bytes,
-    settings: &ContextConfig,
+    settings: Settings<'_>,
     mode: Mode,
 ) -> Result<Ready, Option<Planned>> {
     // The derived reader would also take a JSON array for the struct, and skips the fields

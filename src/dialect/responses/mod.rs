@@ -28,7 +28,7 @@ use crate::conversation::{units, Item};
 use crate::dialect::recall::RecallWire;
 use crate::dialect::request::{object_start, object_with_model, present};
 use crate::dialect::stages::{
-    scan_raw, Counting, Dialect, Planned, Prepared, RawRequest, RawStage, Ready,
+    scan_raw, Counting, Dialect, Planned, Prepared, RawRequest, RawStage, Ready, Settings,
 };
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
@@ -73,7 +73,7 @@ impl Dialect for Responses {
     fn scan(
         counting: Counting<'_>,
         bytes: &Bytes,
-        settings: &ContextConfig,
+        settings: Settings<'_>,
         mode: Mode,
     ) -> impl Future<Output = Result<Ready, Option<Planned>>> + Send {
         scan(counting, bytes, settings, mode)
@@ -198,7 +198,7 @@ const RAW_STAGE: RawStage = RawStage {
 async fn scan(
     counting: Counting<'_>,
     bytes: &Bytes,
-    settings: &ContextConfig,
+    settings: Settings<'_>,
     mode: Mode,
 ) -> Result<Ready, Option<Planned>> {
     if object_start(bytes).is_none() {
