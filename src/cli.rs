@@ -242,7 +242,7 @@ async fn counted_as<D: Dialect>(
     body: String,
     api: Api,
 ) -> Result<Counted, CommandError> {
-    let request = D::parse(body.as_bytes())?;
+    let request = D::parse(body.as_bytes(), D::PATH)?;
     let catalog = ModelCatalog::new(config.models.clone(), config.tokens.clone());
     let counter = TokenCounter::new(config.tokens.unknown_model_margin);
     let prepared = D::count(&request, &catalog, &counter).await;
@@ -274,7 +274,7 @@ async fn trimmed_as<D: Dialect>(
     split: &Split,
     (settings, recall): (Settings<'_>, bool),
 ) -> Result<u64, CommandError> {
-    let mut request = D::parse(body)?;
+    let mut request = D::parse(body, D::PATH)?;
     let catalog = ModelCatalog::new(config.models.clone(), config.tokens.clone());
     let counter = TokenCounter::new(config.tokens.unknown_model_margin);
     let encoding = catalog.resolve(D::model(&request)).encoding;
@@ -292,7 +292,9 @@ async fn trimmed_as<D: Dialect>(
         catalog: &catalog,
         counter: &counter,
     };
-    Ok(count_as_sent::<D>(counting, &sent, settings).await?.total)
+    Ok(count_as_sent::<D>(counting, &sent, D::PATH, settings)
+        .await?
+        .total)
 }
 
 async fn trimmed_tokens(

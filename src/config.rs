@@ -273,7 +273,7 @@ impl Default for CacheConfig {
             redis_url: String::new(),
             redis_key_prefix: "condenser:".into(),
             redis_timeout_ms: 250,
-            scope_headers: ["authorization", "x-api-key", "api-key"]
+            scope_headers: ["authorization", "x-api-key", "api-key", "x-goog-api-key"]
                 .map(String::from)
                 .to_vec(),
         }
@@ -615,7 +615,7 @@ mod tests {
         assert_eq!(config.cache.scope_headers, ["authorization", "x-user-id"]);
         assert_eq!(
             Config::default().cache.scope_headers,
-            ["authorization", "x-api-key", "api-key"]
+            ["authorization", "x-api-key", "api-key", "x-goog-api-key"]
         );
         // check-config prints it with the rest.
         assert!(Config::default().to_toml().contains(r#"scope_headers = ["#));

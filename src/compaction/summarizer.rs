@@ -21,7 +21,9 @@ use crate::observe::metrics::{SummarizerFailure, SummarizerHealth};
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::encoding::Encoding;
 use crate::tokens::rules::shorten_middle;
-use crate::transport::upstream::{blank_credentials, KeyStyle, Upstream, X_API_KEY};
+use crate::transport::upstream::{
+    blank_credentials, KeyStyle, Upstream, X_API_KEY, X_GOOG_API_KEY,
+};
 
 /// Tool outputs are cut to this many tokens (head and end) before the summarizer sees them.
 const TOOL_OUTPUT_TOKENS: u32 = 600;
@@ -32,10 +34,11 @@ const ERROR_BODY_CHARS: usize = 300;
 
 /// The caller's headers a summarizer call paid by the caller carries: its key, however its
 /// SDK sends it, and the organization and project to bill.
-const CALLER_CREDENTIALS: [HeaderName; 5] = [
+const CALLER_CREDENTIALS: [HeaderName; 6] = [
     header::AUTHORIZATION,
     X_API_KEY,
     HeaderName::from_static("api-key"),
+    X_GOOG_API_KEY,
     HeaderName::from_static("openai-organization"),
     HeaderName::from_static("openai-project"),
 ];
@@ -322,7 +325,7 @@ impl Summarizer {
                 .upstream
                 .send(
                     Method::POST,
-                    endpoint.path,
+                    &(endpoint.path)(&request.model),
                     endpoint.key_style,
                     headers,
                     crate::transport::body::full(body.to_string()),

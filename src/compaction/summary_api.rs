@@ -2,6 +2,8 @@
 //! writes the question and reads the answer its own way, and the summarizer, below the
 //! dialects, reaches them only through this trait.
 
+use std::borrow::Cow;
+
 use hyper::header::HeaderMap;
 use serde_json::Value;
 
@@ -66,8 +68,8 @@ pub trait SummaryApi: Send + Sync {
 /// An API as the summarizer reaches it.
 #[derive(Clone, Copy)]
 pub struct SummaryEndpoint {
-    /// Where a summary is asked for.
-    pub path: &'static str,
+    /// Where a summary by a model is asked for.
+    pub path: fn(&str) -> Cow<'static, str>,
     /// How a key of the summarizer's own is sent.
     pub key_style: KeyStyle,
     pub api: &'static dyn SummaryApi,

@@ -3,9 +3,11 @@
 //! its error shape, how it takes a key and how a summary is asked in it. `registry!` below
 //! lists them: a new API is one folder and one line there. Everything else that tells the
 //! APIs apart reads the registry: `summarizer.api` and `--api` take `Dialect::NAME`s, the
-//! server routes each `Dialect::PATH` and the metrics know each `Dialect::ROUTE`.
+//! server routes what each `Dialect::compacts` and passes through what each `serves`, and the
+//! metrics know each `Dialect::ROUTE`.
 
 pub mod chat;
+pub mod gemini;
 pub mod messages;
 pub mod recall;
 pub mod request;
@@ -31,8 +33,14 @@ pub struct Wire {
     pub api: Api,
     /// Its name in `summarizer.api` and `--api`.
     pub name: &'static str,
-    /// The path it serves; the paths under it are its too.
+    /// The path its log line names.
     pub path: &'static str,
+    /// Whether a `POST` to a path is one it compacts.
+    pub compacts: fn(&str) -> bool,
+    /// Whether a path is its API's.
+    pub serves: fn(&str) -> bool,
+    /// The model a path of its API names, if it names one there.
+    pub model_in_path: fn(&str) -> Option<&str>,
     /// Its `route` label in metrics and in the log.
     pub route: Route,
     pub key_style: KeyStyle,
@@ -48,18 +56,15 @@ impl Wire {
             api,
             name: D::NAME,
             path: D::PATH,
+            compacts: D::compacts,
+            serves: D::serves,
+            model_in_path: D::model_in_path,
             route: D::ROUTE,
             key_style: D::KEY_STYLE,
             summary: D::SUMMARY_ENDPOINT,
             written_for: D::written_for,
             error_response: D::error_response,
         }
-    }
-
-    /// Whether `path` is this API's: its own, or one under it.
-    fn serves(&self, path: &str) -> bool {
-        path.strip_prefix(self.path)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
     }
 }
 
@@ -96,6 +101,7 @@ registry! {
     Chat => chat::Chat,
     Responses => responses::Responses,
     Messages => messages::Messages,
+    Gemini => gemini::Gemini,
 }
 
 /// The dialect named `name` (`Dialect::NAME`).
@@ -120,13 +126,17 @@ pub fn summary_api_named(name: &str) -> Result<Option<SummaryEndpoint>, ConfigEr
 
 /// The API of a path: the dialect that serves it or a path above it.
 pub fn for_path(path: &str) -> Option<Wire> {
-    DIALECTS.iter().find(|wire| wire.serves(path)).copied()
+    DIALECTS.iter().find(|wire| (wire.serves)(path)).copied()
 }
 
-/// The dialect that compacts a `POST` to `path`: the one whose own path it is (the paths
-/// under it, `/v1/responses/compact` or `/v1/messages/count_tokens`, pass through).
+/// The dialect that compacts a `POST` to `path` (`Dialect::compacts`).
 pub fn compacting(path: &str) -> Option<Wire> {
-    DIALECTS.iter().find(|wire| wire.path == path).copied()
+    DIALECTS.iter().find(|wire| (wire.compacts)(path)).copied()
+}
+
+/// The model a path names, when its API names it there (`Dialect::model_in_path`).
+pub fn model_in_path(path: &str) -> Option<&str> {
+    for_path(path).and_then(|wire| (wire.model_in_path)(path))
 }
 
 /// How a configured key goes to `path`: as its API takes it, else as a bearer token.
@@ -156,6 +166,15 @@ mod tests {
             ("/v1/chat/completions", KeyStyle::Bearer),
             ("/v1/responses/compact", KeyStyle::Bearer),
             ("/v1/models", KeyStyle::Bearer),
+            (
+                "/v1beta/models/gemini-2.5-pro:countTokens",
+                KeyStyle::XGoogApiKey,
+            ),
+            (
+                "/v1/models/gemini-2.5-pro:generateContent",
+                KeyStyle::XGoogApiKey,
+            ),
+            ("/v1/models/gpt-4o", KeyStyle::Bearer),
         ] {
             assert_eq!(key_style_for(path), style, "{path}");
         }
@@ -170,7 +189,9 @@ mod tests {
     fn every_api_has_one_dialect_and_its_own_name_path_and_route() {
         for wire in DIALECTS {
             assert_eq!(named(wire.name).map(|w| w.api), Some(wire.api));
-            assert_eq!(compacting(wire.path).map(|w| w.api), Some(wire.api));
+            // A summary is asked where the dialect compacts.
+            let path = (wire.summary.path)("some-model");
+            assert_eq!(compacting(&path).map(|w| w.api), Some(wire.api));
             assert_eq!(DIALECTS.iter().filter(|w| w.route == wire.route).count(), 1);
         }
         assert!(compacting("/v1/responses/compact").is_none());
@@ -178,13 +199,21 @@ mod tests {
 
     #[test]
     fn the_summarizer_api_is_the_routes_own_or_a_named_one() {
-        let api = |name: &str| summary_api_named(name).map(|api| api.map(|api| api.path));
+        let api = |name: &str| {
+            summary_api_named(name).map(|api| api.map(|api| (api.path)("gemini-2.5-pro")))
+        };
         assert_eq!(api("").unwrap(), None);
-        assert_eq!(api("messages").unwrap(), Some("/v1/messages"));
-        assert_eq!(api("responses").unwrap(), Some("/v1/responses"));
+        assert_eq!(api("messages").unwrap().as_deref(), Some("/v1/messages"));
+        assert_eq!(api("responses").unwrap().as_deref(), Some("/v1/responses"));
+        assert_eq!(
+            api("gemini").unwrap().as_deref(),
+            Some("/v1beta/models/gemini-2.5-pro:generateContent")
+        );
         let error = api("grpc").unwrap_err().to_string();
         assert!(
-            error.contains("summarizer.api \"grpc\" is not one of chat, responses, messages"),
+            error.contains(
+                "summarizer.api \"grpc\" is not one of chat, responses, messages, gemini"
+            ),
             "{error}"
         );
     }

@@ -30,7 +30,8 @@ use crate::transport::usage::UsageReader;
 pub trait Dialect {
     /// Its API's name in `summarizer.api` and `condenser count --api`.
     const NAME: &'static str;
-    /// The path it serves; the paths under it (passed through) are its API's too.
+    /// The path it serves, as its log line names it; the paths under it (passed through) are
+    /// its API's too, unless `compacts` and `serves` say otherwise.
     const PATH: &'static str;
     /// What its log line calls a relayed reply.
     const SERVED: &'static str;
@@ -43,7 +44,7 @@ pub trait Dialect {
     /// Where and how a summary is asked in it: what its requests' summaries are asked in
     /// unless `summarizer.api` says otherwise.
     const SUMMARY_ENDPOINT: SummaryEndpoint = SummaryEndpoint {
-        path: Self::PATH,
+        path: Self::path_for,
         key_style: Self::KEY_STYLE,
         api: Self::SUMMARY,
         usage: Self::USAGE,
@@ -69,6 +70,31 @@ pub trait Dialect {
         std::future::ready(Err(None))
     }
 
+    /// Whether a `POST` to `path` is one it compacts: its own path (the paths under it,
+    /// `/v1/responses/compact` or `/v1/messages/count_tokens`, pass through).
+    fn compacts(path: &str) -> bool {
+        path == Self::PATH
+    }
+
+    /// Whether `path` is its API's: its own, or one under it. Its errors there take its shape,
+    /// and a configured key goes as it takes one.
+    fn serves(path: &str) -> bool {
+        path.strip_prefix(Self::PATH)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    }
+
+    /// The model a path of its API names, for an API that names it there rather than in the
+    /// body: what routes a request passed through.
+    fn model_in_path(_path: &str) -> Option<&str> {
+        None
+    }
+
+    /// Where a request for `model` is sent: its own path, unless its API names the model
+    /// there.
+    fn path_for(_model: &str) -> Cow<'static, str> {
+        Cow::Borrowed(Self::PATH)
+    }
+
     /// Whether a request body looks written for it (`condenser count` without `--api`); one
     /// that no dialect claims is read as chat.
     fn written_for(_body: &Value) -> bool {
@@ -78,8 +104,9 @@ pub trait Dialect {
     /// An error condenser writes on its paths, in its shape.
     fn error_response(error: &ProxyError) -> Response<ProxyBody>;
 
-    /// The request, checked for what condenser relies on, with errors that name the problem.
-    fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError>;
+    /// The request to `path`, checked for what condenser relies on, with errors that name
+    /// the problem.
+    fn parse(bytes: &[u8], path: &str) -> Result<Self::Request, ProxyError>;
 
     fn model(request: &Self::Request) -> &str;
 
@@ -234,6 +261,7 @@ pub fn write_compaction<D: Dialect>(
 pub async fn count_as_sent<D: Dialect>(
     counting: Counting<'_>,
     body: &Bytes,
+    path: &str,
     settings: Settings<'_>,
 ) -> Result<PromptCount, ProxyError> {
     match D::scan(counting, body, settings, Mode::Off).await {
@@ -242,7 +270,7 @@ pub async fn count_as_sent<D: Dialect>(
         }
         Err(None) => {}
     }
-    let request = D::parse(body)?;
+    let request = D::parse(body, path)?;
     Ok(D::count(&request, counting.catalog, counting.counter)
         .await
         .count)

@@ -25,6 +25,7 @@ use crate::pipeline::send::Original;
 use crate::pipeline::state::Worker;
 use crate::transport::body::{read_body, ProxyBody};
 use crate::transport::departure::ClientBody;
+use crate::transport::headers::caller_headers;
 
 /// One request of dialect `D`, from its body to the relayed reply.
 pub async fn handle<D: Dialect>(
@@ -45,7 +46,16 @@ pub async fn handle<D: Dialect>(
     };
     // Kept for a reactive retry: a second handle on the same bytes, not a copy.
     let original = bytes.clone();
-    let outgoing = prepare::prepare::<D>(state, bytes, &parts.headers, settings, mode).await?;
+    let path = parts.uri.path();
+    let caller = caller_headers(D::KEY_STYLE, &parts.headers, parts.uri.query());
+    let outgoing = prepare::prepare::<D>(
+        state,
+        (bytes, path),
+        caller.as_ref().unwrap_or(&parts.headers),
+        settings,
+        mode,
+    )
+    .await?;
     let sent = Instant::now();
     let overhead = sent
         .saturating_duration_since(work_started)
@@ -57,6 +67,8 @@ pub async fn handle<D: Dialect>(
     let original = Original {
         bytes: original,
         headers: parts.headers,
+        caller,
+        path,
         path_and_query: parts
             .uri
             .path_and_query()

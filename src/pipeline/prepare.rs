@@ -22,8 +22,8 @@ use crate::pipeline::state::AppState;
 /// A request the raw first stage may send as it came; any other, prepared in full.
 pub(super) async fn prepare<'s, D: Dialect>(
     state: &'s Arc<AppState>,
-    bytes: Bytes,
-    headers: &HeaderMap,
+    (bytes, path): (Bytes, &str),
+    caller: &HeaderMap,
     settings: Settings<'_>,
     mode: Mode,
 ) -> Result<Outgoing<'s>, ProxyError> {
@@ -33,7 +33,12 @@ pub(super) async fn prepare<'s, D: Dialect>(
         // case should not carry its size.
         Err(planned) => {
             Box::pin(prepare_in_full::<D>(
-                state, bytes, headers, settings, mode, planned,
+                state,
+                (bytes, path),
+                caller,
+                settings,
+                mode,
+                planned,
             ))
             .await
         }
@@ -43,14 +48,14 @@ pub(super) async fn prepare<'s, D: Dialect>(
 /// The request once more under `force`, for the reactive retry.
 pub(super) async fn prepare_forced<'s, D: Dialect>(
     state: &'s Arc<AppState>,
-    bytes: Bytes,
-    headers: &HeaderMap,
+    request: (Bytes, &str),
+    caller: &HeaderMap,
     settings: Settings<'_>,
 ) -> Result<Outgoing<'s>, ProxyError> {
     Box::pin(prepare_in_full::<D>(
         state,
-        bytes,
-        headers,
+        request,
+        caller,
         settings,
         Mode::Force,
         None,
@@ -86,16 +91,18 @@ fn as_sent(state: &AppState, ready: Ready) -> Outgoing<'_> {
     )
 }
 
+/// `caller`: the headers that say who the caller is and carry its key, for the summary cache's
+/// scope and the summarizer's credentials.
 async fn prepare_in_full<'s, D: Dialect>(
     state: &'s Arc<AppState>,
-    bytes: Bytes,
-    headers: &HeaderMap,
+    (bytes, path): (Bytes, &str),
+    caller: &HeaderMap,
     all_settings: Settings<'_>,
     mode: Mode,
     planned: Option<Planned>,
 ) -> Result<Outgoing<'s>, ProxyError> {
     let settings = all_settings.context;
-    let mut request = D::parse(&bytes)?;
+    let mut request = D::parse(&bytes, path)?;
     let model = D::model(&request).to_string();
     let (prepared, decision) = match planned {
         Some(Planned { prepared, decision }) => (prepared, Some(decision)),
@@ -134,7 +141,7 @@ async fn prepare_in_full<'s, D: Dialect>(
                 split,
                 prepared: &prepared,
                 model: &model,
-                headers,
+                headers: caller,
                 settings,
                 mode,
                 limits,
@@ -148,7 +155,7 @@ async fn prepare_in_full<'s, D: Dialect>(
     let body = D::outgoing_body(request, bytes, rewritten)?;
     // Only a rewrite changes the prompt.
     let forwarded = if rewritten {
-        let count = count_as_sent::<D>(counting(state), &body.0, all_settings).await?;
+        let count = count_as_sent::<D>(counting(state), &body.0, path, all_settings).await?;
         (count.total, count.raw_total)
     } else {
         (prepared.count.total, prepared.count.raw_total)

@@ -429,7 +429,7 @@ type ConversationOf = fn(&Bytes) -> Option<Vec<Value>>;
 
 /// The conversation of a request in dialect `D`, as compaction read it.
 fn conversation_of<D: Dialect>(bytes: &Bytes) -> Option<Vec<Value>> {
-    let request = D::parse(bytes).ok()?;
+    let request = D::parse(bytes, D::PATH).ok()?;
     Some(D::conversation(&request).into_owned())
 }
 

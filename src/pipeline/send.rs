@@ -35,6 +35,10 @@ pub(super) struct Sent<'s> {
 pub(super) struct Original<'a> {
     pub bytes: Bytes,
     pub headers: HeaderMap,
+    /// The headers that say who the caller is, when not `headers` themselves: they with the
+    /// key its query carried (`caller_headers`).
+    pub caller: Option<HeaderMap>,
+    pub path: &'a str,
     pub path_and_query: &'a str,
     pub settings: Settings<'a>,
     pub mode: Mode,
@@ -133,8 +137,8 @@ pub(super) async fn send<'s, D: Dialect>(
         );
         let compacted = prepare_forced::<D>(
             state,
-            original.bytes.clone(),
-            &original.headers,
+            (original.bytes.clone(), original.path),
+            original.caller.as_ref().unwrap_or(&original.headers),
             original.settings,
         )
         .await;
@@ -208,7 +212,8 @@ async fn served_recall<'s, D: Dialect>(
 
 /// Whether an error reply says the prompt did not fit, as OpenAI (`context_length_exceeded`),
 /// Anthropic ("prompt is too long", "input length and `max_tokens` exceed context limit"),
-/// vLLM ("maximum context length") and llama.cpp (`exceed_context_size_error`, "exceeds the
+/// Gemini ("The input token count … exceeds the maximum number of tokens allowed"), vLLM
+/// ("maximum context length") and llama.cpp (`exceed_context_size_error`, "exceeds the
 /// available context size") say it.
 fn says_context_length_exceeded(reply: &[u8]) -> bool {
     let text = String::from_utf8_lossy(reply).to_ascii_lowercase();
@@ -219,6 +224,7 @@ fn says_context_length_exceeded(reply: &[u8]) -> bool {
         "maximum context length",
         "exceed_context_size",
         "exceeds the available context size",
+        "exceeds the maximum number of tokens allowed",
     ]
     .iter()
     .any(|marker| text.contains(marker))
@@ -236,6 +242,7 @@ mod tests {
             r#"{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens"}"#,
             r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error"}}"#,
             r#"{"type":"error","error":{"type":"invalid_request_error","message":"input length and `max_tokens` exceed context limit: 48058 + 32000 > 80000, decrease input length or `max_tokens` and try again"}}"#,
+            r#"{"error":{"code":400,"message":"The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).","status":"INVALID_ARGUMENT"}}"#,
         ] {
             assert!(says_context_length_exceeded(reply.as_bytes()), "{reply}");
         }

@@ -1,11 +1,12 @@
-//! Every `/v1/` path that no dialect intercepts: relayed as is, both bodies streaming.
+//! Every `/v1/` path, and every path of a dialect's API, that no dialect intercepts: relayed as
+//! is, both bodies streaming.
 
 use std::borrow::Cow;
 
 use hyper::{Method, Request, Response};
 use serde::Deserialize;
 
-use crate::dialect::key_style_for;
+use crate::dialect::{key_style_for, model_in_path};
 use crate::error::ProxyError;
 use crate::pipeline::state::AppState;
 use crate::transport::body::{declared_length, full, limited, read_body, ProxyBody};
@@ -56,9 +57,13 @@ pub async fn handle(
     if declared_length(&parts.headers).is_some_and(|len| len > limit as u64) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
-    // Other pass-through requests carry no model in a place worth parsing; they use the
-    // default upstream.
-    let upstream = state.upstreams.default_upstream();
+    // A model the path names (Gemini's `models/{model}:countTokens`) routes the request, its
+    // body unread; other pass-through requests carry no model in a place worth parsing, and
+    // use the default upstream.
+    let upstream = match model_in_path(parts.uri.path()) {
+        Some(model) => state.upstreams.for_model(Some(model)),
+        None => state.upstreams.default_upstream(),
+    };
     // An absent body stays absent rather than becoming an empty chunked one.
     let body = if hyper::body::Body::is_end_stream(&body) {
         full(bytes::Bytes::new())

@@ -33,8 +33,8 @@ pub async fn handle(
     // A Uri clone shares its bytes: no copy for the log line.
     let uri = request.uri().clone();
     let path = uri.path();
-    // Only a dialect's own path: `/v1/responses/compact`, `/v1/messages/count_tokens` and the
-    // rest pass through.
+    // Only what a dialect compacts: `/v1/responses/compact`, `/v1/messages/count_tokens`,
+    // Gemini's `:countTokens` and the rest pass through.
     let compacting = (method == Method::POST)
         .then(|| dialect::compacting(path))
         .flatten();
@@ -51,7 +51,7 @@ pub async fn handle(
             (&Method::GET, "/healthz") => (Route::HEALTHZ, Ok(text(StatusCode::OK, "ok\n"))),
             (&Method::GET, "/readyz") => (Route::READYZ, Ok(readiness(state))),
             (&Method::GET, "/metrics") => (Route::METRICS, Ok(metrics(state))),
-            (_, p) if p.starts_with("/v1/") => {
+            (_, p) if p.starts_with("/v1/") || dialect::for_path(p).is_some() => {
                 let handled = pin!(passthrough::handle(state, request));
                 (Route::PASSTHROUGH, unless_left(departure, handled).await)
             }

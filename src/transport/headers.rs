@@ -9,6 +9,9 @@ use crate::config::ConfigError;
 /// Anthropic's key header.
 pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
+/// Google's key header; its API takes the key in the query's `key` too.
+pub const X_GOOG_API_KEY: HeaderName = HeaderName::from_static("x-goog-api-key");
+
 /// A configured key as Anthropic's `x-api-key` takes it: the bearer token without `Bearer `,
 /// sensitive.
 pub fn bare_key(bearer: &HeaderValue) -> Option<HeaderValue> {
@@ -19,20 +22,27 @@ pub fn bare_key(bearer: &HeaderValue) -> Option<HeaderValue> {
 }
 
 /// How an API takes a key: as a bearer token (OpenAI's), or bare in `x-api-key`
-/// (Anthropic's). Each dialect says which; a path no dialect serves takes a bearer token.
+/// (Anthropic's) or `x-goog-api-key` (Google's). Each dialect says which; a path no dialect
+/// serves takes a bearer token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeyStyle {
     Bearer,
     XApiKey,
+    XGoogApiKey,
 }
 
 impl KeyStyle {
     /// Puts a configured key (`Bearer …`) into `headers` this way; a key that is not a bearer
     /// token goes as it is, in `authorization`.
     pub fn insert(self, headers: &mut HeaderMap, bearer: &HeaderValue) {
-        match bare_key(bearer).filter(|_| self == KeyStyle::XApiKey) {
-            Some(key) => {
-                headers.insert(X_API_KEY, key);
+        let bare_header = match self {
+            KeyStyle::Bearer => None,
+            KeyStyle::XApiKey => Some(X_API_KEY),
+            KeyStyle::XGoogApiKey => Some(X_GOOG_API_KEY),
+        };
+        match bare_header.zip(bare_key(bearer)) {
+            Some((name, key)) => {
+                headers.insert(name, key);
             }
             None => {
                 headers.insert(header::AUTHORIZATION, bearer.clone());
@@ -41,13 +51,51 @@ impl KeyStyle {
     }
 }
 
-/// An upstream's configured key, for a request whose client sent none of its own, in the
-/// style of the API it is sent to.
-pub fn inject_key(headers: &mut HeaderMap, bearer: &HeaderValue, style: KeyStyle) {
-    if headers.contains_key(header::AUTHORIZATION) || headers.contains_key(&X_API_KEY) {
+/// An upstream's configured key, for a request whose client sent none of its own (in its
+/// headers, or in the query of an API that takes it there), in the style of the API it is
+/// sent to.
+pub fn inject_key(
+    headers: &mut HeaderMap,
+    query: Option<&str>,
+    bearer: &HeaderValue,
+    style: KeyStyle,
+) {
+    let in_headers = [header::AUTHORIZATION, X_API_KEY, X_GOOG_API_KEY]
+        .iter()
+        .any(|name| headers.contains_key(name));
+    if in_headers || query_key(style, query).is_some() {
         return;
     }
     style.insert(headers, bearer);
+}
+
+/// The key a request's query carries, for an API that takes one there (Google's `?key=`).
+pub fn query_key(style: KeyStyle, query: Option<&str>) -> Option<HeaderValue> {
+    if style != KeyStyle::XGoogApiKey {
+        return None;
+    }
+    let (_, key) =
+        url::form_urlencoded::parse(query?.as_bytes()).find(|(name, _)| name == "key")?;
+    let mut key = HeaderValue::from_str(&key).ok()?;
+    key.set_sensitive(true);
+    Some(key)
+}
+
+/// The headers that say who the caller is, when its key came in the query rather than a
+/// header: its headers with the key as `x-goog-api-key`, so that a key is one caller however
+/// it was sent, and a summary asked on its behalf carries it. `None`: the headers as they are.
+pub fn caller_headers(
+    style: KeyStyle,
+    headers: &HeaderMap,
+    query: Option<&str>,
+) -> Option<HeaderMap> {
+    if headers.contains_key(X_GOOG_API_KEY) {
+        return None;
+    }
+    let key = query_key(style, query)?;
+    let mut caller = headers.clone();
+    caller.insert(X_GOOG_API_KEY, key);
+    Some(caller)
 }
 
 /// The value of an environment variable named by an `api_key_env`, as a Bearer header.
@@ -161,16 +209,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_configured_key_goes_as_anthropic_or_openai_wants_it_unless_the_caller_sent_one() {
+    fn a_configured_key_goes_as_each_api_wants_it_unless_the_caller_sent_one() {
         let bearer = HeaderValue::from_static("Bearer sk-configured");
-        let injected = |style: KeyStyle, client: &[(&'static str, &'static str)]| {
-            let mut headers = HeaderMap::new();
-            for (name, value) in client {
-                headers.insert(*name, HeaderValue::from_static(value));
-            }
-            inject_key(&mut headers, &bearer, style);
-            headers
+        let injected_with_query =
+            |style: KeyStyle, client: &[(&'static str, &'static str)], query: Option<&str>| {
+                let mut headers = HeaderMap::new();
+                for (name, value) in client {
+                    headers.insert(*name, HeaderValue::from_static(value));
+                }
+                inject_key(&mut headers, query, &bearer, style);
+                headers
+            };
+        let injected = |style, client: &[(&'static str, &'static str)]| {
+            injected_with_query(style, client, None)
         };
+        let google = injected(KeyStyle::XGoogApiKey, &[]);
+        assert_eq!(google[&X_GOOG_API_KEY], "sk-configured");
+        assert!(google[&X_GOOG_API_KEY].is_sensitive());
+        assert_eq!(google.len(), 1);
+        // Google's key in the query is the caller's own; elsewhere a `key` means nothing.
+        let in_query = Some("alt=sse&key=AIza-mine");
+        assert!(injected_with_query(KeyStyle::XGoogApiKey, &[], in_query).is_empty());
+        assert_eq!(
+            injected_with_query(KeyStyle::Bearer, &[], in_query).len(),
+            1
+        );
+        assert_eq!(
+            injected(KeyStyle::XGoogApiKey, &[("x-goog-api-key", "mine")]).len(),
+            1
+        );
         let anthropic = injected(KeyStyle::XApiKey, &[]);
         assert_eq!(anthropic[&X_API_KEY], "sk-configured");
         assert!(anthropic[&X_API_KEY].is_sensitive());
@@ -185,6 +252,24 @@ mod tests {
             let headers = injected(style, &[own]);
             assert_eq!(headers.len(), 1, "the caller's own key alone: {headers:?}");
         }
+    }
+
+    #[test]
+    fn a_key_in_the_query_is_the_callers_as_if_it_came_in_google_s_header() {
+        let headers = HeaderMap::new();
+        let caller = caller_headers(
+            KeyStyle::XGoogApiKey,
+            &headers,
+            Some("key=AIza%2Fk&alt=sse"),
+        );
+        let caller = caller.unwrap();
+        assert_eq!(caller[&X_GOOG_API_KEY], "AIza/k");
+        assert!(caller[&X_GOOG_API_KEY].is_sensitive());
+        assert!(caller_headers(KeyStyle::XGoogApiKey, &headers, Some("alt=sse")).is_none());
+        assert!(caller_headers(KeyStyle::XApiKey, &headers, Some("key=k")).is_none());
+        let mut sent = HeaderMap::new();
+        sent.insert(X_GOOG_API_KEY, HeaderValue::from_static("header-key"));
+        assert!(caller_headers(KeyStyle::XGoogApiKey, &sent, Some("key=k")).is_none());
     }
 
     #[test]

@@ -16,13 +16,15 @@ use hyper::{Response, StatusCode};
 
 use crate::error::ProxyError;
 use crate::transport::body::{full, read_body, ProxyBody};
-use crate::transport::headers::X_API_KEY;
+use crate::transport::headers::{X_API_KEY, X_GOOG_API_KEY};
 
 /// The request headers that carry a key: the caller's own, or the one condenser injected.
-pub const CREDENTIAL_HEADERS: [HeaderName; 3] = [
+/// (Google's API takes it in the query too: `headers::query_key`.)
+pub const CREDENTIAL_HEADERS: [HeaderName; 4] = [
     header::AUTHORIZATION,
     X_API_KEY,
     HeaderName::from_static("api-key"),
+    X_GOOG_API_KEY,
 ];
 
 /// The most of an error body read to scan it, before and after decoding. Errors are small

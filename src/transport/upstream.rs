@@ -35,8 +35,10 @@ use crate::observe::metrics::{FailureKind, UpstreamFailures};
 use crate::transport::body::{with_idle_timeout, BodyLimitExceeded, BoxError, ProxyBody};
 use crate::transport::broken::{broken_head, failure_kind, root_cause};
 use crate::transport::egress::Egress;
-pub use crate::transport::headers::{bare_key, bearer_from_env, KeyStyle, X_API_KEY};
-use crate::transport::headers::{forwardable_headers, inject_key, strip_hop_by_hop};
+pub use crate::transport::headers::{
+    bare_key, bearer_from_env, KeyStyle, X_API_KEY, X_GOOG_API_KEY,
+};
+use crate::transport::headers::{forwardable_headers, inject_key, query_key, strip_hop_by_hop};
 pub use crate::transport::redact::blank_credentials;
 use crate::transport::redact::{without_credentials, CREDENTIAL_HEADERS};
 
@@ -377,8 +379,9 @@ impl Upstream {
         body: ProxyBody,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let mut headers = forwardable_headers(client_headers);
+        let query = path_and_query.split_once('?').map(|(_, query)| query);
         if let Some(key) = &self.api_key {
-            inject_key(&mut headers, key, key_style);
+            inject_key(&mut headers, query, key, key_style);
         }
         // The body may have been rewritten: hyper frames it by its own length. An empty one
         // keeps the client's `Content-Length: 0`, which some servers want on a POST.
@@ -389,6 +392,7 @@ impl Upstream {
         let credentials: Vec<HeaderValue> = CREDENTIAL_HEADERS
             .iter()
             .filter_map(|name| headers.get(name).cloned())
+            .chain(query_key(key_style, query))
             .collect();
         let mut request = Request::new(body);
         *request.method_mut() = method;

@@ -802,7 +802,7 @@ impl Stack {
             self.summaries(),
             session.valid,
             |raw| {
-                let request = D::parse(raw).unwrap();
+                let request = D::parse(raw, D::PATH).unwrap();
                 block_on(D::count(&request, &catalog, &counter)).count.total
             },
             session.hard_limit,
@@ -815,7 +815,7 @@ impl Stack {
             .iter()
             .filter(|r| is_summarizer_call(r))
             .map(|r| {
-                let request = D::parse(&r.body).unwrap();
+                let request = D::parse(&r.body, D::PATH).unwrap();
                 block_on(D::count(&request, &catalog, &counter)).count.total + 20
             })
             .sum();

@@ -573,10 +573,14 @@ async fn under_the_trigger_a_request_is_counted_from_its_bytes_as_the_full_path_
     without_system["system"] = Value::Null;
     for body in [body, without_system] {
         let bytes = serde_json::to_vec(&body).unwrap();
-        let full = Messages::count(&Messages::parse(&bytes).unwrap(), &catalog, &counter)
-            .await
-            .count
-            .total;
+        let full = Messages::count(
+            &Messages::parse(&bytes, Messages::PATH).unwrap(),
+            &catalog,
+            &counter,
+        )
+        .await
+        .count
+        .total;
         for attempt in 0..2 {
             let encoded = proxy.state.counter.messages_encoded();
             let response = post(&proxy, &body).await;

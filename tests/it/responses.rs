@@ -583,7 +583,7 @@ proptest! {
         let catalog = ModelCatalog::new(config.models.clone(), config.tokens.clone());
         let counter = TokenCounter::new(config.tokens.unknown_model_margin);
         let body = json!({"model": "gpt-4o", "instructions": "be brief", "input": items}).to_string();
-        let request = Responses::parse(body.as_bytes()).unwrap();
+        let request = Responses::parse(body.as_bytes(), Responses::PATH).unwrap();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let prepared = runtime.block_on(Responses::count(&request, &catalog, &counter));
         prop_assert_eq!(prepared.metas.len(), items.len());
@@ -605,7 +605,7 @@ proptest! {
         // Every place the compactor may end a summary, and a trim.
         let ends = split.summary_ends.iter().map(|&end| (end, true)).chain([(split.tail_start, false)]);
         for (kept_from, summarized) in ends {
-            let mut request = Responses::parse(body.as_bytes()).unwrap();
+            let mut request = Responses::parse(body.as_bytes(), Responses::PATH).unwrap();
             let rewrite = Rewrite {
                 summary: summarized.then(|| Arc::new(Summary {
                     text: "earlier work".into(),
@@ -658,10 +658,14 @@ async fn under_the_trigger_a_request_is_counted_from_its_bytes_as_the_full_path_
     let string_input = json!({"model": "gpt-4o", "instructions": "be brief", "input": "hello"});
     for body in [full, null_instructions, stateful, string_input] {
         let bytes = serde_json::to_vec(&body).unwrap();
-        let expected = Responses::count(&Responses::parse(&bytes).unwrap(), &catalog, &counter)
-            .await
-            .count
-            .total;
+        let expected = Responses::count(
+            &Responses::parse(&bytes, Responses::PATH).unwrap(),
+            &catalog,
+            &counter,
+        )
+        .await
+        .count
+        .total;
         for _ in 0..2 {
             let response = post(&proxy, bytes.clone()).await;
             assert_eq!(response.status(), 200);

@@ -65,7 +65,7 @@ impl Dialect for Chat {
         error_response(error)
     }
 
-    fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError> {
+    fn parse(bytes: &[u8], _path: &str) -> Result<Self::Request, ProxyError> {
         parse_request(bytes)
     }
 

@@ -99,7 +99,7 @@ impl Dialect for Messages {
         error_response(error)
     }
 
-    fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError> {
+    fn parse(bytes: &[u8], _path: &str) -> Result<Self::Request, ProxyError> {
         let body = parse_request(bytes)?;
         let chat = as_chat(messages(&body));
         Ok(MessagesRequest { body, chat })
@@ -364,7 +364,7 @@ mod tests {
     use std::time::Duration;
 
     fn request(body: Value) -> MessagesRequest {
-        Messages::parse(body.to_string().as_bytes()).unwrap()
+        Messages::parse(body.to_string().as_bytes(), MESSAGES).unwrap()
     }
 
     #[test]
@@ -400,7 +400,7 @@ mod tests {
     #[test]
     fn what_condenser_relies_on_is_checked() {
         let message = |body: &str| {
-            Messages::parse(body.as_bytes())
+            Messages::parse(body.as_bytes(), MESSAGES)
                 .err()
                 .map(|e| e.to_string())
         };
@@ -431,6 +431,7 @@ mod tests {
                     {"type":"mystery_block","data":"x"}]},
                 {"role":"critic","content":"fine"}
             ]}"#,
+            MESSAGES,
         )
         .unwrap();
         let chat = Messages::conversation(&request);

@@ -89,7 +89,7 @@ impl Dialect for Responses {
         crate::dialect::chat::error_response(error)
     }
 
-    fn parse(bytes: &[u8]) -> Result<Self::Request, ProxyError> {
+    fn parse(bytes: &[u8], _path: &str) -> Result<Self::Request, ProxyError> {
         parse_request(bytes)
     }
 

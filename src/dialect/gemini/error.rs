@@ -1,0 +1,76 @@
+//! Google's error shape.
+
+use hyper::{Response, StatusCode};
+use serde_json::json;
+
+use crate::error::ProxyError;
+use crate::transport::body::{json_response, ProxyBody};
+
+/// An error in Google's shape, `{"error":{"code","message","status"}}`: the HTTP status as
+/// `code`, and the canonical status Google gives it.
+pub fn error_response(error: &ProxyError) -> Response<ProxyBody> {
+    let code = error.status();
+    json_response(
+        code,
+        &json!({
+            "error": {"code": code.as_u16(), "message": error.to_string(), "status": canonical(code)},
+        }),
+    )
+}
+
+/// Google's canonical status for an HTTP status (google.rpc.Code, as its APIs map them).
+fn canonical(code: StatusCode) -> &'static str {
+    match code.as_u16() {
+        400 | 413 | 431 => "INVALID_ARGUMENT",
+        401 => "UNAUTHENTICATED",
+        403 => "PERMISSION_DENIED",
+        404 => "NOT_FOUND",
+        409 => "ABORTED",
+        429 => "RESOURCE_EXHAUSTED",
+        499 => "CANCELLED",
+        501 => "UNIMPLEMENTED",
+        502 | 503 => "UNAVAILABLE",
+        504 => "DEADLINE_EXCEEDED",
+        _ => "INTERNAL",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    #[tokio::test]
+    async fn errors_take_googles_shape() {
+        use http_body_util::BodyExt;
+        for (error, code, status) in [
+            (
+                ProxyError::InvalidJson(serde_json::from_str::<Value>("").unwrap_err()),
+                400,
+                "INVALID_ARGUMENT",
+            ),
+            (
+                ProxyError::BodyTooLarge { limit: 9 },
+                413,
+                "INVALID_ARGUMENT",
+            ),
+            (ProxyError::NotFound("/x".into()), 404, "NOT_FOUND"),
+            (
+                ProxyError::UpstreamUnreachable("refused".into()),
+                502,
+                "UNAVAILABLE",
+            ),
+            (ProxyError::UpstreamTimeout(5), 504, "DEADLINE_EXCEEDED"),
+            (ProxyError::ClientLeft, 499, "CANCELLED"),
+        ] {
+            let response = error_response(&error);
+            assert_eq!(response.status(), code);
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            let body: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(
+                body,
+                json!({"error": {"code": code, "message": error.to_string(), "status": status}})
+            );
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! Google's Gemini API (`POST /v1beta/models/{model}:generateContent`, and
+//! `:streamGenerateContent`; the same under `/v1/`): the dialect's stages of the pipeline.
+//! The model is named by the path, and so is streaming. The head is `systemInstruction`,
+//! never changed (save for the summary when `summary_role = "system"`); each turn of
+//! `contents` is one conversation item, seen by counting and the summarizer as a chat
+//! message; a `model` turn's `functionCall` parts and the next turn's `functionResponse`
+//! parts are one unit. Parts are carried as sent, `thoughtSignature`s with them. A compacted
+//! `contents` starts with a user turn. The key comes in `x-goog-api-key`, or in `?key=`.
+
+mod error;
+mod rewrite;
+pub mod summary;
+pub mod usage;
+mod view;
+
+use std::borrow::Cow;
+use std::future::Future;
+
+use bytes::Bytes;
+use hyper::Response;
+use serde_json::{json, Map, Value};
+
+use crate::compaction::compactor::Rewrite;
+use crate::compaction::plan::Split;
+use crate::compaction::summary_api::SummaryApi;
+use crate::config::ContextConfig;
+use crate::dialect::stages::{Dialect, Prepared};
+use crate::error::ProxyError;
+use crate::observe::metrics::Route;
+use crate::tokens::catalog::ModelCatalog;
+use crate::tokens::counter::TokenCounter;
+use crate::tokens::encoding::Encoding;
+use crate::tokens::rules::{count_text, count_tools, REPLY_PRIMING};
+use crate::transport::body::ProxyBody;
+use crate::transport::upstream::KeyStyle;
+use crate::transport::usage::UsageReader;
+use error::error_response;
+use rewrite::compacted_contents;
+use view::{as_chat, check_contents, contents, item};
+
+/// The API versions whose paths it serves.
+const VERSIONS: [&str; 2] = ["/v1beta/", "/v1/"];
+/// The methods of a model it compacts.
+const GENERATE: [&str; 2] = ["generateContent", "streamGenerateContent"];
+
+/// Google's Gemini API.
+pub struct Gemini;
+
+/// A Gemini request, its model from the path, with its turns as chat messages for counting
+/// and compaction.
+pub struct GeminiRequest {
+    model: String,
+    body: Map<String, Value>,
+    /// One per entry of `body.contents`, same order.
+    chat: Vec<Value>,
+}
+
+/// A path's model and method: `models/{model}:{method}` after an API version. The template
+/// `Dialect::PATH` names none.
+fn model_method(path: &str) -> Option<(&str, &str)> {
+    let rest = VERSIONS
+        .iter()
+        .find_map(|version| path.strip_prefix(version))?
+        .strip_prefix("models/")?;
+    rest.split_once(':')
+        .filter(|(model, _)| !model.is_empty() && !model.contains('/') && !model.starts_with('{'))
+}
+
+impl Dialect for Gemini {
+    const NAME: &'static str = "gemini";
+    const PATH: &'static str = "/v1beta/models/{model}:generateContent";
+    const SERVED: &'static str = "generate_content";
+    const USAGE: &'static dyn UsageReader = &usage::GeminiUsage;
+    const KEY_STYLE: KeyStyle = KeyStyle::XGoogApiKey;
+    const SUMMARY: &'static dyn SummaryApi = &summary::GeminiSummary;
+    const CONVERSATION_FIELD: &'static str = "contents";
+    const ROUTE: Route = Route::named("gemini");
+    type Request = GeminiRequest;
+
+    fn compacts(path: &str) -> bool {
+        model_method(path).is_some_and(|(_, method)| GENERATE.contains(&method))
+    }
+
+    /// Everything under `/v1beta/`, and a model's methods under `/v1/` (the rest of `/v1/` is
+    /// OpenAI's).
+    fn serves(path: &str) -> bool {
+        path.starts_with(VERSIONS[0]) || model_method(path).is_some()
+    }
+
+    fn model_in_path(path: &str) -> Option<&str> {
+        model_method(path).map(|(model, _)| model)
+    }
+
+    fn path_for(model: &str) -> Cow<'static, str> {
+        Cow::Owned(format!("/v1beta/models/{model}:generateContent"))
+    }
+
+    /// A body with `contents`.
+    fn written_for(body: &Value) -> bool {
+        body.get("contents").is_some()
+    }
+
+    fn error_response(error: &ProxyError) -> Response<ProxyBody> {
+        error_response(error)
+    }
+
+    /// The model is the path's; a body read without one (`condenser count`) may name it as
+    /// Google's `GenerateContentRequest` does, `models/{model}`.
+    fn parse(bytes: &[u8], path: &str) -> Result<Self::Request, ProxyError> {
+        let body = parse_request(bytes)?;
+        let model = match model_method(path) {
+            Some((model, _)) => model,
+            None => body
+                .get("model")
+                .and_then(Value::as_str)
+                .map_or("", |model| model.trim_start_matches("models/")),
+        };
+        let chat = as_chat(contents(&body));
+        Ok(GeminiRequest {
+            model: model.to_string(),
+            body,
+            chat,
+        })
+    }
+
+    fn body_mut(request: &mut Self::Request) -> &mut Map<String, Value> {
+        &mut request.body
+    }
+
+    fn model(request: &Self::Request) -> &str {
+        &request.model
+    }
+
+    fn count(
+        request: &Self::Request,
+        catalog: &ModelCatalog,
+        counter: &TokenCounter,
+    ) -> impl Future<Output = Prepared> + Send {
+        counted(request, catalog, counter)
+    }
+
+    fn conversation(request: &Self::Request) -> Cow<'_, [Value]> {
+        Cow::Borrowed(&request.chat)
+    }
+
+    fn rewrite(
+        request: &mut Self::Request,
+        split: &Split,
+        rewrite: &Rewrite,
+        settings: &ContextConfig,
+        encoding: Encoding,
+    ) {
+        let sent = match request.body.get_mut("contents") {
+            Some(Value::Array(turns)) => std::mem::take(turns),
+            _ => Vec::new(),
+        };
+        let summary = rewrite.summary_text(split.head, "messages");
+        let compacted = compacted_contents(
+            &mut request.body,
+            sent,
+            rewrite,
+            summary,
+            settings.summary_role,
+            encoding,
+        );
+        request.chat = as_chat(&compacted);
+        request
+            .body
+            .insert("contents".into(), Value::Array(compacted));
+    }
+
+    /// Gemini's replies always carry `usageMetadata`: nothing to ask for on the client's
+    /// behalf.
+    fn outgoing_body(
+        request: Self::Request,
+        original: Bytes,
+        rewritten: bool,
+    ) -> Result<(Bytes, bool), ProxyError> {
+        if !rewritten {
+            return Ok((original, false));
+        }
+        let body = serde_json::to_vec(&request.body).map_err(ProxyError::Rewrite)?;
+        Ok((Bytes::from(body), false))
+    }
+}
+
+/// Checks what condenser cannot read without (see `check_contents`), and that
+/// `systemInstruction` and `generationConfig` are objects where given; everything else is left
+/// for upstream to judge.
+fn parse_request(bytes: &[u8]) -> Result<Map<String, Value>, ProxyError> {
+    let value: Value = serde_json::from_slice(bytes).map_err(ProxyError::InvalidJson)?;
+    let Value::Object(body) = value else {
+        return Err(ProxyError::invalid(
+            "Invalid JSON payload received: the request must be a JSON object",
+            None,
+        ));
+    };
+    let Some(turns) = body.get("contents") else {
+        return Err(ProxyError::invalid(
+            "* GenerateContentRequest.contents: contents is not specified",
+            Some("contents"),
+        ));
+    };
+    check_contents(turns)?;
+    for field in ["generationConfig", "toolConfig"] {
+        if body.get(field).is_some_and(|value| !value.is_object()) {
+            return Err(ProxyError::invalid(
+                format!("Invalid value at '{field}': must be an object"),
+                None,
+            ));
+        }
+    }
+    if body
+        .get("systemInstruction")
+        .is_some_and(|value| !(value.is_object() || value.is_string()))
+    {
+        return Err(ProxyError::invalid(
+            "Invalid value at 'systemInstruction': must be a Content object",
+            None,
+        ));
+    }
+    Ok(body)
+}
+
+/// What a request costs besides its turns: reply priming, `systemInstruction`, tools and
+/// `toolConfig`.
+fn fixed_tokens(
+    encoding: Encoding,
+    instruction: Option<&Value>,
+    tools: Option<&Value>,
+    tool_config: Option<&Value>,
+) -> u32 {
+    let instruction = match instruction {
+        Some(Value::String(text)) => count_text(encoding, text),
+        Some(instruction) => view::parts(instruction)
+            .iter()
+            .map(|part| match part.get("text").and_then(Value::as_str) {
+                Some(text) => count_text(encoding, text),
+                None => count_text(encoding, &part.to_string()),
+            })
+            .sum(),
+        None => 0,
+    };
+    REPLY_PRIMING
+        + instruction
+        + tools_tokens(encoding, tools)
+        + tool_config.map_or(0, |config| count_text(encoding, &config.to_string()))
+}
+
+/// Function declarations in the shape `count_tools` reads; other tools (`googleSearch`,
+/// `codeExecution`, …) and the rest of a tool are counted as their JSON.
+fn tools_tokens(encoding: Encoding, tools: Option<&Value>) -> u32 {
+    let Some(Value::Array(tools)) = tools else {
+        return 0;
+    };
+    let mut functions = Vec::new();
+    let mut others = 0;
+    for tool in tools {
+        let Some(Value::Object(tool)) = Some(tool) else {
+            continue;
+        };
+        for (kind, value) in tool {
+            match (kind.as_str(), value) {
+                ("functionDeclarations", Value::Array(declarations)) => {
+                    functions.extend(declarations.iter().map(|declaration| {
+                        let field = |name| declaration.get(name).cloned().unwrap_or_default();
+                        let parameters = declaration
+                            .get("parameters")
+                            .or_else(|| declaration.get("parametersJsonSchema"))
+                            .cloned()
+                            .unwrap_or_default();
+                        json!({"type": "function", "function": {
+                            "name": field("name"),
+                            "description": field("description"),
+                            "parameters": parameters,
+                        }})
+                    }));
+                }
+                _ => others += count_text(encoding, &json!({ kind: value }).to_string()),
+            }
+        }
+    }
+    count_tools(encoding, &functions) + others
+}
+
+/// The reply's reserve: `generationConfig.maxOutputTokens`, Gemini's thinking included.
+fn requested_completion_tokens(body: &Map<String, Value>) -> Option<u64> {
+    body.get("generationConfig")?
+        .get("maxOutputTokens")?
+        .as_u64()
+}
+
+/// How many replies are asked for: `generationConfig.candidateCount`, one unless said.
+fn candidates(body: &Map<String, Value>) -> u64 {
+    body.get("generationConfig")
+        .and_then(|config| config.get("candidateCount"))
+        .and_then(Value::as_u64)
+        .unwrap_or(1)
+}
+
+/// A parsed request counted for planning: `systemInstruction`, tools and `toolConfig` as
+/// fixed tokens, each turn as its chat form.
+async fn counted(
+    request: &GeminiRequest,
+    catalog: &ModelCatalog,
+    counter: &TokenCounter,
+) -> Prepared {
+    let body = &request.body;
+    let info = catalog.resolve(&request.model);
+    let encoding = info.encoding;
+    let [instruction, tools, tool_config] =
+        ["systemInstruction", "tools", "toolConfig"].map(|f| body.get(f));
+    let fixed = counter.count_parts(encoding, &[instruction, tools, tool_config], || {
+        fixed_tokens(encoding, instruction, tools, tool_config)
+    });
+    let count = counter
+        .count_messages(&request.chat, fixed, &request.model, &info)
+        .await;
+    let metas = contents(body)
+        .iter()
+        .zip(&count.per_message)
+        .map(|(turn, &tokens)| item(turn, tokens))
+        .collect();
+    Prepared {
+        info,
+        count,
+        metas,
+        requested_completion_tokens: requested_completion_tokens(body),
+        choices: candidates(body),
+    }
+}
+
+#[cfg(test)]
+mod tests;
