@@ -15,6 +15,7 @@ mod cache_truth;
 mod compaction;
 mod dashboard;
 mod gateway;
+mod gemini;
 mod hostile_upstream;
 mod messages;
 mod metrics;

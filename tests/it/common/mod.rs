@@ -1,10 +1,12 @@
 //! Test harness: mock upstreams and condenser itself, in-process on port 0, over real HTTP.
 
 mod breaks;
+mod gemini;
 mod logs;
 mod prompt_cache;
 
 pub use breaks::{cache_figures, CacheFigures, Sent};
+pub use gemini::*;
 pub use logs::captured_logs;
 pub use prompt_cache::{CachedPrompt, PromptCache};
 
@@ -264,12 +266,13 @@ pub const ERROR_USER: &str = "make-an-error";
 pub const SUMMARIZER_MARKER: &str = "You compress the earlier part";
 
 /// Whether a summarizer's instructions are where some API puts them: a chat system message,
-/// the Responses `instructions`, Anthropic's `system`.
+/// the Responses `instructions`, Anthropic's `system`, Gemini's `systemInstruction`.
 fn has_summarizer_instructions(body: &Value) -> bool {
     [
         &body["messages"][0]["content"],
         &body["instructions"],
         &body["system"],
+        &body["systemInstruction"]["parts"][0]["text"],
     ]
     .into_iter()
     .filter_map(Value::as_str)
@@ -280,12 +283,13 @@ pub fn is_summarizer_call(r: &Recorded) -> bool {
     serde_json::from_slice::<Value>(&r.body).is_ok_and(|b| has_summarizer_instructions(&b))
 }
 
-/// The transcript a summarizer call sends, in any of the three APIs.
+/// The transcript a summarizer call sends, in any of the four APIs.
 pub fn summarizer_prompt(request: &Value) -> &str {
     [
         &request["messages"][1]["content"],
         &request["input"],
         &request["messages"][0]["content"],
+        &request["contents"][0]["parts"][0]["text"],
     ]
     .into_iter()
     .find_map(Value::as_str)
@@ -307,6 +311,10 @@ pub fn summary_reply(path: &str, text: &str) -> Value {
             "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
             "usage": {"input_tokens": 100, "output_tokens": 60},
         }),
+        gemini if gemini.ends_with(":generateContent") => gemini_reply(
+            json!([{"text": text}]),
+            json!({"promptTokenCount": 100, "candidatesTokenCount": 60}),
+        ),
         _ => completion(text, 100, 60),
     }
 }

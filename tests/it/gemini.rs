@@ -1,0 +1,551 @@
+//! Google's Gemini API through condenser: `generateContent` and `streamGenerateContent`
+//! under `/v1beta/` and `/v1/` compacted (the model and streaming named by the path),
+//! thought signatures carried verbatim, usage read from `usageMetadata`, Google's error shape
+//! for everything condenser refuses, `?key=` and `x-goog-api-key` as the caller's key, the
+//! rest of `/v1beta/` passed through, and the official `google-genai` SDK.
+
+use crate::common::*;
+use serde_json::{json, Value};
+
+const GENERATE: &str = "/v1beta/models/gemini-2.5-pro:generateContent";
+const STREAM: &str = "/v1beta/models/gemini-2.5-pro:streamGenerateContent";
+const KEY: &str = "AIza-gemini-caller-key-1";
+
+async fn post(proxy: &Proxy, path: &str, body: &Value) -> reqwest::Response {
+    client()
+        .post(proxy.url(path))
+        .header("x-goog-api-key", KEY)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// The model requests the upstream got (not the summarizer's), as JSON.
+fn model_requests(upstream: &MockUpstream) -> Vec<(String, Value)> {
+    upstream
+        .recorded()
+        .into_iter()
+        .filter(|r| !is_summarizer_call(r) && r.path_and_query.contains(":"))
+        .filter(|r| r.path_and_query.contains("enerateContent"))
+        .map(|r| (r.path_and_query.clone(), r.json()))
+        .collect()
+}
+
+fn part_names(turn: &Value, kind: &str) -> Vec<String> {
+    turn["parts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p[kind]["id"].as_str().map(String::from))
+        .collect()
+}
+
+/// What Gemini demands of `contents`: a user turn first, every function response turn right
+/// after the call turn it answers (ids in order), every call of a kept turn answered; and
+/// each call carries the signature the model gave it, verbatim.
+fn assert_valid_gemini(body: &Value) {
+    let turns = body["contents"].as_array().unwrap();
+    assert_eq!(turns[0]["role"], "user", "{:#}", turns[0]);
+    for (i, turn) in turns.iter().enumerate() {
+        let answered = part_names(turn, "functionResponse");
+        if !answered.is_empty() {
+            assert_eq!(
+                part_names(&turns[i - 1], "functionCall"),
+                answered,
+                "turn {i}"
+            );
+        }
+        let calls = part_names(turn, "functionCall");
+        if !calls.is_empty() && i + 1 < turns.len() {
+            assert_eq!(
+                part_names(&turns[i + 1], "functionResponse"),
+                calls,
+                "turn {i}"
+            );
+        }
+        for part in turn["parts"].as_array().unwrap() {
+            if let Some(id) = part["functionCall"]["id"].as_str() {
+                let t: usize = id.trim_start_matches("call-").parse().unwrap();
+                assert_eq!(part["thoughtSignature"], thought_signature(t), "{id}");
+            }
+        }
+    }
+}
+
+/// A 40 MB request as its head declares it: condenser answers before the body, so the body
+/// is not sent (a client still writing it would find the connection closed).
+async fn declared_too_large(proxy: &Proxy, path: &str) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: condenser\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        40 * 1024 * 1024
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8(answer).unwrap();
+    let status: u16 = answer[9..12].parse().unwrap();
+    let body: Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], status, "{body}");
+    (status, body["error"].clone())
+}
+
+async fn google_error(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.unwrap();
+    let error = &body["error"];
+    assert_eq!(error["code"], status, "{body}");
+    assert!(error["message"].as_str().is_some(), "{body}");
+    assert!(error["status"].as_str().is_some(), "{body}");
+    (status, error.clone())
+}
+
+#[tokio::test]
+async fn a_long_conversation_is_compacted_in_its_own_api_its_signatures_kept() {
+    let upstream = mock_gemini(GeminiBehaviour::default()).await;
+    let proxy = Proxy::start(gemini_config(&upstream.url())).await;
+    let body = gemini_body(&gemini_conversation(20));
+    let response = post(&proxy, GENERATE, &body).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "summarized");
+    let received: u64 = header(&response, "x-condenser-prompt-tokens")
+        .parse()
+        .unwrap();
+    let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
+        .parse()
+        .unwrap();
+    assert!(
+        forwarded < received && forwarded <= 8_000 - 500,
+        "{forwarded} of {received}"
+    );
+    let reply: Value = response.json().await.unwrap();
+    assert!(reply["candidates"][0]["content"]["parts"][0]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("reply to "));
+
+    let sent = model_requests(&upstream);
+    assert_eq!(sent.len(), 1);
+    let (path, sent) = &sent[0];
+    assert_eq!(path, GENERATE);
+    assert_valid_gemini(sent);
+    let turns = sent["contents"].as_array().unwrap();
+    assert!(turns.len() < 81, "{} turns", turns.len());
+    assert_eq!(turns.last(), body["contents"].as_array().unwrap().last());
+    // The summary follows the system instruction's own part (`summary_role = "system"`),
+    // and keeps the planted fact; every other field goes as it came, in its place.
+    let instruction = &sent["systemInstruction"]["parts"];
+    assert_eq!(instruction[0], body["systemInstruction"]["parts"][0]);
+    assert!(instruction[1]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("[Context summary: "));
+    assert!(instruction[1]["text"]
+        .as_str()
+        .unwrap()
+        .contains("ORD-4411"));
+    for field in ["tools", "generationConfig", "safetySettings"] {
+        assert_eq!(sent[field], body[field], "{field}");
+    }
+    let keys: Vec<&String> = sent.as_object().unwrap().keys().collect();
+    let sent_keys: Vec<&String> = body.as_object().unwrap().keys().collect();
+    assert_eq!(keys, sent_keys);
+
+    // The summary was asked of the request's model in Gemini's API, with the caller's key.
+    let summaries = upstream.summarizer_calls();
+    assert!(!summaries.is_empty());
+    for call in &summaries {
+        assert_eq!(call.path_and_query, GENERATE);
+        assert_eq!(call.headers["x-goog-api-key"], KEY);
+    }
+
+    let metrics = proxy.metrics().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            r#"condenser_requests_total{route="gemini",status="200"}"#
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    let cached: f64 = metrics
+        .lines()
+        .filter(|line| line.starts_with("condenser_cached_prompt_tokens_total{"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(cached, GEMINI_CACHED_TOKENS as f64, "{metrics}");
+}
+
+#[tokio::test]
+async fn under_the_trigger_a_stream_goes_byte_for_byte_and_its_usage_is_read() {
+    let upstream = mock_gemini(GeminiBehaviour::default()).await;
+    let proxy = Proxy::start(gemini_config(&upstream.url())).await;
+    let body = gemini_body(&gemini_conversation(1));
+    let bytes = serde_json::to_vec_pretty(&body).unwrap();
+    // The same path under `/v1/` is Gemini's too.
+    for path in [STREAM, "/v1/models/gemini-2.5-pro:streamGenerateContent"] {
+        let response = client()
+            .post(proxy.url(&format!("{path}?alt=sse")))
+            .header("x-goog-api-key", KEY)
+            .body(bytes.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(header(&response, "x-condenser-action"), "forwarded");
+        assert!(header(&response, "content-type").starts_with("text/event-stream"));
+        let text = response.text().await.unwrap();
+        let events: Vec<Value> = text
+            .split("\r\n\r\n")
+            .filter_map(|event| event.strip_prefix("data: "))
+            .map(|data| serde_json::from_str(data).unwrap())
+            .collect();
+        let said: String = events
+            .iter()
+            .filter_map(|e| e["candidates"][0]["content"]["parts"][0]["text"].as_str())
+            .collect();
+        assert_eq!(said.trim(), "reply to 5 turns");
+    }
+    let recorded = upstream.recorded();
+    assert_eq!(recorded.len(), 2);
+    assert_eq!(recorded[0].path_and_query, format!("{STREAM}?alt=sse"));
+    for request in &recorded {
+        assert_eq!(request.body.as_ref(), bytes.as_slice(), "sent as it came");
+    }
+    let metrics = proxy.metrics().await;
+    let completion: f64 = metrics
+        .lines()
+        .filter(|line| line.starts_with("condenser_completion_tokens_total{"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    // Thinking is output: both counts, of both streams.
+    assert_eq!(
+        completion,
+        2.0 * (GEMINI_OUTPUT_TOKENS + GEMINI_THOUGHT_TOKENS) as f64
+    );
+}
+
+#[tokio::test]
+async fn bad_input_gets_googles_error_shape_and_the_proxy_keeps_serving() {
+    let upstream = mock_gemini(GeminiBehaviour::default()).await;
+    let proxy = Proxy::start(gemini_config(&upstream.url())).await;
+    let orphan = json!({"contents": [
+        {"role": "user", "parts": [{"text": "hi"}]},
+        {"role": "user", "parts": [{"functionResponse": {"name": "f", "response": {"output": "x"}}}]}]});
+    let nested = format!(
+        r#"{{"contents":[{{"role":"user","parts":[{{"text":"hi"}}]}}],"x":{}{}}}"#,
+        "[".repeat(300),
+        "]".repeat(300)
+    );
+    let cases: Vec<(Vec<u8>, u16, &str, &str)> = vec![
+        (
+            b"{\"contents\":".to_vec(),
+            400,
+            "INVALID_ARGUMENT",
+            "not valid JSON",
+        ),
+        (
+            br#"{"contents":"hi"}"#.to_vec(),
+            400,
+            "INVALID_ARGUMENT",
+            "'contents'",
+        ),
+        (
+            br#"{"contents":[{"role":"user","parts":"hi"}]}"#.to_vec(),
+            400,
+            "INVALID_ARGUMENT",
+            "'contents[0].parts'",
+        ),
+        (
+            br#"{"contents":[],"generationConfig":"fast"}"#.to_vec(),
+            400,
+            "INVALID_ARGUMENT",
+            "generationConfig",
+        ),
+        (
+            orphan.to_string().into_bytes(),
+            400,
+            "INVALID_ARGUMENT",
+            "function response turn comes immediately after a function call turn",
+        ),
+        (
+            nested.into_bytes(),
+            400,
+            "INVALID_ARGUMENT",
+            "recursion limit",
+        ),
+    ];
+    for (body, status, canonical, needle) in cases {
+        let shown = String::from_utf8_lossy(&body[..body.len().min(80)]).into_owned();
+        let response = client()
+            .post(proxy.url(GENERATE))
+            .header("x-goog-api-key", KEY)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let (got, error) = google_error(response).await;
+        assert_eq!(
+            (got, error["status"].as_str()),
+            (status, Some(canonical)),
+            "{shown}: {error}"
+        );
+        assert!(
+            error["message"].as_str().unwrap().contains(needle),
+            "{shown}: {error}"
+        );
+    }
+    let (status, error) = declared_too_large(&proxy, GENERATE).await;
+    assert_eq!(
+        (status, error["status"].as_str()),
+        (413, Some("INVALID_ARGUMENT"))
+    );
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("exceeds the limit"),
+        "{error}"
+    );
+    assert!(upstream.recorded().is_empty(), "nothing bad went upstream");
+    // An upstream that cannot be reached is Google's UNAVAILABLE, 502.
+    let nowhere = Proxy::start(gemini_config(&closed_url())).await;
+    let (status, error) =
+        google_error(post(&nowhere, GENERATE, &gemini_body(&gemini_conversation(1))).await).await;
+    assert_eq!(
+        (status, error["status"].as_str()),
+        (502, Some("UNAVAILABLE"))
+    );
+    // And the proxy keeps serving.
+    let response = post(&proxy, GENERATE, &gemini_body(&gemini_conversation(1))).await;
+    assert_eq!(response.status(), 200);
+    let metrics = proxy.metrics().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            r#"condenser_requests_total{route="gemini",status="400"}"#
+        ),
+        Some(6.0),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn everything_else_under_v1beta_passes_through_to_the_upstream_its_path_names() {
+    let default = mock_gemini(GeminiBehaviour::default()).await;
+    let routed = mock_gemini(GeminiBehaviour::default()).await;
+    let mut config = gemini_config(&default.url());
+    config.routes.push(condenser::config::RouteConfig {
+        models: vec!["gemini-*".into()],
+        base_url: routed.url(),
+        api_key_env: String::new(),
+    });
+    let proxy = Proxy::start(config).await;
+    let count = client()
+        .post(proxy.url("/v1beta/models/gemini-2.5-pro:countTokens?key=AIza-in-the-query"))
+        .json(&json!({"contents": [{"parts": [{"text": "hello there"}]}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(count.status(), 200);
+    assert!(count.headers().get("x-condenser-action").is_none());
+    assert!(count.json::<Value>().await.unwrap()["totalTokens"]
+        .as_u64()
+        .is_some());
+    let embed = post(
+        &proxy,
+        "/v1beta/models/text-embedding-004:embedContent",
+        &json!({"content": {"parts": [{"text": "x"}]}}),
+    )
+    .await;
+    assert_eq!(embed.status(), 200);
+    let list = client()
+        .get(proxy.url("/v1beta/models?pageSize=5"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(list.status(), 200);
+    assert_eq!(
+        list.json::<Value>().await.unwrap()["models"][0]["name"],
+        "models/gemini-2.5-pro"
+    );
+    // A model in the path routes it, as the body's model routes other APIs' requests.
+    let routed_paths: Vec<String> = routed
+        .recorded()
+        .iter()
+        .map(|r| r.path_and_query.clone())
+        .collect();
+    assert_eq!(
+        routed_paths,
+        ["/v1beta/models/gemini-2.5-pro:countTokens?key=AIza-in-the-query"]
+    );
+    let default_paths: Vec<String> = default
+        .recorded()
+        .iter()
+        .map(|r| r.path_and_query.clone())
+        .collect();
+    assert_eq!(
+        default_paths,
+        [
+            "/v1beta/models/text-embedding-004:embedContent",
+            "/v1beta/models?pageSize=5"
+        ]
+    );
+    // Errors condenser writes there are Google's too.
+    let (status, error) =
+        declared_too_large(&proxy, "/v1beta/models/gemini-2.5-pro:countTokens").await;
+    assert_eq!(
+        (status, error["status"].as_str()),
+        (413, Some("INVALID_ARGUMENT"))
+    );
+    let metrics = proxy.metrics().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            r#"condenser_requests_total{route="passthrough",status="200"}"#
+        ),
+        Some(3.0),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn geminis_overflow_answer_is_retried_compacted() {
+    let upstream = mock_gemini(GeminiBehaviour {
+        max_turns: Some(20),
+    })
+    .await;
+    // Gemini's window as condenser knows it: the 41 turns fit, and only upstream says no.
+    let proxy = Proxy::start(config_for(&upstream.url())).await;
+    let response = post(&proxy, GENERATE, &gemini_body(&gemini_conversation(10))).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        header(&response, "x-condenser-retry"),
+        "context_length_exceeded"
+    );
+    let sent = model_requests(&upstream);
+    assert_eq!(sent.len(), 2);
+    assert_eq!(sent[0].1["contents"].as_array().unwrap().len(), 41);
+    assert!(sent[1].1["contents"].as_array().unwrap().len() <= 20);
+    assert_valid_gemini(&sent[1].1);
+}
+
+/// One summary, by whichever way the caller sends its key: `x-goog-api-key: K` and `?key=K`
+/// are one caller, `?key=L` another; the summarizer is asked with the caller's own key, and
+/// no key is logged.
+#[tokio::test]
+async fn a_key_in_the_header_or_the_query_is_one_caller_and_never_logged() {
+    let logs = captured_logs();
+    let upstream = mock_gemini(GeminiBehaviour::default()).await;
+    let proxy = Proxy::start(gemini_config(&upstream.url())).await;
+    let body = gemini_body(&gemini_conversation(20));
+    let first = post(&proxy, GENERATE, &body).await;
+    assert_eq!(header(&first, "x-condenser-cache"), "miss");
+    let by_query = |key: &'static str| {
+        client()
+            .post(proxy.url(&format!("{GENERATE}?key={key}")))
+            .json(&body)
+            .send()
+    };
+    let same = by_query(KEY).await.unwrap();
+    assert_eq!(header(&same, "x-condenser-cache"), "hit");
+    let other = by_query("AIza-another-caller-key").await.unwrap();
+    assert_eq!(header(&other, "x-condenser-cache"), "miss");
+    // Each summary is asked with the key of the caller it is for.
+    let keys: Vec<String> = upstream
+        .summarizer_calls()
+        .iter()
+        .map(|call| call.headers["x-goog-api-key"].to_str().unwrap().to_string())
+        .collect();
+    assert!(
+        keys.iter()
+            .all(|key| key == KEY || key == "AIza-another-caller-key"),
+        "{keys:?}"
+    );
+    assert!(
+        keys.iter().any(|key| key == "AIza-another-caller-key"),
+        "{keys:?}"
+    );
+    // Forwarded as the client sent it: the key stays in the query, no header added.
+    let forwarded: Vec<_> = upstream
+        .recorded()
+        .into_iter()
+        .filter(|r| !is_summarizer_call(r))
+        .collect();
+    assert_eq!(
+        forwarded[2].path_and_query,
+        format!("{GENERATE}?key=AIza-another-caller-key")
+    );
+    assert!(forwarded[2].headers.get("x-goog-api-key").is_none());
+    let logged = logs.text();
+    assert!(logged.contains("gemini"), "the requests were logged");
+    assert!(!logged.contains("AIza-"), "a key was logged");
+}
+
+#[tokio::test]
+async fn a_configured_key_goes_as_x_goog_api_key_unless_the_caller_sent_one() {
+    std::env::set_var("CONDENSER_TEST_GEMINI_KEY", "AIza-configured-key");
+    let upstream = mock_gemini(GeminiBehaviour::default()).await;
+    let mut config = gemini_config(&upstream.url());
+    config.upstream.api_key_env = "CONDENSER_TEST_GEMINI_KEY".into();
+    let proxy = Proxy::start(config).await;
+    let body = gemini_body(&gemini_conversation(1));
+    let bare = client()
+        .post(proxy.url(GENERATE))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bare.status(), 200);
+    let own = client()
+        .post(proxy.url(&format!("{GENERATE}?key=AIza-own-key")))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(own.status(), 200);
+    let recorded = upstream.recorded();
+    assert_eq!(recorded[0].headers["x-goog-api-key"], "AIza-configured-key");
+    assert!(recorded[0].headers.get("authorization").is_none());
+    assert!(recorded[1].headers.get("x-goog-api-key").is_none());
+    assert!(recorded[1].path_and_query.ends_with("?key=AIza-own-key"));
+}
+
+#[tokio::test]
+async fn the_google_genai_sdk_works_through_condenser() {
+    let upstream = mock_gemini(GeminiBehaviour::default()).await;
+    let proxy = Proxy::start(gemini_config(&upstream.url())).await;
+    let stdout = run_sdk_script("genai_sdk.py", &[&proxy.url("")], "google-genai").await;
+    assert!(stdout.contains("plain: summarized"), "{stdout}");
+    assert!(stdout.contains("stream: summarized"), "{stdout}");
+    assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
+    let sent = model_requests(&upstream);
+    assert_eq!(sent.len(), 2);
+    // The SDK asks under `/v1/` or `/v1beta/`, as its version says: both are Gemini's.
+    assert!(
+        sent[0]
+            .0
+            .ends_with("/models/gemini-2.5-pro:generateContent"),
+        "{}",
+        sent[0].0
+    );
+    assert!(
+        sent[1]
+            .0
+            .ends_with("/models/gemini-2.5-pro:streamGenerateContent?alt=sse"),
+        "{}",
+        sent[1].0
+    );
+    for (_, request) in &sent {
+        assert_valid_gemini(request);
+        assert!(request["contents"].as_array().unwrap().len() < 121);
+    }
+    let first = upstream
+        .recorded()
+        .into_iter()
+        .find(|r| !is_summarizer_call(r))
+        .unwrap();
+    assert_eq!(first.headers["x-goog-api-key"], "AIza-sdk-test-key");
+}
