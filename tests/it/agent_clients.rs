@@ -1,6 +1,7 @@
 //! The real agents, run headless through condenser in front of a scripted upstream: Claude
-//! Code (the current one and 2.0.77, the last JavaScript one) on Anthropic's Messages API, and
-//! Codex on the Responses API, installed from npm by `scripts/test.sh` into `tests/agents/`.
+//! Code (the current one and 2.0.77, the last JavaScript one) on Anthropic's Messages API,
+//! Codex on the Responses API, and Gemini CLI on Gemini's API (`gemini_cli.rs`), installed from
+//! npm by `scripts/test.sh` into `tests/agents/`.
 //!
 //! The upstream drives a tool loop of more than 100 rounds: each reply asks the agent to read
 //! one of the files the test wrote in its working directory, a few hundred lines of log with
@@ -29,6 +30,8 @@ use condenser::dialect::stages::Dialect;
 use condenser::tokens::catalog::ModelCatalog;
 use condenser::tokens::counter::TokenCounter;
 use serde_json::{json, Value};
+
+mod gemini_cli;
 
 /// Tool rounds before the scripted model ends the task.
 const ROUNDS: usize = 110;
@@ -230,10 +233,12 @@ fn unmarked(value: &Value) -> Value {
     }
 }
 
-/// Whether a request is the agent's own loop: its model, with tools. Not the summarizer's,
+/// Whether a request is the agent's own loop: its model (the body's, or for an API that names
+/// it in the path, the path's, which the caller matched), with tools. Not the summarizer's,
 /// nor the agent's side requests (titles, warm-ups of subagents on other models).
 fn in_loop(body: &Value, model: &str) -> bool {
-    body["model"] == model && body["tools"].as_array().is_some_and(|t| !t.is_empty())
+    body.get("model").is_none_or(|named| named == model)
+        && body["tools"].as_array().is_some_and(|t| !t.is_empty())
 }
 
 /// The agent's loop requests as the upstream got them, in order.
@@ -278,7 +283,10 @@ fn said_by_the_client(item: &Value) -> bool {
     let message = item["type"].is_null() || item["type"] == "message";
     let answers_a_tool = item["content"]
         .as_array()
-        .is_some_and(|blocks| blocks.iter().any(|b| b["type"] == "tool_result"));
+        .is_some_and(|blocks| blocks.iter().any(|b| b["type"] == "tool_result"))
+        || item["parts"]
+            .as_array()
+            .is_some_and(|parts| parts.iter().any(|p| p.get("functionResponse").is_some()));
     message && matches!(role, "user" | "system" | "developer") && !answers_a_tool
 }
 
@@ -802,7 +810,7 @@ impl Stack {
             self.summaries(),
             session.valid,
             |raw| {
-                let request = D::parse(raw, D::PATH).unwrap();
+                let request = D::parse(raw, session.path).unwrap();
                 block_on(D::count(&request, &catalog, &counter)).count.total
             },
             session.hard_limit,
@@ -815,7 +823,7 @@ impl Stack {
             .iter()
             .filter(|r| is_summarizer_call(r))
             .map(|r| {
-                let request = D::parse(&r.body, D::PATH).unwrap();
+                let request = D::parse(&r.body, &r.path_and_query).unwrap();
                 block_on(D::count(&request, &catalog, &counter)).count.total + 20
             })
             .sum();
@@ -841,6 +849,7 @@ impl Stack {
 /// What judging a client's session needs to know of it.
 struct Session {
     client: String,
+    /// Its loop's path (which names the model, in an API that names it there).
     path: &'static str,
     model: &'static str,
     round_of: fn(&Value) -> usize,

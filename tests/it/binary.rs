@@ -354,6 +354,40 @@ async fn count_and_plan_read_every_dialects_body_detected_or_named() {
         stdout.contains("prompt") && stdout.contains("in 3 messages"),
         "{stdout}"
     );
+    // Gemini names its model in the path: `--model` names it here. `systemInstruction` is the
+    // head; a signed call and its response are two turns.
+    let gemini = json!({"systemInstruction": {"parts": [{"text": SYSTEM_PROMPT}]}, "contents": [
+        {"role": "user", "parts": [{"text": text}]},
+        {"role": "model", "parts": [{"functionCall": {"name": "ls", "args": {}}, "thoughtSignature": "c2ln"}]},
+        {"role": "user", "parts": [{"functionResponse": {"name": "ls", "response": {"output": text}}}]},
+    ]});
+    let detected = count(&["count", "--json", "--model", "gemini-2.5-pro"], &gemini).await;
+    let named = count(
+        &[
+            "count",
+            "--json",
+            "--api",
+            "gemini",
+            "--model",
+            "gemini-2.5-pro",
+        ],
+        &gemini,
+    )
+    .await;
+    assert_eq!(detected, named);
+    assert_eq!(named["messages"], 3, "{named}");
+    assert_eq!(named["model"], "gemini-2.5-pro");
+    assert!(named["prompt_tokens"].as_u64().unwrap() > 80, "{named}");
+    let (code, stdout, _) = run(
+        &["plan", "--api", "gemini", "--model", "gemini-2.5-pro"],
+        Some(&gemini.to_string()),
+    )
+    .await;
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("model gemini-2.5-pro") && stdout.contains("in 3 messages"),
+        "{stdout}"
+    );
 }
 
 /// Starts the binary with JSON logs; returns it, its address and its log lines.

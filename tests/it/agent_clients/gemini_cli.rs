@@ -1,0 +1,226 @@
+//! Gemini CLI on Gemini's API: `gemini -p` headless, `GOOGLE_GEMINI_BASE_URL` at condenser.
+//! Each prompt first asks a flash-lite model which model should answer (`:generateContent`,
+//! the router), then runs its loop on `:streamGenerateContent?alt=sse`. The scripted model
+//! thinks before each call and signs the call's part (`thoughtSignature`), as Gemini 3 does,
+//! and answers 400 as Gemini does when a call it made comes back without its signature.
+//!
+//! Gemini CLI manages its context itself too. It compresses the chat (a summary by the model,
+//! checked by a second call) once the prompt upstream last reported reaches
+//! `model.compressionThreshold` of the model's limit (by default half of 1,048,576 tokens):
+//! the settings raise it to the whole limit, and through condenser the prompt upstream reports
+//! never passes condenser's window anyway. It also masks old tool outputs (a stub pointing to
+//! a file) once more than 30,000 tokens of them lie beyond the newest 50,000: 0.61.0 reads
+//! those thresholds from Google's experiment flags alone (the `contextManagement` settings it
+//! lists are not passed on), so the masking stays, and its requests change where it masks:
+//! the judge counts those as the client's own changes. Loop detection, which asks a model
+//! about the session every few rounds, is off.
+
+use super::*;
+use condenser::dialect::gemini::Gemini;
+
+/// The model Gemini CLI 0.61.0 runs its loop on when its router picks its default, Gemini 3.1
+/// Pro: its variant for clients' own tools.
+const GEMINI_CLI_MODEL: &str = "gemini-3.1-pro-preview-customtools";
+const GEMINI_LOOP: &str = "/v1beta/models/gemini-3.1-pro-preview-customtools:streamGenerateContent";
+/// Small enough that condenser compacts between the rounds at which Gemini CLI masks.
+const GEMINI_WINDOW: u64 = 60_000;
+
+/// The log a `read_file` call reads, by its path's round.
+fn call_round(part: &Value) -> Option<usize> {
+    let path = part["functionCall"]["args"]["file_path"].as_str()?;
+    let name = path.rsplit('/').next()?;
+    name.strip_prefix("log-")?
+        .strip_suffix(".txt")?
+        .parse()
+        .ok()
+}
+
+/// The round a Gemini request answers: one past the call its last turn answers (the call in
+/// the model turn before it).
+fn gemini_round(body: &Value) -> usize {
+    let turns = body["contents"].as_array().map_or(&[][..], Vec::as_slice);
+    let [.., call, answer] = turns else {
+        return 0;
+    };
+    let answers = answer.to_string().contains("\"functionResponse\"");
+    let parts = call["parts"].as_array().map_or(&[][..], Vec::as_slice);
+    let round = parts.iter().find_map(call_round).filter(|_| answers);
+    round.map_or(0, |round| round + 1)
+}
+
+/// The signature of the thought before the call of `round`: opaque bytes, base64.
+fn signature(round: usize) -> String {
+    format!("CiQBjz1rX{round:03}{}", "Qm9va2tlZXBlcg".repeat(12))
+}
+
+/// The calls in `body` whose signature is not the one the model gave them.
+fn unsigned_calls(body: &Value) -> Vec<String> {
+    let turns = body["contents"].as_array().map_or(&[][..], Vec::as_slice);
+    turns
+        .iter()
+        .filter(|turn| turn["role"] == "model")
+        .flat_map(|turn| turn["parts"].as_array().into_iter().flatten())
+        .filter(|part| part.get("functionCall").is_some())
+        .filter(|part| {
+            let expected = call_round(part).map(signature);
+            part["thoughtSignature"].as_str() != expected.as_deref()
+        })
+        .map(|part| part["functionCall"].to_string())
+        .collect()
+}
+
+/// A scripted Gemini 3: reads the next log with `read_file` until `rounds`, then ends; tells
+/// Gemini CLI's router the task is complex (so its default model answers); summarizes slowly and keeps nothing.
+async fn scripted_gemini(dir: PathBuf, rounds: usize, pace: Pace) -> MockUpstream {
+    MockUpstream::start(handler(move |r| {
+        let dir = dir.clone();
+        async move {
+            let body: Value = serde_json::from_slice(&r.body).unwrap_or_default();
+            let path = r.path_and_query.split('?').next().unwrap_or("");
+            let usage = json!({"promptTokenCount": r.body.len() / 4, "candidatesTokenCount": 20,
+                "thoughtsTokenCount": 30});
+            if is_summarizer_call(&r) {
+                tokio::time::sleep(pace.summarizer).await;
+                return json_response(200, &gemini_reply(json!([{"text": LOSSY_SUMMARY}]), usage));
+            }
+            if path.ends_with(":countTokens") {
+                return json_response(200, &json!({"totalTokens": r.body.len() / 4}));
+            }
+            if !path.ends_with(":streamGenerateContent") {
+                let choice = json!({"complexity_reasoning": "a multi-step investigation", "complexity_score": 90});
+                return json_response(200, &gemini_reply(json!([{"text": choice.to_string()}]), usage));
+            }
+            let lost = unsigned_calls(&body);
+            if !lost.is_empty() {
+                return json_response(400, &json!({"error": {"code": 400, "status": "INVALID_ARGUMENT",
+                    "message": format!("Function call is missing a thought_signature in functionCall parts: {lost:?}")}}));
+            }
+            tokio::time::sleep(pace.model).await;
+            let round = gemini_round(&body);
+            let offers_read = body["tools"].to_string().contains("\"read_file\"");
+            let answer = if offers_read && round < rounds {
+                let file = dir.join(format!("log-{round:03}.txt"));
+                json!({"functionCall": {"name": "read_file", "args": {"file_path": file.to_str().unwrap()}},
+                    "thoughtSignature": signature(round)})
+            } else {
+                json!({"text": format!("Done with {TICKET}.")})
+            };
+            let thought = gemini_reply(json!([{"text": "Reading the next log.", "thought": true}]),
+                json!({"promptTokenCount": r.body.len() / 4}));
+            gemini_sse(&[thought, gemini_reply(json!([answer]), usage)])
+        }
+    }))
+    .await
+}
+
+/// What Gemini demands: a user turn first, every function response turn right after the call
+/// turn it answers, every call but the newest answered, and every call signed as the model
+/// signed it.
+fn valid_gemini(body: &Value) {
+    let turns = body["contents"].as_array().unwrap();
+    assert_eq!(turns[0]["role"], "user", "{:#}", turns[0]);
+    let count = |turn: &Value, kind: &str| {
+        turn["parts"].as_array().map_or(0, |parts| {
+            parts.iter().filter(|p| p.get(kind).is_some()).count()
+        })
+    };
+    for (i, turn) in turns.iter().enumerate() {
+        let answers = count(turn, "functionResponse");
+        if answers > 0 {
+            assert_eq!(count(&turns[i - 1], "functionCall"), answers, "turn {i}");
+        }
+        if count(turn, "functionCall") > 0 && i + 1 < turns.len() {
+            assert_eq!(
+                count(&turns[i + 1], "functionResponse"),
+                count(turn, "functionCall"),
+                "turn {i}"
+            );
+        }
+    }
+    assert_eq!(
+        unsigned_calls(body),
+        Vec::<String>::new(),
+        "signatures lost"
+    );
+}
+
+/// Runs Gemini CLI headless in `dir` against `base`, with `home` as its home.
+async fn gemini_cli(dir: &Path, home: &Path, base: &str, prompt: &str) {
+    let settings = json!({
+        "security": {"auth": {"selectedType": "gemini-api-key"}},
+        "model": {"compressionThreshold": 1.0, "disableLoopDetection": true},
+    });
+    std::fs::create_dir_all(home.join(".gemini")).unwrap();
+    std::fs::write(home.join(".gemini/settings.json"), settings.to_string()).unwrap();
+    let program = node_modules("gemini").join(".bin/gemini");
+    let output = tokio::process::Command::new(&program)
+        .args(["-p", prompt, "--output-format", "json"])
+        .current_dir(dir)
+        .env("HOME", home)
+        .env("GOOGLE_GEMINI_BASE_URL", base)
+        .env("GEMINI_API_KEY", "AIza-agent-test-key")
+        .env("GEMINI_CLI_TRUST_WORKSPACE", "true")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{program:?}: {e} (scripts/test.sh installs it)"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("Done with"),
+        "gemini exited {:?}\nstdout: {stdout}\nstderr: {}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Gemini CLI sends no `maxOutputTokens`: the reserve is condenser's default.
+fn gemini_hard_limit(_body: &Value) -> u64 {
+    GEMINI_WINDOW - condenser::config::ContextConfig::default().response_reserve_tokens
+}
+
+/// A Gemini CLI session of `ROUNDS` rounds at `pace`, judged whole: every body valid with its
+/// signatures, within the hard limit, none waiting, no avoidable cache break, the opening turn
+/// pinned, and every identifier read still in the last request.
+async fn gemini_cli_session(pace: Pace) {
+    let stack = Stack::start(
+        |dir| Box::pin(scripted_gemini(dir, ROUNDS, pace)),
+        GEMINI_CLI_MODEL,
+        GEMINI_WINDOW,
+        GEMINI_LOOP,
+        pace,
+    )
+    .await;
+    let front = stack.front.url();
+    gemini_cli(stack.work.path(), stack.home.path(), &front, &claude_task()).await;
+    let (exchanges, _) = stack.judged::<Gemini>(&Session {
+        client: format!("Gemini CLI 0.61.0 at {pace:?}"),
+        path: GEMINI_LOOP,
+        model: GEMINI_CLI_MODEL,
+        round_of: gemini_round,
+        cache_order: &["tools", "systemInstruction", "contents"],
+        valid: valid_gemini,
+        hard_limit: gemini_hard_limit,
+    });
+    // The router's requests went through too, to their own model.
+    let routed = stack
+        .upstream
+        .recorded()
+        .iter()
+        .filter(|r| r.path_and_query.contains("flash-lite:generateContent"))
+        .count();
+    assert!(routed >= 1, "no routing request");
+    let last = exchanges.last().unwrap().body.to_string();
+    for (_, id) in PLANTED {
+        assert!(last.contains(id), "{id} lost by the last request");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_cli_compacts_well_through_condenser() {
+    gemini_cli_session(REALISTIC).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_cli_at_an_instant_pace_never_waits() {
+    gemini_cli_session(INSTANT).await;
+}
