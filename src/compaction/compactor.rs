@@ -18,6 +18,7 @@ use crate::compaction::plan::{
 };
 use crate::compaction::recall;
 use crate::compaction::redis::{unix_now, LockOutcome, RedisStore};
+use crate::compaction::shorten::cut_item_texts;
 use crate::compaction::summarizer::{Evicted, Summarizer, SummaryRequest};
 use crate::compaction::summary::{Key, Summary};
 use crate::compaction::summary_api::SummaryEndpoint;
@@ -159,6 +160,31 @@ impl Rewrite {
             ));
         }
         Some(text)
+    }
+
+    /// Cuts the outputs of `kept` (the items from `kept_from` on) as planned, each item's
+    /// output texts found by `texts`, in `encoding`.
+    pub fn cut_kept_outputs(
+        &self,
+        kept: &mut [Value],
+        kept_from: usize,
+        encoding: Encoding,
+        texts: fn(&mut Value) -> Vec<&mut String>,
+    ) {
+        for cut in &self.cuts {
+            if let Some(item) = cut
+                .index
+                .checked_sub(kept_from)
+                .and_then(|at| kept.get_mut(at))
+            {
+                cut_item_texts(
+                    encoding,
+                    texts(item),
+                    cut,
+                    self.cleared_reference(cut.index).as_deref(),
+                );
+            }
+        }
     }
 
     /// The reference a cleared output's stub names, when the request offers recall.

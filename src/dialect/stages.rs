@@ -140,12 +140,20 @@ pub trait Dialect {
     }
 
     /// The body to send: `original` unless the request was rewritten or must ask upstream
-    /// for usage; and whether usage was asked for on the client's behalf.
+    /// for usage; and whether usage was asked for on the client's behalf. Unless a dialect says
+    /// otherwise, its replies carry usage unasked, and a rewritten request is its JSON object
+    /// written out.
     fn outgoing_body(
-        request: Self::Request,
+        mut request: Self::Request,
         original: Bytes,
         rewritten: bool,
-    ) -> Result<(Bytes, bool), ProxyError>;
+    ) -> Result<(Bytes, bool), ProxyError> {
+        if !rewritten {
+            return Ok((original, false));
+        }
+        let body = serde_json::to_vec(Self::body_mut(&mut request)).map_err(ProxyError::Rewrite)?;
+        Ok((Bytes::from(body), false))
+    }
 }
 
 /// The request's settings: `[context]` and `[recall]`, with its profile's overrides.

@@ -67,10 +67,15 @@ pub trait UsageReader: Send + Sync + 'static {
         usage
     }
 
+    /// The key whose mention makes an SSE event worth parsing for usage.
+    fn usage_key(&self) -> &'static [u8] {
+        b"\"usage\""
+    }
+
     /// Appends one SSE event to `out` as the client should see it, recording any usage it
     /// carries. `injected`: condenser asked for usage and the client did not. Unless a
     /// dialect says otherwise, an event is relayed as it came, and only events that mention
-    /// usage are parsed.
+    /// its `usage_key` are parsed.
     fn relay_event(
         &self,
         event: &[u8],
@@ -78,7 +83,7 @@ pub trait UsageReader: Send + Sync + 'static {
         usage: &mut Option<Usage>,
         out: &mut BytesMut,
     ) {
-        if contains(event, b"\"usage\"") {
+        if contains(event, self.usage_key()) {
             for data in event_data(&String::from_utf8_lossy(event)) {
                 self.fold(data.as_bytes(), usage);
             }

@@ -412,4 +412,21 @@ fn the_alert_rules_are_valid_and_each_fires_only_when_it_should() {
     }
     let tested = promtool(&["test", "rules", "alerts.test.yml"]);
     assert!(tested.contains("SUCCESS"), "{tested}");
+    // A rule that lists routes lists every dialect's: a new API's traffic counts in each.
+    let lists: Vec<&str> = rules
+        .split("route=~\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .collect();
+    assert_eq!(lists.len(), 3, "{rules}");
+    for list in lists {
+        let routes: Vec<&str> = list.split('|').collect();
+        for wire in condenser::dialect::DIALECTS {
+            assert!(
+                routes.contains(&wire.route.name()),
+                "{list} lacks {}",
+                wire.route.name()
+            );
+        }
+    }
 }

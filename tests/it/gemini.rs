@@ -225,6 +225,12 @@ async fn under_the_trigger_a_stream_goes_byte_for_byte_and_its_usage_is_read() {
         completion,
         2.0 * (GEMINI_OUTPUT_TOKENS + GEMINI_THOUGHT_TOKENS) as f64
     );
+    let cached: f64 = metrics
+        .lines()
+        .filter(|line| line.starts_with("condenser_cached_prompt_tokens_total{"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(cached, 2.0 * GEMINI_CACHED_TOKENS as f64);
 }
 
 #[tokio::test]

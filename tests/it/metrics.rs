@@ -313,14 +313,16 @@ async fn every_registered_dialect_is_served_at_its_path_and_counted_under_its_la
         let served = format!(r#"condenser_recalls_total{{outcome="served",route="{route}"}}"#);
         assert_eq!(value(&at_start, &served), 0.0);
         // Not JSON: the dialect's pipeline refuses it, where a pass-through would forward it.
+        // Where it compacts is where it asks a summary (a model's path, in Gemini's API).
+        let path = (wire.summary.path)("gpt-4o");
         let response = client()
-            .post(proxy.url(wire.path))
+            .post(proxy.url(&path))
             .header("content-type", "application/json")
             .body("{")
             .send()
             .await
             .unwrap();
-        assert_eq!(response.status(), 400, "{}", wire.path);
+        assert_eq!(response.status(), 400, "{path}");
     }
     assert!(upstream.recorded().is_empty());
     let samples = parse_exposition(&proxy.metrics().await);

@@ -16,7 +16,6 @@ mod view;
 use std::borrow::Cow;
 use std::future::Future;
 
-use bytes::Bytes;
 use hyper::Response;
 use serde_json::{json, Map, Value};
 
@@ -169,19 +168,7 @@ impl Dialect for Gemini {
             .insert("contents".into(), Value::Array(compacted));
     }
 
-    /// Gemini's replies always carry `usageMetadata`: nothing to ask for on the client's
-    /// behalf.
-    fn outgoing_body(
-        request: Self::Request,
-        original: Bytes,
-        rewritten: bool,
-    ) -> Result<(Bytes, bool), ProxyError> {
-        if !rewritten {
-            return Ok((original, false));
-        }
-        let body = serde_json::to_vec(&request.body).map_err(ProxyError::Rewrite)?;
-        Ok((Bytes::from(body), false))
-    }
+    // Gemini's replies always carry `usageMetadata`: the default `outgoing_body` asks for none.
 }
 
 /// Checks what condenser cannot read without (see `check_contents`), and that

@@ -5,7 +5,6 @@
 use serde_json::{json, Map, Value};
 
 use crate::compaction::compactor::Rewrite;
-use crate::compaction::shorten::cut_item_texts;
 use crate::config::SummaryRole;
 use crate::dialect::gemini::view::{is_user, response_texts};
 use crate::tokens::encoding::Encoding;
@@ -24,20 +23,7 @@ pub(super) fn compacted_contents(
 ) -> Vec<Value> {
     let kept_from = rewrite.kept_from.min(sent.len());
     let mut kept = sent.split_off(kept_from);
-    for cut in &rewrite.cuts {
-        if let Some(turn) = cut
-            .index
-            .checked_sub(kept_from)
-            .and_then(|at| kept.get_mut(at))
-        {
-            cut_item_texts(
-                encoding,
-                response_texts(turn),
-                cut,
-                rewrite.cleared_reference(cut.index).as_deref(),
-            );
-        }
-    }
+    rewrite.cut_kept_outputs(&mut kept, kept_from, encoding, response_texts);
     let summary = match summary {
         Some(summary) if summary_role == SummaryRole::System => {
             append_to_system_instruction(body, summary);

@@ -3,10 +3,9 @@
 //! whole prompt, `cachedContentTokenCount` the share its cache served; the reply is
 //! `candidatesTokenCount` and the thinking before it, `thoughtsTokenCount`.
 
-use bytes::BytesMut;
 use serde::Deserialize;
 
-use crate::transport::usage::{contains, event_data, Usage, UsageCounts, UsageReader};
+use crate::transport::usage::{Usage, UsageCounts, UsageReader};
 
 /// Gemini's usage.
 pub struct GeminiUsage;
@@ -64,26 +63,15 @@ impl UsageReader for GeminiUsage {
         }
     }
 
-    /// Only events that carry `usageMetadata` are parsed.
-    fn relay_event(
-        &self,
-        event: &[u8],
-        _injected: bool,
-        usage: &mut Option<Usage>,
-        out: &mut BytesMut,
-    ) {
-        if contains(event, b"\"usageMetadata\"") {
-            for data in event_data(&String::from_utf8_lossy(event)) {
-                self.fold(data.as_bytes(), usage);
-            }
-        }
-        out.extend_from_slice(event);
+    fn usage_key(&self) -> &'static [u8] {
+        b"\"usageMetadata\""
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::BytesMut;
 
     #[test]
     fn usage_is_read_from_a_body_an_array_and_a_streams_last_event() {

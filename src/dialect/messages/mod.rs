@@ -156,19 +156,8 @@ impl Dialect for Messages {
             .insert("messages".into(), Value::Array(compacted));
     }
 
-    /// Anthropic streams always carry usage (`message_start`, `message_delta`): nothing to
-    /// ask for on the client's behalf.
-    fn outgoing_body(
-        request: Self::Request,
-        original: Bytes,
-        rewritten: bool,
-    ) -> Result<(Bytes, bool), ProxyError> {
-        if !rewritten {
-            return Ok((original, false));
-        }
-        let body = serde_json::to_vec(&request.body).map_err(ProxyError::Rewrite)?;
-        Ok((Bytes::from(body), false))
-    }
+    // Anthropic streams always carry usage (`message_start`, `message_delta`): the default
+    // `outgoing_body` asks for none.
 }
 
 /// Checks what condenser cannot read without; everything else is left for upstream to

@@ -5,7 +5,6 @@ use serde_json::{json, Map, Value};
 
 use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::Split;
-use crate::compaction::shorten::cut_item_texts;
 use crate::config::SummaryRole;
 use crate::dialect::messages::view::{block_type, is_user};
 use crate::tokens::encoding::Encoding;
@@ -26,20 +25,7 @@ pub(super) fn compacted_messages(
 ) -> Vec<Value> {
     let kept_from = rewrite.kept_from.min(sent.len());
     let mut kept = sent.split_off(kept_from);
-    for cut in &rewrite.cuts {
-        if let Some(message) = cut
-            .index
-            .checked_sub(kept_from)
-            .and_then(|at| kept.get_mut(at))
-        {
-            cut_item_texts(
-                encoding,
-                tool_result_texts(message),
-                cut,
-                rewrite.cleared_reference(cut.index).as_deref(),
-            );
-        }
-    }
+    rewrite.cut_kept_outputs(&mut kept, kept_from, encoding, tool_result_texts);
     if let Some(task) = rewrite.pinned.clone() {
         let mut pinned: Vec<Value> = sent.drain(task).collect();
         // After the turn's last user message, so the summary changes nothing before it.
@@ -158,6 +144,7 @@ pub(super) fn tool_result_texts(message: &mut Value) -> Vec<&mut String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compaction::shorten::cut_item_texts;
     use crate::dialect::messages::view::chat_message;
     use crate::tokens::rules::count_text;
 

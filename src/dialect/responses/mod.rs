@@ -132,19 +132,8 @@ impl Dialect for Responses {
         request.as_sent
     }
 
-    /// A Responses stream always ends with its usage, so nothing is asked on the client's
-    /// behalf.
-    fn outgoing_body(
-        request: Self::Request,
-        original: Bytes,
-        rewritten: bool,
-    ) -> Result<(Bytes, bool), ProxyError> {
-        if !rewritten {
-            return Ok((original, false));
-        }
-        let body = serde_json::to_vec(&request.body).map_err(ProxyError::Rewrite)?;
-        Ok((Bytes::from(body), false))
-    }
+    // A Responses stream always ends with its usage: the default `outgoing_body` asks for
+    // none.
 }
 
 /// The fields of a Responses request that counting and planning read, the input items left
