@@ -555,3 +555,33 @@ async fn the_google_genai_sdk_works_through_condenser() {
         .unwrap();
     assert_eq!(first.headers["x-goog-api-key"], "AIza-sdk-test-key");
 }
+
+/// A key sent in the query is blanked from upstream's error reply, as a header's is.
+#[tokio::test]
+async fn a_key_in_the_query_never_comes_back_in_an_error() {
+    let upstream = MockUpstream::start(handler(|r| async move {
+        let key = r
+            .path_and_query
+            .rsplit("key=")
+            .next()
+            .unwrap_or("")
+            .to_string();
+        json_response(
+            400,
+            &json!({"error": {"code": 400, "status": "INVALID_ARGUMENT",
+            "message": format!("API key not valid: {key}")}}),
+        )
+    }))
+    .await;
+    let proxy = Proxy::start(gemini_config(&upstream.url())).await;
+    let response = client()
+        .post(proxy.url(&format!("{GENERATE}?key=AIza-echoed-by-upstream")))
+        .json(&gemini_body(&gemini_conversation(1)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let text = response.text().await.unwrap();
+    assert!(text.contains("API key not valid: [redacted]"), "{text}");
+    assert!(!text.contains("AIza-echoed"), "{text}");
+}

@@ -101,6 +101,31 @@ async fn a_summary_can_be_asked_in_the_responses_api() {
     assert!(summary_of(&forwarded).contains("ORD-4411"));
 }
 
+/// Gemini names the model in the path: the summarizer's, `gpt-4o-mini` here.
+#[tokio::test]
+async fn a_summary_can_be_asked_in_gemini() {
+    let (forwarded, call) =
+        summarized_through("gemini", "/v1beta/models/gpt-4o-mini:generateContent").await;
+    let body = call.json();
+    assert!(body["systemInstruction"]["parts"][0]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with(SUMMARIZER_MARKER));
+    assert_eq!(body["contents"][0]["role"], "user");
+    assert!(body["contents"][0]["parts"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains(PLANTED));
+    assert!(
+        body["generationConfig"]["maxOutputTokens"]
+            .as_u64()
+            .unwrap()
+            > 1024
+    );
+    assert!(body.get("model").is_none());
+    assert!(summary_of(&forwarded).contains("ORD-4411"));
+}
+
 #[tokio::test]
 async fn by_default_a_chat_route_summarizes_in_chat_completions() {
     let (forwarded, call) = summarized_through("", "/v1/chat/completions").await;
