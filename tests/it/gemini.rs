@@ -271,6 +271,12 @@ async fn bad_input_gets_googles_error_shape_and_the_proxy_keeps_serving() {
             "generationConfig",
         ),
         (
+            br#"{"contents":[],"generationConfig":{"maxOutputTokens":"lots"}}"#.to_vec(),
+            400,
+            "INVALID_ARGUMENT",
+            "Invalid value at 'generationConfig': invalid type: string",
+        ),
+        (
             orphan.to_string().into_bytes(),
             400,
             "INVALID_ARGUMENT",
@@ -333,7 +339,7 @@ async fn bad_input_gets_googles_error_shape_and_the_proxy_keeps_serving() {
             &metrics,
             r#"condenser_requests_total{route="gemini",status="400"}"#
         ),
-        Some(6.0),
+        Some(7.0),
         "{metrics}"
     );
 }
@@ -584,4 +590,18 @@ async fn a_key_in_the_query_never_comes_back_in_an_error() {
     let text = response.text().await.unwrap();
     assert!(text.contains("API key not valid: [redacted]"), "{text}");
     assert!(!text.contains("AIza-echoed"), "{text}");
+}
+
+/// Several candidates asked for: the request goes as sent, whatever its size, as a chat
+/// request with `n` above 1 does.
+#[tokio::test]
+async fn a_request_for_several_candidates_goes_as_sent() {
+    let upstream = mock_gemini(GeminiBehaviour::default()).await;
+    let proxy = Proxy::start(gemini_config(&upstream.url())).await;
+    let mut body = gemini_body(&gemini_conversation(20));
+    body["generationConfig"]["candidateCount"] = json!(2);
+    let response = post(&proxy, GENERATE, &body).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "forwarded");
+    assert_eq!(model_requests(&upstream)[0].1, body);
 }

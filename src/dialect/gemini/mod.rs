@@ -17,6 +17,7 @@ use std::borrow::Cow;
 use std::future::Future;
 
 use hyper::Response;
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use crate::compaction::compactor::Rewrite;
@@ -52,6 +53,17 @@ pub struct GeminiRequest {
     body: Map<String, Value>,
     /// One per entry of `body.contents`, same order.
     chat: Vec<Value>,
+    config: GenerationConfig,
+}
+
+/// What condenser reads of `generationConfig`; the rest of it goes unread, as sent.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct GenerationConfig {
+    /// The reply's reserve, Gemini's thinking included.
+    max_output_tokens: Option<u64>,
+    /// How many replies are asked for; one unless said.
+    candidate_count: Option<u64>,
 }
 
 /// A path's model and method: `models/{model}:{method}` after an API version. The template
@@ -106,7 +118,7 @@ impl Dialect for Gemini {
     /// The model is the path's; a body read without one (`condenser count`) may name it as
     /// Google's `GenerateContentRequest` does, `models/{model}`.
     fn parse(bytes: &[u8], path: &str) -> Result<Self::Request, ProxyError> {
-        let body = parse_request(bytes)?;
+        let (body, config) = parse_request(bytes)?;
         let model = match model_method(path) {
             Some((model, _)) => model,
             None => body
@@ -119,6 +131,7 @@ impl Dialect for Gemini {
             model: model.to_string(),
             body,
             chat,
+            config,
         })
     }
 
@@ -171,10 +184,10 @@ impl Dialect for Gemini {
     // Gemini's replies always carry `usageMetadata`: the default `outgoing_body` asks for none.
 }
 
-/// Checks what condenser cannot read without (see `check_contents`), and that
-/// `systemInstruction` and `generationConfig` are objects where given; everything else is left
+/// Checks what condenser cannot read without (see `check_contents`), and the types of what it
+/// reads of `generationConfig`, `toolConfig` and `systemInstruction`; everything else is left
 /// for upstream to judge.
-fn parse_request(bytes: &[u8]) -> Result<Map<String, Value>, ProxyError> {
+fn parse_request(bytes: &[u8]) -> Result<(Map<String, Value>, GenerationConfig), ProxyError> {
     let value: Value = serde_json::from_slice(bytes).map_err(ProxyError::InvalidJson)?;
     let Value::Object(body) = value else {
         return Err(ProxyError::invalid(
@@ -189,13 +202,20 @@ fn parse_request(bytes: &[u8]) -> Result<Map<String, Value>, ProxyError> {
         ));
     };
     check_contents(turns)?;
-    for field in ["generationConfig", "toolConfig"] {
-        if body.get(field).is_some_and(|value| !value.is_object()) {
-            return Err(ProxyError::invalid(
-                format!("Invalid value at '{field}': must be an object"),
-                None,
-            ));
-        }
+    let config = match body.get("generationConfig") {
+        Some(config) => GenerationConfig::deserialize(config).map_err(|e| {
+            ProxyError::invalid(format!("Invalid value at 'generationConfig': {e}"), None)
+        })?,
+        None => GenerationConfig::default(),
+    };
+    if body
+        .get("toolConfig")
+        .is_some_and(|value| !value.is_object())
+    {
+        return Err(ProxyError::invalid(
+            "Invalid value at 'toolConfig': must be an object",
+            None,
+        ));
     }
     if body
         .get("systemInstruction")
@@ -206,7 +226,7 @@ fn parse_request(bytes: &[u8]) -> Result<Map<String, Value>, ProxyError> {
             None,
         ));
     }
-    Ok(body)
+    Ok((body, config))
 }
 
 /// What a request costs besides its turns: reply priming, `systemInstruction`, tools and
@@ -243,25 +263,14 @@ fn tools_tokens(encoding: Encoding, tools: Option<&Value>) -> u32 {
     let mut functions = Vec::new();
     let mut others = 0;
     for tool in tools {
-        let Some(Value::Object(tool)) = Some(tool) else {
+        let Value::Object(tool) = tool else {
+            others += count_text(encoding, &tool.to_string());
             continue;
         };
         for (kind, value) in tool {
             match (kind.as_str(), value) {
                 ("functionDeclarations", Value::Array(declarations)) => {
-                    functions.extend(declarations.iter().map(|declaration| {
-                        let field = |name| declaration.get(name).cloned().unwrap_or_default();
-                        let parameters = declaration
-                            .get("parameters")
-                            .or_else(|| declaration.get("parametersJsonSchema"))
-                            .cloned()
-                            .unwrap_or_default();
-                        json!({"type": "function", "function": {
-                            "name": field("name"),
-                            "description": field("description"),
-                            "parameters": parameters,
-                        }})
-                    }));
+                    functions.extend(declarations.iter().map(as_chat_function));
                 }
                 _ => others += count_text(encoding, &json!({ kind: value }).to_string()),
             }
@@ -270,19 +279,20 @@ fn tools_tokens(encoding: Encoding, tools: Option<&Value>) -> u32 {
     count_tools(encoding, &functions) + others
 }
 
-/// The reply's reserve: `generationConfig.maxOutputTokens`, Gemini's thinking included.
-fn requested_completion_tokens(body: &Map<String, Value>) -> Option<u64> {
-    body.get("generationConfig")?
-        .get("maxOutputTokens")?
-        .as_u64()
-}
-
-/// How many replies are asked for: `generationConfig.candidateCount`, one unless said.
-fn candidates(body: &Map<String, Value>) -> u64 {
-    body.get("generationConfig")
-        .and_then(|config| config.get("candidateCount"))
-        .and_then(Value::as_u64)
-        .unwrap_or(1)
+/// A function declaration as a chat tool: its schema in `parameters` (or, as newer clients
+/// write it, `parametersJsonSchema`).
+fn as_chat_function(declaration: &Value) -> Value {
+    let field = |name| declaration.get(name).cloned().unwrap_or_default();
+    let parameters = declaration
+        .get("parameters")
+        .or_else(|| declaration.get("parametersJsonSchema"))
+        .cloned()
+        .unwrap_or_default();
+    json!({"type": "function", "function": {
+        "name": field("name"),
+        "description": field("description"),
+        "parameters": parameters,
+    }})
 }
 
 /// A parsed request counted for planning: `systemInstruction`, tools and `toolConfig` as
@@ -312,8 +322,8 @@ async fn counted(
         info,
         count,
         metas,
-        requested_completion_tokens: requested_completion_tokens(body),
-        choices: candidates(body),
+        requested_completion_tokens: request.config.max_output_tokens,
+        choices: request.config.candidate_count.unwrap_or(1),
     }
 }
 

@@ -123,7 +123,7 @@ fn turns_map_to_chat_messages_one_for_one() {
             (Role::Assistant, Kind::Message)
         ]
     );
-    assert_eq!(requested_completion_tokens(&request.body), Some(8192));
+    assert_eq!(request.config.max_output_tokens, Some(8192));
 }
 
 #[test]
