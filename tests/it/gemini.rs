@@ -146,9 +146,19 @@ async fn a_long_conversation_is_compacted_in_its_own_api_its_signatures_kept() {
         .as_str()
         .unwrap()
         .contains("ORD-4411"));
-    for field in ["tools", "generationConfig", "safetySettings"] {
+    for field in ["generationConfig", "safetySettings"] {
         assert_eq!(sent[field], body[field], "{field}");
     }
+    // The client's tools as they came, then recall's, a `functionDeclarations` entry last.
+    let tools = sent["tools"].as_array().unwrap();
+    assert_eq!(
+        tools[..tools.len() - 1],
+        body["tools"].as_array().unwrap()[..]
+    );
+    assert_eq!(
+        tools[tools.len() - 1]["functionDeclarations"][0]["name"],
+        "condenser_recall"
+    );
     let keys: Vec<&String> = sent.as_object().unwrap().keys().collect();
     let sent_keys: Vec<&String> = body.as_object().unwrap().keys().collect();
     assert_eq!(keys, sent_keys);
@@ -604,4 +614,138 @@ async fn a_request_for_several_candidates_goes_as_sent() {
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "forwarded");
     assert_eq!(model_requests(&upstream)[0].1, body);
+}
+
+/// The signature the scripted Gemini gives its recall call, which it wants back verbatim.
+const RECALL_SIGNATURE: &str = "CiQBVKhc-signed-recall-step";
+
+/// The references a compacted request's summary names (`ctx:…N to ctx:…M`), every one.
+fn named_references(request: &Value) -> Vec<String> {
+    let text = request.to_string();
+    let Some(rest) = text.split("archived verbatim as ").nth(1) else {
+        return Vec::new();
+    };
+    let mut ends = rest.split(" to ").take(2).map(|reference| {
+        let reference = reference.split(':').take(2).collect::<Vec<_>>().join(":");
+        let (conversation, index) = reference.rsplit_once('.').unwrap();
+        (
+            conversation.to_string(),
+            index
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+                .parse::<usize>()
+                .unwrap(),
+        )
+    });
+    let (conversation, first) = ends.next().unwrap();
+    let (_, last) = ends.next().unwrap();
+    (first..=last)
+        .map(|i| format!("{conversation}.{i}"))
+        .collect()
+}
+
+/// The recall call among a model turn's parts.
+fn recall_call(turn: &Value) -> Value {
+    let parts = turn["parts"].as_array().cloned().unwrap_or_default();
+    parts
+        .into_iter()
+        .find(|part| part["functionCall"]["name"] == "condenser_recall")
+        .unwrap_or(Value::Null)
+}
+
+/// A Gemini that recalls: offered `condenser_recall`, it calls it for every reference the
+/// summary names, the call signed; continued, it refuses (400, as Gemini does) a model turn
+/// whose call lost its signature, and answers with what it was given.
+async fn recalling_gemini() -> MockUpstream {
+    MockUpstream::start(handler(move |r| async move {
+        let path = r.path_and_query.split('?').next().unwrap_or("").to_string();
+        let request: Value = serde_json::from_slice(&r.body).unwrap();
+        if is_summarizer_call(&r) {
+            return json_response(200, &summary_reply(&path, &LOSSY_SUMMARY));
+        }
+        let contents = request["contents"].as_array().unwrap();
+        let last = &contents[contents.len() - 1];
+        let answer = last["parts"][0]["functionResponse"].clone();
+        let parts = if answer["name"] == "condenser_recall" {
+            let call = recall_call(&contents[contents.len() - 2]);
+            if call["thoughtSignature"] != RECALL_SIGNATURE {
+                return json_response(400, &json!({"error": {"code": 400, "status": "INVALID_ARGUMENT",
+                    "message": "Function call is missing a thought_signature in functionCall parts."}}));
+            }
+            json!([{"text": format!("Recalled: {}", answer["response"]["output"].as_str().unwrap())}])
+        } else if request["tools"].to_string().contains("condenser_recall") {
+            json!([{"functionCall": {"name": "condenser_recall", "args": {"refs": named_references(&request)}},
+                "thoughtSignature": RECALL_SIGNATURE}])
+        } else {
+            json!([{"text": "no recall offered"}])
+        };
+        let usage = json!({"promptTokenCount": 100, "candidatesTokenCount": 10, "totalTokenCount": 110});
+        let reply = gemini_reply(parts, usage);
+        if path.ends_with(":streamGenerateContent") {
+            let mut opening = reply.clone();
+            opening["candidates"][0]["content"]["parts"] = json!([{"text": "Let me look. "}]);
+            opening["candidates"][0]
+                .as_object_mut()
+                .unwrap()
+                .remove("finishReason");
+            opening.as_object_mut().unwrap().remove("usageMetadata");
+            return gemini_sse(&[opening, reply]);
+        }
+        json_response(200, &reply)
+    }))
+    .await
+}
+
+/// Recall in Gemini's API: the tool a `functionDeclarations` entry, served whole and
+/// in-stream; the continuation carries the round's call with its thought signature (Gemini
+/// refuses it otherwise), the answer gives back a summarized turn verbatim, and the client
+/// never sees the tool.
+#[tokio::test]
+async fn gemini_recalls_what_its_summary_replaced_whole_and_streamed() {
+    for path in [GENERATE, STREAM] {
+        let upstream = recalling_gemini().await;
+        let proxy = Proxy::start(gemini_config(&upstream.url())).await;
+        let body = gemini_body(&gemini_conversation(20));
+        let url = if path == STREAM {
+            format!("{path}?alt=sse")
+        } else {
+            path.to_string()
+        };
+        let response = post(&proxy, &url, &body).await;
+        assert_eq!(response.status(), 200, "{path}");
+        assert_eq!(header(&response, "x-condenser-action"), "summarized");
+        let text = response.text().await.unwrap();
+        assert!(!text.contains("condenser_recall"), "{path}: {text}");
+        assert!(text.contains("Recalled: "), "{path}: {text}");
+        assert!(
+            text.contains("msg-u1. "),
+            "{path}: a summarized turn, verbatim: {text}"
+        );
+        let sent = model_requests(&upstream);
+        assert_eq!(sent.len(), 2, "{path}");
+        let continuation = &sent[1].1;
+        assert_valid_gemini(continuation);
+        let turns = continuation["contents"].as_array().unwrap();
+        let model_turn = &turns[turns.len() - 2];
+        assert_eq!(model_turn["role"], "model");
+        assert_eq!(
+            recall_call(model_turn)["thoughtSignature"],
+            RECALL_SIGNATURE
+        );
+        if path == STREAM {
+            // The round's text reached the client, and goes back in the round's turn.
+            assert!(text.contains("Let me look. "), "{text}");
+            assert_eq!(model_turn["parts"][0]["text"], "Let me look. ");
+        }
+        let metrics = proxy.metrics().await;
+        assert_eq!(
+            metric(
+                &metrics,
+                r#"condenser_recalls_total{outcome="served",route="gemini"}"#
+            ),
+            Some(1.0),
+            "{metrics}"
+        );
+    }
 }

@@ -8,6 +8,7 @@
 //! `contents` starts with a user turn. The key comes in `x-goog-api-key`, or in `?key=`.
 
 mod error;
+pub mod recall;
 mod rewrite;
 pub mod summary;
 pub mod usage;
@@ -24,6 +25,7 @@ use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::Split;
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::ContextConfig;
+use crate::dialect::recall::RecallWire;
 use crate::dialect::stages::{Dialect, Prepared};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
@@ -86,6 +88,7 @@ impl Dialect for Gemini {
     const SUMMARY: &'static dyn SummaryApi = &summary::GeminiSummary;
     const CONVERSATION_FIELD: &'static str = "contents";
     const ROUTE: Route = Route::named("gemini");
+    const RECALL: Option<&'static dyn RecallWire> = Some(&recall::GeminiRecall);
     type Request = GeminiRequest;
 
     fn compacts(path: &str) -> bool {
