@@ -220,6 +220,14 @@ pub trait StreamWire: Sync {
     /// client sees them; what became of it.
     fn relay(&self, data: &mut Value, view: &mut ClientView) -> Relayed;
 
+    /// A held closing event of a round that a continuation follows: what of it the client
+    /// has yet to get (content an API streams in its closing event: Gemini's last parts,
+    /// chat's last delta), as a body event without what closes. Most APIs close with nothing
+    /// to show.
+    fn unsent(&self, _closing: &mut Value, _view: &mut ClientView) -> Relayed {
+        Relayed::Dropped
+    }
+
     /// Whether a non-JSON event ends the stream (chat's `[DONE]`).
     fn is_end(&self, _event: &[u8]) -> bool {
         false
@@ -297,12 +305,24 @@ impl Stitched {
     }
 
     /// A continuation's stream follows: its opening is not repeated to the client, its
-    /// indices go on after this round's, and its reply is merged after this round's.
-    pub fn next_round(&mut self) {
+    /// indices go on after this round's, and its reply is merged after this round's. What
+    /// the client has yet to get of this round's closing events, before the next round's.
+    pub fn next_round(&mut self) -> Bytes {
         let round = std::mem::replace(&mut self.round, Value::Object(Map::new()));
         self.earlier = Some(self.wire.merge(self.earlier.take(), round));
-        self.closing.clear();
+        let mut out = BytesMut::new();
+        for (event, data) in std::mem::take(&mut self.closing) {
+            let Some(mut data) = data else {
+                continue;
+            };
+            match self.events.unsent(&mut data, &mut self.view) {
+                Relayed::Dropped => {}
+                Relayed::AsItCame => out.extend_from_slice(&event),
+                Relayed::Changed => out.extend_from_slice(&rewrite_event(&event, &data)),
+            }
+        }
         self.view.next_round();
+        out.freeze()
     }
 
     /// No round follows: the events that close the client's stream, written from every

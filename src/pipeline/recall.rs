@@ -528,7 +528,8 @@ impl Streamed {
                 tracing::debug!(round = self.rounds, "recall served; stream continued");
                 self.body = response.into_body();
                 self.pending.clear();
-                self.events.next_round();
+                let unsent = self.events.next_round();
+                self.carry.extend_from_slice(&unsent);
                 Ok(())
             }
             Ok(response) => {

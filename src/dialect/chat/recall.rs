@@ -288,6 +288,28 @@ impl StreamWire for ChatStream {
         relay_delta(chunk, view)
     }
 
+    /// A finish chunk that still carried text: that text, the chunk no longer finishing.
+    fn unsent(&self, chunk: &mut Value, view: &mut ClientView) -> Relayed {
+        let Some(delta) = chunk
+            .pointer_mut("/choices/0/delta")
+            .and_then(Value::as_object_mut)
+        else {
+            return Relayed::Dropped;
+        };
+        tool_deltas(delta, view);
+        if says_nothing(delta) {
+            return Relayed::Dropped;
+        }
+        chunk["choices"][0]["finish_reason"] = Value::Null;
+        if let Some(chunk) = chunk.as_object_mut() {
+            chunk.remove("usage");
+            if let (true, Some(id)) = (view.continued, &view.id) {
+                chunk.insert("id".into(), id.clone());
+            }
+        }
+        Relayed::Changed
+    }
+
     fn is_end(&self, event: &[u8]) -> bool {
         String::from_utf8_lossy(event).contains("[DONE]")
     }
@@ -591,6 +613,30 @@ mod tests {
         assert!(close.contains("\"prompt_tokens\":40"), "{close}");
         assert!(close.ends_with("data: [DONE]\n\n"), "{close}");
         assert!(!close.contains(TOOL_NAME));
+    }
+
+    /// Some servers put the last text in the chunk that finishes: when a continuation
+    /// follows, that text reaches the client before the next round's, not finishing.
+    #[test]
+    fn text_in_a_recalled_rounds_finish_chunk_reaches_the_client_before_the_next_round() {
+        let mut stream = Stitched::new(&ChatRecall);
+        let start = chunk(
+            "a",
+            json!({"tool_calls": [{"index": 0, "id": "r1", "type": "function", "function": {"name": TOOL_NAME, "arguments": "{}"}}]}),
+            None,
+        );
+        assert!(stream.event(&start).is_none());
+        let finish = chunk("a", json!({"content": "One moment. "}), Some("tool_calls"));
+        assert!(stream.event(&finish).is_none());
+        assert_eq!(stream.round_end().calls.recall.len(), 1);
+        let unsent = event_json(&stream.next_round()).unwrap();
+        assert_eq!(unsent["choices"][0]["delta"]["content"], "One moment. ");
+        assert!(unsent["choices"][0]["finish_reason"].is_null());
+        let empty = chunk("b", json!({}), Some("stop"));
+        assert!(stream.event(&empty).is_none());
+        stream.round_end();
+        // A finish chunk with nothing to show gives nothing at the next round.
+        assert!(stream.next_round().is_empty());
     }
 
     #[test]

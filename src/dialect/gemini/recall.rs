@@ -6,8 +6,8 @@
 //!
 //! Streamed (`streamGenerateContent?alt=sse`), each chunk carries new whole parts and no
 //! index: a chunk's recall calls are taken out of it, and the chunk with a `finishReason` is
-//! held. That chunk may carry parts too: the client gets them, and those of every earlier
-//! round's closing chunk (`UNSENT`), in the last chunk, written when the stream closes.
+//! held. That chunk may carry parts too: the client gets them before the next round's, or in
+//! the last chunk when no round follows.
 
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
@@ -21,11 +21,6 @@ pub struct GeminiRecall;
 
 /// How Gemini streams read, for recall.
 struct GeminiStream;
-
-/// A streamed round's parts that came in its held closing chunk, recall calls taken out:
-/// kept beside the round (and the reply merged from it), never sent upstream nor in a
-/// whole reply, and written into the client's last chunk.
-const UNSENT: &str = "condenser:unsent";
 
 fn is_call(part: &Value) -> bool {
     part.get("functionCall").is_some_and(Value::is_object)
@@ -246,18 +241,6 @@ impl RecallWire for GeminiRecall {
         let Some(reply_object) = reply.as_object_mut() else {
             return reply;
         };
-        let mut unsent = earlier
-            .as_ref()
-            .and_then(|e| e.get(UNSENT))
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        if let Some(Value::Array(own)) = reply_object.remove(UNSENT) {
-            unsent.extend(own);
-        }
-        if !unsent.is_empty() {
-            reply_object.insert(UNSENT.into(), Value::Array(unsent));
-        }
         if let Some(earlier) = earlier {
             if let Some(usage) = earlier.get("usageMetadata").filter(|u| u.is_object()) {
                 let mut total = usage.clone();
@@ -322,15 +305,7 @@ impl StreamWire for GeminiStream {
             .pointer_mut("/0/content/parts")
             .and_then(Value::as_array_mut)
         {
-            parts.extend(new.iter().cloned());
-        }
-        if finish_reason(chunk).is_some() {
-            let mut unsent = new;
-            take_out_recall(&mut unsent);
-            let held = round.entry(UNSENT).or_insert_with(|| json!([]));
-            if let Some(held) = held.as_array_mut() {
-                held.extend(unsent);
-            }
+            parts.extend(new);
         }
     }
 
@@ -351,10 +326,27 @@ impl StreamWire for GeminiStream {
         Relayed::changed_if(took || view.continued)
     }
 
-    /// The last round's closing chunk, written with every round's held parts, the merged
+    /// A continued round's closing chunk: its parts (recall taken out), no longer closing.
+    fn unsent(&self, chunk: &mut Value, view: &mut ClientView) -> Relayed {
+        if let Some(object) = chunk.as_object_mut() {
+            object.remove("usageMetadata");
+        }
+        if let Some(candidate) = chunk
+            .pointer_mut("/candidates/0")
+            .and_then(Value::as_object_mut)
+        {
+            candidate.remove("finishReason");
+        }
+        match self.relay(chunk, view) {
+            Relayed::Dropped => Relayed::Dropped,
+            _ if parts_of(chunk).next().is_none() => Relayed::Dropped,
+            _ => Relayed::Changed,
+        }
+    }
+
+    /// The last round's closing chunk, its own parts (recall taken out), with the merged
     /// finish reason and usage summed over the rounds.
     fn close(&self, closing: &mut [Value], merged: &Value, view: &mut ClientView) {
-        let mut unsent = merged.get(UNSENT).and_then(Value::as_array).cloned();
         let id = view
             .id
             .clone()
@@ -366,24 +358,16 @@ impl StreamWire for GeminiStream {
             if let Some(usage) = merged.get("usageMetadata") {
                 chunk["usageMetadata"] = usage.clone();
             }
-            let Some(candidate) = chunk
-                .pointer_mut("/candidates/0")
-                .and_then(Value::as_object_mut)
-            else {
-                continue;
-            };
-            if let Some(reason) = merged.pointer("/candidates/0/finishReason") {
-                candidate.insert("finishReason".into(), reason.clone());
+            if let Some(parts) = parts_mut(chunk) {
+                take_out_recall(parts);
             }
-            let parts = unsent.take().unwrap_or_default();
-            match candidate.get_mut("content").and_then(Value::as_object_mut) {
-                Some(content) if !parts.is_empty() || content.contains_key("parts") => {
-                    content.insert("parts".into(), Value::Array(parts));
-                }
-                None if !parts.is_empty() => {
-                    candidate.insert("content".into(), json!({"role": "model", "parts": parts}));
-                }
-                _ => {}
+            if let (Some(candidate), Some(reason)) = (
+                chunk
+                    .pointer_mut("/candidates/0")
+                    .and_then(Value::as_object_mut),
+                merged.pointer("/candidates/0/finishReason"),
+            ) {
+                candidate.insert("finishReason".into(), reason.clone());
             }
         }
     }
@@ -623,7 +607,6 @@ mod tests {
             json!({"promptTokenCount": 40, "candidatesTokenCount": 5, "totalTokenCount": 45,
                 "thoughtsTokenCount": 7})
         );
-        assert!(merged.get(UNSENT).is_none());
         assert!(!merged.to_string().contains(TOOL_NAME));
     }
 
@@ -723,7 +706,15 @@ mod tests {
         );
         assert!(!calls.client_calls);
 
-        stream.next_round();
+        // The closing chunk's text reaches the client before the next round's.
+        let unsent = stream.next_round();
+        let unsent = event_json(&unsent).unwrap_or_default();
+        assert_eq!(
+            unsent["candidates"][0]["content"]["parts"],
+            json!([{"text": "One moment."}])
+        );
+        assert!(unsent["candidates"][0].get("finishReason").is_none());
+        assert!(unsent.get("usageMetadata").is_none());
         let round_two = [
             reply(
                 "b",
@@ -753,7 +744,7 @@ mod tests {
         assert_eq!(last["candidates"][0]["finishReason"], "STOP");
         assert_eq!(
             last["candidates"][0]["content"]["parts"],
-            json!([{"text": "One moment."}, {"text": "", "thoughtSignature": "ZW5k"}])
+            json!([{"text": "", "thoughtSignature": "ZW5k"}])
         );
         assert_eq!(last["usageMetadata"], usage(40, 8));
     }
