@@ -432,6 +432,22 @@ pub fn sum_usage(earlier: &Value, reply: &mut Map<String, Value>) {
     reply.insert("usage".into(), total);
 }
 
+/// How far past the parts gathered so far a stream may number a new one: a part numbered
+/// further is not gathered, so that no index upstream writes sizes condenser's memory.
+const MAX_INDEX_GAP: usize = 64;
+
+/// The place of a streamed part in its round's list, by the index its stream gave it, the
+/// list grown to hold it; `None` for an index far past the parts gathered so far.
+pub fn slot(list: &mut Vec<Value>, index: usize) -> Option<&mut Value> {
+    if index > list.len() + MAX_INDEX_GAP {
+        return None;
+    }
+    if list.len() <= index {
+        list.resize(index + 1, Value::Null);
+    }
+    list.get_mut(index)
+}
+
 /// Appends `text` to the string at `field` of `object` (made one when absent).
 pub fn append_text(object: &mut Map<String, Value>, field: &str, text: &str) {
     match object.get_mut(field) {
@@ -457,5 +473,35 @@ pub fn answer_text(answered: &Answered) -> String {
         format!("Error: {}", answered.text)
     } else {
         answered.text.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_part_is_gathered_at_its_index_but_never_one_numbered_far_past_the_rest() {
+        let mut list = vec![json!("a")];
+        assert!(slot(&mut list, 2).is_some());
+        assert_eq!(list, [json!("a"), Value::Null, Value::Null]);
+        assert!(slot(&mut list, 1_000_000_000_000).is_none());
+        assert!(slot(&mut list, 3 + MAX_INDEX_GAP + 1).is_none());
+        assert_eq!(list.len(), 3);
+    }
+
+    #[test]
+    fn a_tool_is_named_as_every_api_writes_it() {
+        for tool in [
+            json!({"name": TOOL_NAME}),
+            json!({"type": "function", "function": {"name": TOOL_NAME}}),
+        ] {
+            assert!(names_the_tool(&tool), "{tool}");
+        }
+        assert!(!names_the_tool(&json!({"name": "bash"})));
+        assert!(!names_the_tool(
+            &json!({"type": "function", "function": {"name": "bash"}})
+        ));
     }
 }

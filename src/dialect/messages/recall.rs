@@ -10,8 +10,8 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use crate::dialect::recall::{
-    append_text, names_the_tool, parameters, sum_usage, text_of, Answered, ClientView, Kind, Part,
-    RecallCall, RecallWire, Relayed, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
+    append_text, names_the_tool, parameters, slot, sum_usage, text_of, Answered, ClientView, Kind,
+    Part, RecallCall, RecallWire, Relayed, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
 };
 
 /// The recall tool as Anthropic's Messages API writes it.
@@ -218,10 +218,9 @@ impl StreamWire for MessagesStream {
             if is_tool_use(&block) {
                 block["input"] = json!("");
             }
-            if content.len() <= index {
-                content.resize(index + 1, Value::Null);
+            if let Some(place) = slot(content, index) {
+                *place = block;
             }
-            content[index] = block;
             return;
         }
         let Some(block) = content.get_mut(index).and_then(Value::as_object_mut) else {

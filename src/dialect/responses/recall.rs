@@ -19,8 +19,8 @@ use serde_json::{json, Map, Value};
 
 use super::view::{is_tool_call, item_type};
 use crate::dialect::recall::{
-    add_usage, answer_text, names_the_tool, parameters, text_of, Answered, ClientView, Kind, Part,
-    RecallCall, RecallWire, Relayed, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
+    add_usage, answer_text, names_the_tool, parameters, slot, text_of, Answered, ClientView, Kind,
+    Part, RecallCall, RecallWire, Relayed, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
 };
 
 pub struct ResponsesRecall;
@@ -240,11 +240,8 @@ impl StreamWire for ResponsesStream {
             return;
         };
         let items = round.entry("output").or_insert_with(|| json!([]));
-        if let Some(items) = items.as_array_mut() {
-            if items.len() <= index {
-                items.resize(index + 1, Value::Null);
-            }
-            items[index] = item.clone();
+        if let Some(place) = items.as_array_mut().and_then(|items| slot(items, index)) {
+            *place = item.clone();
         }
     }
 
