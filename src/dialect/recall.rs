@@ -420,16 +420,17 @@ pub fn add_usage(into: &mut Value, add: &Value) {
     }
 }
 
-/// `earlier`'s usage added to `reply`'s, in `reply`: the usage of every round so far.
-pub fn sum_usage(earlier: &Value, reply: &mut Map<String, Value>) {
-    let Some(earlier) = earlier.get("usage").filter(|u| u.is_object()) else {
+/// `earlier`'s usage (at `field`: `usage`, Gemini's `usageMetadata`) added to `reply`'s, in
+/// `reply`: the usage of every round so far.
+pub fn sum_usage(earlier: &Value, reply: &mut Map<String, Value>, field: &str) {
+    let Some(earlier) = earlier.get(field).filter(|u| u.is_object()) else {
         return;
     };
     let mut total = earlier.clone();
-    if let Some(own) = reply.get("usage") {
+    if let Some(own) = reply.get(field) {
         add_usage(&mut total, own);
     }
-    reply.insert("usage".into(), total);
+    reply.insert(field.into(), total);
 }
 
 /// How far past the parts gathered so far a stream may number a new one: a part numbered

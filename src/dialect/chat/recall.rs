@@ -130,7 +130,7 @@ impl RecallWire for ChatRecall {
             }
         }
         if let Some(reply) = reply.as_object_mut() {
-            sum_usage(&earlier, reply);
+            sum_usage(&earlier, reply, "usage");
             if let Some(id) = earlier.get("id") {
                 reply.insert("id".into(), id.clone());
             }

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use crate::dialect::recall::{
-    add_usage, names_the_tool, parameters, Answered, ClientView, Kind, Part, RecallCall,
+    names_the_tool, parameters, sum_usage, Answered, ClientView, Kind, Part, RecallCall,
     RecallWire, Relayed, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
 };
 
@@ -242,13 +242,7 @@ impl RecallWire for GeminiRecall {
             return reply;
         };
         if let Some(earlier) = earlier {
-            if let Some(usage) = earlier.get("usageMetadata").filter(|u| u.is_object()) {
-                let mut total = usage.clone();
-                if let Some(own) = reply_object.get("usageMetadata") {
-                    add_usage(&mut total, own);
-                }
-                reply_object.insert("usageMetadata".into(), total);
-            }
+            sum_usage(&earlier, reply_object, "usageMetadata");
             if let Some(id) = earlier.get("responseId") {
                 reply_object.insert("responseId".into(), id.clone());
             }

@@ -108,7 +108,7 @@ impl RecallWire for MessagesRecall {
         let client_calls = own.iter().any(is_tool_use);
         let mut merged = Vec::new();
         if let Some(mut earlier) = earlier {
-            sum_usage(&earlier, &mut reply);
+            sum_usage(&earlier, &mut reply, "usage");
             if let Some(Value::Array(blocks)) = earlier.get_mut("content").map(Value::take) {
                 merged = blocks;
             }

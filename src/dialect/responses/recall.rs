@@ -19,7 +19,7 @@ use serde_json::{json, Map, Value};
 
 use super::view::{is_tool_call, item_type};
 use crate::dialect::recall::{
-    add_usage, answer_text, names_the_tool, parameters, slot, text_of, Answered, ClientView, Kind,
+    answer_text, names_the_tool, parameters, slot, sum_usage, text_of, Answered, ClientView, Kind,
     Part, RecallCall, RecallWire, Relayed, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
 };
 
@@ -140,21 +140,14 @@ impl RecallWire for ResponsesRecall {
         without_the_tool(&mut reply);
         let mut items: Vec<Value> = earlier.iter().flat_map(output).cloned().collect();
         items.extend(output(&reply).filter(|item| !is_recall_call(item)).cloned());
-        let mut usage = earlier.as_ref().and_then(|e| e.get("usage")).cloned();
-        if let Some(own) = reply.get("usage").filter(|u| u.is_object()) {
-            match &mut usage {
-                Some(total) => add_usage(total, own),
-                None => usage = Some(own.clone()),
-            }
-        }
         if let Some(response) = reply.as_object_mut() {
+            if let Some(earlier) = &earlier {
+                sum_usage(earlier, response, "usage");
+            }
             if response.contains_key("output_text") {
                 response.insert("output_text".into(), json!(output_text(&items)));
             }
             response.insert("output".into(), Value::Array(items));
-            if let Some(usage) = usage {
-                response.insert("usage".into(), usage);
-            }
         }
         reply
     }
