@@ -282,8 +282,10 @@ async fn condenser_plan_tells_the_trimmed_prompt_the_proxy_forwards() {
     std::fs::write(&config_path, config.to_toml()).unwrap();
     let proxy = Proxy::start(config).await;
     let mut messages = agent_session(60);
+    // The last three outputs, the recent part, cannot fit the hard limit even alone: they
+    // are shortened, the newest last.
     for message in messages.iter_mut().rev().step_by(2).take(3) {
-        message["content"] = Value::String(filler(7, 2_500));
+        message["content"] = Value::String(filler(7, 5_500));
     }
     let body = serde_json::to_vec(&chat_body(&messages)).unwrap();
     let config_arg = config_path.to_str().unwrap();
@@ -309,6 +311,7 @@ async fn condenser_plan_tells_the_trimmed_prompt_the_proxy_forwards() {
         .unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "trimmed");
+    assert!(!header(&response, "x-condenser-recent-shortened").is_empty());
     let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
         .parse()
         .unwrap();
