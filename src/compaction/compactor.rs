@@ -337,12 +337,6 @@ impl OnHand {
     fn longest_before(&self, end: usize) -> Option<(usize, Arc<Summary>)> {
         self.cached.iter().rev().find(|(e, _)| *e < end).cloned()
     }
-
-    /// Whether anything on hand or being made ends after `end`: the next step exists.
-    fn beyond(&self, end: usize) -> bool {
-        self.cached.last().is_some_and(|(e, _)| *e > end)
-            || self.pending.as_ref().is_some_and(|(e, _)| *e > end)
-    }
 }
 
 /// The request's prefix keys and what its summaries are made from.
@@ -857,8 +851,19 @@ fn without_waiting(
             ));
         }
     };
+    // Past the precompute line, counted on what is forwarded, the next step is made unless
+    // one on hand or in the making would take over: a summary that ends later but would
+    // itself leave the prompt past the line covers too little, and is extended.
     let make_ahead_from = |form: &Form| {
-        if form.tier == Tier::Precompute && !on_hand.beyond(form.end) {
+        let ready = on_hand
+            .pending
+            .as_ref()
+            .is_some_and(|(end, _)| *end > form.end)
+            || on_hand.cached.iter().any(|(end, summary)| {
+                *end > form.end
+                    && Form::fresh(on, Some(summary.clone()), *end).tier < Tier::Precompute
+            });
+        if form.tier == Tier::Precompute && !ready {
             make(split.ahead);
         }
     };
