@@ -245,7 +245,8 @@ async fn counted_as<D: Dialect>(
     let request = D::parse(body.as_bytes(), D::PATH)?;
     let catalog = ModelCatalog::new(config.models.clone(), config.tokens.clone());
     let counter = TokenCounter::new(config.tokens.unknown_model_margin);
-    let prepared = D::count(&request, &catalog, &counter).await;
+    let mut prepared = D::count(&request, &catalog, &counter).await;
+    prepared.apply_tool_policies(&D::conversation(&request), &config.context.tools);
     let roles = D::conversation(&request)
         .iter()
         .map(|m| {

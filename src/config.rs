@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::conversation::ToolCut;
 use crate::tokens::catalog::{ModelOverride, TokensConfig};
 
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +139,42 @@ pub struct ContextConfig {
     pub response_reserve_tokens: u64,
     pub summary_role: SummaryRole,
     pub on_failure: OnFailure,
+    /// `[[context.tools]]`: how given tools' outputs may be cut, first match wins.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolPolicy>,
+}
+
+/// One `[[context.tools]]` entry: the tools it names (globs on the tool's name, `Read`,
+/// `mcp__*`), and how their outputs may be cut.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolPolicy {
+    pub names: Vec<String>,
+    pub cut: ToolCut,
+}
+
+/// How an output answering the tools `names` may be cut: by the first policy naming each;
+/// `never` for any of them keeps it whole, else `first` for any cuts it first.
+pub fn tool_cut(policies: &[ToolPolicy], names: &[&str]) -> ToolCut {
+    let of = |name: &str| {
+        policies
+            .iter()
+            .find(|policy| {
+                policy
+                    .names
+                    .iter()
+                    .any(|glob| wildmatch::WildMatch::new(glob).matches(name))
+            })
+            .map_or(ToolCut::Normal, |policy| policy.cut)
+    };
+    let cuts: Vec<ToolCut> = names.iter().map(|name| of(name)).collect();
+    if cuts.contains(&ToolCut::Never) {
+        ToolCut::Never
+    } else if cuts.contains(&ToolCut::First) {
+        ToolCut::First
+    } else {
+        ToolCut::Normal
+    }
 }
 
 impl Default for ContextConfig {
@@ -153,6 +190,7 @@ impl Default for ContextConfig {
             response_reserve_tokens: 4096,
             summary_role: SummaryRole::System,
             on_failure: OnFailure::Trim,
+            tools: Vec::new(),
         }
     }
 }
@@ -192,6 +230,7 @@ impl ContextConfig {
                 .unwrap_or(self.response_reserve_tokens),
             summary_role: profile.summary_role.unwrap_or(self.summary_role),
             on_failure: profile.on_failure.unwrap_or(self.on_failure),
+            tools: self.tools.clone(),
         }
     }
 

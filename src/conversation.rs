@@ -93,12 +93,88 @@ pub fn view_content(parts: Vec<Value>) -> Value {
     }
 }
 
+/// How a tool's outputs may be cut (`[[context.tools]]`): as any other (`Normal`), `never`
+/// (kept whole in the cut middle and in the summarizer's span), or `first` (cut at a cut step
+/// before the other outputs of the middle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolCut {
+    #[default]
+    Normal,
+    Never,
+    First,
+}
+
 /// What the planner needs of one item.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Item {
     pub role: Role,
     pub kind: Kind,
     pub tokens: u32,
+    /// For a tool output, how its tool's policy lets it be cut; `Normal` for any other item.
+    pub cut: ToolCut,
+}
+
+impl Item {
+    pub fn new(role: Role, kind: Kind, tokens: u32) -> Item {
+        Item {
+            role,
+            kind,
+            tokens,
+            cut: ToolCut::Normal,
+        }
+    }
+
+    /// A tool output that a cut may shorten: over the cut size `keep`, and not kept whole by
+    /// its tool's policy.
+    pub fn cuttable(&self, keep: u32) -> bool {
+        self.kind == Kind::ToolResult && self.tokens > keep && self.cut != ToolCut::Never
+    }
+}
+
+/// The names of the tools each item of `view` answers, for the tool outputs among `items`:
+/// a chat-shaped conversation view (every dialect presents one), whose calls are assistant
+/// messages' `tool_calls`. An output naming its call (`tool_call_id`) answers that call; one
+/// that does not (a Messages or Gemini turn answering every call before it) answers every
+/// call of its unit.
+pub fn answered_tools<'v>(view: &'v [Value], items: &[Item]) -> Vec<Vec<&'v str>> {
+    let mut calls: Vec<(&str, &str)> = Vec::new();
+    let mut previous = None;
+    let mut answered = Vec::with_capacity(view.len());
+    for (message, item) in view.iter().zip(items) {
+        let mut names = Vec::new();
+        match item.kind {
+            Kind::ToolCall => {
+                // A new round's calls, unless they continue the calls just before.
+                if previous != Some(Kind::ToolCall) {
+                    calls.clear();
+                }
+                let listed = message.get("tool_calls").and_then(Value::as_array);
+                for call in listed.into_iter().flatten() {
+                    let id = call.get("id").and_then(Value::as_str).unwrap_or("");
+                    let name = call
+                        .pointer("/function/name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
+                    calls.push((id, name));
+                }
+            }
+            Kind::ToolResult => {
+                let id = message.get("tool_call_id").and_then(Value::as_str);
+                names = calls
+                    .iter()
+                    .filter(|(call, _)| id.is_none_or(|id| id == *call))
+                    .map(|(_, name)| *name)
+                    .collect();
+            }
+            _ => {}
+        }
+        if item.kind != Kind::Reasoning {
+            previous = Some(item.kind);
+        }
+        answered.push(names);
+    }
+    answered
 }
 
 /// How many leading items are the head (system and developer messages), always kept.
@@ -175,11 +251,7 @@ mod tests {
     use super::*;
 
     fn item(role: Role, kind: Kind) -> Item {
-        Item {
-            role,
-            kind,
-            tokens: 1,
-        }
+        Item::new(role, kind, 1)
     }
 
     #[test]

@@ -13,8 +13,8 @@ use serde_json::Value;
 
 use crate::compaction::cache::{prefix_keys, scope, ScopeHeaders, SummaryCache};
 use crate::compaction::plan::{
-    advance_horizon, cuts_before, saving, summary_room, Limits, Mode, Shorten, Split, Tier,
-    SUMMARY_FRAMING_TOKENS,
+    advance_horizon, cuts_before, saving, summary_room, Horizon, Limits, Mode, Shorten, Split,
+    Tier, SUMMARY_FRAMING_TOKENS,
 };
 use crate::compaction::recall;
 use crate::compaction::redis::{unix_now, LockOutcome, RedisStore};
@@ -23,7 +23,7 @@ use crate::compaction::summarizer::{Evicted, Summarizer, SummaryRequest};
 use crate::compaction::summary::{Key, Summary};
 use crate::compaction::summary_api::SummaryEndpoint;
 use crate::config::{Config, ConfigError, ContextConfig, OnFailure};
-use crate::conversation::Item;
+use crate::conversation::{Item, ToolCut};
 use crate::error::{ProxyError, SummarizeError};
 use crate::observe::metrics::SummarizerHealth;
 use crate::tokens::catalog::{ModelCatalog, ModelInfo};
@@ -322,7 +322,7 @@ struct OnHand {
     /// The cut horizons earlier rewrites of this conversation recorded, by where their kept
     /// part starts (a cached summary's end, or the head), each checked against this
     /// request's items.
-    horizons: HashMap<usize, usize>,
+    horizons: HashMap<usize, Horizon>,
 }
 
 impl OnHand {
@@ -347,6 +347,7 @@ struct Lookup<'r> {
     source: SpanSource,
     messages: &'r [Value],
     counts: &'r [u32],
+    items: &'r [Item],
 }
 
 impl Lookup<'_> {
@@ -364,9 +365,11 @@ impl Lookup<'_> {
         let new_messages = self.messages[from..end]
             .iter()
             .zip(&self.counts[from..end])
-            .map(|(message, &tokens)| Evicted {
+            .zip(&self.items[from..end])
+            .map(|((message, &tokens), item)| Evicted {
                 message: message.clone(),
                 tokens,
+                whole: item.cut == ToolCut::Never,
             })
             .collect();
         SpanJob {
@@ -504,6 +507,7 @@ async fn lookup<'r>(
         },
         messages: job.messages,
         counts: &job.count.per_message,
+        items: job.items,
     };
     (lookup, on_hand)
 }
@@ -525,13 +529,29 @@ fn anchor(scope: &Key, keys: &[Key], start: usize, fixed: u32) -> Key {
     *hasher.finalize().as_bytes()
 }
 
-/// What a horizon record says: the horizon, and the hash of the prefix up to it, so that a
-/// conversation whose items before the horizon changed does not take another's cuts.
-fn horizon_record(horizon: usize, prefix: &Key) -> String {
-    let mut record = horizon.to_string();
-    record.push(' ');
-    record.push_str(&blake3::Hash::from_bytes(*prefix).to_hex());
-    record
+/// What a horizon record says: the horizon (where every output is cut, and where those of
+/// tools cut first are), and the hash of the prefix up to its reach, so that a conversation
+/// whose items before it changed does not take another's cuts.
+fn horizon_record(horizon: Horizon, prefix: &Key) -> String {
+    format!(
+        "{} {} {}",
+        horizon.all,
+        horizon.first,
+        blake3::Hash::from_bytes(*prefix).to_hex()
+    )
+}
+
+/// The horizon a record names; a record of one number (written before tools could be cut
+/// first) has both at it.
+fn recorded_horizon(record: &str) -> Option<Horizon> {
+    let mut fields = record.split(' ');
+    let all = fields.next()?.parse().ok()?;
+    let second = fields.next()?;
+    let first = match fields.next() {
+        Some(_) => second.parse().ok()?,
+        None => all,
+    };
+    Some(Horizon { all, first })
 }
 
 /// The prefix hash up to `end`, continuing the chain from the kept part's anchor.
@@ -552,7 +572,7 @@ async fn recorded_horizons(
     job: &CompactionJob<'_>,
     lookup: &Lookup<'_>,
     on_hand: &OnHand,
-) -> HashMap<usize, usize> {
+) -> HashMap<usize, Horizon> {
     let starts: Vec<usize> = std::iter::once(job.split.head)
         .chain(on_hand.cached.iter().map(|(end, _)| *end))
         .collect();
@@ -571,10 +591,10 @@ async fn recorded_horizons(
         .zip(records)
         .filter_map(|((&start, anchor), record)| {
             let record = record?;
-            let (horizon, _) = record.split_once(' ')?;
-            let horizon: usize = horizon.parse().ok()?;
-            let prefix = prefix_up_to(anchor, job.messages, start, horizon)?;
-            (horizon >= start && *record == *horizon_record(horizon, &prefix))
+            let horizon = recorded_horizon(&record)?;
+            let prefix = prefix_up_to(anchor, job.messages, start, horizon.reach())?;
+            let hash = blake3::Hash::from_bytes(prefix).to_hex();
+            (horizon.all >= start && horizon.first >= start && record.ends_with(hash.as_str()))
                 .then_some((start, horizon))
         })
         .collect()
@@ -588,12 +608,12 @@ async fn record_horizon(
     form: &Form,
 ) {
     // A request as sent has nothing to keep; one already on record, nothing to add.
-    let unchanged = form.summary.is_none() && form.horizon == form.end;
+    let unchanged = form.summary.is_none() && form.horizon == Horizon::at(form.end);
     if unchanged || on_hand.horizons.get(&form.end) == Some(&form.horizon) {
         return;
     }
     let anchor = anchor(&lookup.scope, &lookup.keys, form.end, job.count.fixed);
-    let Some(prefix) = prefix_up_to(&anchor, job.messages, form.end, form.horizon) else {
+    let Some(prefix) = prefix_up_to(&anchor, job.messages, form.end, form.horizon.reach()) else {
         return;
     };
     compactor
@@ -613,7 +633,7 @@ async fn record_horizon(
 struct Form {
     end: usize,
     summary: Option<Arc<Summary>>,
-    horizon: usize,
+    horizon: Horizon,
     tier: Tier,
 }
 
@@ -621,12 +641,12 @@ struct Form {
 type On<'a, 'r> = (&'a CompactionJob<'r>, &'a Lookup<'r>);
 
 impl Form {
-    fn at(on: On<'_, '_>, summary: Option<Arc<Summary>>, end: usize, horizon: usize) -> Form {
+    fn at(on: On<'_, '_>, summary: Option<Arc<Summary>>, end: usize, horizon: Horizon) -> Form {
         let (job, _) = on;
         // No horizon reaches into the recent part, whatever an earlier request recorded
         // (rule 3: a client that resends fewer items, or keeps fewer recent ones, gets them
         // whole).
-        let horizon = horizon.min(job.split.recent_start.max(end));
+        let horizon = horizon.within(job.split.recent_start.max(end));
         let (tokens, messages) = estimate(on, summary.as_deref(), end, horizon);
         Form {
             end,
@@ -650,7 +670,7 @@ impl Form {
 
     /// Taken up now for the first time: its outputs cut, oldest first, down to the target.
     fn fresh(on: On<'_, '_>, summary: Option<Arc<Summary>>, end: usize) -> Form {
-        Form::at(on, summary, end, end).stepped(on)
+        Form::at(on, summary, end, Horizon::at(end)).stepped(on)
     }
 
     /// Its horizon moved on, in one step, so that the prompt comes down to the target.
@@ -675,7 +695,7 @@ impl Form {
 /// The outputs a form keeping the items from `end` on cuts: those of the middle before
 /// `horizon`, and the recent ones the plan shortens only when the recent part alone cannot
 /// fit the hard limit.
-fn form_cuts(job: &CompactionJob<'_>, end: usize, horizon: usize) -> Vec<Shorten> {
+fn form_cuts(job: &CompactionJob<'_>, end: usize, horizon: Horizon) -> Vec<Shorten> {
     let mut cuts = cuts_before(job.items, end, horizon);
     cuts.extend(
         job.split
@@ -693,7 +713,7 @@ fn estimate(
     (job, lookup): On<'_, '_>,
     summary: Option<&Summary>,
     end: usize,
-    horizon: usize,
+    horizon: Horizon,
 ) -> (u64, usize) {
     let cuts = saving(&form_cuts(job, end, horizon));
     let items = job.count.per_message.len();
@@ -890,7 +910,7 @@ fn without_waiting(
         make_ahead_from(step);
         return Some((step.clone(), CacheOutcome::Hit));
     }
-    let as_sent = Form::at(on, None, split.head, split.head);
+    let as_sent = Form::at(on, None, split.head, Horizon::at(split.head));
     let current = in_use.unwrap_or(as_sent);
     if current.tier < Tier::Hard {
         make(split.tail_start);

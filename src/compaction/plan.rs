@@ -5,7 +5,7 @@ use crate::config::ContextConfig;
 use std::fmt;
 use std::ops::Range;
 
-use crate::conversation::{head_len, task_prompt, units, Item, Kind};
+use crate::conversation::{head_len, task_prompt, units, Item, Kind, ToolCut};
 
 /// What a shortened tool output counts, whole: the one size every cut output is brought to,
 /// so that the cut depends only on the output (and reads the same on every later turn).
@@ -616,7 +616,7 @@ impl<'a> Splitter<'a> {
         if split.estimated_tokens > self.limits.target {
             let horizon = advance_horizon(
                 self.input.messages,
-                start,
+                Horizon::at(start),
                 split.estimated_tokens,
                 self.limits.target,
                 recent,
@@ -675,7 +675,7 @@ pub fn shorten_recent(items: &[Item], recent: usize, over: u64) -> Vec<Shorten> 
         if left == 0 {
             break;
         }
-        if item.kind != Kind::ToolResult || item.tokens <= SHORTENED_OUTPUT_TOKENS {
+        if !item.cuttable(SHORTENED_OUTPUT_TOKENS) {
             continue;
         }
         let cut = u64::from(item.tokens - SHORTENED_OUTPUT_TOKENS).min(left);
@@ -689,16 +689,50 @@ pub fn shorten_recent(items: &[Item], recent: usize, over: u64) -> Vec<Shorten> 
     cuts
 }
 
+/// Where a session's cuts reach in a kept part: every output before `all`, and the outputs
+/// of tools cut first (`ToolCut::First`) before `first`. It is what a session's rewrites keep
+/// from one turn to the next (rule 8): outputs before it read the same, cut, on every turn
+/// until a summary takes them; outputs after it are whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Horizon {
+    pub all: usize,
+    pub first: usize,
+}
+
+impl Horizon {
+    /// Nothing cut from `index` on.
+    pub fn at(index: usize) -> Horizon {
+        Horizon {
+            all: index,
+            first: index,
+        }
+    }
+
+    /// Where its last cut may be.
+    pub fn reach(self) -> usize {
+        self.all.max(self.first)
+    }
+
+    /// It, reaching no further than `limit`.
+    pub fn within(self, limit: usize) -> Horizon {
+        Horizon {
+            all: self.all.min(limit),
+            first: self.first.min(limit),
+        }
+    }
+
+    fn cuts(self, index: usize, item: &Item) -> bool {
+        item.cuttable(SHORTENED_OUTPUT_TOKENS)
+            && (index < self.all || index < self.first && item.cut == ToolCut::First)
+    }
+}
+
 /// The tool outputs cut in a kept part that starts at `kept_from`, with the cut horizon at
-/// `horizon`: every output before the horizon over the cut size. The horizon is what a
-/// session's rewrites keep from one turn to the next (rule 8): outputs before it read the
-/// same, cut, on every turn until a summary takes them; outputs after it are whole.
-pub fn cuts_before(items: &[Item], kept_from: usize, horizon: usize) -> Vec<Shorten> {
-    let horizon = horizon.min(items.len());
-    (kept_from..horizon)
-        .filter(|&index| {
-            items[index].kind == Kind::ToolResult && items[index].tokens > SHORTENED_OUTPUT_TOKENS
-        })
+/// `horizon`: every output before it over the cut size, but those whose tool is never cut.
+pub fn cuts_before(items: &[Item], kept_from: usize, horizon: Horizon) -> Vec<Shorten> {
+    let reach = horizon.reach().min(items.len());
+    (kept_from..reach)
+        .filter(|&index| horizon.cuts(index, &items[index]))
         .map(|index| Shorten {
             index,
             tokens: items[index].tokens,
@@ -714,29 +748,44 @@ pub fn saving(cuts: &[Shorten]) -> u64 {
         .sum()
 }
 
-/// Where the cut horizon moves from `horizon`, oldest output first, for a prompt estimated
-/// at `estimate` (with the cuts before `horizon`) to come down to `budget`: just past the
-/// output whose cut gets it there, or to `floor` (where the recent part starts, which is
-/// never cut) when nothing before it does. Oldest first: what changes is then as far back
-/// as it can be. A horizon only moves forward, in one step to the budget, so a session's
-/// cuts change only at such a step.
+/// Where the cut horizon moves from `horizon`, for a prompt estimated at `estimate` (with
+/// the cuts before `horizon`) to come down to `budget`: the outputs of tools cut first, oldest
+/// first, then every output, oldest first, each horizon just past the output whose cut gets
+/// it there, or to `floor` (where the recent part starts, which is never cut) when nothing
+/// before it does. Oldest first: what changes is then as far back as it can be. A horizon
+/// only moves forward, in one step to the budget, so a session's cuts change only at such a
+/// step.
 pub fn advance_horizon(
     items: &[Item],
-    horizon: usize,
+    horizon: Horizon,
     estimate: u64,
     budget: u64,
     floor: usize,
-) -> usize {
+) -> Horizon {
     let mut estimate = estimate;
     let mut horizon = horizon;
     let floor = floor.min(items.len());
-    for (index, item) in items.iter().enumerate().take(floor).skip(horizon) {
+    let saving = |item: &Item| u64::from(item.tokens - SHORTENED_OUTPUT_TOKENS);
+    for (index, item) in items.iter().enumerate().take(floor).skip(horizon.first) {
         if estimate <= budget {
             break;
         }
-        if item.kind == Kind::ToolResult && item.tokens > SHORTENED_OUTPUT_TOKENS {
-            estimate -= u64::from(item.tokens - SHORTENED_OUTPUT_TOKENS);
-            horizon = index + 1;
+        if item.cut == ToolCut::First && item.cuttable(SHORTENED_OUTPUT_TOKENS) {
+            if !horizon.cuts(index, item) {
+                estimate -= saving(item);
+            }
+            horizon.first = index + 1;
+        }
+    }
+    for (index, item) in items.iter().enumerate().take(floor).skip(horizon.all) {
+        if estimate <= budget {
+            break;
+        }
+        if item.cuttable(SHORTENED_OUTPUT_TOKENS) {
+            if !horizon.cuts(index, item) {
+                estimate -= saving(item);
+            }
+            horizon.all = index + 1;
         }
     }
     horizon
@@ -754,15 +803,11 @@ mod tests {
         } else {
             Kind::Message
         };
-        Item { role, kind, tokens }
+        Item::new(role, kind, tokens)
     }
 
     fn call(tokens: u32) -> Item {
-        Item {
-            role: Role::Assistant,
-            kind: Kind::ToolCall,
-            tokens,
-        }
+        Item::new(Role::Assistant, Kind::ToolCall, tokens)
     }
 
     fn settings() -> ContextConfig {
@@ -1019,6 +1064,52 @@ mod tests {
     }
 
     #[test]
+    fn a_tool_never_cut_keeps_its_outputs_whole_and_one_cut_first_goes_first() {
+        let output = |tokens, cut| Item {
+            cut,
+            ..msg(Role::Tool, tokens)
+        };
+        let mut m = vec![msg(Role::System, 100), msg(Role::User, 50)];
+        for cut in [
+            ToolCut::Normal,
+            ToolCut::Never,
+            ToolCut::Normal,
+            ToolCut::First,
+        ] {
+            m.push(call(30));
+            m.push(output(1_500, cut));
+        }
+        let floor = m.len();
+        let never = 5;
+        let first = 9;
+        // Cutting one output is enough: the one cut first goes, though it is the newest.
+        let horizon = advance_horizon(&m, Horizon::at(2), 6_000, 5_000, floor);
+        let cut: Vec<usize> = cuts_before(&m, 2, horizon)
+            .iter()
+            .map(|c| c.index)
+            .collect();
+        assert_eq!(cut, vec![first]);
+        // Cutting everything it may: every output but the one never cut.
+        let horizon = advance_horizon(&m, Horizon::at(2), 6_000, 0, floor);
+        let cut: Vec<usize> = cuts_before(&m, 2, horizon)
+            .iter()
+            .map(|c| c.index)
+            .collect();
+        assert_eq!(cut, vec![3, 7, first]);
+        assert!(!cut.contains(&never));
+        // A later step moves the horizon on from where it was, the first cut kept.
+        let step = advance_horizon(&m, Horizon::at(2), 6_000, 5_000, floor);
+        let later = advance_horizon(&m, step, 6_000 - 1_244, 4_000, floor);
+        assert_eq!(later.first, step.first);
+        let cut: Vec<usize> = cuts_before(&m, 2, later).iter().map(|c| c.index).collect();
+        assert_eq!(cut, vec![3, first]);
+        // Nor is a recent output of a tool never cut shortened when the recent part alone
+        // is over the hard limit.
+        let recent = shorten_recent(&m, 2, 10_000);
+        assert!(recent.iter().all(|c| c.index != never));
+    }
+
+    #[test]
     fn cuts_reach_the_middle_only() {
         let s = ContextConfig {
             keep_recent_messages: 6,
@@ -1033,8 +1124,8 @@ mod tests {
         }
         let floor = m.len() - 6;
         let items = m.clone();
-        let horizon = advance_horizon(&items, 2, 9_000, 0, floor);
-        assert_eq!(horizon, floor, "no further than the recent part");
+        let horizon = advance_horizon(&items, Horizon::at(2), 9_000, 0, floor);
+        assert_eq!(horizon.reach(), floor, "no further than the recent part");
         assert!(cuts_before(&items, 2, horizon)
             .iter()
             .all(|c| c.index < floor));
@@ -1397,8 +1488,11 @@ mod tests {
                     prop_assert!(split.estimated_tokens <= limits.usable, "{:?}", split);
                     // What the recent part alone needs: the head, the task, the summary's
                     // room, and the recent items whole.
+                    let task = task_prompt(&m, &conversation_units(&m)).unwrap_or(1..2);
+                    let pinned = task.start.min(recent)..task.end.min(recent);
                     let alone = u64::from(i.fixed_tokens)
-                        + sum(&m[..2])
+                        + sum(&m[..1])
+                        + sum(&m[pinned])
                         + u64::from(i.summary_tokens)
                         + sum(&m[recent..]);
                     let altered = split.recent_altered(split.tail_start, &split.shorten);

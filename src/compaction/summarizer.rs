@@ -96,6 +96,8 @@ impl SummarizeError {
 pub struct Evicted {
     pub message: Value,
     pub tokens: u32,
+    /// A tool output its tool's policy keeps whole (`cut = "never"`), in the span too.
+    pub whole: bool,
 }
 
 pub struct SummaryRequest {
@@ -456,7 +458,7 @@ fn is_tool_output(message: &Value) -> bool {
 /// How much of a message the summarizer sees: tool outputs are cut short, and no message is
 /// larger than one chunk.
 fn keep_tokens(m: &Evicted, budget: u32) -> u32 {
-    if is_tool_output(&m.message) {
+    if is_tool_output(&m.message) && !m.whole {
         TOOL_OUTPUT_TOKENS.min(budget)
     } else {
         budget
@@ -723,6 +725,7 @@ mod tests {
         let m = |t| Evicted {
             message: json!({"role": "user", "content": "x"}),
             tokens: t,
+            whole: false,
         };
         let messages = vec![m(400), m(400), m(400), m(5000), m(10)];
         let groups = chunks(&messages, 1000);

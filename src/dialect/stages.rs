@@ -13,8 +13,8 @@ use serde_json::{Map, Value};
 use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{self, Decision, Limits, Mode, PlanInput, Split};
 use crate::compaction::summary_api::{SummaryApi, SummaryEndpoint};
-use crate::config::{Config, ContextConfig, RecallConfig};
-use crate::conversation::Item;
+use crate::config::{tool_cut, Config, ContextConfig, RecallConfig, ToolPolicy};
+use crate::conversation::{answered_tools, Item, Kind, ToolCut};
 use crate::dialect::recall::RecallWire;
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
@@ -200,6 +200,24 @@ impl Prepared {
         )
         .reserved();
         input
+    }
+
+    /// Marks each tool output with its tool's policy (`[[context.tools]]`), the tools it
+    /// answers read off the conversation `view`; says whether any output took one, so that a
+    /// plan made without them is made again.
+    pub fn apply_tool_policies(&mut self, view: &[Value], policies: &[ToolPolicy]) -> bool {
+        if policies.is_empty() {
+            return false;
+        }
+        let answered = answered_tools(view, &self.metas);
+        let mut applied = false;
+        for (item, names) in self.metas.iter_mut().zip(answered) {
+            if item.kind == Kind::ToolResult {
+                item.cut = tool_cut(policies, &names);
+                applied |= item.cut != ToolCut::Normal;
+            }
+        }
+        applied
     }
 
     /// The planner's decision, except that requests asking for several choices go as sent.

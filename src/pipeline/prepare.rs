@@ -104,13 +104,16 @@ async fn prepare_in_full<'s, D: Dialect>(
     let settings = all_settings.context;
     let mut request = D::parse(&bytes, path)?;
     let model = D::model(&request).to_string();
-    let (prepared, decision) = match planned {
+    let (mut prepared, decision) = match planned {
         Some(Planned { prepared, decision }) => (prepared, Some(decision)),
         None => (
             D::count(&request, &state.catalog, &state.counter).await,
             None,
         ),
     };
+    // A plan the raw stage made knew no tool's policy: made again with them.
+    let decision = decision
+        .filter(|_| !prepared.apply_tool_policies(&D::conversation(&request), &settings.tools));
     let input = prepared.plan_input(&state.config, all_settings, mode);
     let decision = match D::forward_as_sent(&request) {
         Some(reason) => Decision::Forward(reason),

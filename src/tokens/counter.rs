@@ -227,11 +227,7 @@ impl TokenCounter {
             match self.raw_messages.get(key) {
                 Some(meta) => metas.push(meta),
                 None => {
-                    metas.push(Item {
-                        role: Role::Other,
-                        kind: Kind::Other,
-                        tokens: 0,
-                    });
+                    metas.push(Item::new(Role::Other, Kind::Other, 0));
                     misses.push((index, key));
                 }
             }
@@ -486,7 +482,7 @@ pub fn message_meta(message: &Value, tokens: u32) -> Item {
         _ if calls_tools => Kind::ToolCall,
         _ => Kind::Message,
     };
-    Item { role, kind, tokens }
+    Item::new(role, kind, tokens)
 }
 
 fn text_bytes(message: &Value) -> usize {

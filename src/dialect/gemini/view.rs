@@ -46,7 +46,7 @@ pub(super) fn item(turn: &Value, tokens: u32) -> Item {
         "user" | "" => (Role::User, Kind::Message),
         _ => (Role::Other, Kind::Other),
     };
-    Item { role, kind, tokens }
+    Item::new(role, kind, tokens)
 }
 
 /// Checks what condenser relies on of `contents`, in Google's words where it has them: an

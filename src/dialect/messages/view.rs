@@ -47,7 +47,7 @@ pub(super) fn item(message: &Value, tokens: u32) -> Item {
         "system" => (Role::System, Kind::Message),
         _ => (Role::Other, Kind::Other),
     };
-    Item { role, kind, tokens }
+    Item::new(role, kind, tokens)
 }
 
 /// Each message as a chat message: text as text, images as image parts, `tool_use` as

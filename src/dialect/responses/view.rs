@@ -109,14 +109,7 @@ pub(super) fn item_view(item: &Value) -> (Value, Item) {
             (message, Role::Other, Kind::Other)
         }
     };
-    (
-        message,
-        Item {
-            role,
-            kind,
-            tokens: 0,
-        },
-    )
+    (message, Item::new(role, kind, 0))
 }
 
 /// Message content as chat writes it: a string as it is, parts with their text as text
