@@ -80,6 +80,8 @@ pub struct UpstreamConfig {
     pub timeout_secs: u64,
     /// How long an idle upstream connection is kept for reuse; 0 keeps none.
     pub idle_timeout_secs: u64,
+    /// The APIs it speaks (`routes[].apis`).
+    pub apis: Vec<String>,
 }
 
 impl Default for UpstreamConfig {
@@ -89,6 +91,7 @@ impl Default for UpstreamConfig {
             api_key_env: String::new(),
             timeout_secs: 600,
             idle_timeout_secs: 60,
+            apis: Vec::new(),
         }
     }
 }
@@ -99,6 +102,30 @@ pub struct RouteConfig {
     pub models: Vec<String>,
     pub base_url: String,
     pub api_key_env: String,
+    /// The APIs its upstream speaks, by dialect name (checked when the state is built:
+    /// `dialect::check_apis`); empty: those of the provider at its host (`speaks`), else any.
+    pub apis: Vec<String>,
+}
+
+/// The APIs an upstream speaks: the ones listed, else those of the provider whose host its
+/// base URL names (at no path but an API version), else `None`, any. The well-known hosts are
+/// named so that a key for one provider never goes to another's host by default.
+pub fn speaks(base_url: &str, apis: &[String]) -> Option<Vec<String>> {
+    if !apis.is_empty() {
+        return Some(apis.to_vec());
+    }
+    let uri = base_url.parse::<hyper::Uri>().ok()?;
+    let path = uri.path().trim_end_matches('/');
+    if !matches!(path, "" | "/v1" | "/v1beta") {
+        return None;
+    }
+    let provider: &[&str] = match uri.host()? {
+        "api.openai.com" => &["chat", "responses"],
+        "api.anthropic.com" => &["messages"],
+        "generativelanguage.googleapis.com" => &["gemini"],
+        _ => return None,
+    };
+    Some(provider.iter().map(|api| api.to_string()).collect())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -605,6 +632,39 @@ mod tests {
     fn bad_ratio_is_rejected() {
         assert!(Config::from_toml("[context]\ntarget_ratio = 0.9\n", "t").is_err());
         assert!(Config::from_toml("[upstream]\nbase_url = \"ftp://x\"\n", "t").is_err());
+    }
+
+    #[test]
+    fn an_upstream_speaks_its_listed_apis_else_its_providers_else_any() {
+        let speaks = |url: &str, apis: &[&str]| {
+            let apis: Vec<String> = apis.iter().map(|api| api.to_string()).collect();
+            speaks(url, &apis)
+        };
+        assert_eq!(
+            speaks("https://api.openai.com", &[]).unwrap(),
+            ["chat", "responses"]
+        );
+        assert_eq!(
+            speaks("https://api.anthropic.com/v1", &[]).unwrap(),
+            ["messages"]
+        );
+        assert_eq!(
+            speaks("https://generativelanguage.googleapis.com/v1beta/", &[]).unwrap(),
+            ["gemini"]
+        );
+        // Google's OpenAI-compatible endpoint is not its own API's: said, or any.
+        assert_eq!(
+            speaks(
+                "https://generativelanguage.googleapis.com/v1beta/openai",
+                &[]
+            ),
+            None
+        );
+        assert_eq!(speaks("http://127.0.0.1:4000", &[]), None);
+        assert_eq!(
+            speaks("https://api.openai.com", &["responses"]).unwrap(),
+            ["responses"]
+        );
     }
 
     #[test]

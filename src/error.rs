@@ -47,6 +47,12 @@ pub enum ProxyError {
     Rewrite(#[source] serde_json::Error),
     #[error("no route for {0}")]
     NotFound(String),
+    /// No configured upstream speaks the API of the request, named by its dialect: a key
+    /// never goes to another API's upstream.
+    #[error(
+        "no upstream speaks the {0} API here: list \"{0}\" in the apis of the [[routes]] entry or [upstream] that does"
+    )]
+    NoUpstreamSpeaks(&'static str),
     #[error("error reading the request body: {0}")]
     ClientBody(String),
     /// The client closed its connection while its request waited; nobody reads the answer.
@@ -96,7 +102,7 @@ impl ProxyError {
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::UpstreamReplyWithheld { status, .. } => *status,
             ProxyError::Rewrite(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            ProxyError::NotFound(_) => StatusCode::NOT_FOUND,
+            ProxyError::NotFound(_) | ProxyError::NoUpstreamSpeaks(_) => StatusCode::NOT_FOUND,
             ProxyError::ClientLeft => CLIENT_CLOSED_REQUEST,
         }
     }
@@ -126,6 +132,7 @@ impl ProxyError {
             ProxyError::UpstreamReplyWithheld { .. } => "upstream_reply_withheld",
             ProxyError::SummarizerFailed(_) => "summarizer_failed",
             ProxyError::NotFound(_) => "not_found",
+            ProxyError::NoUpstreamSpeaks(_) => "no_upstream_for_api",
             ProxyError::ClientBody(_) => "invalid_body",
             ProxyError::Rewrite(_) => "internal_error",
             ProxyError::ClientLeft => "client_closed_request",

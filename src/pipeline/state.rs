@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::compaction::compactor::{Compactor, COUNTED_OUTCOMES};
 use crate::config::{Config, ConfigError};
-use crate::dialect::{summary_api_named, DIALECTS};
+use crate::dialect::{check_apis, summary_api_named, DIALECTS};
 use crate::observe::metrics::{Metrics, MetricsError};
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::TokenCounter;
@@ -53,6 +53,7 @@ impl AppState {
                 .compactions
                 .with_label_values(&[action.name(), cache.name()]);
         }
+        check_apis(&config)?;
         let connections = Connections::new(&config, metrics.upstream_failures.clone());
         let upstreams = Upstreams::from_config(&config, &connections)?;
         let compactor = Arc::new(Compactor::new(

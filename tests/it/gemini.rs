@@ -363,6 +363,7 @@ async fn everything_else_under_v1beta_passes_through_to_the_upstream_its_path_na
         models: vec!["gemini-*".into()],
         base_url: routed.url(),
         api_key_env: String::new(),
+        ..Default::default()
     });
     let proxy = Proxy::start(config).await;
     let count = client()

@@ -510,6 +510,7 @@ fn keyed_config(upstream: &Hostile) -> condenser::Config {
         models: vec!["claude-*".into()],
         base_url: format!("http://{}", upstream.addr),
         api_key_env: "CONDENSER_TEST_HOSTILE_ROUTE_KEY".into(),
+        ..Default::default()
     });
     config
 }

@@ -17,6 +17,7 @@ mod dashboard;
 mod gateway;
 mod gemini;
 mod hostile_upstream;
+mod key_routing;
 mod messages;
 mod metrics;
 mod reactive;
