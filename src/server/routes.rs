@@ -16,6 +16,7 @@ use crate::error::ProxyError;
 use crate::observe::metrics::Route;
 use crate::pipeline;
 use crate::pipeline::state::{AppState, Worker};
+use crate::server::clean_path::unclean;
 use crate::server::passthrough;
 use crate::transport::body::{full, ProxyBody};
 use crate::transport::departure::{ClientBody, Departure};
@@ -38,7 +39,10 @@ pub async fn handle(
     let compacting = (method == Method::POST)
         .then(|| dialect::compacting(path))
         .flatten();
-    let (route, result) = if let Some(wire) = compacting {
+    let (route, result) = if let Some(why) = unclean(path) {
+        let refused = ProxyError::invalid(format!("the request path is refused: {why}"), None);
+        (Route::OTHER, Err(refused))
+    } else if let Some(wire) = compacting {
         let compact = Compact {
             worker: &worker,
             request,

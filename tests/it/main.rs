@@ -12,6 +12,7 @@ mod architecture;
 mod artifacts;
 mod binary;
 mod cache_truth;
+mod clean_paths;
 mod compaction;
 mod dashboard;
 mod gateway;
