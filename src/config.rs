@@ -49,6 +49,9 @@ pub struct ServerConfig {
     /// A client connection that has not sent a request's head this long after it opened (or
     /// after its last response) is closed.
     pub header_read_timeout_secs: u64,
+    /// The most one event of a stream is held to be read (for usage, recall and keys); a
+    /// larger one is relayed uninspected, and counted.
+    pub max_event_bytes: usize,
 }
 
 impl ServerConfig {
@@ -68,6 +71,7 @@ impl Default for ServerConfig {
             shutdown_grace_secs: 30,
             workers: 0,
             header_read_timeout_secs: 30,
+            max_event_bytes: 64 * 1024 * 1024,
         }
     }
 }

@@ -35,6 +35,7 @@ use crate::observe::metrics::{FailureKind, UpstreamFailures};
 use crate::transport::body::{with_idle_timeout, BodyLimitExceeded, BoxError, ProxyBody};
 use crate::transport::broken::{broken_head, failure_kind, root_cause};
 use crate::transport::egress::Egress;
+use crate::transport::events::EventBound;
 pub use crate::transport::headers::{
     bare_key, bearer_from_env, KeyStyle, X_API_KEY, X_GOOG_API_KEY,
 };
@@ -71,6 +72,8 @@ pub struct Connections {
     pub workers: usize,
     pub idle_timeout: Duration,
     pub failures: UpstreamFailures,
+    /// How much of a stream event the key scrub holds (`redact.rs`).
+    pub events: EventBound,
 }
 
 impl Connections {
@@ -79,6 +82,10 @@ impl Connections {
             workers: config.server.worker_count(),
             idle_timeout: Duration::from_secs(config.upstream.idle_timeout_secs),
             failures,
+            events: EventBound {
+                max_bytes: config.server.max_event_bytes,
+                uninspected: None,
+            },
         }
     }
 }
@@ -203,6 +210,7 @@ pub struct Upstream {
     pools: Vec<Arc<WorkerPool>>,
     api_key: Option<HeaderValue>,
     timeout: Duration,
+    events: EventBound,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -334,6 +342,7 @@ impl Upstream {
             pools,
             api_key: bearer_from_env(api_key_env)?,
             timeout,
+            events: connections.events.clone(),
         })
     }
 
@@ -407,7 +416,7 @@ impl Upstream {
                 return Err(error);
             }
         };
-        without_credentials(response, &credentials).await
+        without_credentials(response, &credentials, &self.events).await
     }
 
     async fn exchange(
@@ -799,6 +808,7 @@ mod tests {
             workers: 1,
             idle_timeout: Duration::from_secs(60),
             failures: UpstreamFailures::new().unwrap(),
+            events: crate::transport::events::test_bound(1024),
         }
     }
 

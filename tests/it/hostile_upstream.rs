@@ -844,3 +844,123 @@ async fn a_client_that_leaves_while_upstream_thinks_cancels_the_upstream_request
     }
     assert_served(&proxy, CHAT).await;
 }
+
+/// A 200 reply, chunked, in pieces of 7 bytes so that a key is always split.
+fn chunked_success(content_type: &str, body: &str, trailers: &str) -> Vec<u8> {
+    let mut reply = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    .into_bytes();
+    for piece in body.as_bytes().chunks(7) {
+        reply.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+        reply.extend_from_slice(piece);
+        reply.extend_from_slice(b"\r\n");
+    }
+    reply.extend_from_slice(format!("0\r\n{trailers}\r\n").as_bytes());
+    reply
+}
+
+/// The success event that comes before each error: it must reach the client byte for byte.
+const SUCCESS_EVENT: &str =
+    "data: {\"choices\":[{\"delta\":{\"content\":\"error-free text\"}}]}\n\n";
+
+/// Errors inside 200 replies, as each API sends them, each echoing `key`.
+fn errors_in_success(key: &str) -> Vec<(&'static str, String, &'static str)> {
+    let escaped = json_escaped(key);
+    let sse = "text/event-stream";
+    vec![
+        (
+            "Anthropic's event: error",
+            format!("{SUCCESS_EVENT}event: error\ndata: {{\"type\":\"error\",\"error\":{{\"type\":\"api_error\",\"message\":\"bad key {key}\"}}}}\n\n"),
+            sse,
+        ),
+        (
+            "OpenAI's data: {\"error\"}",
+            format!("{SUCCESS_EVENT}data: {{\"error\":{{\"message\":\"Bearer {escaped}\",\"code\":\"x\"}}}}\n\n"),
+            sse,
+        ),
+        (
+            "Responses' response.failed",
+            format!("{SUCCESS_EVENT}event: response.failed\ndata: {{\"type\":\"response.failed\",\"response\":{{\"error\":{{\"message\":\"{key}\"}}}}}}\r\n\r\n"),
+            sse,
+        ),
+        (
+            "Gemini's error in its JSON array",
+            format!("[{{\"candidates\":[{{\"content\":{{\"parts\":[{{\"text\":\"hi\"}}]}}}}]}},\n{{\"error\":{{\"code\":500,\"message\":\"{key}\",\"status\":\"INTERNAL\"}}}}]"),
+            "application/json",
+        ),
+    ]
+}
+
+/// Issue 37: an upstream that echoed the key in an error event of a 200 stream, or in an
+/// error object of a 200 body, had it relayed. On every path, with every key condenser sends,
+/// the key is masked there, and the success event before it arrives as it was sent.
+#[tokio::test]
+async fn no_key_reaches_the_client_in_an_error_inside_a_success_reply() {
+    let cases = keyed_cases();
+    let script: Vec<Act> = cases
+        .iter()
+        .flat_map(|(_, _, _, key)| {
+            errors_in_success(key)
+                .into_iter()
+                .map(|(_, body, content_type)| Act::Send(chunked_success(content_type, &body, "")))
+        })
+        .collect();
+    let upstream = Hostile::start(script).await;
+    let proxy = Proxy::start(keyed_config(&upstream)).await;
+    for (path, model, caller, key) in cases {
+        for (error, sent, _) in errors_in_success(key) {
+            let what = format!("{path} {model} caller={caller}, {error}");
+            let response = within(&what, keyed_request(&proxy, path, model, caller).send())
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200, "{what}");
+            let body = keyless(response, key, &what).await;
+            assert!(body.contains(&"*".repeat(key.len())), "{what}: {body}");
+            if sent.starts_with(SUCCESS_EVENT) {
+                assert!(body.starts_with(SUCCESS_EVENT), "{what}: {body}");
+            }
+        }
+    }
+}
+
+/// Issue 37: trailers of a 2xx body passed as they came, and an HTTP/2 client read the key
+/// back from one. Now they lose it as headers do.
+#[tokio::test]
+async fn no_key_reaches_an_http2_client_in_a_trailer() {
+    use http_body_util::BodyExt;
+    let body = completion("fine", 3, 1).to_string();
+    let trailers = format!("x-echo-key: {INJECTED_KEY}\r\nx-kept: yes\r\n");
+    let upstream = Hostile::start(vec![Act::Send(chunked_success(
+        "application/json",
+        &body,
+        &trailers,
+    ))])
+    .await;
+    let proxy = Proxy::start(keyed_config(&upstream)).await;
+    let socket = TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(socket),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let request = hyper::Request::post(proxy.url(PASSTHROUGH))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            request_body(PASSTHROUGH, false).to_string(),
+        )))
+        .unwrap();
+    let response = within("a response", sender.send_request(request))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let collected = within("the body", response.into_body().collect())
+        .await
+        .unwrap();
+    let trailers = collected.trailers().cloned().expect("trailers relayed");
+    assert_eq!(trailers["x-kept"], "yes");
+    assert_eq!(trailers["x-echo-key"], "[redacted]");
+    assert_eq!(collected.to_bytes(), body.as_bytes());
+}
