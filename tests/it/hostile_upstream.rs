@@ -964,3 +964,52 @@ async fn no_key_reaches_an_http2_client_in_a_trailer() {
     assert_eq!(trailers["x-echo-key"], "[redacted]");
     assert_eq!(collected.to_bytes(), body.as_bytes());
 }
+
+/// Issue 37: a stream's pending event was rescanned on every chunk and held without bound.
+/// An event over `server.max_event_bytes` reaches the client whole, as sent, without being
+/// read, and is counted; the events after it are read again (the usage of the last one).
+#[tokio::test]
+async fn an_event_over_the_bound_is_relayed_uninspected_and_counted() {
+    let big = format!(
+        "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
+        "x".repeat(200 * 1024)
+    );
+    let usage = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":11,\"total_tokens\":18}}\n\ndata: [DONE]\n\n";
+    let stream = format!("{big}{usage}");
+    let upstream = Hostile::start(vec![Act::Send(chunked_success(
+        "text/event-stream",
+        &stream,
+        "",
+    ))])
+    .await;
+    let mut config = one_worker_config(&upstream, 600);
+    config.server.max_event_bytes = 64 * 1024;
+    let proxy = Proxy::start(config).await;
+    let response = within(
+        "a response",
+        client()
+            .post(proxy.url(CHAT))
+            .json(&json!({"model": "gpt-4o", "stream": true,
+                "stream_options": {"include_usage": true},
+                "messages": [{"role": "user", "content": "hi"}]}))
+            .send(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 200);
+    let body = within("the stream", response.bytes()).await.unwrap();
+    assert!(body == stream.as_bytes(), "the stream changed on the way");
+    let metrics = proxy.metrics().await;
+    assert_eq!(
+        metric(&metrics, "condenser_uninspected_events_total"),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            r#"condenser_completion_tokens_total{model="gpt-4o"}"#
+        ),
+        Some(11.0),
+        "{metrics}"
+    );
+}
