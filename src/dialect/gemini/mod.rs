@@ -132,6 +132,16 @@ impl Dialect for Gemini {
         model_method(path).map(|(model, _)| model)
     }
 
+    /// Not `:streamGenerateContent` without `alt=sse`: Google's REST default streams one JSON
+    /// array, relayed as it arrives, which recall's stream reader does not read; offered the
+    /// tool there, the client would see its call.
+    fn recall_reads_reply(path: &str, query: Option<&str>) -> bool {
+        let array_stream = model_method(path).is_some_and(|(_, method)| method == GENERATE[1])
+            && !url::form_urlencoded::parse(query.unwrap_or("").as_bytes())
+                .any(|(name, value)| name == "alt" && value == "sse");
+        !array_stream
+    }
+
     fn path_for(model: &str) -> Cow<'static, str> {
         Cow::Owned(format!("/v1beta/models/{model}:generateContent"))
     }
