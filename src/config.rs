@@ -317,9 +317,11 @@ impl CacheConfig {
             |why: String| Err(ConfigError::Invalid(format!("cache.scope_headers: {why}")));
         if self.scope_headers.is_empty() {
             // An empty list would let every caller read every other caller's summaries.
-            return invalid(
-                "name at least one header (default: authorization, x-api-key, api-key)".into(),
-            );
+            // The default named from the default itself, so the hint lists what it is.
+            return invalid(format!(
+                "name at least one header (default: {})",
+                CacheConfig::default().scope_headers.join(", ")
+            ));
         }
         for (i, name) in self.scope_headers.iter().enumerate() {
             if hyper::header::HeaderName::from_lowercase(name.as_bytes()).is_err() {
@@ -692,5 +694,10 @@ mod tests {
             let err = scope(bad).err().map(|e| e.to_string()).unwrap_or_default();
             assert!(err.contains("cache.scope_headers"), "{bad}: {err}");
         }
+        let empty = scope("[]").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            empty.contains("default: authorization, x-api-key, api-key, x-goog-api-key"),
+            "{empty}"
+        );
     }
 }

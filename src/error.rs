@@ -1,6 +1,7 @@
 //! Every failure condenser names: what a client can see (each dialect writes it in its own
 //! shape), and why a summary was not made.
 
+use hyper::header::HeaderMap;
 use hyper::StatusCode;
 
 /// nginx's status for a request whose client closed its connection before the answer.
@@ -35,8 +36,13 @@ pub enum ProxyError {
     #[error("upstream sent a broken reply: {0}")]
     UpstreamBroken(String),
     /// An upstream error reply whose body could not be scanned for keys, so was not relayed.
+    /// `kept`: its headers a client needs to back off (`Retry-After`, the rate limits).
     #[error("upstream answered {status}; its body was withheld, as {why}")]
-    UpstreamReplyWithheld { status: StatusCode, why: String },
+    UpstreamReplyWithheld {
+        status: StatusCode,
+        why: String,
+        kept: Box<HeaderMap>,
+    },
     #[error("upstream did not answer within {0} seconds")]
     UpstreamTimeout(u64),
     #[error("summarizer failed: {0}")]
@@ -136,6 +142,15 @@ impl ProxyError {
             ProxyError::ClientBody(_) => "invalid_body",
             ProxyError::Rewrite(_) => "internal_error",
             ProxyError::ClientLeft => "client_closed_request",
+        }
+    }
+
+    /// Headers of upstream's reply that the answer to the client carries (a withheld reply's
+    /// back-off headers).
+    pub fn kept_headers(&self) -> Option<&HeaderMap> {
+        match self {
+            ProxyError::UpstreamReplyWithheld { kept, .. } => Some(kept),
+            _ => None,
         }
     }
 

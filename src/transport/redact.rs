@@ -249,12 +249,13 @@ pub async fn without_credentials(
         Ok(raw) => raw,
         Err(ProxyError::BodyTooLarge { .. }) => {
             let why = format!("its body is larger than {MAX_SCANNED_ERROR_BYTES} bytes");
-            return Err(withheld(head.status, why));
+            return Err(withheld(head.status, why, &head.headers));
         }
         // Upstream's reply broke off: its fault, not the client's.
         Err(e) => return Err(ProxyError::UpstreamBroken(e.to_string())),
     };
-    let decoded = decoded(raw, &head.headers).map_err(|why| withheld(head.status, why))?;
+    let decoded =
+        decoded(raw, &head.headers).map_err(|why| withheld(head.status, why, &head.headers))?;
     let body = blank_keys(&decoded, &keys).map_or(decoded, Bytes::from);
     head.headers.remove(header::CONTENT_ENCODING);
     head.headers
@@ -470,9 +471,27 @@ impl Body for Scrubbed {
     }
 }
 
-fn withheld(status: StatusCode, why: String) -> ProxyError {
+/// A withheld reply, with the headers (keys already blanked from them) that tell a client
+/// when to try again: `Retry-After` and the rate limits (OpenAI's `x-ratelimit-*`,
+/// Anthropic's `anthropic-ratelimit-*`, the IETF draft's `ratelimit*`).
+fn withheld(status: StatusCode, why: String, headers: &HeaderMap) -> ProxyError {
     tracing::warn!(status = status.as_u16(), %why, "upstream error reply withheld");
-    ProxyError::UpstreamReplyWithheld { status, why }
+    let mut kept = HeaderMap::new();
+    for (name, value) in headers {
+        let name_text = name.as_str();
+        if name_text.starts_with("retry-after")
+            || name_text.starts_with("x-ratelimit-")
+            || name_text.starts_with("anthropic-ratelimit-")
+            || name_text.starts_with("ratelimit")
+        {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    ProxyError::UpstreamReplyWithheld {
+        status,
+        why,
+        kept: Box::new(kept),
+    }
 }
 
 /// `body` with its content codings undone, the last applied first, and no larger than

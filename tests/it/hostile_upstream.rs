@@ -924,6 +924,31 @@ async fn no_key_reaches_the_client_in_an_error_inside_a_success_reply() {
     }
 }
 
+type Http2Sender = hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>;
+
+/// A client speaking HTTP/2 to condenser (prior knowledge, no TLS).
+async fn http2_client(proxy: &Proxy) -> Http2Sender {
+    let socket = TcpStream::connect(proxy.addr).await.unwrap();
+    let (sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(socket),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    sender
+}
+
+/// The POST of `path`'s request body, for `http2_client`.
+fn http2_post(proxy: &Proxy, path: &str) -> hyper::Request<http_body_util::Full<bytes::Bytes>> {
+    hyper::Request::post(proxy.url(path))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            request_body(path, false).to_string(),
+        )))
+        .unwrap()
+}
+
 /// Issue 37: trailers of a 2xx body passed as they came, and an HTTP/2 client read the key
 /// back from one. Now they lose it as headers do.
 #[tokio::test]
@@ -938,23 +963,13 @@ async fn no_key_reaches_an_http2_client_in_a_trailer() {
     ))])
     .await;
     let proxy = Proxy::start(keyed_config(&upstream)).await;
-    let socket = TcpStream::connect(proxy.addr).await.unwrap();
-    let (mut sender, connection) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(socket),
+    let mut sender = http2_client(&proxy).await;
+    let response = within(
+        "a response",
+        sender.send_request(http2_post(&proxy, PASSTHROUGH)),
     )
     .await
     .unwrap();
-    tokio::spawn(connection);
-    let request = hyper::Request::post(proxy.url(PASSTHROUGH))
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(bytes::Bytes::from(
-            request_body(PASSTHROUGH, false).to_string(),
-        )))
-        .unwrap();
-    let response = within("a response", sender.send_request(request))
-        .await
-        .unwrap();
     assert_eq!(response.status(), 200);
     let collected = within("the body", response.into_body().collect())
         .await
@@ -1012,4 +1027,65 @@ async fn an_event_over_the_bound_is_relayed_uninspected_and_counted() {
         Some(11.0),
         "{metrics}"
     );
+}
+
+/// Issue 37: a withheld error reply lost the headers that tell a client when to try again.
+#[tokio::test]
+async fn a_withheld_error_reply_keeps_retry_after_and_the_rate_limit_headers() {
+    let huge = format!(
+        r#"{{"error":{{"message":"Bearer {INJECTED_KEY}","padding":"{}"}}}}"#,
+        "p".repeat(300 * 1024)
+    );
+    let headers = format!(
+        "content-type: application/json\r\nretry-after: 7\r\nx-ratelimit-remaining-requests: 0\r\nanthropic-ratelimit-requests-reset: 2026-01-01T00:00:00Z\r\nx-echo-key: {INJECTED_KEY}\r\n"
+    );
+    let reply = with_length("429 Too Many Requests", &headers, huge.as_bytes());
+    let upstream = Hostile::start(vec![Act::Send(reply.clone()), Act::Send(reply)]).await;
+    let proxy = Proxy::start(keyed_config(&upstream)).await;
+    for path in [CHAT, PASSTHROUGH] {
+        let response = within(path, keyed_request(&proxy, path, "gpt-4o", false).send())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 429, "{path}");
+        for (name, value) in [
+            ("retry-after", "7"),
+            ("x-ratelimit-remaining-requests", "0"),
+            ("anthropic-ratelimit-requests-reset", "2026-01-01T00:00:00Z"),
+        ] {
+            assert_eq!(header(&response, name), value, "{path}: {name}");
+        }
+        assert!(response.headers().get("x-echo-key").is_none(), "{path}");
+        let body = keyless(response, INJECTED_KEY, path).await;
+        assert!(body.contains("withheld"), "{path}: {body}");
+    }
+}
+
+/// Issue 37: an HTTP/2 client that reset its stream while its request waited was not counted
+/// as 499 (hyper drops the request's work; there is no socket to watch per stream). Its
+/// upstream request is closed too.
+#[tokio::test]
+async fn an_http2_clients_stream_reset_is_counted_as_499() {
+    let mut upstream = Hostile::start(vec![Act::Silence, Act::Silence]).await;
+    let proxy = condenser_before(&upstream, 600).await;
+    let mut sender = http2_client(&proxy).await;
+    for (i, path) in [CHAT, PASSTHROUGH].into_iter().enumerate() {
+        let waiting = tokio::spawn(sender.send_request(http2_post(&proxy, path)));
+        within("upstream has the request", async {
+            while upstream.seen().len() <= i {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        // Dropping the response future resets the stream.
+        waiting.abort();
+        let closed = within(path, upstream.closed_by_condenser.recv())
+            .await
+            .unwrap();
+        assert_eq!(closed, upstream.seen()[i].connection, "{path}");
+    }
+    let metrics = proxy.metrics().await;
+    for route in ["chat_completions", "passthrough"] {
+        let series = format!(r#"condenser_requests_total{{route="{route}",status="499"}}"#);
+        assert_eq!(metric(&metrics, &series), Some(1.0), "{route}: {metrics}");
+    }
 }
