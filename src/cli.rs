@@ -22,7 +22,7 @@ use crate::config::{Config, ConfigError, ContextConfig, Overrides};
 use crate::dialect::stages::{
     count_as_sent, offers_recall, write_compaction, Counting, Dialect, Prepared, Settings,
 };
-use crate::dialect::{detect_api, summary_api_named, with_dialect, Api, WithDialect};
+use crate::dialect::{check_apis, detect_api, summary_api_named, with_dialect, Api, WithDialect};
 use crate::error::ProxyError;
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::TokenCounter;
@@ -56,6 +56,7 @@ pub fn init_logging(format: LogFormat) {
 pub fn load_config(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
     let config = Config::load(path, overrides)?;
     summary_api_named(&config.summarizer.api)?;
+    check_apis(&config)?;
     Ok(config)
 }
 

@@ -50,6 +50,9 @@ pub struct ServerConfig {
     /// A client connection that has not sent a request's head this long after it opened (or
     /// after its last response) is closed.
     pub header_read_timeout_secs: u64,
+    /// The most one event of a stream is held to be read (for usage, recall and keys); a
+    /// larger one is relayed uninspected, and counted.
+    pub max_event_bytes: usize,
 }
 
 impl ServerConfig {
@@ -69,6 +72,7 @@ impl Default for ServerConfig {
             shutdown_grace_secs: 30,
             workers: 0,
             header_read_timeout_secs: 30,
+            max_event_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -81,6 +85,8 @@ pub struct UpstreamConfig {
     pub timeout_secs: u64,
     /// How long an idle upstream connection is kept for reuse; 0 keeps none.
     pub idle_timeout_secs: u64,
+    /// The APIs it speaks (`routes[].apis`).
+    pub apis: Vec<String>,
 }
 
 impl Default for UpstreamConfig {
@@ -90,6 +96,7 @@ impl Default for UpstreamConfig {
             api_key_env: String::new(),
             timeout_secs: 600,
             idle_timeout_secs: 60,
+            apis: Vec::new(),
         }
     }
 }
@@ -100,6 +107,30 @@ pub struct RouteConfig {
     pub models: Vec<String>,
     pub base_url: String,
     pub api_key_env: String,
+    /// The APIs its upstream speaks, by dialect name (checked when the state is built:
+    /// `dialect::check_apis`); empty: those of the provider at its host (`speaks`), else any.
+    pub apis: Vec<String>,
+}
+
+/// The APIs an upstream speaks: the ones listed, else those of the provider whose host its
+/// base URL names (at no path but an API version), else `None`, any. The well-known hosts are
+/// named so that a key for one provider never goes to another's host by default.
+pub fn speaks(base_url: &str, apis: &[String]) -> Option<Vec<String>> {
+    if !apis.is_empty() {
+        return Some(apis.to_vec());
+    }
+    let uri = base_url.parse::<hyper::Uri>().ok()?;
+    let path = uri.path().trim_end_matches('/');
+    if !matches!(path, "" | "/v1" | "/v1beta") {
+        return None;
+    }
+    let provider: &[&str] = match uri.host()? {
+        "api.openai.com" => &["chat", "responses"],
+        "api.anthropic.com" => &["messages"],
+        "generativelanguage.googleapis.com" => &["gemini"],
+        _ => return None,
+    };
+    Some(provider.iter().map(|api| api.to_string()).collect())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -325,9 +356,11 @@ impl CacheConfig {
             |why: String| Err(ConfigError::Invalid(format!("cache.scope_headers: {why}")));
         if self.scope_headers.is_empty() {
             // An empty list would let every caller read every other caller's summaries.
-            return invalid(
-                "name at least one header (default: authorization, x-api-key, api-key)".into(),
-            );
+            // The default named from the default itself, so the hint lists what it is.
+            return invalid(format!(
+                "name at least one header (default: {})",
+                CacheConfig::default().scope_headers.join(", ")
+            ));
         }
         for (i, name) in self.scope_headers.iter().enumerate() {
             if hyper::header::HeaderName::from_lowercase(name.as_bytes()).is_err() {
@@ -647,6 +680,39 @@ mod tests {
     }
 
     #[test]
+    fn an_upstream_speaks_its_listed_apis_else_its_providers_else_any() {
+        let speaks = |url: &str, apis: &[&str]| {
+            let apis: Vec<String> = apis.iter().map(|api| api.to_string()).collect();
+            speaks(url, &apis)
+        };
+        assert_eq!(
+            speaks("https://api.openai.com", &[]).unwrap(),
+            ["chat", "responses"]
+        );
+        assert_eq!(
+            speaks("https://api.anthropic.com/v1", &[]).unwrap(),
+            ["messages"]
+        );
+        assert_eq!(
+            speaks("https://generativelanguage.googleapis.com/v1beta/", &[]).unwrap(),
+            ["gemini"]
+        );
+        // Google's OpenAI-compatible endpoint is not its own API's: said, or any.
+        assert_eq!(
+            speaks(
+                "https://generativelanguage.googleapis.com/v1beta/openai",
+                &[]
+            ),
+            None
+        );
+        assert_eq!(speaks("http://127.0.0.1:4000", &[]), None);
+        assert_eq!(
+            speaks("https://api.openai.com", &["responses"]).unwrap(),
+            ["responses"]
+        );
+    }
+
+    #[test]
     fn scope_headers_are_lower_case_header_names_listed_once() {
         let scope =
             |list: &str| Config::from_toml(&format!("[cache]\nscope_headers = {list}\n"), "t");
@@ -667,5 +733,10 @@ mod tests {
             let err = scope(bad).err().map(|e| e.to_string()).unwrap_or_default();
             assert!(err.contains("cache.scope_headers"), "{bad}: {err}");
         }
+        let empty = scope("[]").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            empty.contains("default: authorization, x-api-key, api-key, x-goog-api-key"),
+            "{empty}"
+        );
     }
 }

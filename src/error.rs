@@ -1,6 +1,7 @@
 //! Every failure condenser names: what a client can see (each dialect writes it in its own
 //! shape), and why a summary was not made.
 
+use hyper::header::HeaderMap;
 use hyper::StatusCode;
 
 /// nginx's status for a request whose client closed its connection before the answer.
@@ -35,8 +36,13 @@ pub enum ProxyError {
     #[error("upstream sent a broken reply: {0}")]
     UpstreamBroken(String),
     /// An upstream error reply whose body could not be scanned for keys, so was not relayed.
+    /// `kept`: its headers a client needs to back off (`Retry-After`, the rate limits).
     #[error("upstream answered {status}; its body was withheld, as {why}")]
-    UpstreamReplyWithheld { status: StatusCode, why: String },
+    UpstreamReplyWithheld {
+        status: StatusCode,
+        why: String,
+        kept: Box<HeaderMap>,
+    },
     #[error("upstream did not answer within {0} seconds")]
     UpstreamTimeout(u64),
     #[error("summarizer failed: {0}")]
@@ -47,6 +53,12 @@ pub enum ProxyError {
     Rewrite(#[source] serde_json::Error),
     #[error("no route for {0}")]
     NotFound(String),
+    /// No configured upstream speaks the API of the request, named by its dialect: a key
+    /// never goes to another API's upstream.
+    #[error(
+        "no upstream speaks the {0} API here: list \"{0}\" in the apis of the [[routes]] entry or [upstream] that does"
+    )]
+    NoUpstreamSpeaks(&'static str),
     #[error("error reading the request body: {0}")]
     ClientBody(String),
     /// The client closed its connection while its request waited; nobody reads the answer.
@@ -96,7 +108,7 @@ impl ProxyError {
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::UpstreamReplyWithheld { status, .. } => *status,
             ProxyError::Rewrite(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            ProxyError::NotFound(_) => StatusCode::NOT_FOUND,
+            ProxyError::NotFound(_) | ProxyError::NoUpstreamSpeaks(_) => StatusCode::NOT_FOUND,
             ProxyError::ClientLeft => CLIENT_CLOSED_REQUEST,
         }
     }
@@ -126,9 +138,19 @@ impl ProxyError {
             ProxyError::UpstreamReplyWithheld { .. } => "upstream_reply_withheld",
             ProxyError::SummarizerFailed(_) => "summarizer_failed",
             ProxyError::NotFound(_) => "not_found",
+            ProxyError::NoUpstreamSpeaks(_) => "no_upstream_for_api",
             ProxyError::ClientBody(_) => "invalid_body",
             ProxyError::Rewrite(_) => "internal_error",
             ProxyError::ClientLeft => "client_closed_request",
+        }
+    }
+
+    /// Headers of upstream's reply that the answer to the client carries (a withheld reply's
+    /// back-off headers).
+    pub fn kept_headers(&self) -> Option<&HeaderMap> {
+        match self {
+            ProxyError::UpstreamReplyWithheld { kept, .. } => Some(kept),
+            _ => None,
         }
     }
 

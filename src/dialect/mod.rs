@@ -16,15 +16,17 @@ pub mod stages;
 
 use std::future::Future;
 
+use hyper::header::HeaderMap;
 use hyper::Response;
 use serde_json::Value;
 
 use crate::compaction::summary_api::SummaryEndpoint;
-use crate::config::ConfigError;
+use crate::config::{Config, ConfigError};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
 use crate::transport::body::ProxyBody;
-use crate::transport::upstream::KeyStyle;
+use crate::transport::headers::query_key;
+use crate::transport::upstream::{KeyStyle, X_API_KEY, X_GOOG_API_KEY};
 use stages::Dialect;
 
 /// What the rest of condenser needs of an API beyond its request's stages, as a value.
@@ -134,14 +136,105 @@ pub fn compacting(path: &str) -> Option<Wire> {
     DIALECTS.iter().find(|wire| (wire.compacts)(path)).copied()
 }
 
-/// The model a path names, when its API names it there (`Dialect::model_in_path`).
-pub fn model_in_path(path: &str) -> Option<&str> {
-    for_path(path).and_then(|wire| (wire.model_in_path)(path))
+/// The API a request passed through is in, which picks its upstream and how a configured key
+/// goes with it: the API of its path; for a path no dialect claims (`/v1/models`, `/v1/files`,
+/// which Anthropic's and Google's APIs share with OpenAI's), the API of the caller's key:
+/// Google's for `x-goog-api-key` or `?key=`, Anthropic's for `x-api-key` or
+/// `anthropic-version`, else OpenAI's.
+#[derive(Clone, Copy)]
+pub struct PassThroughApi {
+    /// The dialect whose path it is.
+    path_of: Option<&'static Wire>,
+    /// Its provider's key style: the path's dialect's, or the caller's.
+    key_style: KeyStyle,
 }
 
-/// How a configured key goes to `path`: as its API takes it, else as a bearer token.
-pub fn key_style_for(path: &str) -> KeyStyle {
-    for_path(path).map_or(KeyStyle::Bearer, |wire| wire.key_style)
+impl PassThroughApi {
+    pub fn of(path: &str, headers: &HeaderMap, query: Option<&str>) -> PassThroughApi {
+        if let Some(wire) = DIALECTS.iter().find(|wire| (wire.serves)(path)) {
+            return PassThroughApi {
+                path_of: Some(wire),
+                key_style: wire.key_style,
+            };
+        }
+        let key_style = if headers.contains_key(X_GOOG_API_KEY)
+            || query_key(KeyStyle::XGoogApiKey, query).is_some()
+        {
+            KeyStyle::XGoogApiKey
+        } else if headers.contains_key(X_API_KEY) || headers.contains_key("anthropic-version") {
+            KeyStyle::XApiKey
+        } else {
+            KeyStyle::Bearer
+        };
+        PassThroughApi {
+            path_of: None,
+            key_style,
+        }
+    }
+
+    /// Whether the dialect named `name` speaks it: the path's dialect, or on a shared path
+    /// any of its provider's.
+    pub fn spoken_by(&self, name: &str) -> bool {
+        match self.path_of {
+            Some(wire) => wire.name == name,
+            None => named(name).is_some_and(|wire| wire.key_style == self.key_style),
+        }
+    }
+
+    /// How a configured key goes with it.
+    pub fn key_style(&self) -> KeyStyle {
+        self.key_style
+    }
+
+    /// The model its path names, where its API names one there: Gemini's
+    /// `models/{model}:{method}`, and on a shared path `/v1/models/{model}` (an OpenAI
+    /// fine-tune's `ft:gpt-4o-mini:org::id` whole).
+    pub fn model_in_path(self, path: &str) -> Option<&str> {
+        match self.path_of {
+            Some(wire) => (wire.model_in_path)(path),
+            None => path
+                .strip_prefix("/v1/models/")
+                .filter(|model| !model.is_empty() && !model.contains('/')),
+        }
+    }
+
+    /// The dialect whose name, listed in `apis`, would make an upstream speak it.
+    fn dialect(&self) -> &'static Wire {
+        self.path_of
+            .or_else(|| {
+                DIALECTS
+                    .iter()
+                    .find(|wire| wire.key_style == self.key_style)
+            })
+            .unwrap_or(&DIALECTS[0])
+    }
+
+    /// The 404 when no upstream speaks it, in its own error shape.
+    pub fn unspoken(&self) -> Response<ProxyBody> {
+        let dialect = self.dialect();
+        (dialect.error_response)(&ProxyError::NoUpstreamSpeaks(dialect.name))
+    }
+}
+
+/// Every API named by `[upstream] apis` and `[[routes]] apis` is a dialect's.
+pub fn check_apis(config: &Config) -> Result<(), ConfigError> {
+    let listed = std::iter::once(("upstream.apis".to_string(), &config.upstream.apis)).chain(
+        config
+            .routes
+            .iter()
+            .enumerate()
+            .map(|(i, route)| (format!("routes[{i}].apis"), &route.apis)),
+    );
+    for (key, apis) in listed {
+        if let Some(unknown) = apis.iter().find(|api| named(api).is_none()) {
+            let names: Vec<&str> = DIALECTS.iter().map(|wire| wire.name).collect();
+            return Err(ConfigError::Invalid(format!(
+                "{key}: {unknown:?} is not one of {}",
+                names.join(", ")
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The API a request body is written for: the first dialect whose `written_for` holds, else
@@ -176,7 +269,11 @@ mod tests {
             ),
             ("/v1/models/gpt-4o", KeyStyle::Bearer),
         ] {
-            assert_eq!(key_style_for(path), style, "{path}");
+            assert_eq!(
+                PassThroughApi::of(path, &HeaderMap::new(), None).key_style(),
+                style,
+                "{path}"
+            );
         }
         assert_eq!(
             for_path("/v1/responses/compact").map(|w| w.api),
@@ -195,6 +292,64 @@ mod tests {
             assert_eq!(DIALECTS.iter().filter(|w| w.route == wire.route).count(), 1);
         }
         assert!(compacting("/v1/responses/compact").is_none());
+    }
+
+    #[test]
+    fn apis_are_dialect_names() {
+        let mut config = Config::default();
+        config.upstream.apis = vec!["chat".into(), "gemini".into()];
+        assert!(check_apis(&config).is_ok());
+        config.routes.push(crate::config::RouteConfig {
+            apis: vec!["anthropic".into()],
+            ..Default::default()
+        });
+        let error = check_apis(&config).unwrap_err().to_string();
+        assert!(
+            error.contains(
+                "routes[0].apis: \"anthropic\" is not one of chat, responses, messages, gemini"
+            ),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_shared_path_is_the_api_of_the_callers_key() {
+        let api = |header: Option<&str>, query: Option<&str>| {
+            let mut headers = HeaderMap::new();
+            if let Some(name) = header {
+                headers.insert(
+                    hyper::header::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    hyper::header::HeaderValue::from_static("k"),
+                );
+            }
+            let api = PassThroughApi::of("/v1/models", &headers, query);
+            let speakers: Vec<&str> = DIALECTS
+                .iter()
+                .map(|wire| wire.name)
+                .filter(|name| api.spoken_by(name))
+                .collect();
+            (api.key_style(), speakers)
+        };
+        assert_eq!(
+            api(None, None),
+            (KeyStyle::Bearer, vec!["chat", "responses"])
+        );
+        assert_eq!(
+            api(Some("x-api-key"), None),
+            (KeyStyle::XApiKey, vec!["messages"])
+        );
+        assert_eq!(
+            api(Some("anthropic-version"), None),
+            (KeyStyle::XApiKey, vec!["messages"])
+        );
+        assert_eq!(
+            api(Some("x-goog-api-key"), None),
+            (KeyStyle::XGoogApiKey, vec!["gemini"])
+        );
+        assert_eq!(
+            api(None, Some("key=k")),
+            (KeyStyle::XGoogApiKey, vec!["gemini"])
+        );
     }
 
     #[test]

@@ -133,6 +133,12 @@ pub trait Dialect {
         encoding: Encoding,
     );
 
+    /// Whether the reply to a request at `path`?`query` comes in a framing recall can read
+    /// (each dialect's whole JSON body or SSE stream): where not, recall is not offered.
+    fn recall_reads_reply(_path: &str, _query: Option<&str>) -> bool {
+        true
+    }
+
     /// A reason to send this request as it came, whatever its size: what the plan cannot
     /// see from the counted items alone.
     fn forward_as_sent(_request: &Self::Request) -> Option<plan::ForwardReason> {

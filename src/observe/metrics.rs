@@ -77,6 +77,8 @@ pub struct Metrics {
     pub ttft_seconds: Histogram,
     pub summary_cache_entries: IntGauge,
     pub cache_errors: IntCounter,
+    /// Stream events larger than `server.max_event_bytes`, relayed uninspected.
+    pub uninspected_events: IntCounter,
     pub upstream_failures: UpstreamFailures,
     pub summarizer_health: SummarizerHealth,
 }
@@ -626,6 +628,13 @@ impl Metrics {
                 IntCounter::new(
                     "condenser_cache_errors_total",
                     "Faults of the shared (Redis) summary cache.",
+                )?,
+            )?,
+            uninspected_events: registered(
+                &registry,
+                IntCounter::new(
+                    "condenser_uninspected_events_total",
+                    "Stream events larger than server.max_event_bytes, relayed as they came without being read.",
                 )?,
             )?,
             upstream_failures: {

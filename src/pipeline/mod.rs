@@ -40,9 +40,11 @@ pub async fn handle<D: Dialect>(
     let directives = Directives::of(&parts.headers);
     let mode = mode_for(&directives)?;
     let settings = settings_for(&state.config, &directives)?;
+    let mut recall = recall_for(&state.config, &directives);
+    recall.enabled &= D::recall_reads_reply(parts.uri.path(), parts.uri.query());
     let settings = Settings {
         context: &settings,
-        recall: recall_for(&state.config, &directives),
+        recall,
     };
     // Kept for a reactive retry: a second handle on the same bytes, not a copy.
     let original = bytes.clone();

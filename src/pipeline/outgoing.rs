@@ -7,7 +7,8 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::compaction::compactor::{Action, CacheOutcome};
-use crate::dialect::stages::Prepared;
+use crate::dialect::stages::{Dialect, Prepared};
+use crate::error::ProxyError;
 use crate::pipeline::recall::Recallable;
 use crate::pipeline::state::AppState;
 use crate::tokens::catalog::ModelInfo;
@@ -54,11 +55,23 @@ pub struct Outgoing<'s> {
     pub outcome: Outcome,
 }
 
+/// The upstream of a request of `D` for `model`: the first that speaks its API
+/// (`Upstreams::for_api`). None does: 404, naming the config that would, before any work.
+pub(super) fn upstream_for<'s, D: Dialect>(
+    state: &'s AppState,
+    model: &str,
+) -> Result<&'s Arc<Upstream>, ProxyError> {
+    state
+        .upstreams
+        .for_api(|api| api == D::NAME, Some(model))
+        .ok_or(ProxyError::NoUpstreamSpeaks(D::NAME))
+}
+
 impl<'s> Outgoing<'s> {
     /// `body`: the bytes to send, and whether usage was asked for in them on the client's
     /// behalf; `forwarded`: their count, scaled and unscaled.
     pub(super) fn new(
-        state: &'s AppState,
+        upstream: &'s Arc<Upstream>,
         model: String,
         prepared: Prepared,
         (body, inject_usage): (Bytes, bool),
@@ -67,7 +80,7 @@ impl<'s> Outgoing<'s> {
         outcome: Outcome,
     ) -> Outgoing<'s> {
         Outgoing {
-            upstream: state.upstreams.for_model(Some(&model)),
+            upstream,
             model,
             info: prepared.info,
             body,

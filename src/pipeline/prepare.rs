@@ -15,9 +15,10 @@ use crate::dialect::stages::{
     Settings,
 };
 use crate::error::ProxyError;
-use crate::pipeline::outgoing::{Outcome, Outgoing};
+use crate::pipeline::outgoing::{upstream_for, Outcome, Outgoing};
 use crate::pipeline::recall::Recallable;
 use crate::pipeline::state::AppState;
+use crate::transport::upstream::Upstream;
 
 /// A request the raw first stage may send as it came; any other, prepared in full.
 pub(super) async fn prepare<'s, D: Dialect>(
@@ -28,7 +29,7 @@ pub(super) async fn prepare<'s, D: Dialect>(
     mode: Mode,
 ) -> Result<Outgoing<'s>, ProxyError> {
     match D::scan(counting(state), &bytes, settings, mode).await {
-        Ok(ready) => Ok(as_sent(state, ready)),
+        Ok(ready) => as_sent::<D>(state, ready),
         // Boxed: the full path's future (summarizer calls included) is large, and the common
         // case should not carry its size.
         Err(planned) => {
@@ -71,7 +72,7 @@ fn counting(state: &AppState) -> Counting<'_> {
     }
 }
 
-fn as_sent(state: &AppState, ready: Ready) -> Outgoing<'_> {
+fn as_sent<D: Dialect>(state: &AppState, ready: Ready) -> Result<Outgoing<'_>, ProxyError> {
     let Ready {
         model,
         prepared,
@@ -80,15 +81,15 @@ fn as_sent(state: &AppState, ready: Ready) -> Outgoing<'_> {
         usable,
     } = ready;
     let counted = (prepared.count.total, prepared.count.raw_total);
-    Outgoing::new(
-        state,
+    Ok(Outgoing::new(
+        upstream_for::<D>(state, &model)?,
         model,
         prepared,
         (body, inject_usage),
         counted,
         usable,
         Outcome::FORWARDED,
-    )
+    ))
 }
 
 /// `caller`: the headers that say who the caller is and carry its key, for the summary cache's
@@ -104,6 +105,7 @@ async fn prepare_in_full<'s, D: Dialect>(
     let settings = all_settings.context;
     let mut request = D::parse(&bytes, path)?;
     let model = D::model(&request).to_string();
+    let upstream = upstream_for::<D>(state, &model)?;
     let (mut prepared, decision) = match planned {
         Some(Planned { prepared, decision }) => (prepared, Some(decision)),
         None => (
@@ -141,6 +143,7 @@ async fn prepare_in_full<'s, D: Dialect>(
             );
             let job = Job {
                 state,
+                upstream,
                 split,
                 prepared: &prepared,
                 model: &model,
@@ -164,13 +167,14 @@ async fn prepare_in_full<'s, D: Dialect>(
         (prepared.count.total, prepared.count.raw_total)
     };
     Ok(Outgoing::new(
-        state, model, prepared, body, forwarded, usable, outcome,
+        upstream, model, prepared, body, forwarded, usable, outcome,
     ))
 }
 
 /// What carrying out a split needs of the request besides its tree.
 struct Job<'a, 's> {
     state: &'s Arc<AppState>,
+    upstream: &'s Arc<Upstream>,
     split: &'a Split,
     prepared: &'a Prepared,
     model: &'a str,
@@ -192,6 +196,7 @@ async fn compacted<D: Dialect>(
 ) -> Result<(Outcome, bool), ProxyError> {
     let Job {
         state,
+        upstream,
         split,
         prepared,
         model,
@@ -209,7 +214,7 @@ async fn compacted<D: Dialect>(
         split,
         model,
         info: &prepared.info,
-        upstream: state.upstreams.for_model(Some(model)),
+        upstream,
         headers,
         api: D::SUMMARY_ENDPOINT,
         settings,

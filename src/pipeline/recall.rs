@@ -31,8 +31,8 @@ use crate::pipeline::state::AppState;
 use crate::tokens::encoding::Encoding;
 use crate::tokens::rules::count_text;
 use crate::transport::body::{full, read_body, BoxError, ProxyBody};
+use crate::transport::events::{EventBound, EventReader, Piece};
 use crate::transport::upstream::{KeyStyle, Upstream};
-use crate::transport::usage::next_event;
 
 /// A whole reply is read to find its recall calls; a larger one is no completion.
 const MAX_REPLY_BYTES: usize = 32 * 1024 * 1024;
@@ -83,6 +83,8 @@ pub(super) struct Recall {
     scale: f64,
     max_rounds: u32,
     outcomes: RecallCounters,
+    /// How much of a stream event is held to read it.
+    event_bound: EventBound,
     /// Recall calls answered so far, which the relay reads once the reply ends.
     pub served: Arc<AtomicU32>,
 }
@@ -122,6 +124,7 @@ impl Recall {
         Recall {
             wire: offered.wire,
             compactor: state.compactor.clone(),
+            event_bound: state.events.clone(),
             upstream: destination.upstream.clone(),
             path_and_query: destination.path_and_query.to_string(),
             key_style: D::KEY_STYLE,
@@ -411,9 +414,9 @@ impl Recall {
         head.headers.remove(header::CONTENT_LENGTH);
         let relay = Streamed {
             events: Stitched::new(self.wire),
+            reader: EventReader::new(self.event_bound.clone()),
             recall: self,
             body,
-            pending: BytesMut::new(),
             carry: BytesMut::new(),
             request: None,
             rounds: 0,
@@ -444,8 +447,8 @@ struct Streamed {
     recall: Recall,
     events: Stitched,
     body: ProxyBody,
-    /// Bytes of an event not yet whole.
-    pending: BytesMut,
+    /// The events of the round's stream, as they come whole.
+    reader: EventReader,
     /// What the client gets next, ahead of the next events.
     carry: BytesMut,
     /// The request as continued so far, once a round was served.
@@ -462,7 +465,7 @@ impl Streamed {
                     let Ok(data) = frame.into_data() else {
                         continue;
                     };
-                    self.pending.extend_from_slice(&data);
+                    self.reader.push(&data);
                     let out = self.whole_events();
                     if !out.is_empty() {
                         return Some((Ok(out), self));
@@ -474,11 +477,9 @@ impl Streamed {
                 }
                 None => {
                     // An unterminated last event is still an event.
-                    let rest = self.pending.split().freeze();
-                    if !rest.is_empty() {
-                        if let Some(passed) = self.events.event(&rest) {
-                            self.carry.extend_from_slice(&passed);
-                        }
+                    if let Some(rest) = self.reader.rest() {
+                        let passed = self.stitched(rest);
+                        self.carry.extend_from_slice(&passed);
                     }
                     let round = self.events.round_end();
                     let end = if self.recall.serves(&round, self.rounds) {
@@ -502,12 +503,19 @@ impl Streamed {
     /// The whole events received so far, as the client gets them.
     fn whole_events(&mut self) -> Bytes {
         let mut out = self.carry.split();
-        while let Some(event) = next_event(&mut self.pending) {
-            if let Some(passed) = self.events.event(&event) {
-                out.extend_from_slice(&passed);
-            }
+        while let Some(piece) = self.reader.next_piece() {
+            out.extend_from_slice(&self.stitched(piece));
         }
         out.freeze()
+    }
+
+    /// What the client gets of a piece: a whole event as the stitching passes it on, bytes
+    /// of one over the bound as they came.
+    fn stitched(&mut self, piece: Piece) -> Bytes {
+        match piece {
+            Piece::Event(event) => self.events.event(&event).unwrap_or_default(),
+            Piece::Uninspected(bytes) => bytes,
+        }
     }
 
     /// The next round's stream in place of the ended one; why not, when it could not be
@@ -527,7 +535,7 @@ impl Streamed {
             Ok(response) if response.status().is_success() => {
                 tracing::debug!(round = self.rounds, "recall served; stream continued");
                 self.body = response.into_body();
-                self.pending.clear();
+                self.reader = EventReader::new(self.recall.event_bound.clone());
                 let unsent = self.events.next_round();
                 self.carry.extend_from_slice(&unsent);
                 Ok(())

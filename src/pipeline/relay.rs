@@ -155,7 +155,14 @@ pub(super) fn relay<D: Dialect>(
     let body = if is_sse {
         // Removing the usage chunk changes the length; the relay is chunked anyway.
         head.headers.remove(header::CONTENT_LENGTH);
-        UsageTap::sse(upstream_body, D::USAGE, observer, inject_usage).boxed_unsync()
+        UsageTap::sse(
+            upstream_body,
+            D::USAGE,
+            observer,
+            inject_usage,
+            worker.state.events.clone(),
+        )
+        .boxed_unsync()
     } else {
         UsageTap::json(upstream_body, D::USAGE, observer).boxed_unsync()
     };

@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use crate::compaction::compactor::{Compactor, COUNTED_OUTCOMES};
 use crate::config::{Config, ConfigError};
-use crate::dialect::{summary_api_named, DIALECTS};
+use crate::dialect::{check_apis, summary_api_named, DIALECTS};
 use crate::observe::metrics::{Metrics, MetricsError};
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::TokenCounter;
+use crate::transport::events::EventBound;
 use crate::transport::upstream::{Connections, Upstreams};
 
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +33,8 @@ pub struct AppState {
     pub counter: TokenCounter,
     pub metrics: Metrics,
     pub compactor: Arc<Compactor>,
+    /// How much of a stream event its readers hold.
+    pub events: EventBound,
     /// False once shutdown begins, so load balancers stop sending new work.
     pub ready: AtomicBool,
 }
@@ -53,7 +56,9 @@ impl AppState {
                 .compactions
                 .with_label_values(&[action.name(), cache.name()]);
         }
-        let connections = Connections::new(&config, metrics.upstream_failures.clone());
+        check_apis(&config)?;
+        let mut connections = Connections::new(&config, metrics.upstream_failures.clone());
+        connections.events.uninspected = Some(metrics.uninspected_events.clone());
         let upstreams = Upstreams::from_config(&config, &connections)?;
         let compactor = Arc::new(Compactor::new(
             &config,
@@ -71,6 +76,7 @@ impl AppState {
             counter,
             metrics,
             compactor,
+            events: connections.events,
             ready: AtomicBool::new(true),
         })
     }

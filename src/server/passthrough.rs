@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use hyper::{Method, Request, Response};
 use serde::Deserialize;
 
-use crate::dialect::{key_style_for, model_in_path};
+use crate::dialect::PassThroughApi;
 use crate::error::ProxyError;
 use crate::pipeline::state::AppState;
 use crate::transport::body::{declared_length, full, limited, read_body, ProxyBody};
@@ -34,21 +34,24 @@ pub async fn handle(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let limit = state.config.server.max_body_bytes;
     let (parts, body) = request.into_parts();
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .map_or(parts.uri.path(), |pq| pq.as_str());
-    if routed_by_model(&parts.method, parts.uri.path()) {
+    let path = parts.uri.path();
+    let path_and_query = parts.uri.path_and_query().map_or(path, |pq| pq.as_str());
+    let api = PassThroughApi::of(path, &parts.headers, parts.uri.query());
+    let upstream_for =
+        |model: Option<&str>| state.upstreams.for_api(|name| api.spoken_by(name), model);
+    if routed_by_model(&parts.method, path) {
         let bytes = read_body(body, &parts.headers, limit).await?;
         let model = serde_json::from_slice::<Model>(&bytes)
             .ok()
             .and_then(|body| body.model);
-        let upstream = state.upstreams.for_model(model.as_deref());
+        let Some(upstream) = upstream_for(model.as_deref()) else {
+            return Ok(api.unspoken());
+        };
         return upstream
             .send(
                 parts.method.clone(),
                 path_and_query,
-                key_style_for(parts.uri.path()),
+                api.key_style(),
                 parts.headers,
                 full(bytes),
             )
@@ -57,12 +60,11 @@ pub async fn handle(
     if declared_length(&parts.headers).is_some_and(|len| len > limit as u64) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
-    // A model the path names (Gemini's `models/{model}:countTokens`) routes the request, its
-    // body unread; other pass-through requests carry no model in a place worth parsing, and
-    // use the default upstream.
-    let upstream = match model_in_path(parts.uri.path()) {
-        Some(model) => state.upstreams.for_model(Some(model)),
-        None => state.upstreams.default_upstream(),
+    // A model the path names (Gemini's `models/{model}:countTokens`, `/v1/models/{model}`)
+    // routes the request, its body unread; other pass-through requests go to their API's
+    // upstream.
+    let Some(upstream) = upstream_for(api.model_in_path(path)) else {
+        return Ok(api.unspoken());
     };
     // An absent body stays absent rather than becoming an empty chunked one.
     let body = if hyper::body::Body::is_end_stream(&body) {
@@ -74,7 +76,7 @@ pub async fn handle(
         .send(
             parts.method.clone(),
             path_and_query,
-            key_style_for(parts.uri.path()),
+            api.key_style(),
             parts.headers,
             body,
         )

@@ -16,6 +16,7 @@ use crate::error::ProxyError;
 use crate::observe::metrics::Route;
 use crate::pipeline;
 use crate::pipeline::state::{AppState, Worker};
+use crate::server::clean_path::unclean;
 use crate::server::passthrough;
 use crate::transport::body::{full, ProxyBody};
 use crate::transport::departure::{ClientBody, Departure};
@@ -38,13 +39,18 @@ pub async fn handle(
     let compacting = (method == Method::POST)
         .then(|| dialect::compacting(path))
         .flatten();
-    let (route, result) = if let Some(wire) = compacting {
+    let mut unanswered = Unanswered { state, route: None };
+    let (route, result) = if let Some(why) = unclean(path) {
+        let refused = ProxyError::invalid(format!("the request path is refused: {why}"), None);
+        (Route::OTHER, Err(refused))
+    } else if let Some(wire) = compacting {
         let compact = Compact {
             worker: &worker,
             request,
             received,
         };
         let handled = pin!(with_dialect(wire.api, compact));
+        unanswered.route = Some(wire.route);
         (wire.route, unless_left(departure, handled).await)
     } else {
         match (&method, path) {
@@ -53,11 +59,13 @@ pub async fn handle(
             (&Method::GET, "/metrics") => (Route::METRICS, Ok(metrics(state))),
             (_, p) if p.starts_with("/v1/") || dialect::for_path(p).is_some() => {
                 let handled = pin!(passthrough::handle(state, request));
+                unanswered.route = Some(Route::PASSTHROUGH);
                 (Route::PASSTHROUGH, unless_left(departure, handled).await)
             }
             _ => (Route::OTHER, Err(ProxyError::NotFound(path.to_string()))),
         }
     };
+    unanswered.route = None;
     // A relayed reply of the pipeline logs its own line when its body ends, with its usage.
     let logged_by_pipeline = compacting.is_some() && result.is_ok();
     let route_name = route.name();
@@ -97,6 +105,24 @@ async fn unless_left<T>(
     }
 }
 
+/// A request on `route` whose work was dropped before it answered: hyper drops it when an
+/// HTTP/2 client resets its stream (an HTTP/1 client's departure is seen by `departure`, and
+/// answered as `ClientLeft`). Counted as 499 all the same.
+struct Unanswered<'a> {
+    state: &'a AppState,
+    route: Option<Route>,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if let Some(route) = self.route {
+            let left = ProxyError::ClientLeft;
+            tracing::info!(route = route.name(), error = %left, "request cancelled");
+            self.state.metrics.count_request(route, left.status());
+        }
+    }
+}
+
 /// A request to a dialect's own path, handed to the pipeline in that dialect.
 struct Compact<'a> {
     worker: &'a Arc<Worker>,
@@ -116,10 +142,14 @@ impl WithDialect for Compact<'_> {
 /// one above it), OpenAI's on paths no dialect serves. Each dialect's clients read errors in
 /// their own shape.
 pub fn error_for(path: &str, error: &ProxyError) -> Response<ProxyBody> {
-    match dialect::for_path(path) {
+    let mut response = match dialect::for_path(path) {
         Some(wire) => (wire.error_response)(error),
         None => chat::error_response(error),
+    };
+    if let Some(kept) = error.kept_headers() {
+        response.headers_mut().extend(kept.clone());
     }
+    response
 }
 
 fn text(status: StatusCode, body: &'static str) -> Response<ProxyBody> {

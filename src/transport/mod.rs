@@ -5,6 +5,7 @@ pub mod body;
 pub mod broken;
 pub mod departure;
 pub mod egress;
+pub mod events;
 pub mod headers;
 pub mod redact;
 pub mod upstream;

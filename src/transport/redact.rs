@@ -1,21 +1,36 @@
 //! Keys kept out of what upstream answers: the one rule for every reply condenser relays.
 //! Each key a request carried upstream (the caller's, or the one condenser injected) is
-//! blanked from the reply's headers, whatever its status, and from the body of an error
-//! reply (status 400 and up), wherever it stands: raw, or written as JSON escapes it. An
+//! blanked from the reply's headers and trailers, whatever its status, and from the body of an
+//! error reply (status 400 and up), wherever it stands: raw, or written as JSON escapes it. An
 //! error body is read whole first, whatever its framing, and decoded from its
 //! `Content-Encoding`; one too large to read, or in an encoding that does not decode, is
-//! withheld rather than relayed unscanned. Success bodies stream through untouched.
+//! withheld rather than relayed unscanned.
+//!
+//! A success body streams through as it comes, but errors come inside them too (Anthropic's
+//! `event: error`, OpenAI's `data: {"error": …}`, Responses' `response.failed`, an error
+//! object in Gemini's JSON array): an event of a stream that is an error has each key blanked
+//! (one larger than an error body's bound ends the stream instead), and a JSON body has each
+//! key blanked as it passes, holding back only bytes that may begin one. There a key is
+//! masked at its own length, so a body keeps its declared length; a body without a key passes
+//! byte for byte.
 
 use std::borrow::Cow;
 use std::io::Read;
 
-use bytes::Bytes;
-use hyper::body::Body;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame, SizeHint};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Response, StatusCode};
+use serde::de::IgnoredAny;
+use serde::Deserialize;
 
 use crate::error::ProxyError;
-use crate::transport::body::{full, read_body, ProxyBody};
+use crate::transport::body::{full, read_body, BoxError, ProxyBody};
+use crate::transport::events::{EventBound, EventReader, Piece};
 use crate::transport::headers::{X_API_KEY, X_GOOG_API_KEY};
 
 /// The request headers that carry a key: the caller's own, or the one condenser injected.
@@ -67,11 +82,32 @@ pub fn blank_credentials<'t>(text: &'t [u8], credentials: &[HeaderValue]) -> Cow
     }
 }
 
+/// How a key found is written over: as `[redacted]`, or (in a body that keeps its length)
+/// as as many `*` as it took.
+#[derive(Clone, Copy)]
+enum Mask {
+    Redacted,
+    SameLength,
+}
+
+impl Mask {
+    fn write(self, out: &mut Vec<u8>, length: usize) {
+        match self {
+            Mask::Redacted => out.extend_from_slice(REDACTED),
+            Mask::SameLength => out.resize(out.len() + length, b'*'),
+        }
+    }
+}
+
 /// `text` with each of `keys` replaced, or None when it holds none.
 fn blank_keys(text: &[u8], keys: &[&[u8]]) -> Option<Vec<u8>> {
+    blank_keys_with(text, keys, Mask::Redacted)
+}
+
+fn blank_keys_with<K: AsRef<[u8]>>(text: &[u8], keys: &[K], mask: Mask) -> Option<Vec<u8>> {
     let mut blanked: Option<Vec<u8>> = None;
     for key in keys {
-        if let Some(again) = blank_key(blanked.as_deref().unwrap_or(text), key) {
+        if let Some(again) = blank_key(blanked.as_deref().unwrap_or(text), key.as_ref(), mask) {
             blanked = Some(again);
         }
     }
@@ -79,7 +115,7 @@ fn blank_keys(text: &[u8], keys: &[&[u8]]) -> Option<Vec<u8>> {
 }
 
 /// `text` with every occurrence of `key` replaced, or None when it has none.
-fn blank_key(text: &[u8], key: &[u8]) -> Option<Vec<u8>> {
+fn blank_key(text: &[u8], key: &[u8], mask: Mask) -> Option<Vec<u8>> {
     // Escapes only lengthen a key: most header values are shorter than any real key.
     if text.len() < key.len() {
         return None;
@@ -94,14 +130,14 @@ fn blank_key(text: &[u8], key: &[u8]) -> Option<Vec<u8>> {
         .and_then(|rest| memchr::memchr2(first, b'\\', rest))
     {
         let at = from + found;
-        match key_end(text, at, key) {
-            Some(end) => {
+        match key_written(text, at, key) {
+            Written::Whole(end) => {
                 let out = blanked.get_or_insert_with(|| Vec::with_capacity(text.len()));
                 out.extend_from_slice(&text[copied..at]);
-                out.extend_from_slice(REDACTED);
+                mask.write(out, end - at);
                 (copied, from) = (end, end);
             }
-            None => from = at + 1,
+            Written::CutShort | Written::No => from = at + 1,
         }
     }
     let mut out = blanked?;
@@ -109,12 +145,21 @@ fn blank_key(text: &[u8], key: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// Where `key` ends when it is written from `at` on: each of its characters as it is, or as
-/// JSON may escape it (`\u` and four hex digits of either case, for any character; `\/`,
-/// `\\`, `\"`), in any mix. An escape is tried first: in JSON a backslash always starts one.
-fn key_end(text: &[u8], mut at: usize, key: &[u8]) -> Option<usize> {
+/// Whether `key` is written from `at` on, and where it ends.
+enum Written {
+    Whole(usize),
+    /// `text` ends before it could tell: what is there may begin the key.
+    CutShort,
+    No,
+}
+
+/// Whether `key` is written from `at` on: each of its characters as it is, or as JSON may
+/// escape it (`\u` and four hex digits of either case, for any character; `\/`, `\\`,
+/// `\"`), in any mix. An escape is tried first: in JSON a backslash always starts one.
+fn key_written(text: &[u8], mut at: usize, key: &[u8]) -> Written {
     for &wanted in key {
-        match text.get(at..)? {
+        match text.get(at..).unwrap_or_default() {
+            [] => return Written::CutShort,
             [b'\\', b'u', a, b, c, d, ..] if escaped_byte([*a, *b, *c, *d]) == Some(wanted) => {
                 at += 6;
             }
@@ -122,10 +167,12 @@ fn key_end(text: &[u8], mut at: usize, key: &[u8]) -> Option<usize> {
                 at += 2;
             }
             [byte, ..] if *byte == wanted => at += 1,
-            _ => return None,
+            // An escape that the text's end cut short.
+            [b'\\', rest @ ..] if rest.len() < 5 => return Written::CutShort,
+            _ => return Written::No,
         }
     }
-    Some(at)
+    Written::Whole(at)
 }
 
 /// The character a `\uXXXX` escape stands for, when it is one byte.
@@ -183,6 +230,7 @@ fn holds_in_any_case(name: &[u8], key: &[u8]) -> bool {
 pub async fn without_credentials(
     response: Response<ProxyBody>,
     credentials: &[HeaderValue],
+    bound: &EventBound,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let keys: Vec<&[u8]> = keys(credentials).collect();
     if keys.is_empty() {
@@ -190,19 +238,24 @@ pub async fn without_credentials(
     }
     let (mut head, body) = response.into_parts();
     blank_headers(&mut head.headers, &keys);
-    if head.status.as_u16() < 400 || body.is_end_stream() {
+    if body.is_end_stream() {
         return Ok(Response::from_parts(head, body));
+    }
+    if head.status.as_u16() < 400 {
+        let scrubbed = Scrubbed::new(body, &keys, &head.headers, bound);
+        return Ok(Response::from_parts(head, scrubbed.boxed_unsync()));
     }
     let raw = match read_body(body, &head.headers, MAX_SCANNED_ERROR_BYTES).await {
         Ok(raw) => raw,
         Err(ProxyError::BodyTooLarge { .. }) => {
             let why = format!("its body is larger than {MAX_SCANNED_ERROR_BYTES} bytes");
-            return Err(withheld(head.status, why));
+            return Err(withheld(head.status, why, &head.headers));
         }
         // Upstream's reply broke off: its fault, not the client's.
         Err(e) => return Err(ProxyError::UpstreamBroken(e.to_string())),
     };
-    let decoded = decoded(raw, &head.headers).map_err(|why| withheld(head.status, why))?;
+    let decoded =
+        decoded(raw, &head.headers).map_err(|why| withheld(head.status, why, &head.headers))?;
     let body = blank_keys(&decoded, &keys).map_or(decoded, Bytes::from);
     head.headers.remove(header::CONTENT_ENCODING);
     head.headers
@@ -210,9 +263,235 @@ pub async fn without_credentials(
     Ok(Response::from_parts(head, full(body)))
 }
 
-fn withheld(status: StatusCode, why: String) -> ProxyError {
+/// How a success body is read for keys.
+enum Reading {
+    /// An SSE stream: its error events.
+    Events(EventReader),
+    /// JSON or text: all of it, bytes that may begin a key held back.
+    Text(BytesMut),
+    /// Anything else (audio, a file's bytes): passed as it comes.
+    Opaque,
+    /// Read to its end: the trailers that go once what was held has gone.
+    Trailers(Option<HeaderMap>),
+}
+
+/// A success body with keys blanked from its trailers, its stream's error events and its
+/// JSON, as it passes (the module's comment).
+struct Scrubbed {
+    inner: ProxyBody,
+    keys: Vec<Bytes>,
+    reading: Reading,
+    ended: bool,
+}
+
+impl Scrubbed {
+    fn new(inner: ProxyBody, keys: &[&[u8]], headers: &HeaderMap, bound: &EventBound) -> Scrubbed {
+        let content_type = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        let reading = if content_type.starts_with("text/event-stream") {
+            Reading::Events(EventReader::new(bound.clone()))
+        } else if content_type.is_empty()
+            || content_type.starts_with("text/")
+            || content_type.contains("json")
+        {
+            Reading::Text(BytesMut::new())
+        } else {
+            Reading::Opaque
+        };
+        Scrubbed {
+            inner,
+            keys: keys.iter().map(|key| Bytes::copy_from_slice(key)).collect(),
+            reading,
+            ended: false,
+        }
+    }
+
+    /// What of `chunk` (and what was held) can go now; at the stream's `end`, all of it.
+    fn pass(&mut self, chunk: &[u8], end: bool) -> Result<BytesMut, BoxError> {
+        let mut out = BytesMut::new();
+        match &mut self.reading {
+            Reading::Opaque | Reading::Trailers(_) => out.extend_from_slice(chunk),
+            Reading::Text(held) => {
+                held.extend_from_slice(chunk);
+                if let Some(blanked) = blank_keys_with(held, &self.keys, Mask::SameLength) {
+                    *held = BytesMut::from(&blanked[..]);
+                }
+                let keep = if end {
+                    held.len()
+                } else {
+                    may_begin_a_key(held, &self.keys)
+                };
+                out = held.split_to(keep);
+            }
+            Reading::Events(events) => {
+                events.push(chunk);
+                while let Some(piece) = events.next_piece() {
+                    out.extend_from_slice(&scrub_piece(piece, &self.keys)?);
+                }
+                if end {
+                    if let Some(piece) = events.rest() {
+                        out.extend_from_slice(&scrub_piece(piece, &self.keys)?);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Where the bytes that may begin a key start: what goes before them can go now.
+fn may_begin_a_key(text: &[u8], keys: &[Bytes]) -> usize {
+    // A key's longest writing: every character a six-byte escape.
+    let longest = keys.iter().map(|key| key.len() * 6).max().unwrap_or(0);
+    let from = text.len().saturating_sub(longest);
+    (from..text.len())
+        .find(|&at| {
+            keys.iter()
+                .any(|key| matches!(key_written(text, at, key), Written::CutShort))
+        })
+        .unwrap_or(text.len())
+}
+
+/// An event as the client gets it: an error event with its keys blanked (an error event
+/// larger than an error body's bound fails the stream rather than pass unscanned), any other
+/// as it came.
+fn scrub_piece(piece: Piece, keys: &[Bytes]) -> Result<Bytes, BoxError> {
+    let event = match piece {
+        Piece::Event(event) if is_error_event(&event) => event,
+        Piece::Event(bytes) | Piece::Uninspected(bytes) => return Ok(bytes),
+    };
+    if event.len() > MAX_SCANNED_ERROR_BYTES {
+        let why = format!(
+            "upstream sent an error event larger than {MAX_SCANNED_ERROR_BYTES} bytes in its stream; withheld"
+        );
+        tracing::warn!(bytes = event.len(), "{why}");
+        return Err(why.into());
+    }
+    Ok(blank_keys_with(&event, keys, Mask::SameLength).map_or(event, Bytes::from))
+}
+
+/// The fields that make an event's data an error: a top-level `error` (OpenAI's chat, Google's),
+/// or a `type` of `error` (Anthropic's, Responses') or `response.failed`.
+#[derive(Deserialize)]
+struct ErrorProbe<'a> {
+    error: Option<IgnoredAny>,
+    #[serde(rename = "type", borrow)]
+    kind: Option<Cow<'a, str>>,
+}
+
+/// Whether an SSE event is an error: `event: error`, or data that is one (`ErrorProbe`). Only
+/// an event that mentions `error` is parsed.
+fn is_error_event(event: &[u8]) -> bool {
+    if memchr::memmem::find(event, b"error").is_none() {
+        return false;
+    }
+    let text = String::from_utf8_lossy(event);
+    text.lines().any(|line| {
+        if let Some(name) = line.strip_prefix("event:") {
+            return name.trim() == "error";
+        }
+        line.strip_prefix("data:").is_some_and(|data| {
+            serde_json::from_str::<ErrorProbe>(data.trim()).is_ok_and(|probe| {
+                probe.error.is_some()
+                    || matches!(probe.kind.as_deref(), Some("error" | "response.failed"))
+            })
+        })
+    })
+}
+
+impl Body for Scrubbed {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        while !this.ended {
+            let next = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+            let (chunk, end) = match next {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(chunk) => (chunk, false),
+                    Err(frame) => {
+                        let Ok(mut trailers) = frame.into_trailers() else {
+                            continue;
+                        };
+                        let keys: Vec<&[u8]> = this.keys.iter().map(|key| &key[..]).collect();
+                        blank_headers(&mut trailers, &keys);
+                        // What was held goes before the trailers.
+                        let held = this.pass(&[], true)?;
+                        this.ended = true;
+                        if held.is_empty() {
+                            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+                        }
+                        // Trailers end a body: they go once what was held has gone.
+                        this.reading = Reading::Trailers(Some(trailers));
+                        return Poll::Ready(Some(Ok(Frame::data(held.freeze()))));
+                    }
+                },
+                Some(Err(error)) => return Poll::Ready(Some(Err(error))),
+                None => (Bytes::new(), true),
+            };
+            let out = match this.pass(&chunk, end) {
+                Ok(out) => out,
+                Err(error) => {
+                    this.ended = true;
+                    return Poll::Ready(Some(Err(error)));
+                }
+            };
+            this.ended = end;
+            if !out.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
+            }
+        }
+        match &mut this.reading {
+            Reading::Trailers(trailers) => {
+                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t))))
+            }
+            _ => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.reading {
+            Reading::Trailers(trailers) => trailers.is_none(),
+            Reading::Text(held) => held.is_empty() && self.inner.is_end_stream(),
+            Reading::Opaque => self.inner.is_end_stream(),
+            Reading::Events(_) => self.ended,
+        }
+    }
+
+    /// A key is masked at its own length: the body's size stands.
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A withheld reply, with the headers (keys already blanked from them) that tell a client
+/// when to try again: `Retry-After` and the rate limits (OpenAI's `x-ratelimit-*`,
+/// Anthropic's `anthropic-ratelimit-*`, the IETF draft's `ratelimit*`).
+fn withheld(status: StatusCode, why: String, headers: &HeaderMap) -> ProxyError {
     tracing::warn!(status = status.as_u16(), %why, "upstream error reply withheld");
-    ProxyError::UpstreamReplyWithheld { status, why }
+    let mut kept = HeaderMap::new();
+    for (name, value) in headers {
+        let name_text = name.as_str();
+        if name_text.starts_with("retry-after")
+            || name_text.starts_with("x-ratelimit-")
+            || name_text.starts_with("anthropic-ratelimit-")
+            || name_text.starts_with("ratelimit")
+        {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    ProxyError::UpstreamReplyWithheld {
+        status,
+        why,
+        kept: Box::new(kept),
+    }
 }
 
 /// `body` with its content codings undone, the last applied first, and no larger than

@@ -29,12 +29,13 @@ use tokio::time::Instant;
 use tower_service::Service;
 use wildmatch::WildMatch;
 
-use crate::config::{Config, ConfigError};
+use crate::config::{speaks, Config, ConfigError};
 use crate::error::ProxyError;
 use crate::observe::metrics::{FailureKind, UpstreamFailures};
 use crate::transport::body::{with_idle_timeout, BodyLimitExceeded, BoxError, ProxyBody};
 use crate::transport::broken::{broken_head, failure_kind, root_cause};
 use crate::transport::egress::Egress;
+use crate::transport::events::EventBound;
 pub use crate::transport::headers::{
     bare_key, bearer_from_env, KeyStyle, X_API_KEY, X_GOOG_API_KEY,
 };
@@ -71,6 +72,8 @@ pub struct Connections {
     pub workers: usize,
     pub idle_timeout: Duration,
     pub failures: UpstreamFailures,
+    /// How much of a stream event the key scrub holds (`redact.rs`).
+    pub events: EventBound,
 }
 
 impl Connections {
@@ -79,6 +82,10 @@ impl Connections {
             workers: config.server.worker_count(),
             idle_timeout: Duration::from_secs(config.upstream.idle_timeout_secs),
             failures,
+            events: EventBound {
+                max_bytes: config.server.max_event_bytes,
+                uninspected: None,
+            },
         }
     }
 }
@@ -203,6 +210,7 @@ pub struct Upstream {
     pools: Vec<Arc<WorkerPool>>,
     api_key: Option<HeaderValue>,
     timeout: Duration,
+    events: EventBound,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -334,6 +342,7 @@ impl Upstream {
             pools,
             api_key: bearer_from_env(api_key_env)?,
             timeout,
+            events: connections.events.clone(),
         })
     }
 
@@ -407,7 +416,7 @@ impl Upstream {
                 return Err(error);
             }
         };
-        without_credentials(response, &credentials).await
+        without_credentials(response, &credentials, &self.events).await
     }
 
     async fn exchange(
@@ -641,10 +650,28 @@ impl Body for UpstreamBody {
     }
 }
 
-/// The configured upstreams and which model goes where.
+/// An upstream and the APIs it speaks (`None`: any; `config::speaks`).
+struct Speaker {
+    upstream: Arc<Upstream>,
+    apis: Option<Vec<String>>,
+}
+
+impl Speaker {
+    fn lists(&self, wanted: impl Fn(&str) -> bool) -> bool {
+        self.apis
+            .as_ref()
+            .is_some_and(|listed| listed.iter().any(|api| wanted(api)))
+    }
+
+    fn speaks(&self, wanted: impl Fn(&str) -> bool) -> bool {
+        self.apis.is_none() || self.lists(wanted)
+    }
+}
+
+/// The configured upstreams, which model goes where and which API each speaks.
 pub struct Upstreams {
-    default: Arc<Upstream>,
-    routes: Vec<(Vec<WildMatch>, Arc<Upstream>)>,
+    default: Speaker,
+    routes: Vec<(Vec<WildMatch>, Speaker)>,
 }
 
 impl Upstreams {
@@ -653,38 +680,52 @@ impl Upstreams {
         connections: &Connections,
     ) -> Result<Upstreams, ConfigError> {
         let timeout = Duration::from_secs(config.upstream.timeout_secs);
-        let default = Arc::new(Upstream::new(
-            &config.upstream.base_url,
-            &config.upstream.api_key_env,
-            timeout,
-            connections,
-        )?);
+        let speaker = |base_url: &str, api_key_env: &str, apis: &[String]| {
+            Upstream::new(base_url, api_key_env, timeout, connections).map(|upstream| Speaker {
+                upstream: Arc::new(upstream),
+                apis: speaks(base_url, apis),
+            })
+        };
+        let upstream = &config.upstream;
+        let default = speaker(&upstream.base_url, &upstream.api_key_env, &upstream.apis)?;
         let routes = config
             .routes
             .iter()
             .map(|route| {
                 let patterns = route.models.iter().map(|m| WildMatch::new(m)).collect();
-                Upstream::new(&route.base_url, &route.api_key_env, timeout, connections)
-                    .map(|u| (patterns, Arc::new(u)))
+                speaker(&route.base_url, &route.api_key_env, &route.apis)
+                    .map(|speaker| (patterns, speaker))
             })
             .collect::<Result<_, _>>()?;
         Ok(Upstreams { default, routes })
     }
 
-    /// The first route whose glob matches the model, else the default upstream.
-    pub fn for_model(&self, model: Option<&str>) -> &Arc<Upstream> {
-        model
-            .and_then(|model| {
+    /// The upstream for a request in an API (`wanted`: whether a dialect's name is of it), for
+    /// `model` when it names one: the first route whose glob matches the model and that
+    /// speaks the API; else the default upstream when it lists the API; else the first route
+    /// that lists it; else the default upstream when it speaks any API. `None`: no upstream
+    /// speaks it, so no key goes anywhere.
+    pub fn for_api(
+        &self,
+        wanted: impl Fn(&str) -> bool + Copy,
+        model: Option<&str>,
+    ) -> Option<&Arc<Upstream>> {
+        let by_model = model.and_then(|model| {
+            self.routes.iter().find(|(patterns, speaker)| {
+                speaker.speaks(wanted) && patterns.iter().any(|p| p.matches(model))
+            })
+        });
+        let speaker = by_model
+            .map(|(_, speaker)| speaker)
+            .or_else(|| Some(&self.default).filter(|default| default.lists(wanted)))
+            .or_else(|| {
                 self.routes
                     .iter()
-                    .find(|(patterns, _)| patterns.iter().any(|p| p.matches(model)))
-                    .map(|(_, upstream)| upstream)
+                    .map(|(_, speaker)| speaker)
+                    .find(|speaker| speaker.lists(wanted))
             })
-            .unwrap_or(&self.default)
-    }
-
-    pub fn default_upstream(&self) -> &Arc<Upstream> {
-        &self.default
+            .or_else(|| Some(&self.default).filter(|default| default.speaks(wanted)))?;
+        Some(&speaker.upstream)
     }
 }
 
@@ -767,6 +808,7 @@ mod tests {
             workers: 1,
             idle_timeout: Duration::from_secs(60),
             failures: UpstreamFailures::new().unwrap(),
+            events: crate::transport::events::test_bound(1024),
         }
     }
 

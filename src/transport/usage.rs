@@ -11,6 +11,7 @@ use hyper::body::{Body, Frame, SizeHint};
 use memchr::memmem;
 
 use crate::transport::body::{BoxError, Gathered};
+use crate::transport::events::{EventBound, EventReader, Piece};
 
 /// A JSON body larger than this is relayed without reading its usage.
 const MAX_JSON_COPY: usize = 16 * 1024 * 1024;
@@ -115,6 +116,7 @@ enum Mode {
     /// without reading its usage.
     Json(Option<Gathered>),
     Sse {
+        events: EventReader,
         injected: bool,
         usage: Option<Usage>,
     },
@@ -123,7 +125,6 @@ enum Mode {
 pub struct UsageTap<S, O: UsageObserver> {
     inner: S,
     reader: &'static dyn UsageReader,
-    pending: BytesMut,
     mode: Mode,
     observer: Option<O>,
     seen_bytes: bool,
@@ -136,12 +137,19 @@ impl<S, O: UsageObserver> UsageTap<S, O> {
     }
 
     /// `injected`: condenser asked upstream for usage that the client did not want.
-    pub fn sse(inner: S, reader: &'static dyn UsageReader, observer: O, injected: bool) -> Self {
+    pub fn sse(
+        inner: S,
+        reader: &'static dyn UsageReader,
+        observer: O,
+        injected: bool,
+        bound: EventBound,
+    ) -> Self {
         Self::with_mode(
             inner,
             reader,
             observer,
             Mode::Sse {
+                events: EventReader::new(bound),
                 injected,
                 usage: None,
             },
@@ -152,7 +160,6 @@ impl<S, O: UsageObserver> UsageTap<S, O> {
         UsageTap {
             inner,
             reader,
-            pending: BytesMut::new(),
             mode,
             observer: Some(observer),
             seen_bytes: false,
@@ -192,26 +199,19 @@ impl<S, O: UsageObserver> Drop for UsageTap<S, O> {
     }
 }
 
-/// Length of the first complete SSE event (blank-line terminated) in `buf`, terminator included.
-///
-/// Hand-written rather than an SSE codec crate's: `eventsource-stream`, the well-kept one,
-/// yields parsed events (`data` joined into a `String`, comments dropped), and the tap relays
-/// each event's bytes as upstream sent them; writing events out again from their fields would
-/// change what the client receives.
-fn complete_event_len(buf: &[u8]) -> Option<usize> {
-    [&b"\n\n"[..], b"\r\n\r\n", b"\r\r"]
-        .iter()
-        .filter_map(|end| {
-            buf.windows(end.len())
-                .position(|w| w == *end)
-                .map(|p| p + end.len())
-        })
-        .min()
-}
-
-/// The first whole event in `buf`, taken out of it.
-pub fn next_event(buf: &mut BytesMut) -> Option<Bytes> {
-    complete_event_len(buf).map(|len| buf.split_to(len).freeze())
+/// An event as the client should see it (`UsageReader::relay_event`); bytes of one over the
+/// bound as they came.
+fn relay_piece(
+    reader: &dyn UsageReader,
+    piece: Piece,
+    injected: bool,
+    usage: &mut Option<Usage>,
+    out: &mut BytesMut,
+) {
+    match piece {
+        Piece::Event(event) => reader.relay_event(&event, injected, usage, out),
+        Piece::Uninspected(bytes) => out.extend_from_slice(&bytes),
+    }
 }
 
 /// A body itself rather than a stream adapted into one: hyper polls it directly, and a JSON
@@ -244,10 +244,16 @@ where
                 Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
                 None => {
                     this.done = true;
-                    let rest = this.pending.split();
                     let mut out = BytesMut::new();
-                    if let Mode::Sse { injected, usage } = &mut this.mode {
-                        this.reader.relay_event(&rest, *injected, usage, &mut out);
+                    if let Mode::Sse {
+                        events,
+                        injected,
+                        usage,
+                    } = &mut this.mode
+                    {
+                        if let Some(piece) = events.rest() {
+                            relay_piece(this.reader, piece, *injected, usage, &mut out);
+                        }
                     }
                     if !out.is_empty() {
                         this.note_output();
@@ -268,12 +274,15 @@ where
                     this.note_output();
                     return Poll::Ready(Some(Ok(Frame::data(chunk))));
                 }
-                Mode::Sse { injected, usage } => {
-                    this.pending.extend_from_slice(&chunk);
+                Mode::Sse {
+                    events,
+                    injected,
+                    usage,
+                } => {
+                    events.push(&chunk);
                     let mut out = BytesMut::new();
-                    while let Some(len) = complete_event_len(&this.pending) {
-                        let event = this.pending.split_to(len);
-                        this.reader.relay_event(&event, *injected, usage, &mut out);
+                    while let Some(piece) = events.next_piece() {
+                        relay_piece(this.reader, piece, *injected, usage, &mut out);
                     }
                     if !out.is_empty() {
                         this.note_output();
@@ -309,6 +318,7 @@ mod tests {
     use crate::dialect::chat::usage::ChatUsage;
     use crate::dialect::messages::usage::MessagesUsage;
     use crate::dialect::responses::usage::ResponsesUsage;
+    use crate::transport::events::test_bound;
 
     const CHAT: &dyn UsageReader = &ChatUsage;
 
@@ -335,7 +345,13 @@ mod tests {
     async fn run(chunks: Vec<&'static str>, strip: bool) -> (String, Seen) {
         let seen = Seen::default();
         let chunks = chunks.into_iter().map(|c| Bytes::from_static(c.as_bytes()));
-        let tap = UsageTap::sse(stream_of(chunks), CHAT, seen.clone(), strip);
+        let tap = UsageTap::sse(
+            stream_of(chunks),
+            CHAT,
+            seen.clone(),
+            strip,
+            test_bound(1 << 20),
+        );
         (relayed(tap).await, seen)
     }
 
@@ -370,7 +386,13 @@ mod tests {
         let seen = Seen::default();
         let chunks = chunks.into_iter().map(|c| Bytes::from_static(c.as_bytes()));
         let tap = if sse {
-            UsageTap::sse(stream_of(chunks), reader, seen.clone(), false)
+            UsageTap::sse(
+                stream_of(chunks),
+                reader,
+                seen.clone(),
+                false,
+                test_bound(1 << 20),
+            )
         } else {
             UsageTap::json(stream_of(chunks), reader, seen.clone())
         };
@@ -510,6 +532,7 @@ mod tests {
             CHAT,
             Seen::default(),
             true,
+            test_bound(1 << 20),
         );
         assert_eq!(sse.size_hint().exact(), None, "an SSE body may shrink");
     }

@@ -655,6 +655,7 @@ async fn routes_pick_the_upstream_by_model_and_inject_their_key() {
         models: vec!["claude-*".into()],
         base_url: routed.url(),
         api_key_env: "CONDENSER_TEST_ROUTE_KEY".into(),
+        ..Default::default()
     });
     let proxy = Proxy::start(config).await;
     let send = |model: &str, auth: Option<&str>| {
@@ -954,6 +955,7 @@ async fn paths_under_a_dialect_go_where_their_model_routes_with_the_right_key() 
         models: vec!["claude-*".into()],
         base_url: routed.url(),
         api_key_env: "CONDENSER_TEST_CLAUDE_KEY".into(),
+        ..Default::default()
     });
     let proxy = Proxy::start(config).await;
     let body = r#"{"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "hi"}]}"#;

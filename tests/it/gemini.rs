@@ -363,6 +363,7 @@ async fn everything_else_under_v1beta_passes_through_to_the_upstream_its_path_na
         models: vec!["gemini-*".into()],
         base_url: routed.url(),
         api_key_env: String::new(),
+        ..Default::default()
     });
     let proxy = Proxy::start(config).await;
     let count = client()
@@ -748,4 +749,72 @@ async fn gemini_recalls_what_its_summary_replaced_whole_and_streamed() {
             "{metrics}"
         );
     }
+}
+
+/// Issue 37: `:streamGenerateContent` without `alt=sse` (Google's REST default) streams one
+/// JSON array. condenser offered recall there, read the array as a whole reply, and relayed
+/// an unserved `condenser_recall` call once all of it was in. Now a compacted request there is
+/// offered no recall, and the array reaches a plain REST client as upstream writes it: its
+/// first element before upstream writes the rest.
+#[tokio::test]
+async fn gemini_array_streams_are_relayed_as_they_come_and_never_offered_recall() {
+    use futures_util::StreamExt;
+    use http_body_util::{BodyExt, StreamBody};
+    use hyper::body::Frame;
+    use std::sync::Arc;
+
+    let rest_may_go = Arc::new(tokio::sync::Notify::new());
+    let gate = rest_may_go.clone();
+    let upstream = MockUpstream::start(handler(move |r| {
+        let gate = gate.clone();
+        async move {
+            let path = r.path_and_query.split('?').next().unwrap_or("").to_string();
+            if is_summarizer_call(&r) {
+                return json_response(200, &summary_reply(&path, "The user asked about Falcon."));
+            }
+            let first = gemini_reply(json!([{"text": "first part. "}]), json!(null));
+            let last = gemini_reply(
+                json!([{"text": "last part."}]),
+                json!({"promptTokenCount": 100, "candidatesTokenCount": 10, "totalTokenCount": 110}),
+            );
+            let pieces = futures_util::stream::iter([format!("[{first}")])
+                .chain(futures_util::stream::once(async move {
+                    gate.notified().await;
+                    format!(",\r\n{last}]")
+                }))
+                .map(|piece| Ok::<_, condenser::transport::body::BoxError>(Frame::data(bytes::Bytes::from(piece))));
+            hyper::Response::builder()
+                .status(200)
+                .header("content-type", "application/json")
+                .body(StreamBody::new(pieces).boxed_unsync())
+                .unwrap()
+        }
+    }))
+    .await;
+    let proxy = Proxy::start(gemini_config(&upstream.url())).await;
+    let response = post(&proxy, STREAM, &gemini_body(&gemini_conversation(20))).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-condenser-action"), "summarized");
+    let mut chunks = response.bytes_stream();
+    let mut received = Vec::new();
+    while !String::from_utf8_lossy(&received).contains("first part. ") {
+        let chunk = within("the array's first element", chunks.next()).await;
+        received.extend_from_slice(&chunk.unwrap().unwrap());
+    }
+    rest_may_go.notify_one();
+    while let Some(chunk) = within("the rest of the array", chunks.next()).await {
+        received.extend_from_slice(&chunk.unwrap());
+    }
+    let text = String::from_utf8(received).unwrap();
+    let array: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(array.as_array().map(Vec::len), Some(2), "{text}");
+    assert!(!text.contains("condenser_recall"), "{text}");
+    let sent = model_requests(&upstream);
+    assert_eq!(sent.len(), 1);
+    assert!(
+        !sent[0].1.to_string().contains("condenser_recall"),
+        "{}",
+        sent[0].1
+    );
+    assert!(sent[0].1.to_string().contains("[Context summary"));
 }

@@ -510,6 +510,7 @@ fn keyed_config(upstream: &Hostile) -> condenser::Config {
         models: vec!["claude-*".into()],
         base_url: format!("http://{}", upstream.addr),
         api_key_env: "CONDENSER_TEST_HOSTILE_ROUTE_KEY".into(),
+        ..Default::default()
     });
     config
 }
@@ -842,4 +843,249 @@ async fn a_client_that_leaves_while_upstream_thinks_cancels_the_upstream_request
         assert_eq!(metric(&metrics, &series), Some(cancelled), "{metrics}");
     }
     assert_served(&proxy, CHAT).await;
+}
+
+/// A 200 reply, chunked, in pieces of 7 bytes so that a key is always split.
+fn chunked_success(content_type: &str, body: &str, trailers: &str) -> Vec<u8> {
+    let mut reply = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    .into_bytes();
+    for piece in body.as_bytes().chunks(7) {
+        reply.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+        reply.extend_from_slice(piece);
+        reply.extend_from_slice(b"\r\n");
+    }
+    reply.extend_from_slice(format!("0\r\n{trailers}\r\n").as_bytes());
+    reply
+}
+
+/// The success event that comes before each error: it must reach the client byte for byte.
+const SUCCESS_EVENT: &str =
+    "data: {\"choices\":[{\"delta\":{\"content\":\"error-free text\"}}]}\n\n";
+
+/// Errors inside 200 replies, as each API sends them, each echoing `key`.
+fn errors_in_success(key: &str) -> Vec<(&'static str, String, &'static str)> {
+    let escaped = json_escaped(key);
+    let sse = "text/event-stream";
+    vec![
+        (
+            "Anthropic's event: error",
+            format!("{SUCCESS_EVENT}event: error\ndata: {{\"type\":\"error\",\"error\":{{\"type\":\"api_error\",\"message\":\"bad key {key}\"}}}}\n\n"),
+            sse,
+        ),
+        (
+            "OpenAI's data: {\"error\"}",
+            format!("{SUCCESS_EVENT}data: {{\"error\":{{\"message\":\"Bearer {escaped}\",\"code\":\"x\"}}}}\n\n"),
+            sse,
+        ),
+        (
+            "Responses' response.failed",
+            format!("{SUCCESS_EVENT}event: response.failed\ndata: {{\"type\":\"response.failed\",\"response\":{{\"error\":{{\"message\":\"{key}\"}}}}}}\r\n\r\n"),
+            sse,
+        ),
+        (
+            "Gemini's error in its JSON array",
+            format!("[{{\"candidates\":[{{\"content\":{{\"parts\":[{{\"text\":\"hi\"}}]}}}}]}},\n{{\"error\":{{\"code\":500,\"message\":\"{key}\",\"status\":\"INTERNAL\"}}}}]"),
+            "application/json",
+        ),
+    ]
+}
+
+/// Issue 37: an upstream that echoed the key in an error event of a 200 stream, or in an
+/// error object of a 200 body, had it relayed. On every path, with every key condenser sends,
+/// the key is masked there, and the success event before it arrives as it was sent.
+#[tokio::test]
+async fn no_key_reaches_the_client_in_an_error_inside_a_success_reply() {
+    let cases = keyed_cases();
+    let script: Vec<Act> = cases
+        .iter()
+        .flat_map(|(_, _, _, key)| {
+            errors_in_success(key)
+                .into_iter()
+                .map(|(_, body, content_type)| Act::Send(chunked_success(content_type, &body, "")))
+        })
+        .collect();
+    let upstream = Hostile::start(script).await;
+    let proxy = Proxy::start(keyed_config(&upstream)).await;
+    for (path, model, caller, key) in cases {
+        for (error, sent, _) in errors_in_success(key) {
+            let what = format!("{path} {model} caller={caller}, {error}");
+            let response = within(&what, keyed_request(&proxy, path, model, caller).send())
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200, "{what}");
+            let body = keyless(response, key, &what).await;
+            assert!(body.contains(&"*".repeat(key.len())), "{what}: {body}");
+            if sent.starts_with(SUCCESS_EVENT) {
+                assert!(body.starts_with(SUCCESS_EVENT), "{what}: {body}");
+            }
+        }
+    }
+}
+
+type Http2Sender = hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>;
+
+/// A client speaking HTTP/2 to condenser (prior knowledge, no TLS).
+async fn http2_client(proxy: &Proxy) -> Http2Sender {
+    let socket = TcpStream::connect(proxy.addr).await.unwrap();
+    let (sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(socket),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    sender
+}
+
+/// The POST of `path`'s request body, for `http2_client`.
+fn http2_post(proxy: &Proxy, path: &str) -> hyper::Request<http_body_util::Full<bytes::Bytes>> {
+    hyper::Request::post(proxy.url(path))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            request_body(path, false).to_string(),
+        )))
+        .unwrap()
+}
+
+/// Issue 37: trailers of a 2xx body passed as they came, and an HTTP/2 client read the key
+/// back from one. Now they lose it as headers do.
+#[tokio::test]
+async fn no_key_reaches_an_http2_client_in_a_trailer() {
+    use http_body_util::BodyExt;
+    let body = completion("fine", 3, 1).to_string();
+    let trailers = format!("x-echo-key: {INJECTED_KEY}\r\nx-kept: yes\r\n");
+    let upstream = Hostile::start(vec![Act::Send(chunked_success(
+        "application/json",
+        &body,
+        &trailers,
+    ))])
+    .await;
+    let proxy = Proxy::start(keyed_config(&upstream)).await;
+    let mut sender = http2_client(&proxy).await;
+    let response = within(
+        "a response",
+        sender.send_request(http2_post(&proxy, PASSTHROUGH)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 200);
+    let collected = within("the body", response.into_body().collect())
+        .await
+        .unwrap();
+    let trailers = collected.trailers().cloned().expect("trailers relayed");
+    assert_eq!(trailers["x-kept"], "yes");
+    assert_eq!(trailers["x-echo-key"], "[redacted]");
+    assert_eq!(collected.to_bytes(), body.as_bytes());
+}
+
+/// Issue 37: a stream's pending event was rescanned on every chunk and held without bound.
+/// An event over `server.max_event_bytes` reaches the client whole, as sent, without being
+/// read, and is counted; the events after it are read again (the usage of the last one).
+#[tokio::test]
+async fn an_event_over_the_bound_is_relayed_uninspected_and_counted() {
+    let big = format!(
+        "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
+        "x".repeat(200 * 1024)
+    );
+    let usage = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":11,\"total_tokens\":18}}\n\ndata: [DONE]\n\n";
+    let stream = format!("{big}{usage}");
+    let upstream = Hostile::start(vec![Act::Send(chunked_success(
+        "text/event-stream",
+        &stream,
+        "",
+    ))])
+    .await;
+    let mut config = one_worker_config(&upstream, 600);
+    config.server.max_event_bytes = 64 * 1024;
+    let proxy = Proxy::start(config).await;
+    let response = within(
+        "a response",
+        client()
+            .post(proxy.url(CHAT))
+            .json(&json!({"model": "gpt-4o", "stream": true,
+                "stream_options": {"include_usage": true},
+                "messages": [{"role": "user", "content": "hi"}]}))
+            .send(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 200);
+    let body = within("the stream", response.bytes()).await.unwrap();
+    assert!(body == stream.as_bytes(), "the stream changed on the way");
+    let metrics = proxy.metrics().await;
+    assert_eq!(
+        metric(&metrics, "condenser_uninspected_events_total"),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            r#"condenser_completion_tokens_total{model="gpt-4o"}"#
+        ),
+        Some(11.0),
+        "{metrics}"
+    );
+}
+
+/// Issue 37: a withheld error reply lost the headers that tell a client when to try again.
+#[tokio::test]
+async fn a_withheld_error_reply_keeps_retry_after_and_the_rate_limit_headers() {
+    let huge = format!(
+        r#"{{"error":{{"message":"Bearer {INJECTED_KEY}","padding":"{}"}}}}"#,
+        "p".repeat(300 * 1024)
+    );
+    let headers = format!(
+        "content-type: application/json\r\nretry-after: 7\r\nx-ratelimit-remaining-requests: 0\r\nanthropic-ratelimit-requests-reset: 2026-01-01T00:00:00Z\r\nx-echo-key: {INJECTED_KEY}\r\n"
+    );
+    let reply = with_length("429 Too Many Requests", &headers, huge.as_bytes());
+    let upstream = Hostile::start(vec![Act::Send(reply.clone()), Act::Send(reply)]).await;
+    let proxy = Proxy::start(keyed_config(&upstream)).await;
+    for path in [CHAT, PASSTHROUGH] {
+        let response = within(path, keyed_request(&proxy, path, "gpt-4o", false).send())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 429, "{path}");
+        for (name, value) in [
+            ("retry-after", "7"),
+            ("x-ratelimit-remaining-requests", "0"),
+            ("anthropic-ratelimit-requests-reset", "2026-01-01T00:00:00Z"),
+        ] {
+            assert_eq!(header(&response, name), value, "{path}: {name}");
+        }
+        assert!(response.headers().get("x-echo-key").is_none(), "{path}");
+        let body = keyless(response, INJECTED_KEY, path).await;
+        assert!(body.contains("withheld"), "{path}: {body}");
+    }
+}
+
+/// Issue 37: an HTTP/2 client that reset its stream while its request waited was not counted
+/// as 499 (hyper drops the request's work; there is no socket to watch per stream). Its
+/// upstream request is closed too.
+#[tokio::test]
+async fn an_http2_clients_stream_reset_is_counted_as_499() {
+    let mut upstream = Hostile::start(vec![Act::Silence, Act::Silence]).await;
+    let proxy = condenser_before(&upstream, 600).await;
+    let mut sender = http2_client(&proxy).await;
+    for (i, path) in [CHAT, PASSTHROUGH].into_iter().enumerate() {
+        let waiting = tokio::spawn(sender.send_request(http2_post(&proxy, path)));
+        within("upstream has the request", async {
+            while upstream.seen().len() <= i {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        // Dropping the response future resets the stream.
+        waiting.abort();
+        let closed = within(path, upstream.closed_by_condenser.recv())
+            .await
+            .unwrap();
+        assert_eq!(closed, upstream.seen()[i].connection, "{path}");
+    }
+    let metrics = proxy.metrics().await;
+    for route in ["chat_completions", "passthrough"] {
+        let series = format!(r#"condenser_requests_total{{route="{route}",status="499"}}"#);
+        assert_eq!(metric(&metrics, &series), Some(1.0), "{route}: {metrics}");
+    }
 }

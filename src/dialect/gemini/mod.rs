@@ -40,10 +40,31 @@ use error::error_response;
 use rewrite::compacted_contents;
 use view::{as_chat, check_contents, contents, item};
 
-/// The API versions whose paths it serves.
+/// The API versions whose paths it serves: all of `/v1beta/`, and under `/v1/` (OpenAI's
+/// otherwise) a model's own methods.
 const VERSIONS: [&str; 2] = ["/v1beta/", "/v1/"];
 /// The methods of a model it compacts.
 const GENERATE: [&str; 2] = ["generateContent", "streamGenerateContent"];
+/// Every method Google's API has on a model: what makes `/v1/models/{model}:{method}` its,
+/// not an OpenAI model id with a colon in it (`ft:gpt-4o-mini:org::id`).
+const MODEL_METHODS: [&str; 16] = [
+    "generateContent",
+    "streamGenerateContent",
+    "countTokens",
+    "embedContent",
+    "batchEmbedContents",
+    "batchGenerateContent",
+    "asyncBatchEmbedContent",
+    "predict",
+    "predictLongRunning",
+    "generateAnswer",
+    "generateMessage",
+    "generateText",
+    "countMessageTokens",
+    "countTextTokens",
+    "embedText",
+    "batchEmbedText",
+];
 
 /// Google's Gemini API.
 pub struct Gemini;
@@ -71,12 +92,18 @@ struct GenerationConfig {
 /// A path's model and method: `models/{model}:{method}` after an API version. The template
 /// `Dialect::PATH` names none.
 fn model_method(path: &str) -> Option<(&str, &str)> {
-    let rest = VERSIONS
-        .iter()
-        .find_map(|version| path.strip_prefix(version))?
-        .strip_prefix("models/")?;
-    rest.split_once(':')
-        .filter(|(model, _)| !model.is_empty() && !model.contains('/') && !model.starts_with('{'))
+    let (rest, any_method) = match path.strip_prefix(VERSIONS[0]) {
+        Some(rest) => (rest, true),
+        None => (path.strip_prefix(VERSIONS[1])?, false),
+    };
+    rest.strip_prefix("models/")?
+        .split_once(':')
+        .filter(|(model, method)| {
+            !model.is_empty()
+                && !model.contains('/')
+                && !model.starts_with('{')
+                && (any_method || MODEL_METHODS.contains(method))
+        })
 }
 
 impl Dialect for Gemini {
@@ -103,6 +130,16 @@ impl Dialect for Gemini {
 
     fn model_in_path(path: &str) -> Option<&str> {
         model_method(path).map(|(model, _)| model)
+    }
+
+    /// Not `:streamGenerateContent` without `alt=sse`: Google's REST default streams one JSON
+    /// array, relayed as it arrives, which recall's stream reader does not read; offered the
+    /// tool there, the client would see its call.
+    fn recall_reads_reply(path: &str, query: Option<&str>) -> bool {
+        let array_stream = model_method(path).is_some_and(|(_, method)| method == GENERATE[1])
+            && !url::form_urlencoded::parse(query.unwrap_or("").as_bytes())
+                .any(|(name, value)| name == "alt" && value == "sse");
+        !array_stream
     }
 
     fn path_for(model: &str) -> Cow<'static, str> {

@@ -62,6 +62,19 @@ fn the_model_and_method_are_the_paths() {
         ("/v1beta/cachedContents", false, true, None),
         ("/v1/models", false, false, None),
         ("/v1/models/gpt-4o", false, false, None),
+        ("/v1/models/ft:gpt-4o-mini:org::id", false, false, None),
+        (
+            "/v1/models/gemini-2.5-pro:countTokens",
+            false,
+            true,
+            Some("gemini-2.5-pro"),
+        ),
+        (
+            "/v1beta/models/ft:gpt-4o-mini:org::id",
+            false,
+            true,
+            Some("ft"),
+        ),
         ("/v1/chat/completions", false, false, None),
         ("/v1beta/models/:generateContent", false, true, None),
     ] {
