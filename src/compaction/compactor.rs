@@ -348,6 +348,8 @@ struct Lookup<'r> {
     messages: &'r [Value],
     counts: &'r [u32],
     items: &'r [Item],
+    /// The cut horizon of the latest kept part on record, which a step made now keeps.
+    carried: Option<Horizon>,
 }
 
 impl Lookup<'_> {
@@ -508,6 +510,7 @@ async fn lookup<'r>(
         messages: job.messages,
         counts: &job.count.per_message,
         items: job.items,
+        carried: None,
     };
     (lookup, on_hand)
 }
@@ -534,24 +537,33 @@ fn anchor(scope: &Key, keys: &[Key], start: usize, fixed: u32) -> Key {
 /// whose items before it changed does not take another's cuts.
 fn horizon_record(horizon: Horizon, prefix: &Key) -> String {
     format!(
-        "{} {} {}",
+        "{} {} {} {}",
         horizon.all,
         horizon.first,
+        horizon.cleared,
         blake3::Hash::from_bytes(*prefix).to_hex()
     )
 }
 
-/// The horizon a record names; a record of one number (written before tools could be cut
-/// first) has both at it.
+/// The horizon a record names: its marks, then the prefix's hash; a record of one mark
+/// (written before outputs could be cut first or cleared) has every mark at it.
 fn recorded_horizon(record: &str) -> Option<Horizon> {
-    let mut fields = record.split(' ');
-    let all = fields.next()?.parse().ok()?;
-    let second = fields.next()?;
-    let first = match fields.next() {
-        Some(_) => second.parse().ok()?,
-        None => all,
-    };
-    Some(Horizon { all, first })
+    let fields: Vec<&str> = record.split(' ').collect();
+    let (hash, marks) = fields.split_last()?;
+    let marks: Vec<usize> = marks
+        .iter()
+        .map(|m| m.parse().ok())
+        .collect::<Option<_>>()?;
+    (hash.len() == 64).then_some(())?;
+    match marks[..] {
+        [all] => Some(Horizon::at(all)),
+        [all, first, cleared] => Some(Horizon {
+            all,
+            first,
+            cleared,
+        }),
+        _ => None,
+    }
 }
 
 /// The prefix hash up to `end`, continuing the chain from the kept part's anchor.
@@ -594,7 +606,8 @@ async fn recorded_horizons(
             let horizon = recorded_horizon(&record)?;
             let prefix = prefix_up_to(anchor, job.messages, start, horizon.reach())?;
             let hash = blake3::Hash::from_bytes(prefix).to_hex();
-            (horizon.all >= start && horizon.first >= start && record.ends_with(hash.as_str()))
+            let marks = [horizon.all, horizon.first, horizon.cleared];
+            (marks.iter().all(|&mark| mark >= start) && record.ends_with(hash.as_str()))
                 .then_some((start, horizon))
         })
         .collect()
@@ -669,8 +682,17 @@ impl Form {
     }
 
     /// Taken up now for the first time: its outputs cut, oldest first, down to the target.
+    /// What was cut before stays cut (rule 8: nothing cut is restored), from the conversation's
+    /// latest recorded horizon on.
     fn fresh(on: On<'_, '_>, summary: Option<Arc<Summary>>, end: usize) -> Form {
-        Form::at(on, summary, end, Horizon::at(end)).stepped(on)
+        let (_, lookup) = on;
+        let start = Horizon::at(end);
+        let carried = lookup.carried.map_or(start, |cut| Horizon {
+            all: cut.all.max(end),
+            first: cut.first.max(end),
+            cleared: cut.cleared.max(end),
+        });
+        Form::at(on, summary, end, carried).stepped(on)
     }
 
     /// Its horizon moved on, in one step, so that the prompt comes down to the target.
@@ -783,6 +805,12 @@ async fn carried_out(
     let (lookup, mut on_hand) = lookup(compactor, job, prefix(compactor, job)).await;
     // Only a request that goes now needs the cuts on record; one made ahead does not.
     on_hand.horizons = recorded_horizons(compactor, job, &lookup, &on_hand).await;
+    let mut lookup = lookup;
+    lookup.carried = on_hand
+        .horizons
+        .iter()
+        .max_by_key(|(start, _)| **start)
+        .map(|(_, horizon)| *horizon);
     let on = (job, &lookup);
     if job.mode == Mode::Auto {
         if let Some((form, cache)) = without_waiting(compactor, on, &on_hand) {

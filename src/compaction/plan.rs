@@ -12,6 +12,12 @@ use crate::conversation::{head_len, task_prompt, units, Item, Kind, ToolCut};
 /// About a screenful: an output's first and last lines, where errors and results are.
 pub const SHORTENED_OUTPUT_TOKENS: u32 = 256;
 
+/// What a cleared tool output counts, whole: the marker naming what was removed (and the
+/// reference recall gives it back under) in the item's framing. Outputs are cleared only when
+/// cutting every output of the middle cannot bring the prompt to its budget (rule 10: clearing
+/// or cutting); a marker and a Messages `tool_result`'s framing take about 50.
+pub const CLEARED_OUTPUT_TOKENS: u32 = 64;
+
 /// What a summary message costs on top of its text: its role and the
 /// `[Context summary: N earlier messages]` line.
 pub const SUMMARY_FRAMING_TOKENS: u32 = 20;
@@ -689,14 +695,16 @@ pub fn shorten_recent(items: &[Item], recent: usize, over: u64) -> Vec<Shorten> 
     cuts
 }
 
-/// Where a session's cuts reach in a kept part: every output before `all`, and the outputs
-/// of tools cut first (`ToolCut::First`) before `first`. It is what a session's rewrites keep
-/// from one turn to the next (rule 8): outputs before it read the same, cut, on every turn
-/// until a summary takes them; outputs after it are whole.
+/// Where a session's cuts reach in a kept part: every output before `all` cut, the outputs of
+/// tools cut first (`ToolCut::First`) before `first` cut, and every output before `cleared`
+/// cleared. It is what a session's rewrites keep from one turn to the next (rule 8): outputs
+/// before it read the same, cut, on every turn until a summary takes them; outputs after it
+/// are whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Horizon {
     pub all: usize,
     pub first: usize,
+    pub cleared: usize,
 }
 
 impl Horizon {
@@ -705,12 +713,13 @@ impl Horizon {
         Horizon {
             all: index,
             first: index,
+            cleared: index,
         }
     }
 
     /// Where its last cut may be.
     pub fn reach(self) -> usize {
-        self.all.max(self.first)
+        self.all.max(self.first).max(self.cleared)
     }
 
     /// It, reaching no further than `limit`.
@@ -718,12 +727,25 @@ impl Horizon {
         Horizon {
             all: self.all.min(limit),
             first: self.first.min(limit),
+            cleared: self.cleared.min(limit),
         }
     }
 
     fn cuts(self, index: usize, item: &Item) -> bool {
         item.cuttable(SHORTENED_OUTPUT_TOKENS)
             && (index < self.all || index < self.first && item.cut == ToolCut::First)
+    }
+
+    /// What the output at `index` counts once this horizon is applied, when it is cut or
+    /// cleared.
+    fn keep(self, index: usize, item: &Item) -> Option<u32> {
+        if index < self.cleared && item.cuttable(SHORTENED_OUTPUT_TOKENS) {
+            Some(CLEARED_OUTPUT_TOKENS)
+        } else if self.cuts(index, item) {
+            Some(SHORTENED_OUTPUT_TOKENS)
+        } else {
+            None
+        }
     }
 }
 
@@ -732,11 +754,13 @@ impl Horizon {
 pub fn cuts_before(items: &[Item], kept_from: usize, horizon: Horizon) -> Vec<Shorten> {
     let reach = horizon.reach().min(items.len());
     (kept_from..reach)
-        .filter(|&index| horizon.cuts(index, &items[index]))
-        .map(|index| Shorten {
-            index,
-            tokens: items[index].tokens,
-            keep_tokens: SHORTENED_OUTPUT_TOKENS,
+        .filter_map(|index| {
+            let keep_tokens = horizon.keep(index, &items[index])?;
+            Some(Shorten {
+                index,
+                tokens: items[index].tokens,
+                keep_tokens,
+            })
         })
         .collect()
 }
@@ -750,9 +774,9 @@ pub fn saving(cuts: &[Shorten]) -> u64 {
 
 /// Where the cut horizon moves from `horizon`, for a prompt estimated at `estimate` (with
 /// the cuts before `horizon`) to come down to `budget`: the outputs of tools cut first, oldest
-/// first, then every output, oldest first, each horizon just past the output whose cut gets
-/// it there, or to `floor` (where the recent part starts, which is never cut) when nothing
-/// before it does. Oldest first: what changes is then as far back as it can be. A horizon
+/// first, then every output, oldest first, then, when cutting them all is not enough, every
+/// output cleared, oldest first; each mark just past the output that gets it there, or at
+/// `floor` (where the recent part starts, which is never cut) when nothing before it does. Oldest first: what changes is then as far back as it can be. A horizon
 /// only moves forward, in one step to the budget, so a session's cuts change only at such a
 /// step.
 pub fn advance_horizon(
@@ -786,6 +810,17 @@ pub fn advance_horizon(
                 estimate -= saving(item);
             }
             horizon.all = index + 1;
+        }
+    }
+    // Every output of the middle cut and still over: they are cleared, oldest first.
+    for (index, item) in items.iter().enumerate().take(floor).skip(horizon.cleared) {
+        if estimate <= budget {
+            break;
+        }
+        if item.cuttable(SHORTENED_OUTPUT_TOKENS) {
+            let counted = horizon.keep(index, item).unwrap_or(item.tokens);
+            estimate -= u64::from(counted - CLEARED_OUTPUT_TOKENS);
+            horizon.cleared = index + 1;
         }
     }
     horizon
@@ -1107,6 +1142,42 @@ mod tests {
         // is over the hard limit.
         let recent = shorten_recent(&m, 2, 10_000);
         assert!(recent.iter().all(|c| c.index != never));
+    }
+
+    #[test]
+    fn outputs_are_cleared_only_when_cutting_them_all_is_not_enough() {
+        let mut m = vec![msg(Role::System, 100), msg(Role::User, 50)];
+        for _ in 0..4 {
+            m.push(call(30));
+            m.push(msg(Role::Tool, 1_000));
+        }
+        let floor = m.len();
+        let total: u64 = m.iter().map(|i| u64::from(i.tokens)).sum();
+        // Cutting two of them reaches the budget: nothing cleared.
+        let horizon = advance_horizon(&m, Horizon::at(2), total, total - 1_400, floor);
+        assert_eq!(horizon.cleared, 2);
+        let cuts = cuts_before(&m, 2, horizon);
+        assert_eq!(cuts.len(), 2);
+        // All four cut leaves 4 × 256: the oldest are cleared until the budget is met.
+        let budget = total - 4 * 744 - 300;
+        let horizon = advance_horizon(&m, Horizon::at(2), total, budget, floor);
+        let cuts = cuts_before(&m, 2, horizon);
+        let kept: Vec<u32> = cuts.iter().map(|c| c.keep_tokens).collect();
+        assert_eq!(kept, vec![64, 64, 256, 256]);
+        assert!(total - saving(&cuts) <= budget);
+        // A later step goes on from there, and what was cleared stays so.
+        let later = advance_horizon(&m, horizon, total - saving(&cuts), 0, floor);
+        assert!(cuts_before(&m, 2, later)
+            .iter()
+            .all(|c| c.keep_tokens == 64));
+        // Small outputs are never worth clearing.
+        let mut small = m.clone();
+        small
+            .iter_mut()
+            .filter(|i| i.kind == Kind::ToolResult)
+            .for_each(|i| i.tokens = 100);
+        let horizon = advance_horizon(&small, Horizon::at(2), total, 0, floor);
+        assert!(cuts_before(&small, 2, horizon).is_empty());
     }
 
     #[test]
@@ -1508,7 +1579,7 @@ mod tests {
                     for cut in &split.shorten {
                         prop_assert!(cut.index >= split.tail_start);
                         if cut.index < recent {
-                            prop_assert_eq!(cut.keep_tokens, SHORTENED_OUTPUT_TOKENS);
+                            prop_assert!(matches!(cut.keep_tokens, SHORTENED_OUTPUT_TOKENS | CLEARED_OUTPUT_TOKENS));
                         }
                     }
                     // The newest output goes last: a recent output is shortened only when
