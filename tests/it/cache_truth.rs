@@ -129,6 +129,7 @@ async fn session_on(window: u64, pace: Pace, shared: Option<&Redis>) -> CacheFig
             forwarded_tokens: header(&response, "x-condenser-forwarded-tokens")
                 .parse()
                 .unwrap(),
+            floor_tokens: 0,
         });
         response.bytes().await.unwrap();
         messages.extend(round(r));
@@ -168,7 +169,14 @@ async fn session_on(window: u64, pace: Pace, shared: Option<&Redis>) -> CacheFig
         "read once in round 1, lost by the last request"
     );
     assert!(last.contains(TICKET));
-    let figures = cache_figures(&sent, hard_limit);
+    let context = &config.context;
+    let share = |ratio: f64| (hard_limit as f64 * ratio) as u64;
+    let limits = Thresholds {
+        hard_limit,
+        trigger: share(context.trigger_ratio),
+        target: share(context.target_ratio),
+    };
+    let figures = cache_figures(&sent, limits);
     eprintln!(
         "window {window}: {} requests, {} summary steps, {} cut steps, {} client changes, \
          {} tool arrivals, prefix reuse {:.3}, billed {:.0} against {:.0} sent whole, {} summaries made",
