@@ -1690,17 +1690,29 @@ async fn python_session(script: &str, api: &str, pace: Pace) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agents_sdk_on_the_responses_api_compacts_well_through_condenser() {
     python_session("agents_sdk.py", "responses", REALISTIC).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_sdk_on_the_responses_api_at_an_instant_pace_never_waits() {
     python_session("agents_sdk.py", "responses", INSTANT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agents_sdk_on_chat_completions_compacts_well_through_condenser() {
     python_session("agents_sdk.py", "chat", REALISTIC).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_sdk_on_chat_completions_at_an_instant_pace_never_waits() {
     python_session("agents_sdk.py", "chat", INSTANT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_langgraph_react_agent_compacts_well_through_condenser() {
     python_session("langgraph_agent.py", "chat", REALISTIC).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_langgraph_react_agent_at_an_instant_pace_never_waits() {
     python_session("langgraph_agent.py", "chat", INSTANT).await;
 }

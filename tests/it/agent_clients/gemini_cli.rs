@@ -144,9 +144,8 @@ fn valid_gemini(body: &Value) {
     );
 }
 
-/// Runs Gemini CLI headless in `dir` against `base`, with `home` as its home; with `resume`,
-/// in its latest session.
-async fn gemini_cli(dir: &Path, home: &Path, base: &str, prompt: &str, resume: bool) {
+/// Runs Gemini CLI headless in `dir` against `base`, with `home` as its home.
+async fn gemini_cli(dir: &Path, home: &Path, base: &str, prompt: &str) {
     let settings = json!({
         "security": {"auth": {"selectedType": "gemini-api-key"}},
         "model": {"compressionThreshold": 1.0, "disableLoopDetection": true},
@@ -154,11 +153,7 @@ async fn gemini_cli(dir: &Path, home: &Path, base: &str, prompt: &str, resume: b
     std::fs::create_dir_all(home.join(".gemini")).unwrap();
     std::fs::write(home.join(".gemini/settings.json"), settings.to_string()).unwrap();
     let program = node_modules("gemini").join(".bin/gemini");
-    let mut command = tokio::process::Command::new(&program);
-    if resume {
-        command.args(["--resume", "latest"]);
-    }
-    let output = command
+    let output = tokio::process::Command::new(&program)
         .args(["-p", prompt, "--output-format", "json"])
         .current_dir(dir)
         .env("HOME", home)
@@ -178,7 +173,7 @@ async fn gemini_cli(dir: &Path, home: &Path, base: &str, prompt: &str, resume: b
     );
 }
 
-/// A Gemini CLI session of `ROUNDS` rounds at `pace`, then the question in the same session,
+/// A Gemini CLI session of `ROUNDS` rounds at `pace`, the question asked with the task,
 /// judged whole: every body valid with its signatures, within the hard limit, none waiting,
 /// no avoidable cache break, the opening turn pinned, and every identifier read still in the
 /// last request.
@@ -192,8 +187,9 @@ async fn gemini_cli_session(pace: Pace) {
     )
     .await;
     let (work, home, front) = (stack.work.path(), stack.home.path(), stack.front.url());
-    gemini_cli(work, home, &front, &claude_task(), false).await;
-    gemini_cli(work, home, &front, QUESTION, true).await;
+    // Resumed (`--resume latest`), 0.61.0 sends each function response of the last rounds
+    // twice, which Gemini refuses: the question goes with the task.
+    gemini_cli(work, home, &front, &task_asking()).await;
     let (exchanges, _) = stack.judged::<Gemini>(&Session {
         client: format!("Gemini CLI 0.61.0 at {pace:?}"),
         path: GEMINI_LOOP,

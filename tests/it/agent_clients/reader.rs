@@ -91,6 +91,11 @@ pub fn write_logs(dir: &Path, lines: usize) {
     }
 }
 
+/// The task with the question in it, for a client that takes one prompt a session.
+pub fn task_asking() -> String {
+    format!("{} Then answer: {QUESTION}", claude_task())
+}
+
 pub fn claude_task() -> String {
     format!(
         "Ticket {TICKET}: the nightly build fails. Read the logs one at a time, starting with \
@@ -279,9 +284,9 @@ impl Reader {
         offered: bool,
     ) -> Move {
         let (sent, continued) = items.split_at(items.len() - continuation_len(items));
-        let asked = sent
-            .last()
-            .is_some_and(|item| said_by_the_client(item) && item.to_string().contains(QUESTION));
+        let asks = |item: &Value| said_by_the_client(item) && item.to_string().contains(QUESTION);
+        // Asked last, or in the task, which the last read answers.
+        let asked = sent.last().is_some_and(asks) || (round >= rounds && sent.iter().any(asks));
         if asked {
             return self.answer(body, continued, offered);
         }
