@@ -1,22 +1,28 @@
 //! The real agents, run headless through condenser in front of a scripted upstream: Claude
 //! Code (the current one and 2.0.77, the last JavaScript one) on Anthropic's Messages API,
-//! Codex on the Responses API, and Gemini CLI on Gemini's API (`gemini_cli.rs`), installed from
-//! npm by `scripts/test.sh` into `tests/agents/`.
+//! Codex on the Responses API, Gemini CLI on Gemini's API (`gemini_cli.rs`), installed from
+//! npm by `scripts/test.sh` into `tests/agents/`, and the OpenAI Agents SDK and LangGraph
+//! (`tests/agents/python/`).
 //!
-//! The upstream drives a tool loop of more than 100 rounds: each reply asks the agent to read
-//! one of the files the test wrote in its working directory, a few hundred lines of log with
-//! identifiers planted in some, until a last reply ends the task. Its summarizer takes a second
-//! and keeps no identifier, and the model's window is small, so condenser compacts the session
+//! The upstream drives a tool loop of more than 100 rounds, as a model that reads
+//! (`reader.rs`): each log the test wrote in the agent's working directory, a hundred lines
+//! with identifiers planted in some, names the next one, which the model takes from the
+//! newest output it was sent (or recalls, when that was cut), until it ends the task; then it
+//! answers a question on three findings it read. Its summarizer takes a second or more and
+//! keeps no identifier, and the model's window is small, so condenser compacts the session
 //! several times. For every request the agent made, the test checks what reached the upstream
 //! and what condenser told the agent:
 //! - the body is valid for its API (tool calls and results in pairs, roles as the API wants);
 //! - it is within the hard limit (window less the reply's reserve), recounted on the bytes
 //!   forwarded with condenser's own counter, and that count is the one condenser reported;
 //! - the task's ticket and every planted identifier the agent has read are in it;
+//! - its newest tool output and its last `keep_recent_messages` items are the client's,
+//!   verbatim (rule 3);
 //! - it waited on the summarizer only when its prompt, as received, was over the hard limit;
 //!
-//! and over the session, that at least 0.9 of each forwarded prompt repeats the previous one's
-//! start, and that the agent exits 0. A resumed session's first request does not wait.
+//! and over the session, that no cache break was avoidable (`common/breaks.rs`), that every
+//! step had its input in the newest output, that the findings were answered right, and that
+//! the agent exits 0. A resumed session's first request does not wait.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

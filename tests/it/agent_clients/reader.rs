@@ -14,7 +14,7 @@ use std::sync::Mutex;
 
 use serde_json::{json, Value};
 
-use super::{filler, said_by_the_client, PLANTED, ROUNDS, TICKET};
+use super::{filler, said_by_the_client, texts, PLANTED, ROUNDS, TICKET};
 
 /// What each log says its next step is.
 const NEXT_STEP: &str = "next-step: ";
@@ -163,20 +163,10 @@ pub struct Reader {
     pub tally: Mutex<Tally>,
 }
 
-/// Every string in `value`, depth first.
-fn strings(value: &Value) -> Vec<&str> {
-    match value {
-        Value::String(text) => vec![text],
-        Value::Array(items) => items.iter().flat_map(strings).collect(),
-        Value::Object(map) => map.values().flat_map(strings).collect(),
-        _ => Vec::new(),
-    }
-}
-
 /// What follows `label` in `value`'s texts, to the end of its line (a recall answer gives
 /// archived items as JSON, its lines ending in an escaped newline).
 fn read_after<'a>(value: &'a Value, label: &str) -> Option<&'a str> {
-    strings(value).into_iter().find_map(|text| {
+    texts(value).into_iter().find_map(|text| {
         let at = text.find(label)? + label.len();
         let rest = &text[at..];
         let end = ['\n', '\\', '"']
@@ -190,7 +180,7 @@ fn read_after<'a>(value: &'a Value, label: &str) -> Option<&'a str> {
 
 /// The reference a cut names for what it took out (`condenser_recall ctx:… returns them`).
 fn cut_reference(value: &Value) -> Option<String> {
-    strings(value).into_iter().find_map(|text| {
+    texts(value).into_iter().find_map(|text| {
         let at = text.find("condenser_recall ctx:")? + "condenser_recall ".len();
         let reference: String = text[at..]
             .chars()
@@ -256,7 +246,7 @@ impl Reader {
         }
         // Requests that do not carry the task are the client's side requests (Claude Code
         // warms its subagents up with one, tools and all): answered, not read.
-        let on_task = strings(body).iter().any(|text| text.contains(TICKET));
+        let on_task = texts(body).iter().any(|text| text.contains(TICKET));
         if !reads || !on_task {
             return Move::Say(format!("Done with {TICKET}."));
         }
@@ -292,13 +282,15 @@ impl Reader {
         }
         let newest = sent.last().unwrap_or(&Value::Null);
         let answers_a_tool = !said_by_the_client(newest);
-        if round >= rounds || !(answers_a_tool || round == 0) {
+        // The task's first request: the client's own items alone, the model's none yet.
+        let fresh = sent.iter().all(said_by_the_client);
+        if round >= rounds || !(answers_a_tool || fresh) {
             return Move::Say(format!("Done with {TICKET}."));
         }
         let expected = log_name(round);
         // The first step's input is the task's; every later one's, the newest output's.
         let (found, recalled) = if round == 0 {
-            let name = strings(body)
+            let name = texts(body)
                 .into_iter()
                 .any(|text| text.contains(&expected))
                 .then(|| expected.clone());

@@ -90,7 +90,7 @@ fn tools_end(prompt: &[u8]) -> usize {
 }
 
 /// Every string in `value`, depth first.
-fn texts(value: &serde_json::Value) -> Vec<&str> {
+pub fn texts(value: &serde_json::Value) -> Vec<&str> {
     match value {
         serde_json::Value::String(text) => vec![text],
         serde_json::Value::Array(items) => items.iter().flat_map(texts).collect(),
