@@ -190,6 +190,14 @@ fn cut_reference(value: &Value) -> Option<String> {
     })
 }
 
+/// Whether a conversation item holds a tool's output: neither the client's own message nor
+/// the model's (a message, a call, its reasoning).
+fn is_tool_output(item: &Value) -> bool {
+    let model = matches!(item["role"].as_str(), Some("assistant" | "model"))
+        || matches!(item["type"].as_str(), Some("function_call" | "reasoning"));
+    !model && !said_by_the_client(item)
+}
+
 /// The call id or function name that says an item answers condenser's recall call: a
 /// Messages `tool_result`, a Responses `function_call_output`, a chat tool message, a Gemini
 /// `functionResponse`.
@@ -275,15 +283,16 @@ impl Reader {
     ) -> Move {
         let (sent, continued) = items.split_at(items.len() - continuation_len(items));
         let asks = |item: &Value| said_by_the_client(item) && item.to_string().contains(QUESTION);
-        // Asked last, or in the task, which the last read answers.
-        let asked = sent.last().is_some_and(asks) || (round >= rounds && sent.iter().any(asks));
+        // Asked on its own, last, or in the task (which names the ticket), after the last read.
+        let alone = |item: &Value| asks(item) && !item.to_string().contains(TICKET);
+        let asked = sent.last().is_some_and(alone) || (round >= rounds && sent.iter().any(asks));
         if asked {
             return self.answer(body, continued, offered);
         }
         let newest = sent.last().unwrap_or(&Value::Null);
         let answers_a_tool = !said_by_the_client(newest);
-        // The task's first request: the client's own items alone, the model's none yet.
-        let fresh = sent.iter().all(said_by_the_client);
+        // The task's first request: no tool output yet.
+        let fresh = !sent.iter().any(is_tool_output);
         if round >= rounds || !(answers_a_tool || fresh) {
             return Move::Say(format!("Done with {TICKET}."));
         }
