@@ -337,12 +337,6 @@ impl OnHand {
     fn longest_before(&self, end: usize) -> Option<(usize, Arc<Summary>)> {
         self.cached.iter().rev().find(|(e, _)| *e < end).cloned()
     }
-
-    /// Whether anything on hand or being made ends after `end`: the next step exists.
-    fn beyond(&self, end: usize) -> bool {
-        self.cached.last().is_some_and(|(e, _)| *e > end)
-            || self.pending.as_ref().is_some_and(|(e, _)| *e > end)
-    }
 }
 
 /// The request's prefix keys and what its summaries are made from.
@@ -629,6 +623,10 @@ type On<'a, 'r> = (&'a CompactionJob<'r>, &'a Lookup<'r>);
 impl Form {
     fn at(on: On<'_, '_>, summary: Option<Arc<Summary>>, end: usize, horizon: usize) -> Form {
         let (job, _) = on;
+        // No horizon reaches into the recent part, whatever an earlier request recorded
+        // (rule 3: a client that resends fewer items, or keeps fewer recent ones, gets them
+        // whole).
+        let horizon = horizon.min(job.split.recent_start.max(end));
         let (tokens, messages) = estimate(on, summary.as_deref(), end, horizon);
         Form {
             end,
@@ -659,13 +657,33 @@ impl Form {
     fn stepped(self, on: On<'_, '_>) -> Form {
         let (job, _) = on;
         let (tokens, _) = estimate(on, self.summary.as_deref(), self.end, self.horizon);
-        let horizon = advance_horizon(job.items, self.horizon, tokens, job.limits.target);
+        let horizon = advance_horizon(
+            job.items,
+            self.horizon,
+            tokens,
+            job.limits.target,
+            job.split.recent_start,
+        );
         Form::at(on, self.summary, self.end, horizon)
     }
 
     fn cuts(&self, job: &CompactionJob<'_>) -> Vec<Shorten> {
-        cuts_before(job.items, self.end, self.horizon)
+        form_cuts(job, self.end, self.horizon)
     }
+}
+
+/// The outputs a form keeping the items from `end` on cuts: those of the middle before
+/// `horizon`, and the recent ones the plan shortens only when the recent part alone cannot
+/// fit the hard limit.
+fn form_cuts(job: &CompactionJob<'_>, end: usize, horizon: usize) -> Vec<Shorten> {
+    let mut cuts = cuts_before(job.items, end, horizon);
+    cuts.extend(
+        job.split
+            .recent_cuts()
+            .filter(|cut| cut.index >= end)
+            .copied(),
+    );
+    cuts
 }
 
 /// Estimated prompt, and message count, of a request forwarded with `summary` (ending before
@@ -677,7 +695,7 @@ fn estimate(
     end: usize,
     horizon: usize,
 ) -> (u64, usize) {
-    let cuts = saving(&cuts_before(job.items, end, horizon));
+    let cuts = saving(&form_cuts(job, end, horizon));
     let items = job.count.per_message.len();
     let Some(summary) = summary else {
         let tool = if job.recall && cuts > 0 {
@@ -833,8 +851,19 @@ fn without_waiting(
             ));
         }
     };
+    // Past the precompute line, counted on what is forwarded, the next step is made unless
+    // one on hand or in the making would take over: a summary that ends later but would
+    // itself leave the prompt past the line covers too little, and is extended.
     let make_ahead_from = |form: &Form| {
-        if form.tier == Tier::Precompute && !on_hand.beyond(form.end) {
+        let ready = on_hand
+            .pending
+            .as_ref()
+            .is_some_and(|(end, _)| *end > form.end)
+            || on_hand.cached.iter().any(|(end, summary)| {
+                *end > form.end
+                    && Form::fresh(on, Some(summary.clone()), *end).tier < Tier::Precompute
+            });
+        if form.tier == Tier::Precompute && !ready {
             make(split.ahead);
         }
     };

@@ -166,7 +166,13 @@ pub struct Split {
     /// Where a summary of the items after the head may end, in order: every unit start up to
     /// `ahead`, and `tail_start`, so that no summary splits a unit.
     pub summary_ends: Vec<usize>,
+    /// The tool outputs cut: those of the middle (after `tail_start`, before `recent_start`)
+    /// toward the target; and, only when the recent part alone cannot fit the hard limit,
+    /// recent ones, shortened just enough, the newest last (`recent_cuts`).
     pub shorten: Vec<Shorten>,
+    /// Where the recent part starts: the last `keep_recent_messages` items in whole units,
+    /// and the newest round, which every forwarded request carries verbatim (rule 3).
+    pub recent_start: usize,
     /// Estimated forwarded prompt with a summary of at most `summary_tokens`.
     pub estimated_tokens: u64,
 }
@@ -174,6 +180,30 @@ pub struct Split {
 impl Split {
     pub fn summarized(&self) -> usize {
         self.tail_start - self.head
+    }
+
+    /// The recent outputs this plan shortens: none unless the recent part alone cannot fit
+    /// the hard limit.
+    pub fn recent_cuts(&self) -> impl Iterator<Item = &Shorten> + '_ {
+        self.shorten
+            .iter()
+            .filter(move |cut| cut.index >= self.recent_start)
+    }
+
+    /// How many of the recent part's items a request with `cuts`, keeping the items from
+    /// `kept_from` on, does not carry verbatim: shortened, or left to the summary when not
+    /// even the recent part with its outputs shortened fits. 0 but for a recent part that
+    /// alone cannot fit the hard limit (rule 3); the reply says so.
+    pub fn recent_altered(&self, kept_from: usize, cuts: &[Shorten]) -> usize {
+        let dropped = kept_from.saturating_sub(self.recent_start);
+        let pinned = self.pinned_before(kept_from).map_or(0, |task| {
+            task.end.saturating_sub(task.start.max(self.recent_start))
+        });
+        let shortened = cuts
+            .iter()
+            .filter(|cut| cut.index >= self.recent_start.max(kept_from))
+            .count();
+        dropped.saturating_sub(pinned) + shortened
     }
 
     /// The task's items a rewrite keeping the items from `kept_from` on would drop: they are
@@ -334,6 +364,15 @@ impl Limits {
         }
     }
 
+    /// The most tokens a forwarded prompt may count: the window less the reserve, and the
+    /// operator's `max_prompt_tokens` when set.
+    pub fn hard(&self, settings: &ContextConfig) -> u64 {
+        match settings.max_prompt_tokens {
+            0 => self.usable,
+            cap => self.usable.min(cap),
+        }
+    }
+
     /// Whether a prompt of `tokens` in `items` items is past a precompute line, of tokens or
     /// of messages: from there the next compaction is made ahead.
     pub fn past_precompute(&self, tokens: u64, items: usize) -> bool {
@@ -457,6 +496,8 @@ struct Splitter<'a> {
     summary: u64,
     task: Option<Range<usize>>,
     task_tokens: u64,
+    /// Where the recent part starts (`recent_start`).
+    recent: usize,
 }
 
 impl<'a> Splitter<'a> {
@@ -473,6 +514,7 @@ impl<'a> Splitter<'a> {
             summary: u64::from(input.summary_tokens),
             task_tokens: task.clone().map_or(0, |task| sum(&messages[task])),
             task,
+            recent: recent_start(messages, units, input.settings.keep_recent_messages),
         }
     }
 
@@ -495,18 +537,20 @@ impl<'a> Splitter<'a> {
         })
     }
 
-    /// Where the kept tail starts: units walked from the newest, first the ones
-    /// `keep_recent_messages` demands, then as many whole units as fit `budget` (none more
-    /// when forced: force means compact now).
+    /// Where the kept tail starts: the recent part, then, walking back from it, as many
+    /// whole units as fit `budget` (none more when forced: force means compact now).
     fn kept_within(&self, budget: u64) -> usize {
-        let n = self.input.messages.len();
-        let keep = self.input.settings.keep_recent_messages;
         let grow = self.input.mode != Mode::Force;
-        let mut tail_start = n;
-        let mut tail_tokens = 0u64;
-        for &start in self.units.iter().rev() {
+        let n = self.input.messages.len();
+        let mut tail_start = self.recent;
+        let mut tail_tokens = self.span(self.recent, n);
+        for &start in self
+            .units
+            .iter()
+            .rev()
+            .filter(|&&start| start < self.recent)
+        {
             let unit_tokens = self.span(start, tail_start);
-            let required = n - tail_start < keep || tail_start == n;
             let fits_tokens =
                 self.fixed + self.task_tokens + self.summary + tail_tokens + unit_tokens <= budget;
             let pinned = self
@@ -515,7 +559,7 @@ impl<'a> Splitter<'a> {
                 .map_or(0, |task| task.end.min(start).saturating_sub(task.start));
             let fits_count = self.limits.message_target == 0
                 || self.head + pinned + 1 + (n - start) <= self.limits.message_target;
-            if !(required || grow && fits_tokens && fits_count) {
+            if !(grow && fits_tokens && fits_count) {
                 break;
             }
             tail_start = start;
@@ -560,23 +604,89 @@ impl<'a> Splitter<'a> {
                 .into_iter()
                 .collect(),
             shorten: Vec::new(),
+            recent_start: self.recent,
             estimated_tokens: self.fixed
                 + self.pinned_tokens(start)
                 + summary_if_any
                 + sum(&self.input.messages[start..]),
         };
+        // The middle (after the summary, before the recent part) is cut toward the target;
+        // the recent part stays whole unless it alone cannot fit the hard limit.
+        let recent = self.recent.max(start);
         if split.estimated_tokens > self.limits.target {
             let horizon = advance_horizon(
                 self.input.messages,
                 start,
                 split.estimated_tokens,
                 self.limits.target,
+                recent,
             );
             split.shorten = cuts_before(self.input.messages, start, horizon);
             split.estimated_tokens -= saving(&split.shorten);
         }
+        // With no summary, the room for recall's tool and line is not in the estimate; a
+        // recent output shortened just to the hard limit must leave it.
+        let recall_room = if start == head {
+            u64::from(RECALL_RESERVE_TOKENS)
+        } else {
+            0
+        };
+        let hard = self.limits.hard(self.input.settings);
+        if split.estimated_tokens + recall_room > hard {
+            let over = split.estimated_tokens + recall_room - hard;
+            let shortened = shorten_recent(self.input.messages, recent, over);
+            split.estimated_tokens -= saving(&shortened);
+            split.shorten.extend(shortened);
+        }
         split
     }
+}
+
+/// Where the recent part of `items` starts, which every forwarded request carries verbatim
+/// (rule 3): units walked from the newest until they hold the last `keep` items, the newest
+/// unit always; and the newest round whole, so when the newest unit is the client's own
+/// message after a tool round (a prompt typed while the agent worked), that round too.
+pub fn recent_start(items: &[Item], units: &[usize], keep: usize) -> usize {
+    let n = items.len();
+    let mut start = n;
+    for (at, &unit) in units.iter().enumerate().rev() {
+        let newest_round = at + 2 == units.len()
+            && !holds_output(&items[start..])
+            && holds_output(&items[unit..start]);
+        if !(start == n || n - start < keep || newest_round) {
+            break;
+        }
+        start = unit;
+    }
+    start.min(n)
+}
+
+fn holds_output(items: &[Item]) -> bool {
+    items.iter().any(|item| item.kind == Kind::ToolResult)
+}
+
+/// The recent outputs shortened, oldest first and the newest last, each by no more than it
+/// must, until `over` tokens are gone (or every recent output is down to the cut size): for
+/// a recent part that alone cannot fit the hard limit.
+pub fn shorten_recent(items: &[Item], recent: usize, over: u64) -> Vec<Shorten> {
+    let mut left = over;
+    let mut cuts = Vec::new();
+    for (index, item) in items.iter().enumerate().skip(recent) {
+        if left == 0 {
+            break;
+        }
+        if item.kind != Kind::ToolResult || item.tokens <= SHORTENED_OUTPUT_TOKENS {
+            continue;
+        }
+        let cut = u64::from(item.tokens - SHORTENED_OUTPUT_TOKENS).min(left);
+        left -= cut;
+        cuts.push(Shorten {
+            index,
+            tokens: item.tokens,
+            keep_tokens: item.tokens - cut as u32,
+        });
+    }
+    cuts
 }
 
 /// The tool outputs cut in a kept part that starts at `kept_from`, with the cut horizon at
@@ -606,14 +716,21 @@ pub fn saving(cuts: &[Shorten]) -> u64 {
 
 /// Where the cut horizon moves from `horizon`, oldest output first, for a prompt estimated
 /// at `estimate` (with the cuts before `horizon`) to come down to `budget`: just past the
-/// output whose cut gets it there, or past every output when nothing does. Oldest first:
-/// what changes is then as far back as it can be, and the newest outputs, which the model
-/// reads now, are cut last. A horizon only moves forward, in one step to the budget, so a
-/// session's cuts change only at such a step.
-pub fn advance_horizon(items: &[Item], horizon: usize, estimate: u64, budget: u64) -> usize {
+/// output whose cut gets it there, or to `floor` (where the recent part starts, which is
+/// never cut) when nothing before it does. Oldest first: what changes is then as far back
+/// as it can be. A horizon only moves forward, in one step to the budget, so a session's
+/// cuts change only at such a step.
+pub fn advance_horizon(
+    items: &[Item],
+    horizon: usize,
+    estimate: u64,
+    budget: u64,
+    floor: usize,
+) -> usize {
     let mut estimate = estimate;
     let mut horizon = horizon;
-    for (index, item) in items.iter().enumerate().skip(horizon) {
+    let floor = floor.min(items.len());
+    for (index, item) in items.iter().enumerate().take(floor).skip(horizon) {
         if estimate <= budget {
             break;
         }
@@ -816,7 +933,7 @@ mod tests {
     }
 
     #[test]
-    fn oversized_tool_output_in_the_tail_is_shortened() {
+    fn the_newest_output_stays_whole_while_the_recent_part_fits() {
         let s = settings();
         let mut m = chat(20, 100);
         m.push(msg(Role::User, 50));
@@ -825,12 +942,113 @@ mod tests {
         let Decision::Compact { split, .. } = plan(&input(&m, &s)) else {
             panic!("expected compaction");
         };
-        assert_eq!(split.shorten.len(), 1);
-        assert_eq!(split.shorten[0].index, m.len() - 1);
-        assert_eq!(split.shorten[0].keep_tokens, SHORTENED_OUTPUT_TOKENS);
-        assert!(split.estimated_tokens <= 5_000, "{split:?}");
-        // The call and its output stay together.
-        assert!(split.tail_start <= m.len() - 2);
+        assert!(split.shorten.is_empty(), "{split:?}");
+        assert_eq!(split.recent_start, m.len() - 2, "the call and its output");
+        assert!(split.tail_start <= split.recent_start);
+        // Over the target, which the recent part alone passes, but within the hard limit.
+        assert!(split.estimated_tokens > 5_000, "{split:?}");
+        assert!(split.estimated_tokens <= 10_000, "{split:?}");
+    }
+
+    #[test]
+    fn a_recent_part_over_the_hard_limit_is_shortened_just_enough_the_newest_last() {
+        let s = ContextConfig {
+            keep_recent_messages: 4,
+            ..settings()
+        };
+        let mut m = agent(10, 100);
+        m.push(call(50));
+        m.push(msg(Role::Tool, 6_000));
+        m.push(call(50));
+        m.push(msg(Role::Tool, 6_000));
+        let Decision::Compact { split, .. } = plan(&input(&m, &s)) else {
+            panic!("expected compaction");
+        };
+        let n = m.len();
+        assert_eq!(split.recent_start, n - 4);
+        assert!(split.estimated_tokens <= 10_000, "{split:?}");
+        // The older recent output gives what is needed, and the newest stays whole.
+        let recent: Vec<&Shorten> = split.recent_cuts().collect();
+        assert_eq!(recent.len(), 1, "{split:?}");
+        assert_eq!(recent[0].index, n - 3);
+        assert_eq!(split.estimated_tokens, 10_000, "no more than it must");
+        assert_eq!(split.recent_altered(split.tail_start, &split.shorten), 1);
+        // When the older one's all is not enough, the newest gives the rest.
+        m[n - 1].tokens = 9_000;
+        let Decision::Compact { split, .. } = plan(&input(&m, &s)) else {
+            panic!("expected compaction");
+        };
+        let recent: Vec<&Shorten> = split.recent_cuts().collect();
+        assert_eq!(recent.len(), 2, "{split:?}");
+        assert_eq!(recent[0].keep_tokens, SHORTENED_OUTPUT_TOKENS);
+        assert_eq!((recent[1].index, recent[1].keep_tokens), (n - 1, 9_000 - 9));
+        assert_eq!(split.estimated_tokens, 10_000, "{split:?}");
+        assert_eq!(split.recent_altered(split.tail_start, &split.shorten), 2);
+        // A single recent output that fits is left whole.
+        let mut m = agent(10, 100);
+        m.push(call(50));
+        m.push(msg(Role::Tool, 7_000));
+        let Decision::Compact { split, .. } = plan(&input(&m, &s)) else {
+            panic!("expected compaction");
+        };
+        assert_eq!(split.recent_cuts().count(), 0, "{split:?}");
+        assert_eq!(split.recent_altered(split.tail_start, &split.shorten), 0);
+    }
+
+    #[test]
+    fn the_recent_part_holds_keep_recent_items_in_whole_rounds_and_the_newest_round() {
+        let m = agent(5, 100); // system, task, then (call, output) × 5
+        let units = units(&m).unwrap_or_default();
+        assert_eq!(recent_start(&m, &units, 0), m.len() - 2, "the newest unit");
+        assert_eq!(recent_start(&m, &units, 3), m.len() - 4, "whole rounds");
+        assert_eq!(recent_start(&m, &units, 4), m.len() - 4);
+        // A prompt typed after a tool round: the round stays with it.
+        let mut m = agent(5, 100);
+        m.push(msg(Role::User, 20));
+        let units = conversation_units(&m);
+        assert_eq!(recent_start(&m, &units, 1), m.len() - 3);
+        // Parallel calls answered together are one round.
+        let mut m = agent(2, 100);
+        m.extend([call(10), call(10), msg(Role::Tool, 5), msg(Role::Tool, 5)]);
+        let units = conversation_units(&m);
+        assert_eq!(recent_start(&m, &units, 2), m.len() - 4);
+    }
+
+    fn conversation_units(m: &[Item]) -> Vec<usize> {
+        units(m).unwrap_or_default()
+    }
+
+    #[test]
+    fn cuts_reach_the_middle_only() {
+        let s = ContextConfig {
+            keep_recent_messages: 6,
+            ..settings()
+        };
+        // A large head (a third of what is usable), then rounds of 1,700-token outputs: the
+        // middle is cut toward the target, the last three rounds never.
+        let mut m = vec![msg(Role::System, 3_300), msg(Role::User, 50)];
+        for _ in 0..3 {
+            m.push(call(30));
+            m.push(msg(Role::Tool, 1_700));
+        }
+        let floor = m.len() - 6;
+        let items = m.clone();
+        let horizon = advance_horizon(&items, 2, 9_000, 0, floor);
+        assert_eq!(horizon, floor, "no further than the recent part");
+        assert!(cuts_before(&items, 2, horizon)
+            .iter()
+            .all(|c| c.index < floor));
+        m.push(call(30));
+        m.push(msg(Role::Tool, 1_700));
+        let Decision::Compact { split, .. } = plan(&input(&m, &s)) else {
+            panic!("expected compaction");
+        };
+        assert_eq!(split.recent_start, m.len() - 6);
+        assert!(
+            split.shorten.iter().all(|c| c.index < split.recent_start),
+            "{split:?}"
+        );
+        assert!(split.estimated_tokens <= 10_000, "{split:?}");
     }
 
     #[test]
@@ -998,16 +1216,33 @@ mod tests {
     #[test]
     fn a_summary_that_saves_nothing_is_not_planned() {
         let s = settings();
-        // Over the target by less than a summary costs: tool outputs are cut instead.
+        // Over the target by less than a summary costs: the middle's outputs are cut instead.
         let mut m = agent(3, 100);
         m.push(call(30));
-        m.push(msg(Role::Tool, 7_900));
-        let Decision::Compact { split, .. } = plan(&input(&m, &s)) else {
+        m.push(msg(Role::Tool, 3_900));
+        m.push(call(30));
+        m.push(msg(Role::Tool, 3_900));
+        let mut large_summary = input(&m, &s);
+        large_summary.summary_tokens = 5_000;
+        let Decision::Compact { split, .. } = plan(&large_summary) else {
             panic!("expected compaction");
         };
         assert_eq!(split.tail_start, split.head, "{split:?}");
-        assert_eq!(split.shorten.len(), 1);
+        assert_eq!(split.shorten.len(), 1, "{split:?}");
+        assert_eq!(
+            split.shorten[0].index,
+            m.len() - 3,
+            "the middle's, not the newest"
+        );
         assert!(split.estimated_tokens <= 5_000, "{split:?}");
+        // When the only large output is the newest, nothing may be cut: it goes as sent.
+        let mut m = agent(3, 100);
+        m.push(call(30));
+        m.push(msg(Role::Tool, 7_900));
+        assert_eq!(
+            plan(&input(&m, &s)),
+            Decision::Forward(ForwardReason::NothingToSummarize)
+        );
     }
 
     #[test]
@@ -1076,7 +1311,10 @@ mod tests {
                     for s in &split.shorten {
                         prop_assert!(s.index >= split.tail_start);
                         prop_assert!(m[s.index].role == Role::Tool);
-                        prop_assert_eq!(s.keep_tokens, SHORTENED_OUTPUT_TOKENS);
+                        prop_assert!(s.keep_tokens >= SHORTENED_OUTPUT_TOKENS);
+                        if s.index < split.recent_start {
+                            prop_assert_eq!(s.keep_tokens, SHORTENED_OUTPUT_TOKENS);
+                        }
                     }
                 }
                 Decision::Reject { tokens, limit, shortfall } => {
@@ -1084,6 +1322,115 @@ mod tests {
                     prop_assert!(shortfall.needed() > limit);
                     prop_assert_eq!(limit, limits.usable);
                     prop_assert!(tokens > limit);
+                }
+                Decision::Forward(_) => {}
+            }
+        }
+    }
+
+    /// An agent's session: a head (system prompt and tools) of `head` tokens, the task, then
+    /// tool rounds (a call, one or two outputs), now and then a prompt of the user's.
+    fn arb_agent_session(window: u64) -> impl Strategy<Value = (Vec<Item>, u32)> {
+        let round = prop_oneof![
+            8 => (10u32..200, proptest::collection::vec(10u32..5_000, 1..3)).prop_map(|(c, outs)| {
+                let mut u = vec![call(c)];
+                u.extend(outs.into_iter().map(|t| msg(Role::Tool, t)));
+                u
+            }),
+            1 => (1u32..400).prop_map(|t| vec![msg(Role::User, t)]),
+        ];
+        let head = (window / 100) as u32..(window * 45 / 100) as u32;
+        (head, proptest::collection::vec(round, 1..150)).prop_map(|(head, rounds)| {
+            let mut m = vec![msg(Role::System, head), msg(Role::User, 60)];
+            m.extend(rounds.into_iter().flatten());
+            (m, head)
+        })
+    }
+
+    /// Where the recent part starts, worked out apart from the planner: the last `keep`
+    /// items, back to the call their first output answers, the newest unit at least, and the
+    /// newest round when the client's own message follows it.
+    fn expected_recent(m: &[Item], keep: usize) -> usize {
+        let n = m.len();
+        let mut start = n.saturating_sub(keep.max(1)).max(head_len(m));
+        while start > 0
+            && (m[start].kind == Kind::ToolResult || m[start - 1].kind == Kind::ToolCall)
+        {
+            start -= 1;
+        }
+        if start == n - 1
+            && m[start].kind == Kind::Message
+            && start > 0
+            && m[start - 1].kind == Kind::ToolResult
+        {
+            start -= 1;
+            while m[start].kind != Kind::ToolCall {
+                start -= 1;
+            }
+        }
+        start
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        /// Rule 3 over random agent sessions: every plan keeps the recent part verbatim, or
+        /// shortens a recent output only when the recent part alone is over the hard limit,
+        /// and then says so; cuts otherwise touch only the middle.
+        #[test]
+        fn every_plan_keeps_the_recent_part_verbatim(
+            (window, (m, _head)) in (4_000u64..200_000).prop_flat_map(|w| (Just(w), arb_agent_session(w))),
+            keep in 0usize..10,
+            reserve in 0u64..40_000,
+            force in any::<bool>(),
+        ) {
+            let s = ContextConfig { keep_recent_messages: keep, ..ContextConfig::default() };
+            let mut i = input(&m, &s);
+            i.context_window = window;
+            i.requested_completion_tokens = Some(reserve);
+            let limits = Limits::new(&i);
+            i.summary_tokens = summary_room(&limits, 1024, true).reserved();
+            if force { i.mode = Mode::Force; }
+            let recent = expected_recent(&m, keep);
+            match plan(&i) {
+                Decision::Compact { split, .. } | Decision::Precompute(split) => {
+                    prop_assert_eq!(split.recent_start, recent);
+                    prop_assert!(split.estimated_tokens <= limits.usable, "{:?}", split);
+                    // What the recent part alone needs: the head, the task, the summary's
+                    // room, and the recent items whole.
+                    let alone = u64::from(i.fixed_tokens)
+                        + sum(&m[..2])
+                        + u64::from(i.summary_tokens)
+                        + sum(&m[recent..]);
+                    let altered = split.recent_altered(split.tail_start, &split.shorten);
+                    let recent_cut = split.recent_cuts().count();
+                    if alone <= limits.usable {
+                        prop_assert_eq!(altered, 0, "{:?}", split);
+                        prop_assert_eq!(recent_cut, 0);
+                        prop_assert!(split.tail_start <= recent);
+                    } else {
+                        prop_assert!(altered > 0 || split.estimated_tokens + u64::from(i.summary_tokens) >= alone, "{:?}", split);
+                    }
+                    prop_assert_eq!(altered > 0, recent_cut > 0 || split.tail_start > recent);
+                    for cut in &split.shorten {
+                        prop_assert!(cut.index >= split.tail_start);
+                        if cut.index < recent {
+                            prop_assert_eq!(cut.keep_tokens, SHORTENED_OUTPUT_TOKENS);
+                        }
+                    }
+                    // The newest output goes last: a recent output is shortened only when
+                    // every older recent one is down to the cut size.
+                    let cut_at: Vec<usize> = split.recent_cuts().map(|c| c.index).collect();
+                    if let Some(&last) = cut_at.last() {
+                        for (index, item) in m.iter().enumerate().take(last).skip(recent.max(split.tail_start)) {
+                            if item.kind == Kind::ToolResult && item.tokens > SHORTENED_OUTPUT_TOKENS {
+                                let cut = split.shorten.iter().find(|c| c.index == index);
+                                prop_assert_eq!(cut.map(|c| c.keep_tokens), Some(SHORTENED_OUTPUT_TOKENS));
+                            }
+                        }
+                    }
+                }
+                Decision::Reject { shortfall, .. } => {
+                    prop_assert!(shortfall.needed() > limits.usable);
                 }
                 Decision::Forward(_) => {}
             }

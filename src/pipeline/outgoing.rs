@@ -19,6 +19,9 @@ pub struct Outcome {
     pub cache: CacheOutcome,
     pub summarized: usize,
     pub summarizer_wait: Duration,
+    /// How many of the recent part's items went otherwise than verbatim: 0 unless the recent
+    /// part alone could not fit the hard limit (`Split::recent_altered`).
+    pub recent_altered: usize,
     /// What the request offered recall over, when it did.
     pub recall: Option<Recallable>,
 }
@@ -29,6 +32,7 @@ impl Outcome {
         cache: CacheOutcome::None,
         summarized: 0,
         summarizer_wait: Duration::ZERO,
+        recent_altered: 0,
         recall: None,
     };
 }

@@ -237,6 +237,7 @@ async fn compacted<D: Dialect>(
         cache: rewrite.cache,
         summarized: rewrite.summarized,
         summarizer_wait: rewrite.waited,
+        recent_altered: split.recent_altered(rewrite.kept_from, &rewrite.cuts),
         recall,
     };
     Ok((outcome, rewritten))

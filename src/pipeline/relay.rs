@@ -27,6 +27,9 @@ const FORWARDED_TOKENS_HEADER: HeaderName = HeaderName::from_static("x-condenser
 const SUMMARIZED_HEADER: HeaderName = HeaderName::from_static("x-condenser-summarized-messages");
 const CACHE_HEADER: HeaderName = HeaderName::from_static("x-condenser-cache");
 const RETRY_HEADER: HeaderName = HeaderName::from_static("x-condenser-retry");
+/// Set only when the recent part alone could not fit the hard limit: how many of its items
+/// the forwarded request does not carry verbatim (rule 3).
+const RECENT_SHORTENED_HEADER: HeaderName = HeaderName::from_static("x-condenser-recent-shortened");
 
 /// When the request came and how long condenser's own work on it took.
 pub(super) struct Timing {
@@ -75,6 +78,12 @@ pub(super) fn decorate(worker: &Worker, sent: &mut Sent) -> ModelLabel {
         (CACHE_HEADER, HeaderValue::from_static(outcome.cache.name())),
     ] {
         headers.insert(name, value);
+    }
+    if outcome.recent_altered > 0 {
+        headers.insert(
+            RECENT_SHORTENED_HEADER,
+            decimal_value(outcome.recent_altered as u64),
+        );
     }
     if sent.retried {
         headers.insert(
@@ -241,6 +250,7 @@ impl UsageObserver for Observer {
             action = self.outcome.action.name(),
             cache = self.outcome.cache.name(),
             summarized_messages = self.outcome.summarized,
+            recent_shortened = self.outcome.recent_altered,
             recalls = self.recalls(),
             upstream_ms = self.upstream_time.as_secs_f64() * 1e3,
             summarizer_ms = self.outcome.summarizer_wait.as_secs_f64() * 1e3,

@@ -282,8 +282,10 @@ async fn condenser_plan_tells_the_trimmed_prompt_the_proxy_forwards() {
     std::fs::write(&config_path, config.to_toml()).unwrap();
     let proxy = Proxy::start(config).await;
     let mut messages = agent_session(60);
+    // The last three outputs, the recent part, cannot fit the hard limit even alone: they
+    // are shortened, the newest last.
     for message in messages.iter_mut().rev().step_by(2).take(3) {
-        message["content"] = Value::String(filler(7, 2_500));
+        message["content"] = Value::String(filler(7, 5_500));
     }
     let body = serde_json::to_vec(&chat_body(&messages)).unwrap();
     let config_arg = config_path.to_str().unwrap();
@@ -309,6 +311,7 @@ async fn condenser_plan_tells_the_trimmed_prompt_the_proxy_forwards() {
         .unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "trimmed");
+    assert!(!header(&response, "x-condenser-recent-shortened").is_empty());
     let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
         .parse()
         .unwrap();
@@ -403,4 +406,72 @@ async fn a_claude_code_shaped_tool_loop_keeps_its_task_and_its_prefix() {
     let reuse = prefix_reuse(&prompts);
     println!("Claude Code shaped loop, 100 rounds: prefix reuse {reuse:.3}");
     assert!(reuse >= 0.9, "prefix reuse {reuse:.3}");
+}
+
+/// An agent whose own head (system prompt and tools) is a third of what is usable, reading
+/// outputs of about 1,700 tokens for 110 rounds at once while the summarizer takes 4 s:
+/// every request carries the client's last six messages verbatim, the newest output whole,
+/// within the hard limit, and none waits.
+#[tokio::test]
+async fn an_agent_with_a_large_head_sees_its_recent_work_whole_in_every_request() {
+    let upstream = mock_llm(LlmBehaviour {
+        summarizer_latency: Duration::from_secs(4),
+        lossy_summarizer: true,
+        ..LlmBehaviour::default()
+    })
+    .await;
+    let window = 30_500;
+    let mut config = with_window(&upstream, window);
+    config.context.keep_recent_messages = 6;
+    let proxy = Proxy::start(config).await;
+    let hard_limit = window - 500;
+    let system = filler(1, 7_400);
+    let mut messages = vec![
+        serde_json::json!({"role": "system", "content": system}),
+        serde_json::json!({"role": "user", "content": "Fix ticket KX-7731-QZ: the nightly build fails."}),
+    ];
+    let mut summarized = 0;
+    for r in 0..110 {
+        let id = format!("call_{r}");
+        messages.push(serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": id, "type": "function", "function": {"name": "shell", "arguments": format!("{{\"cmd\":\"cat log-{r}.txt\"}}")}}]}));
+        messages.push(serde_json::json!({"role": "tool", "tool_call_id": id,
+            "content": format!("log-{r}: {}\nnext-step: token-{r}", filler(r + 3000, 1_280))}));
+        let response = client()
+            .post(proxy.url("/v1/chat/completions"))
+            .json(&chat_body(&messages))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
+            .parse()
+            .unwrap();
+        assert!(forwarded <= hard_limit, "round {r}: {forwarded}");
+        let cache = header(&response, "x-condenser-cache");
+        assert!(
+            !matches!(cache.as_str(), "miss" | "extended"),
+            "round {r} waited"
+        );
+        assert_eq!(header(&response, "x-condenser-recent-shortened"), "");
+        summarized += usize::from(header(&response, "x-condenser-action") == "summarized");
+        let sent = upstream
+            .recorded()
+            .into_iter()
+            .rfind(|r| !is_summarizer_call(r))
+            .unwrap()
+            .json();
+        let sent = sent["messages"].as_array().unwrap();
+        let recent = 6.min(messages.len() - 2);
+        assert_eq!(
+            sent[sent.len() - recent..],
+            messages[messages.len() - recent..],
+            "round {r}: the last six messages verbatim"
+        );
+        assert!(sent[sent.len() - 1]["content"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("next-step: token-{r}")));
+    }
+    assert!(summarized >= 60, "{summarized} summarized requests");
 }

@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// Every module file under `src/`, by its path (`compaction::plan`), with its source up to
-/// its unit tests (which may import anything).
+/// Every module file under `src/`, by its path (`compaction::plan`), with its source less its
+/// unit test modules (which may import anything): every production line is read.
 fn modules() -> BTreeMap<String, String> {
     fn walk(dir: &Path, root: &Path, out: &mut BTreeMap<String, String>) {
         for entry in std::fs::read_dir(dir).unwrap() {
@@ -24,8 +24,7 @@ fn modules() -> BTreeMap<String, String> {
                     continue;
                 }
                 let source = std::fs::read_to_string(&path).unwrap();
-                let code = source.split("#[cfg(test)]").next().unwrap().to_string();
-                out.insert(name, code);
+                out.insert(name, without_test_modules(&source));
             }
         }
     }
@@ -33,6 +32,89 @@ fn modules() -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     walk(&root, &root, &mut out);
     out
+}
+
+/// `source` less each `#[cfg(test)] mod NAME { … }` block, its braces matched past strings,
+/// characters and comments. Any other item marked `#[cfg(test)]` is kept, and read.
+fn without_test_modules(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        let after = &rest[at + "#[cfg(test)]".len()..];
+        let item = after.trim_start();
+        let is_module = item
+            .strip_prefix("mod ")
+            .map(str::trim_start)
+            .map(|name| name.trim_start_matches(|c: char| c.is_alphanumeric() || c == '_'))
+            .is_some_and(|tail| tail.trim_start().starts_with('{'));
+        out.push_str(&rest[..at]);
+        if !is_module {
+            out.push_str("#[cfg(test)]");
+            rest = after;
+            continue;
+        }
+        let open = after.find('{').unwrap();
+        let end = block_end(&after[open..]);
+        rest = &after[open + end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The length of the brace block `code` opens with, up to and with its closing brace.
+fn block_end(code: &str) -> usize {
+    let bytes = code.as_bytes();
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            b'/' if bytes.get(i + 1) == Some(&b'/') => {
+                i += code[i..].find('\n').unwrap_or(code.len() - i);
+            }
+            b'/' if bytes.get(i + 1) == Some(&b'*') => {
+                i += code[i..].find("*/").map_or(code.len() - i, |end| end + 1);
+            }
+            b'r' if matches!(bytes.get(i + 1), Some(b'"' | b'#'))
+                && !bytes[i.saturating_sub(1)].is_ascii_alphanumeric() =>
+            {
+                let hashes = code[i + 1..].chars().take_while(|&c| c == '#').count();
+                let close = format!("\"{}", "#".repeat(hashes));
+                let from = i + 2 + hashes;
+                i = from + code[from..].find(&close).unwrap_or(code.len() - from) + close.len() - 1;
+            }
+            b'"' => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            // A character literal ('{', '\''), not a lifetime ('a).
+            b'\'' if bytes.get(i + 1) == Some(&b'\\') => {
+                i += 2 + code[i + 2..].find('\'').unwrap_or(0);
+            }
+            b'\'' if bytes.get(i + 2) == Some(&b'\'') => i += 2,
+            _ => {}
+        }
+        i += 1;
+    }
+    code.len()
+}
+
+#[test]
+fn test_modules_are_skipped_and_everything_else_is_read() {
+    let source = "use a::b;\n#[cfg(test)]\nmod tests {\n    let s = \"}\"; let c = '{'; // }\n    fn f<'a>() { r#\"}\"# }\n}\n#[cfg(test)]\npub fn helper() {}\nuse crate::c;\n";
+    let read = without_test_modules(source);
+    assert_eq!(
+        read,
+        "use a::b;\n\n#[cfg(test)]\npub fn helper() {}\nuse crate::c;\n"
+    );
 }
 
 /// The module files each module names. A path starts at `crate::`, at `self::` or `super::`

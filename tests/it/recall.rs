@@ -828,8 +828,9 @@ async fn a_cut_tool_output_names_its_reference_and_recall_gives_it_back_whole() 
             let upstream = scripted_model(api, Script::ClearedRef).await;
             let mut config = recall_config(&upstream.url());
             // Room for the whole log in one answer, and in the window beside the request: an
-            // operator's cap of 6,000 in a 16k window trims the request, and leaves the room
-            // (a continuation never goes past the window).
+            // operator's cap of 3,000 in a 16k window, which the newest output alone passes,
+            // shortens it just enough, and leaves the room (a continuation never goes past
+            // the window).
             config.recall.max_tokens = 16_000;
             for model in ["gpt-4o", "claude-sonnet-4-5"] {
                 config.models.insert(
@@ -840,7 +841,7 @@ async fn a_cut_tool_output_names_its_reference_and_recall_gives_it_back_whole() 
                     },
                 );
             }
-            config.context.max_prompt_tokens = 6_000;
+            config.context.max_prompt_tokens = 3_000;
             let proxy = Proxy::start(config).await;
             let response = client()
                 .post(proxy.url(api.path()))

@@ -181,6 +181,7 @@ fn no_split() -> Split {
         ahead: 0,
         summary_ends: Vec::new(),
         shorten: Vec::new(),
+        recent_start: 0,
         estimated_tokens: 0,
     }
 }

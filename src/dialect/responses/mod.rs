@@ -517,6 +517,7 @@ mod tests {
             ahead: 2,
             summary_ends: vec![2],
             shorten: Vec::new(),
+            recent_start: 4,
             estimated_tokens: 0,
         };
         let rewrite = Rewrite {
