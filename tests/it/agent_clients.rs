@@ -258,7 +258,7 @@ const HEAD_SHARE: std::ops::Range<f64> = 0.28..0.40;
 #[derive(Debug)]
 struct Figures {
     requests: usize,
-    waits: usize,
+    waits: Vec<usize>,
     largest: u64,
     limits: Thresholds,
     /// The first request's tools, instructions and task, counted: the head every request
@@ -437,10 +437,13 @@ fn judge(
     // The agent's requests go one at a time, in the same order at both ends.
     let reported: Vec<u64> = told.iter().map(|t| t.forwarded).collect();
     assert_eq!(reported, recounted, "condenser's count is the bytes' count");
-    let waits = told
+    // Requests that waited on the summarizer, by index.
+    let waits: Vec<usize> = told
         .iter()
-        .filter(|t| matches!(t.cache.as_str(), "miss" | "extended"))
-        .count();
+        .enumerate()
+        .filter(|(_, t)| matches!(t.cache.as_str(), "miss" | "extended"))
+        .map(|(at, _)| at)
+        .collect();
     let sent: Vec<Sent> = exchanges
         .iter()
         .zip(told)
@@ -482,7 +485,7 @@ fn judge(
          avoidable breaks; \
          billed {:.0} prompt tokens (cached at 0.1) against {:.0} sent whole",
         figures.requests,
-        figures.waits,
+        figures.waits.len(),
         figures.largest,
         figures.limits.hard_limit,
         figures.summaries,
@@ -932,7 +935,12 @@ impl Stack {
         for (at, what) in figures.cache.avoidable.iter().take(5) {
             eprintln!("  avoidable break at request {at}: {what}");
         }
-        assert_eq!(figures.waits, 0, "no request waits, at any pace");
+        assert_eq!(
+            figures.waits,
+            Vec::<usize>::new(),
+            "requests that waited, of {}",
+            figures.requests
+        );
         assert_eq!(figures.lost, Vec::new(), "identifiers read, then lost");
         assert_eq!(read.steps.len(), ROUNDS, "a step for every round");
         assert_eq!(

@@ -116,12 +116,15 @@ fn cuts_reread(sent: &[Sent]) -> Vec<(usize, String)> {
             if key.chars().count() < OUTPUT_KEY_CHARS {
                 continue;
             }
+            // Each change is one break: the output as it reads now is what later requests
+            // are held to.
             match cut.get(&key) {
                 Some(before) if before != text => {
                     reread.push((
                         i,
                         format!("an output cut before reads differently: {key:?}"),
                     ));
+                    cut.insert(key, text.to_string());
                 }
                 None if text.contains(CUT_MARK) => {
                     cut.insert(key, text.to_string());
