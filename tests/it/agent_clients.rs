@@ -1,22 +1,28 @@
 //! The real agents, run headless through condenser in front of a scripted upstream: Claude
 //! Code (the current one and 2.0.77, the last JavaScript one) on Anthropic's Messages API,
-//! Codex on the Responses API, and Gemini CLI on Gemini's API (`gemini_cli.rs`), installed from
-//! npm by `scripts/test.sh` into `tests/agents/`.
+//! Codex on the Responses API, Gemini CLI on Gemini's API (`gemini_cli.rs`), installed from
+//! npm by `scripts/test.sh` into `tests/agents/`, and the OpenAI Agents SDK and LangGraph
+//! (`tests/agents/python/`).
 //!
-//! The upstream drives a tool loop of more than 100 rounds: each reply asks the agent to read
-//! one of the files the test wrote in its working directory, a few hundred lines of log with
-//! identifiers planted in some, until a last reply ends the task. Its summarizer takes a second
-//! and keeps no identifier, and the model's window is small, so condenser compacts the session
+//! The upstream drives a tool loop of more than 100 rounds, as a model that reads
+//! (`reader.rs`): each log the test wrote in the agent's working directory, a hundred lines
+//! with identifiers planted in some, names the next one, which the model takes from the
+//! newest output it was sent (or recalls, when that was cut), until it ends the task; then it
+//! answers a question on three findings it read. Its summarizer takes a second or more and
+//! keeps no identifier, and the model's window is small, so condenser compacts the session
 //! several times. For every request the agent made, the test checks what reached the upstream
 //! and what condenser told the agent:
 //! - the body is valid for its API (tool calls and results in pairs, roles as the API wants);
 //! - it is within the hard limit (window less the reply's reserve), recounted on the bytes
 //!   forwarded with condenser's own counter, and that count is the one condenser reported;
 //! - the task's ticket and every planted identifier the agent has read are in it;
+//! - its newest tool output and its last `keep_recent_messages` items are the client's,
+//!   verbatim (rule 3);
 //! - it waited on the summarizer only when its prompt, as received, was over the hard limit;
 //!
-//! and over the session, that at least 0.9 of each forwarded prompt repeats the previous one's
-//! start, and that the agent exits 0. A resumed session's first request does not wait.
+//! and over the session, that no cache break was avoidable (`common/breaks.rs`), that every
+//! step had its input in the newest output, that the findings were answered right, and that
+//! the agent exits 0. A resumed session's first request does not wait.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -32,6 +38,9 @@ use condenser::tokens::counter::TokenCounter;
 use serde_json::{json, Value};
 
 mod gemini_cli;
+mod reader;
+
+use reader::*;
 
 /// Tool rounds before the scripted model ends the task.
 const ROUNDS: usize = 110;
@@ -87,30 +96,6 @@ const INSTANT: Pace = Pace {
 const LOSSY_SUMMARY: &str =
     "The agent has been reading log files one after another and has not finished the task.";
 const MODEL: &str = "claude-agent-test";
-
-/// The log the agent reads in `round`: `lines` lines of about 15 tokens, with that round's
-/// identifier.
-fn log_file(round: usize, lines: usize) -> String {
-    let planted = PLANTED
-        .iter()
-        .find(|(r, _)| *r == round)
-        .map(|(_, id)| format!("deploy note: artifact {id} is the one to check\n"))
-        .unwrap_or_default();
-    let lines: String = (0..lines)
-        .map(|line| format!("{round:03}.{line:03} {}\n", filler(round * 61 + line, 11)))
-        .collect();
-    format!("{planted}{lines}")
-}
-
-fn write_logs(dir: &Path, lines: usize) {
-    for round in 0..ROUNDS {
-        std::fs::write(
-            dir.join(format!("log-{round:03}.txt")),
-            log_file(round, lines),
-        )
-        .unwrap();
-    }
-}
 
 /// The identifiers the agent has read before `round`.
 fn read_before(round: usize) -> impl Iterator<Item = &'static str> {
@@ -254,7 +239,8 @@ fn loop_requests(
         .filter(|r| r.path_and_query.split('?').next() == Some(path) && !is_summarizer_call(r))
         .filter_map(|r| {
             let body: Value = serde_json::from_slice(&r.body).ok()?;
-            in_loop(&body, model).then_some(())?;
+            // condenser's recall continuations are its own, not the agent's requests.
+            (in_loop(&body, model) && !answers_a_recall(&body)).then_some(())?;
             Some(Exchange {
                 round: round_of(&body),
                 body,
@@ -264,16 +250,31 @@ fn loop_requests(
         .collect()
 }
 
+/// The share of what is usable that the head of the sessions of every client but Claude
+/// Code and Gemini CLI takes (issue 36): a third, as Claude Code 2.0.77's in its 80k window.
+const HEAD_SHARE: std::ops::Range<f64> = 0.28..0.40;
+
 /// What the session showed, for the log and BENCHMARKS.md.
 #[derive(Debug)]
 struct Figures {
     requests: usize,
-    waits: usize,
+    waits: Vec<usize>,
     largest: u64,
-    hard_limit: u64,
+    limits: Thresholds,
+    /// The first request's tools, instructions and task, counted: the head every request
+    /// carries.
+    head: u64,
     summaries: usize,
     reuse: f64,
     cache: CacheFigures,
+    /// Requests whose newest tool output did not reach the model as the client sent it.
+    newest_cut: Vec<usize>,
+    /// Requests whose last `keep_recent_messages` items were not the client's verbatim.
+    recent_changed: Vec<usize>,
+    /// Planted identifiers the agent had read that a request lost: `(round, identifier)`.
+    lost: Vec<(usize, &'static str)>,
+    /// Requests with an output cut in them.
+    with_cuts: usize,
 }
 
 /// Whether a conversation item is the client's own message (user, system or developer),
@@ -334,17 +335,55 @@ fn assert_task_kept(client: &Value, forwarded: &Value, field: &str, round: usize
     );
 }
 
-/// The checks every client's session must pass; `cache_order` names the body's fields in the
-/// order its provider caches them, `valid` checks one forwarded body for its API, `recount`
-/// counts it as condenser does, `hard_limit` reads a body's limit.
+/// A conversation's items without their `cache_control` marks, which Claude Code moves to
+/// the newest turn every time.
+fn items_of(body: &Value, field: &str) -> Vec<Value> {
+    unmarked(&body[field])
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// `body` with only the items of its conversation `field` that `keep` picks (by index and
+/// item), serialized: to count a part of a request as condenser counts the whole.
+fn with_items(body: &Value, field: &str, keep: impl Fn(usize, &Value) -> bool) -> Vec<u8> {
+    let mut part = body.clone();
+    let items = items_of(body, field);
+    part[field] = items
+        .into_iter()
+        .enumerate()
+        .filter(|(at, item)| keep(*at, item))
+        .map(|(_, item)| item)
+        .collect();
+    serde_json::to_vec(&part).unwrap()
+}
+
+/// The smallest prompt a compacted request could go as: its head (tools, instructions and
+/// the leading system items), the task's turn, the summary and the last `recent` items.
+fn floor_of(body: &Value, field: &str, recent: usize) -> Vec<u8> {
+    let items = items_of(body, field);
+    let task = task_turn(&items).to_vec();
+    let leading = items
+        .iter()
+        .take_while(|item| matches!(item["role"].as_str(), Some("system" | "developer")))
+        .count();
+    let from = items.len().saturating_sub(recent);
+    with_items(body, field, |at, item| {
+        at < leading
+            || at >= from
+            || task.contains(item)
+            || item.to_string().contains("[Context summary: ")
+    })
+}
+
+/// The checks every client's session must pass (see `Session`); `recount` counts a body as
+/// condenser does, `recent` is `keep_recent_messages`.
 fn judge(
-    cache_order: &[&str],
-    exchanges: &[Exchange],
-    told: &[Told],
+    session: &Session,
+    (exchanges, told): (&[Exchange], &[Told]),
     summaries: usize,
-    valid: impl Fn(&Value),
     recount: impl Fn(&[u8]) -> u64,
-    hard_limit: impl Fn(&Value) -> u64,
+    (limits, recent): (Thresholds, usize),
 ) -> Figures {
     assert!(
         exchanges.len() > ROUNDS,
@@ -352,12 +391,15 @@ fn judge(
         exchanges.len()
     );
     assert_eq!(told.len(), exchanges.len(), "one answer per request");
-    let limit = hard_limit(&exchanges[0].body);
+    let (cache_order, limit) = (session.cache_order, limits.hard_limit);
     let conversation = cache_order[cache_order.len() - 1];
     let mut recounted = Vec::new();
-    for (exchange, told) in exchanges.iter().zip(told) {
+    let (mut newest_cut, mut recent_changed, mut lost) = (Vec::new(), Vec::new(), Vec::new());
+    let mut with_cuts = 0;
+    for (at, (exchange, told)) in exchanges.iter().zip(told).enumerate() {
         let text = exchange.body.to_string();
-        valid(&exchange.body);
+        with_cuts += usize::from(text.contains(" tokens removed"));
+        (session.valid)(&exchange.body);
         let client: Value = serde_json::from_slice(&told.client).unwrap();
         assert_task_kept(&client, &exchange.body, conversation, exchange.round);
         let tokens = recount(&exchange.raw);
@@ -372,17 +414,36 @@ fn judge(
             "round {}: the task's ticket lost",
             exchange.round
         );
-        for id in read_before(exchange.round) {
-            assert!(text.contains(id), "round {}: {id} lost", exchange.round);
+        lost.extend(
+            read_before(exchange.round)
+                .filter(|id| !text.contains(id))
+                .map(|id| (exchange.round, id)),
+        );
+        // Rule 3: the client's last items reach the model as it sent them, the newest
+        // tool output first of all.
+        let (sent, forwarded) = (
+            items_of(&client, conversation),
+            items_of(&exchange.body, conversation),
+        );
+        let newest = sent.last().filter(|item| !said_by_the_client(item));
+        if newest.is_some() && newest != forwarded.last() {
+            newest_cut.push(at);
+        }
+        let tail = |items: &[Value]| items[items.len().saturating_sub(recent)..].to_vec();
+        if tail(&sent) != tail(&forwarded) {
+            recent_changed.push(at);
         }
     }
     // The agent's requests go one at a time, in the same order at both ends.
     let reported: Vec<u64> = told.iter().map(|t| t.forwarded).collect();
     assert_eq!(reported, recounted, "condenser's count is the bytes' count");
-    let waits = told
+    // Requests that waited on the summarizer, by index.
+    let waits: Vec<usize> = told
         .iter()
-        .filter(|t| matches!(t.cache.as_str(), "miss" | "extended"))
-        .count();
+        .enumerate()
+        .filter(|(_, t)| matches!(t.cache.as_str(), "miss" | "extended"))
+        .map(|(at, _)| at)
+        .collect();
     let sent: Vec<Sent> = exchanges
         .iter()
         .zip(told)
@@ -396,18 +457,27 @@ fn judge(
                 forwarded: cached_order(&exchange.body, cache_order),
                 received_tokens: told.received,
                 forwarded_tokens: told.forwarded,
+                floor_tokens: recount(&floor_of(&exchange.body, conversation, recent)),
             }
         })
         .collect();
-    let cache = cache_figures(&sent, limit);
+    let cache = cache_figures(&sent, limits);
+    let first: Value = serde_json::from_slice(&told[0].client).unwrap();
     let figures = Figures {
         requests: exchanges.len(),
         waits,
         largest: recounted.iter().copied().max().unwrap_or(0),
-        hard_limit: limit,
+        limits,
+        head: recount(&with_items(&first, conversation, |_, item| {
+            said_by_the_client(item)
+        })),
         summaries,
         reuse: cache.reuse,
         cache,
+        newest_cut,
+        recent_changed,
+        lost,
+        with_cuts,
     };
     eprintln!(
         "{} requests, {} waited, largest {} of a hard limit of {}, {} summaries made, prefix \
@@ -415,9 +485,9 @@ fn judge(
          avoidable breaks; \
          billed {:.0} prompt tokens (cached at 0.1) against {:.0} sent whole",
         figures.requests,
-        figures.waits,
+        figures.waits.len(),
         figures.largest,
-        figures.hard_limit,
+        figures.limits.hard_limit,
         figures.summaries,
         figures.reuse,
         figures.cache.summary_steps,
@@ -427,12 +497,6 @@ fn judge(
         figures.cache.avoidable.len(),
         figures.cache.billed,
         figures.cache.billed_whole,
-    );
-    assert_eq!(figures.waits, 0, "no request waits, at any pace");
-    assert_eq!(
-        figures.cache.avoidable,
-        Vec::new(),
-        "avoidable cache breaks"
     );
     assert!(
         told.iter().any(|t| t.forwarded < t.received),
@@ -475,7 +539,12 @@ fn agents_dir(client: &str) -> PathBuf {
 // ---------------------------------------------------------------------------------------
 // Claude Code on the Messages API
 
+/// The window of the short sessions, which stay under the trigger.
 const CLAUDE_WINDOW: u64 = 100_000;
+/// The windows of issue 36: Claude Code 2.0.77 asks for a 32k reserve, which leaves 48k, of
+/// which its head takes about 15k; the current one asks for more.
+const CLAUDE_2_0_77_WINDOW: u64 = 80_000;
+const CLAUDE_CURRENT_WINDOW: u64 = 168_000;
 
 /// The round a Messages request answers: one past the tool call its last turn answers.
 fn messages_round(body: &Value) -> usize {
@@ -492,55 +561,37 @@ fn round_after(id: Option<&str>) -> usize {
         .map_or(0, |n| n + 1)
 }
 
-/// Whether a Messages or Responses body ends with the answer to a `condenser_recall` call:
-/// condenser's continuation of the request it was sent.
+/// A body's conversation, in whichever API: Messages' and chat's `messages`, Responses'
+/// `input`, Gemini's `contents`.
+fn conversation(body: &Value) -> &[Value] {
+    ["messages", "input", "contents"]
+        .iter()
+        .find_map(|field| body[*field].as_array())
+        .map_or(&[], Vec::as_slice)
+}
+
+/// Whether a body ends with the answer to a `condenser_recall` call: condenser's
+/// continuation of the request it was sent.
 fn answers_a_recall(body: &Value) -> bool {
-    let is_answer = |id: &Value| id.as_str().is_some_and(|id| id.starts_with(RECALL_CALL));
-    if let Some(last) = body["input"].as_array().and_then(|items| items.last()) {
-        return is_answer(&last["call_id"]) && last["type"] == "function_call_output";
-    }
-    let last = body["messages"].as_array().and_then(|m| m.last());
-    let blocks = last.and_then(|turn| turn["content"].as_array());
-    blocks.is_some_and(|blocks| blocks.iter().any(|b| is_answer(&b["tool_use_id"])))
+    continuation_len(conversation(body)) > 0
 }
 
 /// The round of a request the scripted model answers: for condenser's continuation, the
-/// round of the request it continued (the items before its call and answer).
+/// round of the request it continued (the items before its calls and answers).
 fn round_of(body: &Value, field: &str, round: fn(&Value) -> usize) -> usize {
-    if !answers_a_recall(body) {
-        return round(body);
-    }
     let mut sent = body.clone();
     if let Some(items) = sent[field].as_array_mut() {
-        items.truncate(items.len().saturating_sub(2));
-        // A Responses continuation carries the round's reasoning before its call.
-        while items.last().is_some_and(|item| item["type"] == "reasoning") {
-            items.pop();
-        }
+        items.truncate(items.len() - continuation_len(items));
     }
     round(&sent)
 }
 
-/// Whether condenser offers its recall tool in `body` (and the model should call it now).
-fn recall_due(recall: bool, body: &Value) -> bool {
-    let offered = body["tools"]
-        .as_array()
-        .is_some_and(|tools| tools.iter().any(|t| t["name"] == "condenser_recall"));
-    recall && offered && !answers_a_recall(body)
-}
-
-/// The ids the scripted models give their recall calls start so, in both APIs.
-const RECALL_CALL: &str = "call_recall";
-/// What they search for: the kind of the first planted identifier.
-const RECALL_QUERY: &str = "sha256";
-
-/// A scripted Claude: reads the next log with the `Read` tool until `rounds`, then ends;
+/// A scripted Claude that reads (`Reader`) with the `Read` tool until `rounds`, then ends;
 /// answers side requests and a resumed session's new prompt in words; summarizes slowly and
-/// keeps nothing. With `recall`, whenever condenser offers `condenser_recall` it first
-/// searches what was summarized for the first planted identifier's kind (`sha256`).
-async fn scripted_claude(dir: PathBuf, rounds: usize, recall: bool, pace: Pace) -> MockUpstream {
+/// keeps nothing.
+async fn scripted_claude(reader: Arc<Reader>, rounds: usize, pace: Pace) -> MockUpstream {
     MockUpstream::start(handler(move |r| {
-        let dir = dir.clone();
+        let reader = reader.clone();
         async move {
             let body: Value = serde_json::from_slice(&r.body).unwrap_or_default();
             if r.path_and_query.starts_with("/v1/messages/count_tokens") {
@@ -551,24 +602,17 @@ async fn scripted_claude(dir: PathBuf, rounds: usize, recall: bool, pace: Pace) 
                 return json_response(200, &claude_message(json!({"type": "text", "text": LOSSY_SUMMARY}), "end_turn", &r));
             }
             tokio::time::sleep(pace.model).await;
-            let offers_read = body["tools"]
+            let reads = body["tools"]
                 .as_array()
                 .is_some_and(|tools| tools.iter().any(|t| t["name"] == "Read"));
-            let last_is_result = body["messages"]
-                .as_array()
-                .and_then(|m| m.last())
-                .is_some_and(|turn| turn["content"].to_string().contains("tool_result"));
-            let fresh = !body["messages"].to_string().contains("tool_result");
             let round = round_of(&body, "messages", messages_round);
-            let block = if recall_due(recall, &body) {
-                json!({"type": "tool_use", "id": format!("{RECALL_CALL}{round}x"), "name": "condenser_recall",
-                    "input": {"query": RECALL_QUERY}})
-            } else if offers_read && round < rounds && (last_is_result || fresh) {
-                let path = dir.join(format!("log-{round:03}.txt"));
-                json!({"type": "tool_use", "id": format!("toolu_{round}"), "name": "Read",
-                    "input": {"file_path": path.to_str().unwrap()}})
-            } else {
-                json!({"type": "text", "text": format!("Done with {TICKET}.")})
+            let block = match reader.play(&body, round, rounds, reads) {
+                Move::Recall { id, arguments } => {
+                    json!({"type": "tool_use", "id": id, "name": "condenser_recall", "input": arguments})
+                }
+                Move::Read(name) => json!({"type": "tool_use", "id": format!("toolu_{round}"), "name": "Read",
+                    "input": {"file_path": reader.path(&name)}}),
+                Move::Say(text) => json!({"type": "text", "text": text}),
             };
             let stop = if block["type"] == "tool_use" { "tool_use" } else { "end_turn" };
             // With thinking on, every reply opens with signed thinking, and a turn that
@@ -741,34 +785,40 @@ async fn claude(
     assert!(stdout.contains("Done with") || resume, "{stdout}");
 }
 
+/// The scripted model a stack's upstream plays, made from the stack's reader.
+type Upstream = Box<
+    dyn FnOnce(Arc<Reader>) -> std::pin::Pin<Box<dyn std::future::Future<Output = MockUpstream>>>,
+>;
+
 /// A scripted upstream, condenser in front of it counting `model` in a window of `window`
 /// tokens, and the relay that records what condenser tells the agent on `path`; the agent's
-/// working and home folders, the logs in the first.
+/// working and home folders, the logs in the first, and the reader the upstream plays.
 struct Stack {
     work: tempfile::TempDir,
     home: tempfile::TempDir,
     upstream: MockUpstream,
     config: condenser::Config,
+    window: u64,
+    reader: Arc<Reader>,
     _proxy: Proxy,
     front: MockUpstream,
     told: Arc<Mutex<Vec<Told>>>,
 }
 
 impl Stack {
+    /// `recalls_always`: the reader recalls whenever it is offered recall (`Reader`).
     async fn start(
-        upstream: impl FnOnce(
-            PathBuf,
-        )
-            -> std::pin::Pin<Box<dyn std::future::Future<Output = MockUpstream>>>,
-        model: &'static str,
-        window: u64,
+        upstream: Upstream,
+        (model, window): (&'static str, u64),
         path: &'static str,
         pace: Pace,
+        recalls_always: bool,
     ) -> Stack {
         let work = tempfile::tempdir().unwrap();
         let home = tempfile::tempdir().unwrap();
         write_logs(work.path(), pace.log_lines);
-        let upstream = upstream(work.path().to_path_buf()).await;
+        let reader = Arc::new(Reader::new(work.path().to_path_buf(), recalls_always));
+        let upstream = upstream(reader.clone()).await;
         let config = config_for_model(&upstream.url(), model, window);
         let proxy = Proxy::start(config.clone()).await;
         let told = Arc::new(Mutex::new(Vec::new()));
@@ -778,6 +828,8 @@ impl Stack {
             home,
             upstream,
             config,
+            window,
+            reader,
             _proxy: proxy,
             front,
             told,
@@ -792,9 +844,26 @@ impl Stack {
             .count()
     }
 
-    /// The session so far, judged as dialect `D`'s (see `judge`); its requests and what
-    /// condenser told the agent of each.
-    fn judged<D: Dialect>(&self, session: &Session) -> (Vec<Exchange>, Vec<Told>) {
+    /// The thresholds condenser measures a session's requests against, from the first: the
+    /// window less the reply's reserve (the body's, else the configured one; at most half the
+    /// window), and the trigger and target shares of it.
+    fn thresholds(&self, session: &Session, first: &Value) -> Thresholds {
+        let context = &self.config.context;
+        let reserve = (session.reserve)(first)
+            .unwrap_or(context.response_reserve_tokens)
+            .min(self.window / 2);
+        let usable = self.window - reserve;
+        let share = |ratio: f64| (usable as f64 * ratio) as u64;
+        Thresholds {
+            hard_limit: usable,
+            trigger: share(context.trigger_ratio),
+            target: share(context.target_ratio),
+        }
+    }
+
+    /// The session so far, judged as dialect `D`'s (see `judge`), with what its scripted
+    /// model read (`Reader`); its requests and what condenser told the agent of each.
+    fn judged<D: Dialect>(&self, session: &Session) -> (Vec<Exchange>, Figures) {
         let exchanges = loop_requests(
             &self.upstream,
             session.path,
@@ -803,17 +872,18 @@ impl Stack {
         );
         let told = self.told.lock().unwrap().clone();
         let (catalog, counter) = counter_for(&self.config);
+        let recent = self.config.context.keep_recent_messages;
+        assert_eq!(recent, 6, "the issue's sessions keep 6 recent items");
+        let limits = self.thresholds(session, &exchanges[0].body);
         let figures = judge(
-            session.cache_order,
-            &exchanges,
-            &told,
+            session,
+            (&exchanges, &told),
             self.summaries(),
-            session.valid,
             |raw| {
                 let request = D::parse(raw, session.path).unwrap();
                 block_on(D::count(&request, &catalog, &counter)).count.total
             },
-            session.hard_limit,
+            (limits, recent),
         );
         // The bill: forwarded prompt tokens with the cached share at a tenth, and what the
         // summarizer read (counted as condenser counts) and wrote (the scripted usage, 20).
@@ -827,22 +897,84 @@ impl Stack {
                 block_on(D::count(&request, &catalog, &counter)).count.total + 20
             })
             .sum();
+        let read = self.reader.tally();
         let per_100 = |value: f64| value * 100.0 / figures.requests as f64;
         eprintln!(
-            "BENCH {}: prefix reuse {:.3}, avoidable breaks {}, summary steps per 100 rounds \
-             {:.1}, cut steps {}, bill per 100 rounds {:.0} (prompt {:.0} + summarizer {:.0}) \
+            "BENCH {}: head {} of {} usable ({:.2}), prefix reuse {:.3}, avoidable breaks {}, \
+             summary steps per 100 rounds {:.1}, cut steps {}, {} requests with a cut, newest output cut in {} of {} \
+             requests, last {recent} items changed in {}, steps {} (input there {}, recalled \
+             {}, blind {}), recalls per 100 rounds {:.1} ({} for steps, {} for findings), \
+             findings {}/3, {} identifiers lost, bill per 100 rounds {:.0} (prompt {:.0} + summarizer {:.0}) \
              against {:.0} sent whole",
             session.client,
+            figures.head,
+            limits.hard_limit,
+            figures.head as f64 / limits.hard_limit as f64,
             figures.reuse,
             figures.cache.avoidable.len(),
             per_100(figures.cache.summary_steps as f64),
             figures.cache.cut_steps,
+            figures.with_cuts,
+            figures.newest_cut.len(),
+            figures.requests,
+            figures.recent_changed.len(),
+            read.steps.len(),
+            read.count(Step::There),
+            read.count(Step::Recalled),
+            read.count(Step::Blind),
+            read.recalls() as f64 * 100.0 / read.steps.len().max(1) as f64,
+            read.step_recalls,
+            read.finding_recalls,
+            read.findings_right.unwrap_or(0),
+            figures.lost.len(),
             per_100(figures.cache.billed + summarizer as f64),
             per_100(figures.cache.billed),
             per_100(summarizer as f64),
             per_100(figures.cache.billed_whole),
         );
-        (exchanges, told)
+        for (at, what) in figures.cache.avoidable.iter().take(5) {
+            eprintln!("  avoidable break at request {at}: {what}");
+        }
+        assert_eq!(
+            figures.waits,
+            Vec::<usize>::new(),
+            "requests that waited, of {}",
+            figures.requests
+        );
+        assert_eq!(figures.lost, Vec::new(), "identifiers read, then lost");
+        assert_eq!(read.steps.len(), ROUNDS, "a step for every round");
+        assert_eq!(
+            read.count(Step::Blind),
+            0,
+            "steps whose input the model never got"
+        );
+        assert_eq!(
+            read.count(Step::There),
+            ROUNDS,
+            "every step's input in the newest output as sent"
+        );
+        assert_eq!(
+            read.findings_right,
+            Some(FINDINGS.len()),
+            "the findings: {}",
+            read.answer
+        );
+        assert_eq!(
+            figures.newest_cut,
+            Vec::<usize>::new(),
+            "requests with the newest output cut"
+        );
+        assert_eq!(
+            figures.recent_changed,
+            Vec::<usize>::new(),
+            "requests whose last {recent} items were not the client's"
+        );
+        assert_eq!(
+            figures.cache.avoidable,
+            Vec::new(),
+            "avoidable cache breaks"
+        );
+        (exchanges, figures)
     }
 }
 
@@ -856,59 +988,52 @@ struct Session {
     /// The body's fields in the order its provider caches them.
     cache_order: &'static [&'static str],
     valid: fn(&Value),
-    hard_limit: fn(&Value) -> u64,
+    /// The reply's reserve a body asks for, if it names one.
+    reserve: fn(&Value) -> Option<u64>,
 }
 
-async fn claude_stack(rounds: usize, pace: Pace) -> Stack {
+async fn claude_stack(rounds: usize, window: u64, pace: Pace) -> Stack {
     Stack::start(
-        |dir| Box::pin(scripted_claude(dir, rounds, false, pace)),
-        MODEL,
-        CLAUDE_WINDOW,
+        Box::new(move |reader| Box::pin(scripted_claude(reader, rounds, pace))),
+        (MODEL, window),
         "/v1/messages",
         pace,
+        false,
     )
     .await
 }
 
-fn claude_task() -> String {
-    format!(
-        "Ticket {TICKET}: the nightly build fails. Read the logs log-000.txt onwards, one at a \
-         time, until you find the cause."
-    )
+/// The reserve a Messages body asks for: its `max_tokens`.
+fn messages_reserve(body: &Value) -> Option<u64> {
+    body["max_tokens"].as_u64()
 }
 
-/// The hard limit of a Messages body: the window less its `max_tokens` (at most half).
-fn claude_hard_limit(body: &Value) -> u64 {
-    let reserve = body["max_tokens"].as_u64().unwrap().min(CLAUDE_WINDOW / 2);
-    CLAUDE_WINDOW - reserve
-}
-
-/// A Claude Code session of `ROUNDS` rounds at `pace`, then resumed with a new prompt
-/// (`--continue`: everything again, some turns resent otherwise than they were sent live,
-/// so the summaries made live stop matching there), judged whole.
-async fn claude_code_session(program: Vec<String>, pace: Pace) {
-    let stack = claude_stack(ROUNDS, pace).await;
+/// A Claude Code session of `ROUNDS` rounds at `pace` in a window of `window`, then resumed
+/// with the question (`--continue`: everything again, some turns resent otherwise than they
+/// were sent live, so the summaries made live stop matching there), judged whole.
+async fn claude_code_session(program: Vec<String>, window: u64, pace: Pace) {
+    let stack = claude_stack(ROUNDS, window, pace).await;
     let run = |prompt: String, resume: bool| {
         let (program, work, home) = (program.clone(), stack.work.path(), stack.home.path());
         let front = stack.front.url();
         async move { claude(&program, work, home, &front, &prompt, resume).await }
     };
     run(claude_task(), false).await;
-    run("Anything else?".into(), true).await;
+    run(QUESTION.into(), true).await;
     stack.judged::<Messages>(&Session {
-        client: format!("Claude Code {program:?} at {pace:?}"),
+        client: format!("Claude Code {program:?} in {window} at {pace:?}"),
         path: "/v1/messages",
         model: MODEL,
         round_of: messages_round,
         cache_order: &["tools", "system", "messages"],
         valid: valid_messages,
-        hard_limit: claude_hard_limit,
+        reserve: messages_reserve,
     });
 }
 
 /// A session that ended under the trigger, resumed: its first request goes at once.
 async fn claude_code_resumes_without_waiting(program: Vec<String>) {
-    let stack = claude_stack(SHORT_ROUNDS, BRISK).await;
+    let stack = claude_stack(SHORT_ROUNDS, CLAUDE_WINDOW, BRISK).await;
     let run = |prompt: String, resume: bool| {
         let (program, work, home) = (program.clone(), stack.work.path(), stack.home.path());
         let front = stack.front.url();
@@ -932,11 +1057,11 @@ async fn claude_code_resumes_without_waiting(program: Vec<String>) {
 /// offered the tool, run by `program`.
 async fn claude_recall_session(program: Vec<String>) -> Stack {
     let stack = Stack::start(
-        |dir| Box::pin(scripted_claude(dir, RECALL_ROUNDS, true, BRISK)),
-        MODEL,
-        RECALL_WINDOW,
+        Box::new(|reader| Box::pin(scripted_claude(reader, RECALL_ROUNDS, BRISK))),
+        (MODEL, RECALL_WINDOW),
         "/v1/messages",
         BRISK,
+        true,
     )
     .await;
     let front = stack.front.url();
@@ -1035,12 +1160,22 @@ fn node_modules(client: &str) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_compacts_well_through_condenser() {
-    claude_code_session(claude_code_current(), REALISTIC).await;
+    claude_code_session(
+        claude_code_current_reserving_128k(),
+        CLAUDE_CURRENT_WINDOW,
+        REALISTIC,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_at_an_instant_pace_never_waits() {
-    claude_code_session(claude_code_current(), INSTANT).await;
+    claude_code_session(
+        claude_code_current_reserving_128k(),
+        CLAUDE_CURRENT_WINDOW,
+        INSTANT,
+    )
+    .await;
 }
 
 fn claude_code_2_0_77() -> Vec<String> {
@@ -1053,14 +1188,25 @@ fn claude_code_current() -> Vec<String> {
     vec![program.to_str().unwrap().to_string()]
 }
 
+/// The current Claude Code asking for replies of up to 128k tokens (its `max_tokens`), as it
+/// does for the models that allow them (issue 36: 128k of a 168k window reserved).
+fn claude_code_current_reserving_128k() -> Vec<String> {
+    let mut program = vec![
+        "env".to_string(),
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS=128000".to_string(),
+    ];
+    program.extend(claude_code_current());
+    program
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_2_0_77_compacts_well_through_condenser() {
-    claude_code_session(claude_code_2_0_77(), REALISTIC).await;
+    claude_code_session(claude_code_2_0_77(), CLAUDE_2_0_77_WINDOW, REALISTIC).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_2_0_77_at_an_instant_pace_never_waits() {
-    claude_code_session(claude_code_2_0_77(), INSTANT).await;
+    claude_code_session(claude_code_2_0_77(), CLAUDE_2_0_77_WINDOW, INSTANT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1077,7 +1223,10 @@ async fn claude_code_2_0_77_resumes_a_session_without_waiting() {
 // Codex on the Responses API
 
 const CODEX_MODEL: &str = "gpt-agent-test";
+/// The window of the short session, which stays under the trigger.
 const CODEX_WINDOW: u64 = 60_000;
+/// A window whose usable part is three times Codex's head (about 7,400 tokens with the task).
+const CODEX_THIRD_WINDOW: u64 = 26_000;
 
 /// The round a Responses request answers: one past the call its last output answers.
 fn responses_round(body: &Value) -> usize {
@@ -1086,64 +1235,67 @@ fn responses_round(body: &Value) -> usize {
     round_after(output.and_then(|item| item["call_id"].as_str()))
 }
 
-/// How the scripted model reads the log of a round: a tool's name and its arguments.
-type ReadLog = fn(usize) -> (&'static str, Value);
+/// How the scripted model reads a log: a tool's name, and its arguments for the log's name.
+struct ReadTool {
+    name: &'static str,
+    arguments: fn(&str) -> Value,
+}
 
 /// Codex's shell.
-fn exec_cat(round: usize) -> (&'static str, Value) {
-    (
-        "exec_command",
-        json!({"cmd": format!("cat log-{round:03}.txt")}),
-    )
-}
+const EXEC_CAT: ReadTool = ReadTool {
+    name: "exec_command",
+    arguments: |log| json!({"cmd": format!("cat '{log}'")}),
+};
 
 /// The tool the Python agents define.
-fn read_log(round: usize) -> (&'static str, Value) {
-    ("read_log", json!({"round": round}))
-}
+const READ_LOG: ReadTool = ReadTool {
+    name: "read_log",
+    arguments: |log| json!({"name": log}),
+};
 
-/// A scripted model on the Responses API: thinks (an opaque reasoning item), then reads the
-/// next log with `tool` until `rounds`, then ends; summarizes slowly and keeps nothing.
+/// A scripted model on the Responses API that reads (`Reader`): thinks (an opaque reasoning
+/// item), then reads the next log with `tool` until `rounds`, then ends; summarizes slowly
+/// and keeps nothing.
 async fn scripted_responses(
+    reader: Arc<Reader>,
     rounds: usize,
     model: &'static str,
-    tool: ReadLog,
-    recall: bool,
+    tool: ReadTool,
     pace: Pace,
 ) -> MockUpstream {
-    MockUpstream::start(handler(move |r| async move {
+    let tool = Arc::new(tool);
+    MockUpstream::start(handler(move |r| {
+        let (reader, tool) = (reader.clone(), tool.clone());
+        async move {
         let body: Value = serde_json::from_slice(&r.body).unwrap_or_default();
         if is_summarizer_call(&r) {
             tokio::time::sleep(pace.summarizer).await;
             return json_response(200, &responses_reply(LOSSY_SUMMARY, "completed", Some(20)));
         }
         tokio::time::sleep(pace.model).await;
-        let fresh = !body["input"].to_string().contains("function_call_output");
-        let last_is_output = body["input"]
+        let reads = body["tools"]
             .as_array()
-            .and_then(|items| items.last())
-            .is_some_and(|item| item["type"] == "function_call_output");
-        let (name, arguments) = tool(responses_round(&body));
-        let offers_exec = body["tools"]
-            .as_array()
-            .is_some_and(|tools| tools.iter().any(|t| t["name"] == name));
+            .is_some_and(|tools| tools.iter().any(|t| t["name"] == tool.name));
         let round = round_of(&body, "input", responses_round);
         let mut output = Vec::new();
-        if recall_due(recall, &body) {
-            output.push(json!({"type": "reasoning", "id": format!("rs_recall_{round}"), "summary": [],
-                "encrypted_content": format!("{THOUGHT}{round}")}));
-            output.push(json!({"type": "function_call", "id": format!("fc_recall_{round}"), "status": "completed",
-                "call_id": format!("{RECALL_CALL}{round}x"), "name": "condenser_recall",
-                "arguments": json!({"query": RECALL_QUERY}).to_string()}));
-        } else if offers_exec && round < rounds && (fresh || last_is_output) {
-            output.push(json!({"type": "reasoning", "id": format!("rs_{round}"), "summary": [],
-                "encrypted_content": format!("gAAAA-opaque-thought-{round}-{}", "x".repeat(200))}));
-            output.push(json!({"type": "function_call", "id": format!("fc_{round}"), "status": "completed",
-                "call_id": format!("call_{round}"), "name": name,
-                "arguments": arguments.to_string()}));
-        } else {
-            output.push(json!({"type": "message", "id": "msg_done", "status": "completed", "role": "assistant",
-                "content": [{"type": "output_text", "text": format!("Done with {TICKET}."), "annotations": []}]}));
+        match reader.play(&body, round, rounds, reads) {
+            Move::Recall { id, arguments } => {
+                output.push(json!({"type": "reasoning", "id": format!("rs_{id}"), "summary": [],
+                    "encrypted_content": format!("{THOUGHT}{round}")}));
+                output.push(json!({"type": "function_call", "id": format!("fc_{id}"), "status": "completed",
+                    "call_id": id, "name": "condenser_recall", "arguments": arguments.to_string()}));
+            }
+            Move::Read(log) => {
+                output.push(json!({"type": "reasoning", "id": format!("rs_{round}"), "summary": [],
+                    "encrypted_content": format!("gAAAA-opaque-thought-{round}-{}", "x".repeat(200))}));
+                output.push(json!({"type": "function_call", "id": format!("fc_{round}"), "status": "completed",
+                    "call_id": format!("call_{round}"), "name": tool.name,
+                    "arguments": (tool.arguments)(&log).to_string()}));
+            }
+            Move::Say(text) => {
+                output.push(json!({"type": "message", "id": "msg_done", "status": "completed", "role": "assistant",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}]}));
+            }
         }
         let mut response = responses_reply("", "completed", Some(20));
         response["model"] = json!(model);
@@ -1163,6 +1315,7 @@ async fn scripted_responses(
         }
         events.push(("response.completed", json!({"type": "response.completed", "response": response})));
         sse(&events)
+        }
     }))
     .await
 }
@@ -1250,28 +1403,28 @@ async fn codex(dir: &Path, home: &Path, base: &str, prompt: &str, resume: bool) 
     );
 }
 
-async fn codex_stack(rounds: usize, pace: Pace) -> Stack {
+async fn codex_stack(rounds: usize, window: u64, pace: Pace) -> Stack {
     Stack::start(
-        |_| {
+        Box::new(move |reader| {
             Box::pin(scripted_responses(
+                reader,
                 rounds,
                 CODEX_MODEL,
-                exec_cat,
-                false,
+                EXEC_CAT,
                 pace,
             ))
-        },
-        CODEX_MODEL,
-        CODEX_WINDOW,
+        }),
+        (CODEX_MODEL, window),
         "/v1/responses",
         pace,
+        false,
     )
     .await
 }
 
-/// Codex sends no `max_output_tokens`: the reserve is condenser's default.
-fn codex_hard_limit(_body: &Value) -> u64 {
-    CODEX_WINDOW - condenser::config::ContextConfig::default().response_reserve_tokens
+/// The reserve a body asks for when its client names none: condenser's default.
+fn no_reserve(_body: &Value) -> Option<u64> {
+    None
 }
 
 /// Codex through condenser while the model recalls on every compacted request, as Claude
@@ -1279,19 +1432,19 @@ fn codex_hard_limit(_body: &Value) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_never_sees_the_recalls_condenser_serves() {
     let stack = Stack::start(
-        |_| {
+        Box::new(|reader| {
             Box::pin(scripted_responses(
+                reader,
                 RECALL_ROUNDS,
                 CODEX_MODEL,
-                exec_cat,
-                true,
+                EXEC_CAT,
                 BRISK,
             ))
-        },
-        CODEX_MODEL,
-        RECALL_WINDOW,
+        }),
+        (CODEX_MODEL, RECALL_WINDOW),
         "/v1/responses",
         BRISK,
+        true,
     )
     .await;
     let (work, home, front) = (stack.work.path(), stack.home.path(), stack.front.url());
@@ -1302,19 +1455,21 @@ async fn codex_never_sees_the_recalls_condenser_serves() {
 /// A Codex session of `ROUNDS` rounds at `pace`, then resumed (`exec resume --last`) with a
 /// new prompt, judged whole.
 async fn codex_session(pace: Pace) {
-    let stack = codex_stack(ROUNDS, pace).await;
+    let stack = codex_stack(ROUNDS, CODEX_THIRD_WINDOW, pace).await;
     let (work, home, front) = (stack.work.path(), stack.home.path(), stack.front.url());
     codex(work, home, &front, &claude_task(), false).await;
-    codex(work, home, &front, "Anything else?", true).await;
-    let (exchanges, _) = stack.judged::<Responses>(&Session {
+    codex(work, home, &front, QUESTION, true).await;
+    let (exchanges, figures) = stack.judged::<Responses>(&Session {
         client: format!("Codex at {pace:?}"),
         path: "/v1/responses",
         model: CODEX_MODEL,
         round_of: responses_round,
         cache_order: &["tools", "instructions", "input"],
         valid: valid_input,
-        hard_limit: codex_hard_limit,
+        reserve: no_reserve,
     });
+    let share = figures.head as f64 / figures.limits.hard_limit as f64;
+    assert!(HEAD_SHARE.contains(&share), "head share {share:.2}");
     // Its reasoning went along: opaque, counted, kept with the call it led to.
     assert!(exchanges
         .iter()
@@ -1333,7 +1488,7 @@ async fn codex_at_an_instant_pace_never_waits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_resumes_a_session_without_waiting() {
-    let stack = codex_stack(SHORT_ROUNDS, BRISK).await;
+    let stack = codex_stack(SHORT_ROUNDS, CODEX_WINDOW, BRISK).await;
     let (work, home, front) = (stack.work.path(), stack.home.path(), stack.front.url());
     codex(work, home, &front, &claude_task(), false).await;
     let before = stack.told.lock().unwrap().len();
@@ -1353,7 +1508,9 @@ async fn codex_resumes_a_session_without_waiting() {
 // The OpenAI Agents SDK (Responses and Chat Completions) and LangGraph (Chat Completions)
 
 const PYTHON_MODEL: &str = "gpt-agent-py";
-const PYTHON_WINDOW: u64 = 80_000;
+/// A window whose usable part is three times the agents' head, with their house rules.
+const PYTHON_WINDOW: u64 = 40_000;
+const PYTHON_HEAD_TOKENS: usize = 12_000;
 
 /// The round a chat request answers: one past the call its last tool message answers.
 fn chat_round(body: &Value) -> usize {
@@ -1366,29 +1523,34 @@ fn chat_round(body: &Value) -> usize {
 
 /// A scripted model on Chat Completions: reads the next log with `read_log` until `rounds`,
 /// then ends; summarizes slowly and keeps nothing. Streams when asked.
-async fn scripted_chat(rounds: usize, pace: Pace) -> MockUpstream {
-    MockUpstream::start(handler(move |r| async move {
+async fn scripted_chat(reader: Arc<Reader>, rounds: usize, pace: Pace) -> MockUpstream {
+    MockUpstream::start(handler(move |r| {
+        let reader = reader.clone();
+        async move {
         let body: Value = serde_json::from_slice(&r.body).unwrap_or_default();
         if is_summarizer_call(&r) {
             tokio::time::sleep(pace.summarizer).await;
             return json_response(200, &completion(LOSSY_SUMMARY, 100, 20));
         }
         tokio::time::sleep(pace.model).await;
-        let fresh = !body["messages"].to_string().contains("\"tool\"");
-        let last_is_result = body["messages"]
-            .as_array()
-            .and_then(|m| m.last())
-            .is_some_and(|m| m["role"] == "tool");
-        let round = chat_round(&body);
-        let mut reply = completion(&format!("Done with {TICKET}."), r.body.len() as u64 / 4, 20);
+        let reads = body["tools"].to_string().contains(&format!("\"{}\"", READ_LOG.name));
+        let round = round_of(&body, "messages", chat_round);
+        let mut reply = completion("", r.body.len() as u64 / 4, 20);
         reply["model"] = json!(PYTHON_MODEL);
-        if round < rounds && (fresh || last_is_result) {
-            let (name, arguments) = read_log(round);
-            reply["choices"][0]["message"] = json!({"role": "assistant", "content": null,
-                "tool_calls": [{"id": format!("call_{round}"), "type": "function",
-                    "function": {"name": name, "arguments": arguments.to_string()}}]});
+        let call = |id: String, name: &str, arguments: Value| {
+            json!({"role": "assistant", "content": null,
+                "tool_calls": [{"id": id, "type": "function",
+                    "function": {"name": name, "arguments": arguments.to_string()}}]})
+        };
+        let message = match reader.play(&body, round, rounds, reads) {
+            Move::Recall { id, arguments } => call(id, "condenser_recall", arguments),
+            Move::Read(log) => call(format!("call_{round}"), READ_LOG.name, (READ_LOG.arguments)(&log)),
+            Move::Say(text) => json!({"role": "assistant", "content": text}),
+        };
+        if message["tool_calls"].is_array() {
             reply["choices"][0]["finish_reason"] = json!("tool_calls");
         }
+        reply["choices"][0]["message"] = message;
         if body["stream"] != true {
             return json_response(200, &reply);
         }
@@ -1414,6 +1576,7 @@ async fn scripted_chat(rounds: usize, pace: Pace) -> MockUpstream {
             .header("content-type", "text/event-stream")
             .body(condenser::transport::body::full(Bytes::from(text)))
             .unwrap()
+    }
     }))
     .await
 }
@@ -1465,12 +1628,15 @@ async fn python_agent(script: &str, args: &[&str]) {
     assert!(stdout.contains("Done with"), "{stdout}");
 }
 
-/// No `max_tokens` from these clients: the reserve is condenser's default.
-fn python_hard_limit(_body: &Value) -> u64 {
-    PYTHON_WINDOW - condenser::config::ContextConfig::default().response_reserve_tokens
+/// The Python agents' instructions: about `tokens` tokens of house rules, so that their head
+/// is as large a share of their window as Claude Code's.
+fn house_rules(tokens: usize) -> String {
+    (0..tokens / 16)
+        .map(|rule| format!("Rule {rule}: {}.\n", filler(rule * 13, 12)))
+        .collect()
 }
 
-/// A Python agent's session over `api` ("responses" or "chat"), judged.
+/// A Python agent's session over `api` ("responses" or "chat"), then the question, judged.
 async fn python_session(script: &str, api: &str, pace: Pace) {
     let responses = api == "responses";
     let (path, round_of, cache_order): (
@@ -1487,33 +1653,36 @@ async fn python_session(script: &str, api: &str, pace: Pace) {
         ("/v1/chat/completions", chat_round, &["tools", "messages"])
     };
     let stack = Stack::start(
-        |_| {
+        Box::new(move |reader| {
             if responses {
                 Box::pin(scripted_responses(
+                    reader,
                     ROUNDS,
                     PYTHON_MODEL,
-                    read_log,
-                    false,
+                    READ_LOG,
                     pace,
                 ))
             } else {
-                Box::pin(scripted_chat(ROUNDS, pace))
+                Box::pin(scripted_chat(reader, ROUNDS, pace))
             }
-        },
-        PYTHON_MODEL,
-        PYTHON_WINDOW,
+        }),
+        (PYTHON_MODEL, PYTHON_WINDOW),
         path,
         pace,
+        false,
     )
     .await;
     let base = format!("{}/v1", stack.front.url());
-    let task = claude_task();
-    let log_dir = stack.work.path().to_str().unwrap();
+    let (task, log_dir) = (claude_task(), stack.work.path());
+    let rules = stack.home.path().join("rules.md");
+    std::fs::write(&rules, house_rules(PYTHON_HEAD_TOKENS)).unwrap();
+    let (log_dir, rules) = (log_dir.to_str().unwrap(), rules.to_str().unwrap());
+    let mut args = vec![base.as_str(), PYTHON_MODEL];
     if script == "agents_sdk.py" {
-        python_agent(script, &[&base, PYTHON_MODEL, api, log_dir, &task]).await;
-    } else {
-        python_agent(script, &[&base, PYTHON_MODEL, log_dir, &task]).await;
+        args.push(api);
     }
+    args.extend([log_dir, rules, &task, QUESTION]);
+    python_agent(script, &args).await;
     let session = Session {
         client: format!("{script} over {api} at {pace:?}"),
         path,
@@ -1521,29 +1690,43 @@ async fn python_session(script: &str, api: &str, pace: Pace) {
         round_of,
         cache_order,
         valid: if responses { valid_input } else { valid_chat },
-        hard_limit: python_hard_limit,
+        reserve: no_reserve,
     };
-    if responses {
-        stack.judged::<Responses>(&session);
+    let (_, figures) = if responses {
+        stack.judged::<Responses>(&session)
     } else {
-        stack.judged::<condenser::dialect::chat::Chat>(&session);
-    }
+        stack.judged::<condenser::dialect::chat::Chat>(&session)
+    };
+    let share = figures.head as f64 / figures.limits.hard_limit as f64;
+    assert!(HEAD_SHARE.contains(&share), "head share {share:.2}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agents_sdk_on_the_responses_api_compacts_well_through_condenser() {
     python_session("agents_sdk.py", "responses", REALISTIC).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_sdk_on_the_responses_api_at_an_instant_pace_never_waits() {
     python_session("agents_sdk.py", "responses", INSTANT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agents_sdk_on_chat_completions_compacts_well_through_condenser() {
     python_session("agents_sdk.py", "chat", REALISTIC).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_sdk_on_chat_completions_at_an_instant_pace_never_waits() {
     python_session("agents_sdk.py", "chat", INSTANT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_langgraph_react_agent_compacts_well_through_condenser() {
     python_session("langgraph_agent.py", "chat", REALISTIC).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_langgraph_react_agent_at_an_instant_pace_never_waits() {
     python_session("langgraph_agent.py", "chat", INSTANT).await;
 }

@@ -9,6 +9,10 @@
 use std::time::Duration;
 
 use crate::common::*;
+use condenser::dialect::chat::Chat;
+use condenser::dialect::stages::Dialect;
+use condenser::tokens::catalog::ModelCatalog;
+use condenser::tokens::counter::TokenCounter;
 use serde_json::{json, Value};
 
 const ROUNDS: usize = 130;
@@ -59,6 +63,26 @@ fn round(r: usize) -> [Value; 2] {
             "function": {"name": "read_file", "arguments": format!("{{\"path\":\"logs/log-{r:03}.txt\"}}")}}]}),
         json!({"role": "tool", "tool_call_id": id, "content": log}),
     ]
+}
+
+/// The least a forwarded `body` can count: its tools, the opening turn, the summary and the
+/// last 6 messages (`keep_recent_messages`), which no cut takes out.
+fn floor(body: &Value) -> Value {
+    let messages = body["messages"].as_array().unwrap();
+    let recent = messages.len().saturating_sub(6);
+    let kept: Vec<&Value> = messages
+        .iter()
+        .enumerate()
+        .filter(|(at, message)| {
+            *at < opening().len()
+                || *at >= recent
+                || message.to_string().contains("[Context summary: ")
+        })
+        .map(|(_, message)| message)
+        .collect();
+    let mut floor = body.clone();
+    floor["messages"] = json!(kept);
+    floor
 }
 
 fn body(messages: &[Value]) -> Value {
@@ -129,6 +153,7 @@ async fn session_on(window: u64, pace: Pace, shared: Option<&Redis>) -> CacheFig
             forwarded_tokens: header(&response, "x-condenser-forwarded-tokens")
                 .parse()
                 .unwrap(),
+            floor_tokens: 0,
         });
         response.bytes().await.unwrap();
         messages.extend(round(r));
@@ -145,8 +170,13 @@ async fn session_on(window: u64, pace: Pace, shared: Option<&Redis>) -> CacheFig
         ROUNDS,
         "each request reached upstream once"
     );
+    let catalog = ModelCatalog::new(config.models.clone(), config.tokens.clone());
+    let counter = TokenCounter::new(config.tokens.unknown_model_margin);
     for (request, body) in sent.iter_mut().zip(&forwarded) {
         request.forwarded = cache_order(body);
+        let floor = serde_json::to_vec(&floor(body)).unwrap();
+        let parsed = Chat::parse(&floor, "/v1/chat/completions").unwrap();
+        request.floor_tokens = Chat::count(&parsed, &catalog, &counter).await.count.total;
     }
     for (r, (request, body)) in sent.iter().zip(&forwarded).enumerate() {
         assert!(
@@ -168,7 +198,14 @@ async fn session_on(window: u64, pace: Pace, shared: Option<&Redis>) -> CacheFig
         "read once in round 1, lost by the last request"
     );
     assert!(last.contains(TICKET));
-    let figures = cache_figures(&sent, hard_limit);
+    let context = &config.context;
+    let share = |ratio: f64| (hard_limit as f64 * ratio) as u64;
+    let limits = Thresholds {
+        hard_limit,
+        trigger: share(context.trigger_ratio),
+        target: share(context.target_ratio),
+    };
+    let figures = cache_figures(&sent, limits);
     eprintln!(
         "window {window}: {} requests, {} summary steps, {} cut steps, {} client changes, \
          {} tool arrivals, prefix reuse {:.3}, billed {:.0} against {:.0} sent whole, {} summaries made",

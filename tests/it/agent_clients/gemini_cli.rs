@@ -29,16 +29,14 @@ const GEMINI_WINDOW: u64 = 60_000;
 fn call_round(part: &Value) -> Option<usize> {
     let path = part["functionCall"]["args"]["file_path"].as_str()?;
     let name = path.rsplit('/').next()?;
-    name.strip_prefix("log-")?
-        .strip_suffix(".txt")?
-        .parse()
-        .ok()
+    name.strip_prefix("log-")?.get(..3)?.parse().ok()
 }
 
 /// The round a Gemini request answers: one past the call its last turn answers (the call in
 /// the model turn before it).
 fn gemini_round(body: &Value) -> usize {
-    let turns = body["contents"].as_array().map_or(&[][..], Vec::as_slice);
+    let turns = conversation(body);
+    let turns = &turns[..turns.len() - continuation_len(turns)];
     let [.., call, answer] = turns else {
         return 0;
     };
@@ -69,11 +67,12 @@ fn unsigned_calls(body: &Value) -> Vec<String> {
         .collect()
 }
 
-/// A scripted Gemini 3: reads the next log with `read_file` until `rounds`, then ends; tells
-/// Gemini CLI's router the task is complex (so its default model answers); summarizes slowly and keeps nothing.
-async fn scripted_gemini(dir: PathBuf, rounds: usize, pace: Pace) -> MockUpstream {
+/// A scripted Gemini 3 that reads (`Reader`) with `read_file` until `rounds`, then ends;
+/// tells Gemini CLI's router the task is complex (so its default model answers); summarizes
+/// slowly and keeps nothing.
+async fn scripted_gemini(reader: Arc<Reader>, rounds: usize, pace: Pace) -> MockUpstream {
     MockUpstream::start(handler(move |r| {
-        let dir = dir.clone();
+        let reader = reader.clone();
         async move {
             let body: Value = serde_json::from_slice(&r.body).unwrap_or_default();
             let path = r.path_and_query.split('?').next().unwrap_or("");
@@ -97,13 +96,14 @@ async fn scripted_gemini(dir: PathBuf, rounds: usize, pace: Pace) -> MockUpstrea
             }
             tokio::time::sleep(pace.model).await;
             let round = gemini_round(&body);
-            let offers_read = body["tools"].to_string().contains("\"read_file\"");
-            let answer = if offers_read && round < rounds {
-                let file = dir.join(format!("log-{round:03}.txt"));
-                json!({"functionCall": {"name": "read_file", "args": {"file_path": file.to_str().unwrap()}},
-                    "thoughtSignature": signature(round)})
-            } else {
-                json!({"text": format!("Done with {TICKET}.")})
+            let reads = body["tools"].to_string().contains("\"read_file\"");
+            let answer = match reader.play(&body, round, rounds, reads) {
+                Move::Recall { id, arguments } => {
+                    json!({"functionCall": {"id": id, "name": "condenser_recall", "args": arguments}})
+                }
+                Move::Read(log) => json!({"functionCall": {"name": "read_file", "args": {"file_path": reader.path(&log)}},
+                    "thoughtSignature": signature(round)}),
+                Move::Say(text) => json!({"text": text}),
             };
             let thought = gemini_reply(json!([{"text": "Reading the next log.", "thought": true}]),
                 json!({"promptTokenCount": r.body.len() / 4}));
@@ -173,25 +173,23 @@ async fn gemini_cli(dir: &Path, home: &Path, base: &str, prompt: &str) {
     );
 }
 
-/// Gemini CLI sends no `maxOutputTokens`: the reserve is condenser's default.
-fn gemini_hard_limit(_body: &Value) -> u64 {
-    GEMINI_WINDOW - condenser::config::ContextConfig::default().response_reserve_tokens
-}
-
-/// A Gemini CLI session of `ROUNDS` rounds at `pace`, judged whole: every body valid with its
-/// signatures, within the hard limit, none waiting, no avoidable cache break, the opening turn
-/// pinned, and every identifier read still in the last request.
+/// A Gemini CLI session of `ROUNDS` rounds at `pace`, the question asked with the task,
+/// judged whole: every body valid with its signatures, within the hard limit, none waiting,
+/// no avoidable cache break, the opening turn pinned, and every identifier read still in the
+/// last request.
 async fn gemini_cli_session(pace: Pace) {
     let stack = Stack::start(
-        |dir| Box::pin(scripted_gemini(dir, ROUNDS, pace)),
-        GEMINI_CLI_MODEL,
-        GEMINI_WINDOW,
+        Box::new(move |reader| Box::pin(scripted_gemini(reader, ROUNDS, pace))),
+        (GEMINI_CLI_MODEL, GEMINI_WINDOW),
         GEMINI_LOOP,
         pace,
+        false,
     )
     .await;
-    let front = stack.front.url();
-    gemini_cli(stack.work.path(), stack.home.path(), &front, &claude_task()).await;
+    let (work, home, front) = (stack.work.path(), stack.home.path(), stack.front.url());
+    // Resumed (`--resume latest`), 0.61.0 sends each function response of the last rounds
+    // twice, which Gemini refuses: the question goes with the task.
+    gemini_cli(work, home, &front, &task_asking()).await;
     let (exchanges, _) = stack.judged::<Gemini>(&Session {
         client: format!("Gemini CLI 0.61.0 at {pace:?}"),
         path: GEMINI_LOOP,
@@ -199,7 +197,7 @@ async fn gemini_cli_session(pace: Pace) {
         round_of: gemini_round,
         cache_order: &["tools", "systemInstruction", "contents"],
         valid: valid_gemini,
-        hard_limit: gemini_hard_limit,
+        reserve: no_reserve,
     });
     // The router's requests went through too, to their own model.
     let routed = stack

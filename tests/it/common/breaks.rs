@@ -1,8 +1,12 @@
 //! Rule 8 checked request by request on what the upstream got: between two requests of a
 //! session, read in the provider's cache order, the forwarded prompt changes only where the
 //! client's own request changed, or from the summary on at a summary step; and, by rule 10,
-//! where the form in use would have gone over the hard limit (a cut step). Anything else is
-//! an avoidable cache break, which costs the user the rest of the prompt at full price.
+//! at a cut step that takes the prompt from the trigger down to the target in one step (or
+//! as far down as its head, task, summary and recent part let it). Anything else is an
+//! avoidable cache break, which costs the user the rest of the prompt at full price: a cut
+//! at every turn, and an output once cut that reads differently later.
+
+use std::collections::HashMap;
 
 /// One request of a session: what the client sent and what the upstream got, each in the
 /// provider's cache order (tools, then system or instructions, then the conversation, as
@@ -15,6 +19,17 @@ pub struct Sent {
     pub forwarded: Vec<u8>,
     pub received_tokens: u64,
     pub forwarded_tokens: u64,
+    /// The least the forwarded prompt could count: its head, the task, the summary and the
+    /// recent part, which no cut takes out.
+    pub floor_tokens: u64,
+}
+
+/// What a session's requests are measured against, in tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct Thresholds {
+    pub hard_limit: u64,
+    pub trigger: u64,
+    pub target: u64,
 }
 
 /// What a session's requests did to the provider's cache.
@@ -31,7 +46,8 @@ pub struct CacheFigures {
     pub summary_steps: usize,
     /// The one summary step at which the recall tool joined `tools`: the first step's break.
     pub tool_arrivals: usize,
-    /// Requests that cut more tool outputs because the form in use would not fit.
+    /// Requests that cut more tool outputs because the form in use went over the trigger,
+    /// down to the target in one step.
     pub cut_steps: usize,
     /// Breaks none of the above explains: `(request index, what changed)`.
     pub avoidable: Vec<(usize, String)>,
@@ -73,8 +89,55 @@ fn tools_end(prompt: &[u8]) -> usize {
     1 + serde_json::to_vec(&parts[0]).map_or(0, |tools| tools.len())
 }
 
+/// Every string in `value`, depth first.
+pub fn texts(value: &serde_json::Value) -> Vec<&str> {
+    match value {
+        serde_json::Value::String(text) => vec![text],
+        serde_json::Value::Array(items) => items.iter().flat_map(texts).collect(),
+        serde_json::Value::Object(map) => map.values().flat_map(texts).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// What a cut keeps of an output's start, which names it in every later request.
+const OUTPUT_KEY_CHARS: usize = 80;
+const CUT_MARK: &str = " tokens removed";
+
+/// Where an output cut in an earlier request reads differently in a later one (cut again to
+/// another length, or whole again): `(request index, what changed)`.
+fn cuts_reread(sent: &[Sent]) -> Vec<(usize, String)> {
+    let mut cut: HashMap<String, String> = HashMap::new();
+    let mut reread = Vec::new();
+    for (i, request) in sent.iter().enumerate() {
+        let prompt: serde_json::Value =
+            serde_json::from_slice(&request.forwarded).unwrap_or_default();
+        for text in texts(&prompt) {
+            let key: String = text.chars().take(OUTPUT_KEY_CHARS).collect();
+            if key.chars().count() < OUTPUT_KEY_CHARS {
+                continue;
+            }
+            // Each change is one break: the output as it reads now is what later requests
+            // are held to.
+            match cut.get(&key) {
+                Some(before) if before != text => {
+                    reread.push((
+                        i,
+                        format!("an output cut before reads differently: {key:?}"),
+                    ));
+                    cut.insert(key, text.to_string());
+                }
+                None if text.contains(CUT_MARK) => {
+                    cut.insert(key, text.to_string());
+                }
+                _ => {}
+            }
+        }
+    }
+    reread
+}
+
 /// Judges every request against the one before it, as rule 8 and rule 10 say.
-pub fn cache_figures(sent: &[Sent], hard_limit: u64) -> CacheFigures {
+pub fn cache_figures(sent: &[Sent], limits: Thresholds) -> CacheFigures {
     let mut figures = CacheFigures::default();
     let mut shares = Vec::new();
     for (i, pair) in sent.windows(2).enumerate() {
@@ -120,23 +183,32 @@ pub fn cache_figures(sent: &[Sent], hard_limit: u64) -> CacheFigures {
                 continue;
             }
         }
-        // The form the request before went with, grown by what the client added.
-        // condenser plans a form by an estimate that counts a summary's framing and recall's
-        // line from above, not by the bytes it then writes: within a hundredth of the hard
-        // limit, a cut step is its estimate's call.
+        // The form the request before went with, grown by what the client added: a cut
+        // step starts from over the trigger and lands on the target, or on the least the
+        // prompt can be when that is over the target. condenser plans a form by an estimate
+        // that counts a summary's framing and recall's line from above, not by the bytes it
+        // then writes: within a hundredth, a step is its estimate's call.
         let grown =
             before.forwarded_tokens + now.received_tokens.saturating_sub(before.received_tokens);
-        if grown > hard_limit - hard_limit / 100 {
+        let aim = limits.target.max(now.floor_tokens);
+        let from_trigger = grown > limits.trigger - limits.trigger / 100;
+        let to_target = now.forwarded_tokens <= aim + aim / 100;
+        if from_trigger && to_target {
             figures.cut_steps += 1;
             continue;
         }
         let at = common.saturating_sub(40);
         let context =
             String::from_utf8_lossy(&now.forwarded[at..(common + 80).min(now.forwarded.len())]);
-        figures
-            .avoidable
-            .push((i + 1, format!("at byte {common}: …{context}…")));
+        figures.avoidable.push((
+            i + 1,
+            format!(
+                "at byte {common}, {grown} tokens grown, {} forwarded, aim {aim}: …{context}…",
+                now.forwarded_tokens
+            ),
+        ));
     }
+    figures.avoidable.extend(cuts_reread(sent));
     if let Some(first) = sent.first() {
         figures.billed += first.forwarded_tokens as f64;
         figures.billed_whole += first.received_tokens as f64;
