@@ -12,11 +12,14 @@ use crate::conversation::{head_len, task_prompt, units, Item, Kind, ToolCut};
 /// About a screenful: an output's first and last lines, where errors and results are.
 pub const SHORTENED_OUTPUT_TOKENS: u32 = 256;
 
-/// What a cleared tool output counts, whole: the marker naming what was removed (and the
-/// reference recall gives it back under) in the item's framing. Outputs are cleared only when
-/// cutting every output of the middle cannot bring the prompt to its budget (rule 10: clearing
-/// or cutting); a marker and a Messages `tool_result`'s framing take about 50.
-pub const CLEARED_OUTPUT_TOKENS: u32 = 64;
+/// What a cleared tool output counts, whole: its first and last lines (where an output names
+/// what it is, and where errors and results are) around the marker naming what was removed
+/// and the reference recall gives it back under, in the item's framing. Outputs are cleared
+/// only when cutting every output of the middle cannot bring the prompt to its budget (rule
+/// 10: clearing or cutting). The marker and a Messages `tool_result`'s framing take about 50;
+/// with nothing beside them (64), an agent's middle lost every identifier its outputs named
+/// before a summary took them.
+pub const CLEARED_OUTPUT_TOKENS: u32 = 128;
 
 /// What a summary message costs on top of its text: its role and the
 /// `[Context summary: N earlier messages]` line.
@@ -1163,13 +1166,13 @@ mod tests {
         let horizon = advance_horizon(&m, Horizon::at(2), total, budget, floor);
         let cuts = cuts_before(&m, 2, horizon);
         let kept: Vec<u32> = cuts.iter().map(|c| c.keep_tokens).collect();
-        assert_eq!(kept, vec![64, 64, 256, 256]);
+        assert_eq!(kept, vec![128, 128, 128, 256]);
         assert!(total - saving(&cuts) <= budget);
         // A later step goes on from there, and what was cleared stays so.
         let later = advance_horizon(&m, horizon, total - saving(&cuts), 0, floor);
         assert!(cuts_before(&m, 2, later)
             .iter()
-            .all(|c| c.keep_tokens == 64));
+            .all(|c| c.keep_tokens == CLEARED_OUTPUT_TOKENS));
         // Small outputs are never worth clearing.
         let mut small = m.clone();
         small
