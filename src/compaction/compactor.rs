@@ -534,15 +534,27 @@ fn horizon_record(horizon: usize, prefix: &Key) -> String {
     record
 }
 
-/// The prefix hash up to `end`, continuing the chain from the kept part's anchor.
-fn prefix_up_to(anchor: &Key, messages: &[Value], start: usize, end: usize) -> Option<Key> {
-    let items = messages.get(start..end)?;
-    Some(
-        prefix_keys(anchor, items)
-            .last()
-            .copied()
-            .unwrap_or(*anchor),
-    )
+/// What a horizon record checks the items up to `horizon` by, for the kept part after
+/// `anchor`: the anchor with the conversation's prefix key up to the horizon. The keys made
+/// for the summary lookup reach the plan's furthest summary end, so only the items past it
+/// are hashed here, not every item from each kept part's start again (which was a hash of
+/// most of the conversation per summary on hand).
+fn horizon_prefix(anchor: &Key, lookup: &Lookup<'_>, horizon: usize) -> Option<Key> {
+    let up_to = match horizon.checked_sub(1) {
+        None => lookup.scope,
+        Some(last) => match lookup.keys.get(last) {
+            Some(key) => *key,
+            None => {
+                let made = lookup.keys.len();
+                let from = lookup.keys.last().unwrap_or(&lookup.scope);
+                *prefix_keys(from, lookup.messages.get(made..horizon)?).last()?
+            }
+        },
+    };
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(anchor);
+    hasher.update(&up_to);
+    Some(*hasher.finalize().as_bytes())
 }
 
 /// The cut horizons recorded for the kept parts starting at `starts`, kept where the
@@ -573,7 +585,7 @@ async fn recorded_horizons(
             let record = record?;
             let (horizon, _) = record.split_once(' ')?;
             let horizon: usize = horizon.parse().ok()?;
-            let prefix = prefix_up_to(anchor, job.messages, start, horizon)?;
+            let prefix = horizon_prefix(anchor, lookup, horizon)?;
             (horizon >= start && *record == *horizon_record(horizon, &prefix))
                 .then_some((start, horizon))
         })
@@ -593,7 +605,7 @@ async fn record_horizon(
         return;
     }
     let anchor = anchor(&lookup.scope, &lookup.keys, form.end, job.count.fixed);
-    let Some(prefix) = prefix_up_to(&anchor, job.messages, form.end, form.horizon) else {
+    let Some(prefix) = horizon_prefix(&anchor, lookup, form.horizon) else {
         return;
     };
     compactor
