@@ -545,36 +545,37 @@ fn horizon_record(horizon: Horizon, prefix: &Key) -> String {
     )
 }
 
-/// The horizon a record names: its marks, then the prefix's hash; a record of one mark
-/// (written before outputs could be cut first or cleared) has every mark at it.
+/// The horizon a record names (its three marks, before the prefix's hash).
 fn recorded_horizon(record: &str) -> Option<Horizon> {
-    let fields: Vec<&str> = record.split(' ').collect();
-    let (hash, marks) = fields.split_last()?;
-    let marks: Vec<usize> = marks
-        .iter()
-        .map(|m| m.parse().ok())
-        .collect::<Option<_>>()?;
-    (hash.len() == 64).then_some(())?;
-    match marks[..] {
-        [all] => Some(Horizon::at(all)),
-        [all, first, cleared] => Some(Horizon {
-            all,
-            first,
-            cleared,
-        }),
-        _ => None,
-    }
+    let mut marks = record.split(' ').map(|mark| mark.parse::<usize>().ok());
+    Some(Horizon {
+        all: marks.next()??,
+        first: marks.next()??,
+        cleared: marks.next()??,
+    })
 }
 
-/// The prefix hash up to `end`, continuing the chain from the kept part's anchor.
-fn prefix_up_to(anchor: &Key, messages: &[Value], start: usize, end: usize) -> Option<Key> {
-    let items = messages.get(start..end)?;
-    Some(
-        prefix_keys(anchor, items)
-            .last()
-            .copied()
-            .unwrap_or(*anchor),
-    )
+/// What a horizon record checks the items up to `horizon` by, for the kept part after
+/// `anchor`: the anchor with the conversation's prefix key up to the horizon. The keys made
+/// for the summary lookup reach the plan's furthest summary end, so only the items past it
+/// are hashed here, not every item from each kept part's start again (which was a hash of
+/// most of the conversation per summary on hand).
+fn horizon_prefix(anchor: &Key, lookup: &Lookup<'_>, horizon: usize) -> Option<Key> {
+    let up_to = match horizon.checked_sub(1) {
+        None => lookup.scope,
+        Some(last) => match lookup.keys.get(last) {
+            Some(key) => *key,
+            None => {
+                let made = lookup.keys.len();
+                let from = lookup.keys.last().unwrap_or(&lookup.scope);
+                *prefix_keys(from, lookup.messages.get(made..horizon)?).last()?
+            }
+        },
+    };
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(anchor);
+    hasher.update(&up_to);
+    Some(*hasher.finalize().as_bytes())
 }
 
 /// The cut horizons recorded for the kept parts starting at `starts`, kept where the
@@ -604,11 +605,11 @@ async fn recorded_horizons(
         .filter_map(|((&start, anchor), record)| {
             let record = record?;
             let horizon = recorded_horizon(&record)?;
-            let prefix = prefix_up_to(anchor, job.messages, start, horizon.reach())?;
-            let hash = blake3::Hash::from_bytes(prefix).to_hex();
+            let prefix = horizon_prefix(anchor, lookup, horizon.reach())?;
             let marks = [horizon.all, horizon.first, horizon.cleared];
-            (marks.iter().all(|&mark| mark >= start) && record.ends_with(hash.as_str()))
-                .then_some((start, horizon))
+            (marks.iter().all(|&mark| mark >= start)
+                && *record == *horizon_record(horizon, &prefix))
+            .then_some((start, horizon))
         })
         .collect()
 }
@@ -626,7 +627,7 @@ async fn record_horizon(
         return;
     }
     let anchor = anchor(&lookup.scope, &lookup.keys, form.end, job.count.fixed);
-    let Some(prefix) = prefix_up_to(&anchor, job.messages, form.end, form.horizon.reach()) else {
+    let Some(prefix) = horizon_prefix(&anchor, lookup, form.horizon.reach()) else {
         return;
     };
     compactor

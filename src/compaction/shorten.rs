@@ -4,7 +4,12 @@
 //! provider's prompt cache keeps matching it), and the count after the cut is known before
 //! the request is written, so a shortened request is never over the limit it was planned for.
 
+use std::sync::{Arc, LazyLock};
+
+use xxhash_rust::xxh3::Xxh3;
+
 use crate::compaction::plan::Shorten;
+use crate::tokens::count_cache::{random_secret, CountCache, SECRET_BYTES};
 use crate::tokens::encoding::Encoding;
 use crate::tokens::rules::{bpe, count_text};
 
@@ -14,6 +19,11 @@ const FRAMING_SLACK_TOKENS: u32 = 4;
 /// Token boundaries may merge where the kept parts meet the marker; the cut allows for it
 /// and then checks, so this only saves a second pass.
 const JOIN_SLACK_TOKENS: usize = 2;
+
+/// How many items' cut outputs are kept: each is about `SHORTENED_OUTPUT_TOKENS` (256
+/// tokens, a kilobyte or two), so some 16 MB at most, the cut outputs of a hundred agent
+/// sessions of a few hundred rounds each.
+const KEPT_CUTS: usize = 16_384;
 
 /// How many times the cut is tightened when the joined text still counts over the budget.
 const MAX_TIGHTENINGS: usize = 8;
@@ -87,20 +97,88 @@ fn decodable_suffix(encoding: Encoding, tokens: &[u32]) -> (String, usize) {
 /// its framing (role, ids, the rest of its content) stays as it is, and the texts share
 /// what is left, each in proportion to its size. Each cut names `reference`, under which
 /// recall gives the item whole, when the request offers it.
+///
+/// An agent resends every output cut on one turn with each later turn, and cutting one
+/// encodes it whole several times over: the tokenizer took some 55 of a compacted
+/// request's 60 ms (`bench/agent_replay.sh`). So an item's cut texts are made once and kept
+/// by what they are made of (`KeptCuts`).
 pub fn cut_item_texts(
     encoding: Encoding,
     texts: Vec<&mut String>,
     cut: &Shorten,
     reference: Option<&str>,
 ) {
+    let key = KEPT.key(encoding, &texts, cut, reference);
+    let made = KEPT.cuts.get(key).unwrap_or_else(|| {
+        let made: Arc<[String]> = cut_afresh(encoding, &texts, cut, reference).into();
+        KEPT.cuts.insert(key, made.clone());
+        made
+    });
+    for (text, made) in texts.into_iter().zip(made.iter()) {
+        text.clone_from(made);
+    }
+}
+
+/// What `cut_item_texts` makes of `texts`, made anew.
+fn cut_afresh(
+    encoding: Encoding,
+    texts: &[&mut String],
+    cut: &Shorten,
+    reference: Option<&str>,
+) -> Vec<String> {
     let sizes: Vec<u32> = texts.iter().map(|t| count_text(encoding, t)).collect();
     let framing = cut.tokens.saturating_sub(sizes.iter().sum());
     let budget = cut
         .keep_tokens
         .saturating_sub(framing + FRAMING_SLACK_TOKENS);
-    for (text, share) in texts.into_iter().zip(shares(&sizes, budget)) {
-        *text = cut_middle(encoding, text, share, reference);
+    texts
+        .iter()
+        .zip(shares(&sizes, budget))
+        .map(|(text, share)| cut_middle(encoding, text, share, reference))
+        .collect()
+}
+
+/// Items' cut texts, kept by a hash of all a cut depends on: the texts, the item's count,
+/// the budget, the encoding and the reference. One map serves every caller, so the hash is
+/// keyed with a random secret: no one can make another caller's item hash as theirs does.
+struct KeptCuts {
+    secret: [u8; SECRET_BYTES],
+    cuts: CountCache<Arc<[String]>>,
+}
+
+static KEPT: LazyLock<KeptCuts> = LazyLock::new(|| KeptCuts {
+    secret: random_secret(),
+    cuts: CountCache::new(KEPT_CUTS),
+});
+
+impl KeptCuts {
+    fn key(
+        &self,
+        encoding: Encoding,
+        texts: &[&mut String],
+        cut: &Shorten,
+        reference: Option<&str>,
+    ) -> u128 {
+        let mut hasher = Xxh3::with_secret(self.secret);
+        hasher.update(&[encoding as u8]);
+        hasher.update(&cut.tokens.to_le_bytes());
+        hasher.update(&cut.keep_tokens.to_le_bytes());
+        // Each string after its length, so no two lists of them write the same bytes; no
+        // reference writes a length of all ones.
+        match reference {
+            Some(reference) => write_text(&mut hasher, reference),
+            None => hasher.update(&u64::MAX.to_le_bytes()),
+        }
+        for text in texts {
+            write_text(&mut hasher, text);
+        }
+        hasher.digest128()
     }
+}
+
+fn write_text(hasher: &mut Xxh3, text: &str) {
+    hasher.update(&(text.len() as u64).to_le_bytes());
+    hasher.update(text.as_bytes());
 }
 
 /// Splits `budget` over texts of `tokens` each, in proportion, so that their sum stays
@@ -192,6 +270,51 @@ mod tests {
         assert_eq!(
             cut,
             cut_middle(Encoding::O200k, &text, 256, Some(reference))
+        );
+    }
+
+    #[test]
+    fn an_item_cut_once_is_kept_and_its_cut_read_back_unchanged() {
+        // A text no other test cuts, so no other test keeps it first.
+        let text = format!("kept-cut test\n{}", log(350));
+        let cut = Shorten {
+            index: 9,
+            tokens: count_text(Encoding::O200k, &text) + 12,
+            keep_tokens: 256,
+        };
+        let key =
+            |text: &mut String, reference| KEPT.key(Encoding::O200k, &[text], &cut, reference);
+        let mut first = text.clone();
+        assert!(KEPT.cuts.get(key(&mut first, None)).is_none());
+        cut_item_texts(Encoding::O200k, vec![&mut first], &cut, None);
+        let kept = KEPT.cuts.get(key(&mut text.clone(), None)).expect("kept");
+        assert_eq!(kept[0], first);
+        assert_eq!(
+            cut_afresh(Encoding::O200k, &[&mut text.clone()], &cut, None),
+            vec![first.clone()]
+        );
+        let mut again = text.clone();
+        cut_item_texts(Encoding::O200k, vec![&mut again], &cut, None);
+        assert_eq!(again, first);
+        // What else the cut depends on makes another key, and another cut.
+        let mut referenced = text.clone();
+        let reference = Some("ctx:0badcafe.9");
+        assert_ne!(
+            key(&mut text.clone(), reference),
+            key(&mut text.clone(), None)
+        );
+        cut_item_texts(Encoding::O200k, vec![&mut referenced], &cut, reference);
+        assert!(
+            referenced.contains("condenser_recall ctx:0badcafe.9"),
+            "{referenced}"
+        );
+        let other = Shorten {
+            keep_tokens: 300,
+            ..cut
+        };
+        assert_ne!(
+            KEPT.key(Encoding::O200k, &[&mut text.clone()], &other, None),
+            key(&mut text.clone(), None)
         );
     }
 

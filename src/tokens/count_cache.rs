@@ -11,7 +11,7 @@ pub struct CountCache<V> {
     capacity: usize,
 }
 
-impl<V: Copy> CountCache<V> {
+impl<V: Clone> CountCache<V> {
     /// Room for `capacity` entries, rounded up to scc's bucket size.
     pub fn new(capacity: usize) -> Self {
         CountCache {
@@ -22,7 +22,7 @@ impl<V: Copy> CountCache<V> {
 
     pub fn get(&self, key: u128) -> Option<V> {
         let entries = self.entries.get()?;
-        entries.get_sync(&key).map(|entry| *entry.get())
+        entries.get_sync(&key).map(|entry| entry.get().clone())
     }
 
     /// Keeps the value already there when `key` is present.
@@ -34,6 +34,20 @@ impl<V: Copy> CountCache<V> {
         });
         let _ = entries.put_sync(key, value);
     }
+}
+
+/// xxh3's default secret size (at least 136 bytes are required).
+pub const SECRET_BYTES: usize = 192;
+
+/// Random bytes for an xxh3 secret, from the standard library's per-process random keys:
+/// keys hashed with it cannot be made to collide by someone who knows the hash function.
+pub fn random_secret() -> [u8; SECRET_BYTES] {
+    let keys = std::collections::hash_map::RandomState::new();
+    let mut secret = [0; SECRET_BYTES];
+    for (i, word) in secret.chunks_exact_mut(8).enumerate() {
+        word.copy_from_slice(&keys.hash_one(i).to_le_bytes());
+    }
+    secret
 }
 
 /// Keys are uniform 128-bit hashes already: their bits are the table's hash. SipHash over

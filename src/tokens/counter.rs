@@ -10,7 +10,7 @@ use xxhash_rust::xxh3::{self, Xxh3};
 use crate::canonical::{fast_hash_parts, fast_hash_with_seed};
 use crate::conversation::{Item, Kind, Role, VALID_ROLES};
 use crate::tokens::catalog::{base_name, ModelInfo};
-use crate::tokens::count_cache::CountCache;
+use crate::tokens::count_cache::{random_secret, CountCache, SECRET_BYTES};
 use crate::tokens::encoding::Encoding;
 use crate::tokens::memo::Memo;
 use crate::tokens::rules::{count_message, count_request_extras, REPLY_PRIMING};
@@ -30,8 +30,6 @@ const RAW_MESSAGE_SEED: u64 = 0x6d65_7373_6167_6500;
 const PARTS_SEED: u8 = 0xf1;
 const RAW_EXTRAS_SEED: u64 = 0x6578_7472_6173_0000;
 const LEARNED_MODELS_MAX: usize = 1_000;
-/// xxh3's default secret size (at least 136 bytes are required).
-const MESSAGE_SECRET_BYTES: usize = 192;
 
 /// A request's prompt tokens. For models whose tokenizer is not known exactly, every figure
 /// is already scaled by the learned ratio (or the safety margin).
@@ -84,7 +82,7 @@ pub struct TokenCounter {
     /// Hashes `raw_messages`' keys. A key found there vouches that the bytes were checked
     /// (see `message_spans`), so keys must not be collidable by someone who knows the hash
     /// function: the secret is random per process.
-    raw_message_secret: [u8; MESSAGE_SECRET_BYTES],
+    raw_message_secret: [u8; SECRET_BYTES],
     /// Tools, tool_choice and response_format together, keyed by their raw bytes.
     raw_extras: CountCache<u32>,
     messages_encoded: AtomicU64,
@@ -418,17 +416,6 @@ fn smooth(ratio: &AtomicU64, sample: f64) -> f64 {
             Some(step(bits).to_bits())
         });
     step(before)
-}
-
-/// Random bytes for an xxh3 secret, from the standard library's per-process random keys.
-fn random_secret() -> [u8; MESSAGE_SECRET_BYTES] {
-    use std::hash::BuildHasher;
-    let keys = std::collections::hash_map::RandomState::new();
-    let mut secret = [0; MESSAGE_SECRET_BYTES];
-    for (i, word) in secret.chunks_exact_mut(8).enumerate() {
-        word.copy_from_slice(&keys.hash_one(i).to_le_bytes());
-    }
-    secret
 }
 
 /// Counts messages, on the blocking pool when there is enough new text to stall an event
