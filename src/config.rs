@@ -117,6 +117,35 @@ impl SummaryRole {
     }
 }
 
+/// What condenser does with a request: `[context] mode`, a profile's, or the request's
+/// `x-condenser-mode` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Compact when the plan says so.
+    Auto,
+    /// Forward as sent.
+    Off,
+    /// Compact now, whatever the size.
+    Force,
+    /// Forward as sent, and plan off the request's path what `auto` would have done.
+    Observe,
+}
+
+impl Mode {
+    pub const NAMES: &'static str = "auto, off, force or observe";
+
+    pub fn parse(value: &str) -> Option<Mode> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Some(Mode::Auto),
+            "off" => Some(Mode::Off),
+            "force" => Some(Mode::Force),
+            "observe" => Some(Mode::Observe),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnFailure {
@@ -138,6 +167,8 @@ pub struct ContextConfig {
     pub response_reserve_tokens: u64,
     pub summary_role: SummaryRole,
     pub on_failure: OnFailure,
+    /// A request's mode unless its `x-condenser-mode` header names one.
+    pub mode: Mode,
 }
 
 impl Default for ContextConfig {
@@ -153,6 +184,7 @@ impl Default for ContextConfig {
             response_reserve_tokens: 4096,
             summary_role: SummaryRole::System,
             on_failure: OnFailure::Trim,
+            mode: Mode::Auto,
         }
     }
 }
@@ -171,6 +203,7 @@ pub struct Profile {
     pub response_reserve_tokens: Option<u64>,
     pub summary_role: Option<SummaryRole>,
     pub on_failure: Option<OnFailure>,
+    pub mode: Option<Mode>,
     /// `[profiles.NAME.recall]`: any `[recall]` key, for requests that name the profile.
     pub recall: Option<RecallOverride>,
 }
@@ -192,6 +225,7 @@ impl ContextConfig {
                 .unwrap_or(self.response_reserve_tokens),
             summary_role: profile.summary_role.unwrap_or(self.summary_role),
             on_failure: profile.on_failure.unwrap_or(self.on_failure),
+            mode: profile.mode.unwrap_or(self.mode),
         }
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::compaction::compactor::{Action, CacheOutcome};
-use crate::dialect::stages::Prepared;
+use crate::dialect::stages::{Prepared, Would};
 use crate::pipeline::recall::Recallable;
 use crate::pipeline::state::AppState;
 use crate::tokens::catalog::ModelInfo;
@@ -52,6 +52,8 @@ pub struct Outgoing<'s> {
     /// The window less the reserve, as planned: what upstream should have accepted.
     pub usable: u64,
     pub outcome: Outcome,
+    /// Under observe: what `auto` would do, by the plan.
+    pub would: Option<Would>,
 }
 
 impl<'s> Outgoing<'s> {
@@ -77,6 +79,7 @@ impl<'s> Outgoing<'s> {
             forwarded_raw,
             usable,
             outcome,
+            would: None,
         }
     }
 }

@@ -19,6 +19,7 @@ mod gemini;
 mod hostile_upstream;
 mod messages;
 mod metrics;
+mod observe;
 mod reactive;
 mod recall;
 mod recall_offer;
