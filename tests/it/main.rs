@@ -24,6 +24,7 @@ mod reactive;
 mod recall;
 mod recall_offer;
 mod redis;
+mod replay;
 mod responses;
 mod sdk;
 mod small_windows;
