@@ -5,6 +5,9 @@
 # Cases, each a session grown by one round a request, then the last body sent again:
 #   under    every trigger (a window of 2M tokens): forwarded byte for byte;
 #   off      `x-condenser-mode: off`;
+#   observe  `x-condenser-mode: observe` in the 150k window: forwarded byte for byte, auto's plan
+#            in the reply's headers; what auto would do is carried out after the request left,
+#            out of the time measured;
 #   compact  a 150k window: compacted, with the summary on hand (the first request makes it
 #            and is left out).
 # The time is the log line's `overhead_ms`: condenser's work, upstream and summarizer calls
@@ -61,6 +64,7 @@ for api in messages:messages responses:responses; do
     path=${api%%:*}; prefix=${api##*:}
     replay under "$path" "$prefix" "$WORK/wide" auto
     replay off "$path" "$prefix" "$WORK/small" off
+    replay observe "$path" "$prefix" "$WORK/small" observe
     replay compact "$path" "$prefix" "$WORK/small" auto
 done
 sleep 0.5

@@ -1,10 +1,11 @@
-//! The offline commands (`check-config`, `count`, `plan`) and logging set-up. Each returns the
+//! The offline commands (`check-config`, `count`, `plan`, `replay`) and logging set-up. Each returns the
 //! text to print; `main` prints it.
 
 use std::fmt::Write as _;
 use std::future::Future;
 use std::io::IsTerminal;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,12 +19,15 @@ use crate::compaction::plan::{
     RECALL_RESERVE_TOKENS,
 };
 use crate::compaction::recall::conversation_id;
-use crate::config::{Config, ConfigError, ContextConfig, Overrides};
+use crate::config::{Config, ConfigError, ContextConfig, Overrides, RecallConfig};
 use crate::dialect::stages::{
     count_as_sent, offers_recall, write_compaction, Counting, Dialect, Prepared, Settings,
 };
 use crate::dialect::{check_apis, detect_api, summary_api_named, with_dialect, Api, WithDialect};
 use crate::error::ProxyError;
+use crate::pipeline::observer::CacheBreak;
+use crate::pipeline::observing::{observe, Observed};
+use crate::pipeline::state::{AppState, StartError};
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::TokenCounter;
 
@@ -217,6 +221,14 @@ pub enum CommandError {
         list_or_none(known)
     )]
     UnknownProfile { name: String, known: Vec<String> },
+    #[error(transparent)]
+    Start(#[from] StartError),
+    /// A replayed session's line, by its number.
+    #[error("line {line}: {error}")]
+    Line {
+        line: usize,
+        error: Box<CommandError>,
+    },
 }
 
 fn list_or_none(names: &[String]) -> String {
@@ -346,6 +358,15 @@ impl WithDialect for CountAs<'_> {
     }
 }
 
+/// The request body `input`, its model replaced by `model` when given.
+fn body_with_model(input: &str, model: Option<&str>) -> Result<Value, ProxyError> {
+    let mut body: Value = serde_json::from_str(input).map_err(ProxyError::InvalidJson)?;
+    if let (Some(model), Some(fields)) = (model, body.as_object_mut()) {
+        fields.insert("model".into(), Value::String(model.to_string()));
+    }
+    Ok(body)
+}
+
 /// `model`, when given, replaces the body's; `api`, when given, is the body's API.
 async fn prepare(
     config: &Config,
@@ -353,10 +374,7 @@ async fn prepare(
     model: Option<&str>,
     api: Option<Api>,
 ) -> Result<Counted, CommandError> {
-    let mut body: Value = serde_json::from_str(input).map_err(ProxyError::InvalidJson)?;
-    if let (Some(model), Some(fields)) = (model, body.as_object_mut()) {
-        fields.insert("model".into(), Value::String(model.to_string()));
-    }
+    let body = body_with_model(input, model)?;
     let api = api.unwrap_or_else(|| detect_api(&body));
     let count = CountAs {
         config,
@@ -414,22 +432,27 @@ pub struct PlanOptions<'a> {
     pub profile: Option<&'a str>,
 }
 
+/// The `[context]` and `[recall]` settings of `profile`, as `x-condenser-profile` names it.
+fn settings_named(
+    config: &Config,
+    profile: Option<&str>,
+) -> Result<(ContextConfig, RecallConfig), CommandError> {
+    let unknown_profile = || CommandError::UnknownProfile {
+        name: profile.unwrap_or_default().to_string(),
+        known: config.profiles.keys().cloned().collect(),
+    };
+    let context = config.context_for(profile).ok_or_else(unknown_profile)?;
+    let recall = config.recall_for(profile).ok_or_else(unknown_profile)?;
+    Ok((context, recall))
+}
+
 /// What the proxy would do with the request, without calling anything.
 pub async fn plan(
     config: &Config,
     input: &str,
     options: PlanOptions<'_>,
 ) -> Result<String, CommandError> {
-    let unknown_profile = || CommandError::UnknownProfile {
-        name: options.profile.unwrap_or_default().to_string(),
-        known: config.profiles.keys().cloned().collect(),
-    };
-    let context = config
-        .context_for(options.profile)
-        .ok_or_else(unknown_profile)?;
-    let recall = config
-        .recall_for(options.profile)
-        .ok_or_else(unknown_profile)?;
+    let (context, recall) = settings_named(config, options.profile)?;
     let settings = Settings {
         context: &context,
         recall,
@@ -461,6 +484,161 @@ pub async fn plan(
         "forwarded = {trimmed} tokens when trimmed (no summary)"
     );
     Ok(out)
+}
+
+pub struct ReplayOptions<'a> {
+    /// Replaces each body's model.
+    pub model: Option<&'a str>,
+    /// The bodies' API, when not detected.
+    pub api: Option<Api>,
+    pub profile: Option<&'a str>,
+}
+
+/// What condenser would have done with a recorded session, calling nothing: `input` holds
+/// one request body a line (JSON Lines, as a logging proxy records them), in the order they
+/// were sent. Each goes through observe mode's steps (`observing::observe`), its would-be
+/// summaries made at once between requests, as an agent's turn would let them land.
+pub async fn replay(
+    config: &Config,
+    input: &str,
+    options: ReplayOptions<'_>,
+) -> Result<String, CommandError> {
+    let (context, recall) = settings_named(config, options.profile)?;
+    let settings = Settings {
+        context: &context,
+        recall,
+    };
+    let state = Arc::new(AppState::new(config.clone())?);
+    let mut rows = Vec::new();
+    let lines = input
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty());
+    for (at, line) in lines {
+        let observed = replayed(&state, line, &options, settings)
+            .await
+            .map_err(|error| CommandError::Line {
+                line: at + 1,
+                error: Box::new(error),
+            })?;
+        state.observer.settled().await;
+        rows.push(observed);
+    }
+    Ok(replay_table(&rows))
+}
+
+async fn replayed(
+    state: &Arc<AppState>,
+    line: &str,
+    options: &ReplayOptions<'_>,
+    settings: Settings<'_>,
+) -> Result<Observed, CommandError> {
+    let body = body_with_model(line, options.model)?;
+    let api = options.api.unwrap_or_else(|| detect_api(&body));
+    let model = body
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let observe = ObserveAs {
+        state,
+        path_model: options.model.unwrap_or(model).to_string(),
+        body: Bytes::from(body.to_string()),
+        settings,
+    };
+    Ok(with_dialect(api, observe).await?)
+}
+
+/// `observing::observe`, in the dialect `with_dialect` picks, as a caller with no scope
+/// header.
+struct ObserveAs<'a> {
+    state: &'a Arc<AppState>,
+    /// The model its path names, for an API that names it there.
+    path_model: String,
+    body: Bytes,
+    settings: Settings<'a>,
+}
+
+impl WithDialect for ObserveAs<'_> {
+    type Output = Result<Observed, ProxyError>;
+
+    async fn with<D: Dialect + 'static>(self) -> Self::Output {
+        let path = D::path_for(&self.path_model);
+        observe::<D>(
+            self.state,
+            (self.body, &path),
+            &HeaderMap::new(),
+            self.settings,
+        )
+        .await
+    }
+}
+
+/// A provider's price of a cached prompt token, against an uncached one.
+const CACHED_PRICE: f64 = 0.1;
+
+/// The prompt tokens billed for `tokens`, `cached` of them at the cached price.
+fn bill(tokens: u64, cached: u64) -> f64 {
+    tokens.saturating_sub(cached) as f64 + CACHED_PRICE * cached as f64
+}
+
+/// One line per request, then the session's totals against the session as sent.
+fn replay_table(rows: &[Observed]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:>4}  {:>9}  {:>9}  {:<10}  {:>10}  {:>9}  cache break",
+        "#", "sent", "forwarded", "action", "summarized", "cached"
+    );
+    let (mut sent, mut forwarded) = (0u64, 0u64);
+    let (mut billed_as_sent, mut billed) = (0.0, 0.0);
+    let mut breaks = [0usize; 3];
+    for (i, row) in rows.iter().enumerate() {
+        let judged = &row.judged;
+        let why = match judged.cache_break {
+            None if i == 0 => "(first request)",
+            None => "",
+            Some(cache_break) => cache_break.name(),
+        };
+        let _ = writeln!(
+            out,
+            "{:>4}  {:>9}  {:>9}  {:<10}  {:>10}  {:>9}  {why}",
+            i + 1,
+            row.received_tokens,
+            row.forwarded_tokens,
+            row.action.name(),
+            row.summarized,
+            judged.cached_tokens,
+        );
+        sent += row.received_tokens;
+        forwarded += row.forwarded_tokens;
+        billed_as_sent += bill(row.received_tokens, judged.client_cached_tokens);
+        billed += bill(row.forwarded_tokens, judged.cached_tokens);
+        if let Some(cache_break) = judged.cache_break {
+            breaks[cache_break as usize] += 1;
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\n{} requests. Prompt tokens billed, a cached one at {CACHED_PRICE}:",
+        rows.len()
+    );
+    let _ = writeln!(
+        out,
+        "  as sent         {sent:>10} tokens, billed {billed_as_sent:>10.0}"
+    );
+    let _ = writeln!(
+        out,
+        "  with condenser  {forwarded:>10} tokens, billed {billed:>10.0} ({:.2} of as sent)",
+        billed / billed_as_sent.max(1.0)
+    );
+    let _ = writeln!(
+        out,
+        "cache breaks: {} summary steps, {} cut steps, {} client changes",
+        breaks[CacheBreak::SummaryStep as usize],
+        breaks[CacheBreak::CutStep as usize],
+        breaks[CacheBreak::ClientChange as usize],
+    );
+    out
 }
 
 /// The model, the prompt, and each trigger against its limit.

@@ -149,6 +149,35 @@ impl SummaryRole {
     }
 }
 
+/// What condenser does with a request: `[context] mode`, a profile's, or the request's
+/// `x-condenser-mode` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Compact when the plan says so.
+    Auto,
+    /// Forward as sent.
+    Off,
+    /// Compact now, whatever the size.
+    Force,
+    /// Forward as sent, and plan off the request's path what `auto` would have done.
+    Observe,
+}
+
+impl Mode {
+    pub const NAMES: &'static str = "auto, off, force or observe";
+
+    pub fn parse(value: &str) -> Option<Mode> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Some(Mode::Auto),
+            "off" => Some(Mode::Off),
+            "force" => Some(Mode::Force),
+            "observe" => Some(Mode::Observe),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnFailure {
@@ -173,6 +202,8 @@ pub struct ContextConfig {
     /// `[[context.tools]]`: how given tools' outputs may be cut, first match wins.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<ToolPolicy>,
+    /// A request's mode unless its `x-condenser-mode` header names one.
+    pub mode: Mode,
 }
 
 /// One `[[context.tools]]` entry: the tools it names (globs on the tool's name, `Read`,
@@ -222,6 +253,7 @@ impl Default for ContextConfig {
             summary_role: SummaryRole::System,
             on_failure: OnFailure::Trim,
             tools: Vec::new(),
+            mode: Mode::Auto,
         }
     }
 }
@@ -240,6 +272,7 @@ pub struct Profile {
     pub response_reserve_tokens: Option<u64>,
     pub summary_role: Option<SummaryRole>,
     pub on_failure: Option<OnFailure>,
+    pub mode: Option<Mode>,
     /// `[profiles.NAME.recall]`: any `[recall]` key, for requests that name the profile.
     pub recall: Option<RecallOverride>,
 }
@@ -262,6 +295,7 @@ impl ContextConfig {
             summary_role: profile.summary_role.unwrap_or(self.summary_role),
             on_failure: profile.on_failure.unwrap_or(self.on_failure),
             tools: self.tools.clone(),
+            mode: profile.mode.unwrap_or(self.mode),
         }
     }
 

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Parser, Subcommand, ValueEnum};
-use condenser::cli::{self, LogFormat, PlanOptions};
+use condenser::cli::{self, LogFormat, PlanOptions, ReplayOptions};
 use condenser::compaction::plan::Mode;
 use condenser::config::{Config, Overrides};
 use condenser::dialect::{self, Api, DIALECTS};
@@ -78,6 +78,20 @@ enum Command {
         /// A [profiles.NAME], as the x-condenser-profile header.
         #[arg(long)]
         profile: Option<String>,
+        file: Option<String>,
+    },
+    /// Replay a recorded session, calling nothing: per request, what condenser would forward,
+    /// each cache break and why, and the bill against the session as sent.
+    Replay {
+        #[arg(long)]
+        model: Option<String>,
+        /// The bodies' API; detected from their fields when not given.
+        #[arg(long, value_parser = api_named())]
+        api: Option<Api>,
+        /// A [profiles.NAME], as the x-condenser-profile header.
+        #[arg(long)]
+        profile: Option<String>,
+        /// A JSON Lines file of the session's request bodies, in order, or - for stdin.
         file: Option<String>,
     },
 }
@@ -172,6 +186,22 @@ async fn main() -> ExitCode {
                 Err(e) => return fail(e),
             }
         }
+        Some(Command::Replay {
+            model,
+            api,
+            profile,
+            file,
+        }) => match read_input(file.as_deref()) {
+            Ok(input) => {
+                let options = ReplayOptions {
+                    model: model.as_deref(),
+                    api,
+                    profile: profile.as_deref(),
+                };
+                cli::replay(&config, &input, options).await
+            }
+            Err(e) => return fail(e),
+        },
     };
     match output {
         Ok(text) => {

@@ -237,6 +237,9 @@ pub struct Compactor {
     /// The summarizer model's window and encoding.
     catalog: Arc<ModelCatalog>,
     summarize_seconds: prometheus::Histogram,
+    /// Observe mode's compactor (`standing_in`): summaries are the summarizer's stand-in,
+    /// nothing is archived.
+    stand_in: bool,
 }
 
 impl Compactor {
@@ -267,7 +270,41 @@ impl Compactor {
             in_flight: Mutex::new(HashMap::new()),
             catalog,
             summarize_seconds,
+            stand_in: false,
         })
+    }
+
+    /// This compactor as observe mode's: it plans and carries out every step as `auto` does,
+    /// and its summaries are the summarizer's stand-in (`Summarizer::stand_in`), made at
+    /// once and calling nothing. Built on a config without Redis, its cache is its own, so
+    /// would-be summaries never mix with real ones.
+    pub fn standing_in(mut self) -> Compactor {
+        self.stand_in = true;
+        self
+    }
+
+    /// The hash of the caller's identity, as summaries and horizons are scoped by.
+    pub fn caller(&self, headers: &HeaderMap) -> Key {
+        self.scope_headers.caller(headers)
+    }
+
+    /// Once every summary being made has landed: what a replay waits for between
+    /// requests, as the time between an agent's turns would let it.
+    pub async fn settled(&self) {
+        loop {
+            let pending: Vec<SharedSummary> = match self.in_flight.lock() {
+                Ok(in_flight) => in_flight.values().cloned().collect(),
+                Err(_) => return,
+            };
+            if pending.is_empty() {
+                return;
+            }
+            for summary in pending {
+                let _ = summary.await;
+            }
+            // The job's entry goes when its task ends, just after its result is shared.
+            tokio::task::yield_now().await;
+        }
     }
 
     /// The summary cache, which holds the archive too.
@@ -432,6 +469,9 @@ async fn archive_cleared(
     archive: &ArchiveScope,
     cuts: &[Shorten],
 ) {
+    if compactor.stand_in {
+        return;
+    }
     let cleared: Vec<(String, String)> = cuts
         .iter()
         .filter_map(|cut| {
@@ -1159,28 +1199,28 @@ async fn summarize_and_store(
         return Ok(summary);
     }
     let source = &job.source;
-    let previous = job.base.as_ref().map(|(_, summary)| summary.text.clone());
-    let messages = job.new_messages.clone();
+    let request = SummaryRequest {
+        upstream: source.upstream.clone(),
+        api: source.api,
+        model: source.model.clone(),
+        caller: source.caller,
+        credentials: source.credentials.clone(),
+        previous: job.base.as_ref().map(|(_, summary)| summary.text.clone()),
+        messages: job.new_messages.clone(),
+        window: source.window,
+        max_tokens: source.summary_tokens,
+        encoding: source.encoding,
+    };
     let started = Instant::now();
-    let text = compactor
-        .summarizer
-        .summarize(SummaryRequest {
-            upstream: source.upstream.clone(),
-            api: source.api,
-            model: source.model.clone(),
-            caller: source.caller,
-            credentials: source.credentials.clone(),
-            previous,
-            messages,
-            window: source.window,
-            max_tokens: source.summary_tokens,
-            encoding: source.encoding,
-        })
-        .await;
-    compactor
-        .summarize_seconds
-        .observe(started.elapsed().as_secs_f64());
-    let text = text?;
+    let text = if compactor.stand_in {
+        compactor.summarizer.stand_in(&request)
+    } else {
+        let text = compactor.summarizer.summarize(request).await;
+        compactor
+            .summarize_seconds
+            .observe(started.elapsed().as_secs_f64());
+        text?
+    };
     let summary = Arc::new(Summary {
         tokens: count_text(source.encoding, &text),
         text,
@@ -1188,6 +1228,11 @@ async fn summarize_and_store(
         model: source.model.clone(),
         created_at: unix_now(),
     });
+    compactor.cache.put(job.key, summary.clone()).await;
+    // A would-be summary is no news, and nothing it replaces is ever recalled.
+    if compactor.stand_in {
+        return Ok(summary);
+    }
     tracing::info!(
         messages = summary.messages,
         extended_from = job.base.as_ref().map(|(e, _)| e - source.head),
@@ -1195,7 +1240,6 @@ async fn summarize_and_store(
         summarizer_ms = started.elapsed().as_secs_f64() * 1e3,
         "summary made"
     );
-    compactor.cache.put(job.key, summary.clone()).await;
     // Archived once its summary exists, whether or not this request offers recall: a later
     // one may, and the summary it uses replaces these items.
     let from = job.end - job.new_messages.len();

@@ -2,6 +2,7 @@
 //! what to keep, what to summarize and what to refuse. Pure: no I/O, no clock.
 
 use crate::config::ContextConfig;
+pub use crate::config::Mode;
 use std::fmt;
 use std::ops::Range;
 
@@ -66,24 +67,6 @@ pub fn summary_room(limits: &Limits, max_summary_tokens: u32, recall: bool) -> S
     SummaryRoom {
         summary_tokens: max_summary_tokens.min(half),
         recall: recall && half >= RECALL_RESERVE_TOKENS,
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    Auto,
-    Off,
-    Force,
-}
-
-impl Mode {
-    pub fn parse(value: &str) -> Option<Mode> {
-        match value.trim().to_ascii_lowercase().as_str() {
-            "auto" | "" => Some(Mode::Auto),
-            "off" => Some(Mode::Off),
-            "force" => Some(Mode::Force),
-            _ => None,
-        }
     }
 }
 
@@ -407,7 +390,8 @@ pub fn triggers(input: &PlanInput, limits: &Limits) -> Vec<Trigger> {
 }
 
 pub fn plan(input: &PlanInput) -> Decision {
-    if input.mode == Mode::Off || !input.settings.enabled {
+    // Observed requests go as sent; what auto would do is planned apart, under `auto`.
+    if matches!(input.mode, Mode::Off | Mode::Observe) || !input.settings.enabled {
         return Decision::Forward(ForwardReason::Disabled);
     }
     let limits = Limits::new(input);

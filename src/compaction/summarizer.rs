@@ -257,6 +257,19 @@ impl Summarizer {
         ))
     }
 
+    /// What observe mode counts in place of a summary, calling nothing: a placeholder as long
+    /// as the summary's budget (what a summary of a long span comes close to), and the ledger
+    /// the real summary would carry, since it is made here from the messages alone.
+    pub fn stand_in(&self, request: &SummaryRequest) -> String {
+        artifacts::carry(
+            placeholder(request.max_tokens),
+            request.previous.as_deref(),
+            request.messages.iter().map(|m| &m.message),
+            self.ledger_budget(request),
+            request.encoding,
+        )
+    }
+
     /// The ledger's budget: the configured one (`artifacts::budget`), shrunk in the
     /// proportion a small window shrank the summary, so that identifiers do not outgrow the
     /// summary they end.
@@ -363,6 +376,15 @@ impl Summarizer {
             .map_err(|e| SummarizeError::Malformed(format!("not JSON: {e}")))?;
         validate(&api.reply_text(&reply)?)
     }
+}
+
+/// `tokens` tokens of text in every encoding: one word, each a token of its own.
+fn placeholder(tokens: u32) -> String {
+    let mut text = String::from("summary");
+    for _ in 1..tokens {
+        text.push_str(" summary");
+    }
+    text
 }
 
 /// The settings key of summaries of at most `summary_tokens` (`Summarizer::settings_key`):
@@ -515,6 +537,20 @@ mod tests {
     use crate::compaction::summary_api::REASONING_ALLOWANCE_TOKENS;
     use crate::dialect::named;
     use serde_json::json;
+
+    #[test]
+    fn a_placeholder_is_as_long_as_its_budget_in_every_encoding() {
+        for encoding in [Encoding::Cl100k, Encoding::O200k, Encoding::O200kHarmony] {
+            for tokens in [1, 37, 1024] {
+                let text = placeholder(tokens);
+                assert_eq!(
+                    crate::tokens::rules::count_text(encoding, &text),
+                    tokens,
+                    "{encoding:?}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn bad_summaries_are_rejected() {

@@ -10,7 +10,7 @@ use hyper::Response;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::compaction::compactor::Rewrite;
+use crate::compaction::compactor::{Action, Rewrite};
 use crate::compaction::plan::{self, Decision, Limits, Mode, PlanInput, Split};
 use crate::compaction::summary_api::{SummaryApi, SummaryEndpoint};
 use crate::config::{tool_cut, Config, ContextConfig, RecallConfig, ToolPolicy};
@@ -51,6 +51,9 @@ pub trait Dialect {
     };
     /// The request field that holds the conversation, named by errors about it.
     const CONVERSATION_FIELD: &'static str;
+    /// The request's fields that make its prompt besides the conversation, in the order its
+    /// provider caches a prompt, which then goes on with the conversation's items.
+    const CACHED_BEFORE: &'static [&'static str];
     /// Its `route` label in metrics.
     const ROUTE: Route;
     /// How it writes the recall tool.
@@ -232,6 +235,42 @@ impl Prepared {
             return Decision::Forward(plan::ForwardReason::SeveralChoices);
         }
         plan::plan(input)
+    }
+
+    /// What `auto` would do with this request, as its plan says before anything is made.
+    pub fn would(&self, config: &Config, settings: Settings<'_>) -> Would {
+        let decision = self.decide(&self.plan_input(config, settings, Mode::Auto));
+        Would::of(&decision, self.count.total)
+    }
+}
+
+/// What `auto` would do with an observed request by its plan alone, before any summary is
+/// looked up or made: what the reply's `x-condenser-would` headers tell. A summary made ahead
+/// (`Precompute`) leaves the request as it came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Would {
+    pub action: Action,
+    /// The plan's estimate for a compaction; else the request's own count.
+    pub forwarded_tokens: u64,
+}
+
+impl Would {
+    pub fn of(decision: &Decision, received_tokens: u64) -> Would {
+        match decision {
+            Decision::Compact { split, .. } => Would {
+                action: if split.summarized() > 0 {
+                    Action::Summarized
+                } else {
+                    Action::Trimmed
+                },
+                forwarded_tokens: split.estimated_tokens,
+            },
+            // A rejection is upstream's to make as well, on the request as sent.
+            Decision::Forward(_) | Decision::Precompute(_) | Decision::Reject { .. } => Would {
+                action: Action::Forwarded,
+                forwarded_tokens: received_tokens,
+            },
+        }
     }
 }
 

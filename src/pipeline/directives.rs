@@ -63,11 +63,12 @@ pub fn recall_for(config: &Config, directives: &Directives) -> RecallConfig {
     config.recall_for(profile).unwrap_or(config.recall)
 }
 
-pub fn mode_for(directives: &Directives) -> Result<Mode, ProxyError> {
+/// The request's mode: its header's, else its settings' (`[context] mode`, or its profile's).
+pub fn mode_for(directives: &Directives, settings: &ContextConfig) -> Result<Mode, ProxyError> {
     match directives.mode {
-        None => Ok(Mode::Auto),
+        None => Ok(settings.mode),
         Some(value) => value.to_str().ok().and_then(Mode::parse).ok_or_else(|| {
-            ProxyError::invalid(format!("{MODE_HEADER} must be auto, off or force"), None)
+            ProxyError::invalid(format!("{MODE_HEADER} must be {}", Mode::NAMES), None)
         }),
     }
 }
@@ -89,7 +90,18 @@ mod tests {
         let mut headers = HeaderMap::new();
         let settings = settings_for(&config, &Directives::of(&headers)).unwrap();
         assert!(matches!(settings, Cow::Borrowed(s) if std::ptr::eq(s, &config.context)));
-        assert_eq!(mode_for(&Directives::of(&headers)).unwrap(), Mode::Auto);
+        assert_eq!(
+            mode_for(&Directives::of(&headers), &settings).unwrap(),
+            Mode::Auto
+        );
+        let observing = ContextConfig {
+            mode: Mode::Observe,
+            ..ContextConfig::default()
+        };
+        assert_eq!(
+            mode_for(&Directives::of(&headers), &observing).unwrap(),
+            Mode::Observe
+        );
         headers.insert("x-condenser-profile", HeaderValue::from_static("lean"));
         headers.insert("x-condenser-mode", HeaderValue::from_static("Force"));
         assert_eq!(
@@ -98,7 +110,10 @@ mod tests {
                 .max_messages,
             7
         );
-        assert_eq!(mode_for(&Directives::of(&headers)).unwrap(), Mode::Force);
+        assert_eq!(
+            mode_for(&Directives::of(&headers), &observing).unwrap(),
+            Mode::Force
+        );
         let message = |error: ProxyError| error.to_string();
         headers.insert("x-condenser-profile", HeaderValue::from_static("nope"));
         headers.insert("x-condenser-mode", HeaderValue::from_static("sometimes"));
@@ -110,9 +125,9 @@ mod tests {
             ))
         );
         assert_eq!(
-            message(mode_for(&Directives::of(&headers)).unwrap_err()),
+            message(mode_for(&Directives::of(&headers), &observing).unwrap_err()),
             message(ProxyError::invalid(
-                "x-condenser-mode must be auto, off or force",
+                "x-condenser-mode must be auto, off, force or observe",
                 None
             ))
         );

@@ -5,6 +5,8 @@
 //! order, the plan, the compaction and the relay are here.
 
 pub mod directives;
+pub mod observer;
+pub mod observing;
 mod outgoing;
 mod prepare;
 pub mod recall;
@@ -17,6 +19,7 @@ use std::time::Instant;
 
 use hyper::{Request, Response};
 
+use crate::compaction::plan::Mode;
 use crate::dialect::stages::{Dialect, Settings};
 use crate::error::ProxyError;
 use crate::pipeline::directives::{mode_for, recall_for, settings_for, Directives};
@@ -28,7 +31,7 @@ use crate::transport::departure::ClientBody;
 use crate::transport::headers::caller_headers;
 
 /// One request of dialect `D`, from its body to the relayed reply.
-pub async fn handle<D: Dialect>(
+pub async fn handle<D: Dialect + 'static>(
     worker: &Arc<Worker>,
     request: Request<ClientBody>,
     received: Instant,
@@ -38,10 +41,10 @@ pub async fn handle<D: Dialect>(
     let bytes = read_body(body, &parts.headers, state.config.server.max_body_bytes).await?;
     let work_started = Instant::now();
     let directives = Directives::of(&parts.headers);
-    let mode = mode_for(&directives)?;
     let settings = settings_for(&state.config, &directives)?;
     let mut recall = recall_for(&state.config, &directives);
     recall.enabled &= D::recall_reads_reply(parts.uri.path(), parts.uri.query());
+    let mode = mode_for(&directives, &settings)?;
     let settings = Settings {
         context: &settings,
         recall,
@@ -66,6 +69,15 @@ pub async fn handle<D: Dialect>(
         .metrics
         .overhead_seconds
         .observe(overhead.as_secs_f64());
+    // Observed once forwarded: its bytes are a second handle, its headers and settings the
+    // few an observed request copies.
+    let observed = (mode == Mode::Observe).then(|| {
+        (
+            (original.clone(), path.to_string()),
+            caller.as_ref().unwrap_or(&parts.headers).clone(),
+            (settings.context.clone(), settings.recall),
+        )
+    });
     let original = Original {
         bytes: original,
         headers: parts.headers,
@@ -79,6 +91,9 @@ pub async fn handle<D: Dialect>(
         mode,
     };
     let mut answer = send::send::<D>(state, outgoing, original).await?;
+    if let Some((request, caller, settings)) = observed {
+        observing::spawn::<D>(state.clone(), request, caller, settings);
+    }
     let model_label = relay::decorate(worker, &mut answer);
     let timing = Timing {
         received,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::compaction::compactor::{Action, CacheOutcome};
-use crate::dialect::stages::{Dialect, Prepared};
+use crate::dialect::stages::{Dialect, Prepared, Would};
 use crate::error::ProxyError;
 use crate::pipeline::recall::Recallable;
 use crate::pipeline::state::AppState;
@@ -53,6 +53,8 @@ pub struct Outgoing<'s> {
     /// The window less the reserve, as planned: what upstream should have accepted.
     pub usable: u64,
     pub outcome: Outcome,
+    /// Under observe: what `auto` would do, by the plan.
+    pub would: Option<Would>,
 }
 
 /// The upstream of a request of `D` for `model`: the first that speaks its API
@@ -90,6 +92,7 @@ impl<'s> Outgoing<'s> {
             forwarded_raw,
             usable,
             outcome,
+            would: None,
         }
     }
 }

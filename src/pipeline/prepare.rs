@@ -7,12 +7,12 @@ use std::sync::Arc;
 use bytes::Bytes;
 use hyper::header::HeaderMap;
 
-use crate::compaction::compactor::{self, Action, CompactionJob};
+use crate::compaction::compactor::{self, Action, CompactionJob, Compactor};
 use crate::compaction::plan::{summary_room, Decision, Limits, Mode, Split};
 use crate::config::ContextConfig;
 use crate::dialect::stages::{
     count_as_sent, offers_recall, write_compaction, Counting, Dialect, Planned, Prepared, Ready,
-    Settings,
+    Settings, Would,
 };
 use crate::error::ProxyError;
 use crate::pipeline::outgoing::{upstream_for, Outcome, Outgoing};
@@ -20,21 +20,34 @@ use crate::pipeline::recall::Recallable;
 use crate::pipeline::state::AppState;
 use crate::transport::upstream::Upstream;
 
-/// A request the raw first stage may send as it came; any other, prepared in full.
+/// A request the raw first stage may send as it came; any other, prepared in full. Under
+/// observe it goes as it came, and says what `auto` would do by the plan.
 pub(super) async fn prepare<'s, D: Dialect>(
     state: &'s Arc<AppState>,
+    request: (Bytes, &str),
+    caller: &HeaderMap,
+    settings: Settings<'_>,
+    mode: Mode,
+) -> Result<Outgoing<'s>, ProxyError> {
+    prepare_with::<D>(state, &state.compactor, request, caller, settings, mode).await
+}
+
+/// `prepare`, its compactions carried out by `compactor`: the gateway's, or observe mode's.
+pub(super) async fn prepare_with<'s, D: Dialect>(
+    state: &'s Arc<AppState>,
+    compactor: &Arc<Compactor>,
     (bytes, path): (Bytes, &str),
     caller: &HeaderMap,
     settings: Settings<'_>,
     mode: Mode,
 ) -> Result<Outgoing<'s>, ProxyError> {
     match D::scan(counting(state), &bytes, settings, mode).await {
-        Ok(ready) => as_sent::<D>(state, ready),
+        Ok(ready) => as_sent::<D>(state, ready, settings, mode),
         // Boxed: the full path's future (summarizer calls included) is large, and the common
         // case should not carry its size.
         Err(planned) => {
             Box::pin(prepare_in_full::<D>(
-                state,
+                (state, compactor),
                 (bytes, path),
                 caller,
                 settings,
@@ -54,7 +67,7 @@ pub(super) async fn prepare_forced<'s, D: Dialect>(
     settings: Settings<'_>,
 ) -> Result<Outgoing<'s>, ProxyError> {
     Box::pin(prepare_in_full::<D>(
-        state,
+        (state, &state.compactor),
         request,
         caller,
         settings,
@@ -72,7 +85,22 @@ fn counting(state: &AppState) -> Counting<'_> {
     }
 }
 
-fn as_sent<D: Dialect>(state: &AppState, ready: Ready) -> Result<Outgoing<'_>, ProxyError> {
+/// Under observe, what `auto` would do with the request, by the plan.
+fn would(
+    state: &AppState,
+    prepared: &Prepared,
+    settings: Settings<'_>,
+    mode: Mode,
+) -> Option<Would> {
+    (mode == Mode::Observe).then(|| prepared.would(&state.config, settings))
+}
+
+fn as_sent<'s, D: Dialect>(
+    state: &'s AppState,
+    ready: Ready,
+    settings: Settings<'_>,
+    mode: Mode,
+) -> Result<Outgoing<'s>, ProxyError> {
     let Ready {
         model,
         prepared,
@@ -81,7 +109,8 @@ fn as_sent<D: Dialect>(state: &AppState, ready: Ready) -> Result<Outgoing<'_>, P
         usable,
     } = ready;
     let counted = (prepared.count.total, prepared.count.raw_total);
-    Ok(Outgoing::new(
+    let would = would(state, &prepared, settings, mode);
+    let mut outgoing = Outgoing::new(
         upstream_for::<D>(state, &model)?,
         model,
         prepared,
@@ -89,13 +118,15 @@ fn as_sent<D: Dialect>(state: &AppState, ready: Ready) -> Result<Outgoing<'_>, P
         counted,
         usable,
         Outcome::FORWARDED,
-    ))
+    );
+    outgoing.would = would;
+    Ok(outgoing)
 }
 
 /// `caller`: the headers that say who the caller is and carry its key, for the summary cache's
 /// scope and the summarizer's credentials.
 async fn prepare_in_full<'s, D: Dialect>(
-    state: &'s Arc<AppState>,
+    (state, compactor): (&'s Arc<AppState>, &Arc<Compactor>),
     (bytes, path): (Bytes, &str),
     caller: &HeaderMap,
     all_settings: Settings<'_>,
@@ -142,8 +173,8 @@ async fn prepare_in_full<'s, D: Dialect>(
                 all_settings.recall.enabled,
             );
             let job = Job {
-                state,
                 upstream,
+                compactor,
                 split,
                 prepared: &prepared,
                 model: &model,
@@ -158,6 +189,7 @@ async fn prepare_in_full<'s, D: Dialect>(
         }
     };
     let usable = Limits::new(&input).usable;
+    let would = would(state, &prepared, all_settings, mode);
     let body = D::outgoing_body(request, bytes, rewritten)?;
     // Only a rewrite changes the prompt.
     let forwarded = if rewritten {
@@ -166,15 +198,15 @@ async fn prepare_in_full<'s, D: Dialect>(
     } else {
         (prepared.count.total, prepared.count.raw_total)
     };
-    Ok(Outgoing::new(
-        upstream, model, prepared, body, forwarded, usable, outcome,
-    ))
+    let mut outgoing = Outgoing::new(upstream, model, prepared, body, forwarded, usable, outcome);
+    outgoing.would = would;
+    Ok(outgoing)
 }
 
 /// What carrying out a split needs of the request besides its tree.
 struct Job<'a, 's> {
-    state: &'s Arc<AppState>,
     upstream: &'s Arc<Upstream>,
+    compactor: &'a Arc<Compactor>,
     split: &'a Split,
     prepared: &'a Prepared,
     model: &'a str,
@@ -195,8 +227,8 @@ async fn compacted<D: Dialect>(
     precompute: bool,
 ) -> Result<(Outcome, bool), ProxyError> {
     let Job {
-        state,
         upstream,
+        compactor,
         split,
         prepared,
         model,
@@ -223,10 +255,10 @@ async fn compacted<D: Dialect>(
         recall,
     };
     if precompute {
-        compactor::precompute(&state.compactor, job);
+        compactor::precompute(compactor, job);
         return Ok((Outcome::FORWARDED, false));
     }
-    let rewrite = compactor::compact(&state.compactor, job).await?;
+    let rewrite = compactor::compact(compactor, job).await?;
     drop(conversation);
     let rewritten = rewrite.action != Action::Forwarded;
     let offered = rewritten

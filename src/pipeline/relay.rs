@@ -31,6 +31,11 @@ const RETRY_HEADER: HeaderName = HeaderName::from_static("x-condenser-retry");
 /// the forwarded request does not carry verbatim (rule 3).
 const RECENT_SHORTENED_HEADER: HeaderName = HeaderName::from_static("x-condenser-recent-shortened");
 
+/// Under observe: what `auto` would do with the request, by its plan as it left.
+const WOULD_HEADER: HeaderName = HeaderName::from_static("x-condenser-would");
+const WOULD_FORWARD_TOKENS_HEADER: HeaderName =
+    HeaderName::from_static("x-condenser-would-forward-tokens");
+
 /// When the request came and how long condenser's own work on it took.
 pub(super) struct Timing {
     pub received: Instant,
@@ -83,6 +88,13 @@ pub(super) fn decorate(worker: &Worker, sent: &mut Sent) -> ModelLabel {
         headers.insert(
             RECENT_SHORTENED_HEADER,
             decimal_value(outcome.recent_altered as u64),
+        );
+    }
+    if let Some(would) = outgoing.would {
+        headers.insert(WOULD_HEADER, HeaderValue::from_static(would.action.name()));
+        headers.insert(
+            WOULD_FORWARD_TOKENS_HEADER,
+            decimal_value(would.forwarded_tokens),
         );
     }
     if sent.retried {

@@ -57,7 +57,7 @@ impl ReactiveRetry {
     /// every request's headers cost ~1,500 instructions (`bench/instructions.sh`).
     fn for_request(mode: Mode, outgoing: &Outgoing) -> ReactiveRetry {
         ReactiveRetry {
-            armed: mode != Mode::Off
+            armed: !matches!(mode, Mode::Off | Mode::Observe)
                 && (!outgoing.info.exact || outgoing.forwarded_tokens > outgoing.usable / 2),
         }
     }

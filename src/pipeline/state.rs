@@ -8,6 +8,7 @@ use crate::compaction::compactor::{Compactor, COUNTED_OUTCOMES};
 use crate::config::{Config, ConfigError};
 use crate::dialect::{check_apis, summary_api_named, DIALECTS};
 use crate::observe::metrics::{Metrics, MetricsError};
+use crate::pipeline::observer::Observer;
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::TokenCounter;
 use crate::transport::events::EventBound;
@@ -35,6 +36,8 @@ pub struct AppState {
     pub compactor: Arc<Compactor>,
     /// How much of a stream event its readers hold.
     pub events: EventBound,
+    /// Observe mode's compactor and sessions.
+    pub observer: Observer,
     /// False once shutdown begins, so load balancers stop sending new work.
     pub ready: AtomicBool,
 }
@@ -69,7 +72,9 @@ impl AppState {
             &connections,
             summary_api_named(&config.summarizer.api)?,
         )?);
+        let observer = Observer::new(&config, catalog.clone(), &metrics, &connections)?;
         Ok(AppState {
+            observer,
             config,
             upstreams,
             catalog,

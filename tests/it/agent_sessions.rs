@@ -34,7 +34,7 @@ fn waited(turn: &Turn) -> bool {
     matches!(turn.cache.as_str(), "miss" | "extended")
 }
 
-fn with_window(upstream: &MockUpstream, window: u64) -> condenser::Config {
+pub fn with_window(upstream: &MockUpstream, window: u64) -> condenser::Config {
     let mut config = small_window_config(&upstream.url());
     config.models.get_mut("gpt-4o").unwrap().context_window = Some(window);
     config
@@ -153,7 +153,7 @@ fn prefix_reuse_is_the_repeated_share() {
 
 /// An agent's session: the system prompt, one task, then tool rounds (a call, then an output
 /// of about 400 tokens), `rounds` of them.
-fn agent_session(rounds: usize) -> Vec<Value> {
+pub fn agent_session(rounds: usize) -> Vec<Value> {
     let mut messages = vec![
         serde_json::json!({"role": "system", "content": SYSTEM_PROMPT}),
         serde_json::json!({"role": "user", "content": "Fix ticket KX-7731-QZ: the nightly build fails."}),

@@ -48,6 +48,7 @@ impl Dialect for Chat {
     const KEY_STYLE: KeyStyle = KeyStyle::Bearer;
     const SUMMARY: &'static dyn SummaryApi = &summary::ChatSummary;
     const CONVERSATION_FIELD: &'static str = "messages";
+    const CACHED_BEFORE: &'static [&'static str] = &["tools"];
     const ROUTE: Route = Route::named("chat_completions");
     const RECALL: Option<&'static dyn RecallWire> = Some(&recall::ChatRecall);
     type Request = Map<String, Value>;

@@ -114,6 +114,7 @@ impl Dialect for Gemini {
     const KEY_STYLE: KeyStyle = KeyStyle::XGoogApiKey;
     const SUMMARY: &'static dyn SummaryApi = &summary::GeminiSummary;
     const CONVERSATION_FIELD: &'static str = "contents";
+    const CACHED_BEFORE: &'static [&'static str] = &["tools", "toolConfig", "systemInstruction"];
     const ROUTE: Route = Route::named("gemini");
     const RECALL: Option<&'static dyn RecallWire> = Some(&recall::GeminiRecall);
     type Request = GeminiRequest;

@@ -62,6 +62,7 @@ impl Dialect for Messages {
     const KEY_STYLE: KeyStyle = KeyStyle::XApiKey;
     const SUMMARY: &'static dyn SummaryApi = &summary::MessagesSummary;
     const CONVERSATION_FIELD: &'static str = "messages";
+    const CACHED_BEFORE: &'static [&'static str] = &["tools", "system"];
     const ROUTE: Route = Route::named("messages");
     const RECALL: Option<&'static dyn RecallWire> = Some(&recall::MessagesRecall);
     type Request = MessagesRequest;

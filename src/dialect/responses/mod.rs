@@ -66,6 +66,7 @@ impl Dialect for Responses {
     const KEY_STYLE: KeyStyle = KeyStyle::Bearer;
     const SUMMARY: &'static dyn SummaryApi = &summary::ResponsesSummary;
     const CONVERSATION_FIELD: &'static str = "input";
+    const CACHED_BEFORE: &'static [&'static str] = &["tools", "instructions"];
     const ROUTE: Route = Route::named("responses");
     const RECALL: Option<&'static dyn RecallWire> = Some(&recall::ResponsesRecall);
     type Request = ResponsesRequest;
