@@ -160,7 +160,7 @@ impl Summarizer {
         let settings = settings_for(&config, config.max_summary_tokens);
         if !config.model.is_empty() {
             let label = health.label_for(&config.model, &catalog.resolve(&config.model));
-            health.count_tokens(label, 0, 0);
+            health.count_tokens(label, Default::default(), None);
         }
         Ok(Summarizer {
             own_key: crate::transport::upstream::bearer_from_env(&config.api_key_env)?,
@@ -368,9 +368,10 @@ impl Summarizer {
         // Counted before the reply is judged: a summary refused was paid for all the same.
         if let Some(usage) = endpoint.usage.body_usage(&bytes) {
             let model = &request.model;
-            let label = self.health.label_for(model, &self.catalog.resolve(model));
+            let info = self.catalog.resolve(model);
+            let label = self.health.label_for(model, &info);
             self.health
-                .count_tokens(label, usage.prompt_tokens, usage.completion_tokens);
+                .count_tokens(label, usage.billed(), info.price.as_ref());
         }
         let reply: Value = serde_json::from_slice(&bytes)
             .map_err(|e| SummarizeError::Malformed(format!("not JSON: {e}")))?;

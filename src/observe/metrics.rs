@@ -11,11 +11,11 @@ use std::sync::{Arc, OnceLock};
 use hyper::StatusCode;
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
-    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Counter, CounterVec, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter,
+    IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
 
-use crate::tokens::catalog::{base_name, ModelInfo};
+use crate::tokens::catalog::{base_name, ModelInfo, Price};
 
 /// What served a request: its `route` label in metrics and in the log. Each dialect names
 /// its own (`Dialect::ROUTE`); the constants are condenser's other routes.
@@ -197,6 +197,110 @@ impl SummarizerFailure {
 /// The summarizer's direction labels: tokens it was sent, and tokens it wrote.
 const SUMMARIZER_DIRECTIONS: [&str; 2] = ["input", "output"];
 
+/// `condenser_prompt_tokens_billed_total`'s `tier` labels, in [`BilledTokens::prompt_tiers`]
+/// order.
+const BILLED_TIERS: [&str; 3] = ["uncached", "cache_read", "cache_write"];
+
+/// One reply's tokens as its provider bills them: the prompt by tier, and the output.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BilledTokens {
+    /// Neither served from the provider's prompt cache nor written to it.
+    pub uncached: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+    pub output: u64,
+}
+
+impl BilledTokens {
+    pub fn prompt(&self) -> u64 {
+        self.uncached + self.cache_read + self.cache_write
+    }
+
+    fn prompt_tiers(&self) -> [u64; 3] {
+        [self.uncached, self.cache_read, self.cache_write]
+    }
+
+    /// What the tokens cost at `price` (per million tokens).
+    pub fn cost(&self, price: &Price) -> f64 {
+        let tiers = [
+            (self.uncached, price.input),
+            (self.cache_read, price.cache_read),
+            (self.cache_write, price.cache_write),
+            (self.output, price.output),
+        ];
+        tiers
+            .into_iter()
+            .map(|(tokens, per_million)| tokens as f64 * per_million)
+            .sum::<f64>()
+            / 1e6
+    }
+}
+
+/// Whose calls a spend paid for: `condenser_spend_total`'s `kind` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpendKind {
+    /// The clients' requests, as forwarded.
+    Session,
+    /// condenser's own summarizer calls.
+    Summarizer,
+}
+
+impl SpendKind {
+    const ALL: [SpendKind; 2] = [SpendKind::Session, SpendKind::Summarizer];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            SpendKind::Session => "session",
+            SpendKind::Summarizer => "summarizer",
+        }
+    }
+}
+
+/// The bill: `condenser_prompt_tokens_billed_total{model,tier}` for every reply upstream
+/// billed (the summarizer's included), and `condenser_spend_total{model,kind}` for those of
+/// a priced model.
+#[derive(Clone)]
+struct BillVecs {
+    billed: IntCounterVec,
+    spend: CounterVec,
+}
+
+impl BillVecs {
+    fn new() -> Result<BillVecs, MetricsError> {
+        Ok(BillVecs {
+            billed: IntCounterVec::new(
+                Opts::new(
+                    "condenser_prompt_tokens_billed_total",
+                    "Prompt tokens upstream usage reports, by tier: uncached, cache_read (served from the provider's prompt cache), cache_write (written to it). Summarizer calls included.",
+                ),
+                &["model", "tier"],
+            )?,
+            spend: CounterVec::new(
+                Opts::new(
+                    "condenser_spend_total",
+                    "What upstream usage cost at the configured prices, in their currency, by kind: session (the clients' requests), summarizer. Priced models only.",
+                ),
+                &["model", "kind"],
+            )?,
+        })
+    }
+
+    fn billed_series(&self, model: &str) -> [IntCounter; 3] {
+        BILLED_TIERS.map(|tier| self.billed.with_label_values(&[model, tier]))
+    }
+
+    fn spend_series(&self, model: &str, kind: SpendKind) -> Counter {
+        self.spend.with_label_values(&[model, kind.as_str()])
+    }
+}
+
+/// Adds `tokens` to a model's tier series.
+fn count_billed(series: &[IntCounter; 3], tokens: &BilledTokens) {
+    for (counter, count) in series.iter().zip(tokens.prompt_tiers()) {
+        counter.inc_by(count);
+    }
+}
+
 /// What the summarizer reports of its own health, `condenser_summarizer_failures_total{reason}`
 /// and `condenser_summarizer_breakers_open`, and of what it spends,
 /// `condenser_summarizer_tokens_total{model,direction}`. All change at most once per summarizer
@@ -207,13 +311,14 @@ pub struct SummarizerHealth {
     /// Caller-and-upstream pairs whose breaker opened and no success has closed since.
     pub breakers_open: IntGauge,
     tokens: IntCounterVec,
+    bill: BillVecs,
     labels: Arc<ModelLabels>,
 }
 
 impl SummarizerHealth {
     /// Every failure reason, and the tokens of every model label known at start, show 0
-    /// from start-up.
-    pub fn new(labels: Arc<ModelLabels>) -> Result<SummarizerHealth, MetricsError> {
+    /// from start-up. `bill`: the series of the bill, which the requests' share.
+    fn new(labels: Arc<ModelLabels>, bill: BillVecs) -> Result<SummarizerHealth, MetricsError> {
         let health = SummarizerHealth {
             failures: IntCounterVec::new(
                 Opts::new(
@@ -233,13 +338,14 @@ impl SummarizerHealth {
                 ),
                 &["model", "direction"],
             )?,
+            bill,
             labels,
         };
         for reason in SummarizerFailure::ALL {
             health.failures.with_label_values(&[reason.as_str()]);
         }
         for label in health.labels.known() {
-            health.count_tokens(label, 0, 0);
+            health.count_tokens(label, BilledTokens::default(), None);
         }
         Ok(health)
     }
@@ -247,7 +353,10 @@ impl SummarizerHealth {
     /// Unregistered, with only the built-in `other` label: for tests of what reports to it.
     #[cfg(test)]
     pub fn standalone() -> Result<SummarizerHealth, MetricsError> {
-        SummarizerHealth::new(Arc::new(ModelLabels::new(&[], std::iter::empty::<&str>())))
+        SummarizerHealth::new(
+            Arc::new(ModelLabels::new(&[], std::iter::empty::<&str>())),
+            BillVecs::new()?,
+        )
     }
 
     pub fn count_failure(&self, reason: SummarizerFailure) {
@@ -259,13 +368,23 @@ impl SummarizerHealth {
         self.labels.resolve(model, info)
     }
 
-    /// One summarizer call's usage. Counting zero shows a model's series.
-    pub fn count_tokens(&self, label: ModelLabel, input: u64, output: u64) {
+    /// One summarizer call's usage, and at `price` (the model's, if configured) what it
+    /// cost. Counting zero shows a model's series.
+    pub fn count_tokens(&self, label: ModelLabel, tokens: BilledTokens, price: Option<&Price>) {
         let model = self.labels.name(label);
-        for (direction, tokens) in SUMMARIZER_DIRECTIONS.into_iter().zip([input, output]) {
+        for (direction, count) in SUMMARIZER_DIRECTIONS
+            .into_iter()
+            .zip([tokens.prompt(), tokens.output])
+        {
             self.tokens
                 .with_label_values(&[model, direction])
-                .inc_by(tokens);
+                .inc_by(count);
+        }
+        count_billed(&self.bill.billed_series(model), &tokens);
+        if let Some(price) = price {
+            self.bill
+                .spend_series(model, SpendKind::Summarizer)
+                .inc_by(tokens.cost(price));
         }
     }
 }
@@ -381,11 +500,12 @@ struct ModelVecs {
     completion: IntCounterVec,
     cached: IntCounterVec,
     ratio: GaugeVec,
+    bill: BillVecs,
 }
 
 impl ModelVecs {
-    /// The vectors of the per-model series, registered in `registry`.
-    fn new(registry: &Registry) -> Result<ModelVecs, MetricsError> {
+    /// The vectors of the per-model series, registered in `registry` (the bill's apart).
+    fn new(registry: &Registry, bill: BillVecs) -> Result<ModelVecs, MetricsError> {
         let counter = |name: &str, help: &str| {
             registered(
                 registry,
@@ -423,6 +543,7 @@ impl ModelVecs {
                     &["model"],
                 )?,
             )?,
+            bill,
         })
     }
 }
@@ -442,6 +563,8 @@ pub struct ModelSeries {
     completion: OnceLock<IntCounter>,
     cached: OnceLock<IntCounter>,
     ratio: OnceLock<Gauge>,
+    billed: OnceLock<[IntCounter; 3]>,
+    spend: OnceLock<Counter>,
 }
 
 impl ModelSeries {
@@ -469,6 +592,23 @@ impl ModelSeries {
 
     pub fn count_cached(&self, tokens: u64) {
         series(&self.cached, &self.vecs.cached, &[&self.label]).inc_by(tokens);
+    }
+
+    /// A reply's prompt tokens by tier, and at `price` (its model's, if configured) what the
+    /// reply cost.
+    pub fn count_bill(&self, tokens: &BilledTokens, price: Option<&Price>) {
+        let billed = self
+            .billed
+            .get_or_init(|| self.vecs.bill.billed_series(&self.label));
+        count_billed(billed, tokens);
+        if let Some(price) = price {
+            self.spend_series().inc_by(tokens.cost(price));
+        }
+    }
+
+    fn spend_series(&self) -> &Counter {
+        self.spend
+            .get_or_init(|| self.vecs.bill.spend_series(&self.label, SpendKind::Session))
     }
 
     /// Leaves the gauge untouched when the ratio is unchanged, as it mostly is once
@@ -618,7 +758,10 @@ impl Metrics {
         for route in dialect_routes.iter().chain([&Route::PASSTHROUGH]) {
             requests.show(*route);
         }
-        let vecs = ModelVecs::new(&registry)?;
+        let bill = BillVecs::new()?;
+        registered(&registry, bill.billed.clone())?;
+        registered(&registry, bill.spend.clone())?;
+        let vecs = ModelVecs::new(&registry, bill.clone())?;
         let labels = Arc::new(ModelLabels::new(configured_models, families));
         let models: Box<[ModelSeries]> = labels
             .names
@@ -630,9 +773,11 @@ impl Metrics {
                 completion: OnceLock::new(),
                 cached: OnceLock::new(),
                 ratio: OnceLock::new(),
+                billed: OnceLock::new(),
+                spend: OnceLock::new(),
             })
             .collect();
-        let summarizer_health = SummarizerHealth::new(labels.clone())?;
+        let summarizer_health = SummarizerHealth::new(labels.clone(), bill)?;
         registered(&registry, summarizer_health.failures.clone())?;
         registered(&registry, summarizer_health.breakers_open.clone())?;
         registered(&registry, summarizer_health.tokens.clone())?;
@@ -648,6 +793,7 @@ impl Metrics {
             series.count_prompt(0, 0);
             series.count_completion(0);
             series.count_cached(0);
+            series.count_bill(&BilledTokens::default(), None);
             reactive_retries.with_label_values(&[labels.name(label)]);
         }
         let observed = ObservedSeries::new(&registry, labels.clone())?;
@@ -727,6 +873,14 @@ impl Metrics {
         &self.models[label.0]
     }
 
+    /// A priced model's spend, of both kinds, at 0 until its first reply.
+    pub fn show_spend(&self, label: ModelLabel) {
+        let series = self.model(label);
+        for kind in SpendKind::ALL {
+            series.vecs.bill.spend_series(series.label(), kind);
+        }
+    }
+
     pub fn count_request(&self, route: Route, status: StatusCode) {
         self.requests.count(route, status);
     }
@@ -790,7 +944,7 @@ mod tests {
                 format!(r#"{metric}{{model="other"}} 0"#),
             ]
         };
-        let at_start: Vec<String> = [
+        let mut at_start: Vec<String> = [
             "condenser_cached_prompt_tokens_total",
             "condenser_completion_tokens_total",
             "condenser_forwarded_tokens_total",
@@ -801,6 +955,14 @@ mod tests {
         .into_iter()
         .flat_map(known)
         .collect();
+        for model in ["my-model", "other"] {
+            for tier in BILLED_TIERS {
+                at_start.push(format!(
+                    r#"condenser_prompt_tokens_billed_total{{model="{model}",tier="{tier}"}} 0"#
+                ));
+            }
+        }
+        at_start.sort();
         assert_eq!(model_lines(&metrics.render()), at_start);
         metrics.model(mine).count_prompt(5, 3);
         metrics.model(label("claude-3-5-sonnet")).count_prompt(7, 7);
@@ -845,8 +1007,75 @@ mod tests {
         assert!(lines.contains(&r#"condenser_completion_tokens_total{model="claude"} 0"#));
         assert!(lines.contains(&r#"condenser_cached_prompt_tokens_total{model="my-model"} 3"#));
         assert!(lines.contains(&r#"condenser_token_estimate_ratio{model="my-model"} 1.5"#));
-        // The 12 known from start, 2 families × 3 prompt series, claude's completion, the ratio.
-        assert_eq!(lines.len(), 20, "{lines:?}");
+        // The 18 known from start, 2 families × 3 prompt series, claude's completion, the ratio.
+        assert_eq!(lines.len(), 26, "{lines:?}");
+    }
+
+    #[test]
+    fn the_bill_counts_every_reply_by_tier_and_prices_it_by_kind() {
+        let catalog = catalog();
+        let metrics = Metrics::new(
+            &["priced".to_string()],
+            catalog.families(),
+            dialect_routes(),
+        )
+        .unwrap();
+        let label = metrics.for_model("priced", &catalog.resolve("priced"));
+        let value = |series: &str| -> Option<f64> {
+            let text = metrics.render();
+            let line = lines_of(&text, &format!("{series} ")).pop()?.to_string();
+            line.rsplit(' ').next()?.parse().ok()
+        };
+        let spend = |kind: &str| {
+            value(&format!(
+                r#"condenser_spend_total{{kind="{kind}",model="priced"}}"#
+            ))
+        };
+        let billed = |tier: &str| {
+            value(&format!(
+                r#"condenser_prompt_tokens_billed_total{{model="priced",tier="{tier}"}}"#
+            ))
+        };
+        // Tiers show for a known label from start-up; spend only once a price is known.
+        assert_eq!(billed("cache_write"), Some(0.0));
+        assert_eq!(spend("session"), None);
+        metrics.show_spend(label);
+        assert_eq!(
+            (spend("session"), spend("summarizer")),
+            (Some(0.0), Some(0.0))
+        );
+
+        let price = Price {
+            input: 3.0,
+            cache_read: 0.3,
+            cache_write: 3.75,
+            output: 15.0,
+        };
+        let tokens = BilledTokens {
+            uncached: 1_000,
+            cache_read: 100_000,
+            cache_write: 20_000,
+            output: 2_000,
+        };
+        // 0.003 + 0.03 + 0.075 + 0.03
+        let cost = 0.138;
+        assert!((tokens.cost(&price) - cost).abs() < 1e-12);
+        let series = metrics.model(label);
+        series.count_bill(&tokens, Some(&price));
+        series.count_bill(&tokens, Some(&price));
+        // A model without a price: its tokens are billed all the same, at no known cost.
+        series.count_bill(&tokens, None);
+        metrics
+            .summarizer_health
+            .count_tokens(label, tokens, Some(&price));
+        let near = |got: Option<f64>, want: f64| got.is_some_and(|got| (got - want).abs() < 1e-9);
+        assert!(near(spend("session"), 2.0 * cost), "{:?}", spend("session"));
+        assert!(near(spend("summarizer"), cost), "{:?}", spend("summarizer"));
+        assert_eq!(billed("uncached"), Some(4_000.0));
+        assert_eq!(billed("cache_read"), Some(400_000.0));
+        assert_eq!(billed("cache_write"), Some(80_000.0));
+        let input = r#"condenser_summarizer_tokens_total{direction="input",model="priced"}"#;
+        assert_eq!(value(input), Some(121_000.0));
     }
 
     #[test]

@@ -16,6 +16,7 @@ use crate::observe::metrics::ModelLabel;
 use crate::pipeline::outgoing::{Outcome, Outgoing};
 use crate::pipeline::send::Sent;
 use crate::pipeline::state::Worker;
+use crate::tokens::catalog::Price;
 use crate::transport::body::ProxyBody;
 use crate::transport::usage::{Usage, UsageObserver, UsageTap};
 
@@ -152,6 +153,7 @@ pub(super) fn relay<D: Dialect>(
         served: D::SERVED,
         model,
         model_label,
+        price: info.price,
         estimated: !info.exact,
         stream: is_sse,
         received: timing.received,
@@ -196,6 +198,8 @@ struct Observer {
     served: &'static str,
     model: String,
     model_label: ModelLabel,
+    /// The model's, as configured: what its usage costs.
+    price: Option<Price>,
     /// The model's tokenizer is only estimated: its usage teaches condenser its ratio.
     estimated: bool,
     stream: bool,
@@ -239,6 +243,7 @@ impl UsageObserver for Observer {
             // After recall, summed over the rounds: each round's prompt was sent and cached
             // on its own.
             series.count_cached(usage.cached_tokens);
+            series.count_bill(&usage.billed(), self.price.as_ref());
             // After recall, the prompt usage is summed over rounds that were not all counted.
             // An exact encoding is never scaled, so a ratio learned for it would be a figure
             // nothing uses, shown on the dashboard as if it were.
@@ -266,6 +271,7 @@ impl UsageObserver for Observer {
             forwarded_tokens = self.forwarded_tokens,
             completion_tokens = completion,
             cached_tokens = cached,
+            cache_write_tokens = usage.map_or(0, |u| u.cache_write_tokens),
             action = self.outcome.action.name(),
             cache = self.outcome.cache.name(),
             summarized_messages = self.outcome.summarized,

@@ -54,6 +54,11 @@ impl AppState {
             catalog.families(),
             DIALECTS.iter().map(|wire| wire.route),
         )?;
+        for (name, model) in &config.models {
+            if model.price.is_some() {
+                metrics.show_spend(metrics.for_model(name, &catalog.resolve(name)));
+            }
+        }
         for (action, cache) in COUNTED_OUTCOMES {
             metrics
                 .compactions

@@ -1,4 +1,5 @@
-//! What condenser knows of a model: its tokenizer and its context window.
+//! What condenser knows of a model: its tokenizer, its context window and, if configured,
+//! its price.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
@@ -32,6 +33,20 @@ impl Default for TokensConfig {
 pub struct ModelOverride {
     pub context_window: Option<u64>,
     pub encoding: Option<String>,
+    pub price: Option<Price>,
+}
+
+/// What a provider charges for a million tokens of each kind, in one currency of the
+/// operator's choosing. Every tier is stated: one a provider does not bill apart (OpenAI's
+/// cache writes) is priced as it bills it (at `input`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    /// A prompt token not served from, nor written to, the provider's prompt cache.
+    pub input: f64,
+    pub cache_read: f64,
+    pub cache_write: f64,
+    pub output: f64,
 }
 
 /// Encodings by model-name prefix; the first match wins, so longer prefixes come first.
@@ -122,6 +137,8 @@ pub struct ModelInfo {
     pub exact: bool,
     /// Built-in family (or configured name) for bounded metric labels.
     pub family: Option<Cow<'static, str>>,
+    /// As `[models]` configures it; none by default.
+    pub price: Option<Price>,
 }
 
 /// Clients choose model names, so the resolutions kept are bounded; names beyond are
@@ -207,6 +224,7 @@ impl ModelCatalog {
             } else {
                 window.map(|(prefix, _)| Cow::Borrowed(window_family(prefix)))
             },
+            price: over.and_then(|o| o.price),
         }
     }
 
@@ -328,6 +346,7 @@ mod tests {
             ModelOverride {
                 context_window: Some(4096),
                 encoding: None,
+                price: None,
             },
         )]);
         let c = ModelCatalog::new(overrides, TokensConfig::default());
@@ -388,6 +407,7 @@ mod tests {
             ModelOverride {
                 context_window: Some(4096),
                 encoding: Some("cl100k_base".into()),
+                price: None,
             },
         );
         let info = ModelCatalog::new(overrides, TokensConfig::default()).resolve("my-local-model");

@@ -523,6 +523,7 @@ mod tests {
             context_window: 8_000,
             exact: true,
             family: None,
+            price: None,
         };
         let plain = |counter: &TokenCounter| counter.scale("gpt-4o", &exact);
         assert_eq!(plain(&counter), 1.0);
@@ -562,6 +563,7 @@ mod tests {
             context_window: 1_000,
             exact: false,
             family: None,
+            price: None,
         };
         assert_eq!(counter.scale("Claude-X", &unknown), observed[3]);
         assert_eq!(counter.scale("other-model", &unknown), 1.1);

@@ -10,6 +10,7 @@ use bytes::{Bytes, BytesMut};
 use hyper::body::{Body, Frame, SizeHint};
 use memchr::memmem;
 
+use crate::observe::metrics::BilledTokens;
 use crate::transport::body::{BoxError, Gathered};
 use crate::transport::events::{EventBound, EventReader, Piece};
 
@@ -24,6 +25,9 @@ pub struct Usage {
     /// Of the prompt, the tokens the provider served from its prompt cache (billed at about
     /// a tenth); 0 where it reported none.
     pub cached_tokens: u64,
+    /// Of the prompt, the tokens the provider wrote to its prompt cache (Anthropic bills them
+    /// above the input price); 0 where it reported none.
+    pub cache_write_tokens: u64,
 }
 
 /// The counts one JSON document of a reply carries, each where it was written.
@@ -32,6 +36,7 @@ pub struct UsageCounts {
     pub prompt: Option<u64>,
     pub completion: Option<u64>,
     pub cached: Option<u64>,
+    pub cache_write: Option<u64>,
 }
 
 impl Usage {
@@ -39,18 +44,39 @@ impl Usage {
     /// own (Anthropic's `message_delta` counts are cumulative), and what is not written
     /// stays. Counts with none written leave it as it was.
     pub fn fold(usage: &mut Option<Usage>, counts: UsageCounts) {
-        if counts.prompt.is_none() && counts.completion.is_none() && counts.cached.is_none() {
+        let written = [
+            counts.prompt,
+            counts.completion,
+            counts.cached,
+            counts.cache_write,
+        ];
+        if written.iter().all(Option::is_none) {
             return;
         }
         let current = usage.get_or_insert_with(Usage::default);
-        for (slot, count) in [
-            (&mut current.prompt_tokens, counts.prompt),
-            (&mut current.completion_tokens, counts.completion),
-            (&mut current.cached_tokens, counts.cached),
-        ] {
+        let slots = [
+            &mut current.prompt_tokens,
+            &mut current.completion_tokens,
+            &mut current.cached_tokens,
+            &mut current.cache_write_tokens,
+        ];
+        for (slot, count) in slots.into_iter().zip(written) {
             if let Some(count) = count {
                 *slot = count;
             }
+        }
+    }
+
+    /// The reply's tokens by the tier each is billed at: what is neither read from the
+    /// prompt cache nor written to it is the uncached rest of the prompt.
+    pub fn billed(&self) -> BilledTokens {
+        BilledTokens {
+            uncached: self
+                .prompt_tokens
+                .saturating_sub(self.cached_tokens + self.cache_write_tokens),
+            cache_read: self.cached_tokens,
+            cache_write: self.cache_write_tokens,
+            output: self.completion_tokens,
         }
     }
 }
@@ -417,6 +443,7 @@ mod tests {
                 prompt_tokens: 120,
                 completion_tokens: 9,
                 cached_tokens: 100,
+                cache_write_tokens: 0,
             })
         );
         let body = r#"{"id":"r","output":[],"usage":{"input_tokens":5,"input_tokens_details":{"cached_tokens":3},"output_tokens":2,"total_tokens":7}}"#;
@@ -445,6 +472,17 @@ mod tests {
                 prompt_tokens: 18,
                 completion_tokens: 7,
                 cached_tokens: 5,
+                cache_write_tokens: 3,
+            })
+        );
+        // `input_tokens` leaves out both the cache's reads and its writes.
+        assert_eq!(
+            seen.0.lock().unwrap().1.map(|usage| usage.billed()),
+            Some(BilledTokens {
+                uncached: 10,
+                cache_read: 5,
+                cache_write: 3,
+                output: 7,
             })
         );
         let body = r#"{"id":"m","content":[],"usage":{"input_tokens":4,"cache_read_input_tokens":6,"output_tokens":2}}"#;
@@ -497,6 +535,7 @@ mod tests {
                     prompt_tokens: 3,
                     completion_tokens: 4,
                     cached_tokens: 0,
+                    cache_write_tokens: 0,
                 }),
                 "{cuts:?}"
             );
@@ -524,6 +563,7 @@ mod tests {
                 prompt_tokens: 3,
                 completion_tokens: 4,
                 cached_tokens: 0,
+                cache_write_tokens: 0,
             })
         );
 
@@ -576,6 +616,7 @@ mod tests {
                 prompt_tokens: 7,
                 completion_tokens: 3,
                 cached_tokens: 2,
+                cache_write_tokens: 0,
             })
         );
         let (text, _) = run(vec![usage, "data: [DONE]\n\n"], false).await;

@@ -525,6 +525,7 @@ fn config_for_model(upstream: &str, model: &str, window: u64) -> condenser::Conf
         condenser::tokens::catalog::ModelOverride {
             context_window: Some(window),
             encoding: Some("o200k_base".into()),
+            price: None,
         },
     );
     config

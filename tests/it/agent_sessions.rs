@@ -347,6 +347,7 @@ async fn a_claude_code_shaped_tool_loop_keeps_its_task_and_its_prefix() {
         condenser::tokens::catalog::ModelOverride {
             context_window: Some(24_000),
             encoding: Some("o200k_base".into()),
+            price: None,
         },
     );
     let proxy = Proxy::start(config).await;

@@ -200,10 +200,27 @@ async fn upstream() -> MockUpstream {
 }
 
 /// As in tests/it/reactive.rs: condenser is told gpt-4o's window is 11,000 tokens, so 27 turns
-/// go as sent and only upstream's answer says they are too long.
+/// go as sent and only upstream's answer says they are too long. The session's model and the
+/// summarizer's are priced, so the bill's panels have spend to show.
 fn config(upstream: &str) -> condenser::Config {
     let mut config = small_window_config(upstream);
-    config.models.get_mut("gpt-4o").unwrap().context_window = Some(11_000);
+    let price = condenser::tokens::catalog::Price {
+        input: 2.5,
+        cache_read: 1.25,
+        cache_write: 2.5,
+        output: 10.0,
+    };
+    let session = config.models.get_mut("gpt-4o").unwrap();
+    session.context_window = Some(11_000);
+    session.price = Some(price);
+    config.models.insert(
+        "gpt-4o-mini".into(),
+        condenser::tokens::catalog::ModelOverride {
+            context_window: Some(128_000),
+            encoding: None,
+            price: Some(price),
+        },
+    );
     config.summarizer.breaker_failures = 2;
     config
 }

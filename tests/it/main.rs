@@ -10,6 +10,7 @@ mod agent_clients;
 mod agent_sessions;
 mod architecture;
 mod artifacts;
+mod bill;
 mod binary;
 mod cache_truth;
 mod clean_paths;

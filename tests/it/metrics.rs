@@ -440,6 +440,13 @@ async fn every_series_the_dashboard_and_alerts_read_is_there_from_start_up() {
     let upstream = closed_url();
     let mut config = small_window_config(&upstream);
     config.metrics.models = vec!["my-fine-tune".into()];
+    // Spend is shown for priced models only.
+    config.models.get_mut("gpt-4o").unwrap().price = Some(condenser::tokens::catalog::Price {
+        input: 2.5,
+        cache_read: 1.25,
+        cache_write: 2.5,
+        output: 10.0,
+    });
     let proxy = Proxy::start(config).await;
     let samples = parse_exposition(&proxy.metrics().await);
     let read = |path: &str| {
@@ -481,6 +488,16 @@ async fn every_series_the_dashboard_and_alerts_read_is_there_from_start_up() {
         ] {
             at_zero(format!(r#"{name}{{model="{model}"}}"#));
         }
+        for tier in ["uncached", "cache_read", "cache_write"] {
+            at_zero(format!(
+                r#"condenser_prompt_tokens_billed_total{{model="{model}",tier="{tier}"}}"#
+            ));
+        }
+    }
+    for kind in ["session", "summarizer"] {
+        at_zero(format!(
+            r#"condenser_spend_total{{kind="{kind}",model="gpt-4o"}}"#
+        ));
     }
     // The configured summarizer model's family too (gpt-4o-mini's).
     for model in ["my-fine-tune", "other", "gpt-4o"] {

@@ -838,6 +838,7 @@ async fn a_cut_tool_output_names_its_reference_and_recall_gives_it_back_whole() 
                     condenser::tokens::catalog::ModelOverride {
                         context_window: Some(16_000),
                         encoding: None,
+                        price: None,
                     },
                 );
             }
@@ -1160,6 +1161,7 @@ async fn a_requests_recall_answers_share_one_budget_and_no_continuation_passes_t
             condenser::tokens::catalog::ModelOverride {
                 context_window: Some(4_500),
                 encoding: None,
+                price: None,
             },
         );
         let usable = 4_000;

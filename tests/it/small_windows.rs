@@ -16,6 +16,7 @@ fn with_window(upstream: &str, window: u64) -> condenser::Config {
         ModelOverride {
             context_window: Some(window),
             encoding: None,
+            price: None,
         },
     );
     config

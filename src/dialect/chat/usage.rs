@@ -1,7 +1,7 @@
 //! How a chat completion carries usage: `usage.prompt_tokens`/`completion_tokens`, with the
 //! prompt cache's share in `prompt_tokens_details.cached_tokens`, last in a body or in a
-//! stream's final chunk; and the usage-only chunk condenser asked for on the client's behalf,
-//! kept from it.
+//! stream's final chunk (no count of cache writes: OpenAI bills them as input); and the
+//! usage-only chunk condenser asked for on the client's behalf, kept from it.
 
 use std::sync::LazyLock;
 
@@ -89,6 +89,7 @@ impl UsageFields {
             prompt_tokens: self.prompt_tokens.unwrap_or(0),
             completion_tokens: self.completion_tokens.unwrap_or(0),
             cached_tokens: self.cached(),
+            cache_write_tokens: 0,
         }
     }
 
@@ -98,6 +99,7 @@ impl UsageFields {
             prompt_tokens: self.prompt_tokens?,
             completion_tokens: self.completion_tokens?,
             cached_tokens: self.cached(),
+            cache_write_tokens: 0,
         })
     }
 
@@ -187,6 +189,7 @@ fn plain_usage(object: &[u8]) -> Option<Usage> {
                         prompt_tokens: prompt?,
                         completion_tokens: completion?,
                         cached_tokens: cached.unwrap_or(0),
+                        cache_write_tokens: 0,
                     });
                 }
             }
@@ -297,6 +300,7 @@ mod tests {
                     prompt_tokens: 3,
                     completion_tokens: 4,
                     cached_tokens: 0,
+                    cache_write_tokens: 0,
                 }),
                 "{before}/{after}"
             );
@@ -347,6 +351,7 @@ mod tests {
                 prompt_tokens: 3,
                 completion_tokens: 4,
                 cached_tokens: 0,
+                cache_write_tokens: 0,
             }),
             "nested counts are not the response's"
         );

@@ -408,6 +408,7 @@ proptest! {
         let overrides = [("gemini-2.5-pro".to_string(), crate::tokens::catalog::ModelOverride {
             context_window: Some(window),
             encoding: None,
+            price: None,
         })];
         let catalog = ModelCatalog::new(overrides.into_iter().collect(), Default::default());
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();

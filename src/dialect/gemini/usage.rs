@@ -58,6 +58,8 @@ impl UsageReader for GeminiUsage {
                     prompt: counts.prompt_token_count,
                     completion: counts.completion(),
                     cached: counts.cached_content_token_count,
+                    // No such count: a write to this API's cache is billed as input.
+                    cache_write: None,
                 },
             );
         }
@@ -81,7 +83,8 @@ mod tests {
             Some(Usage {
                 prompt_tokens: 1200,
                 completion_tokens: 42,
-                cached_tokens: 1000
+                cached_tokens: 1000,
+                cache_write_tokens: 0
             })
         );
         let array = br#"[{"usageMetadata":{"promptTokenCount":9}},{"usageMetadata":{"promptTokenCount":9,"candidatesTokenCount":4}}]"#;
@@ -90,7 +93,8 @@ mod tests {
             Some(Usage {
                 prompt_tokens: 9,
                 completion_tokens: 4,
-                cached_tokens: 0
+                cached_tokens: 0,
+                cache_write_tokens: 0
             })
         );
         let mut usage = None;
@@ -106,7 +110,8 @@ mod tests {
             Some(Usage {
                 prompt_tokens: 50,
                 completion_tokens: 7,
-                cached_tokens: 32
+                cached_tokens: 32,
+                cache_write_tokens: 0
             })
         );
         assert_eq!(GeminiUsage.body_usage(b"{\"candidates\":[]}"), None);

@@ -524,6 +524,7 @@ mod tests {
             let overrides = [("claude-sonnet-4-5".to_string(), crate::tokens::catalog::ModelOverride {
                 context_window: Some(window),
                 encoding: None,
+                price: None,
             })];
             let catalog = ModelCatalog::new(overrides.into_iter().collect(), Default::default());
             let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();

@@ -1,7 +1,8 @@
 //! How Anthropic's Messages API carries usage: `usage.input_tokens` (with
 //! `cache_creation_input_tokens` and `cache_read_input_tokens`, all of them prompt) and
 //! `output_tokens`, in a body, or in a stream's `message_start` and then its `message_delta`
-//! events. `cache_read_input_tokens` is also the share the prompt cache served.
+//! events. `cache_read_input_tokens` is also the share the prompt cache served, and
+//! `cache_creation_input_tokens` the share written to it.
 
 use serde::Deserialize;
 
@@ -54,6 +55,7 @@ impl UsageReader for MessagesUsage {
                     prompt: counts.prompt(),
                     completion: counts.output_tokens,
                     cached: counts.cache_read_input_tokens,
+                    cache_write: counts.cache_creation_input_tokens,
                 },
             );
         }

@@ -47,6 +47,8 @@ impl UsageReader for ResponsesUsage {
                     prompt: counts.input_tokens,
                     completion: counts.output_tokens,
                     cached: counts.input_tokens_details.and_then(|d| d.cached_tokens),
+                    // No such count: a write to this API's cache is billed as input.
+                    cache_write: None,
                 },
             );
         }

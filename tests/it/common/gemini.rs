@@ -159,6 +159,7 @@ pub fn gemini_config(upstream: &str) -> condenser::Config {
         condenser::tokens::catalog::ModelOverride {
             context_window: Some(8_000),
             encoding: None,
+            price: None,
         },
     );
     config

@@ -496,6 +496,7 @@ pub fn small_window_config(upstream: &str) -> Config {
         condenser::tokens::catalog::ModelOverride {
             context_window: Some(8_000),
             encoding: None,
+            price: None,
         },
     );
     config
@@ -757,6 +758,7 @@ pub fn claude_config(upstream: &str) -> Config {
         condenser::tokens::catalog::ModelOverride {
             context_window: Some(8_000),
             encoding: None,
+            price: None,
         },
     );
     config
