@@ -539,9 +539,11 @@ mod tests {
     use crate::dialect::named;
     use serde_json::json;
 
+    /// o200k_harmony is o200k's vocabulary with more special tokens, and is left to the
+    /// counter's test that it is built only on first use.
     #[test]
     fn a_placeholder_is_as_long_as_its_budget_in_every_encoding() {
-        for encoding in [Encoding::Cl100k, Encoding::O200k, Encoding::O200kHarmony] {
+        for encoding in [Encoding::Cl100k, Encoding::O200k] {
             for tokens in [1, 37, 1024] {
                 let text = placeholder(tokens);
                 assert_eq!(

@@ -961,6 +961,19 @@ mod tests {
                     r#"condenser_prompt_tokens_billed_total{{model="{model}",tier="{tier}"}} 0"#
                 ));
             }
+            for tier in OBSERVED_TIERS {
+                at_start.push(format!(
+                    r#"condenser_observed_bill_tokens_total{{model="{model}",tier="{tier}"}} 0"#
+                ));
+            }
+            for reason in OBSERVED_BREAKS {
+                at_start.push(format!(
+                    r#"condenser_observed_breaks_total{{model="{model}",reason="{reason}"}} 0"#
+                ));
+            }
+            at_start.push(format!(
+                r#"condenser_observed_forwarded_tokens_total{{model="{model}"}} 0"#
+            ));
         }
         at_start.sort();
         assert_eq!(model_lines(&metrics.render()), at_start);
@@ -1007,8 +1020,9 @@ mod tests {
         assert!(lines.contains(&r#"condenser_completion_tokens_total{model="claude"} 0"#));
         assert!(lines.contains(&r#"condenser_cached_prompt_tokens_total{model="my-model"} 3"#));
         assert!(lines.contains(&r#"condenser_token_estimate_ratio{model="my-model"} 1.5"#));
-        // The 18 known from start, 2 families × 3 prompt series, claude's completion, the ratio.
-        assert_eq!(lines.len(), 26, "{lines:?}");
+        // The 30 known from start (12 of them observe mode's), 2 families × 3 prompt series,
+        // claude's completion, the ratio.
+        assert_eq!(lines.len(), 38, "{lines:?}");
     }
 
     #[test]
