@@ -744,7 +744,7 @@ impl Form {
             job.items,
             self.horizon,
             tokens,
-            job.limits.target,
+            (job.limits.target, job.limits.hard(job.settings)),
             job.split.recent_start,
         );
         Form::at(on, self.summary, self.end, horizon)

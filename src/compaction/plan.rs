@@ -611,7 +611,7 @@ impl<'a> Splitter<'a> {
                 self.input.messages,
                 Horizon::at(start),
                 split.estimated_tokens,
-                self.limits.target,
+                (self.limits.target, self.limits.hard(self.input.settings)),
                 recent,
             );
             split.shorten = cuts_before(self.input.messages, start, horizon);
@@ -770,7 +770,7 @@ pub fn advance_horizon(
     items: &[Item],
     horizon: Horizon,
     estimate: u64,
-    budget: u64,
+    (budget, clear_over): (u64, u64),
     floor: usize,
 ) -> Horizon {
     let mut estimate = estimate;
@@ -799,7 +799,12 @@ pub fn advance_horizon(
             horizon.all = index + 1;
         }
     }
-    // Every output of the middle cut and still over: they are cleared, oldest first.
+    // Every output of the middle cut and still over the hard limit (`clear_over`): they are
+    // cleared, oldest first, to the budget. Only then: a cleared output keeps so little that
+    // what the middle named (paths, ids) would be gone before a summary carries it.
+    if estimate <= clear_over {
+        return horizon;
+    }
     for (index, item) in items.iter().enumerate().take(floor).skip(horizon.cleared) {
         if estimate <= budget {
             break;
@@ -1105,14 +1110,14 @@ mod tests {
         let never = 5;
         let first = 9;
         // Cutting one output is enough: the one cut first goes, though it is the newest.
-        let horizon = advance_horizon(&m, Horizon::at(2), 6_000, 5_000, floor);
+        let horizon = advance_horizon(&m, Horizon::at(2), 6_000, (5_000, 0), floor);
         let cut: Vec<usize> = cuts_before(&m, 2, horizon)
             .iter()
             .map(|c| c.index)
             .collect();
         assert_eq!(cut, vec![first]);
         // Cutting everything it may: every output but the one never cut.
-        let horizon = advance_horizon(&m, Horizon::at(2), 6_000, 0, floor);
+        let horizon = advance_horizon(&m, Horizon::at(2), 6_000, (0, 0), floor);
         let cut: Vec<usize> = cuts_before(&m, 2, horizon)
             .iter()
             .map(|c| c.index)
@@ -1120,8 +1125,8 @@ mod tests {
         assert_eq!(cut, vec![3, 7, first]);
         assert!(!cut.contains(&never));
         // A later step moves the horizon on from where it was, the first cut kept.
-        let step = advance_horizon(&m, Horizon::at(2), 6_000, 5_000, floor);
-        let later = advance_horizon(&m, step, 6_000 - 1_244, 4_000, floor);
+        let step = advance_horizon(&m, Horizon::at(2), 6_000, (5_000, 0), floor);
+        let later = advance_horizon(&m, step, 6_000 - 1_244, (4_000, 0), floor);
         assert_eq!(later.first, step.first);
         let cut: Vec<usize> = cuts_before(&m, 2, later).iter().map(|c| c.index).collect();
         assert_eq!(cut, vec![3, first]);
@@ -1141,19 +1146,22 @@ mod tests {
         let floor = m.len();
         let total: u64 = m.iter().map(|i| u64::from(i.tokens)).sum();
         // Cutting two of them reaches the budget: nothing cleared.
-        let horizon = advance_horizon(&m, Horizon::at(2), total, total - 1_400, floor);
+        let horizon = advance_horizon(&m, Horizon::at(2), total, (total - 1_400, 0), floor);
         assert_eq!(horizon.cleared, 2);
         let cuts = cuts_before(&m, 2, horizon);
         assert_eq!(cuts.len(), 2);
         // All four cut leaves 4 × 256: the oldest are cleared until the budget is met.
         let budget = total - 4 * 744 - 300;
-        let horizon = advance_horizon(&m, Horizon::at(2), total, budget, floor);
+        let horizon = advance_horizon(&m, Horizon::at(2), total, (budget, 0), floor);
         let cuts = cuts_before(&m, 2, horizon);
         let kept: Vec<u32> = cuts.iter().map(|c| c.keep_tokens).collect();
         assert_eq!(kept, vec![128, 128, 128, 256]);
         assert!(total - saving(&cuts) <= budget);
+        // Under the hard limit once all are cut, none is cleared, whatever the budget.
+        let under_hard = advance_horizon(&m, Horizon::at(2), total, (budget, total), floor);
+        assert_eq!(under_hard.cleared, 2);
         // A later step goes on from there, and what was cleared stays so.
-        let later = advance_horizon(&m, horizon, total - saving(&cuts), 0, floor);
+        let later = advance_horizon(&m, horizon, total - saving(&cuts), (0, 0), floor);
         assert!(cuts_before(&m, 2, later)
             .iter()
             .all(|c| c.keep_tokens == CLEARED_OUTPUT_TOKENS));
@@ -1163,7 +1171,7 @@ mod tests {
             .iter_mut()
             .filter(|i| i.kind == Kind::ToolResult)
             .for_each(|i| i.tokens = 100);
-        let horizon = advance_horizon(&small, Horizon::at(2), total, 0, floor);
+        let horizon = advance_horizon(&small, Horizon::at(2), total, (0, 0), floor);
         assert!(cuts_before(&small, 2, horizon).is_empty());
     }
 
@@ -1182,7 +1190,7 @@ mod tests {
         }
         let floor = m.len() - 6;
         let items = m.clone();
-        let horizon = advance_horizon(&items, Horizon::at(2), 9_000, 0, floor);
+        let horizon = advance_horizon(&items, Horizon::at(2), 9_000, (0, 0), floor);
         assert_eq!(horizon.reach(), floor, "no further than the recent part");
         assert!(cuts_before(&items, 2, horizon)
             .iter()

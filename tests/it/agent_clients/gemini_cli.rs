@@ -192,6 +192,8 @@ async fn gemini_cli_session(pace: Pace) {
     gemini_cli(work, home, &front, &task_asking()).await;
     let (exchanges, _) = stack.judged::<Gemini>(&Session {
         client: format!("Gemini CLI 0.61.0 at {pace:?}"),
+        pace,
+        rewrites_history: true,
         path: GEMINI_LOOP,
         model: GEMINI_CLI_MODEL,
         round_of: gemini_round,
