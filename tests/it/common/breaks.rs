@@ -174,14 +174,15 @@ pub fn cache_figures(sent: &[Sent], limits: Thresholds) -> CacheFigures {
                 .filter_map(|prompt| summary_line(prompt).map(|(at, _)| at))
                 .min();
             let from_summary = summary_at.is_some_and(|at| common + 64 >= at);
-            let tools_changed = common < tools_end(&now.forwarded);
             if from_summary {
                 continue;
             }
-            if tools_changed && figures.tool_arrivals == 0 {
-                figures.tool_arrivals += 1;
-                continue;
-            }
+        }
+        // The recall tool joins `tools` at the session's first step, summary or cut (D7):
+        // once a session, that break is the tools'.
+        if common < tools_end(&now.forwarded) && figures.tool_arrivals == 0 {
+            figures.tool_arrivals += 1;
+            continue;
         }
         // The form the request before went with, grown by what the client added: a cut
         // step starts from over the trigger and lands on the target, or on the least the
