@@ -980,7 +980,7 @@ impl Stack {
             .avoidable
             .iter()
             .filter(|(_, what)| {
-                let landing = what.starts_with("at byte ");
+                let landing = is_landing(what);
                 let reread = what.starts_with("an output cut before");
                 !(landing && session.pace.model.is_zero() || reread && session.rewrites_history)
             })

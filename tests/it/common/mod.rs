@@ -5,7 +5,7 @@ mod gemini;
 mod logs;
 mod prompt_cache;
 
-pub use breaks::{cache_figures, texts, CacheFigures, Sent, Thresholds};
+pub use breaks::{cache_figures, is_landing, texts, CacheFigures, Sent, Thresholds};
 pub use gemini::*;
 pub use logs::captured_logs;
 pub use prompt_cache::{CachedPrompt, PromptCache};
