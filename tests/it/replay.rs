@@ -66,7 +66,10 @@ async fn replay(bodies: impl Iterator<Item = Value>) -> String {
     let config = dir.path().join("config.toml");
     std::fs::write(
         &config,
-        "[models.\"claude-sonnet-4-5\"]\ncontext_window = 30000\n\
+        // Replay calls nothing, but plans as the gateway would: an upstream that speaks the
+        // session's API (a host of no known provider speaks every API).
+        "[upstream]\nbase_url = \"http://127.0.0.1:9\"\n\
+         [models.\"claude-sonnet-4-5\"]\ncontext_window = 30000\n\
          [models.\"gpt-5-codex\"]\ncontext_window = 30000\n",
     )
     .unwrap();
