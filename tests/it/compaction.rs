@@ -597,12 +597,7 @@ async fn a_read_output_stays_whole_under_never_cut_while_the_cut_middle_moves() 
             "content": format!("output {r}: {}", filler(r + 500, 1_100))}));
         let response = post(&proxy, &chat_body(&messages), None).await;
         assert_eq!(response.status(), 200, "round {r}");
-        let sent = upstream
-            .recorded()
-            .into_iter()
-            .rfind(|r| !is_summarizer_call(r))
-            .unwrap()
-            .json();
+        let sent = upstream.forwarded().pop().unwrap();
         let sent = sent["messages"].as_array().unwrap().clone();
         let outputs: Vec<&Value> = sent.iter().filter(|m| m["role"] == "tool").collect();
         if r >= read_at {
