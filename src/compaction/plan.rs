@@ -31,6 +31,14 @@ pub const SUMMARY_FRAMING_TOKENS: u32 = 20;
 /// (40 to 55, as the hex of the conversation's id falls).
 pub const RECALL_RESERVE_TOKENS: u32 = 160;
 
+/// The room a compacted request that offers recall keeps under the hard limit for one recall
+/// round: the model's reply that calls the tool, carried into the continuation (some 100
+/// tokens written as JSON), and an answer of a few dozen tokens with its framing
+/// (`pipeline::recall`). A prompt planned up to the hard limit leaves no room to answer the
+/// call, and the client then gets the reply with the call taken out: often nothing, which ends
+/// an agent's turn with an empty answer (Claude Code 2.0.77 at 58 turns of 60).
+pub const RECALL_ROUND_TOKENS: u64 = 256;
+
 /// What a compacted request keeps room for besides the items it keeps: the summary's text,
 /// and recall's tool and line when they are offered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -353,6 +361,16 @@ impl Limits {
             Tier::Precompute
         } else {
             Tier::Settled
+        }
+    }
+
+    /// These limits for a request that offers recall: its hard limit a recall round lower
+    /// (`RECALL_ROUND_TOKENS`), so that a form near the hard limit is stepped down before the
+    /// model's call has no room to be answered.
+    pub fn with_recall_round(self) -> Limits {
+        Limits {
+            usable: self.usable.saturating_sub(RECALL_ROUND_TOKENS).max(1),
+            ..self
         }
     }
 

@@ -172,6 +172,7 @@ async fn prepare_in_full<'s, D: Dialect>(
                 state.config.summarizer.max_summary_tokens,
                 all_settings.recall.enabled,
             );
+            let recall = offers_recall::<D>(&mut request, room.recall);
             let job = Job {
                 upstream,
                 compactor,
@@ -181,8 +182,12 @@ async fn prepare_in_full<'s, D: Dialect>(
                 headers: caller,
                 settings,
                 mode,
-                limits,
-                recall: offers_recall::<D>(&mut request, room.recall),
+                limits: if recall {
+                    limits.with_recall_round()
+                } else {
+                    limits
+                },
+                recall,
             };
             let precompute = matches!(decision, Decision::Precompute(_));
             compacted::<D>(&mut request, job, precompute).await?

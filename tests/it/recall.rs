@@ -1281,3 +1281,75 @@ async fn a_stored_response_that_recalled_is_one_a_later_request_can_chain_on() {
         .unwrap();
     assert_eq!(on_the_first_round.status(), 400);
 }
+
+/// A chat agent reading logs of 300 to 700 tokens at once, its summarizer slow, the model
+/// calling recall whenever it is offered: many requests go with their middle cut up near the
+/// hard limit. Each that offers recall keeps room for the model's call to be answered, so the
+/// client always gets an answer, never a reply with the call taken out and nothing left.
+#[tokio::test]
+async fn every_request_that_offers_recall_has_room_to_answer_the_call() {
+    let upstream = MockUpstream::start(handler(|r| async move {
+        let request: Value = serde_json::from_slice(&r.body).unwrap();
+        if is_summarizer_call(&r) {
+            tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+            return json_response(200, &summary_reply("/v1/chat/completions", LOSSY_SUMMARY));
+        }
+        let api = Api::Chat;
+        if let Some(answers) = api.answers(&request) {
+            return api.text_reply(&format!("Recalled: {answers}"), false, None);
+        }
+        if api.offers_recall(&request) {
+            let query = json!({"query": "which log said what"});
+            return api.call_reply(&[(TOOL, query)], false);
+        }
+        api.text_reply("read on", false, None)
+    }))
+    .await;
+    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
+    let read_log = json!({"type": "function", "function": {"name": "read_log",
+        "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}});
+    let mut messages = vec![
+        json!({"role": "system", "content": SYSTEM_PROMPT}),
+        json!({"role": "user", "content": "Read the logs one by one and report."}),
+    ];
+    let (mut offered, mut tight) = (0, 0);
+    for round in 0..48 {
+        let call = format!("read_{round}");
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": call,
+            "type": "function", "function": {"name": "read_log", "arguments": format!("{{\"n\":{round}}}")}}]}));
+        let words = 200 + round * 97 % 300;
+        messages
+            .push(json!({"role": "tool", "tool_call_id": call, "content": filler(round, words)}));
+        let before = model_requests(&upstream).len();
+        let body = json!({"model": "gpt-4o", "messages": messages, "tools": [read_log]});
+        let response = post_chat(&proxy, &body).await;
+        assert_eq!(response.status(), 200, "round {round}");
+        let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
+            .parse()
+            .unwrap();
+        let reply: Value = response.json().await.unwrap();
+        let said = reply["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default();
+        if model_requests(&upstream)
+            .get(before)
+            .is_some_and(|sent| Api::Chat.offers_recall(sent))
+        {
+            offered += 1;
+            // 4,000 usable: the window of 8,000 less half of it reserved.
+            tight += usize::from(4_000 - forwarded < 512);
+            assert!(
+                said.starts_with("Recalled: "),
+                "round {round}, {forwarded} forwarded: {reply}"
+            );
+        } else {
+            assert_eq!(said, "read on", "round {round}");
+        }
+    }
+    // The session went where the room is short, and recall was offered all along.
+    assert!(offered >= 30, "{offered} requests offered recall");
+    assert!(
+        tight >= 3,
+        "{tight} requests within 512 tokens of the hard limit"
+    );
+}

@@ -148,6 +148,10 @@ pub fn is_landing(what: &str) -> bool {
 pub fn cache_figures(sent: &[Sent], limits: Thresholds) -> CacheFigures {
     let mut figures = CacheFigures::default();
     let mut shares = Vec::new();
+    // The recall tool's arrival is due at the session's first step, and again at the first
+    // after the client rewrote its own history (Gemini CLI masks its older outputs: the
+    // history it then sends may go as sent, without the tool, until the next step).
+    let mut arrival_due = true;
     for (i, pair) in sent.windows(2).enumerate() {
         let (before, now) = (&pair[0], &pair[1]);
         figures.pairs += 1;
@@ -162,6 +166,7 @@ pub fn cache_figures(sent: &[Sent], limits: Thresholds) -> CacheFigures {
             now.received_tokens as f64 - 0.9 * now.received_tokens as f64 * client_common;
         if !extends(&before.client, &now.client) {
             figures.client_changes += 1;
+            arrival_due = true;
             continue;
         }
         if extends(&before.forwarded, &now.forwarded) {
@@ -187,9 +192,10 @@ pub fn cache_figures(sent: &[Sent], limits: Thresholds) -> CacheFigures {
             }
         }
         // The recall tool joins `tools` at the session's first step, summary or cut (D7):
-        // once a session, that break is the tools'.
-        if common < tools_end(&now.forwarded) && figures.tool_arrivals == 0 {
+        // that break is the tools'.
+        if common < tools_end(&now.forwarded) && arrival_due {
             figures.tool_arrivals += 1;
+            arrival_due = false;
             continue;
         }
         // The form the request before went with, grown by what the client added: a cut
