@@ -365,11 +365,13 @@ impl Limits {
     }
 
     /// These limits for a request that offers recall: its hard limit a recall round lower
-    /// (`RECALL_ROUND_TOKENS`), so that a form near the hard limit is stepped down before the
-    /// model's call has no room to be answered.
+    /// (`RECALL_ROUND_TOKENS`, at most a sixteenth of what is usable, so that a small window
+    /// still has room for its summary), so that a form near the hard limit is stepped down
+    /// before the model's call has no room to be answered.
     pub fn with_recall_round(self) -> Limits {
+        let round = RECALL_ROUND_TOKENS.min(self.usable / 16);
         Limits {
-            usable: self.usable.saturating_sub(RECALL_ROUND_TOKENS).max(1),
+            usable: self.usable.saturating_sub(round).max(1),
             ..self
         }
     }
@@ -1257,6 +1259,22 @@ mod tests {
                 && said.contains("20000 for the task"),
             "{said}"
         );
+    }
+
+    #[test]
+    fn a_request_that_offers_recall_keeps_a_rounds_room_a_small_one_a_sixteenth() {
+        let limits = |usable| Limits {
+            usable,
+            trigger: usable * 3 / 4,
+            precompute: usable / 2,
+            target: usable / 2,
+            message_target: 0,
+            message_precompute: 0,
+        };
+        let large = limits(48_000).with_recall_round();
+        assert_eq!(large.usable, 48_000 - RECALL_ROUND_TOKENS);
+        assert_eq!((large.target, large.trigger), (24_000, 36_000));
+        assert_eq!(limits(1_024).with_recall_round().usable, 1_024 - 64);
     }
 
     #[test]

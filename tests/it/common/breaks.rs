@@ -104,11 +104,16 @@ const OUTPUT_KEY_CHARS: usize = 80;
 const CUT_MARK: &str = " tokens removed";
 
 /// Where an output cut in an earlier request reads differently in a later one (cut again to
-/// another length, or whole again): `(request index, what changed)`.
+/// another length, or whole again): `(request index, what changed)`. A client that rewrote
+/// its own history (a resumed session resending turns otherwise) starts a new conversation,
+/// with references of its own: what was cut before it is not held.
 fn cuts_reread(sent: &[Sent]) -> Vec<(usize, String)> {
     let mut cut: HashMap<String, String> = HashMap::new();
     let mut reread = Vec::new();
     for (i, request) in sent.iter().enumerate() {
+        if i > 0 && !extends(&sent[i - 1].client, &request.client) {
+            cut.clear();
+        }
         let prompt: serde_json::Value =
             serde_json::from_slice(&request.forwarded).unwrap_or_default();
         for text in texts(&prompt) {
