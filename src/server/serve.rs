@@ -29,6 +29,7 @@ use crate::config::Config;
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
 use crate::pipeline::state::{AppState, StartError, Worker};
+use crate::server::admission::{self, Admission, Admitted};
 use crate::server::routes;
 use crate::transport::body::ProxyBody;
 use crate::transport::departure::{ClientSocket, Departure, WatchDeparture};
@@ -54,6 +55,8 @@ pub struct Server {
     listeners: Vec<std::net::TcpListener>,
     local_addr: SocketAddr,
     state: Arc<AppState>,
+    /// Shared by every worker: the client connections the open-files limit allows.
+    admission: Arc<Admission>,
 }
 
 impl Server {
@@ -63,10 +66,13 @@ impl Server {
         let state = Arc::new(AppState::new(config)?);
         let (listeners, local_addr) =
             bind_listeners(&addr, workers).map_err(|source| StartError::Bind { addr, source })?;
+        let admission = Arc::new(Admission::from_limit());
+        tracing::debug!(connections = admission.most(), "client connections allowed");
         Ok(Server {
             listeners,
             local_addr,
             state,
+            admission,
         })
     }
 
@@ -82,7 +88,10 @@ impl Server {
     /// runs on the calling runtime, the others on threads of their own.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
         let Server {
-            listeners, state, ..
+            listeners,
+            state,
+            admission,
+            ..
         } = self;
         let (stop, stopped) = watch::channel(false);
         let barrier = DrainBarrier::new(
@@ -96,9 +105,12 @@ impl Server {
             .filter_map(|(i, listener)| {
                 let worker = i + 1;
                 let (state, stopped, theirs) = (state.clone(), stopped.clone(), barrier.clone());
+                let admission = admission.clone();
                 let spawned = std::thread::Builder::new()
                     .name(format!("condenser-worker-{worker}"))
-                    .spawn(move || run_worker(worker, listener, state, stopped, theirs));
+                    .spawn(move || {
+                        run_worker(worker, (listener, admission), state, stopped, theirs)
+                    });
                 match spawned {
                     Ok(thread) => Some(thread),
                     Err(error) => {
@@ -120,7 +132,7 @@ impl Server {
         };
         let local = async {
             let drained = match first {
-                Some(listener) => accept_loop(listener, state.clone(), stopped).await,
+                Some(listener) => accept_loop((listener, admission), state.clone(), stopped).await,
                 None => true,
             };
             barrier.arrive_and_wait().await;
@@ -203,7 +215,7 @@ fn bind_listeners(
 /// own connections drained within the grace period.
 fn run_worker(
     worker: usize,
-    listener: std::net::TcpListener,
+    listener: (std::net::TcpListener, Arc<Admission>),
     state: Arc<AppState>,
     stopped: watch::Receiver<bool>,
     barrier: DrainBarrier,
@@ -229,7 +241,7 @@ fn run_worker(
 /// Accepts until told to stop, then drains this worker's connections. True when they
 /// finished within the grace period.
 async fn accept_loop(
-    listener: std::net::TcpListener,
+    (listener, admission): (std::net::TcpListener, Arc<Admission>),
     state: Arc<AppState>,
     mut stopped: watch::Receiver<bool>,
 ) -> bool {
@@ -266,11 +278,16 @@ async fn accept_loop(
                     }
                 };
                 let _ = stream.set_nodelay(true);
+                let Some(admitted) = admission.admit() else {
+                    tracing::warn!(connections = admission.most(), "at the open-files limit: a client refused with 503");
+                    tokio::spawn(admission::refuse(stream, admission.most()));
+                    continue;
+                };
                 tokio::spawn(serve_connection(
                     stream,
                     worker.clone(),
                     builder.clone(),
-                    graceful.watcher(),
+                    (graceful.watcher(), admitted),
                     header_read_timeout,
                 ));
             }
@@ -308,7 +325,8 @@ async fn serve_connection(
     stream: TcpStream,
     worker: Arc<Worker>,
     builder: Arc<auto::Builder<TokioExecutor>>,
-    watcher: Watcher,
+    // Held until the connection ends, which makes room for another.
+    (watcher, _admitted): (Watcher, Admitted),
     header_read_timeout: Duration,
 ) {
     // Until its first byte the protocol is not known, and hyper's header-read timeout, an

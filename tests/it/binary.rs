@@ -395,11 +395,22 @@ async fn serve(
     upstream: &str,
     dir: &tempfile::TempDir,
 ) -> (Child, String, mpsc::UnboundedReceiver<Value>) {
+    serve_as(Command::new(BIN), "", upstream, dir).await
+}
+
+/// Starts the binary by `command` (which runs it with the arguments it is given), with
+/// `server` settings added to the shipped ones.
+async fn serve_as(
+    mut command: Command,
+    server: &str,
+    upstream: &str,
+    dir: &tempfile::TempDir,
+) -> (Child, String, mpsc::UnboundedReceiver<Value>) {
     let config = write_config(
         dir,
-        "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace_secs = 20\n",
+        &format!("[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace_secs = 20\n{server}"),
     );
-    let mut child = Command::new(BIN)
+    let mut child = command
         .args([
             "--config",
             config.to_str().unwrap(),
@@ -528,4 +539,62 @@ async fn sigterm_lets_a_stream_in_flight_finish() {
         drained |= line["message"] == "drained";
     }
     assert!(drained, "the server said it drained");
+}
+
+/// Run with an open-files limit of 96, condenser serves 16 client connections (two
+/// descriptors each, beside 64 kept for itself): the 17th client gets a clear 503 at once, and
+/// once the others leave, the next is served.
+#[tokio::test]
+async fn a_client_past_the_open_files_limit_gets_a_clear_503_and_the_next_is_served() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut limited = Command::new("sh");
+    limited.args(["-c", "ulimit -n 96 && exec \"$0\" \"$@\"", BIN]);
+    let (mut child, addr, _logs) = serve_as(limited, "workers = 1\n", &upstream.url(), &dir).await;
+    let mut held = Vec::new();
+    for _ in 0..16 {
+        held.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    // A request on each held connection would wait for its upstream; one answered shows they
+    // were all accepted before the next client comes.
+    let mut last = held.pop().unwrap();
+    last.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = [0u8; 12];
+    tokio::io::AsyncReadExt::read_exact(&mut last, &mut answer)
+        .await
+        .unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 200");
+    held.push(last);
+    let refused = client()
+        .get(format!("http://{addr}/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 503);
+    assert_eq!(header(&refused, "retry-after"), "1");
+    let error: Value = refused.json().await.unwrap();
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("16 connections") && message.contains("open-files limit"),
+        "{message}"
+    );
+    drop(held);
+    let served = within("a place freed", async {
+        loop {
+            let response = client()
+                .get(format!("http://{addr}/healthz"))
+                .send()
+                .await
+                .unwrap();
+            if response.status() == 200 {
+                break response;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(served.status(), 200);
+    child.kill().await.unwrap();
 }
