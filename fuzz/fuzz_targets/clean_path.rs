@@ -27,21 +27,20 @@ fuzz_target!(|data: &[u8]| {
             let bytes = lower.as_bytes();
             let mut i = 0;
             while i < bytes.len() {
-                match (bytes[i], bytes.get(i + 1..i + 3)) {
-                    (b'%', Some(hex)) => {
-                        match u8::from_str_radix(std::str::from_utf8(hex).unwrap_or("zz"), 16) {
-                            Ok(byte) => {
-                                out.push(char::from(byte));
-                                i += 3;
-                            }
-                            Err(_) => {
-                                out.push('%');
-                                i += 1;
-                            }
-                        }
-                    }
-                    (byte, _) => {
+                // Two hex digits exactly: `from_str_radix` alone would take `%+b` for 0x0b,
+                // which no server decodes.
+                let escaped = bytes
+                    .get(i + 1..i + 3)
+                    .filter(|hex| bytes[i] == b'%' && hex.iter().all(u8::is_ascii_hexdigit))
+                    .and_then(|hex| std::str::from_utf8(hex).ok())
+                    .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+                match escaped {
+                    Some(byte) => {
                         out.push(char::from(byte));
+                        i += 3;
+                    }
+                    None => {
+                        out.push(char::from(bytes[i]));
                         i += 1;
                     }
                 }
