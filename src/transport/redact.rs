@@ -153,10 +153,23 @@ enum Written {
     No,
 }
 
-/// Whether `key` is written from `at` on: each of its characters as it is, or as JSON may
-/// escape it (`\u` and four hex digits of either case, for any character; `\/`, `\\`,
-/// `\"`), in any mix. An escape is tried first: in JSON a backslash always starts one.
+/// Whether `key` is written from `at` on: as it stands, or each of its characters as it is or
+/// as JSON may escape it (`\u` and four hex digits of either case, for any character; `\/`,
+/// `\\`, `\"`), in any mix. There an escape is tried first: in JSON a backslash always starts
+/// one. The key as it stands is tried before: read as escapes, a backslash of its own (`\\`,
+/// `\u005c`) would be taken with the bytes after it, and the key written raw missed.
 fn key_written(text: &[u8], mut at: usize, key: &[u8]) -> Written {
+    let rest = text.get(at..).unwrap_or_default();
+    // Compared whole only where its first byte is: this runs at every byte a streamed body
+    // may hold back.
+    if rest.first() == key.first() {
+        if rest.starts_with(key) {
+            return Written::Whole(at + key.len());
+        }
+        if key.starts_with(rest) {
+            return Written::CutShort;
+        }
+    }
     for &wanted in key {
         match text.get(at..).unwrap_or_default() {
             [] => return Written::CutShort,
@@ -591,6 +604,26 @@ mod tests {
         assert_eq!(
             blank_credentials(text.as_bytes(), &[key]).as_ref(),
             b"key [redacted] end"
+        );
+    }
+
+    /// Found by fuzz/fuzz_targets/scrubber.rs (issue 37): a key's own `\\` was read as one
+    /// escaped backslash, and the key written raw passed, whole or split across chunks.
+    #[test]
+    fn a_key_with_backslashes_of_its_own_is_blanked_as_it_stands() {
+        let key = r"sk-FIXTURE\\KEY";
+        let sent = [HeaderValue::from_static(key)];
+        for written in [key, r"sk-FIXTURE\\\\KEY"] {
+            assert_eq!(
+                blank_credentials(format!("key {written} end").as_bytes(), &sent).as_ref(),
+                b"key [redacted] end",
+                "{written}"
+            );
+        }
+        let cut = r"key sk-FIXTURE\\K";
+        assert_eq!(
+            may_begin_a_key(cut.as_bytes(), &[Bytes::from_static(key.as_bytes())]),
+            "key ".len()
         );
     }
 
