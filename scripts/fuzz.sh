@@ -2,9 +2,9 @@
 # Runs each fuzz target of fuzz/ for SECONDS (45 unless told, 60 at most) from its committed
 # seed corpus, and fails on any crash; prints each target's executions. .ci/run runs it.
 #
-# Stable Rust is enough: without a sanitizer (`-s none`) cargo fuzz passes rustc only stable
-# flags (libFuzzer's coverage passes), so a panic, an overflow (debug assertions are on, `-a`)
-# or a timeout is what a target finds, not a memory error: the library has no `unsafe` of its
+# Stable Rust is enough: without a sanitizer (`--sanitizer none`) cargo fuzz passes rustc only
+# stable flags (libFuzzer's coverage passes), so a panic, an overflow (`--debug-assertions`) or
+# a timeout is what a target finds, not a memory error: the library has no `unsafe` of its
 # own (main.rs's setrlimit is not fuzzed), and an address-sanitizer build needs nightly and took
 # over 40 minutes on a 2-core machine. `--codegen-units 16` undoes cargo fuzz's default of one
 # codegen unit a crate: that buys faster execution with a slower build, and CI's budget is the
@@ -12,7 +12,8 @@
 #
 # cargo-fuzz is installed from crates.io when missing (its version pinned: the flags above are
 # its). New inputs found go to a temporary directory, not into the committed corpus. A crash
-# leaves its input under fuzz/artifacts/TARGET/: make it a regression test beside the code.
+# leaves its input under fuzz/artifacts/TARGET/, and the run's log beside it: make it a
+# regression test beside the code.
 #
 # usage: scripts/fuzz.sh [SECONDS] [TARGET...]
 set -euo pipefail
@@ -34,8 +35,12 @@ for target in "${TARGETS[@]}"; do
   # -timeout: an input that takes 10 s is a finding too (the proxy would hold a worker on it).
   cargo fuzz run "${BUILD[@]}" "$target" "$WORK/$target" "fuzz/corpus/$target" -- \
     -max_total_time="$SECONDS_EACH" -timeout=10 -print_final_stats=1 >"$WORK/$target.log" 2>&1 || {
-    tail -40 "$WORK/$target.log" >&2
-    echo "fuzz.sh: $target crashed; its input is under fuzz/artifacts/$target/" >&2
+    mkdir -p fuzz/artifacts
+    cp "$WORK/$target.log" "fuzz/artifacts/$target.log"
+    # What failed and where its input is, without the backtraces.
+    grep -A1 -m1 -e 'panicked at' -e 'ERROR: libFuzzer' "fuzz/artifacts/$target.log" >&2 || true
+    grep -A2 -e '^Failing input' -e '^Reproduce with' "fuzz/artifacts/$target.log" >&2 || true
+    echo "fuzz.sh: $target failed; its log is fuzz/artifacts/$target.log" >&2
     exit 1
   }
   runs=$(awk '/stat::number_of_executed_units:/ { print $2 }' "$WORK/$target.log")
