@@ -44,5 +44,13 @@ fuzz_target!(|data: &[u8]| {
     if let Some(Piece::Event(bytes) | Piece::Uninspected(bytes)) = &rest {
         whole.extend_from_slice(bytes);
     }
+    for piece in out.iter().chain(&rest) {
+        if let Piece::Event(event) = piece {
+            assert!(
+                event.len() <= max_bytes,
+                "an event over the bound of {max_bytes} inspected: {event:?}"
+            );
+        }
+    }
     assert_eq!(whole, stream, "the stream changed");
 });
