@@ -13,12 +13,12 @@ use hyper::header::HeaderMap;
 use serde_json::{json, Value};
 
 use crate::compaction::cache::ScopeHeaders;
-use crate::compaction::compactor::{ArchiveScope, Rewrite};
 use crate::compaction::plan::{
     summary_room, total_tokens, triggers, Decision, Limits, Mode, PlanInput, Split,
     RECALL_RESERVE_TOKENS,
 };
 use crate::compaction::recall::conversation_id;
+use crate::compaction::rewrite::{ArchiveScope, Rewrite};
 use crate::config::{Config, ConfigError, ContextConfig, Overrides, RecallConfig};
 use crate::dialect::stages::{
     count_as_sent, offers_recall, write_compaction, Counting, Dialect, Prepared, Settings,

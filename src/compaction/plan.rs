@@ -6,21 +6,9 @@ pub use crate::config::Mode;
 use std::fmt;
 use std::ops::Range;
 
-use crate::conversation::{head_len, task_prompt, units, Item, Kind, ToolCut};
-
-/// What a shortened tool output counts, whole: the one size every cut output is brought to,
-/// so that the cut depends only on the output (and reads the same on every later turn).
-/// About a screenful: an output's first and last lines, where errors and results are.
-pub const SHORTENED_OUTPUT_TOKENS: u32 = 256;
-
-/// What a cleared tool output counts, whole: its first and last lines (where an output names
-/// what it is, and where errors and results are) around the marker naming what was removed
-/// and the reference recall gives it back under, in the item's framing. Outputs are cleared
-/// only when cutting every output of the middle cannot bring the prompt to its budget (rule
-/// 10: clearing or cutting). The marker and a Messages `tool_result`'s framing take about 50;
-/// with nothing beside them (64), an agent's middle lost every identifier its outputs named
-/// before a summary took them.
-pub const CLEARED_OUTPUT_TOKENS: u32 = 128;
+use crate::compaction::horizon::{advance_horizon, cuts_before, saving, Horizon};
+use crate::compaction::shorten::{Shorten, SHORTENED_OUTPUT_TOKENS};
+use crate::conversation::{head_len, task_prompt, units, Item, Kind};
 
 /// What a summary message costs on top of its text: its role and the
 /// `[Context summary: N earlier messages]` line.
@@ -138,15 +126,6 @@ impl ForwardReason {
             }
         }
     }
-}
-
-/// A tool output in the tail cut down to `keep_tokens` (`SHORTENED_OUTPUT_TOKENS`), the
-/// whole item counted, at most.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shorten {
-    pub index: usize,
-    pub tokens: u32,
-    pub keep_tokens: u32,
 }
 
 /// `messages[..head]` kept first, `messages[head..tail_start]` summarized, the rest kept.
@@ -702,146 +681,12 @@ pub fn shorten_recent(items: &[Item], recent: usize, over: u64) -> Vec<Shorten> 
     cuts
 }
 
-/// Where a session's cuts reach in a kept part: every output before `all` cut, the outputs of
-/// tools cut first (`ToolCut::First`) before `first` cut, and every output before `cleared`
-/// cleared. It is what a session's rewrites keep from one turn to the next (rule 8): outputs
-/// before it read the same, cut, on every turn until a summary takes them; outputs after it
-/// are whole.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Horizon {
-    pub all: usize,
-    pub first: usize,
-    pub cleared: usize,
-}
-
-impl Horizon {
-    /// Nothing cut from `index` on.
-    pub fn at(index: usize) -> Horizon {
-        Horizon {
-            all: index,
-            first: index,
-            cleared: index,
-        }
-    }
-
-    /// Where its last cut may be.
-    pub fn reach(self) -> usize {
-        self.all.max(self.first).max(self.cleared)
-    }
-
-    /// It, reaching no further than `limit`.
-    pub fn within(self, limit: usize) -> Horizon {
-        Horizon {
-            all: self.all.min(limit),
-            first: self.first.min(limit),
-            cleared: self.cleared.min(limit),
-        }
-    }
-
-    fn cuts(self, index: usize, item: &Item) -> bool {
-        item.cuttable(SHORTENED_OUTPUT_TOKENS)
-            && (index < self.all || index < self.first && item.cut == ToolCut::First)
-    }
-
-    /// What the output at `index` counts once this horizon is applied, when it is cut or
-    /// cleared.
-    fn keep(self, index: usize, item: &Item) -> Option<u32> {
-        if index < self.cleared && item.cuttable(SHORTENED_OUTPUT_TOKENS) {
-            Some(CLEARED_OUTPUT_TOKENS)
-        } else if self.cuts(index, item) {
-            Some(SHORTENED_OUTPUT_TOKENS)
-        } else {
-            None
-        }
-    }
-}
-
-/// The tool outputs cut in a kept part that starts at `kept_from`, with the cut horizon at
-/// `horizon`: every output before it over the cut size, but those whose tool is never cut.
-pub fn cuts_before(items: &[Item], kept_from: usize, horizon: Horizon) -> Vec<Shorten> {
-    let reach = horizon.reach().min(items.len());
-    (kept_from..reach)
-        .filter_map(|index| {
-            let keep_tokens = horizon.keep(index, &items[index])?;
-            Some(Shorten {
-                index,
-                tokens: items[index].tokens,
-                keep_tokens,
-            })
-        })
-        .collect()
-}
-
-/// What `cuts` take off a prompt.
-pub fn saving(cuts: &[Shorten]) -> u64 {
-    cuts.iter()
-        .map(|cut| u64::from(cut.tokens - cut.keep_tokens))
-        .sum()
-}
-
-/// Where the cut horizon moves from `horizon`, for a prompt estimated at `estimate` (with
-/// the cuts before `horizon`) to come down to `budget`: the outputs of tools cut first, oldest
-/// first, then every output, oldest first, then, when cutting them all is not enough, every
-/// output cleared, oldest first; each mark just past the output that gets it there, or at
-/// `floor` (where the recent part starts, which is never cut) when nothing before it does. Oldest first: what changes is then as far back as it can be. A horizon
-/// only moves forward, in one step to the budget, so a session's cuts change only at such a
-/// step.
-pub fn advance_horizon(
-    items: &[Item],
-    horizon: Horizon,
-    estimate: u64,
-    (budget, clear_over): (u64, u64),
-    floor: usize,
-) -> Horizon {
-    let mut estimate = estimate;
-    let mut horizon = horizon;
-    let floor = floor.min(items.len());
-    let saving = |item: &Item| u64::from(item.tokens - SHORTENED_OUTPUT_TOKENS);
-    for (index, item) in items.iter().enumerate().take(floor).skip(horizon.first) {
-        if estimate <= budget {
-            break;
-        }
-        if item.cut == ToolCut::First && item.cuttable(SHORTENED_OUTPUT_TOKENS) {
-            if !horizon.cuts(index, item) {
-                estimate -= saving(item);
-            }
-            horizon.first = index + 1;
-        }
-    }
-    for (index, item) in items.iter().enumerate().take(floor).skip(horizon.all) {
-        if estimate <= budget {
-            break;
-        }
-        if item.cuttable(SHORTENED_OUTPUT_TOKENS) {
-            if !horizon.cuts(index, item) {
-                estimate -= saving(item);
-            }
-            horizon.all = index + 1;
-        }
-    }
-    // Every output of the middle cut and still over the hard limit (`clear_over`): they are
-    // cleared, oldest first, to the budget. Only then: a cleared output keeps so little that
-    // what the middle named (paths, ids) would be gone before a summary carries it.
-    if estimate <= clear_over {
-        return horizon;
-    }
-    for (index, item) in items.iter().enumerate().take(floor).skip(horizon.cleared) {
-        if estimate <= budget {
-            break;
-        }
-        if item.cuttable(SHORTENED_OUTPUT_TOKENS) {
-            let counted = horizon.keep(index, item).unwrap_or(item.tokens);
-            estimate -= u64::from(counted - CLEARED_OUTPUT_TOKENS);
-            horizon.cleared = index + 1;
-        }
-    }
-    horizon
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compaction::shorten::CLEARED_OUTPUT_TOKENS;
     use crate::conversation::Role;
+    use crate::conversation::ToolCut;
     use proptest::prelude::*;
 
     fn msg(role: Role, tokens: u32) -> Item {

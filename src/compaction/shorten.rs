@@ -8,10 +8,32 @@ use std::sync::{Arc, LazyLock};
 
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::compaction::plan::Shorten;
 use crate::tokens::count_cache::{random_secret, CountCache, SECRET_BYTES};
 use crate::tokens::encoding::Encoding;
 use crate::tokens::rules::{bpe, count_text};
+
+/// What a shortened tool output counts, whole: the one size every cut output is brought to,
+/// so that the cut depends only on the output (and reads the same on every later turn).
+/// About a screenful: an output's first and last lines, where errors and results are.
+pub const SHORTENED_OUTPUT_TOKENS: u32 = 256;
+
+/// What a cleared tool output counts, whole: its first and last lines (where an output names
+/// what it is, and where errors and results are) around the marker naming what was removed
+/// and the reference recall gives it back under, in the item's framing. Outputs are cleared
+/// only when cutting every output of the middle cannot bring the prompt to its budget (rule
+/// 10: clearing or cutting). The marker and a Messages `tool_result`'s framing take about 50;
+/// with nothing beside them (64), an agent's middle lost every identifier its outputs named
+/// before a summary took them.
+pub const CLEARED_OUTPUT_TOKENS: u32 = 128;
+
+/// A tool output in the tail cut down to `keep_tokens` (`SHORTENED_OUTPUT_TOKENS`), the
+/// whole item counted, at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shorten {
+    pub index: usize,
+    pub tokens: u32,
+    pub keep_tokens: u32,
+}
 
 /// Room left for where an item's texts meet its framing when they are counted together.
 const FRAMING_SLACK_TOKENS: u32 = 4;

@@ -10,8 +10,8 @@ use hyper::Response;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::compaction::compactor::{Action, Rewrite};
 use crate::compaction::plan::{self, Decision, Limits, Mode, PlanInput, Split};
+use crate::compaction::rewrite::{Action, Rewrite};
 use crate::compaction::summary_api::{SummaryApi, SummaryEndpoint};
 use crate::config::{tool_cut, Config, ContextConfig, RecallConfig, ToolPolicy};
 use crate::conversation::{answered_tools, Item, Kind, ToolCut};

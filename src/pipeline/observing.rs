@@ -10,8 +10,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use hyper::header::HeaderMap;
 
-use crate::compaction::compactor::Action;
 use crate::compaction::plan::Mode;
+use crate::compaction::rewrite::Action;
 use crate::config::{ContextConfig, RecallConfig};
 use crate::dialect::stages::{Dialect, Settings};
 use crate::error::ProxyError;

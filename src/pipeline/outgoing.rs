@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::compaction::compactor::{Action, CacheOutcome};
+use crate::compaction::rewrite::{Action, CacheOutcome};
 use crate::dialect::stages::{Dialect, Prepared, Would};
 use crate::error::ProxyError;
 use crate::pipeline::recall::Recallable;

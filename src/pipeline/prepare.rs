@@ -7,8 +7,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use hyper::header::HeaderMap;
 
-use crate::compaction::compactor::{self, Action, CompactionJob, Compactor};
+use crate::compaction::compactor::{self, Compactor};
 use crate::compaction::plan::{summary_room, Decision, Limits, Mode, Split};
+use crate::compaction::rewrite::{Action, CompactionJob};
 use crate::config::ContextConfig;
 use crate::dialect::stages::{
     count_as_sent, offers_recall, write_compaction, Counting, Dialect, Planned, Prepared, Ready,

@@ -19,8 +19,9 @@ use prometheus::IntCounter;
 use serde_json::{Map, Value};
 use tokio::sync::OnceCell;
 
-use crate::compaction::compactor::{ArchiveScope, Compactor};
+use crate::compaction::compactor::Compactor;
 use crate::compaction::recall::{self, Archived, RecallAnswer, RecallLimits};
+use crate::compaction::rewrite::ArchiveScope;
 use crate::config::RecallConfig;
 use crate::dialect::recall::{
     continuation_failed, Answered, RecallWire, Round, RoundCalls, Stitched,

@@ -10,7 +10,7 @@ use http_body_util::BodyExt;
 use hyper::header::{self, HeaderName, HeaderValue};
 use hyper::Response;
 
-use crate::compaction::compactor::{Action, CacheOutcome};
+use crate::compaction::rewrite::{Action, CacheOutcome};
 use crate::dialect::stages::Dialect;
 use crate::observe::metrics::ModelLabel;
 use crate::pipeline::outgoing::{Outcome, Outgoing};

@@ -8,8 +8,8 @@ use bytes::Bytes;
 use hyper::header::{self, HeaderMap};
 use hyper::{Method, Response};
 
-use crate::compaction::compactor::{Action, CacheOutcome};
 use crate::compaction::plan::Mode;
+use crate::compaction::rewrite::{Action, CacheOutcome};
 use crate::dialect::stages::{Dialect, Settings};
 use crate::error::ProxyError;
 use crate::pipeline::outgoing::Outgoing;

@@ -4,7 +4,8 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use crate::compaction::compactor::{Compactor, COUNTED_OUTCOMES};
+use crate::compaction::compactor::Compactor;
+use crate::compaction::rewrite::COUNTED_OUTCOMES;
 use crate::config::{Config, ConfigError};
 use crate::dialect::{check_apis, summary_api_named, DIALECTS};
 use crate::observe::metrics::{Metrics, MetricsError};

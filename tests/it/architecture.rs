@@ -307,7 +307,7 @@ fn no_module_imports_one_that_imports_it() {
     );
     let graph = imports(&modules);
     assert!(
-        graph["dialect::chat"].contains("compaction::compactor"),
+        graph["dialect::chat"].contains("compaction::rewrite"),
         "the import reader misses imports: {:?}",
         graph["dialect::chat"]
     );

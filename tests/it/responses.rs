@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::*;
-use condenser::compaction::compactor::{Action, CacheOutcome, Rewrite};
 use condenser::compaction::plan::{Decision, Mode};
+use condenser::compaction::rewrite::{Action, CacheOutcome, Rewrite};
 use condenser::compaction::summary::Summary;
 use condenser::dialect::responses::Responses;
 use condenser::dialect::stages::{Dialect, Settings};

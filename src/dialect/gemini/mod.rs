@@ -21,8 +21,8 @@ use hyper::Response;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::Split;
+use crate::compaction::rewrite::Rewrite;
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::ContextConfig;
 use crate::dialect::recall::RecallWire;

@@ -4,7 +4,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::compaction::compactor::Rewrite;
+use crate::compaction::rewrite::Rewrite;
 use crate::config::SummaryRole;
 use crate::dialect::gemini::view::{is_user, response_texts};
 use crate::tokens::encoding::Encoding;

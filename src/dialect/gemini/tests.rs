@@ -2,8 +2,8 @@
 
 use super::view::{is_user, parts};
 use super::*;
-use crate::compaction::compactor::{Action, CacheOutcome};
 use crate::compaction::plan::{plan, Decision, PlanInput};
+use crate::compaction::rewrite::{Action, CacheOutcome};
 use crate::compaction::summary::Summary;
 use crate::config::SummaryRole;
 use crate::conversation::{Item, Kind, Role};
@@ -339,7 +339,7 @@ fn without_a_pinned_task_a_summary_opens_the_contents_as_a_user_turn() {
 fn a_planned_cut_shortens_the_response_text_and_nothing_else() {
     let mut request = request(session(3));
     let mut rewrite = rewrite_of(0, None, false);
-    rewrite.cuts = vec![crate::compaction::plan::Shorten {
+    rewrite.cuts = vec![crate::compaction::shorten::Shorten {
         index: 2,
         tokens: 400,
         keep_tokens: 60,

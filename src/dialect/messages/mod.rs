@@ -20,8 +20,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{Mode, Split};
+use crate::compaction::rewrite::Rewrite;
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::ContextConfig;
 use crate::dialect::recall::RecallWire;
@@ -344,8 +344,8 @@ async fn counted(
 mod tests {
     use super::view::{block_type, blocks, is_user};
     use super::*;
-    use crate::compaction::compactor::{Action, CacheOutcome};
     use crate::compaction::plan::{plan, Decision, PlanInput};
+    use crate::compaction::rewrite::{Action, CacheOutcome};
     use crate::compaction::summary::Summary;
     use crate::config::SummaryRole;
     use crate::conversation::{Item, Kind, Role};

@@ -3,8 +3,8 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::Split;
+use crate::compaction::rewrite::Rewrite;
 use crate::config::SummaryRole;
 use crate::dialect::messages::view::{block_type, is_user};
 use crate::tokens::encoding::Encoding;
@@ -175,7 +175,7 @@ mod tests {
         cut_item_texts(
             Encoding::O200k,
             tool_result_texts(&mut message),
-            &crate::compaction::plan::Shorten {
+            &crate::compaction::shorten::Shorten {
                 index: 0,
                 tokens: before,
                 keep_tokens: 500,

@@ -19,8 +19,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use crate::compaction::compactor::Rewrite;
 use crate::compaction::plan::{ForwardReason, Mode, Split};
+use crate::compaction::rewrite::Rewrite;
 use crate::compaction::shorten::cut_item_texts;
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::{ContextConfig, SummaryRole};
@@ -531,13 +531,13 @@ mod tests {
             })),
             kept_from: 2,
             pinned: None,
-            cuts: vec![crate::compaction::plan::Shorten {
+            cuts: vec![crate::compaction::shorten::Shorten {
                 index: 3,
                 tokens: 1000,
                 keep_tokens: 500,
             }],
-            action: crate::compaction::compactor::Action::Summarized,
-            cache: crate::compaction::compactor::CacheOutcome::Miss,
+            action: crate::compaction::rewrite::Action::Summarized,
+            cache: crate::compaction::rewrite::CacheOutcome::Miss,
             summarized: 1,
             waited: std::time::Duration::ZERO,
             archive: None,

@@ -1,0 +1,589 @@
+//! The forms a request can go in, and the choice of one from what its conversation has on
+//! hand: a summary cached or being made, and the cut horizons earlier rewrites recorded.
+//! Pure: what to make, the compactor starts; what went, it records.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::{BoxFuture, Shared};
+
+use crate::compaction::horizon::{advance_horizon, cuts_before, saving, Horizon};
+use crate::compaction::plan::{Tier, SUMMARY_FRAMING_TOKENS};
+use crate::compaction::recall;
+use crate::compaction::rewrite::{
+    as_sent, Action, ArchiveScope, CacheOutcome, CompactionJob, Rewrite,
+};
+use crate::compaction::shorten::Shorten;
+use crate::compaction::summary::Summary;
+use crate::error::SummarizeError;
+use crate::tokens::rules::count_text;
+
+/// A summary being made, which every request that needs it awaits.
+pub(super) type SharedSummary = Shared<BoxFuture<'static, Result<Arc<Summary>, SummarizeError>>>;
+
+/// What this request's conversation already has: summaries cached at its candidate ends,
+/// and a summary being made for one of them.
+pub(super) struct OnHand {
+    /// By end, shortest first.
+    pub(super) cached: Vec<(usize, Arc<Summary>)>,
+    /// The latest-ending summary being made (ahead of need, or for another request).
+    pub(super) pending: Option<(usize, SharedSummary)>,
+    /// The cut horizons earlier rewrites of this conversation recorded, by where their kept
+    /// part starts (a cached summary's end, or the head), each checked against this
+    /// request's items.
+    pub(super) horizons: HashMap<usize, Horizon>,
+    /// The cut horizon of the latest kept part on record, which a step made now keeps.
+    pub(super) carried: Option<Horizon>,
+}
+
+impl OnHand {
+    pub(super) fn exact(&self, end: usize) -> Option<Arc<Summary>> {
+        self.cached
+            .iter()
+            .find(|(e, _)| *e == end)
+            .map(|(_, s)| s.clone())
+    }
+
+    /// The latest-ending cached summary before `end`, which a summary up to `end` extends.
+    pub(super) fn longest_before(&self, end: usize) -> Option<(usize, Arc<Summary>)> {
+        self.cached.iter().rev().find(|(e, _)| *e < end).cloned()
+    }
+}
+
+/// A way the request can go: the items from `end` on kept after `summary` (of the items
+/// `head..end`), or from the head with no summary; the kept tool outputs before `horizon`
+/// cut; and where that stands against the request's limits.
+#[derive(Clone)]
+pub(super) struct Form {
+    pub(super) end: usize,
+    pub(super) summary: Option<Arc<Summary>>,
+    pub(super) horizon: Horizon,
+    pub(super) tier: Tier,
+}
+
+/// A request and what its conversation has on hand.
+#[derive(Clone, Copy)]
+pub(super) struct On<'a, 'r> {
+    pub(super) job: &'a CompactionJob<'r>,
+    pub(super) on_hand: &'a OnHand,
+    /// Where the conversation's items are archived: the line after a summary names them,
+    /// when the request offers recall.
+    pub(super) archive: &'a ArchiveScope,
+}
+
+impl Form {
+    pub(super) fn at(
+        on: On<'_, '_>,
+        summary: Option<Arc<Summary>>,
+        end: usize,
+        horizon: Horizon,
+    ) -> Form {
+        let job = on.job;
+        // No horizon reaches into the recent part, whatever an earlier request recorded
+        // (rule 3: a client that resends fewer items, or keeps fewer recent ones, gets them
+        // whole).
+        let horizon = horizon.within(job.split.recent_start.max(end));
+        let (tokens, messages) = estimate(on, summary.as_deref(), end, horizon);
+        Form {
+            end,
+            summary,
+            horizon,
+            tier: job.limits.tier(job.settings, tokens, messages),
+        }
+    }
+
+    /// With the horizon the conversation recorded for this kept part, if any: what the
+    /// request before it sent.
+    fn recorded(on: On<'_, '_>, summary: Option<Arc<Summary>>, end: usize) -> Option<Form> {
+        let horizon = *on.on_hand.horizons.get(&end)?;
+        Some(Form::at(on, summary, end, horizon))
+    }
+
+    /// Taken up now for the first time: its outputs cut, oldest first, down to the target.
+    /// What was cut before stays cut (rule 8: nothing cut is restored), from the conversation's
+    /// latest recorded horizon on.
+    pub(super) fn fresh(on: On<'_, '_>, summary: Option<Arc<Summary>>, end: usize) -> Form {
+        let start = Horizon::at(end);
+        let carried = on.on_hand.carried.map_or(start, |cut| Horizon {
+            all: cut.all.max(end),
+            first: cut.first.max(end),
+            cleared: cut.cleared.max(end),
+        });
+        Form::at(on, summary, end, carried).stepped(on)
+    }
+
+    /// Its horizon moved on, in one step, so that the prompt comes down to the target.
+    fn stepped(self, on: On<'_, '_>) -> Form {
+        let job = on.job;
+        let (tokens, _) = estimate(on, self.summary.as_deref(), self.end, self.horizon);
+        let horizon = advance_horizon(
+            job.items,
+            self.horizon,
+            tokens,
+            (job.limits.target, job.limits.hard(job.settings)),
+            job.split.recent_start,
+        );
+        Form::at(on, self.summary, self.end, horizon)
+    }
+
+    fn cuts(&self, job: &CompactionJob<'_>) -> Vec<Shorten> {
+        form_cuts(job, self.end, self.horizon)
+    }
+}
+
+/// The outputs a form keeping the items from `end` on cuts: those of the middle before
+/// `horizon`, and the recent ones the plan shortens only when the recent part alone cannot
+/// fit the hard limit.
+fn form_cuts(job: &CompactionJob<'_>, end: usize, horizon: Horizon) -> Vec<Shorten> {
+    let mut cuts = cuts_before(job.items, end, horizon);
+    cuts.extend(
+        job.split
+            .recent_cuts()
+            .filter(|cut| cut.index >= end)
+            .copied(),
+    );
+    cuts
+}
+
+/// Estimated prompt, and message count, of a request forwarded with `summary` (ending before
+/// message `end`) and everything after it (the task pinned), the outputs before `horizon`
+/// cut; or, with no summary, whole but for those cuts.
+fn estimate(
+    on: On<'_, '_>,
+    summary: Option<&Summary>,
+    end: usize,
+    horizon: Horizon,
+) -> (u64, usize) {
+    let job = on.job;
+    let cuts = saving(&form_cuts(job, end, horizon));
+    let items = job.count.per_message.len();
+    let Some(summary) = summary else {
+        let tool = if job.recall && cuts > 0 {
+            u64::from(recall::tool_tokens(job.info.encoding))
+        } else {
+            0
+        };
+        return (job.count.total + tool - cuts, items);
+    };
+    let pinned = job.split.pinned_before(end).unwrap_or_default();
+    let head: u64 = job.count.per_message[..job.split.head]
+        .iter()
+        .chain(&job.count.per_message[pinned.clone()])
+        .map(|&t| u64::from(t))
+        .sum();
+    let rest: u64 = job.count.per_message[end..]
+        .iter()
+        .map(|&t| u64::from(t))
+        .sum();
+    let tokens = head
+        + u64::from(summary.tokens)
+        + u64::from(SUMMARY_FRAMING_TOKENS)
+        + recall_tokens(job, &on.archive.conversation, end)
+        + rest
+        + u64::from(job.count.fixed)
+        - cuts;
+    (tokens, job.split.head + pinned.len() + 1 + items - end)
+}
+
+/// What recall adds to a request forwarded with a summary ending before `end`: the tool,
+/// and the line naming the summarized items' references, counted as written.
+fn recall_tokens(job: &CompactionJob<'_>, conversation: &str, end: usize) -> u64 {
+    if !job.recall {
+        return 0;
+    }
+    let note = recall::archived_note(conversation, job.split.head..end, "messages");
+    let encoding = job.info.encoding;
+    u64::from(recall::tool_tokens(encoding) + count_text(encoding, &note))
+}
+
+/// How the request may go now, with what is on hand, if anything fits the hard limit; no
+/// request waits while something does (rule 10). What the request before it sent stays
+/// (rule 8): the form in use is the latest kept part with a recorded cut horizon, and it
+/// goes unchanged while it keeps the prompt under every trigger. Past the precompute line
+/// the next step is made ahead. Over the trigger the next step is taken when one on hand
+/// brings the prompt down to the target in one step; else the form in use goes on, while
+/// the plan's summary is made. Over the hard limit, with no step on hand that fits, the form
+/// in use cuts its oldest whole tool outputs, in one step to the target, and the summary
+/// takes over when it lands.
+pub(super) fn without_waiting(on: On<'_, '_>) -> Choice {
+    let make = Cell::new(None);
+    let went = chosen(on, &make);
+    Choice {
+        went,
+        make: make.get(),
+    }
+}
+
+/// What a request that need not wait goes with, and the summary the compactor starts
+/// meanwhile: made for `make`, extending the longest on hand that ends before it.
+pub(super) struct Choice {
+    pub(super) went: Option<(Form, CacheOutcome)>,
+    pub(super) make: Option<usize>,
+}
+
+/// The form `without_waiting` chooses, the end of the summary to make set in `to_make`.
+fn chosen(on: On<'_, '_>, to_make: &Cell<Option<usize>>) -> Option<(Form, CacheOutcome)> {
+    let (job, on_hand) = (on.job, on.on_hand);
+    let split = job.split;
+    // The summary to make for `end`, extending the longest on hand that ends before it;
+    // unless one is being made already, whose end the conversation has not yet outgrown:
+    // a step started on every turn would never be used.
+    let make = |end: usize| {
+        if end > split.head && on_hand.exact(end).is_none() && on_hand.pending.is_none() {
+            to_make.set(Some(end));
+        }
+    };
+    // Past the precompute line, counted on what is forwarded, the next step is made unless
+    // one on hand or in the making would take over: a summary that ends later but would
+    // itself leave the prompt past the line covers too little, and is extended.
+    let make_ahead_from = |form: &Form| {
+        let ready = on_hand
+            .pending
+            .as_ref()
+            .is_some_and(|(end, _)| *end > form.end)
+            || on_hand.cached.iter().any(|(end, summary)| {
+                *end > form.end
+                    && Form::fresh(on, Some(summary.clone()), *end).tier < Tier::Precompute
+            });
+        if form.tier == Tier::Precompute && !ready {
+            make(split.ahead);
+        }
+    };
+    let in_use = on_hand
+        .cached
+        .iter()
+        .rev()
+        .find_map(|(end, summary)| Form::recorded(on, Some(summary.clone()), *end))
+        .or_else(|| Form::recorded(on, None, split.head));
+    if let Some(form) = in_use.as_ref().filter(|form| form.tier <= Tier::Precompute) {
+        make_ahead_from(form);
+        return Some((form.clone(), CacheOutcome::Hit));
+    }
+    // The next steps on hand: summaries ending after the one in use, shortest first, each
+    // with its outputs cut afresh.
+    let after = in_use.as_ref().map(|form| form.end);
+    let steps: Vec<Form> = on_hand
+        .cached
+        .iter()
+        .filter(|(end, _)| after.is_none_or(|after| *end > after))
+        .map(|(end, summary)| Form::fresh(on, Some(summary.clone()), *end))
+        .collect();
+    if let Some(step) = steps.iter().find(|form| form.tier <= Tier::Precompute) {
+        make_ahead_from(step);
+        return Some((step.clone(), CacheOutcome::Hit));
+    }
+    let as_sent = Form::at(on, None, split.head, Horizon::at(split.head));
+    let current = in_use.unwrap_or(as_sent);
+    if current.tier < Tier::Hard {
+        make(split.tail_start);
+        return Some((current, CacheOutcome::Stale));
+    }
+    // Over the hard limit: the longest step on hand that fits, else the form in use with
+    // more of its outputs cut.
+    let instant = steps
+        .into_iter()
+        .rev()
+        .find(|form| form.tier < Tier::Hard)
+        .or_else(|| Some(current.stepped(on)).filter(|form| form.tier < Tier::Hard))?;
+    make(split.tail_start);
+    Some((instant, CacheOutcome::Stale))
+}
+
+/// The rewrite a form makes: with its summary, or cut only, or as sent when it changes
+/// nothing (the cache outcome then says the request went as it came: `deferred`).
+pub(super) fn went(on: On<'_, '_>, form: Form, cache: CacheOutcome, waited: Duration) -> Rewrite {
+    let job = on.job;
+    let cuts = form.cuts(job);
+    let Some(summary) = form.summary else {
+        // No summary on hand yet: the request went without one while it is made.
+        let cache = if cache == CacheOutcome::Stale {
+            CacheOutcome::Deferred
+        } else {
+            cache
+        };
+        if cuts.is_empty() {
+            return as_sent(cache, waited);
+        }
+        return Rewrite {
+            summary: None,
+            kept_from: job.split.head,
+            pinned: None,
+            cuts,
+            action: Action::Trimmed,
+            cache,
+            summarized: 0,
+            waited,
+            archive: None,
+        };
+    };
+    Rewrite {
+        summary: Some(summary),
+        kept_from: form.end,
+        pinned: job.split.pinned_before(form.end),
+        cuts,
+        action: Action::Summarized,
+        cache,
+        summarized: form.end - job.split.head,
+        waited,
+        archive: job.recall.then(|| on.archive.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compaction::plan::{Limits, Mode, Split};
+    use crate::config::{Config, ContextConfig};
+    use crate::conversation::{Item, Kind, Role};
+    use crate::tokens::catalog::{ModelCatalog, ModelInfo};
+    use crate::tokens::counter::PromptCount;
+    use crate::transport::upstream::{Connections, Upstream};
+    use hyper::header::HeaderMap;
+    use serde_json::{json, Value};
+
+    /// A conversation of six items of 100 tokens (the system prompt its head) but a tool
+    /// output of 1,000 at index 3, its request's other parts counting 10; planned to keep the
+    /// items from 3 on after a summary, the last one recent.
+    struct Fixture {
+        messages: Vec<Value>,
+        count: PromptCount,
+        items: Vec<Item>,
+        split: Split,
+        info: ModelInfo,
+        upstream: Arc<Upstream>,
+        headers: HeaderMap,
+        settings: ContextConfig,
+    }
+
+    fn fixture() -> Fixture {
+        let tokens = [100, 100, 100, 1_000, 100, 100];
+        let items: Vec<Item> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &tokens)| match i {
+                0 => Item::new(Role::System, Kind::Message, tokens),
+                3 => Item::new(Role::Tool, Kind::ToolResult, tokens),
+                _ => Item::new(Role::User, Kind::Message, tokens),
+            })
+            .collect();
+        let config = Config::default();
+        let failures = crate::observe::metrics::UpstreamFailures::new().unwrap();
+        let connections = Connections::new(&config, failures);
+        let upstream = Upstream::new(
+            "http://127.0.0.1:9",
+            "",
+            Duration::from_secs(1),
+            &connections,
+        );
+        Fixture {
+            messages: (0..6)
+                .map(|i| json!({"role": "user", "content": i}))
+                .collect(),
+            count: PromptCount {
+                per_message: tokens.to_vec(),
+                fixed: 10,
+                total: 1_510,
+                raw_total: 1_510,
+            },
+            items,
+            split: Split {
+                head: 1,
+                tail_start: 3,
+                task: None,
+                ahead: 3,
+                summary_ends: vec![3],
+                shorten: Vec::new(),
+                recent_start: 5,
+                estimated_tokens: 0,
+            },
+            info: ModelCatalog::new(Default::default(), Default::default()).resolve("gpt-4o"),
+            upstream: Arc::new(upstream.unwrap()),
+            headers: HeaderMap::new(),
+            settings: ContextConfig::default(),
+        }
+    }
+
+    /// Limits by which the whole conversation (1,510) is over the trigger, within the hard
+    /// limit; and a summary of 50 tokens at 3 (1,380) brings it down past the precompute line
+    /// only.
+    fn limits() -> Limits {
+        Limits {
+            usable: 10_000,
+            trigger: 1_400,
+            precompute: 1_000,
+            target: 900,
+            message_target: 0,
+            message_precompute: 0,
+        }
+    }
+
+    fn job(f: &Fixture, recall: bool) -> CompactionJob<'_> {
+        CompactionJob {
+            messages: &f.messages,
+            count: &f.count,
+            items: &f.items,
+            split: &f.split,
+            model: "gpt-4o",
+            info: &f.info,
+            upstream: &f.upstream,
+            headers: &f.headers,
+            api: crate::dialect::named("chat").unwrap().summary,
+            settings: &f.settings,
+            mode: Mode::Auto,
+            limits: limits(),
+            recall,
+        }
+    }
+
+    fn summary(tokens: u32) -> Arc<Summary> {
+        Arc::new(Summary {
+            text: "s".into(),
+            tokens,
+            messages: 2,
+            model: "m".into(),
+            created_at: 0,
+        })
+    }
+
+    fn on_hand(cached: Vec<(usize, Arc<Summary>)>) -> OnHand {
+        OnHand {
+            cached,
+            pending: None,
+            horizons: HashMap::new(),
+            carried: None,
+        }
+    }
+
+    fn archive() -> ArchiveScope {
+        ArchiveScope {
+            caller: [0; 32],
+            conversation: "c0ffee".into(),
+        }
+    }
+
+    #[test]
+    fn an_estimate_with_a_summary_counts_head_summary_framing_and_kept_less_cuts() {
+        let f = fixture();
+        let job = job(&f, false);
+        let hand = on_hand(Vec::new());
+        let archive = archive();
+        let on = On {
+            job: &job,
+            on_hand: &hand,
+            archive: &archive,
+        };
+        let framing = u64::from(SUMMARY_FRAMING_TOKENS);
+        // Head 100, summary 50, the kept 1,200 and the other parts 10; the system prompt,
+        // the summary and three kept items.
+        assert_eq!(
+            estimate(on, Some(&summary(50)), 3, Horizon::at(3)),
+            (100 + 50 + framing + 1_200 + 10, 5)
+        );
+        // The output at 3 cut to the cut size.
+        let cut = Horizon {
+            all: 4,
+            first: 4,
+            cleared: 3,
+        };
+        assert_eq!(
+            estimate(on, Some(&summary(50)), 3, cut).0,
+            100 + 50 + framing + 1_200 + 10 - u64::from(1_000 - SHORTENED_OUTPUT)
+        );
+        // With no summary: the whole count less the cuts.
+        assert_eq!(
+            estimate(on, None, 1, cut),
+            (1_510 - u64::from(1_000 - SHORTENED_OUTPUT), 6)
+        );
+    }
+
+    const SHORTENED_OUTPUT: u32 = crate::compaction::shorten::SHORTENED_OUTPUT_TOKENS;
+
+    #[test]
+    fn recall_adds_its_tool_and_line_to_a_summarized_form_only_when_offered() {
+        let f = fixture();
+        assert_eq!(recall_tokens(&job(&f, false), "c0ffee", 3), 0);
+        let with = recall_tokens(&job(&f, true), "c0ffee", 3);
+        assert!(with > u64::from(recall::tool_tokens(f.info.encoding)));
+        let hand = on_hand(Vec::new());
+        let archive = archive();
+        let (off, on) = (job(&f, false), job(&f, true));
+        let estimate_of = |job| {
+            let on = On {
+                job,
+                on_hand: &hand,
+                archive: &archive,
+            };
+            estimate(on, Some(&summary(50)), 3, Horizon::at(3)).0
+        };
+        assert_eq!(estimate_of(&on) - estimate_of(&off), with);
+    }
+
+    #[test]
+    fn a_forms_tier_is_where_its_estimate_stands_against_the_limits() {
+        let f = fixture();
+        let job = job(&f, false);
+        let hand = on_hand(Vec::new());
+        let archive = archive();
+        let on = On {
+            job: &job,
+            on_hand: &hand,
+            archive: &archive,
+        };
+        assert_eq!(Form::at(on, None, 1, Horizon::at(1)).tier, Tier::Soft);
+        assert_eq!(
+            Form::at(on, Some(summary(50)), 3, Horizon::at(3)).tier,
+            Tier::Precompute
+        );
+        // Taken up fresh, its outputs are cut down to the target.
+        let fresh = Form::fresh(on, Some(summary(50)), 3);
+        assert_eq!(fresh.horizon.all, 4);
+        assert_eq!(fresh.tier, Tier::Settled);
+        assert_eq!(fresh.cuts(&job).len(), 1);
+    }
+
+    #[test]
+    fn a_step_on_hand_goes_at_once_and_nothing_more_is_made() {
+        let f = fixture();
+        let job = job(&f, false);
+        let hand = on_hand(vec![(3, summary(50))]);
+        let archive = archive();
+        let on = On {
+            job: &job,
+            on_hand: &hand,
+            archive: &archive,
+        };
+        let choice = without_waiting(on);
+        let (form, cache) = choice.went.expect("a form");
+        assert_eq!((form.end, cache), (3, CacheOutcome::Hit));
+        assert_eq!(choice.make, None);
+        let rewrite = went(on, form, cache, Duration::ZERO);
+        assert_eq!(rewrite.action, Action::Summarized);
+        assert_eq!((rewrite.kept_from, rewrite.summarized), (3, 2));
+        // Recall is not offered: nothing is named archived.
+        assert_eq!(rewrite.archive, None);
+    }
+
+    #[test]
+    fn over_the_trigger_with_nothing_on_hand_it_goes_as_sent_while_the_summary_is_made() {
+        let f = fixture();
+        let job = job(&f, true);
+        let hand = on_hand(Vec::new());
+        let archive = archive();
+        let on = On {
+            job: &job,
+            on_hand: &hand,
+            archive: &archive,
+        };
+        let choice = without_waiting(on);
+        assert_eq!(choice.make, Some(3));
+        let (form, cache) = choice.went.expect("a form");
+        assert_eq!((form.end, cache), (1, CacheOutcome::Stale));
+        let rewrite = went(on, form, cache, Duration::ZERO);
+        assert_eq!(
+            (rewrite.action, rewrite.cache),
+            (Action::Forwarded, CacheOutcome::Deferred)
+        );
+    }
+}
