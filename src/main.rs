@@ -13,6 +13,7 @@ use condenser::cli::{self, LogFormat, PlanOptions, ReplayOptions};
 use condenser::compaction::plan::Mode;
 use condenser::config::{Config, Overrides};
 use condenser::dialect::{self, Api, DIALECTS};
+use condenser::server::admission::raise_open_files_limit;
 use condenser::server::serve::{shutdown_signal, Server};
 
 // Many small allocations per request (JSON values, headers, buffers): mimalloc serves them
@@ -225,28 +226,4 @@ async fn serve(config: Config) -> ExitCode {
     tracing::info!(%addr, "condenser listening");
     server.serve(shutdown_signal()).await;
     ExitCode::SUCCESS
-}
-
-/// Raises the soft limit on open files to the hard one, and returns it. Each stream holds
-/// two descriptors (the client's connection and upstream's), and the soft limit most systems
-/// start a process with (1,024) would refuse new streams after some 500, though the hard
-/// limit (often 20k or more) allows many more.
-fn raise_open_files_limit() -> std::io::Result<u64> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit only read and write the `rlimit` passed to them.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if limit.rlim_cur < limit.rlim_max {
-            limit.rlim_cur = limit.rlim_max;
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-        }
-    }
-    Ok(limit.rlim_cur)
 }

@@ -69,14 +69,38 @@ impl Admission {
     }
 }
 
+/// Raises the soft limit on open files to the hard one, and returns it. Each stream holds
+/// two descriptors (the client's connection and upstream's), and the soft limit most systems
+/// start a process with (1,024) would refuse new streams after some 500, though the hard
+/// limit (often 20k or more) allows many more.
+pub fn raise_open_files_limit() -> std::io::Result<u64> {
+    let mut limit = open_files()?;
+    if limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: setrlimit only reads the `rlimit` passed to it.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(limit.rlim_cur)
+}
+
 /// The process's soft limit on open files.
 fn open_files_limit() -> Option<u64> {
+    open_files().ok().map(|limit| limit.rlim_cur)
+}
+
+/// The process's limits on open files, soft and hard.
+fn open_files() -> std::io::Result<libc::rlimit> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit only writes the `rlimit` passed to it.
-    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0).then_some(limit.rlim_cur)
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(limit)
 }
 
 /// Answers a client that was not admitted with a 503 in OpenAI's error shape (every SDK reads
