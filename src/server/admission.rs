@@ -104,7 +104,11 @@ fn open_files() -> std::io::Result<libc::rlimit> {
 }
 
 /// Answers a client that was not admitted with a 503 in OpenAI's error shape (every SDK reads
-/// `error.message`), `retry-after` set, and closes the connection.
+/// `error.message`), `retry-after` set, and closes the connection. Written by hand rather than
+/// through hyper: at the descriptor limit a refusal should hold nothing past one read and one
+/// write (hyper's connection would keep its buffers, timers and keep-alive for a client that
+/// is to go). An h2c client sent straight to HTTP/2 reads this as a broken connection, which
+/// its SDK retries like the 503.
 pub async fn refuse(mut stream: TcpStream, most: usize) {
     let mut request = [0u8; 4096];
     let _ = tokio::time::timeout(REFUSED_READ, stream.read(&mut request)).await;
