@@ -11,6 +11,7 @@ pub mod plan;
 pub mod recall;
 pub mod redis;
 pub mod rewrite;
+pub mod session;
 pub mod shorten;
 pub mod summarizer;
 pub mod summary;

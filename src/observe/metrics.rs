@@ -194,6 +194,25 @@ impl SummarizerFailure {
     }
 }
 
+/// How a summary was asked, as `condenser_summaries_total` labels it: through the session's
+/// own cached prefix, or as a prompt of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SummaryVia {
+    Session,
+    Separate,
+}
+
+impl SummaryVia {
+    pub const ALL: [SummaryVia; 2] = [SummaryVia::Session, SummaryVia::Separate];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SummaryVia::Session => "session",
+            SummaryVia::Separate => "separate",
+        }
+    }
+}
+
 /// The summarizer's direction labels: tokens it was sent, and tokens it wrote.
 const SUMMARIZER_DIRECTIONS: [&str; 2] = ["input", "output"];
 
@@ -308,6 +327,7 @@ fn count_billed(series: &[IntCounter; 3], tokens: &BilledTokens) {
 #[derive(Clone)]
 pub struct SummarizerHealth {
     failures: IntCounterVec,
+    summaries: IntCounterVec,
     /// Caller-and-upstream pairs whose breaker opened and no success has closed since.
     pub breakers_open: IntGauge,
     tokens: IntCounterVec,
@@ -327,6 +347,13 @@ impl SummarizerHealth {
                 ),
                 &["reason"],
             )?,
+            summaries: IntCounterVec::new(
+                Opts::new(
+                    "condenser_summaries_total",
+                    "Summaries made, by how they were asked: session (through the session's own cached prefix) or separate.",
+                ),
+                &["via"],
+            )?,
             breakers_open: IntGauge::new(
                 "condenser_summarizer_breakers_open",
                 "Summarizer circuit breakers open (per upstream and caller), until a success closes them.",
@@ -344,6 +371,9 @@ impl SummarizerHealth {
         for reason in SummarizerFailure::ALL {
             health.failures.with_label_values(&[reason.as_str()]);
         }
+        for via in SummaryVia::ALL {
+            health.summaries.with_label_values(&[via.as_str()]);
+        }
         for label in health.labels.known() {
             health.count_tokens(label, BilledTokens::default(), None);
         }
@@ -357,6 +387,10 @@ impl SummarizerHealth {
             Arc::new(ModelLabels::new(&[], std::iter::empty::<&str>())),
             BillVecs::new()?,
         )
+    }
+
+    pub fn count_summary(&self, via: SummaryVia) {
+        self.summaries.with_label_values(&[via.as_str()]).inc();
     }
 
     pub fn count_failure(&self, reason: SummarizerFailure) {
@@ -779,6 +813,7 @@ impl Metrics {
             .collect();
         let summarizer_health = SummarizerHealth::new(labels.clone(), bill)?;
         registered(&registry, summarizer_health.failures.clone())?;
+        registered(&registry, summarizer_health.summaries.clone())?;
         registered(&registry, summarizer_health.breakers_open.clone())?;
         registered(&registry, summarizer_health.tokens.clone())?;
         let reactive_retries = counters(
