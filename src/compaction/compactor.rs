@@ -374,7 +374,7 @@ async fn lookup<'r>(
     let summarizer_info = compactor.catalog.resolve(&summarizer_model);
     let api = compactor.summarizer.api_for(job.api);
     let conversation = recall::conversation_id(job.messages, split.head);
-    let session = session_route(compactor, job, caller, &conversation);
+    let session = session_route(compactor, job, caller, || conversation.clone());
     let lookup = Lookup {
         scope,
         keys,
@@ -400,19 +400,20 @@ async fn lookup<'r>(
     (lookup, on_hand)
 }
 
-/// How a summary of `job`'s session may be asked through its last request, if it may.
+/// How a summary of `job`'s session may be asked through its last request, if it may; the
+/// conversation's id is only worked out then.
 fn session_route(
     compactor: &Compactor,
     job: &CompactionJob<'_>,
     caller: Key,
-    conversation: &str,
+    conversation: impl FnOnce() -> String,
 ) -> Option<SessionRoute> {
     let summarizer = &compactor.summarizer;
     if compactor.stand_in || !summarizer.through_session(job.model, job.api) {
         return None;
     }
     Some(SessionRoute {
-        session: (caller, conversation.to_string()),
+        session: (caller, conversation()),
         upstream: job.upstream.clone(),
         api: job.api,
         model: job.model.to_string(),
@@ -562,9 +563,9 @@ async fn carried_out(
 /// summary comes back ([`Compactor::forwarded`]).
 pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) -> Option<SessionMark> {
     let prefix = prefix(compactor, &job);
-    let conversation = recall::conversation_id(job.messages, job.split.head);
+    let conversation = || recall::conversation_id(job.messages, job.split.head);
     let mark =
-        session_route(compactor, &job, prefix.caller, &conversation).map(|route| SessionMark {
+        session_route(compactor, &job, prefix.caller, conversation).map(|route| SessionMark {
             session: route.session,
             keys: prefix.keys.clone(),
             kept_from: 0,
