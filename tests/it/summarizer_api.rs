@@ -2,6 +2,7 @@
 //! dialect of the request's route; its reply's usage is counted, read the way of that API.
 
 use crate::common::*;
+use condenser::config::Via;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
@@ -143,12 +144,12 @@ async fn by_default_a_chat_route_summarizes_in_chat_completions() {
 /// the summaries started before it to land, as an agent's tool time would let them.
 async fn grown_session(
     behaviour: LlmBehaviour,
-    via: condenser::config::Via,
+    configure: impl FnOnce(&mut condenser::Config),
 ) -> (Proxy, MockUpstream) {
     let upstream = mock_llm(behaviour).await;
     let mut config = small_window_config(&upstream.url());
     config.summarizer.model = String::new();
-    config.summarizer.via = via;
+    configure(&mut config);
     let proxy = Proxy::start(config).await;
     for turns in 4..40 {
         let mut messages = conversation(turns);
@@ -182,8 +183,7 @@ async fn summaries_via(proxy: &Proxy, via: &str) -> f64 {
 /// the one later requests carry.
 #[tokio::test]
 async fn a_summary_made_ahead_is_asked_through_the_sessions_own_request() {
-    let (proxy, upstream) =
-        grown_session(LlmBehaviour::default(), condenser::config::Via::Auto).await;
+    let (proxy, upstream) = grown_session(LlmBehaviour::default(), |_| ()).await;
     let recorded = upstream.recorded();
     let asks: Vec<(usize, Value)> = recorded
         .iter()
@@ -242,7 +242,7 @@ async fn a_summary_through_the_session_that_calls_a_tool_is_asked_apart() {
         })),
         ..Default::default()
     };
-    let (proxy, upstream) = grown_session(behaviour, condenser::config::Via::Auto).await;
+    let (proxy, upstream) = grown_session(behaviour, |_| ()).await;
     let asks: Vec<Value> = upstream
         .summarizer_calls()
         .iter()
@@ -265,10 +265,60 @@ async fn a_summary_through_the_session_that_calls_a_tool_is_asked_apart() {
         .unwrap_or_default()
         .contains("ORD-4411"));
 
-    let (proxy, upstream) =
-        grown_session(LlmBehaviour::default(), condenser::config::Via::Separate).await;
+    let (proxy, upstream) = grown_session(LlmBehaviour::default(), |config| {
+        config.summarizer.via = Via::Separate
+    })
+    .await;
     let asks = upstream.summarizer_calls();
     assert!(!asks.is_empty());
     assert!(asks.iter().all(|a| session_question(&a.json()).is_none()));
     assert_eq!(summaries_via(&proxy, "separate").await, asks.len() as f64);
+}
+
+/// Under `auto`, a summary goes through the session only while its cache is warm and the
+/// summarizer is the session's own model: a cold cache (`prompt_cache_secs = 0`) or another
+/// model asks apart. `via = "session"` asks through the session whatever the model, in the
+/// session's own.
+#[tokio::test]
+async fn a_cold_cache_or_another_model_asks_apart_unless_via_is_session() {
+    let through = |upstream: &MockUpstream| {
+        let asks: Vec<Value> = upstream
+            .summarizer_calls()
+            .iter()
+            .map(Recorded::json)
+            .collect();
+        assert!(!asks.is_empty(), "no summary asked");
+        let through: Vec<&Value> = asks
+            .iter()
+            .filter(|a| session_question(a).is_some())
+            .collect();
+        (
+            through.len(),
+            asks.len(),
+            through.first().map(|a| a["model"].clone()),
+        )
+    };
+    let (_, cold) = grown_session(LlmBehaviour::default(), |config| {
+        config.summarizer.prompt_cache_secs = 0
+    })
+    .await;
+    let (none, asked, _) = through(&cold);
+    assert_eq!(none, 0, "{asked} asked, {none} through a cold session");
+    let (_, other) = grown_session(LlmBehaviour::default(), |config| {
+        config.summarizer.model = "gpt-4o-mini".into()
+    })
+    .await;
+    let (none, asked, _) = through(&other);
+    assert_eq!(
+        none, 0,
+        "{asked} asked, {none} through the session by another model"
+    );
+    let (_, forced) = grown_session(LlmBehaviour::default(), |config| {
+        config.summarizer.model = "gpt-4o-mini".into();
+        config.summarizer.via = Via::Session;
+    })
+    .await;
+    let (all, asked, model) = through(&forced);
+    assert_eq!(all, asked, "under via = session, all through the session");
+    assert_eq!(model, Some(json!("gpt-4o")));
 }
