@@ -452,11 +452,15 @@ pub async fn compact(
 ) -> Result<(Rewrite, Option<SessionMark>), ProxyError> {
     let (lookup, on_hand) = lookup(compactor, &job, prefix(compactor, &job)).await;
     let mut rewrite = carried_out(compactor, &job, &lookup, on_hand).await?;
+    // A later summary is asked through this request only if it shows every item before the
+    // summary's end: one for one, or in its own summary. Trimmed past the head (the
+    // summarizer failed), it shows no trace of what it dropped.
     let kept_from = match rewrite.action {
-        Action::Forwarded => 0,
-        Action::Summarized | Action::Trimmed => rewrite.kept_from,
+        Action::Forwarded => Some(0),
+        Action::Summarized => Some(rewrite.kept_from),
+        Action::Trimmed => Some(rewrite.kept_from).filter(|&from| from <= job.split.head),
     };
-    let mark = lookup.mark(kept_from);
+    let mark = kept_from.and_then(|from| lookup.mark(from));
     drop(lookup);
     if job.recall && !rewrite.cuts.is_empty() {
         let archive = rewrite
