@@ -23,7 +23,9 @@ use crate::config::{Config, ConfigError, ContextConfig, Overrides, RecallConfig}
 use crate::dialect::stages::{
     count_as_sent, offers_recall, write_compaction, Counting, Dialect, Prepared, Settings,
 };
-use crate::dialect::{check_apis, detect_api, summary_api_named, with_dialect, Api, WithDialect};
+use crate::dialect::{
+    check_apis, detect_api, key_headers, summary_api_named, with_dialect, Api, WithDialect,
+};
 use crate::error::ProxyError;
 use crate::pipeline::observer::CacheBreak;
 use crate::pipeline::observing::{observe, Observed};
@@ -71,6 +73,13 @@ pub fn check_config(path: Option<&Path>, overrides: &Overrides) -> Result<String
     }
     // Redis takes its password in its URL, the one configured URL allowed credentials.
     config.cache.redis_url = masked_password(&config.cache.redis_url);
+    // Left out, the scope is every API's key headers: printed as they are.
+    config.cache.scope_headers.get_or_insert_with(|| {
+        key_headers()
+            .iter()
+            .map(|name| name.as_str().to_string())
+            .collect()
+    });
     Ok(format!(
         "# effective configuration: valid\n{}",
         config.to_toml()
@@ -295,7 +304,7 @@ async fn trimmed_as<D: Dialect>(
     let mut rewrite = Rewrite::trimmed(split, Duration::ZERO);
     if offers_recall::<D>(&mut request, recall) && !split.shorten.is_empty() {
         rewrite.archive = Some(ArchiveScope {
-            caller: ScopeHeaders::new(&config.cache)?.caller(&HeaderMap::new()),
+            caller: ScopeHeaders::new(&config.cache, key_headers())?.caller(&HeaderMap::new()),
             conversation: conversation_id(&D::conversation(&request), split.head),
         });
     }

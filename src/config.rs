@@ -366,7 +366,9 @@ pub struct CacheConfig {
     pub redis_key_prefix: String,
     pub redis_timeout_ms: u64,
     /// The request headers that name the caller: summaries and breakers never cross them.
-    pub scope_headers: Vec<String>,
+    /// Left out, every header an API takes a key in (the dialects say which).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope_headers: Option<Vec<String>>,
 }
 
 impl Default for CacheConfig {
@@ -377,9 +379,7 @@ impl Default for CacheConfig {
             redis_url: String::new(),
             redis_key_prefix: "condenser:".into(),
             redis_timeout_ms: 250,
-            scope_headers: ["authorization", "x-api-key", "api-key", "x-goog-api-key"]
-                .map(String::from)
-                .to_vec(),
+            scope_headers: None,
         }
     }
 }
@@ -388,21 +388,22 @@ impl CacheConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         let invalid =
             |why: String| Err(ConfigError::Invalid(format!("cache.scope_headers: {why}")));
-        if self.scope_headers.is_empty() {
+        let Some(names) = &self.scope_headers else {
+            return Ok(());
+        };
+        if names.is_empty() {
             // An empty list would let every caller read every other caller's summaries.
-            // The default named from the default itself, so the hint lists what it is.
-            return invalid(format!(
-                "name at least one header (default: {})",
-                CacheConfig::default().scope_headers.join(", ")
-            ));
+            return invalid(
+                "name at least one header, or leave it out for every header a key comes in".into(),
+            );
         }
-        for (i, name) in self.scope_headers.iter().enumerate() {
+        for (i, name) in names.iter().enumerate() {
             if hyper::header::HeaderName::from_lowercase(name.as_bytes()).is_err() {
                 return invalid(format!(
                     "{name:?} is not a header name written in lower case"
                 ));
             }
-            if self.scope_headers[..i].contains(name) {
+            if names[..i].contains(name) {
                 return invalid(format!("{name:?} is listed twice"));
             }
         }
@@ -751,13 +752,13 @@ mod tests {
         let scope =
             |list: &str| Config::from_toml(&format!("[cache]\nscope_headers = {list}\n"), "t");
         let config = scope(r#"["authorization", "x-user-id"]"#).unwrap();
-        assert_eq!(config.cache.scope_headers, ["authorization", "x-user-id"]);
         assert_eq!(
-            Config::default().cache.scope_headers,
-            ["authorization", "x-api-key", "api-key", "x-goog-api-key"]
+            config.cache.scope_headers.as_deref(),
+            Some(&["authorization".to_string(), "x-user-id".to_string()][..])
         );
-        // check-config prints it with the rest.
-        assert!(Config::default().to_toml().contains(r#"scope_headers = ["#));
+        // Left out, it is the dialects' key headers (`dialect::key_headers`).
+        assert_eq!(Config::default().cache.scope_headers, None);
+        assert!(Config::from_toml(&Config::default().to_toml(), "t").is_ok());
         for bad in [
             r#"[]"#,
             r#"["X-User-Id"]"#,
@@ -768,9 +769,6 @@ mod tests {
             assert!(err.contains("cache.scope_headers"), "{bad}: {err}");
         }
         let empty = scope("[]").err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(
-            empty.contains("default: authorization, x-api-key, api-key, x-goog-api-key"),
-            "{empty}"
-        );
+        assert!(empty.contains("leave it out"), "{empty}");
     }
 }

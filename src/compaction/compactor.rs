@@ -63,7 +63,7 @@ impl Compactor {
             Some(RedisStore::new(&config.cache, cache_errors)?)
         };
         Ok(Compactor {
-            scope_headers: ScopeHeaders::new(&config.cache)?,
+            scope_headers: ScopeHeaders::new(&config.cache, connections.key_headers)?,
             cache: SummaryCache::new(&config.cache, shared),
             summarizer: Summarizer::new(
                 config.summarizer.clone(),

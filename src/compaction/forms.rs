@@ -370,7 +370,7 @@ mod tests {
             .collect();
         let config = Config::default();
         let failures = crate::observe::metrics::UpstreamFailures::new().unwrap();
-        let connections = Connections::new(&config, failures);
+        let connections = Connections::new(&config, failures, crate::dialect::key_headers());
         let upstream = Upstream::new(
             "http://127.0.0.1:9",
             "",

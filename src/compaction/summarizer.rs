@@ -21,9 +21,7 @@ use crate::observe::metrics::{SummarizerFailure, SummarizerHealth};
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::encoding::Encoding;
 use crate::tokens::rules::shorten_middle;
-use crate::transport::upstream::{
-    blank_credentials, KeyStyle, Upstream, X_API_KEY, X_GOOG_API_KEY,
-};
+use crate::transport::upstream::{blank_credentials, KeyStyle, Upstream};
 
 /// Tool outputs are cut to this many tokens (head and end) before the summarizer sees them.
 const TOOL_OUTPUT_TOKENS: u32 = 600;
@@ -32,13 +30,9 @@ const PROMPT_OVERHEAD_TOKENS: u64 = 2_500;
 /// Characters of an upstream's error body kept in the error (and so in the log).
 const ERROR_BODY_CHARS: usize = 300;
 
-/// The caller's headers a summarizer call paid by the caller carries: its key, however its
-/// SDK sends it, and the organization and project to bill.
-const CALLER_CREDENTIALS: [HeaderName; 6] = [
-    header::AUTHORIZATION,
-    X_API_KEY,
-    HeaderName::from_static("api-key"),
-    X_GOOG_API_KEY,
+/// Besides its key (in any of `Connections::key_headers`), the caller's headers a summarizer
+/// call paid by the caller carries: the organization and project to bill.
+const CALLER_BILLING: [HeaderName; 2] = [
     HeaderName::from_static("openai-organization"),
     HeaderName::from_static("openai-project"),
 ];
@@ -125,6 +119,8 @@ pub struct Summarizer {
     dedicated: Option<Arc<Upstream>>,
     /// From `api_key_env`: sent instead of the caller's key, whichever upstream summarizes.
     own_key: Option<HeaderValue>,
+    /// The headers a caller's key may come in (`Connections::key_headers`).
+    key_headers: &'static [HeaderName],
     /// See [`Summarizer::settings_key`].
     settings: Key,
     breakers: Breakers,
@@ -164,6 +160,7 @@ impl Summarizer {
         }
         Ok(Summarizer {
             own_key: crate::transport::upstream::bearer_from_env(&config.api_key_env)?,
+            key_headers: connections.key_headers,
             breakers: Breakers::new(&config, health.clone()),
             config,
             dedicated,
@@ -220,8 +217,8 @@ impl Summarizer {
             key_style.insert(&mut credentials, key);
             return credentials;
         }
-        for name in CALLER_CREDENTIALS {
-            for value in request_headers.get_all(&name) {
+        for name in self.key_headers.iter().chain(&CALLER_BILLING) {
+            for value in request_headers.get_all(name) {
                 let mut value = value.clone();
                 value.set_sensitive(true);
                 credentials.append(name.clone(), value);
@@ -582,7 +579,11 @@ mod tests {
 
     fn connections() -> crate::transport::upstream::Connections {
         let failures = crate::observe::metrics::UpstreamFailures::new().unwrap();
-        crate::transport::upstream::Connections::new(&crate::config::Config::default(), failures)
+        crate::transport::upstream::Connections::new(
+            &crate::config::Config::default(),
+            failures,
+            crate::dialect::key_headers(),
+        )
     }
 
     #[test]
@@ -640,10 +641,10 @@ mod tests {
             .credentials_for(&request, endpoint("messages").key_style);
         assert_eq!(own.len(), 1);
         assert_eq!(
-            own[X_API_KEY], "sk-own",
+            own["x-api-key"], "sk-own",
             "Anthropic's API takes its key bare"
         );
-        assert!(own[X_API_KEY].is_sensitive());
+        assert!(own["x-api-key"].is_sensitive());
     }
 
     #[test]

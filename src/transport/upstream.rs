@@ -17,7 +17,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::{http1, http2};
-use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, Uri};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::{Connection as _, HttpConnector};
@@ -36,12 +36,10 @@ use crate::transport::body::{with_idle_timeout, BodyLimitExceeded, BoxError, Pro
 use crate::transport::broken::{broken_head, failure_kind, root_cause};
 use crate::transport::egress::Egress;
 use crate::transport::events::EventBound;
-pub use crate::transport::headers::{
-    bare_key, bearer_from_env, KeyStyle, X_API_KEY, X_GOOG_API_KEY,
-};
-use crate::transport::headers::{forwardable_headers, inject_key, query_key, strip_hop_by_hop};
+pub use crate::transport::headers::{bearer_from_env, KeyStyle};
+use crate::transport::headers::{forwardable_headers, inject_key, strip_hop_by_hop};
 pub use crate::transport::redact::blank_credentials;
-use crate::transport::redact::{without_credentials, CREDENTIAL_HEADERS};
+use crate::transport::redact::without_credentials;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A response head larger than this (status line and headers, as hyper parsed it) is a
@@ -74,11 +72,19 @@ pub struct Connections {
     pub failures: UpstreamFailures,
     /// How much of a stream event the key scrub holds (`redact.rs`).
     pub events: EventBound,
+    /// Every request header a key may come in, every API's (the dialects say which): what
+    /// says a caller sent its own key, and what a reply must not echo.
+    pub key_headers: &'static [HeaderName],
 }
 
 impl Connections {
-    pub fn new(config: &Config, failures: UpstreamFailures) -> Connections {
+    pub fn new(
+        config: &Config,
+        failures: UpstreamFailures,
+        key_headers: &'static [HeaderName],
+    ) -> Connections {
         Connections {
+            key_headers,
             workers: config.server.worker_count(),
             idle_timeout: Duration::from_secs(config.upstream.idle_timeout_secs),
             failures,
@@ -211,6 +217,7 @@ pub struct Upstream {
     api_key: Option<HeaderValue>,
     timeout: Duration,
     events: EventBound,
+    key_headers: &'static [HeaderName],
 }
 
 impl std::fmt::Debug for Upstream {
@@ -343,6 +350,7 @@ impl Upstream {
             api_key: bearer_from_env(api_key_env)?,
             timeout,
             events: connections.events.clone(),
+            key_headers: connections.key_headers,
         })
     }
 
@@ -390,7 +398,7 @@ impl Upstream {
         let mut headers = forwardable_headers(client_headers);
         let query = path_and_query.split_once('?').map(|(_, query)| query);
         if let Some(key) = &self.api_key {
-            inject_key(&mut headers, query, key, key_style);
+            inject_key(&mut headers, query, key, key_style, self.key_headers);
         }
         // The body may have been rewritten: hyper frames it by its own length. An empty one
         // keeps the client's `Content-Length: 0`, which some servers want on a POST.
@@ -398,10 +406,11 @@ impl Upstream {
             headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
         }
         // Refcounted handles, not copies: what the reply must not echo.
-        let credentials: Vec<HeaderValue> = CREDENTIAL_HEADERS
+        let credentials: Vec<HeaderValue> = self
+            .key_headers
             .iter()
             .filter_map(|name| headers.get(name).cloned())
-            .chain(query_key(key_style, query))
+            .chain(key_style.query_key(query))
             .collect();
         let mut request = Request::new(body);
         *request.method_mut() = method;
@@ -809,6 +818,7 @@ mod tests {
             idle_timeout: Duration::from_secs(60),
             failures: UpstreamFailures::new().unwrap(),
             events: crate::transport::events::test_bound(1024),
+            key_headers: crate::dialect::key_headers(),
         }
     }
 
@@ -825,7 +835,7 @@ mod tests {
                 .send(
                     Method::GET,
                     "/v1/models",
-                    KeyStyle::Bearer,
+                    KeyStyle::BEARER,
                     HeaderMap::new(),
                     crate::transport::body::full(Bytes::new()),
                 )
@@ -856,7 +866,7 @@ mod tests {
                 .send(
                     Method::POST,
                     "/v1/chat/completions",
-                    KeyStyle::Bearer,
+                    KeyStyle::BEARER,
                     headers,
                     crate::transport::body::full(Bytes::from_static(b"{\"rewritten\":true}")),
                 )

@@ -77,7 +77,7 @@ async fn a_configured_user_header_splits_users_behind_one_injected_key() {
     assert_eq!(upstream.summarizer_calls().len(), 1);
 
     let mut config = small_window_config(&upstream.url());
-    config.cache.scope_headers = vec!["authorization".into(), "x-user-id".into()];
+    config.cache.scope_headers = Some(vec!["authorization".into(), "x-user-id".into()]);
     let proxy = Proxy::start(config).await;
     let alice = post_as(&proxy, &body, &as_user("alice")).await;
     assert_eq!(header(&alice, "x-condenser-cache"), "miss");
