@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures_util::future::{BoxFuture, Shared};
 
 use crate::compaction::horizon::{advance_horizon, cuts_before, saving, Horizon};
-use crate::compaction::plan::{Tier, SUMMARY_FRAMING_TOKENS};
+use crate::compaction::limits::{Tier, SUMMARY_FRAMING_TOKENS};
 use crate::compaction::recall;
 use crate::compaction::rewrite::{
     as_sent, Action, ArchiveScope, CacheOutcome, CompactionJob, Rewrite,
@@ -334,7 +334,8 @@ pub(super) fn went(on: On<'_, '_>, form: Form, cache: CacheOutcome, waited: Dura
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compaction::plan::{Limits, Mode, Split};
+    use crate::compaction::limits::Limits;
+    use crate::compaction::plan::{Mode, Split};
     use crate::config::{Config, ContextConfig};
     use crate::conversation::{Item, Kind, Role};
     use crate::tokens::catalog::{ModelCatalog, ModelInfo};

@@ -108,7 +108,7 @@ pub struct SummaryRequest {
     /// The summarizer model's context window.
     pub window: u64,
     /// The summary's completion budget: `max_summary_tokens`, or less in a small window
-    /// (`plan::summary_room`).
+    /// (`limits::summary_room`).
     pub max_tokens: u32,
     /// The request model's: the artifact budget is counted in it.
     pub encoding: Encoding,

@@ -17,7 +17,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use crate::compaction::plan::{Decision, Limits, Mode, Split};
+use crate::compaction::limits::Limits;
+use crate::compaction::plan::{Decision, Mode, Split};
 use crate::compaction::rewrite::Rewrite;
 use crate::compaction::shorten::cut_item_texts;
 use crate::compaction::summary_api::SummaryApi;

@@ -352,7 +352,8 @@ async fn counted(
 mod tests {
     use super::view::{block_type, blocks, is_user};
     use super::*;
-    use crate::compaction::plan::{plan, Decision, PlanInput};
+    use crate::compaction::limits::PlanInput;
+    use crate::compaction::plan::{plan, Decision};
     use crate::compaction::rewrite::{Action, CacheOutcome};
     use crate::compaction::summary::Summary;
     use crate::config::SummaryRole;
