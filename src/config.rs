@@ -145,6 +145,24 @@ pub struct SummarizerConfig {
     pub breaker_failures: u32,
     /// How long an open breaker skips the summarizer.
     pub breaker_cooldown_secs: u64,
+    /// How a summary is asked: through the session's own cached prefix, or as a prompt of
+    /// its own.
+    pub via: Via,
+    /// How long the provider keeps a prompt's prefix cached: past it, `auto` asks apart.
+    pub prompt_cache_secs: u64,
+}
+
+/// How a summary is asked (`summarizer.via`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Via {
+    /// Through the session while its cache is warm and the summarizer is the session's own
+    /// model, API, upstream and key; apart otherwise.
+    Auto,
+    /// Through the session whenever its last request can carry the question.
+    Session,
+    /// Always as a prompt of its own.
+    Separate,
 }
 
 impl Default for SummarizerConfig {
@@ -159,6 +177,8 @@ impl Default for SummarizerConfig {
             timeout_secs: 60,
             breaker_failures: 5,
             breaker_cooldown_secs: 30,
+            via: Via::Auto,
+            prompt_cache_secs: 300,
         }
     }
 }

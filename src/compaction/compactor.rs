@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use hyper::header::HeaderMap;
 use serde_json::Value;
 
@@ -16,11 +17,12 @@ use crate::compaction::limits::{summary_room, Tier};
 use crate::compaction::plan::Mode;
 use crate::compaction::recall;
 use crate::compaction::redis::{unix_now, RedisStore};
-use crate::compaction::rewrite::CacheOutcome;
 use crate::compaction::rewrite::{as_sent, trimmed, ArchiveScope, CompactionJob, Rewrite};
+use crate::compaction::rewrite::{Action, CacheOutcome};
+use crate::compaction::session::{SessionId, SessionMark, Sessions};
 use crate::compaction::shorten::Shorten;
 use crate::compaction::single_flight::{once_across_replicas, InFlight};
-use crate::compaction::summarizer::{Evicted, Summarizer, SummaryRequest};
+use crate::compaction::summarizer::{Evicted, Summarizer, SummaryRequest, ThroughSession};
 use crate::compaction::summary::{Key, Summary};
 use crate::compaction::summary_api::SummaryEndpoint;
 use crate::config::{Config, ConfigError, OnFailure};
@@ -32,11 +34,19 @@ use crate::tokens::encoding::Encoding;
 use crate::tokens::rules::count_text;
 use crate::transport::upstream::{Connections, Upstream};
 
+/// How long a summary made ahead of need waits for the request that started it to be
+/// forwarded, to be asked through it (`Sessions::carrying`); past it, it is asked apart.
+const FORWARD_PATIENCE: Duration = Duration::from_secs(2);
+/// Room for the question appended to a session's request, besides the summary.
+const SESSION_QUESTION_TOKENS: u64 = 1_000;
+
 pub struct Compactor {
     scope_headers: ScopeHeaders,
     cache: SummaryCache,
     summarizer: Summarizer,
     in_flight: Arc<InFlight>,
+    /// Each session's last forwarded request, for summaries asked through it.
+    sessions: Sessions,
     /// The summarizer model's window and encoding.
     catalog: Arc<ModelCatalog>,
     summarize_seconds: prometheus::Histogram,
@@ -71,6 +81,7 @@ impl Compactor {
                 configured_summary_api,
             )?,
             in_flight: Arc::default(),
+            sessions: Sessions::new(Duration::from_secs(config.summarizer.prompt_cache_secs)),
             catalog,
             summarize_seconds,
             stand_in: false,
@@ -105,6 +116,23 @@ impl Compactor {
     pub fn cached_entries(&self) -> u64 {
         self.cache.entries()
     }
+
+    /// `body` went upstream for the request `mark` describes, its prompt `tokens` long: a
+    /// later summary of the session may be asked through it.
+    pub fn forwarded(&self, mark: SessionMark, body: Bytes, tokens: u64) {
+        self.sessions.record(mark, body, tokens);
+    }
+}
+
+/// How a summary of a session may be asked through its last request: where the session's
+/// requests go, and as whom.
+#[derive(Clone)]
+struct SessionRoute {
+    session: SessionId,
+    upstream: Arc<Upstream>,
+    api: SummaryEndpoint,
+    model: String,
+    headers: HeaderMap,
 }
 
 /// Everything a summary job needs but its messages, owned, so it can outlive the request
@@ -125,6 +153,8 @@ struct SpanSource {
     head: usize,
     /// The conversation's id in the caller's archive (`recall::conversation_id`).
     conversation: String,
+    /// Set when the summary may be asked through the session (`Summarizer::through_session`).
+    session: Option<SessionRoute>,
 }
 
 /// One summary to make: messages `head..end`, folded onto `base` (a summary of
@@ -137,6 +167,17 @@ struct SpanJob {
     /// The messages this job sends the summarizer, those after the base: copied from the
     /// request only when a job starts, never for a request that finds its summary on hand.
     new_messages: Vec<Evicted>,
+    /// How long it waits for the request that started it to be forwarded: a summary made
+    /// ahead of need can wait for it, one a request waits on cannot.
+    patience: Duration,
+}
+
+impl SpanJob {
+    /// A job made ahead of need, by a request that goes on to be forwarded.
+    fn ahead(mut self) -> SpanJob {
+        self.patience = FORWARD_PATIENCE;
+        self
+    }
 }
 
 /// The request's prefix keys and what its summaries are made from.
@@ -190,7 +231,20 @@ impl Lookup<'_> {
             source: self.source.clone(),
             end,
             new_messages,
+            patience: Duration::ZERO,
         }
+    }
+
+    /// What the request leaves for a later summary, once forwarded with its items from
+    /// `kept_from` on one for one; none when no summary is asked through the session.
+    fn mark(&self, kept_from: usize) -> Option<SessionMark> {
+        let route = self.source.session.as_ref()?;
+        Some(SessionMark {
+            session: route.session.clone(),
+            keys: self.keys.clone(),
+            kept_from,
+            items: self.messages.len(),
+        })
     }
 }
 
@@ -214,7 +268,9 @@ fn prefix(compactor: &Compactor, job: &CompactionJob<'_>) -> Prefix {
     let scope = scope(
         &caller,
         &summarizer_model,
-        &compactor.summarizer.settings_key(summary_tokens),
+        &compactor
+            .summarizer
+            .settings_key(summary_tokens, &job.settings.tools),
     );
     let keys = prefix_keys(&scope, &job.messages[..job.split.ahead]);
     Prefix {
@@ -294,6 +350,7 @@ async fn lookup<'r>(
     let summarizer_info = compactor.catalog.resolve(&summarizer_model);
     let api = compactor.summarizer.api_for(job.api);
     let conversation = recall::conversation_id(job.messages, split.head);
+    let session = session_route(compactor, job, caller, || conversation.clone());
     let lookup = Lookup {
         scope,
         keys,
@@ -310,12 +367,34 @@ async fn lookup<'r>(
             encoding: job.info.encoding,
             head: split.head,
             conversation,
+            session,
         },
         messages: job.messages,
         counts: &job.count.per_message,
         items: job.items,
     };
     (lookup, on_hand)
+}
+
+/// How a summary of `job`'s session may be asked through its last request, if it may; the
+/// conversation's id is only worked out then.
+fn session_route(
+    compactor: &Compactor,
+    job: &CompactionJob<'_>,
+    caller: Key,
+    conversation: impl FnOnce() -> String,
+) -> Option<SessionRoute> {
+    let summarizer = &compactor.summarizer;
+    if compactor.stand_in || !summarizer.through_session(job.model, job.api) {
+        return None;
+    }
+    Some(SessionRoute {
+        session: (caller, conversation()),
+        upstream: job.upstream.clone(),
+        api: job.api,
+        model: job.model.to_string(),
+        headers: summarizer.session_headers(job.headers, job.api),
+    })
 }
 
 /// Records the cut horizon a rewrite went with, unless it is the one on record already.
@@ -340,27 +419,38 @@ async fn record_horizon(
 /// or as sent. In `auto` mode a request waits for the summarizer only when nothing on hand,
 /// nor cutting tool outputs, makes it fit the hard limit; under `force` it always goes with
 /// the summary the plan wants.
+///
+/// With the rewrite comes what the request leaves, once forwarded, for a later summary to be
+/// asked through it ([`Compactor::forwarded`]).
 pub async fn compact(
     compactor: &Arc<Compactor>,
     job: CompactionJob<'_>,
-) -> Result<Rewrite, ProxyError> {
-    let mut rewrite = carried_out(compactor, &job).await?;
+) -> Result<(Rewrite, Option<SessionMark>), ProxyError> {
+    let (lookup, on_hand) = lookup(compactor, &job, prefix(compactor, &job)).await;
+    let mut rewrite = carried_out(compactor, &job, &lookup, on_hand).await?;
+    let kept_from = match rewrite.action {
+        Action::Forwarded => 0,
+        Action::Summarized | Action::Trimmed => rewrite.kept_from,
+    };
+    let mark = lookup.mark(kept_from);
+    drop(lookup);
     if job.recall && !rewrite.cuts.is_empty() {
         let archive = rewrite
             .archive
             .get_or_insert_with(|| archive_scope(compactor, &job));
         archive_cleared(compactor, &job, archive, &rewrite.cuts).await;
     }
-    Ok(rewrite)
+    Ok((rewrite, mark))
 }
 
 /// The plan carried out, with what is on hand or made now.
 async fn carried_out(
     compactor: &Arc<Compactor>,
     job: &CompactionJob<'_>,
+    lookup: &Lookup<'_>,
+    mut on_hand: OnHand,
 ) -> Result<Rewrite, ProxyError> {
     let split = job.split;
-    let (lookup, mut on_hand) = lookup(compactor, job, prefix(compactor, job)).await;
     // Only a request that goes now needs the cuts on record; one made ahead does not.
     let starts: Vec<usize> = std::iter::once(split.head)
         .chain(on_hand.cached.iter().map(|(end, _)| *end))
@@ -382,11 +472,11 @@ async fn carried_out(
         if let Some(end) = choice.make {
             drop(start_summary(
                 compactor,
-                lookup.span(on_hand.longest_before(end), end),
+                lookup.span(on_hand.longest_before(end), end).ahead(),
             ));
         }
         if let Some((form, cache)) = choice.went {
-            record_horizon(compactor, job, (&lookup, &on_hand), &form).await;
+            record_horizon(compactor, job, (lookup, &on_hand), &form).await;
             return Ok(went(on, form, cache, Duration::ZERO));
         }
     }
@@ -425,7 +515,7 @@ async fn carried_out(
                 );
                 return Ok(trimmed(job, waited));
             }
-            record_horizon(compactor, job, (&lookup, &on_hand), &form).await;
+            record_horizon(compactor, job, (lookup, &on_hand), &form).await;
             Ok(went(on, form, cache, waited))
         }
         Err(error) => {
@@ -445,9 +535,18 @@ async fn carried_out(
 }
 
 /// From the precompute band: make the summary the plan would need, in the background,
-/// unless what is on hand would do.
-pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) {
+/// unless what is on hand would do. The request goes as sent: what it leaves for a later
+/// summary comes back ([`Compactor::forwarded`]).
+pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) -> Option<SessionMark> {
     let prefix = prefix(compactor, &job);
+    let conversation = || recall::conversation_id(job.messages, job.split.head);
+    let mark =
+        session_route(compactor, &job, prefix.caller, conversation).map(|route| SessionMark {
+            session: route.session,
+            keys: prefix.keys.clone(),
+            kept_from: 0,
+            items: job.messages.len(),
+        });
     // The step is being made already (the common case in the precompute band): nothing to
     // copy, nothing to start.
     if compactor
@@ -455,7 +554,7 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) {
         .pending(job.split, &prefix.keys)
         .is_some()
     {
-        return;
+        return mark;
     }
     let compactor = compactor.clone();
     // The lookup needs owned inputs to run after the request moves on: of the messages, only
@@ -502,9 +601,10 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) {
         // Made for when the trigger fires: by then it brings the prompt to the target.
         if !ready {
             let base = on_hand.longest_before(split.ahead);
-            let _ = start_summary(&compactor, lookup.span(base, split.ahead)).await;
+            let _ = start_summary(&compactor, lookup.span(base, split.ahead).ahead()).await;
         }
     });
+    mark
 }
 
 /// The one summarizer job for `job.key`, started now unless already running.
@@ -531,6 +631,26 @@ async fn make_shared_once(
     .await
 }
 
+/// The session's last request, when the job's summary may be asked through it: one that
+/// holds the job's span as the client sent it, forwarded within the provider's cache time,
+/// with room in the window for the question and the answer.
+async fn through_session(compactor: &Compactor, job: &SpanJob) -> Option<ThroughSession> {
+    let route = job.source.session.as_ref()?;
+    let (last, recent) = compactor
+        .sessions
+        .carrying(&route.session, (job.end, &job.key), job.patience)
+        .await?;
+    let room = last.tokens + SESSION_QUESTION_TOKENS + u64::from(job.source.summary_tokens);
+    (room <= job.source.window).then(|| ThroughSession {
+        upstream: route.upstream.clone(),
+        api: route.api,
+        model: route.model.clone(),
+        headers: route.headers.clone(),
+        forwarded: last.body.clone(),
+        recent,
+    })
+}
+
 async fn summarize_and_store(
     compactor: &Arc<Compactor>,
     job: &SpanJob,
@@ -540,6 +660,7 @@ async fn summarize_and_store(
         return Ok(summary);
     }
     let source = &job.source;
+    let session = through_session(compactor, job).await;
     let request = SummaryRequest {
         upstream: source.upstream.clone(),
         api: source.api,
@@ -551,6 +672,7 @@ async fn summarize_and_store(
         window: source.window,
         max_tokens: source.summary_tokens,
         encoding: source.encoding,
+        session,
     };
     let started = Instant::now();
     let text = if compactor.stand_in {

@@ -13,6 +13,7 @@ pub mod plan;
 pub mod recall;
 pub mod redis;
 pub mod rewrite;
+pub mod session;
 pub mod shorten;
 mod single_flight;
 pub mod summarizer;

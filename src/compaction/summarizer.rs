@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::Method;
@@ -12,12 +13,12 @@ use serde_json::Value;
 
 use crate::compaction::artifacts;
 use crate::compaction::breaker::Breakers;
-use crate::compaction::summary::Key;
+use crate::compaction::summary::{hex, Key};
 use crate::compaction::summary_api::{SummaryAsk, SummaryEndpoint};
-use crate::config::SummarizerConfig;
+use crate::config::{SummarizerConfig, ToolPolicy, Via};
 use crate::conversation::content_text;
 use crate::error::SummarizeError;
-use crate::observe::metrics::{SummarizerFailure, SummarizerHealth};
+use crate::observe::metrics::{SummarizerFailure, SummarizerHealth, SummaryVia};
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::encoding::Encoding;
 use crate::tokens::rules::shorten_middle;
@@ -32,13 +33,15 @@ const ERROR_BODY_CHARS: usize = 300;
 
 /// Besides its key (in any of `Connections::key_headers`), the caller's headers a summarizer
 /// call paid by the caller carries: the organization and project to bill.
-const CALLER_BILLING: [HeaderName; 2] = [
+static CALLER_BILLING: [HeaderName; 2] = [
     HeaderName::from_static("openai-organization"),
     HeaderName::from_static("openai-project"),
 ];
 
-const INSTRUCTIONS: &str = "You compress the earlier part of a conversation between a user and an AI assistant \
-so the assistant can continue the work without the original messages. Write a faithful summary with exactly \
+/// What a summary holds, and how it is written: the same asked apart or through the session.
+macro_rules! summary_sections {
+    () => {
+        "Write a faithful summary with exactly \
 these sections, in this order, each as a markdown heading. Under each, write \"none\" when it is empty.\n\
 \n\
 ## Goal and constraints\nWhat the user wants and every constraint they set, quoting the user's own words where they matter.\n\
@@ -49,7 +52,25 @@ these sections, in this order, each as a markdown heading. Under each, write \"n
 ## Open questions\nWhat is unresolved or waiting on the user.\n\
 ## Next step\nWhat the assistant was about to do.\n\
 \n\
-Write only the summary, no preamble. Never invent anything not in the transcript.";
+Write only the summary, no preamble. Never invent anything not in the transcript."
+    };
+}
+
+const INSTRUCTIONS: &str = concat!(
+    "You compress the earlier part of a conversation between a user and an AI assistant \
+so the assistant can continue the work without the original messages. ",
+    summary_sections!()
+);
+
+/// The turn appended to the session's own request (`summarizer.via`); `{recent}` is how many
+/// of its last messages the summary leaves out.
+const SESSION_INSTRUCTIONS: &str = concat!(
+    "You compress the earlier part of the conversation above so that you can continue the \
+work without its messages. Cover everything above except the last {recent} messages, which stay \
+as they are: the instructions, any earlier summary, and every message before those. Answer in \
+text only, calling no tool. ",
+    summary_sections!()
+);
 
 const EXTEND_INSTRUCTIONS: &str = "Below are the existing summary of the conversation so far and the messages \
 that came after it. Return the updated summary: the same sections, with the new messages folded in, keeping \
@@ -112,6 +133,22 @@ pub struct SummaryRequest {
     pub max_tokens: u32,
     /// The request model's: the artifact budget is counted in it.
     pub encoding: Encoding,
+    /// The session's last request, when the summary may be asked through it.
+    pub session: Option<ThroughSession>,
+}
+
+/// A summary asked through the session (`summarizer.via`): its last request as it went
+/// upstream, the question appended, sent where and as the session's requests go.
+pub struct ThroughSession {
+    pub upstream: Arc<Upstream>,
+    /// The session's own API.
+    pub api: SummaryEndpoint,
+    pub model: String,
+    /// The caller's credentials, and the headers its body may need (`session_headers`).
+    pub headers: HeaderMap,
+    pub forwarded: Bytes,
+    /// How many of the forwarded request's last items the summary leaves out.
+    pub recent: usize,
 }
 
 pub struct Summarizer {
@@ -192,20 +229,40 @@ impl Summarizer {
     }
 
     /// What shapes a summary of at most `summary_tokens` besides its model and its messages:
-    /// the prompt's text, how tool outputs are cut, the summary's and the artifact ledger's
-    /// budgets. Summaries made under other settings (a smaller window's budget included) are
+    /// the prompt's text, how tool outputs are cut (the request's tool policies included), the
+    /// summary's and the artifact ledger's budgets. Summaries made under other settings (a smaller window's budget included) are
     /// not reused, with no version number to remember to bump.
-    pub fn settings_key(&self, summary_tokens: u32) -> Key {
-        if summary_tokens == self.config.max_summary_tokens {
+    pub fn settings_key(&self, summary_tokens: u32, tools: &[ToolPolicy]) -> Key {
+        let settings = if summary_tokens == self.config.max_summary_tokens {
             self.settings
         } else {
             settings_for(&self.config, summary_tokens)
+        };
+        if tools.is_empty() {
+            return settings;
         }
+        // The tool policies decide which outputs the summarizer reads whole (`cut = "never"`):
+        // each policy's cut, then how many names it lists, then the names.
+        let mut texts = vec![hex(&settings)];
+        let mut counts = Vec::new();
+        for policy in tools {
+            texts.push(format!("{:?}", policy.cut));
+            texts.extend(policy.names.iter().cloned());
+            counts.push(u32::try_from(policy.names.len()).unwrap_or(u32::MAX));
+        }
+        let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+        settings_key(&texts, &counts)
     }
 
     /// The API a summary is asked in: the configured one, else the request's own.
     pub fn api_for(&self, request_api: SummaryEndpoint) -> SummaryEndpoint {
         self.configured_api.unwrap_or(request_api)
+    }
+
+    /// The caller's headers a summary paid by the caller carries: its key, in whichever
+    /// header it came, and whom to bill.
+    fn caller_credentials(&self) -> impl Iterator<Item = &HeaderName> {
+        self.key_headers.iter().chain(&CALLER_BILLING)
     }
 
     /// Whose key pays: the summarizer's own `api_key_env` alone when set (in `key_style`, the
@@ -217,14 +274,40 @@ impl Summarizer {
             key_style.insert(&mut credentials, key);
             return credentials;
         }
-        for name in self.key_headers.iter().chain(&CALLER_BILLING) {
-            for value in request_headers.get_all(name) {
-                let mut value = value.clone();
-                value.set_sensitive(true);
-                credentials.append(name.clone(), value);
+        copy_headers(request_headers, self.caller_credentials(), &mut credentials);
+        credentials
+    }
+
+    /// Whether a summary may be asked through the session of a request of `model` in
+    /// `api`: always under `via = "session"`; under `auto` only when the summarizer is the
+    /// session's own model, API, upstream and key, so that the provider's cache of the
+    /// session is the summarizer's too (the cache's age is checked when the summary is made).
+    pub fn through_session(&self, model: &str, api: SummaryEndpoint) -> bool {
+        match self.config.via {
+            Via::Separate => false,
+            Via::Session => true,
+            Via::Auto => {
+                (self.config.model.is_empty() || self.config.model == model)
+                    && self
+                        .configured_api
+                        .is_none_or(|configured| std::ptr::addr_eq(configured.api, api.api))
+                    && self.dedicated.is_none()
+                    && self.own_key.is_none()
             }
         }
-        credentials
+    }
+
+    /// The headers a summary asked through the session carries: the caller's credentials, as
+    /// its requests carry them, and those its body may need.
+    pub fn session_headers(&self, request_headers: &HeaderMap, api: SummaryEndpoint) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        copy_headers(request_headers, self.caller_credentials(), &mut headers);
+        for name in api.api.session_headers() {
+            for value in request_headers.get_all(*name) {
+                headers.append(*name, value.clone());
+            }
+        }
+        headers
     }
 
     /// Summarizes `request.messages` (folded into `request.previous` when given), in chunks
@@ -232,7 +315,12 @@ impl Summarizer {
     pub async fn summarize(&self, request: SummaryRequest) -> Result<String, SummarizeError> {
         let breaker_key = (request.upstream.base_url().to_string(), request.caller);
         let result = match self.breakers.check(&breaker_key) {
-            Ok(()) => self.fold(&request).await,
+            Ok(()) => match self.through(&request).await {
+                Some(summary) => Ok(summary),
+                None => self.fold(&request).await.inspect(|_| {
+                    self.health.count_summary(SummaryVia::Separate);
+                }),
+            },
             Err(open) => Err(open),
         };
         match &result {
@@ -277,6 +365,56 @@ impl Summarizer {
         u32::try_from(scaled).map_or(full, |scaled| scaled.min(full))
     }
 
+    /// The summary asked through the session, when it may be; None when it was not, or came
+    /// back unusable (a tool called, an error), and so is asked apart. A failure here is the
+    /// session's request reworked, not the summarizer's health: it is logged, not counted.
+    async fn through(&self, request: &SummaryRequest) -> Option<String> {
+        let session = request.session.as_ref()?;
+        let instruction = self.budget_said(
+            request,
+            SESSION_INSTRUCTIONS.replace("{recent}", &session.recent.to_string()),
+        );
+        let forwarded: Value = serde_json::from_slice(&session.forwarded).ok()?;
+        let api = session.api.api;
+        let body = api.session_body(forwarded, &instruction, request.max_tokens)?;
+        let target = Target {
+            upstream: &session.upstream,
+            endpoint: session.api,
+            model: &session.model,
+            headers: &session.headers,
+        };
+        let answer = match self.ask(target, body).await {
+            Ok(reply) if api.calls_a_tool(&reply) => {
+                Err(SummarizeError::Rejected("the reply called a tool".into()))
+            }
+            Ok(reply) => api.reply_text(&reply).and_then(|text| validate(&text)),
+            Err(error) => Err(error),
+        };
+        match answer {
+            Ok(summary) => {
+                self.health.count_summary(SummaryVia::Session);
+                Some(summary)
+            }
+            Err(error) => {
+                tracing::info!(%error, "summary through the session not usable; asking apart");
+                None
+            }
+        }
+    }
+
+    /// `user`, with the budget said when a small window shrank it below the configured one:
+    /// so that the model writes a whole short summary rather than the start of a long one.
+    fn budget_said(&self, request: &SummaryRequest, user: String) -> String {
+        if request.max_tokens < self.config.max_summary_tokens {
+            format!(
+                "{user}\n\nThe whole summary must fit in {} tokens: keep the headings, and only what matters most under them.",
+                request.max_tokens
+            )
+        } else {
+            user
+        }
+    }
+
     async fn fold(&self, request: &SummaryRequest) -> Result<String, SummarizeError> {
         // At least 1,000 tokens a chunk, for fewer calls; but in a small window (a local
         // model summarizing with its own 1,000 or 2,048 tokens) a quarter of it, so that the
@@ -307,37 +445,44 @@ impl Summarizer {
             ),
             None => format!("<transcript>\n{transcript}</transcript>"),
         };
-        // A budget below the configured one is a small window's: said, so that the model
-        // writes a whole short summary rather than the start of a long one.
-        let user = if request.max_tokens < self.config.max_summary_tokens {
-            format!(
-                "{user}\n\nThe whole summary must fit in {} tokens: keep the headings, and only what matters most under them.",
-                request.max_tokens
-            )
-        } else {
-            user
-        };
-        let endpoint = request.api;
-        let api = endpoint.api;
+        let user = self.budget_said(request, user);
+        let api = request.api.api;
         let body = api.request_body(&SummaryAsk {
             model: &request.model,
             instructions: INSTRUCTIONS,
             user: &user,
             max_tokens: request.max_tokens,
         });
-        let mut headers = request.credentials.clone();
+        let target = Target {
+            upstream: &request.upstream,
+            endpoint: request.api,
+            model: &request.model,
+            headers: &request.credentials,
+        };
+        let reply = self.ask(target, body).await?;
+        validate(&api.reply_text(&reply)?)
+    }
+
+    /// One summary call, its tokens counted, its reply's JSON.
+    async fn ask(&self, target: Target<'_>, body: Value) -> Result<Value, SummarizeError> {
+        let Target {
+            upstream,
+            endpoint,
+            model,
+            headers: credentials,
+        } = target;
+        let mut headers = credentials.clone();
         headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        api.add_headers(&mut headers);
+        endpoint.api.add_headers(&mut headers);
         let timeout = Duration::from_secs(self.config.timeout_secs);
         let call = async {
-            let response = request
-                .upstream
+            let response = upstream
                 .send(
                     Method::POST,
-                    &(endpoint.path)(&request.model),
+                    &(endpoint.path)(model),
                     endpoint.key_style,
                     headers,
                     crate::transport::body::full(body.to_string()),
@@ -354,7 +499,7 @@ impl Summarizer {
             if !status.is_success() {
                 return Err(SummarizeError::Status {
                     status: status.as_u16(),
-                    body: error_excerpt(&bytes, &request.credentials),
+                    body: error_excerpt(&bytes, credentials),
                 });
             }
             Ok(bytes)
@@ -364,15 +509,36 @@ impl Summarizer {
             .map_err(|_| SummarizeError::Timeout(timeout))??;
         // Counted before the reply is judged: a summary refused was paid for all the same.
         if let Some(usage) = endpoint.usage.body_usage(&bytes) {
-            let model = &request.model;
             let info = self.catalog.resolve(model);
             let label = self.health.label_for(model, &info);
             self.health
                 .count_tokens(label, usage.billed(), info.price.as_ref());
         }
-        let reply: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| SummarizeError::Malformed(format!("not JSON: {e}")))?;
-        validate(&api.reply_text(&reply)?)
+        serde_json::from_slice(&bytes)
+            .map_err(|e| SummarizeError::Malformed(format!("not JSON: {e}")))
+    }
+}
+
+/// Where a summary call goes, and with which headers.
+struct Target<'a> {
+    upstream: &'a Upstream,
+    endpoint: SummaryEndpoint,
+    model: &'a str,
+    headers: &'a HeaderMap,
+}
+
+/// Every value of `names` in `from`, marked sensitive (they carry keys), into `to`.
+fn copy_headers<'n>(
+    from: &HeaderMap,
+    names: impl IntoIterator<Item = &'n HeaderName>,
+    to: &mut HeaderMap,
+) {
+    for name in names {
+        for value in from.get_all(name) {
+            let mut value = value.clone();
+            value.set_sensitive(true);
+            to.append(name.clone(), value);
+        }
     }
 }
 
@@ -389,7 +555,7 @@ fn placeholder(tokens: u32) -> String {
 /// the configured budget is in it too, since the ledger shrinks by their proportion.
 fn settings_for(config: &SummarizerConfig, summary_tokens: u32) -> Key {
     settings_key(
-        &[INSTRUCTIONS, EXTEND_INSTRUCTIONS],
+        &[INSTRUCTIONS, EXTEND_INSTRUCTIONS, SESSION_INSTRUCTIONS],
         &[
             TOOL_OUTPUT_TOKENS,
             summary_tokens,
@@ -533,6 +699,7 @@ fn render_transcript(messages: &[Evicted], budget: u32) -> String {
 mod tests {
     use super::*;
     use crate::compaction::summary_api::REASONING_ALLOWANCE_TOKENS;
+    use crate::conversation::ToolCut;
     use crate::dialect::named;
     use serde_json::json;
 
@@ -664,7 +831,7 @@ mod tests {
             ..SummarizerConfig::default()
         };
         let key = |config, summary_tokens| {
-            built(config, SummarizerHealth::standalone().unwrap()).settings_key(summary_tokens)
+            built(config, SummarizerHealth::standalone().unwrap()).settings_key(summary_tokens, &[])
         };
         assert_eq!(key(config(1024, 512), 1024), key(config(1024, 512), 1024));
         assert_ne!(key(config(1024, 512), 1024), key(config(900, 512), 900));
@@ -672,6 +839,29 @@ mod tests {
         // A small window's budget is a setting of its own, whatever the configured one.
         assert_ne!(key(config(1024, 512), 1024), key(config(1024, 512), 300));
         assert_eq!(key(config(1024, 512), 300), key(config(1024, 512), 300));
+        // Tool policies decide what the summarizer reads whole: summaries made under others
+        // are not reused, nor are two policies' names mixed up.
+        let summarizer = built(config(1024, 512), SummarizerHealth::standalone().unwrap());
+        let policy = |names: &[&str], cut| ToolPolicy {
+            names: names.iter().map(|n| n.to_string()).collect(),
+            cut,
+        };
+        let plain = summarizer.settings_key(1024, &[]);
+        let never = summarizer.settings_key(1024, &[policy(&["Read", "Edit"], ToolCut::Never)]);
+        assert_ne!(plain, never);
+        assert_eq!(
+            never,
+            summarizer.settings_key(1024, &[policy(&["Read", "Edit"], ToolCut::Never)])
+        );
+        assert_ne!(
+            never,
+            summarizer.settings_key(1024, &[policy(&["Read", "Edit"], ToolCut::First)])
+        );
+        let split = [
+            policy(&["Read"], ToolCut::Never),
+            policy(&["Edit"], ToolCut::Never),
+        ];
+        assert_ne!(never, summarizer.settings_key(1024, &split));
         assert_ne!(key(config(1024, 512), 300), key(config(900, 512), 300));
     }
 

@@ -37,19 +37,25 @@ impl SummaryAsk<'_> {
     /// spend part of their completion budget thinking: they are asked for little of it, with
     /// room. `None` for other models.
     pub fn reasoning(&self) -> Option<Reasoning> {
-        let name = crate::tokens::catalog::base_name(self.model);
-        let effort = if name.starts_with("gpt-5") {
-            "minimal"
-        } else if ["o1", "o3", "o4"].iter().any(|p| name.starts_with(p)) {
-            "low"
-        } else {
-            return None;
-        };
-        Some(Reasoning {
-            effort,
-            max_tokens: self.max_tokens + REASONING_ALLOWANCE_TOKENS,
-        })
+        reasoning_for(self.model, self.max_tokens)
     }
+}
+
+/// How `model` is asked for an answer of `max_tokens` when it is a reasoning model: the
+/// effort its API names, and room for its thinking. `None` for other models.
+pub fn reasoning_for(model: &str, max_tokens: u32) -> Option<Reasoning> {
+    let name = crate::tokens::catalog::base_name(model);
+    let effort = if name.starts_with("gpt-5") {
+        "minimal"
+    } else if ["o1", "o3", "o4"].iter().any(|p| name.starts_with(p)) {
+        "low"
+    } else {
+        return None;
+    };
+    Some(Reasoning {
+        effort,
+        max_tokens: max_tokens + REASONING_ALLOWANCE_TOKENS,
+    })
 }
 
 /// How a summary is asked in one API, and read from its reply.
@@ -63,6 +69,40 @@ pub trait SummaryApi: Send + Sync {
     /// The summary's text from a successful reply. A reply without the shape of its API is
     /// `Malformed` (the upstream's fault); a refusal is `Rejected`.
     fn reply_text(&self, reply: &Value) -> Result<String, SummarizeError>;
+
+    /// A summary asked through the session: `forwarded`, the session's last request as it
+    /// went upstream, with one user turn appended that says `instruction`, asked whole and
+    /// for at most `max_tokens` of answer (with room to think where the request thinks).
+    /// Everything else stays as sent, so that the provider serves the prefix from its cache.
+    /// None when the request does not carry its conversation whole (a chained Responses
+    /// request).
+    fn session_body(&self, forwarded: Value, instruction: &str, max_tokens: u32) -> Option<Value>;
+
+    /// Whether a reply calls a tool: a summary asked through the session offers the
+    /// session's tools, and a reply that uses one is no summary.
+    fn calls_a_tool(&self, reply: &Value) -> bool;
+
+    /// The caller's headers, besides its credentials, that a body the session sent may need
+    /// (beta features it uses).
+    fn session_headers(&self) -> &'static [&'static str] {
+        &[]
+    }
+}
+
+/// `forwarded` as an object asked whole (no `stream`, which every API defaults to false, and
+/// so no `stream_options`), with `turn` appended to its `conversation` array.
+pub fn with_turn_appended(
+    forwarded: Value,
+    conversation: &str,
+    turn: Value,
+) -> Option<serde_json::Map<String, Value>> {
+    let Value::Object(mut body) = forwarded else {
+        return None;
+    };
+    body.get_mut(conversation)?.as_array_mut()?.push(turn);
+    body.remove("stream");
+    body.remove("stream_options");
+    Some(body)
 }
 
 /// An API as the summarizer reaches it.

@@ -32,7 +32,7 @@ use models::{ModelLabels, ModelVecs};
 pub use observed::ObservedSeries;
 pub use registering::MetricsError;
 use registering::{registered, series};
-pub use summarizer::{SummarizerFailure, SummarizerHealth};
+pub use summarizer::{SummarizerFailure, SummarizerHealth, SummaryVia};
 pub use upstream::{FailureKind, UpstreamFailures};
 
 /// What served a request: its `route` label in metrics and in the log. Each dialect names
@@ -198,6 +198,7 @@ impl Metrics {
             .collect();
         let summarizer_health = SummarizerHealth::new(labels.clone(), bill)?;
         registered(&registry, summarizer_health.failures.clone())?;
+        registered(&registry, summarizer_health.summaries.clone())?;
         registered(&registry, summarizer_health.breakers_open.clone())?;
         registered(&registry, summarizer_health.tokens.clone())?;
         let reactive_retries = counters(

@@ -11,6 +11,7 @@ use crate::compaction::compactor::{self, Compactor};
 use crate::compaction::limits::{summary_room, Limits};
 use crate::compaction::plan::{Decision, Mode, Split};
 use crate::compaction::rewrite::{Action, CompactionJob};
+use crate::compaction::session::SessionMark;
 use crate::config::ContextConfig;
 use crate::dialect::stages::{
     count_as_sent, offers_recall, write_compaction, Counting, Dialect, Planned, Prepared, Ready,
@@ -155,8 +156,8 @@ async fn prepare_in_full<'s, D: Dialect>(
         None => decision.unwrap_or_else(|| prepared.decide(&input)),
     };
 
-    let (outcome, rewritten) = match &decision {
-        Decision::Forward(_) => (Outcome::FORWARDED, false),
+    let (outcome, rewritten, mark) = match &decision {
+        Decision::Forward(_) => (Outcome::FORWARDED, false, None),
         Decision::Reject {
             tokens, shortfall, ..
         } => {
@@ -205,6 +206,9 @@ async fn prepare_in_full<'s, D: Dialect>(
     } else {
         (prepared.count.total, prepared.count.raw_total)
     };
+    if let Some(mark) = mark {
+        compactor.forwarded(mark, body.0.clone(), forwarded.0);
+    }
     let mut outgoing = Outgoing::new(upstream, model, prepared, body, forwarded, usable, outcome);
     outgoing.would = would;
     Ok(outgoing)
@@ -226,13 +230,14 @@ struct Job<'a, 's> {
 }
 
 /// The split carried out: its summary made ahead (`precompute`, the request going as it
-/// came), or the request compacted and rewritten. Returns what was done, and whether the
-/// request was rewritten.
+/// came), or the request compacted and rewritten. Returns what was done, whether the
+/// request was rewritten, and what it leaves, once forwarded, for a later summary to be asked
+/// through it.
 async fn compacted<D: Dialect>(
     request: &mut D::Request,
     job: Job<'_, '_>,
     precompute: bool,
-) -> Result<(Outcome, bool), ProxyError> {
+) -> Result<(Outcome, bool, Option<SessionMark>), ProxyError> {
     let Job {
         upstream,
         compactor,
@@ -262,10 +267,10 @@ async fn compacted<D: Dialect>(
         recall,
     };
     if precompute {
-        compactor::precompute(compactor, job);
-        return Ok((Outcome::FORWARDED, false));
+        let mark = compactor::precompute(compactor, job);
+        return Ok((Outcome::FORWARDED, false, mark));
     }
-    let rewrite = compactor::compact(compactor, job).await?;
+    let (rewrite, mark) = compactor::compact(compactor, job).await?;
     drop(conversation);
     let rewritten = rewrite.action != Action::Forwarded;
     let offered = rewritten
@@ -287,5 +292,5 @@ async fn compacted<D: Dialect>(
         recent_altered: split.recent_altered(rewrite.kept_from, &rewrite.cuts),
         recall,
     };
-    Ok((outcome, rewritten))
+    Ok((outcome, rewritten, mark))
 }

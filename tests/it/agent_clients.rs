@@ -888,16 +888,37 @@ impl Stack {
         );
         // The bill: forwarded prompt tokens with the cached share at a tenth, and what the
         // summarizer read (counted as condenser counts) and wrote (the scripted usage, 20).
-        let summarizer: u64 = self
-            .upstream
-            .recorded()
-            .iter()
-            .filter(|r| is_summarizer_call(r))
-            .map(|r| {
-                let request = D::parse(&r.body, &r.path_and_query).unwrap();
-                block_on(D::count(&request, &catalog, &counter)).count.total + 20
-            })
-            .sum();
+        // A summary asked through the session is billed like any request: the share of it
+        // that repeats a request just before it (the better of the last two the session
+        // sent, by bytes in the order providers cache) at a tenth.
+        let recorded = self.upstream.recorded();
+        let mut summarizer = 0.0;
+        for (at, r) in recorded.iter().enumerate() {
+            if !is_summarizer_call(r) {
+                continue;
+            }
+            let request = D::parse(&r.body, &r.path_and_query).unwrap();
+            let tokens = block_on(D::count(&request, &catalog, &counter)).count.total;
+            let body: Value = serde_json::from_slice(&r.body).unwrap();
+            let cached = if session_question(&body).is_some() {
+                let asked = cached_order(&body, session.cache_order);
+                recorded[..at]
+                    .iter()
+                    .rev()
+                    .filter(|earlier| !is_summarizer_call(earlier))
+                    .take(2)
+                    .map(|earlier| {
+                        let earlier: Value = serde_json::from_slice(&earlier.body).unwrap();
+                        let earlier = cached_order(&earlier, session.cache_order);
+                        let common = asked.iter().zip(&earlier).take_while(|(a, b)| a == b);
+                        common.count() as f64 / asked.len() as f64
+                    })
+                    .fold(0.0, f64::max)
+            } else {
+                0.0
+            };
+            summarizer += tokens as f64 * (1.0 - 0.9 * cached) + 20.0;
+        }
         let read = self.reader.tally();
         let per_100 = |value: f64| value * 100.0 / figures.requests as f64;
         eprintln!(
@@ -928,9 +949,9 @@ impl Stack {
             read.finding_recalls,
             read.findings_right.unwrap_or(0),
             figures.lost.len(),
-            per_100(figures.cache.billed + summarizer as f64),
+            per_100(figures.cache.billed + summarizer),
             per_100(figures.cache.billed),
-            per_100(summarizer as f64),
+            per_100(summarizer),
             per_100(figures.cache.billed_whole),
         );
         for (at, what) in figures.cache.avoidable.iter().take(5) {

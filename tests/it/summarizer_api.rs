@@ -2,7 +2,9 @@
 //! dialect of the request's route; its reply's usage is counted, read the way of that API.
 
 use crate::common::*;
-use serde_json::Value;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
 
 /// A chat conversation over the trigger, with its summaries asked in `api`: the summarizer
 /// call goes to that API's path, in its shape, and its reply becomes the summary.
@@ -134,4 +136,139 @@ async fn by_default_a_chat_route_summarizes_in_chat_completions() {
         .unwrap()
         .starts_with(SUMMARIZER_MARKER));
     assert!(summary_of(&forwarded).contains("ORD-4411"));
+}
+
+/// A chat session grown one turn a request, in an 8,000-token window, its summaries asked by
+/// the session's own model (`summarizer.via = "auto"`, the default): each request waits for
+/// the summaries started before it to land, as an agent's tool time would let them.
+async fn grown_session(
+    behaviour: LlmBehaviour,
+    via: condenser::config::Via,
+) -> (Proxy, MockUpstream) {
+    let upstream = mock_llm(behaviour).await;
+    let mut config = small_window_config(&upstream.url());
+    config.summarizer.model = String::new();
+    config.summarizer.via = via;
+    let proxy = Proxy::start(config).await;
+    for turns in 4..40 {
+        let mut messages = conversation(turns);
+        messages.push(user_turn(turns));
+        let response = client()
+            .post(proxy.url("/v1/chat/completions"))
+            .bearer_auth("sk-caller")
+            .json(&chat_body(&messages))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "turn {turns}");
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    }
+    (proxy, upstream)
+}
+
+/// `condenser_summaries_total{via}`.
+async fn summaries_via(proxy: &Proxy, via: &str) -> f64 {
+    let metrics = proxy.metrics().await;
+    metric(
+        &metrics,
+        &format!(r#"condenser_summaries_total{{via="{via}"}}"#),
+    )
+    .unwrap()
+}
+
+/// Issue 40, item 1: a summary is asked as the session's last request, byte for byte up to
+/// its end (so the provider serves it from its cache), with one user turn appended that asks
+/// for the summary of all but the recent items, and the caller's key. The summary it gives is
+/// the one later requests carry.
+#[tokio::test]
+async fn a_summary_made_ahead_is_asked_through_the_sessions_own_request() {
+    let (proxy, upstream) =
+        grown_session(LlmBehaviour::default(), condenser::config::Via::Auto).await;
+    let recorded = upstream.recorded();
+    let asks: Vec<(usize, Value)> = recorded
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| is_summarizer_call(r))
+        .map(|(at, r)| (at, r.json()))
+        .collect();
+    assert!(!asks.is_empty(), "no summary asked");
+    for (at, ask) in &asks {
+        let (question, before) = session_question(ask).expect("asked through the session");
+        assert_eq!(recorded[*at].headers["authorization"], "Bearer sk-caller");
+        // The session's request it was asked through: sent just before, the same but for
+        // the turn appended and the answer's cap.
+        let session = recorded[..*at]
+            .iter()
+            .rev()
+            .filter(|r| !is_summarizer_call(r))
+            .map(Recorded::json)
+            .find(|sent| sent["messages"].as_array().map(Vec::as_slice) == Some(before))
+            .expect("a request the session sent, byte for byte");
+        assert_eq!(ask["model"], session["model"]);
+        assert!(ask.get("stream").is_none());
+        assert_eq!(ask["max_tokens"], 1024);
+        // It leaves out the recent part, and covers the rest.
+        let recent = left_out(question);
+        assert!(
+            recent >= 6 && recent < before.len(),
+            "{recent} of {}",
+            before.len()
+        );
+    }
+    // Every summary was asked that way, and the summary later requests carry holds what the
+    // asks covered: the fact planted in the first turn.
+    assert_eq!(summaries_via(&proxy, "session").await, asks.len() as f64);
+    assert_eq!(summaries_via(&proxy, "separate").await, 0.0);
+    let last = upstream.forwarded().pop().unwrap();
+    let summary = last["messages"][1]["content"].as_str().unwrap_or_default();
+    assert!(summary.starts_with("[Context summary: "), "{last}");
+    assert!(summary.contains("ORD-4411"), "{summary}");
+}
+
+/// A reply to a summary asked through the session that calls one of the session's tools is
+/// no summary: it is asked again apart, and that one is used. Under `via = "separate"` no
+/// summary goes through the session at all.
+#[tokio::test]
+async fn a_summary_through_the_session_that_calls_a_tool_is_asked_apart() {
+    let call = json!({"id": "chatcmpl-tool", "object": "chat.completion", "model": "gpt-4o",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant",
+            "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "bash", "arguments": "{}"}}]}}]});
+    let behaviour = LlmBehaviour {
+        summarizer_error: Some(Arc::new(move |r: &Recorded| {
+            session_question(&r.json())
+                .is_some()
+                .then(|| (200, call.clone()))
+        })),
+        ..Default::default()
+    };
+    let (proxy, upstream) = grown_session(behaviour, condenser::config::Via::Auto).await;
+    let asks: Vec<Value> = upstream
+        .summarizer_calls()
+        .iter()
+        .map(Recorded::json)
+        .collect();
+    let through = asks
+        .iter()
+        .filter(|a| session_question(a).is_some())
+        .count();
+    let apart = asks.len() - through;
+    assert!(
+        through > 0 && apart == through,
+        "{through} through the session, {apart} apart"
+    );
+    assert_eq!(summaries_via(&proxy, "separate").await, apart as f64);
+    assert_eq!(summaries_via(&proxy, "session").await, 0.0);
+    let last = upstream.forwarded().pop().unwrap();
+    assert!(last["messages"][1]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("ORD-4411"));
+
+    let (proxy, upstream) =
+        grown_session(LlmBehaviour::default(), condenser::config::Via::Separate).await;
+    let asks = upstream.summarizer_calls();
+    assert!(!asks.is_empty());
+    assert!(asks.iter().all(|a| session_question(&a.json()).is_none()));
+    assert_eq!(summaries_via(&proxy, "separate").await, asks.len() as f64);
 }

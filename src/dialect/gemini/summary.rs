@@ -2,7 +2,9 @@
 
 use serde_json::{json, Value};
 
-use crate::compaction::summary_api::{SummaryApi, SummaryAsk, REASONING_ALLOWANCE_TOKENS};
+use crate::compaction::summary_api::{
+    with_turn_appended, SummaryApi, SummaryAsk, REASONING_ALLOWANCE_TOKENS,
+};
 use crate::error::SummarizeError;
 
 pub struct GeminiSummary;
@@ -55,6 +57,36 @@ impl SummaryApi for GeminiSummary {
             .filter_map(|part| part.get("text").and_then(Value::as_str))
             .collect())
     }
+
+    /// The session's generation settings stay but for the cap, with room to think.
+    fn session_body(&self, forwarded: Value, instruction: &str, max_tokens: u32) -> Option<Value> {
+        // A request that must call a function can give no summary in text.
+        let forced = forwarded
+            .pointer("/toolConfig/functionCallingConfig/mode")
+            .and_then(Value::as_str)
+            == Some("ANY");
+        if forced {
+            return None;
+        }
+        let turn = json!({"role": "user", "parts": [{"text": instruction}]});
+        let mut body = with_turn_appended(forwarded, "contents", turn)?;
+        let config = body
+            .entry("generationConfig")
+            .or_insert_with(|| json!({}))
+            .as_object_mut()?;
+        config.insert(
+            "maxOutputTokens".into(),
+            json!(max_tokens + REASONING_ALLOWANCE_TOKENS),
+        );
+        Some(Value::Object(body))
+    }
+
+    fn calls_a_tool(&self, reply: &Value) -> bool {
+        reply
+            .pointer("/candidates/0/content/parts")
+            .and_then(Value::as_array)
+            .is_some_and(|parts| parts.iter().any(|part| part.get("functionCall").is_some()))
+    }
 }
 
 #[cfg(test)]
@@ -93,5 +125,34 @@ mod tests {
             GeminiSummary.reply_text(&json!({})),
             Err(SummarizeError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn a_summary_through_the_session_appends_a_user_turn_and_caps_the_answer() {
+        let forwarded = json!({"systemInstruction": {"parts": [{"text": "you code"}]},
+            "generationConfig": {"temperature": 0.2},
+            "contents": [{"role": "user", "parts": [{"functionResponse": {"name": "ls"}}]}]});
+        let body = GeminiSummary
+            .session_body(forwarded, "summarize", 1024)
+            .unwrap();
+        assert_eq!(
+            body["contents"][1],
+            json!({"role": "user", "parts": [{"text": "summarize"}]})
+        );
+        assert_eq!(body["generationConfig"]["temperature"], 0.2);
+        assert_eq!(
+            body["generationConfig"]["maxOutputTokens"],
+            1024 + REASONING_ALLOWANCE_TOKENS
+        );
+        let forced =
+            json!({"toolConfig": {"functionCallingConfig": {"mode": "ANY"}}, "contents": []});
+        assert!(GeminiSummary
+            .session_body(forced, "summarize", 1024)
+            .is_none());
+        let called =
+            json!({"candidates": [{"content": {"parts": [{"functionCall": {"name": "ls"}}]}}]});
+        assert!(GeminiSummary.calls_a_tool(&called));
+        assert!(!GeminiSummary
+            .calls_a_tool(&json!({"candidates": [{"content": {"parts": [{"text": "## Goal"}]}}]})));
     }
 }

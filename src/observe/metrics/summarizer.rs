@@ -54,6 +54,25 @@ impl SummarizerFailure {
 /// The summarizer's direction labels: tokens it was sent, and tokens it wrote.
 const SUMMARIZER_DIRECTIONS: [&str; 2] = ["input", "output"];
 
+/// How a summary was asked, as `condenser_summaries_total` labels it: through the session's
+/// own cached prefix, or as a prompt of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SummaryVia {
+    Session,
+    Separate,
+}
+
+impl SummaryVia {
+    pub const ALL: [SummaryVia; 2] = [SummaryVia::Session, SummaryVia::Separate];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SummaryVia::Session => "session",
+            SummaryVia::Separate => "separate",
+        }
+    }
+}
+
 /// What the summarizer reports of its own health, `condenser_summarizer_failures_total{reason}`
 /// and `condenser_summarizer_breakers_open`, and of what it spends,
 /// `condenser_summarizer_tokens_total{model,direction}`. All change at most once per summarizer
@@ -61,6 +80,7 @@ const SUMMARIZER_DIRECTIONS: [&str; 2] = ["input", "output"];
 #[derive(Clone)]
 pub struct SummarizerHealth {
     pub(super) failures: IntCounterVec,
+    pub(super) summaries: IntCounterVec,
     /// Caller-and-upstream pairs whose breaker opened and no success has closed since.
     pub breakers_open: IntGauge,
     pub(super) tokens: IntCounterVec,
@@ -83,6 +103,13 @@ impl SummarizerHealth {
                 ),
                 &["reason"],
             )?,
+            summaries: IntCounterVec::new(
+                Opts::new(
+                    "condenser_summaries_total",
+                    "Summaries made, by how they were asked: session (through the session's own cached prefix) or separate.",
+                ),
+                &["via"],
+            )?,
             breakers_open: IntGauge::new(
                 "condenser_summarizer_breakers_open",
                 "Summarizer circuit breakers open (per upstream and caller), until a success closes them.",
@@ -100,6 +127,9 @@ impl SummarizerHealth {
         for reason in SummarizerFailure::ALL {
             health.failures.with_label_values(&[reason.as_str()]);
         }
+        for via in SummaryVia::ALL {
+            health.summaries.with_label_values(&[via.as_str()]);
+        }
         for label in health.labels.known() {
             health.count_tokens(label, BilledTokens::default(), None);
         }
@@ -113,6 +143,10 @@ impl SummarizerHealth {
             Arc::new(ModelLabels::new(&[], std::iter::empty::<&str>())),
             BillVecs::new()?,
         )
+    }
+
+    pub fn count_summary(&self, via: SummaryVia) {
+        self.summaries.with_label_values(&[via.as_str()]).inc();
     }
 
     pub fn count_failure(&self, reason: SummarizerFailure) {

@@ -10,6 +10,7 @@ pub use gemini::*;
 pub use logs::captured_logs;
 pub use prompt_cache::{CachedPrompt, PromptCache};
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -280,21 +281,77 @@ fn has_summarizer_instructions(body: &Value) -> bool {
 }
 
 pub fn is_summarizer_call(r: &Recorded) -> bool {
-    serde_json::from_slice::<Value>(&r.body).is_ok_and(|b| has_summarizer_instructions(&b))
+    serde_json::from_slice::<Value>(&r.body)
+        .is_ok_and(|b| has_summarizer_instructions(&b) || session_question(&b).is_some())
 }
 
-/// The transcript a summarizer call sends, in any of the four APIs.
-pub fn summarizer_prompt(request: &Value) -> &str {
-    [
-        &request["messages"][1]["content"],
-        &request["input"],
-        &request["messages"][0]["content"],
-        &request["contents"][0]["parts"][0]["text"],
+/// A summary asked through the session (`summarizer.via`): the session's own request with a
+/// last user turn that asks it, in any of the four APIs. The question, and the conversation
+/// before it.
+pub fn session_question(request: &Value) -> Option<(&str, &[Value])> {
+    let conversation = ["messages", "input", "contents"]
+        .iter()
+        .find_map(|field| request[field].as_array())?;
+    let (last, before) = conversation.split_last()?;
+    let text = [
+        &last["content"],
+        &last["content"][0]["text"],
+        &last["parts"][0]["text"],
     ]
     .into_iter()
-    .find_map(Value::as_str)
-    .filter(|text| !text.starts_with(SUMMARIZER_MARKER))
-    .unwrap_or("")
+    .find_map(Value::as_str)?;
+    text.starts_with(SUMMARIZER_MARKER)
+        .then_some((text, before))
+}
+
+/// How many of the conversation's last items a summary asked through the session leaves out,
+/// as its question says.
+pub fn left_out(question: &str) -> usize {
+    let after = question.split("except the last ").nth(1).unwrap_or("0");
+    after
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Every text in `value`, a line each.
+fn strings_of(value: &Value, out: &mut String) {
+    match value {
+        Value::String(text) => {
+            out.push_str(text);
+            out.push('\n');
+        }
+        Value::Array(items) => items.iter().for_each(|item| strings_of(item, out)),
+        Value::Object(fields) => fields.values().for_each(|field| strings_of(field, out)),
+        _ => {}
+    }
+}
+
+/// The transcript a summarizer call sends, in any of the four APIs: asked apart, its user
+/// text; asked through the session, the texts of the items it covers, instructions included.
+pub fn summarizer_prompt(request: &Value) -> Cow<'_, str> {
+    if let Some((question, before)) = session_question(request) {
+        let covered = &before[..before.len().saturating_sub(left_out(question))];
+        let mut out = String::new();
+        for field in ["system", "instructions", "systemInstruction"] {
+            strings_of(&request[field], &mut out);
+        }
+        covered.iter().for_each(|item| strings_of(item, &mut out));
+        return Cow::Owned(out);
+    }
+    Cow::Borrowed(
+        [
+            &request["messages"][1]["content"],
+            &request["input"],
+            &request["messages"][0]["content"],
+            &request["contents"][0]["parts"][0]["text"],
+        ]
+        .into_iter()
+        .find_map(Value::as_str)
+        .filter(|text| !text.starts_with(SUMMARIZER_MARKER))
+        .unwrap_or(""),
+    )
 }
 
 /// A summarizer's answer in the API of the path it was asked on.
