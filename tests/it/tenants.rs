@@ -9,11 +9,7 @@ use serde_json::{json, Value};
 
 /// Sends `body` with `headers` and checks the request itself succeeded.
 async fn post_as(proxy: &Proxy, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
-    let mut request = client().post(proxy.url("/v1/chat/completions")).json(body);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = request.send().await.unwrap();
+    let (response, _) = post(proxy, "/v1/chat/completions", headers, body).await;
     assert_eq!(response.status(), 200, "as {headers:?}");
     response
 }
