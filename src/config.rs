@@ -1,26 +1,20 @@
 //! `config.toml`: every key optional, unknown keys rejected by name.
 
+mod context;
+mod error;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::conversation::ToolCut;
 use crate::tokens::catalog::{ModelOverride, TokensConfig};
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("invalid config {path}: {message}")]
-    Parse { path: String, message: String },
-    #[error("invalid config: {0}")]
-    Invalid(String),
-}
+pub use context::{
+    tool_cut, ContextConfig, Mode, OnFailure, Profile, RecallConfig, RecallOverride, SummaryRole,
+    ToolPolicy,
+};
+pub use error::ConfigError;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -133,194 +127,6 @@ pub fn speaks(base_url: &str, apis: &[String]) -> Option<Vec<String>> {
     Some(provider.iter().map(|api| api.to_string()).collect())
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SummaryRole {
-    System,
-    User,
-}
-
-impl SummaryRole {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SummaryRole::System => "system",
-            SummaryRole::User => "user",
-        }
-    }
-}
-
-/// What condenser does with a request: `[context] mode`, a profile's, or the request's
-/// `x-condenser-mode` header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Compact when the plan says so.
-    Auto,
-    /// Forward as sent.
-    Off,
-    /// Compact now, whatever the size.
-    Force,
-    /// Forward as sent, and plan off the request's path what `auto` would have done.
-    Observe,
-}
-
-impl Mode {
-    pub const NAMES: &'static str = "auto, off, force or observe";
-
-    pub fn parse(value: &str) -> Option<Mode> {
-        match value.trim().to_ascii_lowercase().as_str() {
-            "auto" | "" => Some(Mode::Auto),
-            "off" => Some(Mode::Off),
-            "force" => Some(Mode::Force),
-            "observe" => Some(Mode::Observe),
-            _ => None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OnFailure {
-    Trim,
-    Forward,
-    Error,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ContextConfig {
-    pub enabled: bool,
-    pub trigger_ratio: f64,
-    pub target_ratio: f64,
-    pub precompute_ratio: f64,
-    pub keep_recent_messages: usize,
-    pub max_messages: usize,
-    pub max_prompt_tokens: u64,
-    pub response_reserve_tokens: u64,
-    pub summary_role: SummaryRole,
-    pub on_failure: OnFailure,
-    /// `[[context.tools]]`: how given tools' outputs may be cut, first match wins.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub tools: Vec<ToolPolicy>,
-    /// A request's mode unless its `x-condenser-mode` header names one.
-    pub mode: Mode,
-}
-
-/// One `[[context.tools]]` entry: the tools it names (globs on the tool's name, `Read`,
-/// `mcp__*`), and how their outputs may be cut.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ToolPolicy {
-    pub names: Vec<String>,
-    pub cut: ToolCut,
-}
-
-/// How an output answering the tools `names` may be cut: by the first policy naming each;
-/// `never` for any of them keeps it whole, else `first` for any cuts it first.
-pub fn tool_cut(policies: &[ToolPolicy], names: &[&str]) -> ToolCut {
-    let of = |name: &str| {
-        policies
-            .iter()
-            .find(|policy| {
-                policy
-                    .names
-                    .iter()
-                    .any(|glob| wildmatch::WildMatch::new(glob).matches(name))
-            })
-            .map_or(ToolCut::Normal, |policy| policy.cut)
-    };
-    let cuts: Vec<ToolCut> = names.iter().map(|name| of(name)).collect();
-    if cuts.contains(&ToolCut::Never) {
-        ToolCut::Never
-    } else if cuts.contains(&ToolCut::First) {
-        ToolCut::First
-    } else {
-        ToolCut::Normal
-    }
-}
-
-impl Default for ContextConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            trigger_ratio: 0.8,
-            target_ratio: 0.5,
-            precompute_ratio: 0.6,
-            keep_recent_messages: 6,
-            max_messages: 0,
-            max_prompt_tokens: 0,
-            response_reserve_tokens: 4096,
-            summary_role: SummaryRole::System,
-            on_failure: OnFailure::Trim,
-            tools: Vec::new(),
-            mode: Mode::Auto,
-        }
-    }
-}
-
-/// `[profiles.NAME]`: any `[context]` key, overriding it for requests that name the profile.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Profile {
-    pub enabled: Option<bool>,
-    pub trigger_ratio: Option<f64>,
-    pub target_ratio: Option<f64>,
-    pub precompute_ratio: Option<f64>,
-    pub keep_recent_messages: Option<usize>,
-    pub max_messages: Option<usize>,
-    pub max_prompt_tokens: Option<u64>,
-    pub response_reserve_tokens: Option<u64>,
-    pub summary_role: Option<SummaryRole>,
-    pub on_failure: Option<OnFailure>,
-    pub mode: Option<Mode>,
-    /// `[profiles.NAME.recall]`: any `[recall]` key, for requests that name the profile.
-    pub recall: Option<RecallOverride>,
-}
-
-impl ContextConfig {
-    pub fn with_profile(&self, profile: &Profile) -> ContextConfig {
-        ContextConfig {
-            enabled: profile.enabled.unwrap_or(self.enabled),
-            trigger_ratio: profile.trigger_ratio.unwrap_or(self.trigger_ratio),
-            target_ratio: profile.target_ratio.unwrap_or(self.target_ratio),
-            precompute_ratio: profile.precompute_ratio.unwrap_or(self.precompute_ratio),
-            keep_recent_messages: profile
-                .keep_recent_messages
-                .unwrap_or(self.keep_recent_messages),
-            max_messages: profile.max_messages.unwrap_or(self.max_messages),
-            max_prompt_tokens: profile.max_prompt_tokens.unwrap_or(self.max_prompt_tokens),
-            response_reserve_tokens: profile
-                .response_reserve_tokens
-                .unwrap_or(self.response_reserve_tokens),
-            summary_role: profile.summary_role.unwrap_or(self.summary_role),
-            on_failure: profile.on_failure.unwrap_or(self.on_failure),
-            tools: self.tools.clone(),
-            mode: profile.mode.unwrap_or(self.mode),
-        }
-    }
-
-    fn validate(&self, section: &str) -> Result<(), ConfigError> {
-        for (key, value) in [
-            ("trigger_ratio", self.trigger_ratio),
-            ("target_ratio", self.target_ratio),
-            ("precompute_ratio", self.precompute_ratio),
-        ] {
-            if !(value > 0.0 && value <= 1.0) {
-                return Err(ConfigError::Invalid(format!(
-                    "{section}.{key} must be in (0, 1], got {value}"
-                )));
-            }
-        }
-        if self.target_ratio > self.trigger_ratio {
-            return Err(ConfigError::Invalid(format!(
-                "{section}.target_ratio ({}) must not exceed trigger_ratio ({})",
-                self.target_ratio, self.trigger_ratio
-            )));
-        }
-        Ok(())
-    }
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SummarizerConfig {
@@ -386,7 +192,9 @@ pub struct CacheConfig {
     pub redis_key_prefix: String,
     pub redis_timeout_ms: u64,
     /// The request headers that name the caller: summaries and breakers never cross them.
-    pub scope_headers: Vec<String>,
+    /// Left out, every header an API takes a key in (the dialects say which).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope_headers: Option<Vec<String>>,
 }
 
 impl Default for CacheConfig {
@@ -397,9 +205,7 @@ impl Default for CacheConfig {
             redis_url: String::new(),
             redis_key_prefix: "condenser:".into(),
             redis_timeout_ms: 250,
-            scope_headers: ["authorization", "x-api-key", "api-key", "x-goog-api-key"]
-                .map(String::from)
-                .to_vec(),
+            scope_headers: None,
         }
     }
 }
@@ -408,86 +214,28 @@ impl CacheConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         let invalid =
             |why: String| Err(ConfigError::Invalid(format!("cache.scope_headers: {why}")));
-        if self.scope_headers.is_empty() {
+        let Some(names) = &self.scope_headers else {
+            return Ok(());
+        };
+        if names.is_empty() {
             // An empty list would let every caller read every other caller's summaries.
-            // The default named from the default itself, so the hint lists what it is.
-            return invalid(format!(
-                "name at least one header (default: {})",
-                CacheConfig::default().scope_headers.join(", ")
-            ));
+            return invalid(
+                "name at least one header, or leave it out for every header a key comes in".into(),
+            );
         }
-        for (i, name) in self.scope_headers.iter().enumerate() {
+        for (i, name) in names.iter().enumerate() {
             if hyper::header::HeaderName::from_lowercase(name.as_bytes()).is_err() {
                 return invalid(format!(
                     "{name:?} is not a header name written in lower case"
                 ));
             }
-            if self.scope_headers[..i].contains(name) {
+            if names[..i].contains(name) {
                 return invalid(format!("{name:?} is listed twice"));
             }
         }
         Ok(())
     }
 }
-
-/// `[recall]`: what compaction takes out stays recallable by the model, through a tool
-/// condenser offers on compacted requests and serves itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RecallConfig {
-    pub enabled: bool,
-    /// Recall rounds condenser serves within one request.
-    pub max_rounds: u32,
-    /// Most recalled text one call returns.
-    pub max_tokens: u32,
-}
-
-impl Default for RecallConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            max_rounds: 3,
-            max_tokens: 8192,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RecallOverride {
-    pub enabled: Option<bool>,
-    pub max_rounds: Option<u32>,
-    pub max_tokens: Option<u32>,
-}
-
-impl RecallConfig {
-    fn with_override(self, profile: Option<RecallOverride>) -> RecallConfig {
-        let profile = profile.unwrap_or_default();
-        RecallConfig {
-            enabled: profile.enabled.unwrap_or(self.enabled),
-            max_rounds: profile.max_rounds.unwrap_or(self.max_rounds),
-            max_tokens: profile.max_tokens.unwrap_or(self.max_tokens),
-        }
-    }
-
-    fn validate(&self, section: &str) -> Result<(), ConfigError> {
-        if self.max_rounds == 0 {
-            return Err(ConfigError::Invalid(format!(
-                "{section}.max_rounds must be at least 1 (set enabled = false to turn recall off)"
-            )));
-        }
-        if self.max_tokens < MIN_RECALL_TOKENS {
-            return Err(ConfigError::Invalid(format!(
-                "{section}.max_tokens must be at least {MIN_RECALL_TOKENS}, got {}",
-                self.max_tokens
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// Below this, one recalled message of an agent's session rarely fits whole.
-const MIN_RECALL_TOKENS: u32 = 256;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -771,13 +519,13 @@ mod tests {
         let scope =
             |list: &str| Config::from_toml(&format!("[cache]\nscope_headers = {list}\n"), "t");
         let config = scope(r#"["authorization", "x-user-id"]"#).unwrap();
-        assert_eq!(config.cache.scope_headers, ["authorization", "x-user-id"]);
         assert_eq!(
-            Config::default().cache.scope_headers,
-            ["authorization", "x-api-key", "api-key", "x-goog-api-key"]
+            config.cache.scope_headers.as_deref(),
+            Some(&["authorization".to_string(), "x-user-id".to_string()][..])
         );
-        // check-config prints it with the rest.
-        assert!(Config::default().to_toml().contains(r#"scope_headers = ["#));
+        // Left out, it is the dialects' key headers (`dialect::key_headers`).
+        assert_eq!(Config::default().cache.scope_headers, None);
+        assert!(Config::from_toml(&Config::default().to_toml(), "t").is_ok());
         for bad in [
             r#"[]"#,
             r#"["X-User-Id"]"#,
@@ -788,9 +536,6 @@ mod tests {
             assert!(err.contains("cache.scope_headers"), "{bad}: {err}");
         }
         let empty = scope("[]").err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(
-            empty.contains("default: authorization, x-api-key, api-key, x-goog-api-key"),
-            "{empty}"
-        );
+        assert!(empty.contains("leave it out"), "{empty}");
     }
 }

@@ -12,13 +12,19 @@ use crate::compaction::redis::RedisStore;
 use crate::compaction::summary::{Key, Summary};
 use crate::config::{CacheConfig, ConfigError};
 
-/// The request headers that say who the caller is (`cache.scope_headers`), in configured order.
+/// The request headers that say who the caller is (`cache.scope_headers`), in configured order;
+/// left out, every header a key may come in (`key_headers`, every API's).
 pub struct ScopeHeaders(Vec<HeaderName>);
 
 impl ScopeHeaders {
-    pub fn new(config: &CacheConfig) -> Result<ScopeHeaders, ConfigError> {
-        config
-            .scope_headers
+    pub fn new(
+        config: &CacheConfig,
+        key_headers: &[HeaderName],
+    ) -> Result<ScopeHeaders, ConfigError> {
+        let Some(names) = &config.scope_headers else {
+            return Ok(ScopeHeaders(key_headers.to_vec()));
+        };
+        names
             .iter()
             .map(|name| {
                 HeaderName::from_lowercase(name.as_bytes()).map_err(|_| {
@@ -251,10 +257,10 @@ mod tests {
 
     fn scope_headers(names: &[&str]) -> ScopeHeaders {
         let config = CacheConfig {
-            scope_headers: names.iter().map(|n| n.to_string()).collect(),
+            scope_headers: Some(names.iter().map(|n| n.to_string()).collect()),
             ..CacheConfig::default()
         };
-        ScopeHeaders::new(&config).unwrap()
+        ScopeHeaders::new(&config, &[]).unwrap()
     }
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
@@ -267,7 +273,8 @@ mod tests {
 
     #[test]
     fn the_caller_is_every_scope_header_sent_by_name_and_value() {
-        let default = ScopeHeaders::new(&CacheConfig::default()).unwrap();
+        let default =
+            ScopeHeaders::new(&CacheConfig::default(), crate::dialect::key_headers()).unwrap();
         let caller = |pairs| default.caller(&headers(pairs));
         // The header's name counts, not only its value.
         assert_ne!(caller(&[("x-api-key", "K")]), caller(&[("api-key", "K")]));
@@ -369,7 +376,8 @@ mod tests {
             json!({"role": "user", "content": "a"}),
             json!({"role": "assistant", "content": "b"}),
         ];
-        let default = ScopeHeaders::new(&CacheConfig::default()).unwrap();
+        let default =
+            ScopeHeaders::new(&CacheConfig::default(), crate::dialect::key_headers()).unwrap();
         let k1 = default.caller(&headers(&[("authorization", "Bearer k1")]));
         let k2 = default.caller(&headers(&[("authorization", "Bearer k2")]));
         let s1 = scope(&k1, "gpt-4o", &[1; 32]);

@@ -3,24 +3,25 @@
 //! messages, and falls back per `on_failure` when the summarizer fails.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_util::future::FutureExt;
 use hyper::header::HeaderMap;
 use serde_json::Value;
 
 use crate::compaction::cache::{prefix_keys, scope, ScopeHeaders, SummaryCache};
 use crate::compaction::forms::{went, without_waiting, Form, On, OnHand, SharedSummary};
 use crate::compaction::horizon::{Horizon, Records};
-use crate::compaction::plan::{summary_room, Mode, Split, Tier};
+use crate::compaction::limits::{summary_room, Tier};
+use crate::compaction::plan::Mode;
 use crate::compaction::recall;
-use crate::compaction::redis::{unix_now, LockOutcome, RedisStore};
+use crate::compaction::redis::{unix_now, RedisStore};
 use crate::compaction::rewrite::{as_sent, trimmed, ArchiveScope, CompactionJob, Rewrite};
 use crate::compaction::rewrite::{Action, CacheOutcome};
 use crate::compaction::session::{SessionId, SessionMark, Sessions};
 use crate::compaction::shorten::Shorten;
+use crate::compaction::single_flight::{once_across_replicas, InFlight};
 use crate::compaction::summarizer::{Evicted, Summarizer, SummaryRequest, ThroughSession};
 use crate::compaction::summary::{Key, Summary};
 use crate::compaction::summary_api::SummaryEndpoint;
@@ -33,8 +34,6 @@ use crate::tokens::encoding::Encoding;
 use crate::tokens::rules::count_text;
 use crate::transport::upstream::{Connections, Upstream};
 
-/// Poll interval while another replica makes a summary this one needs.
-const REMOTE_POLL: Duration = Duration::from_millis(100);
 /// How long a summary made ahead of need waits for the request that started it to be
 /// forwarded, to be asked through it (`Sessions::carrying`); past it, it is asked apart.
 const FORWARD_PATIENCE: Duration = Duration::from_secs(2);
@@ -45,7 +44,7 @@ pub struct Compactor {
     scope_headers: ScopeHeaders,
     cache: SummaryCache,
     summarizer: Summarizer,
-    in_flight: Mutex<HashMap<Key, SharedSummary>>,
+    in_flight: Arc<InFlight>,
     /// Each session's last forwarded request, for summaries asked through it.
     sessions: Sessions,
     /// The summarizer model's window and encoding.
@@ -72,7 +71,7 @@ impl Compactor {
             Some(RedisStore::new(&config.cache, cache_errors)?)
         };
         Ok(Compactor {
-            scope_headers: ScopeHeaders::new(&config.cache)?,
+            scope_headers: ScopeHeaders::new(&config.cache, connections.key_headers)?,
             cache: SummaryCache::new(&config.cache, shared),
             summarizer: Summarizer::new(
                 config.summarizer.clone(),
@@ -81,7 +80,7 @@ impl Compactor {
                 catalog.clone(),
                 configured_summary_api,
             )?,
-            in_flight: Mutex::new(HashMap::new()),
+            in_flight: Arc::default(),
             sessions: Sessions::new(Duration::from_secs(config.summarizer.prompt_cache_secs)),
             catalog,
             summarize_seconds,
@@ -106,20 +105,7 @@ impl Compactor {
     /// Once every summary being made has landed: what a replay waits for between
     /// requests, as the time between an agent's turns would let it.
     pub async fn settled(&self) {
-        loop {
-            let pending: Vec<SharedSummary> = match self.in_flight.lock() {
-                Ok(in_flight) => in_flight.values().cloned().collect(),
-                Err(_) => return,
-            };
-            if pending.is_empty() {
-                return;
-            }
-            for summary in pending {
-                let _ = summary.await;
-            }
-            // The job's entry goes when its task ends, just after its result is shared.
-            tokio::task::yield_now().await;
-        }
+        self.in_flight.settled().await;
     }
 
     /// The summary cache, which holds the archive too.
@@ -160,7 +146,7 @@ struct SpanSource {
     caller: Key,
     credentials: HeaderMap,
     window: u64,
-    /// The most the summary's text may take (`plan::summary_room`).
+    /// The most the summary's text may take (`limits::summary_room`).
     summary_tokens: u32,
     /// The request model's, in which the summary is counted.
     encoding: Encoding,
@@ -328,16 +314,6 @@ async fn archive_cleared(
     compactor.cache.archive_put(&archive.caller, &cleared).await;
 }
 
-/// The latest-ending summary being made for one of the split's candidate ends.
-fn pending(compactor: &Compactor, split: &Split, keys: &[Key]) -> Option<(usize, SharedSummary)> {
-    let in_flight = compactor.in_flight.lock().ok()?;
-    split
-        .summary_ends
-        .iter()
-        .rev()
-        .find_map(|&end| Some((end, in_flight.get(&keys[end - 1])?.clone())))
-}
-
 async fn lookup<'r>(
     compactor: &Arc<Compactor>,
     job: &CompactionJob<'r>,
@@ -364,7 +340,7 @@ async fn lookup<'r>(
         .into_iter()
         .map(|(i, summary)| (candidates[i].0, summary))
         .collect();
-    let pending = pending(compactor, split, &keys);
+    let pending = compactor.in_flight.pending(split, &keys);
     let on_hand = OnHand {
         cached,
         pending,
@@ -577,7 +553,11 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) -> Option<
         });
     // The step is being made already (the common case in the precompute band): nothing to
     // copy, nothing to start.
-    if pending(compactor, job.split, &prefix.keys).is_some() {
+    if compactor
+        .in_flight
+        .pending(job.split, &prefix.keys)
+        .is_some()
+    {
         return mark;
     }
     let compactor = compactor.clone();
@@ -631,85 +611,28 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) -> Option<
     mark
 }
 
-/// The one summarizer job for `job.key`, started now unless already running. The job runs
-/// on its own task, so a client that goes away strands nobody.
+/// The one summarizer job for `job.key`, started now unless already running.
 fn start_summary(compactor: &Arc<Compactor>, job: SpanJob) -> SharedSummary {
-    let Ok(mut in_flight) = compactor.in_flight.lock() else {
-        let error = SummarizeError::Internal("summary bookkeeping poisoned".into());
-        return futures_util::future::ready(Err(error)).boxed().shared();
-    };
-    if let Some(running) = in_flight.get(&job.key) {
-        return running.clone();
-    }
-    let key = job.key;
-    let task = tokio::spawn(make_summary(compactor.clone(), job));
-    let shared = async move {
-        task.await.unwrap_or_else(|e| {
-            Err(SummarizeError::Internal(format!(
-                "summary task failed: {e}"
-            )))
-        })
-    }
-    .boxed()
-    .shared();
-    in_flight.insert(key, shared.clone());
-    shared
+    let compactor = compactor.clone();
+    let in_flight = compactor.in_flight.clone();
+    in_flight.start(job.key, move || async move {
+        make_shared_once(&compactor, &job).await
+    })
 }
 
-async fn make_summary(
-    compactor: Arc<Compactor>,
-    job: SpanJob,
-) -> Result<Arc<Summary>, SummarizeError> {
-    // However the job ends, even by panic, it stops being the one others join.
-    let _finished = InFlightEntry {
-        compactor: compactor.clone(),
-        key: job.key,
-    };
-    make_shared_once(&compactor, &job).await
-}
-
-struct InFlightEntry {
-    compactor: Arc<Compactor>,
-    key: Key,
-}
-
-impl Drop for InFlightEntry {
-    fn drop(&mut self) {
-        if let Ok(mut in_flight) = self.compactor.in_flight.lock() {
-            in_flight.remove(&self.key);
-        }
-    }
-}
-
-/// With Redis, one replica makes a given summary while the others wait for it; if the maker
-/// dies its lock expires and a waiter makes it instead.
+/// Made by one replica however many ask (`once_across_replicas`).
 async fn make_shared_once(
     compactor: &Arc<Compactor>,
     job: &SpanJob,
 ) -> Result<Arc<Summary>, SummarizeError> {
-    let Some(shared) = compactor.cache.shared() else {
-        return summarize_and_store(compactor, job).await;
-    };
     // Held for as long as the job may take: one summarizer timeout per chunk, with room.
     let span_tokens: u64 = job.new_messages.iter().map(|m| u64::from(m.tokens)).sum();
     let chunks = span_tokens / (job.source.window / 2).max(1) + 1;
     let hold = Duration::from_secs(compactor.summarizer.config().timeout_secs * chunks + 5);
-    loop {
-        match shared.try_lock(&job.key, hold).await {
-            LockOutcome::HeldElsewhere => {
-                tokio::time::sleep(REMOTE_POLL).await;
-                if let Some(summary) = compactor.cache.get(&job.key).await {
-                    return Ok(summary);
-                }
-            }
-            LockOutcome::Acquired(token) => {
-                let result = summarize_and_store(compactor, job).await;
-                shared.unlock(&job.key, &token).await;
-                return result;
-            }
-            LockOutcome::Unavailable => return summarize_and_store(compactor, job).await,
-        }
-    }
+    once_across_replicas(&compactor.cache, &job.key, hold, || {
+        summarize_and_store(compactor, job)
+    })
+    .await
 }
 
 /// The session's last request, when the job's summary may be asked through it: one that

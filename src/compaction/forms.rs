@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures_util::future::{BoxFuture, Shared};
 
 use crate::compaction::horizon::{advance_horizon, cuts_before, saving, Horizon};
-use crate::compaction::plan::{Tier, SUMMARY_FRAMING_TOKENS};
+use crate::compaction::limits::{Tier, SUMMARY_FRAMING_TOKENS};
 use crate::compaction::recall;
 use crate::compaction::rewrite::{
     as_sent, Action, ArchiveScope, CacheOutcome, CompactionJob, Rewrite,
@@ -334,7 +334,8 @@ pub(super) fn went(on: On<'_, '_>, form: Form, cache: CacheOutcome, waited: Dura
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compaction::plan::{Limits, Mode, Split};
+    use crate::compaction::limits::Limits;
+    use crate::compaction::plan::{Mode, Split};
     use crate::config::{Config, ContextConfig};
     use crate::conversation::{Item, Kind, Role};
     use crate::tokens::catalog::{ModelCatalog, ModelInfo};
@@ -370,7 +371,7 @@ mod tests {
             .collect();
         let config = Config::default();
         let failures = crate::observe::metrics::UpstreamFailures::new().unwrap();
-        let connections = Connections::new(&config, failures);
+        let connections = Connections::new(&config, failures, crate::dialect::key_headers());
         let upstream = Upstream::new(
             "http://127.0.0.1:9",
             "",

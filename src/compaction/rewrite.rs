@@ -9,7 +9,8 @@ use std::time::Duration;
 use hyper::header::HeaderMap;
 use serde_json::Value;
 
-use crate::compaction::plan::{Limits, Mode, Split};
+use crate::compaction::limits::Limits;
+use crate::compaction::plan::{Mode, Split};
 use crate::compaction::recall;
 use crate::compaction::shorten::{cut_item_texts, Shorten};
 use crate::compaction::summary::{Key, Summary};

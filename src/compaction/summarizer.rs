@@ -22,9 +22,7 @@ use crate::observe::metrics::{SummarizerFailure, SummarizerHealth, SummaryVia};
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::encoding::Encoding;
 use crate::tokens::rules::shorten_middle;
-use crate::transport::upstream::{
-    blank_credentials, KeyStyle, Upstream, X_API_KEY, X_GOOG_API_KEY,
-};
+use crate::transport::upstream::{blank_credentials, KeyStyle, Upstream};
 
 /// Tool outputs are cut to this many tokens (head and end) before the summarizer sees them.
 const TOOL_OUTPUT_TOKENS: u32 = 600;
@@ -33,13 +31,9 @@ const PROMPT_OVERHEAD_TOKENS: u64 = 2_500;
 /// Characters of an upstream's error body kept in the error (and so in the log).
 const ERROR_BODY_CHARS: usize = 300;
 
-/// The caller's headers a summarizer call paid by the caller carries: its key, however its
-/// SDK sends it, and the organization and project to bill.
-const CALLER_CREDENTIALS: [HeaderName; 6] = [
-    header::AUTHORIZATION,
-    X_API_KEY,
-    HeaderName::from_static("api-key"),
-    X_GOOG_API_KEY,
+/// Besides its key (in any of `Connections::key_headers`), the caller's headers a summarizer
+/// call paid by the caller carries: the organization and project to bill.
+static CALLER_BILLING: [HeaderName; 2] = [
     HeaderName::from_static("openai-organization"),
     HeaderName::from_static("openai-project"),
 ];
@@ -135,7 +129,7 @@ pub struct SummaryRequest {
     /// The summarizer model's context window.
     pub window: u64,
     /// The summary's completion budget: `max_summary_tokens`, or less in a small window
-    /// (`plan::summary_room`).
+    /// (`limits::summary_room`).
     pub max_tokens: u32,
     /// The request model's: the artifact budget is counted in it.
     pub encoding: Encoding,
@@ -162,6 +156,8 @@ pub struct Summarizer {
     dedicated: Option<Arc<Upstream>>,
     /// From `api_key_env`: sent instead of the caller's key, whichever upstream summarizes.
     own_key: Option<HeaderValue>,
+    /// The headers a caller's key may come in (`Connections::key_headers`).
+    key_headers: &'static [HeaderName],
     /// See [`Summarizer::settings_key`].
     settings: Key,
     breakers: Breakers,
@@ -201,6 +197,7 @@ impl Summarizer {
         }
         Ok(Summarizer {
             own_key: crate::transport::upstream::bearer_from_env(&config.api_key_env)?,
+            key_headers: connections.key_headers,
             breakers: Breakers::new(&config, health.clone()),
             config,
             dedicated,
@@ -262,6 +259,12 @@ impl Summarizer {
         self.configured_api.unwrap_or(request_api)
     }
 
+    /// The caller's headers a summary paid by the caller carries: its key, in whichever
+    /// header it came, and whom to bill.
+    fn caller_credentials(&self) -> impl Iterator<Item = &HeaderName> {
+        self.key_headers.iter().chain(&CALLER_BILLING)
+    }
+
     /// Whose key pays: the summarizer's own `api_key_env` alone when set (in `key_style`, the
     /// style of the API asked), else the caller's credential headers (and without any key, the upstream's
     /// configured one).
@@ -271,7 +274,7 @@ impl Summarizer {
             key_style.insert(&mut credentials, key);
             return credentials;
         }
-        copy_headers(request_headers, &CALLER_CREDENTIALS, &mut credentials);
+        copy_headers(request_headers, self.caller_credentials(), &mut credentials);
         credentials
     }
 
@@ -298,7 +301,7 @@ impl Summarizer {
     /// its requests carry them, and those its body may need.
     pub fn session_headers(&self, request_headers: &HeaderMap, api: SummaryEndpoint) -> HeaderMap {
         let mut headers = HeaderMap::new();
-        copy_headers(request_headers, &CALLER_CREDENTIALS, &mut headers);
+        copy_headers(request_headers, self.caller_credentials(), &mut headers);
         for name in api.api.session_headers() {
             for value in request_headers.get_all(*name) {
                 headers.append(*name, value.clone());
@@ -525,7 +528,11 @@ struct Target<'a> {
 }
 
 /// Every value of `names` in `from`, marked sensitive (they carry keys), into `to`.
-fn copy_headers(from: &HeaderMap, names: &[HeaderName], to: &mut HeaderMap) {
+fn copy_headers<'n>(
+    from: &HeaderMap,
+    names: impl IntoIterator<Item = &'n HeaderName>,
+    to: &mut HeaderMap,
+) {
     for name in names {
         for value in from.get_all(name) {
             let mut value = value.clone();
@@ -739,7 +746,11 @@ mod tests {
 
     fn connections() -> crate::transport::upstream::Connections {
         let failures = crate::observe::metrics::UpstreamFailures::new().unwrap();
-        crate::transport::upstream::Connections::new(&crate::config::Config::default(), failures)
+        crate::transport::upstream::Connections::new(
+            &crate::config::Config::default(),
+            failures,
+            crate::dialect::key_headers(),
+        )
     }
 
     #[test]
@@ -797,10 +808,10 @@ mod tests {
             .credentials_for(&request, endpoint("messages").key_style);
         assert_eq!(own.len(), 1);
         assert_eq!(
-            own[X_API_KEY], "sk-own",
+            own["x-api-key"], "sk-own",
             "Anthropic's API takes its key bare"
         );
-        assert!(own[X_API_KEY].is_sensitive());
+        assert!(own["x-api-key"].is_sensitive());
     }
 
     #[test]

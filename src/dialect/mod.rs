@@ -1,6 +1,7 @@
 //! One folder per API that condenser compacts, the one home of its wire format: its
 //! request's stages (`stages::Dialect`), its name, path and route label, its replies' usage,
-//! its error shape, how it takes a key and how a summary is asked in it. `registry!` below
+//! its error shape, how it takes a key and how a summary is asked in it (OpenAI's two APIs
+//! share theirs: `openai.rs`). `registry!` below
 //! lists them: a new API is one folder and one line there. Everything else that tells the
 //! APIs apart reads the registry: `summarizer.api` and `--api` take `Dialect::NAME`s, the
 //! server routes what each `Dialect::compacts` and passes through what each `serves`, and the
@@ -9,14 +10,16 @@
 pub mod chat;
 pub mod gemini;
 pub mod messages;
+pub mod openai;
 pub mod recall;
 pub mod request;
 pub mod responses;
 pub mod stages;
 
 use std::future::Future;
+use std::sync::LazyLock;
 
-use hyper::header::HeaderMap;
+use hyper::header::{HeaderMap, HeaderName};
 use hyper::Response;
 use serde_json::Value;
 
@@ -25,8 +28,7 @@ use crate::config::{Config, ConfigError};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
 use crate::transport::body::ProxyBody;
-use crate::transport::headers::query_key;
-use crate::transport::upstream::{KeyStyle, X_API_KEY, X_GOOG_API_KEY};
+use crate::transport::upstream::KeyStyle;
 use stages::Dialect;
 
 /// What the rest of condenser needs of an API beyond its request's stages, as a value.
@@ -126,6 +128,24 @@ pub fn summary_api_named(name: &str) -> Result<Option<SummaryEndpoint>, ConfigEr
     })
 }
 
+/// Every request header a key may come in, each dialect's (`KeyStyle::headers`) once, in the
+/// registry's order. The layers below take it as data: what says a caller sent its own key,
+/// what a reply must not echo, what a summary paid by the caller carries, and who a caller
+/// is when `cache.scope_headers` is left out.
+pub fn key_headers() -> &'static [HeaderName] {
+    static KEY_HEADERS: LazyLock<Vec<HeaderName>> = LazyLock::new(|| {
+        let mut names: Vec<HeaderName> = Vec::new();
+        for name in DIALECTS.iter().flat_map(|wire| wire.key_style.headers()) {
+            let name = HeaderName::from_static(name);
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        names
+    });
+    &KEY_HEADERS
+}
+
 /// The API of a path: the dialect that serves it or a path above it.
 pub fn for_path(path: &str) -> Option<Wire> {
     DIALECTS.iter().find(|wire| (wire.serves)(path)).copied()
@@ -138,8 +158,9 @@ pub fn compacting(path: &str) -> Option<Wire> {
 
 /// The API a request passed through is in, which picks its upstream and how a configured key
 /// goes with it: the API of its path; for a path no dialect claims (`/v1/models`, `/v1/files`,
-/// which Anthropic's and Google's APIs share with OpenAI's), the API of the caller's key:
-/// Google's for `x-goog-api-key` or `?key=`, Anthropic's for `x-api-key` or
+/// which Anthropic's and Google's APIs share with OpenAI's), the API of the caller's key: the
+/// first dialect whose own key header or query parameter the caller sent (Anthropic's for
+/// `x-api-key`, Google's for `x-goog-api-key` or `?key=`), Anthropic's for
 /// `anthropic-version`, else OpenAI's.
 #[derive(Clone, Copy)]
 pub struct PassThroughApi {
@@ -157,15 +178,15 @@ impl PassThroughApi {
                 key_style: wire.key_style,
             };
         }
-        let key_style = if headers.contains_key(X_GOOG_API_KEY)
-            || query_key(KeyStyle::XGoogApiKey, query).is_some()
-        {
-            KeyStyle::XGoogApiKey
-        } else if headers.contains_key(X_API_KEY) || headers.contains_key("anthropic-version") {
-            KeyStyle::XApiKey
+        let by_key = DIALECTS
+            .iter()
+            .map(|wire| wire.key_style)
+            .find(|style| style.sent_by(headers, query));
+        let key_style = by_key.unwrap_or(if headers.contains_key(messages::VERSION_HEADER) {
+            messages::Messages::KEY_STYLE
         } else {
-            KeyStyle::Bearer
-        };
+            openai::KEY_STYLE
+        });
         PassThroughApi {
             path_of: None,
             key_style,
@@ -250,24 +271,31 @@ pub fn detect_api(body: &Value) -> Api {
 mod tests {
     use super::*;
 
+    const OPENAI: KeyStyle = openai::KEY_STYLE;
+    const ANTHROPIC: KeyStyle = messages::Messages::KEY_STYLE;
+    const GOOGLE: KeyStyle = gemini::Gemini::KEY_STYLE;
+
+    #[test]
+    fn the_key_headers_are_every_dialects_each_once() {
+        let names: Vec<&str> = key_headers().iter().map(HeaderName::as_str).collect();
+        assert_eq!(
+            names,
+            ["authorization", "api-key", "x-api-key", "x-goog-api-key"]
+        );
+    }
+
     #[test]
     fn a_path_is_its_dialects_and_so_is_every_path_under_it() {
         for (path, style) in [
-            ("/v1/messages", KeyStyle::XApiKey),
-            ("/v1/messages/count_tokens", KeyStyle::XApiKey),
-            ("/v1/messagesx", KeyStyle::Bearer),
-            ("/v1/chat/completions", KeyStyle::Bearer),
-            ("/v1/responses/compact", KeyStyle::Bearer),
-            ("/v1/models", KeyStyle::Bearer),
-            (
-                "/v1beta/models/gemini-2.5-pro:countTokens",
-                KeyStyle::XGoogApiKey,
-            ),
-            (
-                "/v1/models/gemini-2.5-pro:generateContent",
-                KeyStyle::XGoogApiKey,
-            ),
-            ("/v1/models/gpt-4o", KeyStyle::Bearer),
+            ("/v1/messages", ANTHROPIC),
+            ("/v1/messages/count_tokens", ANTHROPIC),
+            ("/v1/messagesx", OPENAI),
+            ("/v1/chat/completions", OPENAI),
+            ("/v1/responses/compact", OPENAI),
+            ("/v1/models", OPENAI),
+            ("/v1beta/models/gemini-2.5-pro:countTokens", GOOGLE),
+            ("/v1/models/gemini-2.5-pro:generateContent", GOOGLE),
+            ("/v1/models/gpt-4o", OPENAI),
         ] {
             assert_eq!(
                 PassThroughApi::of(path, &HeaderMap::new(), None).key_style(),
@@ -330,26 +358,14 @@ mod tests {
                 .collect();
             (api.key_style(), speakers)
         };
-        assert_eq!(
-            api(None, None),
-            (KeyStyle::Bearer, vec!["chat", "responses"])
-        );
-        assert_eq!(
-            api(Some("x-api-key"), None),
-            (KeyStyle::XApiKey, vec!["messages"])
-        );
+        assert_eq!(api(None, None), (OPENAI, vec!["chat", "responses"]));
+        assert_eq!(api(Some("x-api-key"), None), (ANTHROPIC, vec!["messages"]));
         assert_eq!(
             api(Some("anthropic-version"), None),
-            (KeyStyle::XApiKey, vec!["messages"])
+            (ANTHROPIC, vec!["messages"])
         );
-        assert_eq!(
-            api(Some("x-goog-api-key"), None),
-            (KeyStyle::XGoogApiKey, vec!["gemini"])
-        );
-        assert_eq!(
-            api(None, Some("key=k")),
-            (KeyStyle::XGoogApiKey, vec!["gemini"])
-        );
+        assert_eq!(api(Some("x-goog-api-key"), None), (GOOGLE, vec!["gemini"]));
+        assert_eq!(api(None, Some("key=k")), (GOOGLE, vec!["gemini"]));
     }
 
     #[test]

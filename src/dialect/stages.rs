@@ -10,7 +10,8 @@ use hyper::Response;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::compaction::plan::{self, Decision, Limits, Mode, PlanInput, Split};
+use crate::compaction::limits::{Limits, PlanInput};
+use crate::compaction::plan::{self, Decision, Mode, Split};
 use crate::compaction::rewrite::{Action, Rewrite};
 use crate::compaction::summary_api::{SummaryApi, SummaryEndpoint};
 use crate::config::{tool_cut, Config, ContextConfig, RecallConfig, ToolPolicy};
@@ -202,7 +203,7 @@ impl Prepared {
         };
         // The summary's room is a share of the limits, which the rest of the input sets;
         // recall's tool and line take room beside it when the request's profile offers recall.
-        input.summary_tokens = plan::summary_room(
+        input.summary_tokens = crate::compaction::limits::summary_room(
             &Limits::new(&input),
             config.summarizer.max_summary_tokens,
             settings.recall.enabled,

@@ -4,18 +4,36 @@
 //! adds to memory every worker shares, which moves their cache lines between cores: that
 //! costs no instructions, and at full load about as much as a tenth of a request's own work,
 //! which a request waiting seconds on an LLM does not see.
+//!
+//! The families whose types have more to them than a vector each are rooms of their own:
+//! `models.rs` (the per-model series under bounded labels), `bill.rs`, `summarizer.rs`,
+//! `upstream.rs` (failed exchanges) and `observed.rs` (observe mode's would-be requests).
 
-use std::collections::HashMap;
+mod bill;
+mod models;
+mod observed;
+mod registering;
+mod summarizer;
+mod upstream;
+
 use std::sync::{Arc, OnceLock};
 
 use hyper::StatusCode;
-use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
-    Counter, CounterVec, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter,
-    IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 
-use crate::tokens::catalog::{base_name, ModelInfo, Price};
+use crate::tokens::catalog::ModelInfo;
+pub use bill::BilledTokens;
+use bill::{BillVecs, SpendKind};
+pub use models::{ModelLabel, ModelSeries};
+use models::{ModelLabels, ModelVecs};
+pub use observed::ObservedSeries;
+pub use registering::MetricsError;
+use registering::{registered, series};
+pub use summarizer::{SummarizerFailure, SummarizerHealth, SummaryVia};
+pub use upstream::{FailureKind, UpstreamFailures};
 
 /// What served a request: its `route` label in metrics and in the log. Each dialect names
 /// its own (`Dialect::ROUTE`); the constants are condenser's other routes.
@@ -85,412 +103,6 @@ pub struct Metrics {
     pub observed: ObservedSeries,
 }
 
-/// The tiers of the would-be bill: the share of a request that repeats the one before it
-/// (`cache_read`), and the rest.
-pub const OBSERVED_TIERS: [&str; 2] = ["uncached", "cache_read"];
-
-/// Why a would-be request does not repeat the whole of the one before it.
-pub const OBSERVED_BREAKS: [&str; 3] = ["client_change", "summary_step", "cut_step"];
-
-/// What `auto` would have forwarded and billed, in observe mode, by model:
-/// `condenser_observed_forwarded_tokens_total{model}`,
-/// `condenser_observed_bill_tokens_total{model,tier}` and
-/// `condenser_observed_breaks_total{model,reason}`. Counted off the request's path.
-pub struct ObservedSeries {
-    forwarded: IntCounterVec,
-    bill: IntCounterVec,
-    breaks: IntCounterVec,
-    labels: Arc<ModelLabels>,
-}
-
-impl ObservedSeries {
-    fn new(registry: &Registry, labels: Arc<ModelLabels>) -> Result<ObservedSeries, MetricsError> {
-        let counters = |name: &str, help: &str, names: &[&str]| {
-            registered(registry, IntCounterVec::new(Opts::new(name, help), names)?)
-        };
-        let series = ObservedSeries {
-            forwarded: counters(
-                "condenser_observed_forwarded_tokens_total",
-                "Observe mode: prompt tokens auto would have forwarded.",
-                &["model"],
-            )?,
-            bill: counters(
-                "condenser_observed_bill_tokens_total",
-                "Observe mode: prompt tokens auto would have had billed, by tier: cache_read (the share that repeats the request before it) and uncached.",
-                &["model", "tier"],
-            )?,
-            breaks: counters(
-                "condenser_observed_breaks_total",
-                "Observe mode: would-be requests that do not repeat the whole of the one before, by reason: client_change, summary_step, cut_step.",
-                &["model", "reason"],
-            )?,
-            labels,
-        };
-        for label in series.labels.known() {
-            series.count(label, 0, 0, None);
-        }
-        Ok(series)
-    }
-
-    /// One observed request: what auto would have forwarded, of it what repeats the request
-    /// before, and why it does not repeat all of it, when it does not.
-    pub fn count(&self, label: ModelLabel, forwarded: u64, cached: u64, cache_break: Option<&str>) {
-        let model = self.labels.name(label);
-        self.forwarded.with_label_values(&[model]).inc_by(forwarded);
-        for (tier, tokens) in OBSERVED_TIERS
-            .into_iter()
-            .zip([forwarded.saturating_sub(cached), cached])
-        {
-            self.bill.with_label_values(&[model, tier]).inc_by(tokens);
-        }
-        for reason in OBSERVED_BREAKS {
-            let series = self.breaks.with_label_values(&[model, reason]);
-            if cache_break == Some(reason) {
-                series.inc();
-            }
-        }
-    }
-}
-
-/// Why a summary was not made, as `condenser_summarizer_failures_total` labels it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SummarizerFailure {
-    /// The summarizer answered an error status.
-    Status,
-    Timeout,
-    /// No answer could be had: connecting or reading failed.
-    Connection,
-    /// An answer without its API's shape.
-    Malformed,
-    /// A refusal, or a summary that is none.
-    Rejected,
-    /// Turned away by an open breaker: no call made.
-    CircuitOpen,
-    /// condenser's own summary job failed.
-    Internal,
-}
-
-impl SummarizerFailure {
-    pub const ALL: [SummarizerFailure; 7] = [
-        SummarizerFailure::Status,
-        SummarizerFailure::Timeout,
-        SummarizerFailure::Connection,
-        SummarizerFailure::Malformed,
-        SummarizerFailure::Rejected,
-        SummarizerFailure::CircuitOpen,
-        SummarizerFailure::Internal,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SummarizerFailure::Status => "status",
-            SummarizerFailure::Timeout => "timeout",
-            SummarizerFailure::Connection => "connection",
-            SummarizerFailure::Malformed => "malformed",
-            SummarizerFailure::Rejected => "rejected",
-            SummarizerFailure::CircuitOpen => "circuit_open",
-            SummarizerFailure::Internal => "internal",
-        }
-    }
-}
-
-/// How a summary was asked, as `condenser_summaries_total` labels it: through the session's
-/// own cached prefix, or as a prompt of its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SummaryVia {
-    Session,
-    Separate,
-}
-
-impl SummaryVia {
-    pub const ALL: [SummaryVia; 2] = [SummaryVia::Session, SummaryVia::Separate];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SummaryVia::Session => "session",
-            SummaryVia::Separate => "separate",
-        }
-    }
-}
-
-/// The summarizer's direction labels: tokens it was sent, and tokens it wrote.
-const SUMMARIZER_DIRECTIONS: [&str; 2] = ["input", "output"];
-
-/// `condenser_prompt_tokens_billed_total`'s `tier` labels, in [`BilledTokens::prompt_tiers`]
-/// order.
-const BILLED_TIERS: [&str; 3] = ["uncached", "cache_read", "cache_write"];
-
-/// One reply's tokens as its provider bills them: the prompt by tier, and the output.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BilledTokens {
-    /// Neither served from the provider's prompt cache nor written to it.
-    pub uncached: u64,
-    pub cache_read: u64,
-    pub cache_write: u64,
-    pub output: u64,
-}
-
-impl BilledTokens {
-    pub fn prompt(&self) -> u64 {
-        self.uncached + self.cache_read + self.cache_write
-    }
-
-    fn prompt_tiers(&self) -> [u64; 3] {
-        [self.uncached, self.cache_read, self.cache_write]
-    }
-
-    /// What the tokens cost at `price` (per million tokens).
-    pub fn cost(&self, price: &Price) -> f64 {
-        let tiers = [
-            (self.uncached, price.input),
-            (self.cache_read, price.cache_read),
-            (self.cache_write, price.cache_write),
-            (self.output, price.output),
-        ];
-        tiers
-            .into_iter()
-            .map(|(tokens, per_million)| tokens as f64 * per_million)
-            .sum::<f64>()
-            / 1e6
-    }
-}
-
-/// Whose calls a spend paid for: `condenser_spend_total`'s `kind` label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SpendKind {
-    /// The clients' requests, as forwarded.
-    Session,
-    /// condenser's own summarizer calls.
-    Summarizer,
-}
-
-impl SpendKind {
-    const ALL: [SpendKind; 2] = [SpendKind::Session, SpendKind::Summarizer];
-
-    fn as_str(self) -> &'static str {
-        match self {
-            SpendKind::Session => "session",
-            SpendKind::Summarizer => "summarizer",
-        }
-    }
-}
-
-/// The bill: `condenser_prompt_tokens_billed_total{model,tier}` for every reply upstream
-/// billed (the summarizer's included), and `condenser_spend_total{model,kind}` for those of
-/// a priced model.
-#[derive(Clone)]
-struct BillVecs {
-    billed: IntCounterVec,
-    spend: CounterVec,
-}
-
-impl BillVecs {
-    fn new() -> Result<BillVecs, MetricsError> {
-        Ok(BillVecs {
-            billed: IntCounterVec::new(
-                Opts::new(
-                    "condenser_prompt_tokens_billed_total",
-                    "Prompt tokens upstream usage reports, by tier: uncached, cache_read (served from the provider's prompt cache), cache_write (written to it). Summarizer calls included.",
-                ),
-                &["model", "tier"],
-            )?,
-            spend: CounterVec::new(
-                Opts::new(
-                    "condenser_spend_total",
-                    "What upstream usage cost at the configured prices, in their currency, by kind: session (the clients' requests), summarizer. Priced models only.",
-                ),
-                &["model", "kind"],
-            )?,
-        })
-    }
-
-    fn billed_series(&self, model: &str) -> [IntCounter; 3] {
-        BILLED_TIERS.map(|tier| self.billed.with_label_values(&[model, tier]))
-    }
-
-    fn spend_series(&self, model: &str, kind: SpendKind) -> Counter {
-        self.spend.with_label_values(&[model, kind.as_str()])
-    }
-}
-
-/// Adds `tokens` to a model's tier series.
-fn count_billed(series: &[IntCounter; 3], tokens: &BilledTokens) {
-    for (counter, count) in series.iter().zip(tokens.prompt_tiers()) {
-        counter.inc_by(count);
-    }
-}
-
-/// What the summarizer reports of its own health, `condenser_summarizer_failures_total{reason}`
-/// and `condenser_summarizer_breakers_open`, and of what it spends,
-/// `condenser_summarizer_tokens_total{model,direction}`. All change at most once per summarizer
-/// call, so plain Prometheus types do.
-#[derive(Clone)]
-pub struct SummarizerHealth {
-    failures: IntCounterVec,
-    summaries: IntCounterVec,
-    /// Caller-and-upstream pairs whose breaker opened and no success has closed since.
-    pub breakers_open: IntGauge,
-    tokens: IntCounterVec,
-    bill: BillVecs,
-    labels: Arc<ModelLabels>,
-}
-
-impl SummarizerHealth {
-    /// Every failure reason, and the tokens of every model label known at start, show 0
-    /// from start-up. `bill`: the series of the bill, which the requests' share.
-    fn new(labels: Arc<ModelLabels>, bill: BillVecs) -> Result<SummarizerHealth, MetricsError> {
-        let health = SummarizerHealth {
-            failures: IntCounterVec::new(
-                Opts::new(
-                    "condenser_summarizer_failures_total",
-                    "Summaries not made, by reason: status, timeout, connection, malformed, rejected, circuit_open, internal.",
-                ),
-                &["reason"],
-            )?,
-            summaries: IntCounterVec::new(
-                Opts::new(
-                    "condenser_summaries_total",
-                    "Summaries made, by how they were asked: session (through the session's own cached prefix) or separate.",
-                ),
-                &["via"],
-            )?,
-            breakers_open: IntGauge::new(
-                "condenser_summarizer_breakers_open",
-                "Summarizer circuit breakers open (per upstream and caller), until a success closes them.",
-            )?,
-            tokens: IntCounterVec::new(
-                Opts::new(
-                    "condenser_summarizer_tokens_total",
-                    "Tokens of summarizer calls as the summarizer's usage reports them, by model and direction (input, output).",
-                ),
-                &["model", "direction"],
-            )?,
-            bill,
-            labels,
-        };
-        for reason in SummarizerFailure::ALL {
-            health.failures.with_label_values(&[reason.as_str()]);
-        }
-        for via in SummaryVia::ALL {
-            health.summaries.with_label_values(&[via.as_str()]);
-        }
-        for label in health.labels.known() {
-            health.count_tokens(label, BilledTokens::default(), None);
-        }
-        Ok(health)
-    }
-
-    /// Unregistered, with only the built-in `other` label: for tests of what reports to it.
-    #[cfg(test)]
-    pub fn standalone() -> Result<SummarizerHealth, MetricsError> {
-        SummarizerHealth::new(
-            Arc::new(ModelLabels::new(&[], std::iter::empty::<&str>())),
-            BillVecs::new()?,
-        )
-    }
-
-    pub fn count_summary(&self, via: SummaryVia) {
-        self.summaries.with_label_values(&[via.as_str()]).inc();
-    }
-
-    pub fn count_failure(&self, reason: SummarizerFailure) {
-        self.failures.with_label_values(&[reason.as_str()]).inc();
-    }
-
-    /// The summarizer model's bounded label, as `Metrics::for_model` gives a request's.
-    pub fn label_for(&self, model: &str, info: &ModelInfo) -> ModelLabel {
-        self.labels.resolve(model, info)
-    }
-
-    /// One summarizer call's usage, and at `price` (the model's, if configured) what it
-    /// cost. Counting zero shows a model's series.
-    pub fn count_tokens(&self, label: ModelLabel, tokens: BilledTokens, price: Option<&Price>) {
-        let model = self.labels.name(label);
-        for (direction, count) in SUMMARIZER_DIRECTIONS
-            .into_iter()
-            .zip([tokens.prompt(), tokens.output])
-        {
-            self.tokens
-                .with_label_values(&[model, direction])
-                .inc_by(count);
-        }
-        count_billed(&self.bill.billed_series(model), &tokens);
-        if let Some(price) = price {
-            self.bill
-                .spend_series(model, SpendKind::Summarizer)
-                .inc_by(tokens.cost(price));
-        }
-    }
-}
-
-/// Why an upstream exchange failed, as `condenser_upstream_failures_total` labels it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailureKind {
-    /// No connection could be made.
-    Connect,
-    /// No answer, or a silence within a body, past the upstream timeout.
-    Timeout,
-    /// A reply that breaks HTTP's rules: framing, an unrequested upgrade, an oversized head.
-    Malformed,
-    /// The connection closed or reset before the reply was complete.
-    Reset,
-}
-
-impl FailureKind {
-    pub const ALL: [FailureKind; 4] = [
-        FailureKind::Connect,
-        FailureKind::Timeout,
-        FailureKind::Malformed,
-        FailureKind::Reset,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FailureKind::Connect => "connect",
-            FailureKind::Timeout => "timeout",
-            FailureKind::Malformed => "malformed",
-            FailureKind::Reset => "reset",
-        }
-    }
-}
-
-/// `condenser_upstream_failures_total{kind}`. Failures are rare, so a plain counter does.
-#[derive(Clone)]
-pub struct UpstreamFailures(IntCounterVec);
-
-impl UpstreamFailures {
-    /// Every kind shows 0 from start-up.
-    pub fn new() -> Result<UpstreamFailures, MetricsError> {
-        let failures = IntCounterVec::new(
-            Opts::new(
-                "condenser_upstream_failures_total",
-                "Upstream exchanges that failed, by kind: connect, timeout, malformed, reset.",
-            ),
-            &["kind"],
-        )?;
-        for kind in FailureKind::ALL {
-            failures.with_label_values(&[kind.as_str()]);
-        }
-        Ok(UpstreamFailures(failures))
-    }
-
-    pub fn count(&self, kind: FailureKind) {
-        self.0.with_label_values(&[kind.as_str()]).inc();
-    }
-}
-
-/// The series of `vec` with `labels`, made on its first update and kept in `cell`: a series
-/// appears once counted, as any of a vector's does, and later updates skip the vector's
-/// lookup by label (a hash, a read lock and a reference count, the last two writes to memory
-/// every worker shares).
-fn series<'a, T: MetricVecBuilder>(
-    cell: &'a OnceLock<T::M>,
-    vec: &MetricVec<T>,
-    labels: &[&str],
-) -> &'a T::M {
-    cell.get_or_init(|| vec.with_label_values(labels))
-}
-
 /// `condenser_requests_total`, by route and status.
 struct RequestCounts {
     vec: IntCounterVec,
@@ -521,211 +133,6 @@ impl RequestCounts {
     }
 }
 
-/// A model's bounded label: cheap to resolve per request and to keep for its response.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ModelLabel(usize);
-
-/// The vectors of the per-model series, labelled by `model`.
-#[derive(Clone)]
-struct ModelVecs {
-    prompt: IntCounterVec,
-    forwarded: IntCounterVec,
-    saved: IntCounterVec,
-    completion: IntCounterVec,
-    cached: IntCounterVec,
-    ratio: GaugeVec,
-    bill: BillVecs,
-}
-
-impl ModelVecs {
-    /// The vectors of the per-model series, registered in `registry` (the bill's apart).
-    fn new(registry: &Registry, bill: BillVecs) -> Result<ModelVecs, MetricsError> {
-        let counter = |name: &str, help: &str| {
-            registered(
-                registry,
-                IntCounterVec::new(Opts::new(name, help), &["model"])?,
-            )
-        };
-        Ok(ModelVecs {
-            prompt: counter(
-                "condenser_prompt_tokens_total",
-                "Prompt tokens as received from clients.",
-            )?,
-            forwarded: counter(
-                "condenser_forwarded_tokens_total",
-                "Prompt tokens as sent upstream.",
-            )?,
-            saved: counter(
-                "condenser_saved_tokens_total",
-                "Prompt tokens removed by compaction (received - forwarded).",
-            )?,
-            completion: counter(
-                "condenser_completion_tokens_total",
-                "Completion tokens reported by upstream usage.",
-            )?,
-            cached: counter(
-                "condenser_cached_prompt_tokens_total",
-                "Prompt tokens upstream usage reports served from the provider's prompt cache.",
-            )?,
-            ratio: registered(
-                registry,
-                GaugeVec::new(
-                    Opts::new(
-                        "condenser_token_estimate_ratio",
-                        "Upstream-reported prompt tokens over condenser's own count, smoothed.",
-                    ),
-                    &["model"],
-                )?,
-            )?,
-            bill,
-        })
-    }
-}
-
-/// Prompt tokens received, forwarded and saved: counted together, so they appear together.
-struct PromptSeries {
-    prompt: IntCounter,
-    forwarded: IntCounter,
-    saved: IntCounter,
-}
-
-/// The series of one `model` label.
-pub struct ModelSeries {
-    label: Box<str>,
-    vecs: ModelVecs,
-    prompt: OnceLock<PromptSeries>,
-    completion: OnceLock<IntCounter>,
-    cached: OnceLock<IntCounter>,
-    ratio: OnceLock<Gauge>,
-    billed: OnceLock<[IntCounter; 3]>,
-    spend: OnceLock<Counter>,
-}
-
-impl ModelSeries {
-    /// The `model` label value of this series.
-    pub fn label(&self) -> &str {
-        &self.label
-    }
-
-    /// Prompt tokens received and forwarded, and the difference as saved.
-    pub fn count_prompt(&self, received: u64, forwarded: u64) {
-        let labels = [self.label.as_ref()];
-        let series = self.prompt.get_or_init(|| PromptSeries {
-            prompt: self.vecs.prompt.with_label_values(&labels),
-            forwarded: self.vecs.forwarded.with_label_values(&labels),
-            saved: self.vecs.saved.with_label_values(&labels),
-        });
-        series.prompt.inc_by(received);
-        series.forwarded.inc_by(forwarded);
-        series.saved.inc_by(received.saturating_sub(forwarded));
-    }
-
-    pub fn count_completion(&self, tokens: u64) {
-        series(&self.completion, &self.vecs.completion, &[&self.label]).inc_by(tokens);
-    }
-
-    pub fn count_cached(&self, tokens: u64) {
-        series(&self.cached, &self.vecs.cached, &[&self.label]).inc_by(tokens);
-    }
-
-    /// A reply's prompt tokens by tier, and at `price` (its model's, if configured) what the
-    /// reply cost.
-    pub fn count_bill(&self, tokens: &BilledTokens, price: Option<&Price>) {
-        let billed = self
-            .billed
-            .get_or_init(|| self.vecs.bill.billed_series(&self.label));
-        count_billed(billed, tokens);
-        if let Some(price) = price {
-            self.spend_series().inc_by(tokens.cost(price));
-        }
-    }
-
-    fn spend_series(&self) -> &Counter {
-        self.spend
-            .get_or_init(|| self.vecs.bill.spend_series(&self.label, SpendKind::Session))
-    }
-
-    /// Leaves the gauge untouched when the ratio is unchanged, as it mostly is once
-    /// smoothed, so that every core can keep its copy of the line.
-    pub fn set_token_ratio(&self, ratio: f64) {
-        let gauge = series(&self.ratio, &self.vecs.ratio, &[&self.label]);
-        if gauge.get().to_bits() != ratio.to_bits() {
-            gauge.set(ratio);
-        }
-    }
-}
-
-/// The bounded `model` labels, all known at start: configured names, families, `other`. A
-/// request resolves its label without a lock or an allocation.
-pub struct ModelLabels {
-    /// Configured names, each its own label.
-    configured: HashMap<Box<str>, ModelLabel>,
-    /// Every label by name.
-    labels: HashMap<Box<str>, ModelLabel>,
-    other: ModelLabel,
-    /// By label index.
-    names: Box<[Box<str>]>,
-}
-
-impl ModelLabels {
-    /// `families` are every family the model catalog can resolve to: with the `configured`
-    /// names and `other`, all the `model` labels there can be.
-    pub fn new<F: AsRef<str>>(
-        configured: &[String],
-        families: impl IntoIterator<Item = F>,
-    ) -> ModelLabels {
-        let mut names: Vec<Box<str>> = Vec::new();
-        let mut labels: HashMap<Box<str>, ModelLabel> = HashMap::new();
-        let mut intern = |name: &str| {
-            *labels.entry(name.into()).or_insert_with(|| {
-                names.push(name.into());
-                ModelLabel(names.len() - 1)
-            })
-        };
-        let configured = configured
-            .iter()
-            .map(|model| {
-                let name = base_name(model);
-                (Box::from(name.as_ref()), intern(&name))
-            })
-            .collect();
-        for family in families {
-            intern(family.as_ref());
-        }
-        let other = intern("other");
-        ModelLabels {
-            configured,
-            labels,
-            other,
-            names: names.into(),
-        }
-    }
-
-    /// A model's label: a configured name, else its family, else `other` (as is a family
-    /// unknown at start, which `ModelCatalog::families` rules out).
-    pub fn resolve(&self, model: &str, info: &ModelInfo) -> ModelLabel {
-        if let Some(label) = self.configured.get(base_name(model).as_ref()) {
-            return *label;
-        }
-        info.family
-            .as_deref()
-            .and_then(|family| self.labels.get(family))
-            .copied()
-            .unwrap_or(self.other)
-    }
-
-    fn name(&self, label: ModelLabel) -> &str {
-        &self.names[label.0]
-    }
-
-    /// The labels whose series show from start-up: those the operator named, and `other`.
-    /// A family's show once a request of it is counted, or the dashboard would list every
-    /// family the catalog knows.
-    fn known(&self) -> impl Iterator<Item = ModelLabel> + '_ {
-        self.configured.values().copied().chain([self.other])
-    }
-}
-
 /// `start`, `start × 2`, … for `count` buckets, then `last`.
 fn doubling(start: f64, count: usize, last: f64) -> Vec<f64> {
     let mut buckets: Vec<f64> = (0..count)
@@ -735,19 +142,6 @@ fn doubling(start: f64, count: usize, last: f64) -> Vec<f64> {
     buckets.push(last);
     buckets
 }
-
-/// `collector`, registered in `registry`.
-fn registered<C: Collector + Clone + 'static>(
-    registry: &Registry,
-    collector: C,
-) -> Result<C, MetricsError> {
-    registry.register(Box::new(collector.clone()))?;
-    Ok(collector)
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("cannot register metrics: {0}")]
-pub struct MetricsError(#[from] prometheus::Error);
 
 impl Metrics {
     /// `families` are every family the model catalog can resolve to: with the configured
@@ -800,16 +194,7 @@ impl Metrics {
         let models: Box<[ModelSeries]> = labels
             .names
             .iter()
-            .map(|label| ModelSeries {
-                label: label.clone(),
-                vecs: vecs.clone(),
-                prompt: OnceLock::new(),
-                completion: OnceLock::new(),
-                cached: OnceLock::new(),
-                ratio: OnceLock::new(),
-                billed: OnceLock::new(),
-                spend: OnceLock::new(),
-            })
+            .map(|label| ModelSeries::new(label.clone(), vecs.clone()))
             .collect();
         let summarizer_health = SummarizerHealth::new(labels.clone(), bill)?;
         registered(&registry, summarizer_health.failures.clone())?;
@@ -931,8 +316,10 @@ impl Metrics {
 
 #[cfg(test)]
 mod tests {
+    use super::bill::BILLED_TIERS;
+    use super::observed::{OBSERVED_BREAKS, OBSERVED_TIERS};
     use super::*;
-    use crate::tokens::catalog::ModelCatalog;
+    use crate::tokens::catalog::{ModelCatalog, Price};
     use crate::tokens::catalog::{ModelOverride, TokensConfig};
     use std::collections::BTreeMap;
 

@@ -28,7 +28,6 @@ use crate::pipeline::send::Original;
 use crate::pipeline::state::Worker;
 use crate::transport::body::{read_body, ProxyBody};
 use crate::transport::departure::ClientBody;
-use crate::transport::headers::caller_headers;
 
 /// One request of dialect `D`, from its body to the relayed reply.
 pub async fn handle<D: Dialect + 'static>(
@@ -52,7 +51,7 @@ pub async fn handle<D: Dialect + 'static>(
     // Kept for a reactive retry: a second handle on the same bytes, not a copy.
     let original = bytes.clone();
     let path = parts.uri.path();
-    let caller = caller_headers(D::KEY_STYLE, &parts.headers, parts.uri.query());
+    let caller = D::KEY_STYLE.caller_headers(&parts.headers, parts.uri.query());
     let outgoing = prepare::prepare::<D>(
         state,
         (bytes, path),

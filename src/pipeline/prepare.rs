@@ -8,7 +8,8 @@ use bytes::Bytes;
 use hyper::header::HeaderMap;
 
 use crate::compaction::compactor::{self, Compactor};
-use crate::compaction::plan::{summary_room, Decision, Limits, Mode, Split};
+use crate::compaction::limits::{summary_room, Limits};
+use crate::compaction::plan::{Decision, Mode, Split};
 use crate::compaction::rewrite::{Action, CompactionJob};
 use crate::compaction::session::SessionMark;
 use crate::config::ContextConfig;

@@ -36,7 +36,7 @@ pub(super) struct Original<'a> {
     pub bytes: Bytes,
     pub headers: HeaderMap,
     /// The headers that say who the caller is, when not `headers` themselves: they with the
-    /// key its query carried (`caller_headers`).
+    /// key its query carried (`KeyStyle::caller_headers`).
     pub caller: Option<HeaderMap>,
     pub path: &'a str,
     pub path_and_query: &'a str,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::compaction::compactor::Compactor;
 use crate::compaction::rewrite::COUNTED_OUTCOMES;
 use crate::config::{Config, ConfigError};
-use crate::dialect::{check_apis, summary_api_named, DIALECTS};
+use crate::dialect::{self, check_apis, summary_api_named, DIALECTS};
 use crate::observe::metrics::{Metrics, MetricsError};
 use crate::pipeline::observer::Observer;
 use crate::tokens::catalog::ModelCatalog;
@@ -66,7 +66,11 @@ impl AppState {
                 .with_label_values(&[action.name(), cache.name()]);
         }
         check_apis(&config)?;
-        let mut connections = Connections::new(&config, metrics.upstream_failures.clone());
+        let mut connections = Connections::new(
+            &config,
+            metrics.upstream_failures.clone(),
+            dialect::key_headers(),
+        );
         connections.events.uninspected = Some(metrics.uninspected_events.clone());
         let upstreams = Upstreams::from_config(&config, &connections)?;
         let compactor = Arc::new(Compactor::new(

@@ -9,7 +9,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use hyper::{header, Method, Request, Response, StatusCode};
 
-use crate::dialect::chat;
+use crate::dialect::openai;
 use crate::dialect::stages::Dialect;
 use crate::dialect::{self, with_dialect, WithDialect};
 use crate::error::ProxyError;
@@ -144,7 +144,7 @@ impl WithDialect for Compact<'_> {
 pub fn error_for(path: &str, error: &ProxyError) -> Response<ProxyBody> {
     let mut response = match dialect::for_path(path) {
         Some(wire) => (wire.error_response)(error),
-        None => chat::error_response(error),
+        None => openai::error_response(error),
     };
     if let Some(kept) = error.kept_headers() {
         response.headers_mut().extend(kept.clone());

@@ -1,101 +1,112 @@
 //! The headers a request and its reply carry between client and upstream: which describe one
-//! hop and are dropped, and which key goes upstream and in which header. (Keys kept out of
-//! replies: `redact.rs`.)
+//! hop and are dropped, and which key goes upstream and in which header. Where each API takes
+//! a key is its dialect's to say (`Dialect::KEY_STYLE`); the mechanics are here. (Keys kept
+//! out of replies: `redact.rs`.)
 
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::ConfigError;
 
-/// Anthropic's key header.
-pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
-
-/// Google's key header; its API takes the key in the query's `key` too.
-pub const X_GOOG_API_KEY: HeaderName = HeaderName::from_static("x-goog-api-key");
-
-/// A configured key as Anthropic's `x-api-key` takes it: the bearer token without `Bearer `,
-/// sensitive.
-pub fn bare_key(bearer: &HeaderValue) -> Option<HeaderValue> {
+/// A configured key as a header that takes it bare (Anthropic's `x-api-key`) wants it: the
+/// bearer token without `Bearer `, sensitive.
+fn bare_key(bearer: &HeaderValue) -> Option<HeaderValue> {
     let bare = bearer.as_bytes().strip_prefix(b"Bearer ")?;
     let mut key = HeaderValue::from_bytes(bare).ok()?;
     key.set_sensitive(true);
     Some(key)
 }
 
-/// How an API takes a key: as a bearer token (OpenAI's), or bare in `x-api-key`
-/// (Anthropic's) or `x-goog-api-key` (Google's). Each dialect says which; a path no dialect
-/// serves takes a bearer token.
+/// How an API takes a key, as its dialect declares it: the header a key goes in, the other
+/// headers its callers may send one in, and the query parameter that may carry it instead.
+/// A path no dialect serves takes a bearer token ([`KeyStyle::BEARER`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyStyle {
-    Bearer,
-    XApiKey,
-    XGoogApiKey,
+pub struct KeyStyle {
+    /// The header a configured key goes in, in lower case: `authorization`, as a bearer
+    /// token, or one that takes it bare (Anthropic's `x-api-key`).
+    pub header: &'static str,
+    /// Headers its callers may send a key in instead (Azure OpenAI's `api-key`).
+    pub also_in: &'static [&'static str],
+    /// The query parameter its API takes a key in too (Google's `key`).
+    pub query: Option<&'static str>,
 }
 
 impl KeyStyle {
+    /// OpenAI's: a bearer token in `authorization`.
+    pub const BEARER: KeyStyle = KeyStyle {
+        header: "authorization",
+        also_in: &[],
+        query: None,
+    };
+
+    /// Every header a caller may send this API's key in.
+    pub fn headers(self) -> impl Iterator<Item = &'static str> {
+        std::iter::once(self.header).chain(self.also_in.iter().copied())
+    }
+
     /// Puts a configured key (`Bearer …`) into `headers` this way; a key that is not a bearer
     /// token goes as it is, in `authorization`.
     pub fn insert(self, headers: &mut HeaderMap, bearer: &HeaderValue) {
-        let bare_header = match self {
-            KeyStyle::Bearer => None,
-            KeyStyle::XApiKey => Some(X_API_KEY),
-            KeyStyle::XGoogApiKey => Some(X_GOOG_API_KEY),
-        };
-        match bare_header.zip(bare_key(bearer)) {
-            Some((name, key)) => {
-                headers.insert(name, key);
+        let bare = (self.header != header::AUTHORIZATION.as_str())
+            .then(|| bare_key(bearer))
+            .flatten();
+        match bare {
+            Some(key) => {
+                headers.insert(HeaderName::from_static(self.header), key);
             }
             None => {
                 headers.insert(header::AUTHORIZATION, bearer.clone());
             }
         }
     }
+
+    /// The key a request's query carries, for an API that takes one there (Google's `?key=`).
+    pub fn query_key(self, query: Option<&str>) -> Option<HeaderValue> {
+        let parameter = self.query?;
+        let (_, key) =
+            url::form_urlencoded::parse(query?.as_bytes()).find(|(name, _)| name == parameter)?;
+        let mut key = HeaderValue::from_str(&key).ok()?;
+        key.set_sensitive(true);
+        Some(key)
+    }
+
+    /// Whether a caller sent a key in this API's own way: in a header other than
+    /// `authorization` (which every API's callers use), or in its query parameter.
+    pub fn sent_by(self, headers: &HeaderMap, query: Option<&str>) -> bool {
+        self.headers()
+            .any(|name| name != header::AUTHORIZATION.as_str() && headers.contains_key(name))
+            || self.query_key(query).is_some()
+    }
+
+    /// The headers that say who the caller is, when its key came in the query rather than a
+    /// header: its headers with the key in this API's key header, so that a key is one caller
+    /// however it was sent, and a summary asked on its behalf carries it. `None`: the headers
+    /// as they are.
+    pub fn caller_headers(self, headers: &HeaderMap, query: Option<&str>) -> Option<HeaderMap> {
+        if headers.contains_key(self.header) {
+            return None;
+        }
+        let key = self.query_key(query)?;
+        let mut caller = headers.clone();
+        caller.insert(HeaderName::from_static(self.header), key);
+        Some(caller)
+    }
 }
 
-/// An upstream's configured key, for a request whose client sent none of its own (in its
-/// headers, or in the query of an API that takes it there), in the style of the API it is
-/// sent to.
+/// An upstream's configured key, for a request whose client sent none of its own (in one of
+/// `key_headers`, every API's, or in the query of an API that takes it there), in the style
+/// of the API it is sent to.
 pub fn inject_key(
     headers: &mut HeaderMap,
     query: Option<&str>,
     bearer: &HeaderValue,
     style: KeyStyle,
+    key_headers: &[HeaderName],
 ) {
-    let in_headers = [header::AUTHORIZATION, X_API_KEY, X_GOOG_API_KEY]
-        .iter()
-        .any(|name| headers.contains_key(name));
-    if in_headers || query_key(style, query).is_some() {
+    let in_headers = key_headers.iter().any(|name| headers.contains_key(name));
+    if in_headers || style.query_key(query).is_some() {
         return;
     }
     style.insert(headers, bearer);
-}
-
-/// The key a request's query carries, for an API that takes one there (Google's `?key=`).
-pub fn query_key(style: KeyStyle, query: Option<&str>) -> Option<HeaderValue> {
-    if style != KeyStyle::XGoogApiKey {
-        return None;
-    }
-    let (_, key) =
-        url::form_urlencoded::parse(query?.as_bytes()).find(|(name, _)| name == "key")?;
-    let mut key = HeaderValue::from_str(&key).ok()?;
-    key.set_sensitive(true);
-    Some(key)
-}
-
-/// The headers that say who the caller is, when its key came in the query rather than a
-/// header: its headers with the key as `x-goog-api-key`, so that a key is one caller however
-/// it was sent, and a summary asked on its behalf carries it. `None`: the headers as they are.
-pub fn caller_headers(
-    style: KeyStyle,
-    headers: &HeaderMap,
-    query: Option<&str>,
-) -> Option<HeaderMap> {
-    if headers.contains_key(X_GOOG_API_KEY) {
-        return None;
-    }
-    let key = query_key(style, query)?;
-    let mut caller = headers.clone();
-    caller.insert(X_GOOG_API_KEY, key);
-    Some(caller)
 }
 
 /// The value of an environment variable named by an `api_key_env`, as a Bearer header.
@@ -208,6 +219,26 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 mod tests {
     use super::*;
 
+    /// A style like Anthropic's: bare, in a header of its own.
+    const BARE: KeyStyle = KeyStyle {
+        header: "x-api-key",
+        also_in: &[],
+        query: None,
+    };
+    /// A style like Google's: bare in its header, or in the query's `key`.
+    const BARE_OR_QUERY: KeyStyle = KeyStyle {
+        header: "x-goog-api-key",
+        also_in: &[],
+        query: Some("key"),
+    };
+    /// Every API's key headers, as the dialects' would be.
+    const KEY_HEADERS: [HeaderName; 4] = [
+        header::AUTHORIZATION,
+        HeaderName::from_static("api-key"),
+        HeaderName::from_static("x-api-key"),
+        HeaderName::from_static("x-goog-api-key"),
+    ];
+
     #[test]
     fn a_configured_key_goes_as_each_api_wants_it_unless_the_caller_sent_one() {
         let bearer = HeaderValue::from_static("Bearer sk-configured");
@@ -217,37 +248,38 @@ mod tests {
                 for (name, value) in client {
                     headers.insert(*name, HeaderValue::from_static(value));
                 }
-                inject_key(&mut headers, query, &bearer, style);
+                inject_key(&mut headers, query, &bearer, style, &KEY_HEADERS);
                 headers
             };
         let injected = |style, client: &[(&'static str, &'static str)]| {
             injected_with_query(style, client, None)
         };
-        let google = injected(KeyStyle::XGoogApiKey, &[]);
-        assert_eq!(google[&X_GOOG_API_KEY], "sk-configured");
-        assert!(google[&X_GOOG_API_KEY].is_sensitive());
+        let google = injected(BARE_OR_QUERY, &[]);
+        assert_eq!(google["x-goog-api-key"], "sk-configured");
+        assert!(google["x-goog-api-key"].is_sensitive());
         assert_eq!(google.len(), 1);
         // Google's key in the query is the caller's own; elsewhere a `key` means nothing.
         let in_query = Some("alt=sse&key=AIza-mine");
-        assert!(injected_with_query(KeyStyle::XGoogApiKey, &[], in_query).is_empty());
+        assert!(injected_with_query(BARE_OR_QUERY, &[], in_query).is_empty());
         assert_eq!(
-            injected_with_query(KeyStyle::Bearer, &[], in_query).len(),
+            injected_with_query(KeyStyle::BEARER, &[], in_query).len(),
             1
         );
         assert_eq!(
-            injected(KeyStyle::XGoogApiKey, &[("x-goog-api-key", "mine")]).len(),
+            injected(BARE_OR_QUERY, &[("x-goog-api-key", "mine")]).len(),
             1
         );
-        let anthropic = injected(KeyStyle::XApiKey, &[]);
-        assert_eq!(anthropic[&X_API_KEY], "sk-configured");
-        assert!(anthropic[&X_API_KEY].is_sensitive());
+        let anthropic = injected(BARE, &[]);
+        assert_eq!(anthropic["x-api-key"], "sk-configured");
+        assert!(anthropic["x-api-key"].is_sensitive());
         assert!(!anthropic.contains_key(header::AUTHORIZATION));
-        let openai = injected(KeyStyle::Bearer, &[]);
+        let openai = injected(KeyStyle::BEARER, &[]);
         assert_eq!(openai[header::AUTHORIZATION], "Bearer sk-configured");
-        assert!(!openai.contains_key(&X_API_KEY));
+        assert!(!openai.contains_key("x-api-key"));
         for (style, own) in [
-            (KeyStyle::XApiKey, ("authorization", "Bearer mine")),
-            (KeyStyle::Bearer, ("x-api-key", "mine")),
+            (BARE, ("authorization", "Bearer mine")),
+            (KeyStyle::BEARER, ("x-api-key", "mine")),
+            (KeyStyle::BEARER, ("api-key", "mine")),
         ] {
             let headers = injected(style, &[own]);
             assert_eq!(headers.len(), 1, "the caller's own key alone: {headers:?}");
@@ -255,21 +287,19 @@ mod tests {
     }
 
     #[test]
-    fn a_key_in_the_query_is_the_callers_as_if_it_came_in_google_s_header() {
+    fn a_key_in_the_query_is_the_callers_as_if_it_came_in_its_apis_header() {
         let headers = HeaderMap::new();
-        let caller = caller_headers(
-            KeyStyle::XGoogApiKey,
-            &headers,
-            Some("key=AIza%2Fk&alt=sse"),
-        );
+        let caller = BARE_OR_QUERY.caller_headers(&headers, Some("key=AIza%2Fk&alt=sse"));
         let caller = caller.unwrap();
-        assert_eq!(caller[&X_GOOG_API_KEY], "AIza/k");
-        assert!(caller[&X_GOOG_API_KEY].is_sensitive());
-        assert!(caller_headers(KeyStyle::XGoogApiKey, &headers, Some("alt=sse")).is_none());
-        assert!(caller_headers(KeyStyle::XApiKey, &headers, Some("key=k")).is_none());
+        assert_eq!(caller["x-goog-api-key"], "AIza/k");
+        assert!(caller["x-goog-api-key"].is_sensitive());
+        assert!(BARE_OR_QUERY
+            .caller_headers(&headers, Some("alt=sse"))
+            .is_none());
+        assert!(BARE.caller_headers(&headers, Some("key=k")).is_none());
         let mut sent = HeaderMap::new();
-        sent.insert(X_GOOG_API_KEY, HeaderValue::from_static("header-key"));
-        assert!(caller_headers(KeyStyle::XGoogApiKey, &sent, Some("key=k")).is_none());
+        sent.insert("x-goog-api-key", HeaderValue::from_static("header-key"));
+        assert!(BARE_OR_QUERY.caller_headers(&sent, Some("key=k")).is_none());
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod departure;
 pub mod egress;
 pub mod events;
 pub mod headers;
+mod pool;
 pub mod redact;
 pub mod upstream;
 pub mod usage;

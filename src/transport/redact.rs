@@ -23,7 +23,7 @@ use std::task::{ready, Context, Poll};
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, SizeHint};
-use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Response, StatusCode};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
@@ -31,17 +31,6 @@ use serde::Deserialize;
 use crate::error::ProxyError;
 use crate::transport::body::{full, read_body, BoxError, ProxyBody};
 use crate::transport::events::{EventBound, EventReader, Piece};
-use crate::transport::headers::{X_API_KEY, X_GOOG_API_KEY};
-
-/// The request headers that carry a key: the caller's own, or the one condenser injected.
-/// (Google's API takes it in the query too: `headers::query_key`.)
-pub const CREDENTIAL_HEADERS: [HeaderName; 4] = [
-    header::AUTHORIZATION,
-    X_API_KEY,
-    HeaderName::from_static("api-key"),
-    X_GOOG_API_KEY,
-];
-
 /// The most of an error body read to scan it, before and after decoding. Errors are small
 /// JSON; a body larger than this is withheld, never relayed unscanned.
 const MAX_SCANNED_ERROR_BYTES: usize = 256 * 1024;
@@ -664,7 +653,7 @@ mod tests {
         );
         headers.insert("x-echo-key", HeaderValue::from_static(KEY));
         headers.insert(
-            HeaderName::from_bytes(KEY.to_ascii_lowercase().as_bytes()).unwrap(),
+            header::HeaderName::from_bytes(KEY.to_ascii_lowercase().as_bytes()).unwrap(),
             HeaderValue::from_static("1"),
         );
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));

@@ -1,15 +1,15 @@
-//! Upstreams: hyper's HTTP/1.1 and HTTP/2 clients over a small pool per server worker,
-//! model-based routing, and relaying requests and responses without collecting their bodies.
+//! Upstreams: hyper's HTTP/1.1 and HTTP/2 clients over a small pool per server worker
+//! (`pool.rs`), model-based routing, and relaying requests and responses without collecting
+//! their bodies.
 //!
 //! HTTP framing is hyper's (`hyper::client::conn`). What is decided here: a request is sent
 //! again only when hyper hands it back unwritten (RFC 9110 §9.2.2), a reply that hyper parsed
 //! but a proxy must not pass on is refused, and a reply that breaks after its first bytes went
 //! out fails the client's body, so the client never sees a clean end to a truncated one.
 
-use std::cell::Cell;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -17,7 +17,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::{http1, http2};
-use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, Uri};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::{Connection as _, HttpConnector};
@@ -25,23 +25,22 @@ use hyper_util::client::proxy::matcher::Matcher;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
-use tokio::time::Instant;
 use tower_service::Service;
 use wildmatch::WildMatch;
 
 use crate::config::{speaks, Config, ConfigError};
 use crate::error::ProxyError;
-use crate::observe::metrics::{FailureKind, UpstreamFailures};
+use crate::observe::metrics::FailureKind;
 use crate::transport::body::{with_idle_timeout, BodyLimitExceeded, BoxError, ProxyBody};
 use crate::transport::broken::{broken_head, failure_kind, root_cause};
 use crate::transport::egress::Egress;
 use crate::transport::events::EventBound;
-pub use crate::transport::headers::{
-    bare_key, bearer_from_env, KeyStyle, X_API_KEY, X_GOOG_API_KEY,
-};
-use crate::transport::headers::{forwardable_headers, inject_key, query_key, strip_hop_by_hop};
+pub use crate::transport::headers::{bearer_from_env, KeyStyle};
+use crate::transport::headers::{forwardable_headers, inject_key, strip_hop_by_hop};
+pub use crate::transport::pool::{use_pool, Connections};
+use crate::transport::pool::{Sender, WorkerPool};
 pub use crate::transport::redact::blank_credentials;
-use crate::transport::redact::{without_credentials, CREDENTIAL_HEADERS};
+use crate::transport::redact::without_credentials;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A response head larger than this (status line and headers, as hyper parsed it) is a
@@ -52,149 +51,6 @@ const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// shortest, `a:\r\n`), two 512 KiB buffers that cost ~4,000 instructions per chat request
 /// (`bench/instructions.sh`); at 1,024, two 32 KiB ones the allocator keeps at hand.
 const MAX_HEAD_FIELDS: usize = 1024;
-/// Idle HTTP/1.1 connections each worker keeps per upstream.
-const MAX_IDLE_PER_WORKER: usize = 256;
-
-thread_local! {
-    static POOL: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Requests sent from this thread use connection pool `index` of each upstream. A server
-/// worker picks its own, so its upstream connections live on its own event loop.
-pub fn use_pool(index: usize) {
-    POOL.with(|pool| pool.set(index));
-}
-
-/// How every upstream's connections are kept: a pool per server worker, idle connections
-/// closed after `idle_timeout`, failures counted.
-#[derive(Clone)]
-pub struct Connections {
-    pub workers: usize,
-    pub idle_timeout: Duration,
-    pub failures: UpstreamFailures,
-    /// How much of a stream event the key scrub holds (`redact.rs`).
-    pub events: EventBound,
-}
-
-impl Connections {
-    pub fn new(config: &Config, failures: UpstreamFailures) -> Connections {
-        Connections {
-            workers: config.server.worker_count(),
-            idle_timeout: Duration::from_secs(config.upstream.idle_timeout_secs),
-            failures,
-            events: EventBound {
-                max_bytes: config.server.max_event_bytes,
-                uninspected: None,
-            },
-        }
-    }
-}
-
-/// One server worker's connections to one upstream: idle HTTP/1.1 ones, or the HTTP/2 one
-/// that all of the worker's requests share once ALPN has chosen it. hyper drives each in a
-/// task of its own on the worker's event loop, reading an idle connection too: one that
-/// upstream closes is closed at once, not left in CLOSE_WAIT until reused.
-///
-/// Hand-written rather than hyper-util's pooled client (`client::legacy::Client`, one per
-/// worker): that client, tried in its place, took 70,966 instructions per chat request
-/// against 61,423 for this pool (+15.5%, `bench/instructions.sh`), and 55,866 against 42,431
-/// per pass-through request (+31.7%), as it boxes each request's
-/// future, races a pool checkout against a lazy connect, and spawns a task per request to
-/// give the connection back once the body has been read.
-struct WorkerPool {
-    idle: Mutex<Vec<IdleConnection>>,
-    http2: Mutex<Option<http2::SendRequest<ProxyBody>>>,
-    idle_timeout: Duration,
-    /// Whether the task that closes connections idle past `idle_timeout` runs.
-    sweeping: std::sync::atomic::AtomicBool,
-    failures: FailureLog,
-}
-
-struct IdleConnection {
-    sender: http1::SendRequest<ProxyBody>,
-    since: Instant,
-}
-
-/// Where a request goes.
-enum Sender {
-    Http1(http1::SendRequest<ProxyBody>),
-    Http2(http2::SendRequest<ProxyBody>),
-}
-
-impl WorkerPool {
-    /// The most recently used idle connection that is still open and ready.
-    async fn idle_http1(&self) -> Option<http1::SendRequest<ProxyBody>> {
-        loop {
-            let mut sender = self.idle.lock().ok()?.pop()?.sender;
-            // A connection goes back to the pool as its response ends, maybe a moment before
-            // hyper has finished with it; one that closes instead is skipped.
-            if !sender.is_closed() && sender.ready().await.is_ok() {
-                return Some(sender);
-            }
-        }
-    }
-
-    fn live_http2(&self) -> Option<http2::SendRequest<ProxyBody>> {
-        let mut slot = self.http2.lock().ok()?;
-        match slot.as_ref() {
-            Some(sender) if !sender.is_closed() => Some(sender.clone()),
-            _ => {
-                *slot = None;
-                None
-            }
-        }
-    }
-
-    /// Keeps a connection whose exchange ended for the next request, and starts the sweep
-    /// of connections idle too long the first time.
-    fn put(self: &Arc<Self>, sender: http1::SendRequest<ProxyBody>) {
-        if self.idle_timeout.is_zero() || sender.is_closed() {
-            return;
-        }
-        if let Ok(mut idle) = self.idle.lock() {
-            if idle.len() < MAX_IDLE_PER_WORKER {
-                idle.push(IdleConnection {
-                    sender,
-                    since: Instant::now(),
-                });
-            }
-        }
-        if !self
-            .sweeping
-            .swap(true, std::sync::atomic::Ordering::Relaxed)
-        {
-            tokio::spawn(sweep(Arc::downgrade(self), self.idle_timeout));
-        }
-    }
-}
-
-/// Closes connections idle for `timeout` (dropping the sender ends hyper's connection task,
-/// which closes the socket), looking a few times per timeout, until the pool is gone.
-async fn sweep(pool: Weak<WorkerPool>, timeout: Duration) {
-    loop {
-        tokio::time::sleep(timeout / 4).await;
-        let Some(pool) = pool.upgrade() else {
-            return;
-        };
-        if let Ok(mut idle) = pool.idle.lock() {
-            idle.retain(|connection| connection.since.elapsed() < timeout);
-        };
-    }
-}
-
-/// An upstream's failures, each counted and logged where it is noticed.
-struct FailureLog {
-    upstream: String,
-    counter: UpstreamFailures,
-}
-
-impl FailureLog {
-    fn record(&self, kind: FailureKind, error: &dyn std::fmt::Display) {
-        self.counter.count(kind);
-        tracing::warn!(upstream = %self.upstream, kind = kind.as_str(), %error, "upstream failure");
-    }
-}
-
 pub struct Upstream {
     base_url: String,
     /// `base_url` without a trailing `/v1`, which request paths bring themselves.
@@ -211,6 +67,7 @@ pub struct Upstream {
     api_key: Option<HeaderValue>,
     timeout: Duration,
     events: EventBound,
+    key_headers: &'static [HeaderName],
 }
 
 impl std::fmt::Debug for Upstream {
@@ -311,20 +168,7 @@ impl Upstream {
             .enable_http1()
             .enable_http2()
             .wrap_connector(egress);
-        let pools = (0..connections.workers.max(1))
-            .map(|_| {
-                Arc::new(WorkerPool {
-                    idle: Mutex::default(),
-                    http2: Mutex::default(),
-                    idle_timeout: connections.idle_timeout,
-                    sweeping: Default::default(),
-                    failures: FailureLog {
-                        upstream: base_url.clone(),
-                        counter: connections.failures.clone(),
-                    },
-                })
-            })
-            .collect();
+        let pools = WorkerPool::per_worker(&base_url, connections);
         Ok(Upstream {
             path_base: base_url
                 .strip_suffix("/v1")
@@ -343,6 +187,7 @@ impl Upstream {
             api_key: bearer_from_env(api_key_env)?,
             timeout,
             events: connections.events.clone(),
+            key_headers: connections.key_headers,
         })
     }
 
@@ -390,7 +235,7 @@ impl Upstream {
         let mut headers = forwardable_headers(client_headers);
         let query = path_and_query.split_once('?').map(|(_, query)| query);
         if let Some(key) = &self.api_key {
-            inject_key(&mut headers, query, key, key_style);
+            inject_key(&mut headers, query, key, key_style, self.key_headers);
         }
         // The body may have been rewritten: hyper frames it by its own length. An empty one
         // keeps the client's `Content-Length: 0`, which some servers want on a POST.
@@ -398,15 +243,16 @@ impl Upstream {
             headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
         }
         // Refcounted handles, not copies: what the reply must not echo.
-        let credentials: Vec<HeaderValue> = CREDENTIAL_HEADERS
+        let credentials: Vec<HeaderValue> = self
+            .key_headers
             .iter()
             .filter_map(|name| headers.get(name).cloned())
-            .chain(query_key(key_style, query))
+            .chain(key_style.query_key(query))
             .collect();
         let mut request = Request::new(body);
         *request.method_mut() = method;
         *request.headers_mut() = headers;
-        let pool = &self.pools[POOL.with(Cell::get) % self.pools.len()];
+        let pool = WorkerPool::this_workers(&self.pools);
         let exchange = self.exchange(pool, path_and_query, request);
         let response = match tokio::time::timeout(self.timeout, exchange).await {
             Ok(result) => result?,
@@ -732,6 +578,7 @@ impl Upstreams {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::observe::metrics::UpstreamFailures;
     use bytes::Bytes;
 
     use hyper_util::rt::TokioIo;
@@ -809,6 +656,7 @@ mod tests {
             idle_timeout: Duration::from_secs(60),
             failures: UpstreamFailures::new().unwrap(),
             events: crate::transport::events::test_bound(1024),
+            key_headers: crate::dialect::key_headers(),
         }
     }
 
@@ -825,7 +673,7 @@ mod tests {
                 .send(
                     Method::GET,
                     "/v1/models",
-                    KeyStyle::Bearer,
+                    KeyStyle::BEARER,
                     HeaderMap::new(),
                     crate::transport::body::full(Bytes::new()),
                 )
@@ -856,7 +704,7 @@ mod tests {
                 .send(
                     Method::POST,
                     "/v1/chat/completions",
-                    KeyStyle::Bearer,
+                    KeyStyle::BEARER,
                     headers,
                     crate::transport::body::full(Bytes::from_static(b"{\"rewritten\":true}")),
                 )

@@ -56,9 +56,7 @@ async fn identifiers_kept(proxy: &Proxy, upstream: &MockUpstream, turns: usize) 
         .unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "summarized");
-    let summarized: usize = header(&response, "x-condenser-summarized-messages")
-        .parse()
-        .unwrap();
+    let summarized: usize = Condensed::of(&response).summarized_messages.unwrap();
     let forwarded = upstream
         .recorded()
         .iter()

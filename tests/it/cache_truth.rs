@@ -147,12 +147,8 @@ async fn session_on(window: u64, pace: Pace, shared: Option<&Redis>) -> CacheFig
             client: cache_order(&request),
             task: Vec::new(),
             forwarded: Vec::new(),
-            received_tokens: header(&response, "x-condenser-prompt-tokens")
-                .parse()
-                .unwrap(),
-            forwarded_tokens: header(&response, "x-condenser-forwarded-tokens")
-                .parse()
-                .unwrap(),
+            received_tokens: Condensed::of(&response).prompt_tokens.unwrap(),
+            forwarded_tokens: Condensed::of(&response).forwarded_tokens.unwrap(),
             floor_tokens: 0,
         });
         response.bytes().await.unwrap();

@@ -7,14 +7,10 @@ use condenser::config::OnFailure;
 use serde_json::{json, Value};
 
 async fn post(proxy: &Proxy, body: &Value, mode: Option<&str>) -> reqwest::Response {
-    let mut request = client()
-        .post(proxy.url("/v1/chat/completions"))
-        .header("authorization", "Bearer sk-user-1")
-        .json(body);
-    if let Some(mode) = mode {
-        request = request.header("x-condenser-mode", mode);
-    }
-    request.send().await.unwrap()
+    let mut headers = vec![("authorization", "Bearer sk-user-1")];
+    headers.extend(mode.map(|mode| ("x-condenser-mode", mode)));
+    let path = "/v1/chat/completions";
+    crate::common::post(proxy, path, &headers, body).await.0
 }
 
 /// Checks the documented shape: head verbatim, one summary, then the original's last
@@ -65,12 +61,8 @@ async fn a_long_conversation_is_summarized_in_the_documented_shape() {
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "summarized");
     assert_eq!(header(&response, "x-condenser-cache"), "miss");
-    let received: u64 = header(&response, "x-condenser-prompt-tokens")
-        .parse()
-        .unwrap();
-    let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
-        .parse()
-        .unwrap();
+    let received: u64 = Condensed::of(&response).prompt_tokens.unwrap();
+    let forwarded: u64 = Condensed::of(&response).forwarded_tokens.unwrap();
     assert!(received > 6_000, "over the trigger: {received}");
     assert!(forwarded <= 3_750, "under the target: {forwarded}");
 
@@ -130,9 +122,7 @@ async fn a_grown_conversation_reuses_its_summary_and_sends_only_new_messages() {
     let first = conversation(40);
     let response = post(&proxy, &chat_body(&first), None).await;
     assert_eq!(header(&response, "x-condenser-cache"), "miss");
-    let covered: usize = header(&response, "x-condenser-summarized-messages")
-        .parse()
-        .unwrap();
+    let covered: usize = Condensed::of(&response).summarized_messages.unwrap();
 
     // The same conversation again: served from the cache, no summarizer call.
     let response = post(&proxy, &chat_body(&first), None).await;
@@ -151,9 +141,7 @@ async fn a_grown_conversation_reuses_its_summary_and_sends_only_new_messages() {
     let (existing, new) = prompt.split_once("<new_messages>").unwrap();
     assert!(existing.contains("<existing_summary>") && existing.contains("ORD-4411"));
     assert!(!new.contains("msg-u0."), "old messages are not sent again");
-    let now_covered: usize = header(&response, "x-condenser-summarized-messages")
-        .parse()
-        .unwrap();
+    let now_covered: usize = Condensed::of(&response).summarized_messages.unwrap();
     assert_eq!(
         new.matches("### ").count(),
         now_covered - covered,
@@ -199,9 +187,7 @@ async fn a_failing_summarizer_leaves_the_request_successful() {
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "trimmed");
     assert_eq!(header(&response, "x-condenser-cache"), "none");
-    let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
-        .parse()
-        .unwrap();
+    let forwarded: u64 = Condensed::of(&response).forwarded_tokens.unwrap();
     assert!(forwarded < 6_000);
     let sent = upstream.forwarded();
     let messages = sent[0]["messages"].as_array().unwrap();
@@ -408,9 +394,7 @@ async fn two_hundred_turns_replayed() {
         messages.push(user_turn(t));
         let response = post(&proxy, &chat_body(&messages), None).await;
         assert_eq!(response.status(), 200, "turn {t}");
-        let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
-            .parse()
-            .unwrap();
+        let forwarded: u64 = Condensed::of(&response).forwarded_tokens.unwrap();
         assert!(
             forwarded <= 7_500,
             "turn {t}: {forwarded} tokens exceed the usable window"
@@ -491,9 +475,7 @@ async fn a_huge_newest_output_alone_over_the_hard_limit_is_shortened_just_enough
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "trimmed");
     assert_eq!(header(&response, "x-condenser-recent-shortened"), "1");
-    let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
-        .parse()
-        .unwrap();
+    let forwarded: u64 = Condensed::of(&response).forwarded_tokens.unwrap();
     // The window (8,000) less max_tokens (500): the newest output keeps all it can, its
     // middle out, rather than being cut down to the target (3,750).
     assert!((7_000..=7_500).contains(&forwarded), "{forwarded}");

@@ -12,13 +12,9 @@ const STREAM: &str = "/v1beta/models/gemini-2.5-pro:streamGenerateContent";
 const KEY: &str = "AIza-gemini-caller-key-1";
 
 async fn post(proxy: &Proxy, path: &str, body: &Value) -> reqwest::Response {
-    client()
-        .post(proxy.url(path))
-        .header("x-goog-api-key", KEY)
-        .json(body)
-        .send()
+    crate::common::post(proxy, path, &[("x-goog-api-key", KEY)], body)
         .await
-        .unwrap()
+        .0
 }
 
 /// The model requests the upstream got (not the summarizer's), as JSON.
@@ -110,12 +106,8 @@ async fn a_long_conversation_is_compacted_in_its_own_api_its_signatures_kept() {
     let response = post(&proxy, GENERATE, &body).await;
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "summarized");
-    let received: u64 = header(&response, "x-condenser-prompt-tokens")
-        .parse()
-        .unwrap();
-    let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
-        .parse()
-        .unwrap();
+    let received: u64 = Condensed::of(&response).prompt_tokens.unwrap();
+    let forwarded: u64 = Condensed::of(&response).forwarded_tokens.unwrap();
     assert!(
         forwarded < received && forwarded <= 8_000 - 500,
         "{forwarded} of {received}"

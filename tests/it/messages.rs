@@ -19,14 +19,13 @@ fn claude_requests(upstream: &MockUpstream) -> Vec<Value> {
 }
 
 async fn post(proxy: &Proxy, body: &Value) -> reqwest::Response {
-    client()
-        .post(proxy.url("/v1/messages"))
-        .header("x-api-key", "sk-ant-test")
-        .header("anthropic-version", "2023-06-01")
-        .json(body)
-        .send()
+    let headers = [
+        ("x-api-key", "sk-ant-test"),
+        ("anthropic-version", "2023-06-01"),
+    ];
+    crate::common::post(proxy, "/v1/messages", &headers, body)
         .await
-        .unwrap()
+        .0
 }
 
 fn tool_ids<'a>(message: &'a Value, kind: &str, field: &str) -> Vec<&'a str> {
@@ -100,12 +99,8 @@ async fn compact_once(
     let response = request.send().await.unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "summarized");
-    let received: u64 = header(&response, "x-condenser-prompt-tokens")
-        .parse()
-        .unwrap();
-    let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
-        .parse()
-        .unwrap();
+    let received: u64 = Condensed::of(&response).prompt_tokens.unwrap();
+    let forwarded: u64 = Condensed::of(&response).forwarded_tokens.unwrap();
     eprintln!("received {received} tokens, forwarded {forwarded}");
     assert!(forwarded < received, "{received} → {forwarded}");
     let reply: Value = response.json().await.unwrap();
@@ -586,9 +581,7 @@ async fn under_the_trigger_a_request_is_counted_from_its_bytes_as_the_full_path_
             let response = post(&proxy, &body).await;
             assert_eq!(response.status(), 200);
             assert_eq!(header(&response, "x-condenser-action"), "forwarded");
-            let counted: u64 = header(&response, "x-condenser-prompt-tokens")
-                .parse()
-                .unwrap();
+            let counted: u64 = Condensed::of(&response).prompt_tokens.unwrap();
             assert_eq!(counted, full, "{body}");
             if attempt == 1 {
                 assert_eq!(

@@ -55,18 +55,9 @@ fn value(samples: &BTreeMap<String, f64>, series: &str) -> f64 {
 }
 
 async fn send(proxy: &Proxy, body: &Value) -> (reqwest::Response, u64, u64) {
-    let response = client()
-        .post(proxy.url("/v1/chat/completions"))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let received = header(&response, "x-condenser-prompt-tokens")
-        .parse()
-        .unwrap();
-    let forwarded = header(&response, "x-condenser-forwarded-tokens")
-        .parse()
-        .unwrap();
+    let (response, condensed) = post(proxy, "/v1/chat/completions", &[], body).await;
+    let received = condensed.prompt_tokens.unwrap();
+    let forwarded = condensed.forwarded_tokens.unwrap();
     (response, received, forwarded)
 }
 

@@ -54,9 +54,7 @@ async fn send(proxy: &Proxy, round: usize, mode: &str) -> Reply {
             .unwrap_or_default()
     };
     Reply {
-        forwarded_tokens: header(&response, "x-condenser-forwarded-tokens")
-            .parse()
-            .unwrap(),
+        forwarded_tokens: Condensed::of(&response).forwarded_tokens.unwrap(),
         would: optional("x-condenser-would"),
         would_forward_tokens: optional("x-condenser-would-forward-tokens"),
     }
@@ -216,9 +214,7 @@ async fn observe_is_a_mode_of_the_config_and_the_header_overrides_it() {
     let would: u64 = header(&response, "x-condenser-would-forward-tokens")
         .parse()
         .unwrap();
-    let received: u64 = header(&response, "x-condenser-prompt-tokens")
-        .parse()
-        .unwrap();
+    let received: u64 = Condensed::of(&response).prompt_tokens.unwrap();
     assert!(would < received / 2, "{would} of {received}");
     // The header still decides: auto compacts.
     let response = client()

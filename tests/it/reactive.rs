@@ -152,12 +152,9 @@ async fn after_a_retry_the_next_request_is_compacted_ahead_of_time() {
         &mock_llm(LlmBehaviour::default()).await,
     ))
     .await;
-    let before: u64 = header(
-        &post_chat(&untold, &next_turn).await,
-        "x-condenser-prompt-tokens",
-    )
-    .parse()
-    .unwrap();
+    let before = Condensed::of(&post_chat(&untold, &next_turn).await)
+        .prompt_tokens
+        .unwrap();
     let first = post_chat(&proxy, &chat_body(&conversation(TURNS))).await;
     assert_eq!(
         header(&first, "x-condenser-retry"),
@@ -170,7 +167,7 @@ async fn after_a_retry_the_next_request_is_compacted_ahead_of_time() {
     assert_eq!(next.status(), 200);
     assert!(next.headers().get("x-condenser-retry").is_none());
     assert_eq!(header(&next, "x-condenser-action"), "summarized");
-    let counted: u64 = header(&next, "x-condenser-prompt-tokens").parse().unwrap();
+    let counted: u64 = Condensed::of(&next).prompt_tokens.unwrap();
     assert!(counted > before * 11 / 10, "{before} then {counted}");
     assert_eq!(
         upstream.forwarded().len(),

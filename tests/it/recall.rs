@@ -747,9 +747,7 @@ async fn what_recall_adds_to_a_request_is_the_tool_and_one_line_as_the_plan_coun
         let (upstream, proxy) = scripted(api, Script::Gated(Arc::new(Notify::new()))).await;
         let response = ask(&proxy, api, false).await;
         assert_eq!(response.status(), 200);
-        let forwarded: u32 = header(&response, "x-condenser-forwarded-tokens")
-            .parse()
-            .unwrap();
+        let forwarded = u32::try_from(Condensed::of(&response).forwarded_tokens.unwrap()).unwrap();
         let sent = model_requests(&upstream)[0].clone();
         assert_eq!(counted(api, &sent).await, forwarded, "{api:?}");
         // The same request without the tool and without the line naming the archive.
@@ -1324,9 +1322,7 @@ async fn every_request_that_offers_recall_has_room_to_answer_the_call() {
         let body = json!({"model": "gpt-4o", "messages": messages, "tools": [read_log]});
         let response = post_chat(&proxy, &body).await;
         assert_eq!(response.status(), 200, "round {round}");
-        let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
-            .parse()
-            .unwrap();
+        let forwarded: u64 = Condensed::of(&response).forwarded_tokens.unwrap();
         let reply: Value = response.json().await.unwrap();
         let said = reply["choices"][0]["message"]["content"]
             .as_str()

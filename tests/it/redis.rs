@@ -14,13 +14,9 @@ fn shared_config(upstream: &str, redis: &Redis) -> condenser::Config {
 }
 
 async fn post(proxy: &Proxy, body: &Value) -> reqwest::Response {
-    let response = client()
-        .post(proxy.url("/v1/chat/completions"))
-        .header("authorization", "Bearer sk-team")
-        .json(body)
-        .send()
-        .await
-        .unwrap();
+    let path = "/v1/chat/completions";
+    let (response, _) =
+        crate::common::post(proxy, path, &[("authorization", "Bearer sk-team")], body).await;
     assert_eq!(response.status(), 200);
     response
 }

@@ -68,10 +68,6 @@ fn responses_requests(upstream: &MockUpstream) -> Vec<Recorded> {
         .collect()
 }
 
-fn tokens(response: &reqwest::Response, name: &str) -> u64 {
-    header(response, name).parse().unwrap()
-}
-
 /// No tool output without its call before it; no kept call without the output it had.
 fn assert_pairs_intact(original: &[Value], forwarded: &[Value]) {
     let is = |item: &Value, kind: &str| item["type"] == kind;
@@ -147,8 +143,8 @@ async fn an_over_threshold_conversation_is_summarized_in_the_documented_shape() 
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "summarized");
     assert_eq!(header(&response, "x-condenser-cache"), "miss");
-    let received = tokens(&response, "x-condenser-prompt-tokens");
-    let forwarded = tokens(&response, "x-condenser-forwarded-tokens");
+    let received = Condensed::of(&response).prompt_tokens.unwrap();
+    let forwarded = Condensed::of(&response).forwarded_tokens.unwrap();
     let summarized = header(&response, "x-condenser-summarized-messages");
     eprintln!("120 input items after the head: received {received} tokens, forwarded {forwarded}");
     assert!(received > 6_000, "over the trigger: {received}");
@@ -216,7 +212,7 @@ async fn under_the_trigger_the_body_goes_byte_for_byte() {
         let response = post(&proxy, body.clone()).await;
         assert_eq!(response.status(), 200);
         assert_eq!(header(&response, "x-condenser-action"), "forwarded");
-        assert!(tokens(&response, "x-condenser-prompt-tokens") > 0);
+        assert!(Condensed::of(&response).prompt_tokens.unwrap() > 0);
         assert_eq!(
             responses_requests(&upstream)[i].body.as_ref(),
             body.as_bytes()
@@ -291,7 +287,7 @@ async fn stateful_requests_and_other_responses_paths_go_as_sent_however_long() {
             "forwarded",
             "{field}"
         );
-        assert!(tokens(&response, "x-condenser-prompt-tokens") > 6_000);
+        assert!(Condensed::of(&response).prompt_tokens.unwrap() > 6_000);
         assert_eq!(
             responses_requests(&upstream).last().unwrap().body.as_ref(),
             bytes.as_bytes()
@@ -449,7 +445,7 @@ async fn a_failing_summarizer_trims_and_the_request_succeeds() {
     let response = post(&proxy, responses_body(&original).to_string()).await;
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "trimmed");
-    assert!(tokens(&response, "x-condenser-forwarded-tokens") < 6_000);
+    assert!(Condensed::of(&response).forwarded_tokens.unwrap() < 6_000);
     let input = responses_requests(&upstream)[0].json()["input"]
         .as_array()
         .unwrap()
@@ -671,7 +667,7 @@ async fn under_the_trigger_a_request_is_counted_from_its_bytes_as_the_full_path_
             assert_eq!(response.status(), 200);
             assert_eq!(header(&response, "x-condenser-action"), "forwarded");
             assert_eq!(
-                tokens(&response, "x-condenser-prompt-tokens"),
+                Condensed::of(&response).prompt_tokens.unwrap(),
                 expected,
                 "{body}"
             );

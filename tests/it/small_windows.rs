@@ -50,9 +50,7 @@ async fn a_long_conversation_compacts_in_a_window_of_1000_2048_or_4096_tokens() 
             "summarized",
             "{window}"
         );
-        let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
-            .parse()
-            .unwrap();
+        let forwarded: u64 = Condensed::of(&response).forwarded_tokens.unwrap();
         assert!(forwarded <= window / 2, "{window}: {forwarded} forwarded");
         response.bytes().await.unwrap();
 

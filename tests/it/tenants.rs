@@ -9,11 +9,7 @@ use serde_json::{json, Value};
 
 /// Sends `body` with `headers` and checks the request itself succeeded.
 async fn post_as(proxy: &Proxy, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
-    let mut request = client().post(proxy.url("/v1/chat/completions")).json(body);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = request.send().await.unwrap();
+    let (response, _) = post(proxy, "/v1/chat/completions", headers, body).await;
     assert_eq!(response.status(), 200, "as {headers:?}");
     response
 }
@@ -77,7 +73,7 @@ async fn a_configured_user_header_splits_users_behind_one_injected_key() {
     assert_eq!(upstream.summarizer_calls().len(), 1);
 
     let mut config = small_window_config(&upstream.url());
-    config.cache.scope_headers = vec!["authorization".into(), "x-user-id".into()];
+    config.cache.scope_headers = Some(vec!["authorization".into(), "x-user-id".into()]);
     let proxy = Proxy::start(config).await;
     let alice = post_as(&proxy, &body, &as_user("alice")).await;
     assert_eq!(header(&alice, "x-condenser-cache"), "miss");

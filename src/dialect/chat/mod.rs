@@ -17,12 +17,14 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use crate::compaction::plan::{Decision, Limits, Mode, Split};
+use crate::compaction::limits::Limits;
+use crate::compaction::plan::{Decision, Mode, Split};
 use crate::compaction::rewrite::Rewrite;
 use crate::compaction::shorten::cut_item_texts;
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::ContextConfig;
 use crate::conversation::{content_text, Item};
+use crate::dialect::openai;
 use crate::dialect::recall::RecallWire;
 use crate::dialect::request::{array, object_start, object_with_model, present};
 use crate::dialect::stages::{Counting, Dialect, Planned, Prepared, Ready, Settings};
@@ -31,7 +33,7 @@ use crate::observe::metrics::Route;
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::{message_meta, messages, model_name, RawPrompt, TokenCounter};
 use crate::tokens::encoding::Encoding;
-use crate::transport::body::{json_response, ProxyBody};
+use crate::transport::body::ProxyBody;
 use crate::transport::upstream::KeyStyle;
 use crate::transport::usage::UsageReader;
 
@@ -45,7 +47,7 @@ impl Dialect for Chat {
     const PATH: &'static str = CHAT_COMPLETIONS;
     const SERVED: &'static str = "chat completion";
     const USAGE: &'static dyn UsageReader = &usage::ChatUsage;
-    const KEY_STYLE: KeyStyle = KeyStyle::Bearer;
+    const KEY_STYLE: KeyStyle = openai::KEY_STYLE;
     const SUMMARY: &'static dyn SummaryApi = &summary::ChatSummary;
     const CONVERSATION_FIELD: &'static str = "messages";
     const CACHED_BEFORE: &'static [&'static str] = &["tools"];
@@ -63,7 +65,7 @@ impl Dialect for Chat {
     }
 
     fn error_response(error: &ProxyError) -> Response<ProxyBody> {
-        error_response(error)
+        openai::error_response(error)
     }
 
     fn parse(bytes: &[u8], _path: &str) -> Result<Self::Request, ProxyError> {
@@ -396,22 +398,6 @@ fn request_usage_in_stream(body: &mut Map<String, Value>) {
     if let Some(options) = options.as_object_mut() {
         options.insert("include_usage".into(), Value::Bool(true));
     }
-}
-
-/// An error in OpenAI's shape, `{"error":{"message","type","param","code"}}`: chat's, the
-/// Responses API's, and that of every path that is not Anthropic's.
-pub fn error_response(error: &ProxyError) -> Response<ProxyBody> {
-    json_response(
-        error.status(),
-        &json!({
-            "error": {
-                "message": error.to_string(),
-                "type": error.error_type(),
-                "param": error.param(),
-                "code": error.code(),
-            }
-        }),
-    )
 }
 
 #[cfg(test)]

@@ -111,7 +111,11 @@ impl Dialect for Gemini {
     const PATH: &'static str = "/v1beta/models/{model}:generateContent";
     const SERVED: &'static str = "generate_content";
     const USAGE: &'static dyn UsageReader = &usage::GeminiUsage;
-    const KEY_STYLE: KeyStyle = KeyStyle::XGoogApiKey;
+    const KEY_STYLE: KeyStyle = KeyStyle {
+        header: "x-goog-api-key",
+        also_in: &[],
+        query: Some("key"),
+    };
     const SUMMARY: &'static dyn SummaryApi = &summary::GeminiSummary;
     const CONVERSATION_FIELD: &'static str = "contents";
     const CACHED_BEFORE: &'static [&'static str] = &["tools", "toolConfig", "systemInstruction"];

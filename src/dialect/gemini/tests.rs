@@ -2,7 +2,8 @@
 
 use super::view::{is_user, parts};
 use super::*;
-use crate::compaction::plan::{plan, Decision, PlanInput};
+use crate::compaction::limits::PlanInput;
+use crate::compaction::plan::{plan, Decision};
 use crate::compaction::rewrite::{Action, CacheOutcome};
 use crate::compaction::summary::Summary;
 use crate::config::SummaryRole;

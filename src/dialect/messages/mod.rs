@@ -44,6 +44,10 @@ use view::{as_chat, chat_message, item, messages};
 
 pub const MESSAGES: &str = "/v1/messages";
 
+/// The header Anthropic's SDKs send with every request, whatever the key: on a path its API
+/// shares with others, it says the caller is Anthropic's.
+pub const VERSION_HEADER: &str = "anthropic-version";
+
 /// Anthropic Messages.
 pub struct Messages;
 
@@ -59,7 +63,11 @@ impl Dialect for Messages {
     const PATH: &'static str = MESSAGES;
     const SERVED: &'static str = "message";
     const USAGE: &'static dyn UsageReader = &usage::MessagesUsage;
-    const KEY_STYLE: KeyStyle = KeyStyle::XApiKey;
+    const KEY_STYLE: KeyStyle = KeyStyle {
+        header: "x-api-key",
+        also_in: &[],
+        query: None,
+    };
     const SUMMARY: &'static dyn SummaryApi = &summary::MessagesSummary;
     const CONVERSATION_FIELD: &'static str = "messages";
     const CACHED_BEFORE: &'static [&'static str] = &["tools", "system"];
@@ -344,7 +352,8 @@ async fn counted(
 mod tests {
     use super::view::{block_type, blocks, is_user};
     use super::*;
-    use crate::compaction::plan::{plan, Decision, PlanInput};
+    use crate::compaction::limits::PlanInput;
+    use crate::compaction::plan::{plan, Decision};
     use crate::compaction::rewrite::{Action, CacheOutcome};
     use crate::compaction::summary::Summary;
     use crate::config::SummaryRole;

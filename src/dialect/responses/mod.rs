@@ -25,6 +25,7 @@ use crate::compaction::shorten::cut_item_texts;
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::{ContextConfig, SummaryRole};
 use crate::conversation::{units, Item};
+use crate::dialect::openai;
 use crate::dialect::recall::RecallWire;
 use crate::dialect::request::{object_start, object_with_model, present};
 use crate::dialect::stages::{
@@ -63,7 +64,7 @@ impl Dialect for Responses {
     const PATH: &'static str = RESPONSES;
     const SERVED: &'static str = "response";
     const USAGE: &'static dyn UsageReader = &usage::ResponsesUsage;
-    const KEY_STYLE: KeyStyle = KeyStyle::Bearer;
+    const KEY_STYLE: KeyStyle = openai::KEY_STYLE;
     const SUMMARY: &'static dyn SummaryApi = &summary::ResponsesSummary;
     const CONVERSATION_FIELD: &'static str = "input";
     const CACHED_BEFORE: &'static [&'static str] = &["tools", "instructions"];
@@ -87,7 +88,7 @@ impl Dialect for Responses {
 
     /// OpenAI's shape, as chat's.
     fn error_response(error: &ProxyError) -> hyper::Response<ProxyBody> {
-        crate::dialect::chat::error_response(error)
+        openai::error_response(error)
     }
 
     fn parse(bytes: &[u8], _path: &str) -> Result<Self::Request, ProxyError> {

@@ -580,12 +580,7 @@ pub async fn run_sdk_script(script: &str, args: &[&str], package: &str) -> Strin
 
 /// `body` posted to condenser's chat completions path, as it is.
 pub async fn post_chat(proxy: &Proxy, body: &Value) -> reqwest::Response {
-    client()
-        .post(proxy.url("/v1/chat/completions"))
-        .json(body)
-        .send()
-        .await
-        .unwrap()
+    post(proxy, "/v1/chat/completions", &[], body).await.0
 }
 
 pub fn chat_body(messages: &[Value]) -> Value {
@@ -601,6 +596,64 @@ pub fn header(response: &reqwest::Response, name: &str) -> String {
 }
 
 /// The whole body of a streamed response, read chunk by chunk as it arrives.
+/// What condenser says of a request it served, in its `x-condenser-*` response headers: empty
+/// or `None` where it sent none.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Condensed {
+    /// `forwarded`, `summarized` or `trimmed`.
+    pub action: String,
+    /// The summary cache's outcome: `hit`, `miss`, `none`.
+    pub cache: String,
+    /// The prompt's tokens as the client sent it.
+    pub prompt_tokens: Option<u64>,
+    /// The prompt's tokens as condenser forwarded it.
+    pub forwarded_tokens: Option<u64>,
+    pub summarized_messages: Option<usize>,
+    /// Recall calls condenser served within the request.
+    pub recalls: Option<u32>,
+}
+
+impl Condensed {
+    pub fn of(response: &reqwest::Response) -> Condensed {
+        Condensed {
+            action: header(response, "x-condenser-action"),
+            cache: header(response, "x-condenser-cache"),
+            prompt_tokens: count(response, "x-condenser-prompt-tokens"),
+            forwarded_tokens: count(response, "x-condenser-forwarded-tokens"),
+            summarized_messages: count(response, "x-condenser-summarized-messages"),
+            recalls: count(response, "x-condenser-recalls"),
+        }
+    }
+}
+
+/// The number a response header holds; a header that is not one fails the test.
+fn count<N: std::str::FromStr>(response: &reqwest::Response, name: &str) -> Option<N>
+where
+    N::Err: std::fmt::Debug,
+{
+    let text = header(response, name);
+    (!text.is_empty()).then(|| {
+        text.parse()
+            .unwrap_or_else(|e| panic!("{name}: {text:?}: {e:?}"))
+    })
+}
+
+/// POSTs `body` to condenser's `path` with `headers`, and reads what condenser says of it.
+pub async fn post(
+    proxy: &Proxy,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &Value,
+) -> (reqwest::Response, Condensed) {
+    let mut request = client().post(proxy.url(path)).json(body);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.unwrap();
+    let condensed = Condensed::of(&response);
+    (response, condensed)
+}
+
 pub async fn stream_text(response: reqwest::Response) -> String {
     let mut text = String::new();
     let mut stream = response.bytes_stream();
