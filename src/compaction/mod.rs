@@ -19,3 +19,4 @@ mod single_flight;
 pub mod summarizer;
 pub mod summary;
 pub mod summary_api;
+pub mod summary_prompt;

@@ -15,17 +15,17 @@ use crate::compaction::artifacts;
 use crate::compaction::breaker::Breakers;
 use crate::compaction::summary::{hex, Key};
 use crate::compaction::summary_api::{SummaryAsk, SummaryEndpoint};
+use crate::compaction::summary_prompt::{
+    chunks, placeholder, render_transcript, Evicted, EXTEND_INSTRUCTIONS, INSTRUCTIONS,
+    SESSION_INSTRUCTIONS, TOOL_OUTPUT_TOKENS,
+};
 use crate::config::{SummarizerConfig, ToolPolicy, Via};
-use crate::conversation::content_text;
 use crate::error::SummarizeError;
 use crate::observe::metrics::{SummarizerFailure, SummarizerHealth, SummaryVia};
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::encoding::Encoding;
-use crate::tokens::rules::shorten_middle;
 use crate::transport::upstream::{blank_credentials, KeyStyle, Upstream};
 
-/// Tool outputs are cut to this many tokens (head and end) before the summarizer sees them.
-const TOOL_OUTPUT_TOKENS: u32 = 600;
 /// Room for the instructions and a previous summary, besides the transcript.
 const PROMPT_OVERHEAD_TOKENS: u64 = 2_500;
 /// Characters of an upstream's error body kept in the error (and so in the log).
@@ -37,44 +37,6 @@ static CALLER_BILLING: [HeaderName; 2] = [
     HeaderName::from_static("openai-organization"),
     HeaderName::from_static("openai-project"),
 ];
-
-/// What a summary holds, and how it is written: the same asked apart or through the session.
-macro_rules! summary_sections {
-    () => {
-        "Write a faithful summary with exactly \
-these sections, in this order, each as a markdown heading. Under each, write \"none\" when it is empty.\n\
-\n\
-## Goal and constraints\nWhat the user wants and every constraint they set, quoting the user's own words where they matter.\n\
-## Decisions\nWhat was decided, and why.\n\
-## Facts and identifiers\nNames, numbers with units, IDs, URLs, paths, versions, dates: copied verbatim, never paraphrased.\n\
-## Artifacts\nFiles, commands, code, errors and their messages that matter to the work.\n\
-## Progress\nDone, in progress and pending, as the conversation's own plan marks them.\n\
-## Open questions\nWhat is unresolved or waiting on the user.\n\
-## Next step\nWhat the assistant was about to do.\n\
-\n\
-Write only the summary, no preamble. Never invent anything not in the transcript."
-    };
-}
-
-const INSTRUCTIONS: &str = concat!(
-    "You compress the earlier part of a conversation between a user and an AI assistant \
-so the assistant can continue the work without the original messages. ",
-    summary_sections!()
-);
-
-/// The turn appended to the session's own request (`summarizer.via`); `{recent}` is how many
-/// of its last messages the summary leaves out.
-const SESSION_INSTRUCTIONS: &str = concat!(
-    "You compress the earlier part of the conversation above so that you can continue the \
-work without its messages. Cover everything above except the last {recent} messages, which stay \
-as they are: the instructions, any earlier summary, and every message before those. Answer in \
-text only, calling no tool. ",
-    summary_sections!()
-);
-
-const EXTEND_INSTRUCTIONS: &str = "Below are the existing summary of the conversation so far and the messages \
-that came after it. Return the updated summary: the same sections, with the new messages folded in, keeping \
-every fact of the existing summary that is still true. Do not summarize the summary; update it.";
 
 impl SummarizeError {
     /// Whether the failure says the summarizer's upstream itself is unwell (and so counts
@@ -104,15 +66,6 @@ impl SummarizeError {
             SummarizeError::Internal(_) => SummarizerFailure::Internal,
         }
     }
-}
-
-/// One message as the summarizer will see it, with its token count.
-#[derive(Debug, Clone)]
-pub struct Evicted {
-    pub message: Value,
-    pub tokens: u32,
-    /// A tool output its tool's policy keeps whole (`cut = "never"`), in the span too.
-    pub whole: bool,
 }
 
 pub struct SummaryRequest {
@@ -542,15 +495,6 @@ fn copy_headers<'n>(
     }
 }
 
-/// `tokens` tokens of text in every encoding: one word, each a token of its own.
-fn placeholder(tokens: u32) -> String {
-    let mut text = String::from("summary");
-    for _ in 1..tokens {
-        text.push_str(" summary");
-    }
-    text
-}
-
 /// The settings key of summaries of at most `summary_tokens` (`Summarizer::settings_key`):
 /// the configured budget is in it too, since the ledger shrinks by their proportion.
 fn settings_for(config: &SummarizerConfig, summary_tokens: u32) -> Key {
@@ -614,87 +558,6 @@ fn error_excerpt(body: &[u8], credentials: &HeaderMap) -> String {
         .collect()
 }
 
-/// Groups messages, in order, so each group's tokens stay under the budget.
-fn chunks(messages: &[Evicted], budget: u32) -> Vec<&[Evicted]> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    let mut used = 0u64;
-    for (i, m) in messages.iter().enumerate() {
-        let tokens = u64::from(transcript_tokens(m, budget));
-        if i > start && used + tokens > u64::from(budget) {
-            out.push(&messages[start..i]);
-            start = i;
-            used = 0;
-        }
-        used += tokens;
-    }
-    if start < messages.len() {
-        out.push(&messages[start..]);
-    }
-    out
-}
-
-fn is_tool_output(message: &Value) -> bool {
-    matches!(
-        message.get("role").and_then(Value::as_str),
-        Some("tool" | "function")
-    )
-}
-
-/// How much of a message the summarizer sees: tool outputs are cut short, and no message is
-/// larger than one chunk.
-fn keep_tokens(m: &Evicted, budget: u32) -> u32 {
-    if is_tool_output(&m.message) && !m.whole {
-        TOOL_OUTPUT_TOKENS.min(budget)
-    } else {
-        budget
-    }
-}
-
-fn transcript_tokens(m: &Evicted, budget: u32) -> u32 {
-    m.tokens.min(keep_tokens(m, budget) + 20)
-}
-
-fn render_transcript(messages: &[Evicted], budget: u32) -> String {
-    let mut out = String::new();
-    for m in messages {
-        let message = &m.message;
-        let role = message
-            .get("role")
-            .and_then(Value::as_str)
-            .unwrap_or("unknown");
-        out.push_str("### ");
-        out.push_str(role);
-        if let Some(name) = message.get("name").and_then(Value::as_str) {
-            out.push_str(&format!(" ({name})"));
-        }
-        out.push('\n');
-        out.push_str(&shorten_middle(
-            &content_text(message),
-            m.tokens,
-            keep_tokens(m, budget),
-        ));
-        out.push('\n');
-        if let Some(Value::Array(calls)) = message.get("tool_calls") {
-            for call in calls {
-                let f = call.get("function");
-                let field = |k: &str| {
-                    f.and_then(|f| f.get(k))
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                };
-                out.push_str(&format!(
-                    "→ calls {}({})\n",
-                    field("name"),
-                    field("arguments")
-                ));
-            }
-        }
-        out.push('\n');
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -702,22 +565,6 @@ mod tests {
     use crate::conversation::ToolCut;
     use crate::dialect::named;
     use serde_json::json;
-
-    /// o200k_harmony is o200k's vocabulary with more special tokens, and is left to the
-    /// counter's test that it is built only on first use.
-    #[test]
-    fn a_placeholder_is_as_long_as_its_budget_in_every_encoding() {
-        for encoding in [Encoding::Cl100k, Encoding::O200k] {
-            for tokens in [1, 37, 1024] {
-                let text = placeholder(tokens);
-                assert_eq!(
-                    crate::tokens::rules::count_text(encoding, &text),
-                    tokens,
-                    "{encoding:?}"
-                );
-            }
-        }
-    }
 
     #[test]
     fn bad_summaries_are_rejected() {
@@ -948,18 +795,5 @@ mod tests {
             error_excerpt(long.as_bytes(), &credentials).len(),
             ERROR_BODY_CHARS
         );
-    }
-
-    #[test]
-    fn chunks_respect_the_budget_and_order() {
-        let m = |t| Evicted {
-            message: json!({"role": "user", "content": "x"}),
-            tokens: t,
-            whole: false,
-        };
-        let messages = vec![m(400), m(400), m(400), m(5000), m(10)];
-        let groups = chunks(&messages, 1000);
-        let sizes: Vec<usize> = groups.iter().map(|g| g.len()).collect();
-        assert_eq!(sizes, vec![2, 1, 1, 1]);
     }
 }
