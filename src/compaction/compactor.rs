@@ -19,10 +19,10 @@ use crate::compaction::recall;
 use crate::compaction::redis::{unix_now, RedisStore};
 use crate::compaction::rewrite::{as_sent, trimmed, ArchiveScope, CompactionJob, Rewrite};
 use crate::compaction::rewrite::{Action, CacheOutcome};
-use crate::compaction::session::{SessionId, SessionMark, Sessions};
+use crate::compaction::session::{SessionMark, SessionRoute, Sessions, FORWARD_PATIENCE};
 use crate::compaction::shorten::Shorten;
 use crate::compaction::single_flight::{once_across_replicas, InFlight};
-use crate::compaction::summarizer::{Summarizer, SummaryRequest, ThroughSession};
+use crate::compaction::summarizer::{Summarizer, SummaryRequest};
 use crate::compaction::summary::{Key, Summary};
 use crate::compaction::summary_api::SummaryEndpoint;
 use crate::compaction::summary_prompt::Evicted;
@@ -34,12 +34,6 @@ use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::encoding::Encoding;
 use crate::tokens::rules::count_text;
 use crate::transport::upstream::{Connections, Upstream};
-
-/// How long a summary made ahead of need waits for the request that started it to be
-/// forwarded, to be asked through it (`Sessions::carrying`); past it, it is asked apart.
-const FORWARD_PATIENCE: Duration = Duration::from_secs(2);
-/// Room for the question appended to a session's request, besides the summary.
-const SESSION_QUESTION_TOKENS: u64 = 1_000;
 
 pub struct Compactor {
     scope_headers: ScopeHeaders,
@@ -123,17 +117,6 @@ impl Compactor {
     pub fn forwarded(&self, mark: SessionMark, body: Bytes, tokens: u64) {
         self.sessions.record(mark, body, tokens);
     }
-}
-
-/// How a summary of a session may be asked through its last request: where the session's
-/// requests go, and as whom.
-#[derive(Clone)]
-struct SessionRoute {
-    session: SessionId,
-    upstream: Arc<Upstream>,
-    api: SummaryEndpoint,
-    model: String,
-    headers: HeaderMap,
 }
 
 /// Everything a summary job needs but its messages, owned, so it can outlive the request
@@ -636,26 +619,6 @@ async fn make_shared_once(
     .await
 }
 
-/// The session's last request, when the job's summary may be asked through it: one that
-/// holds the job's span as the client sent it, forwarded within the provider's cache time,
-/// with room in the window for the question and the answer.
-async fn through_session(compactor: &Compactor, job: &SpanJob) -> Option<ThroughSession> {
-    let route = job.source.session.as_ref()?;
-    let (last, recent) = compactor
-        .sessions
-        .carrying(&route.session, (job.end, &job.key), job.patience)
-        .await?;
-    let room = last.tokens + SESSION_QUESTION_TOKENS + u64::from(job.source.summary_tokens);
-    (room <= job.source.window).then(|| ThroughSession {
-        upstream: route.upstream.clone(),
-        api: route.api,
-        model: route.model.clone(),
-        headers: route.headers.clone(),
-        forwarded: last.body.clone(),
-        recent,
-    })
-}
-
 async fn summarize_and_store(
     compactor: &Arc<Compactor>,
     job: &SpanJob,
@@ -665,7 +628,17 @@ async fn summarize_and_store(
         return Ok(summary);
     }
     let source = &job.source;
-    let session = through_session(compactor, job).await;
+    let session = match &source.session {
+        Some(route) => {
+            let span = (job.end, &job.key);
+            let room = (source.summary_tokens, source.window);
+            compactor
+                .sessions
+                .through(route, span, job.patience, room)
+                .await
+        }
+        None => None,
+    };
     let request = SummaryRequest {
         upstream: source.upstream.clone(),
         api: source.api,

@@ -7,11 +7,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use hyper::header::HeaderMap;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::compaction::summarizer::ThroughSession;
 use crate::compaction::summary::Key;
+use crate::compaction::summary_api::SummaryEndpoint;
+use crate::transport::upstream::Upstream;
 
+/// How long a summary made ahead of need waits for the request that started it to be
+/// forwarded, to be asked through it (`Sessions::carrying`); past it, it is asked apart.
+pub const FORWARD_PATIENCE: Duration = Duration::from_secs(2);
+/// Room for the question appended to a session's request, besides the summary.
+const SESSION_QUESTION_TOKENS: u64 = 1_000;
 /// Most bytes of forwarded requests kept, over all sessions: an agent's request is up to
 /// about 1 MB, so this keeps the last request of some 64 of the busiest sessions; a session
 /// whose record went is summarized apart, as before.
@@ -19,6 +28,17 @@ const MAX_BYTES: u64 = 64 * 1024 * 1024;
 
 /// A session: its caller, and its conversation's id (`recall::conversation_id`).
 pub type SessionId = (Key, String);
+
+/// How a summary of a session may be asked through its last request: where the session's
+/// requests go, and as whom.
+#[derive(Clone)]
+pub struct SessionRoute {
+    pub session: SessionId,
+    pub upstream: Arc<Upstream>,
+    pub api: SummaryEndpoint,
+    pub model: String,
+    pub headers: HeaderMap,
+}
 
 /// What a request that reached the compactor must leave, once forwarded, for a later
 /// summary to be asked through it.
@@ -92,10 +112,32 @@ impl Sessions {
         self.recorded.notify_waiters();
     }
 
+    /// The summary of the items before `end` (prefix key `key`) asked through the session's
+    /// last request, if that request holds them as the client sent them and leaves room in
+    /// `window` for the question and an answer of `summary_tokens`.
+    pub async fn through(
+        &self,
+        route: &SessionRoute,
+        span: (usize, &Key),
+        patience: Duration,
+        (summary_tokens, window): (u32, u64),
+    ) -> Option<ThroughSession> {
+        let (last, recent) = self.carrying(&route.session, span, patience).await?;
+        let room = last.tokens + SESSION_QUESTION_TOKENS + u64::from(summary_tokens);
+        (room <= window).then(|| ThroughSession {
+            upstream: route.upstream.clone(),
+            api: route.api,
+            model: route.model.clone(),
+            headers: route.headers.clone(),
+            forwarded: last.body.clone(),
+            recent,
+        })
+    }
+
     /// The session's last request if it can carry the summary of the items before `end`
     /// (prefix key `key`), with how many items follow them. A summary made ahead of need was
     /// started by a request not yet forwarded: it waits up to `patience` for that request.
-    pub async fn carrying(
+    async fn carrying(
         &self,
         session: &SessionId,
         (end, key): (usize, &Key),
