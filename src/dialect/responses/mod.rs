@@ -172,13 +172,10 @@ const RAW_STAGE: RawStage = RawStage {
         read: |item| Some(item_view(item)),
     },
     parts_seed: 0x696e_7374_7275_6300,
-    fixed: |encoding, parts| {
-        let body: Map<String, Value> = PARTS
-            .iter()
-            .zip(parts)
-            .filter_map(|(name, value)| Some(((*name).to_string(), value.clone()?)))
-            .collect();
-        fixed_tokens(&body, encoding)
+    part: |encoding, index, part| {
+        PARTS
+            .get(index)
+            .map_or(0, |field| part_tokens(field, &part, encoding))
     },
 };
 
@@ -276,38 +273,41 @@ fn pairs_travel_together(items: &[Value], metas: &[Item]) -> bool {
     true
 }
 
-/// Besides the input: reply priming, `instructions`, tools (function tools by the cookbook
-/// formula, as chat's, others as their JSON text), `tool_choice` and a structured output's
-/// format.
+/// Besides the input: reply priming, and each of `PARTS` the body has (`part_tokens`).
 fn fixed_tokens(body: &Map<String, Value>, encoding: Encoding) -> u32 {
-    let json_text = |value: &Value| count_text(encoding, &value.to_string());
-    let mut tokens = REPLY_PRIMING;
-    match body.get("instructions") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(instructions)) => tokens += count_text(encoding, instructions),
-        Some(other) => tokens += json_text(other),
-    }
-    if let Some(Value::Array(tools)) = body.get("tools") {
-        let as_chat: Vec<Value> = tools
+    REPLY_PRIMING
+        + PARTS
             .iter()
-            .map(|tool| match tool.get("type").and_then(Value::as_str) {
-                Some("function") => json!({"type": "function", "function": tool}),
-                _ => tool.clone(),
-            })
-            .collect();
-        tokens += count_tools(encoding, &as_chat);
-    }
-    match body.get("tool_choice") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(choice)) => tokens += count_text(encoding, choice),
-        Some(other) => tokens += json_text(other),
-    }
-    if let Some(format) = body.get("text").and_then(|text| text.get("format")) {
-        if format.get("type").and_then(Value::as_str) == Some("json_schema") {
-            tokens += json_text(format);
+            .filter_map(|field| Some(part_tokens(field, body.get(*field)?, encoding)))
+            .sum::<u32>()
+}
+
+/// What one of `PARTS` costs: `instructions`, tools (function tools by the cookbook formula,
+/// as chat's, others as their JSON text), `tool_choice` and a structured output's format.
+fn part_tokens(field: &str, value: &Value, encoding: Encoding) -> u32 {
+    let json_text = |value: &Value| count_text(encoding, &value.to_string());
+    match (field, value) {
+        (_, Value::Null) => 0,
+        ("instructions" | "tool_choice", Value::String(text)) => count_text(encoding, text),
+        ("instructions" | "tool_choice", other) => json_text(other),
+        ("tools", Value::Array(tools)) => {
+            let as_chat: Vec<Value> = tools
+                .iter()
+                .map(|tool| match tool.get("type").and_then(Value::as_str) {
+                    Some("function") => json!({"type": "function", "function": tool}),
+                    _ => tool.clone(),
+                })
+                .collect();
+            count_tools(encoding, &as_chat)
         }
+        ("text", text) => match text.get("format") {
+            Some(format) if format.get("type").and_then(Value::as_str) == Some("json_schema") => {
+                json_text(format)
+            }
+            _ => 0,
+        },
+        _ => 0,
     }
-    tokens
 }
 
 /// A parsed request counted for planning.
