@@ -50,9 +50,11 @@ pub struct Responses;
 pub struct ResponsesRequest {
     body: Map<String, Value>,
     /// Each input item as a chat message: what is counted, hashed into cache keys and read
-    /// by the summarizer.
-    messages: Vec<Value>,
-    /// Each input item's role and kind; counting fills in the tokens.
+    /// by the summarizer. None once rewritten, when nothing on the proxy's path reads them
+    /// again (`views` makes them if asked).
+    messages: Option<Vec<Value>>,
+    /// Each input item's role and kind; counting fills in the tokens. Empty once rewritten,
+    /// as `messages` is None.
     items: Vec<Item>,
     /// Set when the request must go as it came.
     as_sent: Option<ForwardReason>,
@@ -111,7 +113,7 @@ impl Dialect for Responses {
     }
 
     fn conversation(request: &Self::Request) -> Cow<'_, [Value]> {
-        Cow::Borrowed(&request.messages)
+        views(request).0
     }
 
     fn rewrite(
@@ -121,11 +123,16 @@ impl Dialect for Responses {
         settings: &ContextConfig,
         encoding: Encoding,
     ) {
-        let items = input_items(&request.body);
-        let compacted = compacted_input(&items, split, rewrite, settings.summary_role, encoding);
-        let (messages, metas) = compacted.iter().map(item_view).unzip();
-        request.messages = messages;
-        request.items = metas;
+        // Taken out of the body, so that the kept items are moved, not copied.
+        let items = match request.body.get_mut("input") {
+            Some(Value::Array(items)) => Cow::Owned(std::mem::take(items)),
+            _ => input_items(&request.body),
+        };
+        let compacted = compacted_input(items, split, rewrite, settings.summary_role, encoding);
+        // Made again only if asked: rebuilding them took a ninth of a compacted agent
+        // request's instructions, for nothing the proxy reads.
+        request.messages = None;
+        request.items = Vec::new();
         request.body.insert("input".into(), Value::Array(compacted));
     }
 
@@ -240,10 +247,23 @@ pub fn parse_request(bytes: &[u8]) -> Result<ResponsesRequest, ProxyError> {
     };
     Ok(ResponsesRequest {
         body,
-        messages,
+        messages: Some(messages),
         items,
         as_sent,
     })
+}
+
+/// Each input item as a chat message, and its role and kind: as parsed, else (once
+/// rewritten) made from the body.
+fn views(request: &ResponsesRequest) -> (Cow<'_, [Value]>, Cow<'_, [Item]>) {
+    match &request.messages {
+        Some(messages) => (Cow::Borrowed(messages), Cow::Borrowed(&request.items)),
+        None => {
+            let (messages, items): (Vec<Value>, Vec<Item>) =
+                input_items(&request.body).iter().map(item_view).unzip();
+            (Cow::Owned(messages), Cow::Owned(items))
+        }
+    }
 }
 
 /// Whether every tool output's call comes before it, in the same unit, so that no
@@ -321,16 +341,14 @@ pub async fn counted(
     let body = &request.body;
     let parts = ["instructions", "tools", "tool_choice", "text"].map(|field| body.get(field));
     let fixed = counter.count_parts(info.encoding, &parts, || fixed_tokens(body, info.encoding));
-    let mut count = counter
-        .count_messages(&request.messages, fixed, model, &info)
-        .await;
+    let (messages, items) = views(request);
+    let mut count = counter.count_messages(&messages, fixed, model, &info).await;
     if request.as_sent == Some(ForwardReason::Stateful) {
         // Upstream's usage includes the history it holds, which this count cannot see:
         // nothing to learn the ratio from.
         count.raw_total = 0;
     }
-    let metas = request
-        .items
+    let metas = items
         .iter()
         .zip(&count.per_message)
         .map(|(item, &tokens)| Item { tokens, ..*item })
@@ -349,15 +367,16 @@ pub async fn counted(
 
 /// The input a compaction leaves: the head, the pinned task, the summary as one message of
 /// role `developer` (`user` when so configured), then the kept items, string tool outputs
-/// cut as planned.
-fn compacted_input(
-    items: &[Value],
+/// cut as planned. Items given owned are moved into it, not copied.
+fn compacted_input<'a>(
+    items: impl Into<Cow<'a, [Value]>>,
     split: &Split,
     rewrite: &Rewrite,
     summary_role: SummaryRole,
     encoding: Encoding,
 ) -> Vec<Value> {
-    let kept = &items[rewrite.kept_from..];
+    let mut items = items.into().into_owned();
+    let kept = items.split_off(rewrite.kept_from.min(items.len()));
     let mut out = Vec::with_capacity(split.head + 2 + kept.len());
     out.extend_from_slice(&items[..split.head]);
     out.extend_from_slice(&items[rewrite.pinned.clone().unwrap_or_default()]);
@@ -372,9 +391,8 @@ fn compacted_input(
             "content": summary,
         }));
     }
-    out.extend(kept.iter().enumerate().map(|(offset, item)| {
+    out.extend(kept.into_iter().enumerate().map(|(offset, mut item)| {
         let index = rewrite.kept_from + offset;
-        let mut item = item.clone();
         let cut = rewrite.cuts.iter().find(|cut| cut.index == index);
         if let (Some(cut), Some(Value::String(output))) = (cut, item.get_mut("output")) {
             let reference = rewrite.cleared_reference(index);
