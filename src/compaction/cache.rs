@@ -1,6 +1,7 @@
 //! The summary cache: keys from a rolling hash over the conversation prefix, moka in memory
 //! as the first level, Redis (when configured) as the shared second level.
 
+use std::fmt::Display;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -202,20 +203,23 @@ impl SummaryCache {
         }
     }
 
-    /// Archives `(reference, verbatim text)` pairs for `caller`. Items memory already holds
-    /// are skipped, so a later request archiving them again costs nothing in Redis; the
-    /// others reach Redis in one round trip.
-    pub async fn archive_put(&self, caller: &Key, items: &[(String, String)]) {
-        let mut fresh: Vec<(Key, &str)> = Vec::new();
-        for (reference, text) in items {
+    /// Archives `(reference, item)` pairs for `caller`, each item as its verbatim text. Items
+    /// memory already holds are skipped, and not even written out (a compacted agent request
+    /// archives every output it cuts, nearly all of them archived before), so a later request
+    /// archiving them again costs nothing in Redis; the others reach Redis in one round trip.
+    pub async fn archive_put(&self, caller: &Key, items: &[(String, impl Display)]) {
+        let mut fresh: Vec<(Key, Arc<str>)> = Vec::new();
+        for (reference, item) in items {
             let key = archive_key(caller, reference);
             if self.archive.contains_key(&key) {
                 continue;
             }
-            self.archive.insert(key, Arc::from(text.as_str())).await;
+            let text: Arc<str> = Arc::from(item.to_string());
+            self.archive.insert(key, text.clone()).await;
             fresh.push((key, text));
         }
         if let Some(shared) = &self.shared {
+            let fresh: Vec<(Key, &str)> = fresh.iter().map(|(key, text)| (*key, &**text)).collect();
             shared.archive_put(&fresh).await;
         }
     }

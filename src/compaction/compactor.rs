@@ -285,14 +285,11 @@ async fn archive_cleared(
     if compactor.stand_in {
         return;
     }
-    let cleared: Vec<(String, String)> = cuts
+    let cleared: Vec<(String, &Value)> = cuts
         .iter()
         .filter_map(|cut| {
             let item = job.messages.get(cut.index)?;
-            Some((
-                recall::reference(&archive.conversation, cut.index),
-                item.to_string(),
-            ))
+            Some((recall::reference(&archive.conversation, cut.index), item))
         })
         .collect();
     compactor.cache.archive_put(&archive.caller, &cleared).await;

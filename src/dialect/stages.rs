@@ -22,6 +22,7 @@ use crate::observe::metrics::Route;
 use crate::tokens::catalog::{ModelCatalog, ModelInfo};
 use crate::tokens::counter::{PromptCount, RawItems, TokenCounter};
 use crate::tokens::encoding::Encoding;
+use crate::tokens::rules::REPLY_PRIMING;
 use crate::transport::body::ProxyBody;
 use crate::transport::upstream::KeyStyle;
 use crate::transport::usage::UsageReader;
@@ -349,11 +350,13 @@ pub async fn count_as_sent<D: Dialect>(
 }
 
 /// How a dialect's raw first stage counts: its items (`RawItems`), and the parts besides
-/// them that cost tokens, kept under `parts_seed` and counted by `fixed` once parsed.
+/// them that cost tokens, kept under `parts_seed`, each counted alone by `part` once parsed
+/// (given its index in `RawRequest::parts`): a request's fixed tokens are reply priming and
+/// its parts'.
 pub struct RawStage {
     pub items: RawItems,
     pub parts_seed: u64,
-    pub fixed: fn(Encoding, &[Option<Value>]) -> u32,
+    pub part: fn(Encoding, usize, Value) -> u32,
 }
 
 /// What a raw first stage read of a request, without a JSON tree: its model, its items as
@@ -379,12 +382,13 @@ pub async fn scan_raw(
 ) -> Result<Ready, Option<Planned>> {
     let info = counting.catalog.resolve(&request.model);
     let encoding = info.encoding;
-    let fixed = counting
-        .counter
-        .count_raw_parts(encoding, stage.parts_seed, &request.parts, |parsed| {
-            (stage.fixed)(encoding, &parsed)
-        })
-        .ok_or(None)?;
+    let fixed = REPLY_PRIMING
+        + counting
+            .counter
+            .count_raw_parts(encoding, stage.parts_seed, &request.parts, |index, part| {
+                (stage.part)(encoding, index, part)
+            })
+            .ok_or(None)?;
     let raw: Vec<&[u8]> = request
         .items
         .iter()

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
-use xxhash_rust::xxh3::{self, Xxh3};
+use xxhash_rust::xxh3;
 
 use crate::canonical::{fast_hash_parts, fast_hash_with_seed};
 use crate::conversation::{Item, Kind, Role, VALID_ROLES};
@@ -258,49 +258,42 @@ impl TokenCounter {
         Some((count, metas))
     }
 
-    /// The tokens of a request's raw parts other than its items, as `count` counts them
-    /// parsed, kept by the parts' bytes and `seed` (one per dialect).
+    /// The tokens of a request's raw parts other than its items, each part as `count` counts
+    /// it parsed (given its index in `parts`), kept by its own bytes, its index and `seed`
+    /// (one per dialect): an agent's tool schemas are counted once though the system prompt
+    /// beside them changes. Absent parts cost nothing; None when a part is not JSON.
     pub fn count_raw_parts(
         &self,
         encoding: Encoding,
         seed: u64,
         parts: &[Option<&RawValue>],
-        count: impl FnOnce(Vec<Option<Value>>) -> u32,
+        count: impl Fn(usize, Value) -> u32,
     ) -> Option<u32> {
-        let mut hasher = Xxh3::with_seed(seed | encoding as u64);
-        for raw in parts {
-            let text = raw.map_or("", |raw| raw.get());
-            hasher.update(&(text.len() as u64).to_le_bytes());
-            hasher.update(text.as_bytes());
+        let mut tokens = 0;
+        for (index, raw) in parts.iter().enumerate() {
+            let Some(raw) = raw else { continue };
+            // As for items, the seed is xor-ed in rather than given to xxh3.
+            let key = xxh3::xxh3_128_with_secret(raw.get().as_bytes(), &self.raw_message_secret)
+                ^ ((u128::from(index as u64) << 64) | u128::from(seed | encoding as u64));
+            tokens += match self.raw_extras.get(key) {
+                Some(counted) => counted,
+                None => {
+                    let parsed: Value = serde_json::from_str(raw.get()).ok()?;
+                    let counted = count(index, parsed);
+                    self.raw_extras.insert(key, counted);
+                    counted
+                }
+            };
         }
-        let key = hasher.digest128();
-        if let Some(tokens) = self.raw_extras.get(key) {
-            return Some(tokens);
-        }
-        let mut parsed = Vec::with_capacity(parts.len());
-        for raw in parts {
-            parsed.push(match raw {
-                Some(raw) => Some(serde_json::from_str(raw.get()).ok()?),
-                None => None,
-            });
-        }
-        let tokens = count(parsed);
-        self.raw_extras.insert(key, tokens);
         Some(tokens)
     }
 
     fn count_raw_extras(&self, prompt: &RawPrompt, encoding: Encoding) -> Option<u32> {
         const FIELDS: [&str; 3] = ["tools", "tool_choice", "response_format"];
         let parts = [prompt.tools, prompt.tool_choice, prompt.response_format];
-        if parts.iter().all(Option::is_none) {
-            return Some(0);
-        }
-        self.count_raw_parts(encoding, RAW_EXTRAS_SEED, &parts, |parsed| {
-            let extras: Map<String, Value> = FIELDS
-                .iter()
-                .zip(parsed)
-                .filter_map(|(name, value)| Some(((*name).to_string(), value?)))
-                .collect();
+        self.count_raw_parts(encoding, RAW_EXTRAS_SEED, &parts, |index, value| {
+            let field = FIELDS.get(index).map_or("", |field| *field);
+            let extras = Map::from_iter([(field.to_string(), value)]);
             count_request_extras(encoding, &extras)
         })
     }

@@ -54,8 +54,9 @@ pub struct Messages;
 /// A Messages request, with its messages as chat messages for counting and compaction.
 pub struct MessagesRequest {
     body: Map<String, Value>,
-    /// One per entry of `body.messages`, same order.
-    chat: Vec<Value>,
+    /// One per entry of `body.messages`, same order; None once rewritten, when nothing on the
+    /// proxy's path reads them again (`conversation` makes them if asked).
+    chat: Option<Vec<Value>>,
 }
 
 impl Dialect for Messages {
@@ -110,7 +111,7 @@ impl Dialect for Messages {
 
     fn parse(bytes: &[u8], _path: &str) -> Result<Self::Request, ProxyError> {
         let body = parse_request(bytes)?;
-        let chat = as_chat(messages(&body));
+        let chat = Some(as_chat(messages(&body)));
         Ok(MessagesRequest { body, chat })
     }
 
@@ -135,7 +136,10 @@ impl Dialect for Messages {
     }
 
     fn conversation(request: &Self::Request) -> Cow<'_, [Value]> {
-        Cow::Borrowed(&request.chat)
+        match &request.chat {
+            Some(chat) => Cow::Borrowed(chat),
+            None => Cow::Owned(as_chat(messages(&request.body))),
+        }
     }
 
     fn rewrite(
@@ -159,7 +163,9 @@ impl Dialect for Messages {
             settings.summary_role,
             encoding,
         );
-        request.chat = as_chat(&compacted);
+        // Made again only if asked: rebuilding them took a twelfth of a compacted agent
+        // request's instructions, for nothing the proxy reads.
+        request.chat = None;
         request
             .body
             .insert("messages".into(), Value::Array(compacted));
@@ -205,14 +211,11 @@ const RAW_STAGE: RawStage = RawStage {
         read: |message| Some((chat_message(message), item(message, 0))),
     },
     parts_seed: 0x7379_7374_656d_0000,
-    fixed: |encoding, parts| match parts {
-        [system, tools, tool_choice] => fixed_tokens(
-            encoding,
-            system.as_ref(),
-            tools.as_ref(),
-            tool_choice.as_ref(),
-        ),
-        _ => REPLY_PRIMING,
+    // The parts `scan` reads, in its order: `system`, tools, `tool_choice`.
+    part: |encoding, index, part| match index {
+        0 => system_tokens(encoding, Some(&part)),
+        1 => tools_tokens(encoding, Some(&part)),
+        _ => tool_choice_tokens(encoding, Some(&part)),
     },
 };
 
@@ -253,7 +256,11 @@ fn fixed_tokens(
     REPLY_PRIMING
         + system_tokens(encoding, system)
         + tools_tokens(encoding, tools)
-        + tool_choice.map_or(0, |choice| count_text(encoding, &choice.to_string()))
+        + tool_choice_tokens(encoding, tool_choice)
+}
+
+fn tool_choice_tokens(encoding: Encoding, tool_choice: Option<&Value>) -> u32 {
+    tool_choice.map_or(0, |choice| count_text(encoding, &choice.to_string()))
 }
 
 /// The text of `system`, a string or text blocks.
@@ -332,7 +339,7 @@ async fn counted(
         fixed_tokens(encoding, system, tools, tool_choice)
     });
     let count = counter
-        .count_messages(&request.chat, fixed, model, &info)
+        .count_messages(&Messages::conversation(request), fixed, model, &info)
         .await;
     let metas = messages(body)
         .iter()

@@ -51,9 +51,11 @@ pub struct Responses;
 pub struct ResponsesRequest {
     body: Map<String, Value>,
     /// Each input item as a chat message: what is counted, hashed into cache keys and read
-    /// by the summarizer.
-    messages: Vec<Value>,
-    /// Each input item's role and kind; counting fills in the tokens.
+    /// by the summarizer. None once rewritten, when nothing on the proxy's path reads them
+    /// again (`views` makes them if asked).
+    messages: Option<Vec<Value>>,
+    /// Each input item's role and kind; counting fills in the tokens. Empty once rewritten,
+    /// as `messages` is None.
     items: Vec<Item>,
     /// Set when the request must go as it came.
     as_sent: Option<ForwardReason>,
@@ -112,7 +114,7 @@ impl Dialect for Responses {
     }
 
     fn conversation(request: &Self::Request) -> Cow<'_, [Value]> {
-        Cow::Borrowed(&request.messages)
+        views(request).0
     }
 
     fn rewrite(
@@ -122,11 +124,16 @@ impl Dialect for Responses {
         settings: &ContextConfig,
         encoding: Encoding,
     ) {
-        let items = input_items(&request.body);
-        let compacted = compacted_input(&items, split, rewrite, settings.summary_role, encoding);
-        let (messages, metas) = compacted.iter().map(item_view).unzip();
-        request.messages = messages;
-        request.items = metas;
+        // Taken out of the body, so that the kept items are moved, not copied.
+        let items = match request.body.get_mut("input") {
+            Some(Value::Array(items)) => Cow::Owned(std::mem::take(items)),
+            _ => input_items(&request.body),
+        };
+        let compacted = compacted_input(items, split, rewrite, settings.summary_role, encoding);
+        // Made again only if asked: rebuilding them took a ninth of a compacted agent
+        // request's instructions, for nothing the proxy reads.
+        request.messages = None;
+        request.items = Vec::new();
         request.body.insert("input".into(), Value::Array(compacted));
     }
 
@@ -173,13 +180,10 @@ const RAW_STAGE: RawStage = RawStage {
         read: |item| Some(item_view(item)),
     },
     parts_seed: 0x696e_7374_7275_6300,
-    fixed: |encoding, parts| {
-        let body: Map<String, Value> = PARTS
-            .iter()
-            .zip(parts)
-            .filter_map(|(name, value)| Some(((*name).to_string(), value.clone()?)))
-            .collect();
-        fixed_tokens(&body, encoding)
+    part: |encoding, index, part| {
+        PARTS
+            .get(index)
+            .map_or(0, |field| part_tokens(field, &part, encoding))
     },
 };
 
@@ -244,10 +248,23 @@ pub fn parse_request(bytes: &[u8]) -> Result<ResponsesRequest, ProxyError> {
     };
     Ok(ResponsesRequest {
         body,
-        messages,
+        messages: Some(messages),
         items,
         as_sent,
     })
+}
+
+/// Each input item as a chat message, and its role and kind: as parsed, else (once
+/// rewritten) made from the body.
+fn views(request: &ResponsesRequest) -> (Cow<'_, [Value]>, Cow<'_, [Item]>) {
+    match &request.messages {
+        Some(messages) => (Cow::Borrowed(messages), Cow::Borrowed(&request.items)),
+        None => {
+            let (messages, items): (Vec<Value>, Vec<Item>) =
+                input_items(&request.body).iter().map(item_view).unzip();
+            (Cow::Owned(messages), Cow::Owned(items))
+        }
+    }
 }
 
 /// Whether every tool output's call comes before it, in the same unit, so that no
@@ -277,38 +294,41 @@ fn pairs_travel_together(items: &[Value], metas: &[Item]) -> bool {
     true
 }
 
-/// Besides the input: reply priming, `instructions`, tools (function tools by the cookbook
-/// formula, as chat's, others as their JSON text), `tool_choice` and a structured output's
-/// format.
+/// Besides the input: reply priming, and each of `PARTS` the body has (`part_tokens`).
 fn fixed_tokens(body: &Map<String, Value>, encoding: Encoding) -> u32 {
-    let json_text = |value: &Value| count_text(encoding, &value.to_string());
-    let mut tokens = REPLY_PRIMING;
-    match body.get("instructions") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(instructions)) => tokens += count_text(encoding, instructions),
-        Some(other) => tokens += json_text(other),
-    }
-    if let Some(Value::Array(tools)) = body.get("tools") {
-        let as_chat: Vec<Value> = tools
+    REPLY_PRIMING
+        + PARTS
             .iter()
-            .map(|tool| match tool.get("type").and_then(Value::as_str) {
-                Some("function") => json!({"type": "function", "function": tool}),
-                _ => tool.clone(),
-            })
-            .collect();
-        tokens += count_tools(encoding, &as_chat);
-    }
-    match body.get("tool_choice") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(choice)) => tokens += count_text(encoding, choice),
-        Some(other) => tokens += json_text(other),
-    }
-    if let Some(format) = body.get("text").and_then(|text| text.get("format")) {
-        if format.get("type").and_then(Value::as_str) == Some("json_schema") {
-            tokens += json_text(format);
+            .filter_map(|field| Some(part_tokens(field, body.get(*field)?, encoding)))
+            .sum::<u32>()
+}
+
+/// What one of `PARTS` costs: `instructions`, tools (function tools by the cookbook formula,
+/// as chat's, others as their JSON text), `tool_choice` and a structured output's format.
+fn part_tokens(field: &str, value: &Value, encoding: Encoding) -> u32 {
+    let json_text = |value: &Value| count_text(encoding, &value.to_string());
+    match (field, value) {
+        (_, Value::Null) => 0,
+        ("instructions" | "tool_choice", Value::String(text)) => count_text(encoding, text),
+        ("instructions" | "tool_choice", other) => json_text(other),
+        ("tools", Value::Array(tools)) => {
+            let as_chat: Vec<Value> = tools
+                .iter()
+                .map(|tool| match tool.get("type").and_then(Value::as_str) {
+                    Some("function") => json!({"type": "function", "function": tool}),
+                    _ => tool.clone(),
+                })
+                .collect();
+            count_tools(encoding, &as_chat)
         }
+        ("text", text) => match text.get("format") {
+            Some(format) if format.get("type").and_then(Value::as_str) == Some("json_schema") => {
+                json_text(format)
+            }
+            _ => 0,
+        },
+        _ => 0,
     }
-    tokens
 }
 
 /// A parsed request counted for planning.
@@ -322,16 +342,14 @@ pub async fn counted(
     let body = &request.body;
     let parts = ["instructions", "tools", "tool_choice", "text"].map(|field| body.get(field));
     let fixed = counter.count_parts(info.encoding, &parts, || fixed_tokens(body, info.encoding));
-    let mut count = counter
-        .count_messages(&request.messages, fixed, model, &info)
-        .await;
+    let (messages, items) = views(request);
+    let mut count = counter.count_messages(&messages, fixed, model, &info).await;
     if request.as_sent == Some(ForwardReason::Stateful) {
         // Upstream's usage includes the history it holds, which this count cannot see:
         // nothing to learn the ratio from.
         count.raw_total = 0;
     }
-    let metas = request
-        .items
+    let metas = items
         .iter()
         .zip(&count.per_message)
         .map(|(item, &tokens)| Item { tokens, ..*item })
@@ -350,15 +368,16 @@ pub async fn counted(
 
 /// The input a compaction leaves: the head, the pinned task, the summary as one message of
 /// role `developer` (`user` when so configured), then the kept items, string tool outputs
-/// cut as planned.
-fn compacted_input(
-    items: &[Value],
+/// cut as planned. Items given owned are moved into it, not copied.
+fn compacted_input<'a>(
+    items: impl Into<Cow<'a, [Value]>>,
     split: &Split,
     rewrite: &Rewrite,
     summary_role: SummaryRole,
     encoding: Encoding,
 ) -> Vec<Value> {
-    let kept = &items[rewrite.kept_from..];
+    let mut items = items.into().into_owned();
+    let kept = items.split_off(rewrite.kept_from.min(items.len()));
     let mut out = Vec::with_capacity(split.head + 2 + kept.len());
     out.extend_from_slice(&items[..split.head]);
     out.extend_from_slice(&items[rewrite.pinned.clone().unwrap_or_default()]);
@@ -373,9 +392,8 @@ fn compacted_input(
             "content": summary,
         }));
     }
-    out.extend(kept.iter().enumerate().map(|(offset, item)| {
+    out.extend(kept.into_iter().enumerate().map(|(offset, mut item)| {
         let index = rewrite.kept_from + offset;
-        let mut item = item.clone();
         let cut = rewrite.cuts.iter().find(|cut| cut.index == index);
         if let (Some(cut), Some(Value::String(output))) = (cut, item.get_mut("output")) {
             let reference = rewrite.cleared_reference(index);
