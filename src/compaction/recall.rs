@@ -209,7 +209,7 @@ pub fn answer(archived: &[Archived], arguments: &str, limits: &RecallLimits) -> 
         return RecallAnswer::error(notes.join("\n"));
     }
     RecallAnswer {
-        text: within_budget(&found, notes, limits),
+        text: within_budget(&found, notes, query.as_deref(), limits),
         is_error: false,
     }
 }
@@ -234,6 +234,7 @@ fn search(archived: &[Archived], query: &str, asked: &[String]) -> Vec<Archived>
 fn within_budget(
     found: &[(String, Arc<str>)],
     notes: Vec<String>,
+    query: Option<&str>,
     limits: &RecallLimits,
 ) -> String {
     let count = |text: &str| count_text(limits.encoding, text);
@@ -258,17 +259,25 @@ fn within_budget(
             continue;
         }
         if blocks.is_empty() {
+            // Found by a query, the item is shown where it matched: its middle, cut, may be
+            // just what was searched for.
+            let matched = query.and_then(|query| first_match(text, query));
             let cut_note = format!(
-                "{reference} alone is over the budget of {} tokens: its middle is cut",
-                limits.max_tokens
+                "{reference} alone is over the budget of {} tokens: {}",
+                limits.max_tokens,
+                match matched {
+                    Some(_) => "shown around what matched the query",
+                    None => "its middle is cut",
+                }
             );
             let room = limits
                 .max_tokens
                 .saturating_sub(used + count(&cut_note) + 2 * join + reserve + count(&header));
-            blocks.push(format!(
-                "{header}{}",
-                cut_middle(limits.encoding, text, room, None)
-            ));
+            let shown = match matched {
+                Some(at) => around(limits.encoding, text, at, room),
+                None => cut_middle(limits.encoding, text, room, None),
+            };
+            blocks.push(format!("{header}{shown}"));
             notes.insert(0, cut_note);
         }
         break;
@@ -324,11 +333,80 @@ fn render(blocks: &[String], notes: &[String], left_out: Option<String>) -> Stri
     text
 }
 
+/// Where in `text` the query matches most tellingly: the first occurrence of the query's
+/// word that `text` holds least often (`finding` over `a`), by byte.
+fn first_match(text: &str, query: &str) -> Option<usize> {
+    let query: HashSet<String> = terms(query).collect();
+    let mut seen: HashMap<String, (usize, usize)> = HashMap::new();
+    for (at, word) in words(text) {
+        let word = word.to_lowercase();
+        if query.contains(&word) {
+            seen.entry(word).or_insert((0, at)).0 += 1;
+        }
+    }
+    seen.into_values()
+        .min_by_key(|&(times, at)| (times, at))
+        .map(|(_, at)| at)
+}
+
+/// The alphanumeric words of `text`, each with where it starts.
+fn words(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|word| !word.is_empty())
+        .map(move |word| (word.as_ptr() as usize - text.as_ptr() as usize, word))
+}
+
+/// The part of `text` from a little before byte `at`, within `budget` tokens, what it leaves
+/// out before and after marked with their counts.
+fn around(encoding: Encoding, text: &str, at: usize, budget: u32) -> String {
+    let count = |part: &str| count_text(encoding, part);
+    let whole = count(text).max(1);
+    if whole <= budget {
+        return text.to_string();
+    }
+    let bytes_per_token = text.len() as f64 / f64::from(whole);
+    let mut room = f64::from(budget) * bytes_per_token;
+    for _ in 0..MAX_TIGHTENINGS {
+        // A match opens what it is about (a label, a name): most of the room goes after it.
+        let before = (room / 4.0) as usize;
+        let start = floor_boundary(text, at.saturating_sub(before));
+        let end = floor_boundary(text, (start + room as usize).min(text.len()));
+        let marked = |part: &str| match count(part) {
+            0 => String::new(),
+            n => format!("[… {n} tokens removed …]"),
+        };
+        let shown = format!(
+            "{}\n{}\n{}",
+            marked(&text[..start]),
+            &text[start..end],
+            marked(&text[end..])
+        );
+        let counted = count(&shown);
+        if counted <= budget {
+            return shown;
+        }
+        room -= f64::from(counted - budget) * bytes_per_token + 1.0;
+        if room <= 0.0 {
+            break;
+        }
+    }
+    cut_middle(encoding, text, budget, None)
+}
+
+/// How many times `around` narrows its part when the estimate from bytes was over.
+const MAX_TIGHTENINGS: usize = 4;
+
+/// The nearest character boundary at or before byte `at`.
+fn floor_boundary(text: &str, mut at: usize) -> usize {
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    at
+}
+
 /// The lowercase alphanumeric words of `text`.
 fn terms(text: &str) -> impl Iterator<Item = String> + '_ {
-    text.split(|c: char| !c.is_alphanumeric())
-        .filter(|term| !term.is_empty())
-        .map(str::to_lowercase)
+    words(text).map(|(_, word)| word.to_lowercase())
 }
 
 /// The indices of `documents` that share a word with `query`, best first by BM25 (ties in
@@ -639,5 +717,60 @@ mod tests {
         assert!(answer
             .text
             .ends_with(&format!("(ask for them alone): {}", refs[1])));
+    }
+
+    #[test]
+    fn an_item_found_by_a_query_and_over_the_budget_is_shown_where_it_matched() {
+        // A log whose one telling line is in its middle, where a middle cut would take it out.
+        let lines: Vec<String> = (0..400)
+            .map(|i| format!("{i:03} a filler line of a log"))
+            .collect();
+        let mut log = lines.join("\n");
+        let middle = log.find("200 a filler").unwrap();
+        log.insert_str(middle, "FINDING-B: the cache key omits the target triple\n");
+        let (archived, refs) = archive(&[&log]);
+        let budget = 200;
+        let asked = json!({"query": "FINDING B"}).to_string();
+        let found = answer(&archived, &asked, &limits(budget));
+        assert!(!found.is_error);
+        assert!(
+            count_text(Encoding::O200k, &found.text) <= budget,
+            "{}",
+            found.text
+        );
+        assert!(
+            found
+                .text
+                .contains("FINDING-B: the cache key omits the target triple"),
+            "{}",
+            found.text
+        );
+        assert!(found.text.contains(&format!(
+            "{} alone is over the budget of {budget} tokens: shown around what matched the query",
+            refs[0]
+        )));
+        // What it leaves out on either side is marked, with its count.
+        assert!(found.text.starts_with(&format!("[{}]\n[… ", refs[0])));
+        assert_eq!(found.text.matches(" tokens removed …]").count(), 2);
+        // Asked by reference, the same item is cut in its middle as before.
+        let by_reference = answer(
+            &archived,
+            &json!({"refs": refs}).to_string(),
+            &limits(budget),
+        );
+        assert!(
+            !by_reference.text.contains("FINDING-B"),
+            "{}",
+            by_reference.text
+        );
+    }
+
+    #[test]
+    fn the_telling_match_is_the_query_word_the_item_holds_least_often() {
+        let text = "a b a FINDING c a";
+        assert_eq!(first_match(text, "FINDING A"), text.find("FINDING"));
+        assert_eq!(first_match(text, "absent"), None);
+        // Words are whole: `a` is not found inside `alpha`.
+        assert_eq!(first_match("alpha a", "a"), Some(6));
     }
 }

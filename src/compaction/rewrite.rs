@@ -179,14 +179,17 @@ impl Rewrite {
     }
 
     /// The conversation's items this rewrite archived, which recall searches: those its
-    /// summary replaces, and the tool outputs it cut.
+    /// summary replaces (less the pinned task, which goes as sent), and the tool outputs it
+    /// cut.
     pub fn archived_items(&self, split: &Split) -> Vec<usize> {
         let summarized = if self.summary.is_some() {
             split.head..self.kept_from
         } else {
             0..0
         };
+        let pinned = self.pinned.clone().unwrap_or_default();
         summarized
+            .filter(|index| !pinned.contains(index))
             .chain(self.cuts.iter().map(|cut| cut.index))
             .collect()
     }
@@ -309,8 +312,9 @@ mod tests {
             rewrite.cleared_reference(5),
             Some(recall::reference("c0ffee", 5))
         );
-        // The summarized items, then the cut output.
-        assert_eq!(rewrite.archived_items(&split()), [1, 2, 3, 5]);
+        // The summarized items but the pinned task (2), which goes as sent, then the cut
+        // output.
+        assert_eq!(rewrite.archived_items(&split()), [1, 3, 5]);
     }
 
     #[test]

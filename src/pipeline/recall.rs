@@ -6,6 +6,7 @@
 //! request's answers share one budget: the window's room left after what was forwarded and
 //! what each round carried, so no continuation goes past the window.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -178,25 +179,36 @@ impl Recall {
 
     /// The items the request's summary and cuts took out, under their references: read from
     /// the client's own request, so a reference always names this conversation's item
-    /// (another history that opened alike has items at the same places); the archive gives
-    /// what the request no longer holds.
+    /// (another history that opened alike has items at the same places). The archive gives
+    /// what the request no longer holds, at all or whole: an item taken out before and masked
+    /// by the client since (`masked_by_the_client`) is recalled as it was archived, whether
+    /// or not this request took it out.
     async fn archived(&self) -> &[Archived] {
         self.archived
             .get_or_init(|| async {
                 let (bytes, conversation_of) = &self.sent;
-                let items = conversation_of(bytes).unwrap_or_default();
-                let references: Vec<String> = self
-                    .taken_out
+                let items: Vec<String> = conversation_of(bytes)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(Value::to_string)
+                    .collect();
+                let taken_out: HashSet<usize> = self.taken_out.iter().copied().collect();
+                let masked_since = (0..items.len())
+                    .filter(|i| !taken_out.contains(i) && masked_by_the_client(&items[*i]));
+                let indices: Vec<usize> =
+                    self.taken_out.iter().copied().chain(masked_since).collect();
+                let references: Vec<String> = indices
                     .iter()
                     .map(|&i| recall::reference(&self.archive.conversation, i))
                     .collect();
-                let mut texts: Vec<Option<Arc<str>>> = self
-                    .taken_out
+                let mut texts: Vec<Option<Arc<str>>> = indices
                     .iter()
-                    .map(|&i| items.get(i).map(|item| Arc::from(item.to_string())))
+                    .map(|&i| items.get(i).map(|item| Arc::from(item.as_str())))
                     .collect();
-                let lacking: Vec<usize> =
-                    (0..texts.len()).filter(|&i| texts[i].is_none()).collect();
+                let lacking: Vec<usize> = (0..texts.len())
+                    .filter(|&i| texts[i].as_deref().is_none_or(masked_by_the_client))
+                    .collect();
+                let mut from_archive = vec![false; texts.len()];
                 if !lacking.is_empty() {
                     let asked: Vec<String> =
                         lacking.iter().map(|&i| references[i].clone()).collect();
@@ -206,13 +218,21 @@ impl Recall {
                         .archive_get(&self.archive.caller, &asked)
                         .await;
                     for (i, text) in lacking.into_iter().zip(found) {
-                        texts[i] = text;
+                        if text.is_some() {
+                            texts[i] = text;
+                            from_archive[i] = true;
+                        }
                     }
                 }
+                // A masked item this request did not take out, and that no earlier one
+                // archived, reads here as the request already shows it: nothing to recall.
+                let recallable = |i: usize| i < self.taken_out.len() || from_archive[i];
                 references
                     .into_iter()
                     .zip(texts)
-                    .filter_map(|(reference, text)| Some((reference, text?)))
+                    .enumerate()
+                    .filter(|(i, _)| recallable(*i))
+                    .filter_map(|(_, (reference, text))| Some((reference, text?)))
                     .collect()
             })
             .await
@@ -426,6 +446,18 @@ impl Recall {
         let frames = stream::unfold(relay, Streamed::next).map(|data| data.map(Frame::data));
         Response::from_parts(head, StreamBody::new(frames).boxed_unsync())
     }
+}
+
+/// What a client writes in place of an older tool output it masks itself (Gemini CLI saves
+/// the whole output to a file and sends a stub in this tag).
+const CLIENT_MASK: &str = "<tool_output_masked>";
+
+/// Whether the client replaced an item's output with its own stub since condenser took the
+/// item out: the archive's copy, taken while the item was whole, is what the model asks for.
+/// Any other item is read from the client's request, which names this conversation's item
+/// even where another history that opened alike archived its own at the same place.
+fn masked_by_the_client(item: &str) -> bool {
+    item.contains(CLIENT_MASK)
 }
 
 /// How a dialect reads a request's conversation.

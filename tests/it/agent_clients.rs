@@ -980,14 +980,12 @@ impl Stack {
             ROUNDS,
             "every step's input in the newest output as sent"
         );
-        if session.findings_held {
-            assert_eq!(
-                read.findings_right,
-                Some(FINDINGS.len()),
-                "the findings: {}",
-                read.answer
-            );
-        }
+        assert_eq!(
+            read.findings_right,
+            Some(FINDINGS.len()),
+            "the findings: {}",
+            read.answer
+        );
         assert_eq!(
             figures.newest_cut,
             Vec::<usize>::new(),
@@ -1039,9 +1037,6 @@ struct Session {
     /// The client rewrites its own older outputs (Gemini CLI 0.61.0 masks them into stubs
     /// pointing at a file), so how they read once cut is its doing.
     rewrites_history: bool,
-    /// The three findings are held to 3 of 3; elsewhere reported (issue 36 leaves them open:
-    /// recall by query can miss a finding a stale or lossy summary dropped).
-    findings_held: bool,
 }
 
 async fn claude_stack(rounds: usize, window: u64, pace: Pace) -> Stack {
@@ -1076,9 +1071,6 @@ async fn claude_code_session(program: Vec<String>, window: u64, pace: Pace) {
         client: format!("Claude Code {program:?} in {window} at {pace:?}"),
         pace,
         rewrites_history: false,
-        // Claude Code 2.0.77 finds 1 of 3 at either pace: the finding of the last round goes
-        // into the resumed question's summary, and recall by query brings back only the first.
-        findings_held: !pace.model.is_zero() && program != claude_code_2_0_77(),
         path: "/v1/messages",
         model: MODEL,
         round_of: messages_round,
@@ -1520,7 +1512,6 @@ async fn codex_session(pace: Pace) {
         client: format!("Codex at {pace:?}"),
         pace,
         rewrites_history: false,
-        findings_held: !pace.model.is_zero(),
         path: "/v1/responses",
         model: CODEX_MODEL,
         round_of: responses_round,
@@ -1747,7 +1738,6 @@ async fn python_session(script: &str, api: &str, pace: Pace) {
         client: format!("{script} over {api} at {pace:?}"),
         pace,
         rewrites_history: false,
-        findings_held: !pace.model.is_zero(),
         path,
         model: PYTHON_MODEL,
         round_of,

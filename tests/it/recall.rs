@@ -964,6 +964,28 @@ async fn two_histories_that_open_alike_each_recall_their_own_items() {
     }
 }
 
+#[tokio::test]
+async fn an_item_the_client_masked_since_it_was_summarized_is_recalled_as_archived() {
+    // Gemini CLI replaces an older output by a stub of its own once it is far back; the
+    // summary of an earlier request had archived it whole.
+    let mask = "<tool_output_masked>\n[Tool output masked to preserve context window. Full \
+                string saved to: /tmp/tool-outputs/read_file_1.txt]\n</tool_output_masked>";
+    for api in APIS {
+        let (upstream, proxy) = scripted(api, Script::Query).await;
+        let response = ask_with(&proxy, api, &api.body_deciding(DECISION, false)).await;
+        assert_eq!(response.status(), 200);
+        let response = ask_with(&proxy, api, &api.body_deciding(mask, false)).await;
+        assert_eq!(response.status(), 200);
+        let (text, _) = api.client_text(response, false).await;
+        // Only the archive holds it: the second request carries the stub, and its summary
+        // keeps nothing.
+        assert!(text.contains(DECISION), "{api:?}: {text}");
+        let continued = model_requests(&upstream).pop().unwrap();
+        let answer = api.answers(&continued).unwrap();
+        assert!(!answer.contains("tool_output_masked"), "{api:?}: {answer}");
+    }
+}
+
 /// The signature the scripted Claude gives its round's thinking block: Anthropic checks a
 /// continued turn's thinking against it.
 const SIGNATURE: &str = "EqQBCkYIBxgCKkDsigned-by-the-model";

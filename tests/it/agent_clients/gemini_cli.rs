@@ -194,7 +194,6 @@ async fn gemini_cli_session(pace: Pace) {
         client: format!("Gemini CLI 0.61.0 at {pace:?}"),
         pace,
         rewrites_history: true,
-        findings_held: false,
         path: GEMINI_LOOP,
         model: GEMINI_CLI_MODEL,
         round_of: gemini_round,
