@@ -237,16 +237,11 @@ fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, S
     let tail_start = Some(splitter.kept_within(limits.target))
         .filter(|&start| splitter.worth_a_summary(start))
         .unwrap_or(splitter.head);
-    // A step made ahead, from the precompute line, is used once the trigger fires: by then
-    // the conversation has grown by about the distance between the two, so it aims that
-    // much below the target, to land on it.
-    let ahead = splitter
-        .kept_within(
-            limits
-                .target
-                .saturating_sub(limits.trigger.saturating_sub(limits.precompute)),
-        )
-        .max(tail_start);
+    // A step made ahead, from the precompute line, covers everything before the recent part
+    // (rule 3): used once the trigger fires, it lands the prompt on its head, task, summary,
+    // what came since and the recent part, well under the target, so steps come seldom and
+    // each rewrites little.
+    let ahead = splitter.recent.max(tail_start);
     let planned = splitter.kept_from(tail_start, ahead);
     if planned.estimated_tokens <= limits.usable {
         return Ok(planned);

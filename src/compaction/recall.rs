@@ -249,6 +249,8 @@ fn within_budget(
         left_out_note(&rest, limits.max_tokens).map_or(0, |note| count(&note))
     };
     let mut blocks = Vec::new();
+    // Which block is an item shown cut, whose note goes if the block does.
+    let mut shown_cut = None;
     for (i, (reference, text)) in found.iter().enumerate() {
         let header = header(reference);
         let cost = count(&header) + count(text) + join;
@@ -258,25 +260,34 @@ fn within_budget(
             blocks.push(format!("{header}{text}"));
             continue;
         }
-        if blocks.is_empty() {
-            // Found by a query, the item is shown where it matched: its middle, cut, may be
-            // just what was searched for.
-            let matched = query.and_then(|query| first_match(text, query));
-            let cut_note = format!(
-                "{reference} alone is over the budget of {} tokens: {}",
-                limits.max_tokens,
-                match matched {
-                    Some(_) => "shown around what matched the query",
-                    None => "its middle is cut",
-                }
-            );
-            let room = limits
-                .max_tokens
-                .saturating_sub(used + count(&cut_note) + 2 * join + reserve + count(&header));
-            let shown = match matched {
-                Some(at) => around(limits.encoding, text, at, room),
-                None => cut_middle(limits.encoding, text, room, None),
-            };
+        // Found by a query, an item is shown where it matched, while there is room for a
+        // useful part of it: its middle, cut, may be just what was searched for. Asked by
+        // reference, only the first is given cut, in its middle.
+        let matched = query.and_then(|query| first_match(text, query));
+        let cut_note = format!(
+            "{reference} {} the budget of {} tokens: {}",
+            match blocks.is_empty() {
+                true => "alone is over",
+                false => "is over what is left of",
+            },
+            limits.max_tokens,
+            match matched {
+                Some(_) => "shown around what matched the query",
+                None => "its middle is cut",
+            }
+        );
+        let room = limits
+            .max_tokens
+            .saturating_sub(used + count(&cut_note) + 2 * join + reserve + count(&header));
+        let shown = match matched {
+            Some(at) if blocks.is_empty() || room >= LEAST_EXCERPT_TOKENS => {
+                Some(around(limits.encoding, text, at, room))
+            }
+            None if blocks.is_empty() => Some(cut_middle(limits.encoding, text, room, None)),
+            _ => None,
+        };
+        if let Some(shown) = shown {
+            shown_cut = Some(blocks.len());
             blocks.push(format!("{header}{shown}"));
             notes.insert(0, cut_note);
         }
@@ -294,6 +305,9 @@ fn within_budget(
             return text;
         }
         blocks.pop();
+        if shown_cut == Some(blocks.len()) {
+            notes.remove(0);
+        }
     }
 }
 
@@ -392,6 +406,10 @@ fn around(encoding: Encoding, text: &str, at: usize, budget: u32) -> String {
     }
     cut_middle(encoding, text, budget, None)
 }
+
+/// The least room an item found by a query is shown in after the first: fewer tokens say
+/// too little around a match to be worth the answer's room.
+const LEAST_EXCERPT_TOKENS: u32 = 128;
 
 /// How many times `around` narrows its part when the estimate from bytes was over.
 const MAX_TIGHTENINGS: usize = 4;
@@ -763,6 +781,49 @@ mod tests {
             "{}",
             by_reference.text
         );
+    }
+
+    #[test]
+    fn a_second_item_found_by_a_query_is_shown_around_its_match_in_the_room_left() {
+        // The task that quotes the question ranks first; the log that answers it, long, next.
+        let task = "Before you close it: what were FINDING-A and FINDING-B, the findings?";
+        let lines: Vec<String> = (0..400)
+            .map(|i| format!("{i:03} a filler line of a log"))
+            .collect();
+        let mut log = lines.join("\n");
+        log.insert_str(
+            log.find("200 a filler").unwrap(),
+            "FINDING-A: runner-31 ran out of memory\n",
+        );
+        let (archived, refs) = archive(&[task, &log]);
+        let budget = 400;
+        let found = answer(
+            &archived,
+            &json!({"query": "FINDING A"}).to_string(),
+            &limits(budget),
+        );
+        assert!(
+            count_text(Encoding::O200k, &found.text) <= budget,
+            "{}",
+            found.text
+        );
+        assert!(
+            found.text.starts_with(&format!("[{}]\n{task}", refs[0])),
+            "{}",
+            found.text
+        );
+        assert!(
+            found
+                .text
+                .contains("FINDING-A: runner-31 ran out of memory"),
+            "{}",
+            found.text
+        );
+        assert!(found.text.contains(&format!(
+            "{} is over what is left of the budget of {budget} tokens: shown around what matched",
+            refs[1]
+        )));
+        assert!(!found.text.contains("not returned"), "{}", found.text);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::agent_sessions::{agent_session, with_window};
 use crate::common::*;
 
-const ROUNDS: usize = 120;
+const ROUNDS: usize = 180;
 const WINDOW: u64 = 24_000;
 
 /// A summarizer that writes up to its budget, as one of a long span does: each summary is
