@@ -25,7 +25,7 @@ use crate::compaction::recall::{self, Archived, RecallAnswer, RecallLimits};
 use crate::compaction::rewrite::ArchiveScope;
 use crate::config::RecallConfig;
 use crate::dialect::recall::{
-    continuation_failed, Answered, RecallWire, Round, RoundCalls, Stitched,
+    continuation_failed, Answered, RecallPolicy, RecallWire, Round, RoundCalls, Stitched,
 };
 use crate::dialect::stages::Dialect;
 use crate::error::ProxyError;
@@ -242,7 +242,7 @@ impl Recall {
     /// wrote, or the round as text when that says less (an estimate over, never under).
     fn carried(&self, round: &Value) -> u64 {
         let written = round
-            .pointer(self.wire.output_tokens())
+            .pointer(self.wire.fields().output_tokens)
             .and_then(Value::as_u64)
             .unwrap_or(0);
         written.max(self.tokens(&round.to_string()))

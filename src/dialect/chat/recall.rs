@@ -6,8 +6,9 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use crate::dialect::recall::{
-    answer_text, append_text, names_the_tool, parameters, sum_usage, text_of, Answered, ClientView,
-    Kind, Part, RecallCall, RecallWire, Relayed, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
+    answer_text, append_text, names_the_tool, parameters, text_of, Answered, ClientView, Fields,
+    Kind, Part, RecallCall, RecallWire, Relayed, StopReason, StreamWire, TOOL_DESCRIPTION,
+    TOOL_NAME,
 };
 
 pub struct ChatRecall;
@@ -19,16 +20,32 @@ struct ChatStream;
 /// reasoning some servers stream beside it (which a continuation carries back).
 const TEXT_FIELDS: [&str; 4] = ["content", "reasoning_content", "reasoning", "refusal"];
 
+const FIELDS: Fields = Fields {
+    id: Some("id"),
+    usage: "usage",
+    output_tokens: "/usage/completion_tokens",
+    stop: Some(StopReason {
+        at: "/choices/0/finish_reason",
+        calling: Some("tool_calls"),
+        ended: "stop",
+    }),
+};
+
 fn is_recall(call: &Value) -> bool {
     names_the_tool(call)
 }
 
-fn first_choice_mut(reply: &mut Value) -> Option<&mut Map<String, Value>> {
+/// A chat reply's parts are its message's text (its `content`, a string) and its tool calls;
+/// a continuation carries the round's text fields as one part, the assistant message they
+/// make (with its role). Either is text; any other part is a call.
+fn is_text(part: &Value) -> bool {
+    part.is_string() || part.get("role").is_some()
+}
+
+fn message_mut(reply: &mut Value) -> Option<&mut Map<String, Value>> {
     reply
-        .get_mut("choices")?
-        .as_array_mut()?
-        .first_mut()?
-        .as_object_mut()
+        .pointer_mut("/choices/0/message")
+        .and_then(Value::as_object_mut)
 }
 
 impl RecallWire for ChatRecall {
@@ -40,38 +57,77 @@ impl RecallWire for ChatRecall {
         }})
     }
 
-    fn parts(&self, reply: &Value) -> Vec<Part> {
-        let calls = reply
-            .pointer("/choices/0/message/tool_calls")
-            .and_then(Value::as_array);
-        calls
-            .into_iter()
-            .flatten()
-            .map(|call| match is_recall(call) {
-                true => Part::Recall(RecallCall {
-                    id: text_of(call, "id"),
-                    arguments: call
-                        .pointer("/function/arguments")
-                        .map_or_else(String::new, |a| {
-                            a.as_str().map_or_else(|| a.to_string(), str::to_owned)
-                        }),
-                }),
-                false => Part::ClientCall,
-            })
+    fn fields(&self) -> &'static Fields {
+        &FIELDS
+    }
+
+    fn parts_of<'a>(&self, reply: &'a Value) -> Vec<&'a Value> {
+        let Some(message) = reply.pointer("/choices/0/message") else {
+            return Vec::new();
+        };
+        let text = message.get("content").filter(|text| text.is_string());
+        let calls = message.get("tool_calls").and_then(Value::as_array);
+        text.into_iter()
+            .chain(calls.into_iter().flatten())
             .collect()
     }
 
-    fn output_tokens(&self) -> &'static str {
-        "/usage/completion_tokens"
+    fn part(&self, part: &Value, _index: usize) -> Part {
+        if is_text(part) {
+            Part::Content
+        } else if is_recall(part) {
+            Part::Recall(RecallCall {
+                id: text_of(part, "id"),
+                arguments: part
+                    .pointer("/function/arguments")
+                    .map_or_else(String::new, |a| {
+                        a.as_str().map_or_else(|| a.to_string(), str::to_owned)
+                    }),
+            })
+        } else {
+            Part::ClientCall
+        }
     }
 
-    fn continue_with(
-        &self,
-        request: &mut Map<String, Value>,
-        round: &Value,
-        answered: &[Answered],
-        last: bool,
-    ) {
+    /// A reply whose choice has no message still has a place: nothing is written, but the
+    /// rounds' usage is summed and the first round's id kept.
+    fn take_parts(&self, reply: &mut Value) -> Option<Vec<Value>> {
+        let Some(message) = message_mut(reply) else {
+            return Some(Vec::new());
+        };
+        let text = message
+            .get("content")
+            .filter(|text| text.is_string())
+            .cloned();
+        let calls = match message.get_mut("tool_calls") {
+            Some(Value::Array(calls)) => std::mem::take(calls),
+            _ => Vec::new(),
+        };
+        Some(text.into_iter().chain(calls).collect())
+    }
+
+    /// The texts joined as the message's `content` (left as it was when there is none), the
+    /// calls as its `tool_calls` (gone with the last one).
+    fn put_parts(&self, reply: &mut Value, parts: Vec<Value>) {
+        let Some(message) = message_mut(reply) else {
+            return;
+        };
+        let (texts, calls): (Vec<Value>, Vec<Value>) = parts.into_iter().partition(is_text);
+        let text: String = texts.iter().filter_map(Value::as_str).collect();
+        if !text.is_empty() {
+            message.insert("content".into(), Value::String(text));
+        }
+        if !calls.is_empty() {
+            message.insert("tool_calls".into(), Value::Array(calls));
+        } else if message.get("tool_calls").is_some_and(Value::is_array) {
+            message.remove("tool_calls");
+        }
+    }
+
+    /// The round's text fields as the assistant message they make. Its calls are made anew
+    /// from the answered ones (`call`): a streamed round's calls keep the `index` of their
+    /// deltas, no field of a request's message.
+    fn carried(&self, _request: &Map<String, Value>, round: &Value) -> Vec<Value> {
         let said = round.pointer("/choices/0/message");
         let mut assistant = Map::new();
         assistant.insert("role".into(), json!("assistant"));
@@ -81,83 +137,47 @@ impl RecallWire for ChatRecall {
                 assistant.insert(field.into(), text.clone());
             }
         }
+        vec![Value::Object(assistant)]
+    }
+
+    fn call(&self, call: &RecallCall) -> Value {
+        json!({
+            "id": call.id,
+            "type": "function",
+            "function": {"name": TOOL_NAME, "arguments": call.arguments},
+        })
+    }
+
+    fn result(&self, answered: &Answered, _call: &Value) -> Value {
+        json!({
+            "role": "tool",
+            "tool_call_id": answered.call.id,
+            "content": answer_text(answered),
+        })
+    }
+
+    fn append(&self, request: &mut Map<String, Value>, said: Vec<Value>, results: Vec<Value>) {
+        let (texts, calls): (Vec<Value>, Vec<Value>) = said.into_iter().partition(is_text);
+        let mut assistant = Map::new();
+        for text in texts {
+            if let Value::Object(fields) = text {
+                assistant.extend(fields);
+            }
+        }
         assistant.entry("content").or_insert(Value::Null);
-        let calls: Vec<Value> = answered
-            .iter()
-            .map(|a| {
-                json!({
-                    "id": a.call.id,
-                    "type": "function",
-                    "function": {"name": TOOL_NAME, "arguments": a.call.arguments},
-                })
-            })
-            .collect();
         assistant.insert("tool_calls".into(), Value::Array(calls));
         if let Some(messages) = request.get_mut("messages").and_then(Value::as_array_mut) {
             messages.push(Value::Object(assistant));
-            for a in answered {
-                messages.push(json!({
-                    "role": "tool",
-                    "tool_call_id": a.call.id,
-                    "content": answer_text(a),
-                }));
-            }
-        }
-        if last {
-            request.insert("tool_choice".into(), json!("none"));
+            messages.extend(results);
         }
     }
 
-    fn merge(&self, earlier: Option<Value>, mut reply: Value) -> Value {
-        if let Some(choice) = first_choice_mut(&mut reply) {
-            without_recall_calls(choice);
-        }
-        let Some(earlier) = earlier else {
-            return reply;
-        };
-        let earlier_text = earlier
-            .pointer("/choices/0/message/content")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let message = reply
-            .pointer_mut("/choices/0/message")
-            .and_then(Value::as_object_mut);
-        if let Some(message) = message {
-            let own = message.get("content").and_then(Value::as_str);
-            let joined = format!("{earlier_text}{}", own.unwrap_or_default());
-            if !joined.is_empty() {
-                message.insert("content".into(), Value::String(joined));
-            }
-        }
-        if let Some(reply) = reply.as_object_mut() {
-            sum_usage(&earlier, reply, "usage");
-            if let Some(id) = earlier.get("id") {
-                reply.insert("id".into(), id.clone());
-            }
-        }
-        reply
+    fn stop_calling(&self, request: &mut Map<String, Value>) {
+        request.insert("tool_choice".into(), json!("none"));
     }
 
     fn stream(&self) -> &'static dyn StreamWire {
         &ChatStream
-    }
-}
-
-/// A choice's message without its recall calls; with none of its calls left, the choice
-/// finished as a plain answer.
-fn without_recall_calls(choice: &mut Map<String, Value>) {
-    let Some(message) = choice.get_mut("message").and_then(Value::as_object_mut) else {
-        return;
-    };
-    let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) else {
-        return;
-    };
-    calls.retain(|call| !is_recall(call));
-    if calls.is_empty() {
-        message.remove("tool_calls");
-        if choice.get("finish_reason").and_then(Value::as_str) == Some("tool_calls") {
-            choice.insert("finish_reason".into(), json!("stop"));
-        }
     }
 }
 
@@ -206,21 +226,6 @@ fn tool_deltas(delta: &mut Map<String, Value>, view: &mut ClientView) -> bool {
         *calls = kept;
     }
     changed
-}
-
-/// The chunk's delta as the client sees it.
-fn relay_delta(chunk: &mut Value, view: &mut ClientView) -> Relayed {
-    let Some(delta) = chunk
-        .pointer_mut("/choices/0/delta")
-        .and_then(Value::as_object_mut)
-    else {
-        return Relayed::AsItCame;
-    };
-    let changed = tool_deltas(delta, view);
-    if (view.continued || changed) && says_nothing(delta) {
-        return Relayed::Dropped;
-    }
-    Relayed::changed_if(changed || view.continued)
 }
 
 impl StreamWire for ChatStream {
@@ -276,16 +281,19 @@ impl StreamWire for ChatStream {
         }
     }
 
+    /// The chunk's delta as the client sees it.
     fn relay(&self, chunk: &mut Value, view: &mut ClientView) -> Relayed {
-        if view.id.is_none() {
-            view.id = chunk.get("id").cloned();
+        let Some(delta) = chunk
+            .pointer_mut("/choices/0/delta")
+            .and_then(Value::as_object_mut)
+        else {
+            return Relayed::AsItCame;
+        };
+        let changed = tool_deltas(delta, view);
+        if (view.continued || changed) && says_nothing(delta) {
+            return Relayed::Dropped;
         }
-        if view.continued {
-            if let (Some(id), Some(chunk)) = (&view.id, chunk.as_object_mut()) {
-                chunk.insert("id".into(), id.clone());
-            }
-        }
-        relay_delta(chunk, view)
+        Relayed::changed_if(changed)
     }
 
     /// A finish chunk that still carried text: that text, the chunk no longer finishing.
@@ -303,9 +311,6 @@ impl StreamWire for ChatStream {
         chunk["choices"][0]["finish_reason"] = Value::Null;
         if let Some(chunk) = chunk.as_object_mut() {
             chunk.remove("usage");
-            if let (true, Some(id)) = (view.continued, &view.id) {
-                chunk.insert("id".into(), id.clone());
-            }
         }
         Relayed::Changed
     }
@@ -316,11 +321,6 @@ impl StreamWire for ChatStream {
 
     fn close(&self, closing: &mut [Value], merged: &Value, view: &mut ClientView) {
         for chunk in closing {
-            if view.continued {
-                if let (Some(id), Some(chunk)) = (&view.id, chunk.as_object_mut()) {
-                    chunk.insert("id".into(), id.clone());
-                }
-            }
             if let Some(delta) = chunk
                 .pointer_mut("/choices/0/delta")
                 .and_then(Value::as_object_mut)
@@ -385,7 +385,7 @@ fn gather_call(message: &mut Map<String, Value>, delta: &Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dialect::recall::{event_json, RoundCalls, Stitched};
+    use crate::dialect::recall::{event_json, RecallPolicy, RoundCalls, Stitched};
 
     fn sse(data: &Value) -> Vec<u8> {
         format!("data: {data}\n\n").into_bytes()

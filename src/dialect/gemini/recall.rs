@@ -13,14 +13,25 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use crate::dialect::recall::{
-    names_the_tool, parameters, sum_usage, Answered, ClientView, Kind, Part, RecallCall,
-    RecallWire, Relayed, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
+    names_the_tool, parameters, Answered, ClientView, Fields, Kind, Part, RecallCall, RecallWire,
+    Relayed, StopReason, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
 };
 
 pub struct GeminiRecall;
 
 /// How Gemini streams read, for recall.
 struct GeminiStream;
+
+const FIELDS: Fields = Fields {
+    id: Some("responseId"),
+    usage: "usageMetadata",
+    output_tokens: "/usageMetadata/candidatesTokenCount",
+    stop: Some(StopReason {
+        at: "/candidates/0/finishReason",
+        calling: None,
+        ended: "STOP",
+    }),
+};
 
 fn is_call(part: &Value) -> bool {
     part.get("functionCall").is_some_and(Value::is_object)
@@ -31,7 +42,7 @@ fn is_recall(part: &Value) -> bool {
 }
 
 /// The first candidate's parts.
-fn parts_of(reply: &Value) -> impl Iterator<Item = &Value> {
+fn candidate_parts(reply: &Value) -> impl Iterator<Item = &Value> {
     reply
         .pointer("/candidates/0/content/parts")
         .and_then(Value::as_array)
@@ -57,7 +68,7 @@ fn call_id(part: &Value, index: usize) -> String {
 /// Takes the recall calls out of `parts`; true when there were any. A step's signature is
 /// on its first call: when that was a recall call, the client's first call takes it, or
 /// Gemini refuses the client's next request.
-fn take_out_recall(parts: &mut Vec<Value>) -> bool {
+fn without_recall(parts: &mut Vec<Value>) -> bool {
     let before = parts.len();
     let mut signature = None;
     parts.retain(|part| {
@@ -139,115 +150,88 @@ impl RecallWire for GeminiRecall {
         }
     }
 
-    fn parts(&self, reply: &Value) -> Vec<Part> {
-        parts_of(reply)
-            .enumerate()
-            .map(|(index, part)| {
-                if is_recall(part) {
-                    Part::Recall(RecallCall {
-                        id: call_id(part, index),
-                        arguments: part
-                            .pointer("/functionCall/args")
-                            .map_or_else(|| "{}".to_owned(), Value::to_string),
-                    })
-                } else if is_call(part) {
-                    Part::ClientCall
-                } else {
-                    Part::Content
-                }
+    fn fields(&self) -> &'static Fields {
+        &FIELDS
+    }
+
+    fn parts_of<'a>(&self, reply: &'a Value) -> Vec<&'a Value> {
+        candidate_parts(reply).collect()
+    }
+
+    fn part(&self, part: &Value, index: usize) -> Part {
+        if is_recall(part) {
+            Part::Recall(RecallCall {
+                id: call_id(part, index),
+                arguments: part
+                    .pointer("/functionCall/args")
+                    .map_or_else(|| "{}".to_owned(), Value::to_string),
             })
-            .collect()
-    }
-
-    fn output_tokens(&self) -> &'static str {
-        "/usageMetadata/candidatesTokenCount"
-    }
-
-    fn continue_with(
-        &self,
-        request: &mut Map<String, Value>,
-        round: &Value,
-        answered: &[Answered],
-        last: bool,
-    ) {
-        let mut said: Vec<Value> = parts_of(round).cloned().collect();
-        let mut responses = Vec::with_capacity(answered.len());
-        for answer in answered {
-            let key = if answer.is_error { "error" } else { "output" };
-            let mut response = json!({"name": TOOL_NAME, "response": {key: answer.text}});
-            let carried = said
-                .iter()
-                .enumerate()
-                .find(|(i, part)| is_recall(part) && call_id(part, *i) == answer.call.id);
-            match carried.and_then(|(_, part)| part.pointer("/functionCall/id")) {
-                Some(id) => response["id"] = id.clone(),
-                None if carried.is_some() => {}
-                None => {
-                    let args = serde_json::from_str::<Value>(&answer.call.arguments)
-                        .ok()
-                        .filter(Value::is_object)
-                        .unwrap_or_else(|| json!({}));
-                    said.push(json!({"functionCall": {"name": TOOL_NAME, "args": args}}));
-                }
-            }
-            responses.push(json!({"functionResponse": response}));
-        }
-        if let Some(contents) = request
-            .entry("contents")
-            .or_insert_with(|| json!([]))
-            .as_array_mut()
-        {
-            contents.push(json!({"role": "model", "parts": said}));
-            contents.push(json!({"role": "user", "parts": responses}));
-        }
-        if last {
-            let calling = object_at(request, "toolConfig", "tool_config").and_then(|config| {
-                object_at(config, "functionCallingConfig", "function_calling_config")
-            });
-            if let Some(calling) = calling {
-                calling.insert("mode".into(), json!("NONE"));
-                calling.remove("allowedFunctionNames");
-                calling.remove("allowed_function_names");
-            }
+        } else if is_call(part) {
+            Part::ClientCall
+        } else {
+            Part::Content
         }
     }
 
-    /// A reply without a first candidate (a blocked prompt) is left as it is.
-    fn merge(&self, earlier: Option<Value>, mut reply: Value) -> Value {
-        let Some(candidate) = reply
-            .pointer_mut("/candidates/0")
-            .and_then(Value::as_object_mut)
-        else {
-            return reply;
-        };
+    /// A reply without a first candidate (a blocked prompt) has no place for parts.
+    fn take_parts(&self, reply: &mut Value) -> Option<Vec<Value>> {
+        let candidate = reply.pointer_mut("/candidates/0")?.as_object_mut()?;
         let content = candidate
             .entry("content")
-            .or_insert_with(|| json!({"role": "model"}));
-        let Some(content) = content.as_object_mut() else {
-            return reply;
-        };
-        let mut own = match content.remove("parts") {
-            Some(Value::Array(parts)) => parts,
+            .or_insert_with(|| json!({"role": "model"}))
+            .as_object_mut()?;
+        Some(match content.get_mut("parts") {
+            Some(Value::Array(parts)) => std::mem::take(parts),
             _ => Vec::new(),
-        };
-        let took = take_out_recall(&mut own);
-        let client_calls = own.iter().any(is_call);
-        let mut parts: Vec<Value> = earlier.iter().flat_map(parts_of).cloned().collect();
-        parts.extend(own);
-        content.insert("parts".into(), Value::Array(parts));
-        if took && !client_calls {
-            candidate.insert("finishReason".into(), json!("STOP"));
+        })
+    }
+
+    fn put_parts(&self, reply: &mut Value, parts: Vec<Value>) {
+        let content = reply.pointer_mut("/candidates/0/content");
+        if let Some(content) = content.and_then(Value::as_object_mut) {
+            content.insert("parts".into(), Value::Array(parts));
         }
-        let Some(reply_object) = reply.as_object_mut() else {
-            return reply;
-        };
-        if let Some(earlier) = earlier {
-            sum_usage(&earlier, reply_object, "usageMetadata");
-            if let Some(id) = earlier.get("responseId") {
-                reply_object.insert("responseId".into(), id.clone());
-            }
+    }
+
+    fn take_out_recall(&self, parts: &mut Vec<Value>) -> bool {
+        without_recall(parts)
+    }
+
+    fn call(&self, call: &RecallCall) -> Value {
+        let args = serde_json::from_str::<Value>(&call.arguments)
+            .ok()
+            .filter(Value::is_object)
+            .unwrap_or_else(|| json!({}));
+        json!({"functionCall": {"name": TOOL_NAME, "args": args}})
+    }
+
+    /// Gemini pairs a response with its call by the call's own id, where it has one.
+    fn result(&self, answered: &Answered, call: &Value) -> Value {
+        let key = if answered.is_error { "error" } else { "output" };
+        let mut response = json!({"name": TOOL_NAME, "response": {key: answered.text}});
+        if let Some(id) = call.pointer("/functionCall/id") {
+            response["id"] = id.clone();
         }
-        reply
+        json!({"functionResponse": response})
+    }
+
+    fn append(&self, request: &mut Map<String, Value>, said: Vec<Value>, results: Vec<Value>) {
+        let contents = request.entry("contents").or_insert_with(|| json!([]));
+        if let Some(contents) = contents.as_array_mut() {
+            contents.push(json!({"role": "model", "parts": said}));
+            contents.push(json!({"role": "user", "parts": results}));
+        }
+    }
+
+    fn stop_calling(&self, request: &mut Map<String, Value>) {
+        let calling = object_at(request, "toolConfig", "tool_config").and_then(|config| {
+            object_at(config, "functionCallingConfig", "function_calling_config")
+        });
+        if let Some(calling) = calling {
+            calling.insert("mode".into(), json!("NONE"));
+            calling.remove("allowedFunctionNames");
+            calling.remove("allowed_function_names");
+        }
     }
 
     fn stream(&self) -> &'static dyn StreamWire {
@@ -286,7 +270,7 @@ impl StreamWire for GeminiStream {
         let Some(candidate) = chunk.pointer("/candidates/0").and_then(Value::as_object) else {
             return;
         };
-        let new: Vec<Value> = parts_of(chunk).cloned().collect();
+        let new: Vec<Value> = candidate_parts(chunk).cloned().collect();
         let candidates = round
             .entry("candidates")
             .or_insert_with(|| json!([{"content": {"role": "model", "parts": []}}]));
@@ -303,21 +287,15 @@ impl StreamWire for GeminiStream {
         }
     }
 
-    fn relay(&self, chunk: &mut Value, view: &mut ClientView) -> Relayed {
-        if view.id.is_none() {
-            view.id = chunk.get("responseId").cloned();
-        }
-        if let (true, Some(id), Some(object)) = (view.continued, &view.id, chunk.as_object_mut()) {
-            object.insert("responseId".into(), id.clone());
-        }
+    fn relay(&self, chunk: &mut Value, _view: &mut ClientView) -> Relayed {
         let Some(parts) = parts_mut(chunk) else {
-            return Relayed::changed_if(view.continued);
+            return Relayed::AsItCame;
         };
-        let took = take_out_recall(parts);
+        let took = without_recall(parts);
         if took && parts.is_empty() && chunk.get("usageMetadata").is_none() {
             return Relayed::Dropped;
         }
-        Relayed::changed_if(took || view.continued)
+        Relayed::changed_if(took)
     }
 
     /// A continued round's closing chunk: its parts (recall taken out), no longer closing.
@@ -333,27 +311,20 @@ impl StreamWire for GeminiStream {
         }
         match self.relay(chunk, view) {
             Relayed::Dropped => Relayed::Dropped,
-            _ if parts_of(chunk).next().is_none() => Relayed::Dropped,
+            _ if candidate_parts(chunk).next().is_none() => Relayed::Dropped,
             _ => Relayed::Changed,
         }
     }
 
     /// The last round's closing chunk, its own parts (recall taken out), with the merged
     /// finish reason and usage summed over the rounds.
-    fn close(&self, closing: &mut [Value], merged: &Value, view: &mut ClientView) {
-        let id = view
-            .id
-            .clone()
-            .or_else(|| merged.get("responseId").cloned());
+    fn close(&self, closing: &mut [Value], merged: &Value, _view: &mut ClientView) {
         for chunk in closing {
-            if let (true, Some(id), Some(object)) = (view.continued, &id, chunk.as_object_mut()) {
-                object.insert("responseId".into(), id.clone());
-            }
             if let Some(usage) = merged.get("usageMetadata") {
                 chunk["usageMetadata"] = usage.clone();
             }
             if let Some(parts) = parts_mut(chunk) {
-                take_out_recall(parts);
+                without_recall(parts);
             }
             if let (Some(candidate), Some(reason)) = (
                 chunk
@@ -376,7 +347,7 @@ impl StreamWire for GeminiStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dialect::recall::{event_json, RoundCalls, Stitched};
+    use crate::dialect::recall::{event_json, RecallPolicy, RoundCalls, Stitched};
 
     fn object(value: Value) -> Map<String, Value> {
         match value {
@@ -654,7 +625,7 @@ mod tests {
             [call("recall-2", r#"{"query":"port"}"#)]
         );
         assert_eq!(
-            round.reply.pointer(GeminiRecall.output_tokens()),
+            round.reply.pointer(GeminiRecall.fields().output_tokens),
             Some(&json!(6))
         );
         let mut request = object(json!({"contents": [{"role": "user", "parts": [{"text": "?"}]}]}));

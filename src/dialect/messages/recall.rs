@@ -10,8 +10,8 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use crate::dialect::recall::{
-    append_text, names_the_tool, parameters, slot, sum_usage, text_of, Answered, ClientView, Kind,
-    Part, RecallCall, RecallWire, Relayed, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
+    append_text, names_the_tool, parameters, slot, text_of, Answered, ClientView, Fields, Kind,
+    Part, RecallCall, RecallWire, Relayed, StopReason, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
 };
 
 /// The recall tool as Anthropic's Messages API writes it.
@@ -21,107 +21,91 @@ pub struct MessagesRecall;
 struct MessagesStream;
 
 const TOOL_USE: &str = "tool_use";
-const END_TURN: &str = "end_turn";
+
+const FIELDS: Fields = Fields {
+    id: Some("id"),
+    usage: "usage",
+    output_tokens: "/usage/output_tokens",
+    stop: Some(StopReason {
+        at: "/stop_reason",
+        calling: Some(TOOL_USE),
+        ended: "end_turn",
+    }),
+};
 
 impl RecallWire for MessagesRecall {
     fn tool(&self) -> Value {
         json!({"name": TOOL_NAME, "description": TOOL_DESCRIPTION, "input_schema": parameters()})
     }
 
-    fn parts(&self, reply: &Value) -> Vec<Part> {
-        content(reply)
-            .map(|block| {
-                if is_recall(block) {
-                    Part::Recall(RecallCall {
-                        id: text_of(block, "id"),
-                        arguments: block
-                            .get("input")
-                            .map_or_else(|| "{}".to_owned(), Value::to_string),
-                    })
-                } else if is_tool_use(block) {
-                    Part::ClientCall
-                } else {
-                    Part::Content
-                }
+    fn fields(&self) -> &'static Fields {
+        &FIELDS
+    }
+
+    fn parts_of<'a>(&self, reply: &'a Value) -> Vec<&'a Value> {
+        content(reply).collect()
+    }
+
+    fn part(&self, block: &Value, _index: usize) -> Part {
+        if is_recall(block) {
+            Part::Recall(RecallCall {
+                id: text_of(block, "id"),
+                arguments: block
+                    .get("input")
+                    .map_or_else(|| "{}".to_owned(), Value::to_string),
             })
-            .collect()
-    }
-
-    fn output_tokens(&self) -> &'static str {
-        "/usage/output_tokens"
-    }
-
-    fn continue_with(
-        &self,
-        request: &mut Map<String, Value>,
-        round: &Value,
-        answered: &[Answered],
-        last: bool,
-    ) {
-        let mut said: Vec<Value> = content(round).cloned().collect();
-        for answer in answered {
-            let carried = said.iter().any(|block| {
-                is_recall(block) && block.get("id").and_then(Value::as_str) == Some(&answer.call.id)
-            });
-            if !carried {
-                said.push(
-                    json!({"type": TOOL_USE, "id": answer.call.id, "name": TOOL_NAME,
-                    "input": input_of(&answer.call.arguments)}),
-                );
-            }
+        } else if is_tool_use(block) {
+            Part::ClientCall
+        } else {
+            Part::Content
         }
-        let results: Vec<Value> = answered
-            .iter()
-            .map(|answer| {
-                let mut result = json!({
-                    "type": "tool_result",
-                    "tool_use_id": answer.call.id,
-                    "content": answer.text,
-                });
-                if answer.is_error {
-                    result["is_error"] = Value::Bool(true);
-                }
-                result
-            })
-            .collect();
+    }
+
+    /// A reply without a `content` array (an error) has no place for parts.
+    fn take_parts(&self, reply: &mut Value) -> Option<Vec<Value>> {
+        let Some(Value::Array(blocks)) = reply.get_mut("content") else {
+            return None;
+        };
+        Some(
+            std::mem::take(blocks)
+                .into_iter()
+                .filter(is_block)
+                .collect(),
+        )
+    }
+
+    fn put_parts(&self, reply: &mut Value, blocks: Vec<Value>) {
+        if let Some(reply) = reply.as_object_mut() {
+            reply.insert("content".into(), Value::Array(blocks));
+        }
+    }
+
+    fn call(&self, call: &RecallCall) -> Value {
+        json!({"type": TOOL_USE, "id": call.id, "name": TOOL_NAME,
+            "input": input_of(&call.arguments)})
+    }
+
+    fn result(&self, answered: &Answered, _call: &Value) -> Value {
+        let mut result = json!({
+            "type": "tool_result",
+            "tool_use_id": answered.call.id,
+            "content": answered.text,
+        });
+        if answered.is_error {
+            result["is_error"] = Value::Bool(true);
+        }
+        result
+    }
+
+    fn append(&self, request: &mut Map<String, Value>, said: Vec<Value>, results: Vec<Value>) {
         if let Some(Value::Array(messages)) = request.get_mut("messages") {
             messages.push(json!({"role": "assistant", "content": said}));
             messages.push(json!({"role": "user", "content": results}));
         }
-        if last {
-            request.insert("tool_choice".into(), json!({"type": "none"}));
-        }
     }
 
-    /// A reply without a `content` array (an error) is left as it is.
-    fn merge(&self, earlier: Option<Value>, reply: Value) -> Value {
-        let Value::Object(mut reply) = reply else {
-            return reply;
-        };
-        let Some(Value::Array(own)) = reply.remove("content") else {
-            return Value::Object(reply);
-        };
-        let own: Vec<Value> = own
-            .into_iter()
-            .filter(|block| block.is_object() && !is_recall(block))
-            .collect();
-        let client_calls = own.iter().any(is_tool_use);
-        let mut merged = Vec::new();
-        if let Some(mut earlier) = earlier {
-            sum_usage(&earlier, &mut reply, "usage");
-            if let Some(Value::Array(blocks)) = earlier.get_mut("content").map(Value::take) {
-                merged = blocks;
-            }
-            if let Some(id) = earlier.get("id") {
-                reply.insert("id".into(), id.clone());
-            }
-        }
-        merged.extend(own);
-        reply.insert("content".into(), Value::Array(merged));
-        if reply.get("stop_reason").and_then(Value::as_str) == Some(TOOL_USE) && !client_calls {
-            reply.insert("stop_reason".into(), Value::from(END_TURN));
-        }
-        Value::Object(reply)
+    fn stop_calling(&self, request: &mut Map<String, Value>) {
+        request.insert("tool_choice".into(), json!({"type": "none"}));
     }
 
     fn stream(&self) -> &'static dyn StreamWire {
@@ -130,14 +114,14 @@ impl RecallWire for MessagesRecall {
 }
 
 fn content(reply: &Value) -> impl Iterator<Item = &Value> {
-    reply
-        .get("content")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        // A streamed round's blocks are gathered by index: a gap left by a block never
-        // started is no block.
-        .filter(|block| block.is_object())
+    let blocks = reply.get("content").and_then(Value::as_array);
+    blocks.into_iter().flatten().filter(|block| is_block(block))
+}
+
+/// A streamed round's blocks are gathered by index: a gap left by a block never started is
+/// no block.
+fn is_block(block: &Value) -> bool {
+    block.is_object()
 }
 
 /// A client tool call; server tools (`server_tool_use`) are the provider's own.
@@ -316,7 +300,7 @@ impl StreamWire for MessagesStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dialect::recall::{RoundCalls, Stitched};
+    use crate::dialect::recall::{RecallPolicy, RoundCalls, Stitched};
 
     fn object(value: Value) -> Map<String, Value> {
         match value {

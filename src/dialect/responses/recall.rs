@@ -19,7 +19,7 @@ use serde_json::{json, Map, Value};
 
 use super::view::{is_tool_call, item_type};
 use crate::dialect::recall::{
-    answer_text, names_the_tool, parameters, slot, sum_usage, text_of, Answered, ClientView, Kind,
+    answer_text, names_the_tool, parameters, slot, text_of, Answered, ClientView, Fields, Kind,
     Part, RecallCall, RecallWire, Relayed, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
 };
 
@@ -27,6 +27,16 @@ pub struct ResponsesRecall;
 
 /// How Responses streams read, for recall.
 struct ResponsesStream;
+
+const FIELDS: Fields = Fields {
+    // The last round's id, as the module's note says.
+    id: None,
+    usage: "usage",
+    output_tokens: "/usage/output_tokens",
+    // A response says how it ended in its `status`: a round that called recall is as
+    // `completed` as one that answered.
+    stop: None,
+};
 
 fn is_recall_call(item: &Value) -> bool {
     item.get("type").and_then(Value::as_str) == Some("function_call") && names_the_tool(item)
@@ -37,13 +47,13 @@ fn is_client_call(item: &Value) -> bool {
 }
 
 fn output(reply: &Value) -> impl Iterator<Item = &Value> {
-    reply
-        .get("output")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        // A streamed round's items are gathered by index: a gap is no item.
-        .filter(|item| item.is_object())
+    let items = reply.get("output").and_then(Value::as_array);
+    items.into_iter().flatten().filter(|item| is_item(item))
+}
+
+/// A streamed round's items are gathered by index: a gap is no item.
+fn is_item(item: &Value) -> bool {
+    item.is_object()
 }
 
 impl RecallWire for ResponsesRecall {
@@ -52,36 +62,79 @@ impl RecallWire for ResponsesRecall {
             "parameters": parameters()})
     }
 
-    fn parts(&self, reply: &Value) -> Vec<Part> {
-        output(reply)
+    fn fields(&self) -> &'static Fields {
+        &FIELDS
+    }
+
+    fn parts_of<'a>(&self, reply: &'a Value) -> Vec<&'a Value> {
+        output(reply).collect()
+    }
+
+    fn part(&self, item: &Value, _index: usize) -> Part {
+        if is_recall_call(item) {
+            Part::Recall(RecallCall {
+                id: text_of(item, "call_id"),
+                arguments: text_of(item, "arguments"),
+            })
+        } else if is_client_call(item) {
+            Part::ClientCall
+        } else {
+            Part::Content
+        }
+    }
+
+    fn take_parts(&self, reply: &mut Value) -> Option<Vec<Value>> {
+        let response = reply.as_object_mut()?;
+        Some(match response.get_mut("output") {
+            Some(Value::Array(items)) => {
+                std::mem::take(items).into_iter().filter(is_item).collect()
+            }
+            _ => Vec::new(),
+        })
+    }
+
+    /// The items as the response's `output`, and its `output_text` (where it has one) read
+    /// from them.
+    fn put_parts(&self, reply: &mut Value, items: Vec<Value>) {
+        let Some(response) = reply.as_object_mut() else {
+            return;
+        };
+        if response.contains_key("output_text") {
+            response.insert("output_text".into(), json!(output_text(&items)));
+        }
+        response.insert("output".into(), Value::Array(items));
+    }
+
+    /// The round's output items as input. Unstored items are no item to refer to by id:
+    /// upstream refuses an id it never kept.
+    fn carried(&self, request: &Map<String, Value>, round: &Value) -> Vec<Value> {
+        let stored = request.get("store").and_then(Value::as_bool) != Some(false);
+        output(round)
             .map(|item| {
-                if is_recall_call(item) {
-                    Part::Recall(RecallCall {
-                        id: text_of(item, "call_id"),
-                        arguments: text_of(item, "arguments"),
-                    })
-                } else if is_client_call(item) {
-                    Part::ClientCall
-                } else {
-                    Part::Content
+                let mut item = item.clone();
+                if let (false, Some(item)) = (stored, item.as_object_mut()) {
+                    item.remove("id");
                 }
+                item
             })
             .collect()
     }
 
-    fn output_tokens(&self) -> &'static str {
-        "/usage/output_tokens"
+    fn call(&self, call: &RecallCall) -> Value {
+        json!({"type": "function_call", "call_id": call.id,
+            "name": TOOL_NAME, "arguments": call.arguments})
     }
 
-    fn continue_with(
-        &self,
-        request: &mut Map<String, Value>,
-        round: &Value,
-        answered: &[Answered],
-        last: bool,
-    ) {
-        // Unstored items are no item to refer to by id: upstream refuses an id it never kept.
-        let stored = request.get("store").and_then(Value::as_bool) != Some(false);
+    fn result(&self, answered: &Answered, _call: &Value) -> Value {
+        json!({
+            "type": "function_call_output",
+            "call_id": answered.call.id,
+            "output": answer_text(answered),
+        })
+    }
+
+    /// Both turns are input items; an input given as text becomes the user's message first.
+    fn append(&self, request: &mut Map<String, Value>, said: Vec<Value>, results: Vec<Value>) {
         let input = request
             .entry("input")
             .or_insert_with(|| Value::Array(Vec::new()));
@@ -93,63 +146,18 @@ impl RecallWire for ResponsesRecall {
             Value::Null => *input = Value::Array(Vec::new()),
             _ => {}
         }
-        let Some(items) = input.as_array_mut() else {
-            return;
-        };
-        let carried: Vec<Value> = output(round)
-            .map(|item| {
-                let mut item = item.clone();
-                if let (false, Some(item)) = (stored, item.as_object_mut()) {
-                    item.remove("id");
-                }
-                item
-            })
-            .collect();
-        let made: Vec<Value> = answered
-            .iter()
-            .filter(|answer| {
-                !carried
-                    .iter()
-                    .any(|item| is_recall_call(item) && text_of(item, "call_id") == answer.call.id)
-            })
-            .map(|answer| {
-                json!({"type": "function_call", "call_id": answer.call.id,
-                    "name": TOOL_NAME, "arguments": answer.call.arguments})
-            })
-            .collect();
-        items.extend(carried);
-        items.extend(made);
-        items.extend(answered.iter().map(|a| {
-            json!({
-                "type": "function_call_output",
-                "call_id": a.call.id,
-                "output": answer_text(a),
-            })
-        }));
-        if last {
-            request.insert("tool_choice".into(), json!("none"));
+        if let Some(items) = input.as_array_mut() {
+            items.extend(said);
+            items.extend(results);
         }
+    }
+
+    fn stop_calling(&self, request: &mut Map<String, Value>) {
+        request.insert("tool_choice".into(), json!("none"));
     }
 
     fn scrub(&self, reply: &mut Value) -> bool {
         without_the_tool(reply)
-    }
-
-    /// The last round's response, with every round's client-visible output and usage.
-    fn merge(&self, earlier: Option<Value>, mut reply: Value) -> Value {
-        without_the_tool(&mut reply);
-        let mut items: Vec<Value> = earlier.iter().flat_map(output).cloned().collect();
-        items.extend(output(&reply).filter(|item| !is_recall_call(item)).cloned());
-        if let Some(response) = reply.as_object_mut() {
-            if let Some(earlier) = &earlier {
-                sum_usage(earlier, response, "usage");
-            }
-            if response.contains_key("output_text") {
-                response.insert("output_text".into(), json!(output_text(&items)));
-            }
-            response.insert("output".into(), Value::Array(items));
-        }
-        reply
     }
 
     fn stream(&self) -> &'static dyn StreamWire {
@@ -286,7 +294,7 @@ impl StreamWire for ResponsesStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dialect::recall::{event_json, RoundCalls, Stitched};
+    use crate::dialect::recall::{event_json, RecallPolicy, RoundCalls, Stitched};
 
     fn recall_item(call_id: &str, arguments: &str) -> Value {
         json!({"type": "function_call", "id": format!("fc_{call_id}"), "call_id": call_id,
