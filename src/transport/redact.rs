@@ -25,6 +25,7 @@ use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, SizeHint};
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Response, StatusCode};
+use memchr::memmem::Finder;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
@@ -45,10 +46,14 @@ const MAX_ZSTD_WINDOW_BYTES: u64 = 8 * 1024 * 1024;
 
 const REDACTED: &[u8] = b"[redacted]";
 
+/// A key looked for: its bytes (`needle()`), and a searcher for it written raw, built once for
+/// every header, chunk and event of a reply.
+type Key = Finder<'static>;
+
 /// What is looked for of each credential header's value: what follows its scheme
 /// (`Bearer sk-…`, `Basic …`), or the whole value (a bare key, as `x-api-key` carries it),
 /// when it is long enough to be a key.
-fn keys(credentials: &[HeaderValue]) -> impl Iterator<Item = &[u8]> {
+fn keys(credentials: &[HeaderValue]) -> Vec<Key> {
     credentials
         .iter()
         .map(|value| {
@@ -59,12 +64,14 @@ fn keys(credentials: &[HeaderValue]) -> impl Iterator<Item = &[u8]> {
             }
         })
         .filter(|key| key.len() >= MIN_KEY_BYTES)
+        .map(|key| Finder::new(key).into_owned())
+        .collect()
 }
 
 /// `text` with each of `credentials`' keys replaced by `[redacted]`, wherever it is written
 /// raw or JSON-escaped; borrowed back when it holds none.
 pub fn blank_credentials<'t>(text: &'t [u8], credentials: &[HeaderValue]) -> Cow<'t, [u8]> {
-    let keys: Vec<&[u8]> = keys(credentials).collect();
+    let keys = keys(credentials);
     match blank_keys(text, &keys) {
         Some(blanked) => Cow::Owned(blanked),
         None => Cow::Borrowed(text),
@@ -89,14 +96,14 @@ impl Mask {
 }
 
 /// `text` with each of `keys` replaced, or None when it holds none.
-fn blank_keys(text: &[u8], keys: &[&[u8]]) -> Option<Vec<u8>> {
+fn blank_keys(text: &[u8], keys: &[Key]) -> Option<Vec<u8>> {
     blank_keys_with(text, keys, Mask::Redacted)
 }
 
-fn blank_keys_with<K: AsRef<[u8]>>(text: &[u8], keys: &[K], mask: Mask) -> Option<Vec<u8>> {
+fn blank_keys_with(text: &[u8], keys: &[Key], mask: Mask) -> Option<Vec<u8>> {
     let mut blanked: Option<Vec<u8>> = None;
     for key in keys {
-        if let Some(again) = blank_key(blanked.as_deref().unwrap_or(text), key.as_ref(), mask) {
+        if let Some(again) = blank_key(blanked.as_deref().unwrap_or(text), key, mask) {
             blanked = Some(again);
         }
     }
@@ -104,21 +111,16 @@ fn blank_keys_with<K: AsRef<[u8]>>(text: &[u8], keys: &[K], mask: Mask) -> Optio
 }
 
 /// `text` with every occurrence of `key` replaced, or None when it has none.
-fn blank_key(text: &[u8], key: &[u8], mask: Mask) -> Option<Vec<u8>> {
+fn blank_key(text: &[u8], finder: &Key, mask: Mask) -> Option<Vec<u8>> {
+    let key = finder.needle();
     // Escapes only lengthen a key: most header values are shorter than any real key.
-    if text.len() < key.len() {
+    if text.len() < key.len() || key.is_empty() {
         return None;
     }
-    let first = *key.first()?;
     let mut blanked: Option<Vec<u8>> = None;
     // `text[copied..]` is not yet in `blanked`; a key is looked for from `from` on.
     let (mut copied, mut from) = (0, 0);
-    // A key starts with its first character, or with an escape of it.
-    while let Some(found) = text
-        .get(from..)
-        .and_then(|rest| memchr::memchr2(first, b'\\', rest))
-    {
-        let at = from + found;
+    while let Some(at) = next_place(text, from, finder) {
         match key_written(text, at, key) {
             Written::Whole(end) => {
                 let out = blanked.get_or_insert_with(|| Vec::with_capacity(text.len()));
@@ -132,6 +134,29 @@ fn blank_key(text: &[u8], key: &[u8], mask: Mask) -> Option<Vec<u8>> {
     let mut out = blanked?;
     out.extend_from_slice(&text[copied..]);
     Some(out)
+}
+
+/// The first place from `from` on where `key` may be written whole: where it stands raw, or
+/// where an escaped writing of it may begin. One with an escape has a backslash, and before
+/// its first backslash nothing but the key's first characters as they stand: so of the
+/// first backslash `b` from `from` on, the earliest start `s` with `text[s..b]` a prefix of
+/// the key (`b` itself at the latest). No writing starts earlier than the nearer of the two:
+/// one whose first backslash is a later one starts after `b`.
+fn next_place(text: &[u8], from: usize, finder: &Key) -> Option<usize> {
+    let rest = text.get(from..)?;
+    let key = finder.needle();
+    let raw = finder.find(rest);
+    let escaped = memchr::memchr(b'\\', rest).map(|backslash| {
+        let earliest = (backslash + 1).saturating_sub(key.len());
+        (earliest..backslash)
+            .find(|&start| rest[start..backslash] == key[..backslash - start])
+            .unwrap_or(backslash)
+    });
+    let place = match (raw, escaped) {
+        (Some(raw), Some(escaped)) => raw.min(escaped),
+        (place, None) | (None, place) => place?,
+    };
+    Some(from + place)
 }
 
 /// Whether `key` is written from `at` on, and where it ends.
@@ -189,12 +214,12 @@ fn escaped_byte(hex: [u8; 4]) -> Option<u8> {
 
 /// Every header with each key blanked out of its value; a header whose name holds a key
 /// is dropped (names are case-insensitive, so it is looked for in any case).
-fn blank_headers(headers: &mut HeaderMap, keys: &[&[u8]]) {
+fn blank_headers(headers: &mut HeaderMap, keys: &[Key]) {
     let mut named_by_a_key = Vec::new();
     for (name, value) in headers.iter_mut() {
         if keys
             .iter()
-            .any(|key| holds_in_any_case(name.as_str().as_bytes(), key))
+            .any(|key| holds_in_any_case(name.as_str().as_bytes(), key.needle()))
         {
             named_by_a_key.push(name.clone());
             continue;
@@ -234,7 +259,7 @@ pub async fn without_credentials(
     credentials: &[HeaderValue],
     bound: &EventBound,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let keys: Vec<&[u8]> = keys(credentials).collect();
+    let keys = keys(credentials);
     if keys.is_empty() {
         return Ok(response);
     }
@@ -244,7 +269,7 @@ pub async fn without_credentials(
         return Ok(Response::from_parts(head, body));
     }
     if head.status.as_u16() < 400 {
-        let scrubbed = Scrubbed::new(body, &keys, &head.headers, bound);
+        let scrubbed = Scrubbed::new(body, keys, &head.headers, bound);
         return Ok(Response::from_parts(head, scrubbed.boxed_unsync()));
     }
     let raw = match read_body(body, &head.headers, MAX_SCANNED_ERROR_BYTES).await {
@@ -281,23 +306,28 @@ enum Reading {
 /// JSON, as it passes (the module's comment).
 struct Scrubbed {
     inner: ProxyBody,
-    keys: Vec<Bytes>,
+    keys: Vec<Key>,
     reading: Reading,
     ended: bool,
 }
 
 impl Scrubbed {
-    fn new(inner: ProxyBody, keys: &[&[u8]], headers: &HeaderMap, bound: &EventBound) -> Scrubbed {
+    fn new(inner: ProxyBody, keys: Vec<Key>, headers: &HeaderMap, bound: &EventBound) -> Scrubbed {
         let content_type = headers
             .get(header::CONTENT_TYPE)
-            .and_then(|value| value.to_str().ok())
-            .unwrap_or("")
-            .to_ascii_lowercase();
-        let reading = if content_type.starts_with("text/event-stream") {
+            .map_or(&b""[..], HeaderValue::as_bytes);
+        let starts_with = |prefix: &[u8]| {
+            content_type
+                .get(..prefix.len())
+                .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
+        };
+        let reading = if starts_with(b"text/event-stream") {
             Reading::Events(EventReader::new(bound.clone()))
         } else if content_type.is_empty()
-            || content_type.starts_with("text/")
-            || content_type.contains("json")
+            || starts_with(b"text/")
+            || content_type
+                .windows(4)
+                .any(|window| window.eq_ignore_ascii_case(b"json"))
         {
             Reading::Text(BytesMut::new())
         } else {
@@ -305,19 +335,30 @@ impl Scrubbed {
         };
         Scrubbed {
             inner,
-            keys: keys.iter().map(|key| Bytes::copy_from_slice(key)).collect(),
+            keys,
             reading,
             ended: false,
         }
     }
 
-    /// What of `chunk` (and what was held) can go now; at the stream's `end`, all of it.
-    fn pass(&mut self, chunk: &[u8], end: bool) -> Result<BytesMut, BoxError> {
-        let mut out = BytesMut::new();
+    /// What of `chunk` (and what was held) can go now; at the stream's `end`, all of it. A
+    /// chunk with nothing held before it and no key in it goes as it came, uncopied.
+    fn pass(&mut self, chunk: Bytes, end: bool) -> Result<Bytes, BoxError> {
         match &mut self.reading {
-            Reading::Opaque | Reading::Trailers(_) => out.extend_from_slice(chunk),
+            Reading::Opaque | Reading::Trailers(_) => Ok(chunk),
+            Reading::Text(held) if held.is_empty() => {
+                let text = blank_keys_with(&chunk, &self.keys, Mask::SameLength)
+                    .map_or(chunk, Bytes::from);
+                let keep = if end {
+                    text.len()
+                } else {
+                    may_begin_a_key(&text, &self.keys)
+                };
+                held.extend_from_slice(&text[keep..]);
+                Ok(text.slice(..keep))
+            }
             Reading::Text(held) => {
-                held.extend_from_slice(chunk);
+                held.extend_from_slice(&chunk);
                 if let Some(blanked) = blank_keys_with(held, &self.keys, Mask::SameLength) {
                     *held = BytesMut::from(&blanked[..]);
                 }
@@ -326,10 +367,11 @@ impl Scrubbed {
                 } else {
                     may_begin_a_key(held, &self.keys)
                 };
-                out = held.split_to(keep);
+                Ok(held.split_to(keep).freeze())
             }
             Reading::Events(events) => {
-                events.push(chunk);
+                let mut out = BytesMut::new();
+                events.push(&chunk);
                 while let Some(piece) = events.next_piece() {
                     out.extend_from_slice(&scrub_piece(piece, &self.keys)?);
                 }
@@ -338,29 +380,39 @@ impl Scrubbed {
                         out.extend_from_slice(&scrub_piece(piece, &self.keys)?);
                     }
                 }
+                Ok(out.freeze())
             }
         }
-        Ok(out)
     }
 }
 
-/// Where the bytes that may begin a key start: what goes before them can go now.
-fn may_begin_a_key(text: &[u8], keys: &[Bytes]) -> usize {
+/// Where the bytes that may begin a key start: what goes before them can go now. A key
+/// begins with its first character or with a backslash (an escape of it), so only those
+/// places are tried.
+fn may_begin_a_key(text: &[u8], keys: &[Key]) -> usize {
     // A key's longest writing: every character a six-byte escape.
-    let longest = keys.iter().map(|key| key.len() * 6).max().unwrap_or(0);
+    let longest = keys
+        .iter()
+        .map(|key| key.needle().len() * 6)
+        .max()
+        .unwrap_or(0);
     let from = text.len().saturating_sub(longest);
-    (from..text.len())
-        .find(|&at| {
-            keys.iter()
-                .any(|key| matches!(key_written(text, at, key), Written::CutShort))
+    keys.iter()
+        .filter_map(|key| {
+            let key = key.needle();
+            let first = *key.first()?;
+            memchr::memchr2_iter(first, b'\\', &text[from..])
+                .map(|found| from + found)
+                .find(|&at| matches!(key_written(text, at, key), Written::CutShort))
         })
+        .min()
         .unwrap_or(text.len())
 }
 
 /// An event as the client gets it: an error event with its keys blanked (an error event
 /// larger than an error body's bound fails the stream rather than pass unscanned), any other
 /// as it came.
-fn scrub_piece(piece: Piece, keys: &[Bytes]) -> Result<Bytes, BoxError> {
+fn scrub_piece(piece: Piece, keys: &[Key]) -> Result<Bytes, BoxError> {
     let event = match piece {
         Piece::Event(event) if is_error_event(&event) => event,
         Piece::Event(bytes) | Piece::Uninspected(bytes) => return Ok(bytes),
@@ -417,28 +469,29 @@ impl Body for Scrubbed {
             let next = ready!(Pin::new(&mut this.inner).poll_frame(cx));
             let (chunk, end) = match next {
                 Some(Ok(frame)) => match frame.into_data() {
-                    Ok(chunk) => (chunk, false),
+                    // A body that knows it has ended (its declared length read) is not
+                    // polled again: what is held goes with its last chunk.
+                    Ok(chunk) => (chunk, this.inner.is_end_stream()),
                     Err(frame) => {
                         let Ok(mut trailers) = frame.into_trailers() else {
                             continue;
                         };
-                        let keys: Vec<&[u8]> = this.keys.iter().map(|key| &key[..]).collect();
-                        blank_headers(&mut trailers, &keys);
+                        blank_headers(&mut trailers, &this.keys);
                         // What was held goes before the trailers.
-                        let held = this.pass(&[], true)?;
+                        let held = this.pass(Bytes::new(), true)?;
                         this.ended = true;
                         if held.is_empty() {
                             return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
                         }
                         // Trailers end a body: they go once what was held has gone.
                         this.reading = Reading::Trailers(Some(trailers));
-                        return Poll::Ready(Some(Ok(Frame::data(held.freeze()))));
+                        return Poll::Ready(Some(Ok(Frame::data(held))));
                     }
                 },
                 Some(Err(error)) => return Poll::Ready(Some(Err(error))),
                 None => (Bytes::new(), true),
             };
-            let out = match this.pass(&chunk, end) {
+            let out = match this.pass(chunk, end) {
                 Ok(out) => out,
                 Err(error) => {
                     this.ended = true;
@@ -447,7 +500,7 @@ impl Body for Scrubbed {
             };
             this.ended = end;
             if !out.is_empty() {
-                return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
+                return Poll::Ready(Some(Ok(Frame::data(out))));
             }
         }
         match &mut this.reading {
@@ -552,6 +605,50 @@ mod tests {
 
     const KEY: &str = "sk-FIXTURE-KEY-123";
 
+    /// What `blank_key` must find: the key tried at every byte, left to right.
+    fn blank_key_everywhere(text: &[u8], key: &[u8]) -> Option<Vec<u8>> {
+        let (mut out, mut copied, mut at, mut found) = (Vec::new(), 0, 0, false);
+        while at < text.len() {
+            match key_written(text, at, key) {
+                Written::Whole(end) => {
+                    out.extend_from_slice(&text[copied..at]);
+                    out.extend_from_slice(REDACTED);
+                    (copied, at, found) = (end, end, true);
+                }
+                Written::CutShort | Written::No => at += 1,
+            }
+        }
+        out.extend_from_slice(&text[copied..]);
+        found.then_some(out)
+    }
+
+    proptest::proptest! {
+        /// Only the places `next_place` offers are tried: it finds what trying every byte
+        /// finds, in texts made of the key's own bytes, backslashes and escapes.
+        #[test]
+        fn the_places_tried_miss_no_key(
+            key in proptest::collection::vec(proptest::sample::select(b"ab\\\"u0".to_vec()), 8..12),
+            pieces in proptest::collection::vec(0usize..6, 0..60),
+        ) {
+            let mut text = Vec::new();
+            for (i, piece) in pieces.iter().enumerate() {
+                match piece {
+                    0 => text.extend_from_slice(&key),
+                    1 => text.extend_from_slice(&key[..i % key.len()]),
+                    2 => text.push(b'\\'),
+                    3 => text.extend_from_slice(format!("\\u{:04x}", key[i % key.len()]).as_bytes()),
+                    4 => text.push(key[i % key.len()]),
+                    _ => text.extend_from_slice(b"\\/"),
+                }
+            }
+            let finder = Finder::new(&key).into_owned();
+            proptest::prop_assert_eq!(
+                blank_key(&text, &finder, Mask::Redacted),
+                blank_key_everywhere(&text, &key)
+            );
+        }
+    }
+
     fn bearer() -> [HeaderValue; 1] {
         [HeaderValue::from_static("Bearer sk-FIXTURE-KEY-123")]
     }
@@ -611,7 +708,7 @@ mod tests {
         }
         let cut = r"key sk-FIXTURE\\K";
         assert_eq!(
-            may_begin_a_key(cut.as_bytes(), &[Bytes::from_static(key.as_bytes())]),
+            may_begin_a_key(cut.as_bytes(), &[Finder::new(key.as_bytes()).into_owned()]),
             "key ".len()
         );
     }
@@ -657,7 +754,7 @@ mod tests {
             HeaderValue::from_static("1"),
         );
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-        blank_headers(&mut headers, &[KEY.as_bytes()]);
+        blank_headers(&mut headers, &[Finder::new(KEY.as_bytes()).into_owned()]);
         assert_eq!(headers.len(), 3, "{headers:?}");
         assert_eq!(
             headers[header::WWW_AUTHENTICATE],

@@ -598,3 +598,42 @@ async fn a_client_past_the_open_files_limit_gets_a_clear_503_and_the_next_is_ser
     assert_eq!(served.status(), 200);
     child.kill().await.unwrap();
 }
+
+/// Started with a soft open-files limit of 96 under a hard one of 400, condenser raises the
+/// soft limit to the hard one: the 17th client, whom 96 descriptors would refuse (the test
+/// above), is served.
+#[tokio::test]
+async fn the_soft_open_files_limit_is_raised_to_the_hard_one_at_start_up() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut limited = Command::new("sh");
+    limited.args([
+        "-c",
+        "ulimit -S -n 96 && ulimit -H -n 400 && exec \"$0\" \"$@\"",
+        BIN,
+    ]);
+    let (mut child, addr, _logs) = serve_as(limited, "workers = 1\n", &upstream.url(), &dir).await;
+    let mut held = Vec::new();
+    for _ in 0..16 {
+        held.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    // One answered on the last held connection shows all 16 were accepted first.
+    let mut last = held.pop().unwrap();
+    last.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = [0u8; 12];
+    tokio::io::AsyncReadExt::read_exact(&mut last, &mut answer)
+        .await
+        .unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 200");
+    held.push(last);
+    let served = client()
+        .get(format!("http://{addr}/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(served.status(), 200, "the 17th client was refused");
+    drop(held);
+    child.kill().await.unwrap();
+}
