@@ -16,38 +16,30 @@ use crate::compaction::horizon::{Horizon, Records};
 use crate::compaction::limits::{summary_room, Tier};
 use crate::compaction::plan::Mode;
 use crate::compaction::recall;
-use crate::compaction::redis::{unix_now, RedisStore};
+use crate::compaction::redis::RedisStore;
 use crate::compaction::rewrite::{as_sent, trimmed, ArchiveScope, CompactionJob, Rewrite};
 use crate::compaction::rewrite::{Action, CacheOutcome};
-use crate::compaction::session::{SessionMark, SessionRoute, Sessions, FORWARD_PATIENCE};
+use crate::compaction::session::{SessionMark, SessionRoute, Sessions};
 use crate::compaction::shorten::Shorten;
-use crate::compaction::single_flight::{once_across_replicas, InFlight};
-use crate::compaction::summarizer::{Summarizer, SummaryRequest};
+use crate::compaction::single_flight::InFlight;
+use crate::compaction::summarizer::Summarizer;
 use crate::compaction::summary::{Key, Summary};
 use crate::compaction::summary_api::SummaryEndpoint;
+use crate::compaction::summary_maker::{SpanJob, SpanSource, SummaryMaker};
 use crate::compaction::summary_prompt::Evicted;
 use crate::config::{Config, ConfigError, OnFailure};
 use crate::conversation::{Item, ToolCut};
 use crate::error::{ProxyError, SummarizeError};
 use crate::observe::metrics::SummarizerHealth;
 use crate::tokens::catalog::ModelCatalog;
-use crate::tokens::encoding::Encoding;
-use crate::tokens::rules::count_text;
-use crate::transport::upstream::{Connections, Upstream};
+use crate::transport::upstream::Connections;
 
 pub struct Compactor {
     scope_headers: ScopeHeaders,
-    cache: SummaryCache,
-    summarizer: Summarizer,
+    maker: SummaryMaker,
     in_flight: Arc<InFlight>,
-    /// Each session's last forwarded request, for summaries asked through it.
-    sessions: Sessions,
     /// The summarizer model's window and encoding.
     catalog: Arc<ModelCatalog>,
-    summarize_seconds: prometheus::Histogram,
-    /// Observe mode's compactor (`standing_in`): summaries are the summarizer's stand-in,
-    /// nothing is archived.
-    stand_in: bool,
 }
 
 impl Compactor {
@@ -65,9 +57,7 @@ impl Compactor {
         } else {
             Some(RedisStore::new(&config.cache, cache_errors)?)
         };
-        Ok(Compactor {
-            scope_headers: ScopeHeaders::new(&config.cache, connections.key_headers)?,
-            cache: SummaryCache::new(&config.cache, shared),
+        let maker = SummaryMaker {
             summarizer: Summarizer::new(
                 config.summarizer.clone(),
                 connections,
@@ -75,11 +65,16 @@ impl Compactor {
                 catalog.clone(),
                 configured_summary_api,
             )?,
-            in_flight: Arc::default(),
+            cache: SummaryCache::new(&config.cache, shared),
             sessions: Sessions::new(Duration::from_secs(config.summarizer.prompt_cache_secs)),
-            catalog,
             summarize_seconds,
             stand_in: false,
+        };
+        Ok(Compactor {
+            scope_headers: ScopeHeaders::new(&config.cache, connections.key_headers)?,
+            maker,
+            in_flight: Arc::default(),
+            catalog,
         })
     }
 
@@ -88,7 +83,7 @@ impl Compactor {
     /// once and calling nothing. Built on a config without Redis, its cache is its own, so
     /// would-be summaries never mix with real ones.
     pub fn standing_in(mut self) -> Compactor {
-        self.stand_in = true;
+        self.maker.stand_in = true;
         self
     }
 
@@ -105,62 +100,17 @@ impl Compactor {
 
     /// The summary cache, which holds the archive too.
     pub fn cache(&self) -> &SummaryCache {
-        &self.cache
+        &self.maker.cache
     }
 
     pub fn cached_entries(&self) -> u64 {
-        self.cache.entries()
+        self.maker.cache.entries()
     }
 
     /// `body` went upstream for the request `mark` describes, its prompt `tokens` long: a
     /// later summary of the session may be asked through it.
     pub fn forwarded(&self, mark: SessionMark, body: Bytes, tokens: u64) {
-        self.sessions.record(mark, body, tokens);
-    }
-}
-
-/// Everything a summary job needs but its messages, owned, so it can outlive the request
-/// that started it.
-#[derive(Clone)]
-struct SpanSource {
-    upstream: Arc<Upstream>,
-    api: SummaryEndpoint,
-    model: String,
-    /// The hash of the caller's identity.
-    caller: Key,
-    credentials: HeaderMap,
-    window: u64,
-    /// The most the summary's text may take (`limits::summary_room`).
-    summary_tokens: u32,
-    /// The request model's, in which the summary is counted.
-    encoding: Encoding,
-    head: usize,
-    /// The conversation's id in the caller's archive (`recall::conversation_id`).
-    conversation: String,
-    /// Set when the summary may be asked through the session (`Summarizer::through_session`).
-    session: Option<SessionRoute>,
-}
-
-/// One summary to make: messages `head..end`, folded onto `base` (a summary of
-/// `head..base_end`) when there is one.
-struct SpanJob {
-    key: Key,
-    base: Option<(usize, Arc<Summary>)>,
-    source: SpanSource,
-    end: usize,
-    /// The messages this job sends the summarizer, those after the base: copied from the
-    /// request only when a job starts, never for a request that finds its summary on hand.
-    new_messages: Vec<Evicted>,
-    /// How long it waits for the request that started it to be forwarded: a summary made
-    /// ahead of need can wait for it, one a request waits on cannot.
-    patience: Duration,
-}
-
-impl SpanJob {
-    /// A job made ahead of need, by a request that goes on to be forwarded.
-    fn ahead(mut self) -> SpanJob {
-        self.patience = FORWARD_PATIENCE;
-        self
+        self.maker.sessions.record(mark, body, tokens);
     }
 }
 
@@ -187,7 +137,7 @@ impl Lookup<'_> {
     /// Where this conversation's cut horizons are recorded, and checked.
     fn records<'a>(&'a self, compactor: &'a Compactor, job: &CompactionJob<'_>) -> Records<'a> {
         Records {
-            cache: &compactor.cache,
+            cache: &compactor.maker.cache,
             caller: self.source.caller,
             scope: self.scope,
             keys: &self.keys,
@@ -243,8 +193,8 @@ struct Prefix {
 }
 
 fn prefix(compactor: &Compactor, job: &CompactionJob<'_>) -> Prefix {
-    let summarizer_model = compactor.summarizer.model_for(job.model);
-    let max_summary_tokens = compactor.summarizer.config().max_summary_tokens;
+    let summarizer_model = compactor.maker.summarizer.model_for(job.model);
+    let max_summary_tokens = compactor.maker.summarizer.config().max_summary_tokens;
     let summary_tokens = summary_room(&job.limits, max_summary_tokens, job.recall).summary_tokens;
     // Every key below descends from the caller's: memory, Redis, single-flight jobs and
     // cross-replica locks are all per caller.
@@ -253,6 +203,7 @@ fn prefix(compactor: &Compactor, job: &CompactionJob<'_>) -> Prefix {
         &caller,
         &summarizer_model,
         &compactor
+            .maker
             .summarizer
             .settings_key(summary_tokens, &job.settings.tools),
     );
@@ -282,7 +233,7 @@ async fn archive_cleared(
     archive: &ArchiveScope,
     cuts: &[Shorten],
 ) {
-    if compactor.stand_in {
+    if compactor.maker.stand_in {
         return;
     }
     let cleared: Vec<(String, &Value)> = cuts
@@ -292,7 +243,11 @@ async fn archive_cleared(
             Some((recall::reference(&archive.conversation, cut.index), item))
         })
         .collect();
-    compactor.cache.archive_put(&archive.caller, &cleared).await;
+    compactor
+        .maker
+        .cache
+        .archive_put(&archive.caller, &cleared)
+        .await;
 }
 
 async fn lookup<'r>(
@@ -315,6 +270,7 @@ async fn lookup<'r>(
         .collect();
     let candidate_keys: Vec<Key> = candidates.iter().map(|(_, k)| *k).collect();
     let cached: Vec<(usize, Arc<Summary>)> = compactor
+        .maker
         .cache
         .cached(&candidate_keys)
         .await
@@ -329,18 +285,19 @@ async fn lookup<'r>(
         carried: None,
     };
     let summarizer_info = compactor.catalog.resolve(&summarizer_model);
-    let api = compactor.summarizer.api_for(job.api);
+    let api = compactor.maker.summarizer.api_for(job.api);
     let conversation = recall::conversation_id(job.messages, split.head);
     let session = session_route(compactor, job, caller, || conversation.clone());
     let lookup = Lookup {
         scope,
         keys,
         source: SpanSource {
-            upstream: compactor.summarizer.upstream_for(job.upstream),
+            upstream: compactor.maker.summarizer.upstream_for(job.upstream),
             model: summarizer_model,
             caller,
             api,
             credentials: compactor
+                .maker
                 .summarizer
                 .credentials_for(job.headers, api.key_style),
             window: summarizer_info.context_window,
@@ -365,8 +322,8 @@ fn session_route(
     caller: Key,
     conversation: impl FnOnce() -> String,
 ) -> Option<SessionRoute> {
-    let summarizer = &compactor.summarizer;
-    if compactor.stand_in || !summarizer.through_session(job.model, job.api) {
+    let summarizer = &compactor.maker.summarizer;
+    if compactor.maker.stand_in || !summarizer.through_session(job.model, job.api) {
         return None;
     }
     Some(SessionRoute {
@@ -597,99 +554,6 @@ fn start_summary(compactor: &Arc<Compactor>, job: SpanJob) -> SharedSummary {
     let compactor = compactor.clone();
     let in_flight = compactor.in_flight.clone();
     in_flight.start(job.key, move || async move {
-        make_shared_once(&compactor, &job).await
+        compactor.maker.make_shared_once(&job).await
     })
-}
-
-/// Made by one replica however many ask (`once_across_replicas`).
-async fn make_shared_once(
-    compactor: &Arc<Compactor>,
-    job: &SpanJob,
-) -> Result<Arc<Summary>, SummarizeError> {
-    // Held for as long as the job may take: one summarizer timeout per chunk, with room.
-    let span_tokens: u64 = job.new_messages.iter().map(|m| u64::from(m.tokens)).sum();
-    let chunks = span_tokens / (job.source.window / 2).max(1) + 1;
-    let hold = Duration::from_secs(compactor.summarizer.config().timeout_secs * chunks + 5);
-    once_across_replicas(&compactor.cache, &job.key, hold, || {
-        summarize_and_store(compactor, job)
-    })
-    .await
-}
-
-async fn summarize_and_store(
-    compactor: &Arc<Compactor>,
-    job: &SpanJob,
-) -> Result<Arc<Summary>, SummarizeError> {
-    // Another replica may have finished it while this one waited for the lock.
-    if let Some(summary) = compactor.cache.get(&job.key).await {
-        return Ok(summary);
-    }
-    let source = &job.source;
-    let session = match &source.session {
-        Some(route) => {
-            let span = (job.end, &job.key);
-            let room = (source.summary_tokens, source.window);
-            compactor
-                .sessions
-                .through(route, span, job.patience, room)
-                .await
-        }
-        None => None,
-    };
-    let request = SummaryRequest {
-        upstream: source.upstream.clone(),
-        api: source.api,
-        model: source.model.clone(),
-        caller: source.caller,
-        credentials: source.credentials.clone(),
-        previous: job.base.as_ref().map(|(_, summary)| summary.text.clone()),
-        messages: job.new_messages.clone(),
-        window: source.window,
-        max_tokens: source.summary_tokens,
-        encoding: source.encoding,
-        session,
-    };
-    let started = Instant::now();
-    let text = if compactor.stand_in {
-        compactor.summarizer.stand_in(&request)
-    } else {
-        let text = compactor.summarizer.summarize(request).await;
-        compactor
-            .summarize_seconds
-            .observe(started.elapsed().as_secs_f64());
-        text?
-    };
-    let summary = Arc::new(Summary {
-        tokens: count_text(source.encoding, &text),
-        text,
-        messages: job.end - source.head,
-        model: source.model.clone(),
-        created_at: unix_now(),
-    });
-    compactor.cache.put(job.key, summary.clone()).await;
-    // A would-be summary is no news, and nothing it replaces is ever recalled.
-    if compactor.stand_in {
-        return Ok(summary);
-    }
-    tracing::info!(
-        messages = summary.messages,
-        extended_from = job.base.as_ref().map(|(e, _)| e - source.head),
-        summary_tokens = summary.tokens,
-        summarizer_ms = started.elapsed().as_secs_f64() * 1e3,
-        "summary made"
-    );
-    // Archived once its summary exists, whether or not this request offers recall: a later
-    // one may, and the summary it uses replaces these items.
-    let from = job.end - job.new_messages.len();
-    let archived: Vec<(String, String)> = job
-        .new_messages
-        .iter()
-        .enumerate()
-        .map(|(i, evicted)| {
-            let reference = recall::reference(&source.conversation, from + i);
-            (reference, evicted.message.to_string())
-        })
-        .collect();
-    compactor.cache.archive_put(&source.caller, &archived).await;
-    Ok(summary)
 }

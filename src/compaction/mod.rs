@@ -19,4 +19,5 @@ mod single_flight;
 pub mod summarizer;
 pub mod summary;
 pub mod summary_api;
+mod summary_maker;
 pub mod summary_prompt;

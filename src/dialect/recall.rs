@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 
 pub use policy::RecallPolicy;
 pub use wire::{
-    answer_text, append_text, names_the_tool, parameters, slot, text_of, Answered, ClientView,
+    append_text, names_the_tool, parameters, slot, text_of, unflagged_result, Answered, ClientView,
     Fields, Kind, Part, RecallCall, RecallWire, Relayed, Round, RoundCalls, StopReason, StreamWire,
     TOOL_DESCRIPTION, TOOL_NAME,
 };

@@ -541,16 +541,27 @@ async fn sigterm_lets_a_stream_in_flight_finish() {
     assert!(drained, "the server said it drained");
 }
 
-/// Run with an open-files limit of 96, condenser serves 16 client connections (two
-/// descriptors each, beside 64 kept for itself): the 17th client gets a clear 503 at once, and
-/// once the others leave, the next is served.
-#[tokio::test]
-async fn a_client_past_the_open_files_limit_gets_a_clear_503_and_the_next_is_served() {
+/// condenser with one worker, run under the shell's `ulimits`, 16 clients holding a
+/// connection to it (two descriptors each, beside 64 it keeps for itself); and what a 17th
+/// client asking for `/healthz` gets.
+struct Crowded {
+    seventeenth: reqwest::Response,
+    held: Vec<tokio::net::TcpStream>,
+    addr: String,
+    child: Child,
+    /// What condenser needs for as long as it runs: its upstream, its config's folder, and
+    /// its log lines read.
+    _upstream: MockUpstream,
+    _dir: tempfile::TempDir,
+    _logs: mpsc::UnboundedReceiver<Value>,
+}
+
+async fn crowded(ulimits: &str) -> Crowded {
     let upstream = mock_llm(LlmBehaviour::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let mut limited = Command::new("sh");
-    limited.args(["-c", "ulimit -n 96 && exec \"$0\" \"$@\"", BIN]);
-    let (mut child, addr, _logs) = serve_as(limited, "workers = 1\n", &upstream.url(), &dir).await;
+    limited.args(["-c", &format!("{ulimits} && exec \"$0\" \"$@\""), BIN]);
+    let (child, addr, logs) = serve_as(limited, "workers = 1\n", &upstream.url(), &dir).await;
     let mut held = Vec::new();
     for _ in 0..16 {
         held.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
@@ -567,11 +578,28 @@ async fn a_client_past_the_open_files_limit_gets_a_clear_503_and_the_next_is_ser
         .unwrap();
     assert_eq!(&answer, b"HTTP/1.1 200");
     held.push(last);
-    let refused = client()
+    let seventeenth = client()
         .get(format!("http://{addr}/healthz"))
         .send()
         .await
         .unwrap();
+    Crowded {
+        seventeenth,
+        held,
+        addr,
+        child,
+        _upstream: upstream,
+        _dir: dir,
+        _logs: logs,
+    }
+}
+
+/// Run with an open-files limit of 96, condenser serves 16 client connections: the 17th
+/// client gets a clear 503 at once, and once the others leave, the next is served.
+#[tokio::test]
+async fn a_client_past_the_open_files_limit_gets_a_clear_503_and_the_next_is_served() {
+    let mut crowded = crowded("ulimit -n 96").await;
+    let refused = crowded.seventeenth;
     assert_eq!(refused.status(), 503);
     assert_eq!(header(&refused, "retry-after"), "1");
     let error: Value = refused.json().await.unwrap();
@@ -580,7 +608,8 @@ async fn a_client_past_the_open_files_limit_gets_a_clear_503_and_the_next_is_ser
         message.contains("16 connections") && message.contains("open-files limit"),
         "{message}"
     );
-    drop(held);
+    drop(crowded.held);
+    let addr = &crowded.addr;
     let served = within("a place freed", async {
         loop {
             let response = client()
@@ -596,7 +625,7 @@ async fn a_client_past_the_open_files_limit_gets_a_clear_503_and_the_next_is_ser
     })
     .await;
     assert_eq!(served.status(), 200);
-    child.kill().await.unwrap();
+    crowded.child.kill().await.unwrap();
 }
 
 /// Started with a soft open-files limit of 96 under a hard one of 400, condenser raises the
@@ -604,36 +633,12 @@ async fn a_client_past_the_open_files_limit_gets_a_clear_503_and_the_next_is_ser
 /// above), is served.
 #[tokio::test]
 async fn the_soft_open_files_limit_is_raised_to_the_hard_one_at_start_up() {
-    let upstream = mock_llm(LlmBehaviour::default()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut limited = Command::new("sh");
-    limited.args([
-        "-c",
-        "ulimit -S -n 96 && ulimit -H -n 400 && exec \"$0\" \"$@\"",
-        BIN,
-    ]);
-    let (mut child, addr, _logs) = serve_as(limited, "workers = 1\n", &upstream.url(), &dir).await;
-    let mut held = Vec::new();
-    for _ in 0..16 {
-        held.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
-    }
-    // One answered on the last held connection shows all 16 were accepted first.
-    let mut last = held.pop().unwrap();
-    last.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut answer = [0u8; 12];
-    tokio::io::AsyncReadExt::read_exact(&mut last, &mut answer)
-        .await
-        .unwrap();
-    assert_eq!(&answer, b"HTTP/1.1 200");
-    held.push(last);
-    let served = client()
-        .get(format!("http://{addr}/healthz"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(served.status(), 200, "the 17th client was refused");
-    drop(held);
-    child.kill().await.unwrap();
+    let mut crowded = crowded("ulimit -S -n 96 && ulimit -H -n 400").await;
+    assert_eq!(
+        crowded.seventeenth.status(),
+        200,
+        "the 17th client was refused"
+    );
+    drop(crowded.held);
+    crowded.child.kill().await.unwrap();
 }

@@ -6,8 +6,8 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use crate::dialect::recall::{
-    answer_text, append_text, names_the_tool, parameters, text_of, Answered, ClientView, Fields,
-    Kind, Part, RecallCall, RecallWire, Relayed, StopReason, StreamWire, TOOL_DESCRIPTION,
+    append_text, names_the_tool, parameters, text_of, unflagged_result, Answered, ClientView,
+    Fields, Kind, Part, RecallCall, RecallWire, Relayed, StopReason, StreamWire, TOOL_DESCRIPTION,
     TOOL_NAME,
 };
 
@@ -149,11 +149,7 @@ impl RecallWire for ChatRecall {
     }
 
     fn result(&self, answered: &Answered, _call: &Value) -> Value {
-        json!({
-            "role": "tool",
-            "tool_call_id": answered.call.id,
-            "content": answer_text(answered),
-        })
+        unflagged_result(answered, ("role", "tool"), "tool_call_id", "content")
     }
 
     fn append(&self, request: &mut Map<String, Value>, said: Vec<Value>, results: Vec<Value>) {

@@ -159,18 +159,10 @@ impl RecallWire for GeminiRecall {
     }
 
     fn part(&self, part: &Value, index: usize) -> Part {
-        if is_recall(part) {
-            Part::Recall(RecallCall {
-                id: call_id(part, index),
-                arguments: part
-                    .pointer("/functionCall/args")
-                    .map_or_else(|| "{}".to_owned(), Value::to_string),
-            })
-        } else if is_call(part) {
-            Part::ClientCall
-        } else {
-            Part::Content
-        }
+        let recall = is_recall(part).then(|| {
+            RecallCall::of_object(call_id(part, index), part.pointer("/functionCall/args"))
+        });
+        Part::of(recall, is_call(part))
     }
 
     /// A reply without a first candidate (a blocked prompt) has no place for parts.

@@ -47,18 +47,9 @@ impl RecallWire for MessagesRecall {
     }
 
     fn part(&self, block: &Value, _index: usize) -> Part {
-        if is_recall(block) {
-            Part::Recall(RecallCall {
-                id: text_of(block, "id"),
-                arguments: block
-                    .get("input")
-                    .map_or_else(|| "{}".to_owned(), Value::to_string),
-            })
-        } else if is_tool_use(block) {
-            Part::ClientCall
-        } else {
-            Part::Content
-        }
+        let recall = is_recall(block)
+            .then(|| RecallCall::of_object(text_of(block, "id"), block.get("input")));
+        Part::of(recall, is_tool_use(block))
     }
 
     /// A reply without a `content` array (an error) has no place for parts.

@@ -4,7 +4,7 @@
 //! once over these, so a new API's recall is its two codecs and nothing else.
 
 use bytes::Bytes;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 pub use crate::compaction::recall::{parameters, TOOL_DESCRIPTION, TOOL_NAME};
 
@@ -15,6 +15,17 @@ pub struct RecallCall {
     pub arguments: String,
 }
 
+impl RecallCall {
+    /// A call whose API gives its arguments as a JSON object, not as their text: `{}` when
+    /// it gives none.
+    pub fn of_object(id: String, arguments: Option<&Value>) -> RecallCall {
+        RecallCall {
+            id,
+            arguments: arguments.map_or_else(|| "{}".to_owned(), Value::to_string),
+        }
+    }
+}
+
 /// What a part of a reply is to recall: a call of the tool, a call of the client's own
 /// tools, or content (text, thinking, reasoning) that is relayed and carried as it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +33,18 @@ pub enum Part {
     Content,
     Recall(RecallCall),
     ClientCall,
+}
+
+impl Part {
+    /// A part as an API's predicates read it: a call of recall when `recall` is one, else a
+    /// call of the client's tools when `client_call`, else content.
+    pub fn of(recall: Option<RecallCall>, client_call: bool) -> Part {
+        match recall {
+            Some(call) => Part::Recall(call),
+            None if client_call => Part::ClientCall,
+            None => Part::Content,
+        }
+    }
 }
 
 /// What one round's reply asks: its recall calls, and whether it also calls the client's own
@@ -356,13 +379,21 @@ pub fn text_of(value: &Value, field: &str) -> String {
     }
 }
 
-/// An answer as a tool result's text, in APIs without an error flag.
-pub fn answer_text(answered: &Answered) -> String {
-    if answered.is_error {
+/// condenser's answer as the tool result of an API without an error flag, so an error's text
+/// says it is one: an object that `tag` (a field and its value) names a result, the call's
+/// id at `id_field` and the text at `text_field`.
+pub fn unflagged_result(
+    answered: &Answered,
+    tag: (&str, &str),
+    id_field: &str,
+    text_field: &str,
+) -> Value {
+    let text = if answered.is_error {
         format!("Error: {}", answered.text)
     } else {
         answered.text.to_string()
-    }
+    };
+    json!({tag.0: tag.1, id_field: answered.call.id, text_field: text})
 }
 
 #[cfg(test)]
@@ -392,5 +423,45 @@ mod tests {
         assert!(!names_the_tool(
             &json!({"type": "function", "function": {"name": "bash"}})
         ));
+    }
+
+    #[test]
+    fn a_recall_call_outranks_the_client_call_it_also_is() {
+        let call = RecallCall::of_object("c1".into(), Some(&json!({"ref": "ctx:a.1"})));
+        assert_eq!(call.arguments, r#"{"ref":"ctx:a.1"}"#);
+        assert_eq!(Part::of(Some(call.clone()), true), Part::Recall(call));
+        assert_eq!(Part::of(None, true), Part::ClientCall);
+        assert_eq!(Part::of(None, false), Part::Content);
+        assert_eq!(RecallCall::of_object("c2".into(), None).arguments, "{}");
+    }
+
+    #[test]
+    fn an_unflagged_result_says_an_error_in_its_text_its_fields_in_order() {
+        let call = RecallCall {
+            id: "call_1".into(),
+            arguments: "{}".into(),
+        };
+        let answered = |is_error| Answered {
+            call: &call,
+            text: "not found",
+            is_error,
+        };
+        let result = |is_error| {
+            unflagged_result(
+                &answered(is_error),
+                ("role", "tool"),
+                "tool_call_id",
+                "content",
+            )
+            .to_string()
+        };
+        assert_eq!(
+            result(false),
+            r#"{"role":"tool","tool_call_id":"call_1","content":"not found"}"#
+        );
+        assert_eq!(
+            result(true),
+            r#"{"role":"tool","tool_call_id":"call_1","content":"Error: not found"}"#
+        );
     }
 }

@@ -19,8 +19,8 @@ use serde_json::{json, Map, Value};
 
 use super::view::{is_tool_call, item_type};
 use crate::dialect::recall::{
-    answer_text, names_the_tool, parameters, slot, text_of, Answered, ClientView, Fields, Kind,
-    Part, RecallCall, RecallWire, Relayed, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
+    names_the_tool, parameters, slot, text_of, unflagged_result, Answered, ClientView, Fields,
+    Kind, Part, RecallCall, RecallWire, Relayed, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
 };
 
 pub struct ResponsesRecall;
@@ -71,16 +71,11 @@ impl RecallWire for ResponsesRecall {
     }
 
     fn part(&self, item: &Value, _index: usize) -> Part {
-        if is_recall_call(item) {
-            Part::Recall(RecallCall {
-                id: text_of(item, "call_id"),
-                arguments: text_of(item, "arguments"),
-            })
-        } else if is_client_call(item) {
-            Part::ClientCall
-        } else {
-            Part::Content
-        }
+        let recall = is_recall_call(item).then(|| RecallCall {
+            id: text_of(item, "call_id"),
+            arguments: text_of(item, "arguments"),
+        });
+        Part::of(recall, is_client_call(item))
     }
 
     fn take_parts(&self, reply: &mut Value) -> Option<Vec<Value>> {
@@ -126,11 +121,12 @@ impl RecallWire for ResponsesRecall {
     }
 
     fn result(&self, answered: &Answered, _call: &Value) -> Value {
-        json!({
-            "type": "function_call_output",
-            "call_id": answered.call.id,
-            "output": answer_text(answered),
-        })
+        unflagged_result(
+            answered,
+            ("type", "function_call_output"),
+            "call_id",
+            "output",
+        )
     }
 
     /// Both turns are input items; an input given as text becomes the user's message first.
