@@ -1135,6 +1135,10 @@ mod tests {
                     // A step made ahead ends no earlier than the plan's, and keeps the last
                     // message; every place a summary may end starts a unit, so none splits one.
                     prop_assert!(split.tail_start <= split.ahead && split.ahead < m.len());
+                    // It covers everything before the recent part (rule 3), and no more: it
+                    // ends where a unit starts, so a tool answer is never apart from its call.
+                    prop_assert_eq!(split.ahead, split.recent_start.max(split.tail_start));
+                    prop_assert!(m[split.ahead].role != Role::Tool);
                     prop_assert!(split.summary_ends.windows(2).all(|w| w[0] < w[1]));
                     prop_assert!(split.tail_start == head || split.summary_ends.contains(&split.tail_start));
                     for &end in &split.summary_ends {
