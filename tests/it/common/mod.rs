@@ -1,11 +1,13 @@
 //! Test harness: mock upstreams and condenser itself, in-process on port 0, over real HTTP.
 
 mod breaks;
+mod dialects;
 mod gemini;
 mod logs;
 mod prompt_cache;
 
 pub use breaks::{cache_figures, is_landing, texts, CacheFigures, Sent, Thresholds};
+pub use dialects::*;
 pub use gemini::*;
 pub use logs::captured_logs;
 pub use prompt_cache::{CachedPrompt, PromptCache};
@@ -1012,7 +1014,15 @@ pub fn without_recall_tool(body: &Value) -> Value {
         .as_array_mut()
         .expect("a compacted request offers recall");
     let last = tools.pop().unwrap();
-    let name = last.pointer("/function/name").or(last.pointer("/name"));
+    // A chat function, a Responses or Messages tool, or a Gemini `functionDeclarations` entry
+    // of its own.
+    let name = last
+        .pointer("/function/name")
+        .or(last.pointer("/name"))
+        .or(last
+            .pointer("/functionDeclarations")
+            .filter(|declared| declared.as_array().is_some_and(|d| d.len() == 1))
+            .and_then(|declared| declared.pointer("/0/name")));
     assert_eq!(
         name,
         Some(&json!("condenser_recall")),
