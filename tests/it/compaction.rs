@@ -154,72 +154,94 @@ async fn a_grown_conversation_reuses_its_summary_and_sends_only_new_messages() {
 }
 
 #[tokio::test]
-async fn twenty_concurrent_identical_requests_make_one_summarizer_call() {
-    let upstream = mock_llm(LlmBehaviour {
-        summarizer_latency: Duration::from_millis(300),
-        ..Default::default()
-    })
-    .await;
-    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let body = chat_body(&conversation(40));
-    let replies = futures_util::future::join_all((0..20).map(|_| post(&proxy, &body, None))).await;
-    for response in &replies {
-        assert_eq!(response.status(), 200);
-        assert_eq!(header(response, "x-condenser-action"), "summarized");
+async fn concurrent_identical_requests_make_one_summarizer_call_in_every_dialect() {
+    for api in Fixture::all() {
+        let upstream = api
+            .upstream(LlmBehaviour {
+                summarizer_latency: Duration::from_millis(300),
+                ..Default::default()
+            })
+            .await;
+        let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
+        let body = api.agent_body(&api.agent_conversation());
+        let replies =
+            futures_util::future::join_all((0..20).map(|_| api.post(&proxy, &body, false, &[])))
+                .await;
+        for (response, condensed) in &replies {
+            assert_eq!(response.status(), 200, "{api:?}");
+            assert_eq!(condensed.action, "summarized", "{api:?}");
+        }
+        assert_eq!(upstream.summarizer_calls().len(), 1, "{api:?}");
+        let sent = upstream.forwarded();
+        assert_eq!(sent.len(), 20, "{api:?}");
+        assert!(sent.windows(2).all(|pair| pair[0] == pair[1]), "{api:?}");
     }
-    assert_eq!(summarizer_requests(&upstream).len(), 1);
-    assert_eq!(upstream.forwarded().len(), 20);
 }
 
 #[tokio::test]
-async fn a_failing_summarizer_leaves_the_request_successful() {
-    let upstream = mock_llm(LlmBehaviour {
-        summarizer_status: Some(500),
-        ..Default::default()
-    })
-    .await;
-    let original = conversation(40);
-    let body = chat_body(&original);
+async fn a_failing_summarizer_leaves_the_request_successful_in_every_dialect() {
+    for api in Fixture::all() {
+        let upstream = api
+            .upstream(LlmBehaviour {
+                summarizer_status: Some(500),
+                ..Default::default()
+            })
+            .await;
+        let original = api.agent_conversation();
+        let body = api.agent_body(&original);
 
-    // trim (the default): the oldest whole units go, the request succeeds.
-    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let response = post(&proxy, &body, None).await;
-    assert_eq!(response.status(), 200);
-    assert_eq!(header(&response, "x-condenser-action"), "trimmed");
-    assert_eq!(header(&response, "x-condenser-cache"), "none");
-    let forwarded: u64 = Condensed::of(&response).forwarded_tokens.unwrap();
-    assert!(forwarded < 6_000);
-    let sent = upstream.forwarded();
-    let messages = sent[0]["messages"].as_array().unwrap();
-    assert_eq!(messages[0], original[0]);
-    assert_eq!(
-        messages[1..],
-        original[original.len() - (messages.len() - 1)..]
-    );
+        // trim (the default): the oldest whole units go, the request succeeds.
+        let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
+        let (response, condensed) = api.post(&proxy, &body, false, &[]).await;
+        assert_eq!(response.status(), 200, "{api:?}");
+        assert_eq!(condensed.action, "trimmed", "{api:?}");
+        assert_eq!(condensed.cache, "none", "{api:?}");
+        assert!(condensed.forwarded_tokens.unwrap() < 6_000, "{api:?}");
+        assert!(!upstream.summarizer_calls().is_empty(), "{api:?}");
+        let sent = upstream.forwarded()[0].clone();
+        let items = api.items(&sent);
+        let head = api.head();
+        assert!(items.len() < original.len(), "{api:?}");
+        assert_eq!(items[..head], original[..head], "{api:?}: head kept");
+        // The kept tail, after the note a conversation that must open with a user turn
+        // opens with.
+        let tail = head + usize::from(api.is_omission_note(&items[head]));
+        assert_eq!(
+            items[tail..],
+            original[original.len() - (items.len() - tail)..],
+            "{api:?}: no summary, recent items"
+        );
+        assert_eq!(api.system(&sent), api.system(&body), "{api:?}");
+        assert!(!sent.to_string().contains("[Context summary"), "{api:?}");
+        api.assert_valid(&original, &sent);
 
-    // forward: the original goes as sent.
-    let mut config = small_window_config(&upstream.url());
-    config.context.on_failure = OnFailure::Forward;
-    let proxy = Proxy::start(config).await;
-    let response = post(&proxy, &body, None).await;
-    assert_eq!(response.status(), 200);
-    assert_eq!(header(&response, "x-condenser-action"), "forwarded");
-    assert_eq!(
-        upstream.forwarded().last().unwrap()["messages"]
-            .as_array()
-            .unwrap()
-            .len(),
-        original.len()
-    );
+        // forward: the original goes as sent.
+        let mut config = Fixture::config(&upstream.url());
+        config.context.on_failure = OnFailure::Forward;
+        let proxy = Proxy::start(config).await;
+        let (response, condensed) = api.post(&proxy, &body, false, &[]).await;
+        assert_eq!(response.status(), 200, "{api:?}");
+        assert_eq!(condensed.action, "forwarded", "{api:?}");
+        assert_eq!(
+            api.items(upstream.forwarded().last().unwrap()),
+            original,
+            "{api:?}"
+        );
 
-    // error: a clear 502.
-    let mut config = small_window_config(&upstream.url());
-    config.context.on_failure = OnFailure::Error;
-    let proxy = Proxy::start(config).await;
-    let response = post(&proxy, &body, None).await;
-    assert_eq!(response.status(), 502);
-    let error: Value = response.json().await.unwrap();
-    assert_eq!(error["error"]["code"], "summarizer_failed");
+        // error: a clear 502, in the dialect's shape.
+        let mut config = Fixture::config(&upstream.url());
+        config.context.on_failure = OnFailure::Error;
+        let proxy = Proxy::start(config).await;
+        let (response, _) = api.post(&proxy, &body, false, &[]).await;
+        let (status, kind, message) = api.error(response).await;
+        assert_eq!(status, 502, "{api:?}");
+        let expected = match api {
+            Fixture::Chat | Fixture::Responses => "summarizer_failed",
+            Fixture::Messages => "api_error",
+            Fixture::Gemini => "UNAVAILABLE",
+        };
+        assert_eq!(kind, expected, "{api:?}: {message}");
+    }
 }
 
 #[tokio::test]
@@ -246,26 +268,35 @@ async fn a_span_larger_than_the_summarizer_window_is_folded_in_chunks() {
 }
 
 #[tokio::test]
-async fn repeated_failures_open_the_circuit_breaker() {
-    let upstream = mock_llm(LlmBehaviour {
-        summarizer_status: Some(503),
-        ..Default::default()
-    })
-    .await;
-    let mut config = small_window_config(&upstream.url());
-    config.summarizer.breaker_failures = 2;
-    config.summarizer.breaker_cooldown_secs = 600;
-    let proxy = Proxy::start(config).await;
-    for turns in 40..45 {
-        let response = post(&proxy, &chat_body(&conversation(turns)), None).await;
-        assert_eq!(response.status(), 200);
-        assert_eq!(header(&response, "x-condenser-action"), "trimmed");
+async fn repeated_failures_open_the_circuit_breaker_in_every_dialect() {
+    for api in Fixture::all() {
+        let upstream = api
+            .upstream(LlmBehaviour {
+                summarizer_status: Some(503),
+                ..Default::default()
+            })
+            .await;
+        let mut config = Fixture::config(&upstream.url());
+        config.summarizer.breaker_failures = 2;
+        config.summarizer.breaker_cooldown_secs = 600;
+        let proxy = Proxy::start(config).await;
+        // Five requests, each a conversation of its own (its system prompt).
+        for more in 0..5 {
+            let mut body = api.agent_body(&api.agent_conversation());
+            api.set_system(&mut body, &format!("{SYSTEM_PROMPT} Conversation {more}."));
+            let (response, condensed) = api.post(&proxy, &body, false, &[]).await;
+            assert_eq!(response.status(), 200, "{api:?}");
+            assert_eq!(
+                condensed.action, "trimmed",
+                "{api:?} +{more}: {condensed:?}"
+            );
+        }
+        assert_eq!(
+            upstream.summarizer_calls().len(),
+            2,
+            "{api:?}: no calls while the breaker is open"
+        );
     }
-    assert_eq!(
-        summarizer_requests(&upstream).len(),
-        2,
-        "no calls while the breaker is open"
-    );
 }
 
 #[tokio::test]
@@ -291,6 +322,29 @@ async fn a_streamed_request_is_compacted_and_still_streams() {
     let sent = upstream.forwarded();
     assert_compacted_shape(&original, sent[0]["messages"].as_array().unwrap(), 6);
     assert_eq!(sent[0]["stream_options"]["include_usage"], true);
+}
+
+#[tokio::test]
+async fn a_last_message_larger_than_the_window_is_refused_in_every_dialect() {
+    for api in Fixture::all() {
+        let upstream = api.upstream(LlmBehaviour::default()).await;
+        let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
+        let turns = [
+            ("user", "msg-u0. hello".to_string()),
+            ("assistant", "msg-a0. hi".to_string()),
+            ("user", filler(1, 9_000)),
+        ];
+        let (response, _) = api.post(&proxy, &api.body(&turns, false), false, &[]).await;
+        let (status, kind, message) = api.error(response).await;
+        assert_eq!(status, 400, "{api:?}: {message}");
+        let expected = match api {
+            Fixture::Chat | Fixture::Responses => "context_length_exceeded",
+            Fixture::Messages => "invalid_request_error",
+            Fixture::Gemini => "INVALID_ARGUMENT",
+        };
+        assert_eq!(kind, expected, "{api:?}: {message}");
+        assert!(upstream.recorded().is_empty(), "{api:?}");
+    }
 }
 
 #[tokio::test]

@@ -28,47 +28,6 @@ fn model_requests(upstream: &MockUpstream) -> Vec<(String, Value)> {
         .collect()
 }
 
-fn part_names(turn: &Value, kind: &str) -> Vec<String> {
-    turn["parts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p[kind]["id"].as_str().map(String::from))
-        .collect()
-}
-
-/// What Gemini demands of `contents`: a user turn first, every function response turn right
-/// after the call turn it answers (ids in order), every call of a kept turn answered; and
-/// each call carries the signature the model gave it, verbatim.
-fn assert_valid_gemini(body: &Value) {
-    let turns = body["contents"].as_array().unwrap();
-    assert_eq!(turns[0]["role"], "user", "{:#}", turns[0]);
-    for (i, turn) in turns.iter().enumerate() {
-        let answered = part_names(turn, "functionResponse");
-        if !answered.is_empty() {
-            assert_eq!(
-                part_names(&turns[i - 1], "functionCall"),
-                answered,
-                "turn {i}"
-            );
-        }
-        let calls = part_names(turn, "functionCall");
-        if !calls.is_empty() && i + 1 < turns.len() {
-            assert_eq!(
-                part_names(&turns[i + 1], "functionResponse"),
-                calls,
-                "turn {i}"
-            );
-        }
-        for part in turn["parts"].as_array().unwrap() {
-            if let Some(id) = part["functionCall"]["id"].as_str() {
-                let t: usize = id.trim_start_matches("call-").parse().unwrap();
-                assert_eq!(part["thoughtSignature"], thought_signature(t), "{id}");
-            }
-        }
-    }
-}
-
 /// A 40 MB request as its head declares it: condenser answers before the body, so the body
 /// is not sent (a client still writing it would find the connection closed).
 async fn declared_too_large(proxy: &Proxy, path: &str) -> (u16, Value) {

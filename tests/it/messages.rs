@@ -2,7 +2,6 @@
 //! mock Claude whose summarizer calls go to chat completions on the same upstream.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::common::*;
 use futures_util::StreamExt;
@@ -26,35 +25,6 @@ async fn post(proxy: &Proxy, body: &Value) -> reqwest::Response {
     crate::common::post(proxy, "/v1/messages", &headers, body)
         .await
         .0
-}
-
-fn tool_ids<'a>(message: &'a Value, kind: &str, field: &str) -> Vec<&'a str> {
-    message["content"]
-        .as_array()
-        .map(|blocks| {
-            blocks
-                .iter()
-                .filter(|b| b["type"] == kind)
-                .filter_map(|b| b[field].as_str())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// What Anthropic demands of `messages`: a user turn first, roles alternating, each
-/// `tool_result` answering a `tool_use` of the turn just before it.
-fn assert_valid_messages(messages: &[Value]) {
-    assert_eq!(messages[0]["role"], "user", "{:#}", messages[0]);
-    for pair in messages.windows(2) {
-        assert_ne!(pair[0]["role"], pair[1]["role"], "roles do not alternate");
-    }
-    for (i, message) in messages.iter().enumerate() {
-        for id in tool_ids(message, "tool_result", "tool_use_id") {
-            assert!(i > 0, "the conversation opens with a tool result");
-            let calls = tool_ids(&messages[i - 1], "tool_use", "id");
-            assert!(calls.contains(&id), "orphan tool result {id}");
-        }
-    }
 }
 
 /// Where the summary went, and the kept messages after it.
@@ -452,53 +422,6 @@ async fn errors_come_in_anthropics_shape_without_calling_upstream() {
     .await;
     let (status, error) = anthropic_error(response).await;
     assert_eq!((status, error["type"].as_str()), (502, Some("api_error")));
-}
-
-#[tokio::test]
-async fn concurrent_identical_requests_make_one_summarizer_call() {
-    let upstream = mock_claude(ClaudeBehaviour {
-        llm: LlmBehaviour {
-            summarizer_latency: Duration::from_millis(300),
-            ..Default::default()
-        },
-        ..Default::default()
-    })
-    .await;
-    let proxy = Proxy::start(claude_config(&upstream.url())).await;
-    let body = messages_body(&claude_conversation(30));
-    let replies = futures_util::future::join_all((0..8).map(|_| post(&proxy, &body))).await;
-    for response in &replies {
-        assert_eq!(response.status(), 200);
-        assert_eq!(header(response, "x-condenser-action"), "summarized");
-    }
-    assert_eq!(upstream.summarizer_calls().len(), 1);
-    let sent = claude_requests(&upstream);
-    assert_eq!(sent.len(), 8);
-    assert!(sent.windows(2).all(|pair| pair[0] == pair[1]));
-}
-
-#[tokio::test]
-async fn a_failing_summarizer_leaves_the_request_successful() {
-    let upstream = mock_claude(ClaudeBehaviour {
-        llm: LlmBehaviour {
-            summarizer_status: Some(500),
-            ..Default::default()
-        },
-        ..Default::default()
-    })
-    .await;
-    let proxy = Proxy::start(claude_config(&upstream.url())).await;
-    let original = claude_conversation(30);
-    let response = post(&proxy, &messages_body(&original)).await;
-    assert_eq!(response.status(), 200);
-    assert_eq!(header(&response, "x-condenser-action"), "trimmed");
-    assert!(!upstream.summarizer_calls().is_empty());
-    let sent = &claude_requests(&upstream)[0];
-    assert_eq!(sent["system"], CLAUDE_SYSTEM);
-    let messages = sent["messages"].as_array().unwrap();
-    assert_valid_messages(messages);
-    assert!(messages.len() < original.len());
-    assert!(!sent.to_string().contains("[Context summary"));
 }
 
 #[tokio::test]

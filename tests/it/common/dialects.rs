@@ -4,6 +4,7 @@
 //! cross-dialect test runs over `Fixture::all()`, which takes the dialects from the registry
 //! and fails on one without a fixture here: a fifth API is tested by adding its fixture.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -19,6 +20,9 @@ use super::*;
 
 /// The recall tool's name, as condenser offers it.
 pub const RECALL_TOOL: &str = "condenser_recall";
+
+/// The key `Fixture::post` sends as the caller's.
+pub const CALLER_KEY: &str = "sk-user-1";
 
 /// A dialect as the tests speak it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,6 +155,209 @@ impl Fixture {
             body["stream"] = json!(true);
         }
         body
+    }
+
+    /// A scripted upstream that answers this dialect (and the summarizer's calls) with
+    /// `behaviour`: `mock_llm`, `mock_responses_llm`, `mock_claude` (its usage counted from
+    /// the prompt) or `mock_gemini` (its summarizer a `mock_llm`).
+    pub async fn upstream(self, behaviour: LlmBehaviour) -> MockUpstream {
+        match self {
+            Fixture::Chat => mock_llm(behaviour).await,
+            Fixture::Responses => mock_responses_llm(behaviour, None).await,
+            Fixture::Messages => {
+                // Claude's prompt is counted by its usage once it reported one: the mock's
+                // fixed count would make every later prompt look tiny.
+                let mut behaviour = behaviour;
+                behaviour
+                    .prompt_cache
+                    .get_or_insert_with(PromptCache::default);
+                mock_claude(ClaudeBehaviour {
+                    llm: behaviour,
+                    ..ClaudeBehaviour::default()
+                })
+                .await
+            }
+            Fixture::Gemini => gemini_before_llm(behaviour).await,
+        }
+    }
+
+    /// An agent's conversation over the trigger in this dialect, its tool calls paired:
+    /// `conversation(40)`, `tool_conversation(30)`, `claude_conversation(30)` or
+    /// `gemini_conversation(20)`.
+    pub fn agent_conversation(self) -> Vec<Value> {
+        self.agent_conversation_of(self.agent_rounds())
+    }
+
+    /// The rounds of `agent_conversation`.
+    pub fn agent_rounds(self) -> usize {
+        match self {
+            Fixture::Chat => 40,
+            Fixture::Responses | Fixture::Messages => 30,
+            Fixture::Gemini => 20,
+        }
+    }
+
+    /// `rounds` rounds of an agent in this dialect (a round is a user turn and an answer in
+    /// chat's; a prompt, a tool call, its output and an answer in the others).
+    pub fn agent_conversation_of(self, rounds: usize) -> Vec<Value> {
+        match self {
+            Fixture::Chat => conversation(rounds),
+            Fixture::Responses => tool_conversation(rounds),
+            Fixture::Messages => claude_conversation(rounds),
+            Fixture::Gemini => gemini_conversation(rounds),
+        }
+    }
+
+    /// A request of `items` as its tests send it: `chat_body`, `responses_body`,
+    /// `messages_body` or `gemini_body`.
+    pub fn agent_body(self, items: &[Value]) -> Value {
+        match self {
+            Fixture::Chat => chat_body(items),
+            Fixture::Responses => responses_body(items),
+            Fixture::Messages => messages_body(items),
+            Fixture::Gemini => gemini_body(items),
+        }
+    }
+
+    /// The conversation a request carries: its messages, input items or contents.
+    pub fn items(self, body: &Value) -> Vec<Value> {
+        let field = match self {
+            Fixture::Chat | Fixture::Messages => "messages",
+            Fixture::Responses => "input",
+            Fixture::Gemini => "contents",
+        };
+        body[field]
+            .as_array()
+            .unwrap_or_else(|| panic!("{self:?}: no {field} in {body}"))
+            .clone()
+    }
+
+    /// How many of `agent_conversation`'s first items are its head, kept verbatim first
+    /// whatever is summarized or trimmed: chat's system message, Responses' developer
+    /// message.
+    pub fn head(self) -> usize {
+        match self {
+            Fixture::Chat | Fixture::Responses => 1,
+            Fixture::Messages | Fixture::Gemini => 0,
+        }
+    }
+
+    /// The system prompt a request carries outside its conversation, where the API has one.
+    pub fn system(self, body: &Value) -> Value {
+        match self {
+            Fixture::Chat => Value::Null,
+            Fixture::Responses => body["instructions"].clone(),
+            Fixture::Messages => body["system"].clone(),
+            Fixture::Gemini => body["systemInstruction"].clone(),
+        }
+    }
+
+    /// Sets the system prompt of `body` to `text`, wherever this dialect carries it.
+    pub fn set_system(self, body: &mut Value, text: &str) {
+        let at = match self {
+            Fixture::Chat => "/messages/0/content",
+            Fixture::Responses => "/instructions",
+            Fixture::Messages => "/system",
+            Fixture::Gemini => "/systemInstruction/parts/0/text",
+        };
+        *body.pointer_mut(at).expect("a system prompt") = json!(text);
+    }
+
+    /// Whether `item` is the user turn condenser opens a trimmed conversation with, in an
+    /// API whose conversation must open with one, when the kept tail opens otherwise.
+    pub fn is_omission_note(self, item: &Value) -> bool {
+        match self {
+            Fixture::Chat | Fixture::Responses => false,
+            Fixture::Messages | Fixture::Gemini => {
+                let text = [
+                    item.pointer("/content/0/text"),
+                    item.pointer("/parts/0/text"),
+                ]
+                .into_iter()
+                .flatten()
+                .find_map(Value::as_str);
+                item["role"] == "user"
+                    && text.is_some_and(|t| {
+                        t.starts_with('[') && t.ends_with(" earlier messages omitted]")
+                    })
+            }
+        }
+    }
+
+    /// Fails unless `sent`, forwarded for a request of `original` items, is what the API
+    /// accepts: calls and their answers paired, turns in order.
+    pub fn assert_valid(self, original: &[Value], sent: &Value) {
+        let items = self.items(sent);
+        match self {
+            Fixture::Chat => {
+                for (i, message) in items.iter().enumerate() {
+                    if let Some(id) = message["tool_call_id"].as_str() {
+                        let calls = items[..i]
+                            .iter()
+                            .rev()
+                            .find(|m| m["role"] == "assistant")
+                            .map(|m| m["tool_calls"].to_string())
+                            .unwrap_or_default();
+                        assert!(calls.contains(id), "orphan tool message {id}");
+                    }
+                }
+            }
+            Fixture::Responses => assert_pairs_intact(original, &items),
+            Fixture::Messages => assert_valid_messages(&items),
+            Fixture::Gemini => assert_valid_gemini(sent),
+        }
+    }
+
+    /// `body` posted to this dialect's path (its stream's when `stream`) as the caller
+    /// `CALLER_KEY` sends it, with `headers` besides; and what condenser says of it.
+    pub async fn post(
+        self,
+        proxy: &Proxy,
+        body: &Value,
+        stream: bool,
+        headers: &[(&str, &str)],
+    ) -> (reqwest::Response, Condensed) {
+        let keys = self.key_headers(CALLER_KEY);
+        let mut all: Vec<(&str, &str)> = keys.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        all.extend_from_slice(headers);
+        post(proxy, &self.path(stream), &all, body).await
+    }
+
+    /// The headers a caller sends its key `key` in, in this dialect.
+    pub fn key_headers(self, key: &str) -> Vec<(&'static str, String)> {
+        match self {
+            Fixture::Chat | Fixture::Responses => vec![("authorization", format!("Bearer {key}"))],
+            Fixture::Messages => vec![
+                ("x-api-key", key.to_string()),
+                ("anthropic-version", "2023-06-01".to_string()),
+            ],
+            Fixture::Gemini => vec![("x-goog-api-key", key.to_string())],
+        }
+    }
+
+    /// The error a response of condenser's or upstream's carries, read in this dialect's
+    /// shape (which it must have): its kind (OpenAI's `code`, Anthropic's `type`, Google's
+    /// `status`) and message.
+    pub async fn error(self, response: reqwest::Response) -> (u16, String, String) {
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.unwrap();
+        let error = &body["error"];
+        let message = error["message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{self:?}: {body}"));
+        let kind = match self {
+            Fixture::Chat | Fixture::Responses => &error["code"],
+            Fixture::Messages => {
+                assert_eq!(body["type"], "error", "{body}");
+                &error["type"]
+            }
+            Fixture::Gemini => {
+                assert_eq!(error["code"], status, "{body}");
+                &error["status"]
+            }
+        };
+        let kind = kind.as_str().unwrap_or_else(|| panic!("{self:?}: {body}"));
+        (status, kind.to_string(), message.to_string())
     }
 
     /// A config for `upstream` where every fixture's model has an 8,000-token window;
@@ -486,6 +693,181 @@ impl Fixture {
         }
         text
     }
+}
+
+// Each dialect's conversations over the trigger, and what its API demands of them.
+
+pub const DEVELOPER_HEAD: &str = "Always answer in English.";
+
+/// A developer message (the head), then `rounds` of: a user message (facts planted in the
+/// first), a function call, its output, and an assistant message; about 300 tokens a round.
+pub fn tool_conversation(rounds: usize) -> Vec<Value> {
+    let mut items =
+        vec![json!({"type": "message", "role": "developer", "content": DEVELOPER_HEAD})];
+    for t in 0..rounds {
+        let user = user_turn(t)["content"].as_str().unwrap().to_string();
+        items.push(json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": user}]}));
+        items.push(json!({"type": "function_call", "id": format!("fc_{t}"), "call_id": format!("call_{t}"), "name": "search", "arguments": format!("{{\"query\":\"q{t}\"}}")}));
+        items.push(json!({"type": "function_call_output", "call_id": format!("call_{t}"), "output": format!("result-{t}. {}", filler(t + 500, 90))}));
+        items.push(json!({"type": "message", "role": "assistant", "id": format!("msg_{t}"), "status": "completed", "content": [{"type": "output_text", "text": format!("msg-a{t}. {}", filler(t + 1000, 90)), "annotations": []}]}));
+    }
+    items
+}
+
+pub fn responses_body(input: &[Value]) -> Value {
+    json!({
+        "model": "gpt-4o",
+        "instructions": SYSTEM_PROMPT,
+        "input": input,
+        "max_output_tokens": 500,
+        "store": false,
+        "tools": [{"type": "function", "name": "search", "description": "Search the notes.", "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}],
+    })
+}
+
+/// No tool output without its call before it; no kept call without the output it had.
+pub fn assert_pairs_intact(original: &[Value], forwarded: &[Value]) {
+    let is = |item: &Value, kind: &str| item["type"] == kind;
+    let mut calls = HashSet::new();
+    for item in forwarded {
+        if is(item, "function_call") {
+            calls.insert(item["call_id"].as_str().unwrap().to_string());
+        } else if is(item, "function_call_output") {
+            assert!(
+                calls.contains(item["call_id"].as_str().unwrap()),
+                "orphan output for {}",
+                item["call_id"]
+            );
+        }
+    }
+    let outputs: HashSet<&str> = forwarded
+        .iter()
+        .filter(|item| is(item, "function_call_output"))
+        .filter_map(|item| item["call_id"].as_str())
+        .collect();
+    let answered: HashSet<&str> = original
+        .iter()
+        .filter(|item| is(item, "function_call_output"))
+        .filter_map(|item| item["call_id"].as_str())
+        .collect();
+    for call in forwarded.iter().filter(|item| is(item, "function_call")) {
+        let id = call["call_id"].as_str().unwrap();
+        assert!(
+            !answered.contains(id) || outputs.contains(id),
+            "call {id} kept without its output"
+        );
+    }
+}
+
+pub fn tool_ids<'a>(message: &'a Value, kind: &str, field: &str) -> Vec<&'a str> {
+    message["content"]
+        .as_array()
+        .map(|blocks| {
+            blocks
+                .iter()
+                .filter(|b| b["type"] == kind)
+                .filter_map(|b| b[field].as_str())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What Anthropic demands of `messages`: a user turn first, roles alternating, each
+/// `tool_result` answering a `tool_use` of the turn just before it.
+pub fn assert_valid_messages(messages: &[Value]) {
+    assert_eq!(messages[0]["role"], "user", "{:#}", messages[0]);
+    for pair in messages.windows(2) {
+        assert_ne!(pair[0]["role"], pair[1]["role"], "roles do not alternate");
+    }
+    for (i, message) in messages.iter().enumerate() {
+        for id in tool_ids(message, "tool_result", "tool_use_id") {
+            assert!(i > 0, "the conversation opens with a tool result");
+            let calls = tool_ids(&messages[i - 1], "tool_use", "id");
+            assert!(calls.contains(&id), "orphan tool result {id}");
+        }
+    }
+}
+
+pub fn part_names(turn: &Value, kind: &str) -> Vec<String> {
+    turn["parts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p[kind]["id"].as_str().map(String::from))
+        .collect()
+}
+
+/// What Gemini demands of `contents`: a user turn first, every function response turn right
+/// after the call turn it answers (ids in order), every call of a kept turn answered; and
+/// each call carries the signature the model gave it, verbatim.
+pub fn assert_valid_gemini(body: &Value) {
+    let turns = body["contents"].as_array().unwrap();
+    assert_eq!(turns[0]["role"], "user", "{:#}", turns[0]);
+    for (i, turn) in turns.iter().enumerate() {
+        let answered = part_names(turn, "functionResponse");
+        if !answered.is_empty() {
+            assert_eq!(
+                part_names(&turns[i - 1], "functionCall"),
+                answered,
+                "turn {i}"
+            );
+        }
+        let calls = part_names(turn, "functionCall");
+        if !calls.is_empty() && i + 1 < turns.len() {
+            assert_eq!(
+                part_names(&turns[i + 1], "functionResponse"),
+                calls,
+                "turn {i}"
+            );
+        }
+        for part in turn["parts"].as_array().unwrap() {
+            if let Some(id) = part["functionCall"]["id"].as_str() {
+                let t: usize = id.trim_start_matches("call-").parse().unwrap();
+                assert_eq!(part["thoughtSignature"], thought_signature(t), "{id}");
+            }
+        }
+    }
+}
+
+/// A mock Gemini (`mock_gemini`) whose summarizer is a `mock_llm` with `behaviour`: every
+/// request recorded here.
+async fn gemini_before_llm(behaviour: LlmBehaviour) -> MockUpstream {
+    let gemini = mock_gemini(GeminiBehaviour::default()).await.url();
+    let llm = mock_llm(behaviour).await.url();
+    let http = client();
+    MockUpstream::start(handler(move |r| {
+        let to = if is_summarizer_call(&r) {
+            llm.clone()
+        } else {
+            gemini.clone()
+        };
+        let http = http.clone();
+        async move {
+            let mut relayed = http
+                .post(format!("{to}{}", r.path_and_query))
+                .body(r.body.clone());
+            for (name, value) in &r.headers {
+                if name != "host" && name != "content-length" {
+                    relayed = relayed.header(name, value);
+                }
+            }
+            let answer = relayed.send().await.unwrap();
+            let status = answer.status().as_u16();
+            let streamed = answer
+                .headers()
+                .get("content-type")
+                .is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));
+            let bytes = answer.bytes().await.unwrap();
+            let mut reply = Response::builder().status(status);
+            if streamed {
+                reply = reply.header("content-type", "text/event-stream");
+            } else {
+                reply = reply.header("content-type", "application/json");
+            }
+            reply.body(condenser::transport::body::full(bytes)).unwrap()
+        }
+    }))
+    .await
 }
 
 /// The texts of a Gemini reply's (or chunk's) first candidate.
