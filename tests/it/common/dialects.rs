@@ -317,7 +317,19 @@ impl Fixture {
         stream: bool,
         headers: &[(&str, &str)],
     ) -> (reqwest::Response, Condensed) {
-        let keys = self.key_headers(CALLER_KEY);
+        self.post_as(proxy, CALLER_KEY, body, stream, headers).await
+    }
+
+    /// `post`, as the caller whose key is `key`.
+    pub async fn post_as(
+        self,
+        proxy: &Proxy,
+        key: &str,
+        body: &Value,
+        stream: bool,
+        headers: &[(&str, &str)],
+    ) -> (reqwest::Response, Condensed) {
+        let keys = self.key_headers(key);
         let mut all: Vec<(&str, &str)> = keys.iter().map(|(n, v)| (*n, v.as_str())).collect();
         all.extend_from_slice(headers);
         post(proxy, &self.path(stream), &all, body).await

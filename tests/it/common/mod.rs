@@ -760,12 +760,13 @@ pub async fn mock_claude(behaviour: ClaudeBehaviour) -> MockUpstream {
         let relay = relay.clone();
         async move {
             if r.path_and_query != "/v1/messages" || is_summarizer_call(&r) {
-                let answer = relay
-                    .post(format!("{llm}{}", r.path_and_query))
-                    .body(r.body.clone())
-                    .send()
-                    .await
-                    .unwrap();
+                let mut relayed = relay.post(format!("{llm}{}", r.path_and_query)).body(r.body.clone());
+                for (name, value) in &r.headers {
+                    if name != "host" && name != "content-length" {
+                        relayed = relayed.header(name, value);
+                    }
+                }
+                let answer = relayed.send().await.unwrap();
                 let status = answer.status().as_u16();
                 return json_response(status, &answer.json().await.unwrap());
             }
