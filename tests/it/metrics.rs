@@ -333,70 +333,31 @@ fn total(samples: &BTreeMap<String, f64>, name: &str) -> f64 {
         .sum()
 }
 
-/// One dialect's traffic for the cache test: its path, and its request of `turns` turns.
-struct Dialect {
-    path: &'static str,
-    body: fn(usize) -> Value,
-}
-
-const CACHED_DIALECTS: [Dialect; 3] = [
-    Dialect {
-        path: "/v1/chat/completions",
-        body: |turns| chat_body(&conversation(turns)),
-    },
-    Dialect {
-        path: "/v1/responses",
-        body: |turns| {
-            let input = conversation(turns)[1..].to_vec();
-            json!({"model": "gpt-4o", "instructions": SYSTEM_PROMPT, "input": input, "store": false})
-        },
-    },
-    Dialect {
-        path: "/v1/messages",
-        body: |turns| messages_body(&claude_conversation(turns)),
-    },
-];
-
 /// What the provider's cache served, as each dialect's upstream reports it (chat
 /// `prompt_tokens_details.cached_tokens`, Responses `input_tokens_details.cached_tokens`,
-/// Anthropic `cache_read_input_tokens`), is counted from whole replies and from streams: each
-/// request's share, replayed from what condenser forwarded, is what the counter grows by.
+/// Anthropic `cache_read_input_tokens`, Gemini `cachedContentTokenCount`), is counted from
+/// whole replies and from streams: each request's share, replayed from what condenser
+/// forwarded, is what the counter grows by.
 #[tokio::test]
 async fn cached_prompt_tokens_are_counted_in_every_dialect_whole_and_streamed() {
-    for dialect in CACHED_DIALECTS {
+    for api in Fixture::all() {
         let behaviour = LlmBehaviour {
             prompt_cache: Some(PromptCache::default()),
             ..LlmBehaviour::default()
         };
-        let upstream = match dialect.path {
-            "/v1/responses" => mock_responses_llm(behaviour, None).await,
-            "/v1/messages" => {
-                mock_claude(ClaudeBehaviour {
-                    llm: behaviour,
-                    ..ClaudeBehaviour::default()
-                })
-                .await
-            }
-            _ => mock_llm(behaviour).await,
-        };
-        let proxy = Proxy::start(claude_config(&upstream.url())).await;
+        let upstream = api.upstream(behaviour).await;
+        let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
         let replay = PromptCache::default();
         let mut expected = 0.0;
         for (turns, stream) in [(2, false), (3, true), (4, false), (5, true)] {
-            let mut body = (dialect.body)(turns);
-            body["stream"] = json!(stream);
-            let response = client()
-                .post(proxy.url(dialect.path))
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(response.status(), 200, "{}", dialect.path);
+            let body = api.with_stream(api.agent_body(&api.agent_conversation_of(turns)), stream);
+            let (response, _) = api.post(&proxy, &body, stream, &[]).await;
+            assert_eq!(response.status(), 200, "{api:?}");
             stream_text(response).await;
             let forwarded = upstream.forwarded();
             let cached = replay.prompt(forwarded.last().unwrap()).cached_tokens;
             if turns > 2 {
-                assert!(cached > 0, "{}: the previous prompt repeats", dialect.path);
+                assert!(cached > 0, "{api:?}: the previous prompt repeats");
             }
             expected += cached as f64;
             // Counted once the relay ends, which may be just after the client has it all.

@@ -219,6 +219,14 @@ impl Fixture {
         }
     }
 
+    /// `body` streamed or not: its `stream` field, but in Gemini's API, whose path says it.
+    pub fn with_stream(self, mut body: Value, stream: bool) -> Value {
+        if self != Fixture::Gemini {
+            body["stream"] = json!(stream);
+        }
+        body
+    }
+
     /// The conversation a request carries: its messages, input items or contents.
     pub fn items(self, body: &Value) -> Vec<Value> {
         let field = match self {
@@ -844,15 +852,22 @@ pub fn assert_valid_gemini(body: &Value) {
 /// A mock Gemini (`mock_gemini`) whose summarizer is a `mock_llm` with `behaviour`: every
 /// request recorded here.
 async fn gemini_before_llm(behaviour: LlmBehaviour) -> MockUpstream {
+    let cache = behaviour.prompt_cache.clone();
     let gemini = mock_gemini(GeminiBehaviour::default()).await.url();
     let llm = mock_llm(behaviour).await.url();
     let http = client();
     MockUpstream::start(handler(move |r| {
-        let to = if is_summarizer_call(&r) {
+        let summarizing = is_summarizer_call(&r);
+        let to = if summarizing {
             llm.clone()
         } else {
             gemini.clone()
         };
+        // The prompt and its cached share as the cache counts them, when one is kept.
+        let counted = cache
+            .as_ref()
+            .filter(|_| !summarizing)
+            .map(|cache| cache.prompt(&r.json()));
         let http = http.clone();
         async move {
             let mut relayed = http
@@ -869,7 +884,10 @@ async fn gemini_before_llm(behaviour: LlmBehaviour) -> MockUpstream {
                 .headers()
                 .get("content-type")
                 .is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));
-            let bytes = answer.bytes().await.unwrap();
+            let mut bytes = answer.bytes().await.unwrap();
+            if let Some(counted) = counted {
+                bytes = with_cached_usage(&bytes, counted);
+            }
             let mut reply = Response::builder().status(status);
             if streamed {
                 reply = reply.header("content-type", "text/event-stream");
@@ -880,6 +898,40 @@ async fn gemini_before_llm(behaviour: LlmBehaviour) -> MockUpstream {
         }
     }))
     .await
+}
+
+/// A Gemini reply (JSON, or SSE events) whose usage reports `counted`: the prompt, and of it
+/// the share cached.
+fn with_cached_usage(reply: &[u8], counted: CachedPrompt) -> Bytes {
+    let usage = |value: &mut Value| {
+        if let Some(usage) = value
+            .get_mut("usageMetadata")
+            .and_then(Value::as_object_mut)
+        {
+            usage.insert("promptTokenCount".into(), json!(counted.prompt_tokens));
+            if usage.contains_key("cachedContentTokenCount") {
+                usage.insert(
+                    "cachedContentTokenCount".into(),
+                    json!(counted.cached_tokens),
+                );
+            }
+        }
+    };
+    let text = std::str::from_utf8(reply).unwrap();
+    if let Ok(mut whole) = serde_json::from_str::<Value>(text) {
+        usage(&mut whole);
+        return Bytes::from(whole.to_string());
+    }
+    let events: String = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .map(|data| {
+            let mut chunk: Value = serde_json::from_str(data).unwrap();
+            usage(&mut chunk);
+            format!("data: {chunk}\r\n\r\n")
+        })
+        .collect();
+    Bytes::from(events)
 }
 
 /// The texts of a Gemini reply's (or chunk's) first candidate.
