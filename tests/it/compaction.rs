@@ -6,13 +6,6 @@ use crate::common::*;
 use condenser::config::OnFailure;
 use serde_json::{json, Value};
 
-async fn post(proxy: &Proxy, body: &Value, mode: Option<&str>) -> reqwest::Response {
-    let mut headers = vec![("authorization", "Bearer sk-user-1")];
-    headers.extend(mode.map(|mode| ("x-condenser-mode", mode)));
-    let path = "/v1/chat/completions";
-    crate::common::post(proxy, path, &headers, body).await.0
-}
-
 /// Checks the documented shape: head verbatim, one summary, then the original's last
 /// messages verbatim. Returns the number of summarized messages.
 fn assert_compacted_shape(original: &[Value], forwarded: &[Value], keep_recent: usize) -> usize {
@@ -57,7 +50,10 @@ async fn a_long_conversation_is_summarized_in_the_documented_shape() {
     let upstream = mock_llm(LlmBehaviour::default()).await;
     let proxy = Proxy::start(small_window_config(&upstream.url())).await;
     let original = conversation(40);
-    let response = post(&proxy, &chat_body(&original), None).await;
+    let response = Fixture::Chat
+        .post(&proxy, &chat_body(&original), false, &[])
+        .await
+        .0;
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "summarized");
     assert_eq!(header(&response, "x-condenser-cache"), "miss");
@@ -120,18 +116,32 @@ async fn a_grown_conversation_reuses_its_summary_and_sends_only_new_messages() {
     let upstream = mock_llm(LlmBehaviour::default()).await;
     let proxy = Proxy::start(small_window_config(&upstream.url())).await;
     let first = conversation(40);
-    let response = post(&proxy, &chat_body(&first), None).await;
+    let response = Fixture::Chat
+        .post(&proxy, &chat_body(&first), false, &[])
+        .await
+        .0;
     assert_eq!(header(&response, "x-condenser-cache"), "miss");
     let covered: usize = Condensed::of(&response).summarized_messages.unwrap();
 
     // The same conversation again: served from the cache, no summarizer call.
-    let response = post(&proxy, &chat_body(&first), None).await;
+    let response = Fixture::Chat
+        .post(&proxy, &chat_body(&first), false, &[])
+        .await
+        .0;
     assert_eq!(header(&response, "x-condenser-cache"), "hit");
     assert_eq!(summarizer_requests(&upstream).len(), 1);
 
     // Two more turns, compaction forced: the summary is extended with only the new span.
     let grown = conversation(42);
-    let response = post(&proxy, &chat_body(&grown), Some("force")).await;
+    let response = Fixture::Chat
+        .post(
+            &proxy,
+            &chat_body(&grown),
+            false,
+            &[("x-condenser-mode", "force")],
+        )
+        .await
+        .0;
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "summarized");
     assert_eq!(header(&response, "x-condenser-cache"), "extended");
@@ -251,7 +261,10 @@ async fn a_span_larger_than_the_summarizer_window_is_folded_in_chunks() {
     // The request's own model summarizes: its 8,000-token window cannot take the span at once.
     config.summarizer.model = String::new();
     let proxy = Proxy::start(config).await;
-    let response = post(&proxy, &chat_body(&conversation(40)), None).await;
+    let response = Fixture::Chat
+        .post(&proxy, &chat_body(&conversation(40)), false, &[])
+        .await
+        .0;
     assert_eq!(header(&response, "x-condenser-action"), "summarized");
     let calls = summarizer_requests(&upstream);
     assert!(calls.len() >= 2, "{} calls", calls.len());
@@ -306,7 +319,7 @@ async fn a_streamed_request_is_compacted_and_still_streams() {
     let original = conversation(40);
     let mut body = chat_body(&original);
     body["stream"] = json!(true);
-    let response = post(&proxy, &body, None).await;
+    let response = Fixture::Chat.post(&proxy, &body, false, &[]).await.0;
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "summarized");
     assert!(header(&response, "content-type").starts_with("text/event-stream"));
@@ -353,7 +366,10 @@ async fn a_last_message_larger_than_the_window_is_refused() {
     let proxy = Proxy::start(small_window_config(&upstream.url())).await;
     let mut messages = conversation(2);
     messages.push(json!({"role": "user", "content": filler(1, 9_000)}));
-    let response = post(&proxy, &chat_body(&messages), None).await;
+    let response = Fixture::Chat
+        .post(&proxy, &chat_body(&messages), false, &[])
+        .await
+        .0;
     assert_eq!(response.status(), 400);
     let error: Value = response.json().await.unwrap();
     assert_eq!(error["error"]["code"], "context_length_exceeded");
@@ -375,7 +391,10 @@ async fn tool_calls_stay_with_their_results() {
         messages.push(json!({"role": "tool", "tool_call_id": format!("call_{t}a"), "content": filler(t + 1, 40)}));
         messages.push(json!({"role": "tool", "tool_call_id": format!("call_{t}b"), "content": filler(t + 2, 40)}));
     }
-    let response = post(&proxy, &chat_body(&messages), None).await;
+    let response = Fixture::Chat
+        .post(&proxy, &chat_body(&messages), false, &[])
+        .await
+        .0;
     assert_eq!(header(&response, "x-condenser-action"), "summarized");
     let sent = upstream.forwarded();
     let forwarded = sent[0]["messages"].as_array().unwrap();
@@ -412,7 +431,10 @@ async fn a_conversation_growing_turn_by_turn_never_waits_for_the_summarizer() {
     let proxy = Proxy::start(small_window_config(&upstream.url())).await;
     let mut outcomes = Vec::new();
     for turns in 15..60 {
-        let response = post(&proxy, &chat_body(&conversation(turns)), None).await;
+        let response = Fixture::Chat
+            .post(&proxy, &chat_body(&conversation(turns)), false, &[])
+            .await
+            .0;
         assert_eq!(response.status(), 200);
         outcomes.push((
             header(&response, "x-condenser-action"),
@@ -446,7 +468,10 @@ async fn two_hundred_turns_replayed() {
     let mut messages = vec![json!({"role": "system", "content": SYSTEM_PROMPT})];
     for t in 0..200 {
         messages.push(user_turn(t));
-        let response = post(&proxy, &chat_body(&messages), None).await;
+        let response = Fixture::Chat
+            .post(&proxy, &chat_body(&messages), false, &[])
+            .await
+            .0;
         assert_eq!(response.status(), 200, "turn {t}");
         let forwarded: u64 = Condensed::of(&response).forwarded_tokens.unwrap();
         assert!(
@@ -509,7 +534,10 @@ async fn requests_for_several_choices_are_forwarded_as_sent() {
     let proxy = Proxy::start(small_window_config(&upstream.url())).await;
     let mut body = chat_body(&conversation(40));
     body["n"] = json!(2);
-    let response = post(&proxy, &body, Some("force")).await;
+    let response = Fixture::Chat
+        .post(&proxy, &body, false, &[("x-condenser-mode", "force")])
+        .await
+        .0;
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "forwarded");
     assert_eq!(upstream.forwarded()[0], body);
@@ -525,7 +553,10 @@ async fn a_huge_newest_output_alone_over_the_hard_limit_is_shortened_just_enough
         json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}]}),
         json!({"role": "tool", "tool_call_id": "c1", "content": filler(3, 20_000)}),
     ];
-    let response = post(&proxy, &chat_body(&messages), None).await;
+    let response = Fixture::Chat
+        .post(&proxy, &chat_body(&messages), false, &[])
+        .await
+        .0;
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "trimmed");
     assert_eq!(header(&response, "x-condenser-recent-shortened"), "1");
@@ -548,7 +579,10 @@ async fn the_summarizer_key_is_used_whichever_upstream_summarizes() {
     let mut config = small_window_config(&upstream.url());
     config.summarizer.api_key_env = "CONDENSER_TEST_SUMMARIZER_KEY".into();
     let proxy = Proxy::start(config).await;
-    let response = post(&proxy, &chat_body(&conversation(40)), None).await;
+    let response = Fixture::Chat
+        .post(&proxy, &chat_body(&conversation(40)), false, &[])
+        .await
+        .0;
     assert_eq!(header(&response, "x-condenser-action"), "summarized");
     let recorded = upstream.recorded();
     let call = recorded.iter().find(|r| is_summarizer_call(r)).unwrap();
@@ -568,7 +602,10 @@ async fn a_callers_refused_key_does_not_trip_the_breaker_for_everyone() {
     config.summarizer.breaker_failures = 2;
     let proxy = Proxy::start(config).await;
     for turns in 40..45 {
-        let response = post(&proxy, &chat_body(&conversation(turns)), None).await;
+        let response = Fixture::Chat
+            .post(&proxy, &chat_body(&conversation(turns)), false, &[])
+            .await
+            .0;
         assert_eq!(header(&response, "x-condenser-action"), "trimmed");
     }
     assert_eq!(
@@ -588,7 +625,10 @@ async fn the_message_trigger_holds_on_every_turn() {
     let mut messages = vec![json!({"role": "system", "content": SYSTEM_PROMPT})];
     for t in 0..40 {
         messages.push(json!({"role": "user", "content": format!("msg-u{t}. short question")}));
-        let response = post(&proxy, &chat_body(&messages), None).await;
+        let response = Fixture::Chat
+            .post(&proxy, &chat_body(&messages), false, &[])
+            .await
+            .0;
         assert_eq!(response.status(), 200);
         let sent = upstream.forwarded();
         let forwarded = sent.last().unwrap()["messages"].as_array().unwrap().len();
@@ -631,7 +671,10 @@ async fn a_read_output_stays_whole_under_never_cut_while_the_cut_middle_moves() 
             {"id": id, "type": "function", "function": {"name": tool(r), "arguments": "{}"}}]}));
         messages.push(json!({"role": "tool", "tool_call_id": id,
             "content": format!("output {r}: {}", filler(r + 500, 1_100))}));
-        let response = post(&proxy, &chat_body(&messages), None).await;
+        let response = Fixture::Chat
+            .post(&proxy, &chat_body(&messages), false, &[])
+            .await
+            .0;
         assert_eq!(response.status(), 200, "round {r}");
         let sent = upstream.forwarded().pop().unwrap();
         let sent = sent["messages"].as_array().unwrap().clone();

@@ -17,16 +17,6 @@ fn claude_requests(upstream: &MockUpstream) -> Vec<Value> {
         .collect()
 }
 
-async fn post(proxy: &Proxy, body: &Value) -> reqwest::Response {
-    let headers = [
-        ("x-api-key", "sk-ant-test"),
-        ("anthropic-version", "2023-06-01"),
-    ];
-    crate::common::post(proxy, "/v1/messages", &headers, body)
-        .await
-        .0
-}
-
 /// Where the summary went, and the kept messages after it.
 #[derive(Debug, PartialEq)]
 enum Placement {
@@ -57,20 +47,17 @@ async fn compact_once(
     assert_eq!(original.len(), 121);
     let mut body = messages_body(&original);
     body["system"] = system.clone();
-    let mut request = client()
-        .post(proxy.url("/v1/messages"))
-        .header("x-api-key", "sk-ant-test")
-        .json(&body);
-    if force_keeping.is_some() {
-        // Force keeps only the required recent messages: the kept part starts where
-        // `keep_recent_messages` puts it.
-        request = request.header("x-condenser-mode", "force");
-    }
-    let response = request.send().await.unwrap();
+    // Force keeps only the required recent messages: the kept part starts where
+    // `keep_recent_messages` puts it.
+    let force = [("x-condenser-mode", "force")];
+    let mode: &[(&str, &str)] = if force_keeping.is_some() { &force } else { &[] };
+    let (response, condensed) = Fixture::Messages
+        .post_as(&proxy, "sk-ant-test", &body, false, mode)
+        .await;
     assert_eq!(response.status(), 200);
-    assert_eq!(header(&response, "x-condenser-action"), "summarized");
-    let received: u64 = Condensed::of(&response).prompt_tokens.unwrap();
-    let forwarded: u64 = Condensed::of(&response).forwarded_tokens.unwrap();
+    assert_eq!(condensed.action, "summarized");
+    let received: u64 = condensed.prompt_tokens.unwrap();
+    let forwarded: u64 = condensed.forwarded_tokens.unwrap();
     eprintln!("received {received} tokens, forwarded {forwarded}");
     assert!(forwarded < received, "{received} → {forwarded}");
     let reply: Value = response.json().await.unwrap();
@@ -309,10 +296,10 @@ async fn a_stream_is_relayed_event_by_event_and_its_usage_read() {
     let proxy = Proxy::start(claude_config(&upstream.url())).await;
     let mut body = messages_body(&[user_turn(0)]);
     body["stream"] = json!(true);
-    let response = post(&proxy, &body).await;
+    let (response, condensed) = Fixture::Messages.post(&proxy, &body, true, &[]).await;
     assert_eq!(response.status(), 200);
-    assert_eq!(header(&response, "x-condenser-action"), "forwarded");
-    let forwarded_tokens = header(&response, "x-condenser-forwarded-tokens");
+    assert_eq!(condensed.action, "forwarded");
+    let forwarded_tokens = condensed.forwarded_tokens;
     let mut stream = response.bytes_stream();
     let mut text = String::new();
     // The rest is held upstream until the first event has reached the client.
@@ -360,7 +347,7 @@ async fn a_stream_is_relayed_event_by_event_and_its_usage_read() {
     // at its floor.
     let usage_prompt =
         CLAUDE_INPUT_TOKENS + CLAUDE_CACHE_CREATION_TOKENS + CLAUDE_CACHE_READ_TOKENS;
-    let estimated: u64 = forwarded_tokens.parse().unwrap();
+    let estimated: u64 = forwarded_tokens.unwrap();
     assert!(usage_prompt * 2 < estimated, "{estimated}");
     assert_eq!(
         metric(&metrics, &series("condenser_token_estimate_ratio")),
@@ -415,11 +402,10 @@ async fn errors_come_in_anthropics_shape_without_calling_upstream() {
     // An upstream that cannot be reached is Anthropic's api_error, 502.
     let nowhere = closed_url();
     let unreachable = Proxy::start(claude_config(&nowhere)).await;
-    let response = post(
-        &unreachable,
-        &messages_body(&[json!({"role": "user", "content": "hi"})]),
-    )
-    .await;
+    let body = messages_body(&[json!({"role": "user", "content": "hi"})]);
+    let (response, _) = Fixture::Messages
+        .post(&unreachable, &body, false, &[])
+        .await;
     let (status, error) = anthropic_error(response).await;
     assert_eq!((status, error["type"].as_str()), (502, Some("api_error")));
 }
@@ -501,7 +487,7 @@ async fn under_the_trigger_a_request_is_counted_from_its_bytes_as_the_full_path_
         .total;
         for attempt in 0..2 {
             let encoded = proxy.state.counter.messages_encoded();
-            let response = post(&proxy, &body).await;
+            let response = Fixture::Messages.post(&proxy, &body, false, &[]).await.0;
             assert_eq!(response.status(), 200);
             assert_eq!(header(&response, "x-condenser-action"), "forwarded");
             let counted: u64 = Condensed::of(&response).prompt_tokens.unwrap();
