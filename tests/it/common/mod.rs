@@ -613,6 +613,13 @@ pub struct Condensed {
     pub summarized_messages: Option<usize>,
     /// Recall calls condenser served within the request.
     pub recalls: Option<u32>,
+    /// How many recent items went shortened, when the recent part alone was over the limit.
+    pub recent_shortened: Option<usize>,
+    /// Why condenser retried the request compacted (`context_length_exceeded`).
+    pub retry: String,
+    /// Under observe: what `auto` would have done, and the tokens it would have forwarded.
+    pub would: String,
+    pub would_forward_tokens: Option<u64>,
 }
 
 impl Condensed {
@@ -624,6 +631,10 @@ impl Condensed {
             forwarded_tokens: count(response, "x-condenser-forwarded-tokens"),
             summarized_messages: count(response, "x-condenser-summarized-messages"),
             recalls: count(response, "x-condenser-recalls"),
+            recent_shortened: count(response, "x-condenser-recent-shortened"),
+            retry: header(response, "x-condenser-retry"),
+            would: header(response, "x-condenser-would"),
+            would_forward_tokens: count(response, "x-condenser-would-forward-tokens"),
         }
     }
 }
