@@ -14,18 +14,12 @@ struct Turn {
 }
 
 async fn send(proxy: &Proxy, messages: &[Value]) -> Turn {
-    let response = client()
-        .post(proxy.url("/v1/chat/completions"))
-        .json(&chat_body(messages))
-        .send()
-        .await
-        .unwrap();
+    let (response, condensed) =
+        post(proxy, "/v1/chat/completions", &[], &chat_body(messages)).await;
     assert_eq!(response.status(), 200);
     Turn {
-        cache: header(&response, "x-condenser-cache"),
-        forwarded_tokens: header(&response, "x-condenser-forwarded-tokens")
-            .parse()
-            .unwrap(),
+        cache: condensed.cache,
+        forwarded_tokens: condensed.forwarded_tokens.unwrap(),
     }
 }
 
@@ -186,26 +180,17 @@ async fn a_one_prompt_tool_loop_is_summarized_ahead_with_its_task_pinned() {
     let mut actions = Vec::new();
     let mut steps = Vec::new();
     for r in 1..=120 {
-        let response = client()
-            .post(proxy.url("/v1/chat/completions"))
-            .json(&chat_body(&agent_session(r)))
-            .send()
-            .await
-            .unwrap();
+        let body = chat_body(&agent_session(r));
+        let (response, condensed) = post(&proxy, "/v1/chat/completions", &[], &body).await;
         assert_eq!(response.status(), 200);
-        let received: u64 = header(&response, "x-condenser-prompt-tokens")
-            .parse()
-            .unwrap();
-        let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
-            .parse()
-            .unwrap();
-        let cache = header(&response, "x-condenser-cache");
+        let received = condensed.prompt_tokens.unwrap();
+        let forwarded = condensed.forwarded_tokens.unwrap();
         assert!(forwarded <= hard_limit, "round {r}: {forwarded}");
         assert!(
-            !matches!(cache.as_str(), "miss" | "extended") || received > hard_limit,
+            !matches!(condensed.cache.as_str(), "miss" | "extended") || received > hard_limit,
             "round {r} waited with {received} tokens, under the hard limit"
         );
-        actions.push(header(&response, "x-condenser-action"));
+        actions.push(condensed.action);
         steps.push((received, forwarded));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -310,11 +295,10 @@ async fn condenser_plan_tells_the_trimmed_prompt_the_proxy_forwards() {
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
-    assert_eq!(header(&response, "x-condenser-action"), "trimmed");
-    assert!(!header(&response, "x-condenser-recent-shortened").is_empty());
-    let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
-        .parse()
-        .unwrap();
+    let condensed = Condensed::of(&response);
+    assert_eq!(condensed.action, "trimmed");
+    assert!(condensed.recent_shortened.is_some());
+    let forwarded = condensed.forwarded_tokens.unwrap();
     assert_eq!(forwarded, planned);
     assert!(forwarded <= 16_000 - 500, "{forwarded}");
     let sent = upstream
@@ -360,24 +344,15 @@ async fn a_claude_code_shaped_tool_loop_keeps_its_task_and_its_prefix() {
             {"type": "tool_use", "id": id, "name": "Bash", "input": {"command": format!("cat log-{r}")}}]}));
         messages.push(serde_json::json!({"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": id, "content": format!("log-{r}: {}", filler(r, 300))}]}));
-        let response = client()
-            .post(proxy.url("/v1/messages"))
-            .header("x-api-key", "sk-ant-test")
-            .json(&messages_body(&messages))
-            .send()
-            .await
-            .unwrap();
+        let (response, condensed) = Fixture::Messages
+            .post_as(&proxy, "sk-ant-test", &messages_body(&messages), false, &[])
+            .await;
         assert_eq!(response.status(), 200);
-        let received: u64 = header(&response, "x-condenser-prompt-tokens")
-            .parse()
-            .unwrap();
-        let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
-            .parse()
-            .unwrap();
+        let received = condensed.prompt_tokens.unwrap();
+        let forwarded = condensed.forwarded_tokens.unwrap();
         assert!(forwarded <= 24_000 - 500, "round {r}: {forwarded}");
-        let cache = header(&response, "x-condenser-cache");
         assert!(
-            !matches!(cache.as_str(), "miss" | "extended") || received > 24_000 - 500,
+            !matches!(condensed.cache.as_str(), "miss" | "extended") || received > 24_000 - 500,
             "round {r} waited"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -438,24 +413,17 @@ async fn an_agent_with_a_large_head_sees_its_recent_work_whole_in_every_request(
             {"id": id, "type": "function", "function": {"name": "shell", "arguments": format!("{{\"cmd\":\"cat log-{r}.txt\"}}")}}]}));
         messages.push(serde_json::json!({"role": "tool", "tool_call_id": id,
             "content": format!("log-{r}: {}\nnext-step: token-{r}", filler(r + 3000, 1_280))}));
-        let response = client()
-            .post(proxy.url("/v1/chat/completions"))
-            .json(&chat_body(&messages))
-            .send()
-            .await
-            .unwrap();
+        let body = chat_body(&messages);
+        let (response, condensed) = post(&proxy, "/v1/chat/completions", &[], &body).await;
         assert_eq!(response.status(), 200);
-        let forwarded: u64 = header(&response, "x-condenser-forwarded-tokens")
-            .parse()
-            .unwrap();
+        let forwarded = condensed.forwarded_tokens.unwrap();
         assert!(forwarded <= hard_limit, "round {r}: {forwarded}");
-        let cache = header(&response, "x-condenser-cache");
         assert!(
-            !matches!(cache.as_str(), "miss" | "extended"),
+            !matches!(condensed.cache.as_str(), "miss" | "extended"),
             "round {r} waited"
         );
-        assert_eq!(header(&response, "x-condenser-recent-shortened"), "");
-        summarized += usize::from(header(&response, "x-condenser-action") == "summarized");
+        assert_eq!(condensed.recent_shortened, None);
+        summarized += usize::from(condensed.action == "summarized");
         let sent = upstream.forwarded().pop().unwrap();
         let sent = sent["messages"].as_array().unwrap();
         let recent = 6.min(messages.len() - 2);

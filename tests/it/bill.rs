@@ -28,55 +28,48 @@ const PRICE: Price = Price {
     output: 15.0,
 };
 
-/// One dialect: where it is asked, its model, a request, and how its upstream answers.
+/// One dialect as billed here: its fixture, its model (a model of its own, so that each
+/// dialect's spend is its own series), and whether its usage counts cache writes apart.
 struct Dialect {
-    /// The path of a whole reply; a stream's is `stream_path`.
-    path: &'static str,
-    stream_path: &'static str,
+    fixture: Fixture,
     model: &'static str,
-    /// Whether its usage counts cache writes apart.
     counts_writes: bool,
 }
 
-const DIALECTS: [Dialect; 4] = [
-    Dialect {
-        path: "/v1/chat/completions",
-        stream_path: "/v1/chat/completions",
-        model: "gpt-4o",
-        counts_writes: false,
-    },
-    Dialect {
-        path: "/v1/responses",
-        stream_path: "/v1/responses",
-        model: "gpt-4.1",
-        counts_writes: false,
-    },
-    Dialect {
-        path: "/v1/messages",
-        stream_path: "/v1/messages",
-        model: "claude-sonnet-4-5",
-        counts_writes: true,
-    },
-    Dialect {
-        path: "/v1beta/models/gemini-2.5-pro:generateContent",
-        stream_path: "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse",
-        model: "gemini-2.5-pro",
-        counts_writes: false,
-    },
-];
-
 impl Dialect {
+    /// Every dialect of the registry.
+    fn all() -> Vec<Dialect> {
+        Fixture::all()
+            .into_iter()
+            .map(|fixture| {
+                let (model, counts_writes) = match fixture {
+                    Fixture::Chat => ("gpt-4o", false),
+                    Fixture::Responses => ("gpt-4.1", false),
+                    Fixture::Messages => ("claude-sonnet-4-5", true),
+                    Fixture::Gemini => (GEMINI_MODEL, false),
+                };
+                Dialect {
+                    fixture,
+                    model,
+                    counts_writes,
+                }
+            })
+            .collect()
+    }
+
     /// A short conversation, forwarded as sent.
     fn request(&self, stream: bool) -> Value {
         let question = json!("What is in the readme?");
-        match self.path {
-            "/v1/chat/completions" => json!({"model": self.model, "stream": stream,
+        match self.fixture {
+            Fixture::Chat => json!({"model": self.model, "stream": stream,
                 "messages": [{"role": "user", "content": question}]}),
-            "/v1/responses" => json!({"model": self.model, "stream": stream, "store": false,
+            Fixture::Responses => json!({"model": self.model, "stream": stream, "store": false,
                 "input": [{"role": "user", "content": question}]}),
-            "/v1/messages" => json!({"model": self.model, "stream": stream, "max_tokens": 500,
+            Fixture::Messages => json!({"model": self.model, "stream": stream, "max_tokens": 500,
                 "messages": [{"role": "user", "content": question}]}),
-            _ => json!({"contents": [{"role": "user", "parts": [{"text": question}]}]}),
+            Fixture::Gemini => {
+                json!({"contents": [{"role": "user", "parts": [{"text": question}]}]})
+            }
         }
     }
 
@@ -227,12 +220,13 @@ fn near(got: f64, want: f64) -> bool {
 async fn every_dialects_usage_is_billed_by_tier_whole_and_streamed_and_priced() {
     let upstream = scripted_upstream().await;
     let mut config = config_for(&upstream.url());
-    for dialect in &DIALECTS {
+    let dialects = Dialect::all();
+    for dialect in &dialects {
         config.models.insert(dialect.model.into(), priced(200_000));
     }
     let proxy = Proxy::start(config).await;
     let start = proxy.metrics().await;
-    for dialect in &DIALECTS {
+    for dialect in &dialects {
         let model = dialect.model;
         // Priced: both kinds of spend show from start-up.
         for kind in ["session", "summarizer"] {
@@ -240,16 +234,11 @@ async fn every_dialects_usage_is_billed_by_tier_whole_and_streamed_and_priced() 
             assert_eq!(metric(&start, &series), Some(0.0), "{series}");
         }
         for (round, stream) in [false, true].into_iter().enumerate() {
-            let path = if stream {
-                dialect.stream_path
-            } else {
-                dialect.path
-            };
-            let mut request = client().post(proxy.url(path));
-            if path.starts_with("/v1beta/") {
-                request = request.header("x-goog-api-key", "k");
-            }
-            let response = request.json(&dialect.request(stream)).send().await.unwrap();
+            let path = dialect.fixture.path(stream);
+            let (response, _) = dialect
+                .fixture
+                .post(&proxy, &dialect.request(stream), stream, &[])
+                .await;
             assert_eq!(response.status(), 200, "{path}");
             let text = stream_text(response).await;
             assert!(text.contains("hello"), "{path}: {text}");

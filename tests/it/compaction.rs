@@ -6,13 +6,6 @@ use crate::common::*;
 use condenser::config::OnFailure;
 use serde_json::{json, Value};
 
-async fn post(proxy: &Proxy, body: &Value, mode: Option<&str>) -> reqwest::Response {
-    let mut headers = vec![("authorization", "Bearer sk-user-1")];
-    headers.extend(mode.map(|mode| ("x-condenser-mode", mode)));
-    let path = "/v1/chat/completions";
-    crate::common::post(proxy, path, &headers, body).await.0
-}
-
 /// Checks the documented shape: head verbatim, one summary, then the original's last
 /// messages verbatim. Returns the number of summarized messages.
 fn assert_compacted_shape(original: &[Value], forwarded: &[Value], keep_recent: usize) -> usize {
@@ -57,7 +50,10 @@ async fn a_long_conversation_is_summarized_in_the_documented_shape() {
     let upstream = mock_llm(LlmBehaviour::default()).await;
     let proxy = Proxy::start(small_window_config(&upstream.url())).await;
     let original = conversation(40);
-    let response = post(&proxy, &chat_body(&original), None).await;
+    let response = Fixture::Chat
+        .post(&proxy, &chat_body(&original), false, &[])
+        .await
+        .0;
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "summarized");
     assert_eq!(header(&response, "x-condenser-cache"), "miss");
@@ -120,18 +116,32 @@ async fn a_grown_conversation_reuses_its_summary_and_sends_only_new_messages() {
     let upstream = mock_llm(LlmBehaviour::default()).await;
     let proxy = Proxy::start(small_window_config(&upstream.url())).await;
     let first = conversation(40);
-    let response = post(&proxy, &chat_body(&first), None).await;
+    let response = Fixture::Chat
+        .post(&proxy, &chat_body(&first), false, &[])
+        .await
+        .0;
     assert_eq!(header(&response, "x-condenser-cache"), "miss");
     let covered: usize = Condensed::of(&response).summarized_messages.unwrap();
 
     // The same conversation again: served from the cache, no summarizer call.
-    let response = post(&proxy, &chat_body(&first), None).await;
+    let response = Fixture::Chat
+        .post(&proxy, &chat_body(&first), false, &[])
+        .await
+        .0;
     assert_eq!(header(&response, "x-condenser-cache"), "hit");
     assert_eq!(summarizer_requests(&upstream).len(), 1);
 
     // Two more turns, compaction forced: the summary is extended with only the new span.
     let grown = conversation(42);
-    let response = post(&proxy, &chat_body(&grown), Some("force")).await;
+    let response = Fixture::Chat
+        .post(
+            &proxy,
+            &chat_body(&grown),
+            false,
+            &[("x-condenser-mode", "force")],
+        )
+        .await
+        .0;
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "summarized");
     assert_eq!(header(&response, "x-condenser-cache"), "extended");
@@ -154,72 +164,94 @@ async fn a_grown_conversation_reuses_its_summary_and_sends_only_new_messages() {
 }
 
 #[tokio::test]
-async fn twenty_concurrent_identical_requests_make_one_summarizer_call() {
-    let upstream = mock_llm(LlmBehaviour {
-        summarizer_latency: Duration::from_millis(300),
-        ..Default::default()
-    })
-    .await;
-    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let body = chat_body(&conversation(40));
-    let replies = futures_util::future::join_all((0..20).map(|_| post(&proxy, &body, None))).await;
-    for response in &replies {
-        assert_eq!(response.status(), 200);
-        assert_eq!(header(response, "x-condenser-action"), "summarized");
+async fn concurrent_identical_requests_make_one_summarizer_call_in_every_dialect() {
+    for api in Fixture::all() {
+        let upstream = api
+            .upstream(LlmBehaviour {
+                summarizer_latency: Duration::from_millis(300),
+                ..Default::default()
+            })
+            .await;
+        let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
+        let body = api.agent_body(&api.agent_conversation());
+        let replies =
+            futures_util::future::join_all((0..20).map(|_| api.post(&proxy, &body, false, &[])))
+                .await;
+        for (response, condensed) in &replies {
+            assert_eq!(response.status(), 200, "{api:?}");
+            assert_eq!(condensed.action, "summarized", "{api:?}");
+        }
+        assert_eq!(upstream.summarizer_calls().len(), 1, "{api:?}");
+        let sent = upstream.forwarded();
+        assert_eq!(sent.len(), 20, "{api:?}");
+        assert!(sent.windows(2).all(|pair| pair[0] == pair[1]), "{api:?}");
     }
-    assert_eq!(summarizer_requests(&upstream).len(), 1);
-    assert_eq!(upstream.forwarded().len(), 20);
 }
 
 #[tokio::test]
-async fn a_failing_summarizer_leaves_the_request_successful() {
-    let upstream = mock_llm(LlmBehaviour {
-        summarizer_status: Some(500),
-        ..Default::default()
-    })
-    .await;
-    let original = conversation(40);
-    let body = chat_body(&original);
+async fn a_failing_summarizer_leaves_the_request_successful_in_every_dialect() {
+    for api in Fixture::all() {
+        let upstream = api
+            .upstream(LlmBehaviour {
+                summarizer_status: Some(500),
+                ..Default::default()
+            })
+            .await;
+        let original = api.agent_conversation();
+        let body = api.agent_body(&original);
 
-    // trim (the default): the oldest whole units go, the request succeeds.
-    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let response = post(&proxy, &body, None).await;
-    assert_eq!(response.status(), 200);
-    assert_eq!(header(&response, "x-condenser-action"), "trimmed");
-    assert_eq!(header(&response, "x-condenser-cache"), "none");
-    let forwarded: u64 = Condensed::of(&response).forwarded_tokens.unwrap();
-    assert!(forwarded < 6_000);
-    let sent = upstream.forwarded();
-    let messages = sent[0]["messages"].as_array().unwrap();
-    assert_eq!(messages[0], original[0]);
-    assert_eq!(
-        messages[1..],
-        original[original.len() - (messages.len() - 1)..]
-    );
+        // trim (the default): the oldest whole units go, the request succeeds.
+        let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
+        let (response, condensed) = api.post(&proxy, &body, false, &[]).await;
+        assert_eq!(response.status(), 200, "{api:?}");
+        assert_eq!(condensed.action, "trimmed", "{api:?}");
+        assert_eq!(condensed.cache, "none", "{api:?}");
+        assert!(condensed.forwarded_tokens.unwrap() < 6_000, "{api:?}");
+        assert!(!upstream.summarizer_calls().is_empty(), "{api:?}");
+        let sent = upstream.forwarded()[0].clone();
+        let items = api.items(&sent);
+        let head = api.head();
+        assert!(items.len() < original.len(), "{api:?}");
+        assert_eq!(items[..head], original[..head], "{api:?}: head kept");
+        // The kept tail, after the note a conversation that must open with a user turn
+        // opens with.
+        let tail = head + usize::from(api.is_omission_note(&items[head]));
+        assert_eq!(
+            items[tail..],
+            original[original.len() - (items.len() - tail)..],
+            "{api:?}: no summary, recent items"
+        );
+        assert_eq!(api.system(&sent), api.system(&body), "{api:?}");
+        assert!(!sent.to_string().contains("[Context summary"), "{api:?}");
+        api.assert_valid(&original, &sent);
 
-    // forward: the original goes as sent.
-    let mut config = small_window_config(&upstream.url());
-    config.context.on_failure = OnFailure::Forward;
-    let proxy = Proxy::start(config).await;
-    let response = post(&proxy, &body, None).await;
-    assert_eq!(response.status(), 200);
-    assert_eq!(header(&response, "x-condenser-action"), "forwarded");
-    assert_eq!(
-        upstream.forwarded().last().unwrap()["messages"]
-            .as_array()
-            .unwrap()
-            .len(),
-        original.len()
-    );
+        // forward: the original goes as sent.
+        let mut config = Fixture::config(&upstream.url());
+        config.context.on_failure = OnFailure::Forward;
+        let proxy = Proxy::start(config).await;
+        let (response, condensed) = api.post(&proxy, &body, false, &[]).await;
+        assert_eq!(response.status(), 200, "{api:?}");
+        assert_eq!(condensed.action, "forwarded", "{api:?}");
+        assert_eq!(
+            api.items(upstream.forwarded().last().unwrap()),
+            original,
+            "{api:?}"
+        );
 
-    // error: a clear 502.
-    let mut config = small_window_config(&upstream.url());
-    config.context.on_failure = OnFailure::Error;
-    let proxy = Proxy::start(config).await;
-    let response = post(&proxy, &body, None).await;
-    assert_eq!(response.status(), 502);
-    let error: Value = response.json().await.unwrap();
-    assert_eq!(error["error"]["code"], "summarizer_failed");
+        // error: a clear 502, in the dialect's shape.
+        let mut config = Fixture::config(&upstream.url());
+        config.context.on_failure = OnFailure::Error;
+        let proxy = Proxy::start(config).await;
+        let (response, _) = api.post(&proxy, &body, false, &[]).await;
+        let (status, kind, message) = api.error(response).await;
+        assert_eq!(status, 502, "{api:?}");
+        let expected = match api {
+            Fixture::Chat | Fixture::Responses => "summarizer_failed",
+            Fixture::Messages => "api_error",
+            Fixture::Gemini => "UNAVAILABLE",
+        };
+        assert_eq!(kind, expected, "{api:?}: {message}");
+    }
 }
 
 #[tokio::test]
@@ -229,7 +261,10 @@ async fn a_span_larger_than_the_summarizer_window_is_folded_in_chunks() {
     // The request's own model summarizes: its 8,000-token window cannot take the span at once.
     config.summarizer.model = String::new();
     let proxy = Proxy::start(config).await;
-    let response = post(&proxy, &chat_body(&conversation(40)), None).await;
+    let response = Fixture::Chat
+        .post(&proxy, &chat_body(&conversation(40)), false, &[])
+        .await
+        .0;
     assert_eq!(header(&response, "x-condenser-action"), "summarized");
     let calls = summarizer_requests(&upstream);
     assert!(calls.len() >= 2, "{} calls", calls.len());
@@ -246,26 +281,35 @@ async fn a_span_larger_than_the_summarizer_window_is_folded_in_chunks() {
 }
 
 #[tokio::test]
-async fn repeated_failures_open_the_circuit_breaker() {
-    let upstream = mock_llm(LlmBehaviour {
-        summarizer_status: Some(503),
-        ..Default::default()
-    })
-    .await;
-    let mut config = small_window_config(&upstream.url());
-    config.summarizer.breaker_failures = 2;
-    config.summarizer.breaker_cooldown_secs = 600;
-    let proxy = Proxy::start(config).await;
-    for turns in 40..45 {
-        let response = post(&proxy, &chat_body(&conversation(turns)), None).await;
-        assert_eq!(response.status(), 200);
-        assert_eq!(header(&response, "x-condenser-action"), "trimmed");
+async fn repeated_failures_open_the_circuit_breaker_in_every_dialect() {
+    for api in Fixture::all() {
+        let upstream = api
+            .upstream(LlmBehaviour {
+                summarizer_status: Some(503),
+                ..Default::default()
+            })
+            .await;
+        let mut config = Fixture::config(&upstream.url());
+        config.summarizer.breaker_failures = 2;
+        config.summarizer.breaker_cooldown_secs = 600;
+        let proxy = Proxy::start(config).await;
+        // Five requests, each a conversation of its own (its system prompt).
+        for more in 0..5 {
+            let mut body = api.agent_body(&api.agent_conversation());
+            api.set_system(&mut body, &format!("{SYSTEM_PROMPT} Conversation {more}."));
+            let (response, condensed) = api.post(&proxy, &body, false, &[]).await;
+            assert_eq!(response.status(), 200, "{api:?}");
+            assert_eq!(
+                condensed.action, "trimmed",
+                "{api:?} +{more}: {condensed:?}"
+            );
+        }
+        assert_eq!(
+            upstream.summarizer_calls().len(),
+            2,
+            "{api:?}: no calls while the breaker is open"
+        );
     }
-    assert_eq!(
-        summarizer_requests(&upstream).len(),
-        2,
-        "no calls while the breaker is open"
-    );
 }
 
 #[tokio::test]
@@ -275,7 +319,7 @@ async fn a_streamed_request_is_compacted_and_still_streams() {
     let original = conversation(40);
     let mut body = chat_body(&original);
     body["stream"] = json!(true);
-    let response = post(&proxy, &body, None).await;
+    let response = Fixture::Chat.post(&proxy, &body, false, &[]).await.0;
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "summarized");
     assert!(header(&response, "content-type").starts_with("text/event-stream"));
@@ -294,12 +338,38 @@ async fn a_streamed_request_is_compacted_and_still_streams() {
 }
 
 #[tokio::test]
+async fn a_last_message_larger_than_the_window_is_refused_in_every_dialect() {
+    for api in Fixture::all() {
+        let upstream = api.upstream(LlmBehaviour::default()).await;
+        let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
+        let turns = [
+            ("user", "msg-u0. hello".to_string()),
+            ("assistant", "msg-a0. hi".to_string()),
+            ("user", filler(1, 9_000)),
+        ];
+        let (response, _) = api.post(&proxy, &api.body(&turns, false), false, &[]).await;
+        let (status, kind, message) = api.error(response).await;
+        assert_eq!(status, 400, "{api:?}: {message}");
+        let expected = match api {
+            Fixture::Chat | Fixture::Responses => "context_length_exceeded",
+            Fixture::Messages => "invalid_request_error",
+            Fixture::Gemini => "INVALID_ARGUMENT",
+        };
+        assert_eq!(kind, expected, "{api:?}: {message}");
+        assert!(upstream.recorded().is_empty(), "{api:?}");
+    }
+}
+
+#[tokio::test]
 async fn a_last_message_larger_than_the_window_is_refused() {
     let upstream = mock_llm(LlmBehaviour::default()).await;
     let proxy = Proxy::start(small_window_config(&upstream.url())).await;
     let mut messages = conversation(2);
     messages.push(json!({"role": "user", "content": filler(1, 9_000)}));
-    let response = post(&proxy, &chat_body(&messages), None).await;
+    let response = Fixture::Chat
+        .post(&proxy, &chat_body(&messages), false, &[])
+        .await
+        .0;
     assert_eq!(response.status(), 400);
     let error: Value = response.json().await.unwrap();
     assert_eq!(error["error"]["code"], "context_length_exceeded");
@@ -321,7 +391,10 @@ async fn tool_calls_stay_with_their_results() {
         messages.push(json!({"role": "tool", "tool_call_id": format!("call_{t}a"), "content": filler(t + 1, 40)}));
         messages.push(json!({"role": "tool", "tool_call_id": format!("call_{t}b"), "content": filler(t + 2, 40)}));
     }
-    let response = post(&proxy, &chat_body(&messages), None).await;
+    let response = Fixture::Chat
+        .post(&proxy, &chat_body(&messages), false, &[])
+        .await
+        .0;
     assert_eq!(header(&response, "x-condenser-action"), "summarized");
     let sent = upstream.forwarded();
     let forwarded = sent[0]["messages"].as_array().unwrap();
@@ -358,7 +431,10 @@ async fn a_conversation_growing_turn_by_turn_never_waits_for_the_summarizer() {
     let proxy = Proxy::start(small_window_config(&upstream.url())).await;
     let mut outcomes = Vec::new();
     for turns in 15..60 {
-        let response = post(&proxy, &chat_body(&conversation(turns)), None).await;
+        let response = Fixture::Chat
+            .post(&proxy, &chat_body(&conversation(turns)), false, &[])
+            .await
+            .0;
         assert_eq!(response.status(), 200);
         outcomes.push((
             header(&response, "x-condenser-action"),
@@ -392,7 +468,10 @@ async fn two_hundred_turns_replayed() {
     let mut messages = vec![json!({"role": "system", "content": SYSTEM_PROMPT})];
     for t in 0..200 {
         messages.push(user_turn(t));
-        let response = post(&proxy, &chat_body(&messages), None).await;
+        let response = Fixture::Chat
+            .post(&proxy, &chat_body(&messages), false, &[])
+            .await
+            .0;
         assert_eq!(response.status(), 200, "turn {t}");
         let forwarded: u64 = Condensed::of(&response).forwarded_tokens.unwrap();
         assert!(
@@ -455,7 +534,10 @@ async fn requests_for_several_choices_are_forwarded_as_sent() {
     let proxy = Proxy::start(small_window_config(&upstream.url())).await;
     let mut body = chat_body(&conversation(40));
     body["n"] = json!(2);
-    let response = post(&proxy, &body, Some("force")).await;
+    let response = Fixture::Chat
+        .post(&proxy, &body, false, &[("x-condenser-mode", "force")])
+        .await
+        .0;
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "forwarded");
     assert_eq!(upstream.forwarded()[0], body);
@@ -471,7 +553,10 @@ async fn a_huge_newest_output_alone_over_the_hard_limit_is_shortened_just_enough
         json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}]}),
         json!({"role": "tool", "tool_call_id": "c1", "content": filler(3, 20_000)}),
     ];
-    let response = post(&proxy, &chat_body(&messages), None).await;
+    let response = Fixture::Chat
+        .post(&proxy, &chat_body(&messages), false, &[])
+        .await
+        .0;
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "trimmed");
     assert_eq!(header(&response, "x-condenser-recent-shortened"), "1");
@@ -494,7 +579,10 @@ async fn the_summarizer_key_is_used_whichever_upstream_summarizes() {
     let mut config = small_window_config(&upstream.url());
     config.summarizer.api_key_env = "CONDENSER_TEST_SUMMARIZER_KEY".into();
     let proxy = Proxy::start(config).await;
-    let response = post(&proxy, &chat_body(&conversation(40)), None).await;
+    let response = Fixture::Chat
+        .post(&proxy, &chat_body(&conversation(40)), false, &[])
+        .await
+        .0;
     assert_eq!(header(&response, "x-condenser-action"), "summarized");
     let recorded = upstream.recorded();
     let call = recorded.iter().find(|r| is_summarizer_call(r)).unwrap();
@@ -514,7 +602,10 @@ async fn a_callers_refused_key_does_not_trip_the_breaker_for_everyone() {
     config.summarizer.breaker_failures = 2;
     let proxy = Proxy::start(config).await;
     for turns in 40..45 {
-        let response = post(&proxy, &chat_body(&conversation(turns)), None).await;
+        let response = Fixture::Chat
+            .post(&proxy, &chat_body(&conversation(turns)), false, &[])
+            .await
+            .0;
         assert_eq!(header(&response, "x-condenser-action"), "trimmed");
     }
     assert_eq!(
@@ -534,7 +625,10 @@ async fn the_message_trigger_holds_on_every_turn() {
     let mut messages = vec![json!({"role": "system", "content": SYSTEM_PROMPT})];
     for t in 0..40 {
         messages.push(json!({"role": "user", "content": format!("msg-u{t}. short question")}));
-        let response = post(&proxy, &chat_body(&messages), None).await;
+        let response = Fixture::Chat
+            .post(&proxy, &chat_body(&messages), false, &[])
+            .await
+            .0;
         assert_eq!(response.status(), 200);
         let sent = upstream.forwarded();
         let forwarded = sent.last().unwrap()["messages"].as_array().unwrap().len();
@@ -577,7 +671,10 @@ async fn a_read_output_stays_whole_under_never_cut_while_the_cut_middle_moves() 
             {"id": id, "type": "function", "function": {"name": tool(r), "arguments": "{}"}}]}));
         messages.push(json!({"role": "tool", "tool_call_id": id,
             "content": format!("output {r}: {}", filler(r + 500, 1_100))}));
-        let response = post(&proxy, &chat_body(&messages), None).await;
+        let response = Fixture::Chat
+            .post(&proxy, &chat_body(&messages), false, &[])
+            .await
+            .0;
         assert_eq!(response.status(), 200, "round {r}");
         let sent = upstream.forwarded().pop().unwrap();
         let sent = sent["messages"].as_array().unwrap().clone();

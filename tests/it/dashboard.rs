@@ -26,6 +26,8 @@ const SUBSTITUTIONS: [(&str, &str); 5] = [
 ];
 
 /// The caller whose summaries the mock summarizer refuses with a 500.
+const FAILING_CALLER: &str = "sk-summaries-fail";
+/// Its `authorization` header, as the mock summarizer reads it.
 const FAILING_KEY: &str = "Bearer sk-summaries-fail";
 
 /// What the mock summarizer answers [`FAILING_KEY`]: no other test's summarizer says it.
@@ -225,53 +227,46 @@ fn config(upstream: &str) -> condenser::Config {
     config
 }
 
-async fn send(proxy: &Proxy, body: &Value, key: &str) -> reqwest::Response {
-    client()
-        .post(proxy.url("/v1/chat/completions"))
-        .header("authorization", key)
-        .json(body)
-        .send()
-        .await
-        .unwrap()
+/// `body` sent to the chat path by the caller of `key`; what condenser said of it.
+async fn send(proxy: &Proxy, body: &Value, key: &str) -> (reqwest::Response, Condensed) {
+    Fixture::Chat.post_as(proxy, key, body, false, &[]).await
 }
 
 /// One round of traffic: compacts and waits, hits the cache, is retried when upstream finds
 /// the prompt too long (the first time: condenser then counts gpt-4o's prompts higher), streams,
 /// fails upstream, and fails the summarizer. Each round is a new caller, so it summarizes anew.
 async fn traffic_round(proxy: &Proxy, unreachable: &Proxy, round: usize) {
-    let caller = format!("Bearer sk-round-{round}");
+    let caller = format!("sk-round-{round}");
     let long = chat_body(&conversation(45));
-    let waited = send(proxy, &long, &caller).await;
-    assert_eq!(header(&waited, "x-condenser-action"), "summarized");
-    let again = send(proxy, &long, &caller).await;
-    assert_eq!(header(&again, "x-condenser-cache"), "hit");
-    let retried = send(proxy, &chat_body(&conversation(27)), &caller).await;
+    let (_, waited) = send(proxy, &long, &caller).await;
+    assert_eq!(waited.action, "summarized");
+    let (_, again) = send(proxy, &long, &caller).await;
+    assert_eq!(again.cache, "hit");
+    let (retried, condensed) = send(proxy, &chat_body(&conversation(27)), &caller).await;
     assert_eq!(retried.status(), 200);
     if round == 0 {
-        assert_eq!(
-            header(&retried, "x-condenser-retry"),
-            "context_length_exceeded"
-        );
+        assert_eq!(condensed.retry, "context_length_exceeded");
     }
     let mut streamed = chat_body(&conversation(2));
     streamed["stream"] = json!(true);
     streamed["stream_options"] = json!({"include_usage": true});
-    let text = stream_text(send(proxy, &streamed, &caller).await).await;
+    let text = stream_text(send(proxy, &streamed, &caller).await.0).await;
     assert!(text.contains("reply"), "{text}");
     let mut broken = chat_body(&conversation(1));
     broken["user"] = json!(ERROR_USER);
-    assert_eq!(send(proxy, &broken, &caller).await.status(), 500);
+    assert_eq!(send(proxy, &broken, &caller).await.0.status(), 500);
     // A model whose tokenizer is only estimated: its usage teaches the ratio the dashboard
     // shows (exact encodings have none).
     let mut estimated = chat_body(&conversation(1));
     estimated["model"] = json!("claude-sonnet-4-5");
-    assert_eq!(send(proxy, &estimated, &caller).await.status(), 200);
-    let failed = send(unreachable, &chat_body(&conversation(1)), &caller).await;
+    assert_eq!(send(proxy, &estimated, &caller).await.0.status(), 200);
+    let (failed, _) = send(unreachable, &chat_body(&conversation(1)), &caller).await;
     assert_eq!(failed.status(), 502);
     for turns in [44, 46, 47, 48] {
-        let response = send(proxy, &chat_body(&conversation(turns + round)), FAILING_KEY).await;
+        let body = chat_body(&conversation(turns + round));
+        let (response, condensed) = send(proxy, &body, FAILING_CALLER).await;
         assert_eq!(response.status(), 200, "on_failure = trim");
-        assert_ne!(header(&response, "x-condenser-action"), "summarized");
+        assert_ne!(condensed.action, "summarized");
     }
 }
 

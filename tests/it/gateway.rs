@@ -633,6 +633,70 @@ async fn unreachable_upstream_is_502_and_slow_upstream_is_504() {
     assert_eq!(error["error"]["code"], "upstream_timeout");
 }
 
+/// condenser's own errors in every dialect of the registry come in that dialect's shape: a
+/// body that is not JSON (never sent upstream), an upstream that cannot be reached (its
+/// address not told), and one that does not answer in time.
+#[tokio::test]
+async fn condensers_own_errors_come_in_each_dialects_shape() {
+    let slow = MockUpstream::start(handler(|_| async {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        json_response(200, &completion("late", 1, 1))
+    }))
+    .await;
+    for api in Fixture::all() {
+        let upstream = api.upstream(LlmBehaviour::default()).await;
+        let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
+        let mut request = client().post(proxy.url(&api.path(false)));
+        for (name, value) in api.key_headers(CALLER_KEY) {
+            request = request.header(name, value);
+        }
+        let response = request
+            .header("content-type", "application/json")
+            .body("{\"model\":")
+            .send()
+            .await
+            .unwrap();
+        let (status, kind, message) = api.error(response).await;
+        assert_eq!(status, 400, "{api:?}: {message}");
+        let expected = match api {
+            Fixture::Chat | Fixture::Responses => "invalid_json",
+            Fixture::Messages => "invalid_request_error",
+            Fixture::Gemini => "INVALID_ARGUMENT",
+        };
+        assert_eq!(kind, expected, "{api:?}: {message}");
+        assert!(upstream.recorded().is_empty(), "{api:?}");
+
+        let body = api.body(&[("user", "hi".to_string())], false);
+        let closed = closed_url();
+        let proxy = Proxy::start(Fixture::config(&closed)).await;
+        let (response, _) = api.post(&proxy, &body, false, &[]).await;
+        let (status, kind, message) = api.error(response).await;
+        assert_eq!(status, 502, "{api:?}: {message}");
+        let expected = match api {
+            Fixture::Chat | Fixture::Responses => "upstream_unreachable",
+            Fixture::Messages => "api_error",
+            Fixture::Gemini => "UNAVAILABLE",
+        };
+        assert_eq!(kind, expected, "{api:?}: {message}");
+        // The caller is told the upstream failed, not where it is.
+        let address = closed.trim_start_matches("http://");
+        assert!(!message.contains(address), "{api:?}: {message}");
+
+        let mut config = Fixture::config(&slow.url());
+        config.upstream.timeout_secs = 1;
+        let proxy = Proxy::start(config).await;
+        let (response, _) = api.post(&proxy, &body, false, &[]).await;
+        let (status, kind, message) = api.error(response).await;
+        assert_eq!(status, 504, "{api:?}: {message}");
+        let expected = match api {
+            Fixture::Chat | Fixture::Responses => "upstream_timeout",
+            Fixture::Messages => "api_error",
+            Fixture::Gemini => "DEADLINE_EXCEEDED",
+        };
+        assert_eq!(kind, expected, "{api:?}: {message}");
+    }
+}
+
 #[tokio::test]
 async fn routes_pick_the_upstream_by_model_and_inject_their_key() {
     let default = MockUpstream::start(handler(|_| async {

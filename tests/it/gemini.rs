@@ -11,11 +11,8 @@ const GENERATE: &str = "/v1beta/models/gemini-2.5-pro:generateContent";
 const STREAM: &str = "/v1beta/models/gemini-2.5-pro:streamGenerateContent";
 const KEY: &str = "AIza-gemini-caller-key-1";
 
-async fn post(proxy: &Proxy, path: &str, body: &Value) -> reqwest::Response {
-    crate::common::post(proxy, path, &[("x-goog-api-key", KEY)], body)
-        .await
-        .0
-}
+/// The headers the caller `KEY` sends.
+const AS_CALLER: [(&str, &str); 1] = [("x-goog-api-key", KEY)];
 
 /// The model requests the upstream got (not the summarizer's), as JSON.
 fn model_requests(upstream: &MockUpstream) -> Vec<(String, Value)> {
@@ -26,47 +23,6 @@ fn model_requests(upstream: &MockUpstream) -> Vec<(String, Value)> {
         .filter(|r| r.path_and_query.contains("enerateContent"))
         .map(|r| (r.path_and_query.clone(), r.json()))
         .collect()
-}
-
-fn part_names(turn: &Value, kind: &str) -> Vec<String> {
-    turn["parts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p[kind]["id"].as_str().map(String::from))
-        .collect()
-}
-
-/// What Gemini demands of `contents`: a user turn first, every function response turn right
-/// after the call turn it answers (ids in order), every call of a kept turn answered; and
-/// each call carries the signature the model gave it, verbatim.
-fn assert_valid_gemini(body: &Value) {
-    let turns = body["contents"].as_array().unwrap();
-    assert_eq!(turns[0]["role"], "user", "{:#}", turns[0]);
-    for (i, turn) in turns.iter().enumerate() {
-        let answered = part_names(turn, "functionResponse");
-        if !answered.is_empty() {
-            assert_eq!(
-                part_names(&turns[i - 1], "functionCall"),
-                answered,
-                "turn {i}"
-            );
-        }
-        let calls = part_names(turn, "functionCall");
-        if !calls.is_empty() && i + 1 < turns.len() {
-            assert_eq!(
-                part_names(&turns[i + 1], "functionResponse"),
-                calls,
-                "turn {i}"
-            );
-        }
-        for part in turn["parts"].as_array().unwrap() {
-            if let Some(id) = part["functionCall"]["id"].as_str() {
-                let t: usize = id.trim_start_matches("call-").parse().unwrap();
-                assert_eq!(part["thoughtSignature"], thought_signature(t), "{id}");
-            }
-        }
-    }
 }
 
 /// A 40 MB request as its head declares it: condenser answers before the body, so the body
@@ -103,7 +59,10 @@ async fn a_long_conversation_is_compacted_in_its_own_api_its_signatures_kept() {
     let upstream = mock_gemini(GeminiBehaviour::default()).await;
     let proxy = Proxy::start(gemini_config(&upstream.url())).await;
     let body = gemini_body(&gemini_conversation(20));
-    let response = post(&proxy, GENERATE, &body).await;
+    let response = Fixture::Gemini
+        .post_as(&proxy, KEY, &body, false, &[])
+        .await
+        .0;
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "summarized");
     let received: u64 = Condensed::of(&response).prompt_tokens.unwrap();
@@ -326,14 +285,34 @@ async fn bad_input_gets_googles_error_shape_and_the_proxy_keeps_serving() {
     assert!(upstream.recorded().is_empty(), "nothing bad went upstream");
     // An upstream that cannot be reached is Google's UNAVAILABLE, 502.
     let nowhere = Proxy::start(gemini_config(&closed_url())).await;
-    let (status, error) =
-        google_error(post(&nowhere, GENERATE, &gemini_body(&gemini_conversation(1))).await).await;
+    let (status, error) = google_error(
+        Fixture::Gemini
+            .post_as(
+                &nowhere,
+                KEY,
+                &gemini_body(&gemini_conversation(1)),
+                false,
+                &[],
+            )
+            .await
+            .0,
+    )
+    .await;
     assert_eq!(
         (status, error["status"].as_str()),
         (502, Some("UNAVAILABLE"))
     );
     // And the proxy keeps serving.
-    let response = post(&proxy, GENERATE, &gemini_body(&gemini_conversation(1))).await;
+    let response = Fixture::Gemini
+        .post_as(
+            &proxy,
+            KEY,
+            &gemini_body(&gemini_conversation(1)),
+            false,
+            &[],
+        )
+        .await
+        .0;
     assert_eq!(response.status(), 200);
     let metrics = proxy.metrics().await;
     assert_eq!(
@@ -372,9 +351,11 @@ async fn everything_else_under_v1beta_passes_through_to_the_upstream_its_path_na
     let embed = post(
         &proxy,
         "/v1beta/models/text-embedding-004:embedContent",
+        &AS_CALLER,
         &json!({"content": {"parts": [{"text": "x"}]}}),
     )
-    .await;
+    .await
+    .0;
     assert_eq!(embed.status(), 200);
     let list = client()
         .get(proxy.url("/v1beta/models?pageSize=5"))
@@ -434,7 +415,16 @@ async fn geminis_overflow_answer_is_retried_compacted() {
     .await;
     // Gemini's window as condenser knows it: the 41 turns fit, and only upstream says no.
     let proxy = Proxy::start(config_for(&upstream.url())).await;
-    let response = post(&proxy, GENERATE, &gemini_body(&gemini_conversation(10))).await;
+    let response = Fixture::Gemini
+        .post_as(
+            &proxy,
+            KEY,
+            &gemini_body(&gemini_conversation(10)),
+            false,
+            &[],
+        )
+        .await
+        .0;
     assert_eq!(response.status(), 200);
     assert_eq!(
         header(&response, "x-condenser-retry"),
@@ -456,7 +446,10 @@ async fn a_key_in_the_header_or_the_query_is_one_caller_and_never_logged() {
     let upstream = mock_gemini(GeminiBehaviour::default()).await;
     let proxy = Proxy::start(gemini_config(&upstream.url())).await;
     let body = gemini_body(&gemini_conversation(20));
-    let first = post(&proxy, GENERATE, &body).await;
+    let first = Fixture::Gemini
+        .post_as(&proxy, KEY, &body, false, &[])
+        .await
+        .0;
     assert_eq!(header(&first, "x-condenser-cache"), "miss");
     let by_query = |key: &'static str| {
         client()
@@ -603,7 +596,10 @@ async fn a_request_for_several_candidates_goes_as_sent() {
     let proxy = Proxy::start(gemini_config(&upstream.url())).await;
     let mut body = gemini_body(&gemini_conversation(20));
     body["generationConfig"]["candidateCount"] = json!(2);
-    let response = post(&proxy, GENERATE, &body).await;
+    let response = Fixture::Gemini
+        .post_as(&proxy, KEY, &body, false, &[])
+        .await
+        .0;
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "forwarded");
     assert_eq!(model_requests(&upstream)[0].1, body);
@@ -700,12 +696,10 @@ async fn gemini_recalls_what_its_summary_replaced_whole_and_streamed() {
         let upstream = recalling_gemini().await;
         let proxy = Proxy::start(gemini_config(&upstream.url())).await;
         let body = gemini_body(&gemini_conversation(20));
-        let url = if path == STREAM {
-            format!("{path}?alt=sse")
-        } else {
-            path.to_string()
-        };
-        let response = post(&proxy, &url, &body).await;
+        let stream = path == STREAM;
+        let (response, _) = Fixture::Gemini
+            .post_as(&proxy, KEY, &body, stream, &[])
+            .await;
         assert_eq!(response.status(), 200, "{path}");
         assert_eq!(header(&response, "x-condenser-action"), "summarized");
         let text = response.text().await.unwrap();
@@ -784,7 +778,9 @@ async fn gemini_array_streams_are_relayed_as_they_come_and_never_offered_recall(
     }))
     .await;
     let proxy = Proxy::start(gemini_config(&upstream.url())).await;
-    let response = post(&proxy, STREAM, &gemini_body(&gemini_conversation(20))).await;
+    let body = gemini_body(&gemini_conversation(20));
+    // Without `alt=sse`: Google's REST default, one JSON array.
+    let (response, _) = post(&proxy, STREAM, &AS_CALLER, &body).await;
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-action"), "summarized");
     let mut chunks = response.bytes_stream();

@@ -2,7 +2,6 @@
 //! mock Claude whose summarizer calls go to chat completions on the same upstream.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::common::*;
 use futures_util::StreamExt;
@@ -16,45 +15,6 @@ fn claude_requests(upstream: &MockUpstream) -> Vec<Value> {
         .filter(|r| r.path_and_query == "/v1/messages" && !is_summarizer_call(r))
         .map(Recorded::json)
         .collect()
-}
-
-async fn post(proxy: &Proxy, body: &Value) -> reqwest::Response {
-    let headers = [
-        ("x-api-key", "sk-ant-test"),
-        ("anthropic-version", "2023-06-01"),
-    ];
-    crate::common::post(proxy, "/v1/messages", &headers, body)
-        .await
-        .0
-}
-
-fn tool_ids<'a>(message: &'a Value, kind: &str, field: &str) -> Vec<&'a str> {
-    message["content"]
-        .as_array()
-        .map(|blocks| {
-            blocks
-                .iter()
-                .filter(|b| b["type"] == kind)
-                .filter_map(|b| b[field].as_str())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// What Anthropic demands of `messages`: a user turn first, roles alternating, each
-/// `tool_result` answering a `tool_use` of the turn just before it.
-fn assert_valid_messages(messages: &[Value]) {
-    assert_eq!(messages[0]["role"], "user", "{:#}", messages[0]);
-    for pair in messages.windows(2) {
-        assert_ne!(pair[0]["role"], pair[1]["role"], "roles do not alternate");
-    }
-    for (i, message) in messages.iter().enumerate() {
-        for id in tool_ids(message, "tool_result", "tool_use_id") {
-            assert!(i > 0, "the conversation opens with a tool result");
-            let calls = tool_ids(&messages[i - 1], "tool_use", "id");
-            assert!(calls.contains(&id), "orphan tool result {id}");
-        }
-    }
 }
 
 /// Where the summary went, and the kept messages after it.
@@ -87,20 +47,17 @@ async fn compact_once(
     assert_eq!(original.len(), 121);
     let mut body = messages_body(&original);
     body["system"] = system.clone();
-    let mut request = client()
-        .post(proxy.url("/v1/messages"))
-        .header("x-api-key", "sk-ant-test")
-        .json(&body);
-    if force_keeping.is_some() {
-        // Force keeps only the required recent messages: the kept part starts where
-        // `keep_recent_messages` puts it.
-        request = request.header("x-condenser-mode", "force");
-    }
-    let response = request.send().await.unwrap();
+    // Force keeps only the required recent messages: the kept part starts where
+    // `keep_recent_messages` puts it.
+    let force = [("x-condenser-mode", "force")];
+    let mode: &[(&str, &str)] = if force_keeping.is_some() { &force } else { &[] };
+    let (response, condensed) = Fixture::Messages
+        .post_as(&proxy, "sk-ant-test", &body, false, mode)
+        .await;
     assert_eq!(response.status(), 200);
-    assert_eq!(header(&response, "x-condenser-action"), "summarized");
-    let received: u64 = Condensed::of(&response).prompt_tokens.unwrap();
-    let forwarded: u64 = Condensed::of(&response).forwarded_tokens.unwrap();
+    assert_eq!(condensed.action, "summarized");
+    let received: u64 = condensed.prompt_tokens.unwrap();
+    let forwarded: u64 = condensed.forwarded_tokens.unwrap();
     eprintln!("received {received} tokens, forwarded {forwarded}");
     assert!(forwarded < received, "{received} → {forwarded}");
     let reply: Value = response.json().await.unwrap();
@@ -339,10 +296,10 @@ async fn a_stream_is_relayed_event_by_event_and_its_usage_read() {
     let proxy = Proxy::start(claude_config(&upstream.url())).await;
     let mut body = messages_body(&[user_turn(0)]);
     body["stream"] = json!(true);
-    let response = post(&proxy, &body).await;
+    let (response, condensed) = Fixture::Messages.post(&proxy, &body, true, &[]).await;
     assert_eq!(response.status(), 200);
-    assert_eq!(header(&response, "x-condenser-action"), "forwarded");
-    let forwarded_tokens = header(&response, "x-condenser-forwarded-tokens");
+    assert_eq!(condensed.action, "forwarded");
+    let forwarded_tokens = condensed.forwarded_tokens;
     let mut stream = response.bytes_stream();
     let mut text = String::new();
     // The rest is held upstream until the first event has reached the client.
@@ -390,7 +347,7 @@ async fn a_stream_is_relayed_event_by_event_and_its_usage_read() {
     // at its floor.
     let usage_prompt =
         CLAUDE_INPUT_TOKENS + CLAUDE_CACHE_CREATION_TOKENS + CLAUDE_CACHE_READ_TOKENS;
-    let estimated: u64 = forwarded_tokens.parse().unwrap();
+    let estimated: u64 = forwarded_tokens.unwrap();
     assert!(usage_prompt * 2 < estimated, "{estimated}");
     assert_eq!(
         metric(&metrics, &series("condenser_token_estimate_ratio")),
@@ -445,60 +402,12 @@ async fn errors_come_in_anthropics_shape_without_calling_upstream() {
     // An upstream that cannot be reached is Anthropic's api_error, 502.
     let nowhere = closed_url();
     let unreachable = Proxy::start(claude_config(&nowhere)).await;
-    let response = post(
-        &unreachable,
-        &messages_body(&[json!({"role": "user", "content": "hi"})]),
-    )
-    .await;
+    let body = messages_body(&[json!({"role": "user", "content": "hi"})]);
+    let (response, _) = Fixture::Messages
+        .post(&unreachable, &body, false, &[])
+        .await;
     let (status, error) = anthropic_error(response).await;
     assert_eq!((status, error["type"].as_str()), (502, Some("api_error")));
-}
-
-#[tokio::test]
-async fn concurrent_identical_requests_make_one_summarizer_call() {
-    let upstream = mock_claude(ClaudeBehaviour {
-        llm: LlmBehaviour {
-            summarizer_latency: Duration::from_millis(300),
-            ..Default::default()
-        },
-        ..Default::default()
-    })
-    .await;
-    let proxy = Proxy::start(claude_config(&upstream.url())).await;
-    let body = messages_body(&claude_conversation(30));
-    let replies = futures_util::future::join_all((0..8).map(|_| post(&proxy, &body))).await;
-    for response in &replies {
-        assert_eq!(response.status(), 200);
-        assert_eq!(header(response, "x-condenser-action"), "summarized");
-    }
-    assert_eq!(upstream.summarizer_calls().len(), 1);
-    let sent = claude_requests(&upstream);
-    assert_eq!(sent.len(), 8);
-    assert!(sent.windows(2).all(|pair| pair[0] == pair[1]));
-}
-
-#[tokio::test]
-async fn a_failing_summarizer_leaves_the_request_successful() {
-    let upstream = mock_claude(ClaudeBehaviour {
-        llm: LlmBehaviour {
-            summarizer_status: Some(500),
-            ..Default::default()
-        },
-        ..Default::default()
-    })
-    .await;
-    let proxy = Proxy::start(claude_config(&upstream.url())).await;
-    let original = claude_conversation(30);
-    let response = post(&proxy, &messages_body(&original)).await;
-    assert_eq!(response.status(), 200);
-    assert_eq!(header(&response, "x-condenser-action"), "trimmed");
-    assert!(!upstream.summarizer_calls().is_empty());
-    let sent = &claude_requests(&upstream)[0];
-    assert_eq!(sent["system"], CLAUDE_SYSTEM);
-    let messages = sent["messages"].as_array().unwrap();
-    assert_valid_messages(messages);
-    assert!(messages.len() < original.len());
-    assert!(!sent.to_string().contains("[Context summary"));
 }
 
 #[tokio::test]
@@ -578,7 +487,7 @@ async fn under_the_trigger_a_request_is_counted_from_its_bytes_as_the_full_path_
         .total;
         for attempt in 0..2 {
             let encoded = proxy.state.counter.messages_encoded();
-            let response = post(&proxy, &body).await;
+            let response = Fixture::Messages.post(&proxy, &body, false, &[]).await.0;
             assert_eq!(response.status(), 200);
             assert_eq!(header(&response, "x-condenser-action"), "forwarded");
             let counted: u64 = Condensed::of(&response).prompt_tokens.unwrap();

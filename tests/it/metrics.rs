@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use crate::common::*;
 use futures_util::StreamExt;
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// Parses the Prometheus text format strictly enough to catch a malformed exposition:
 /// every sample is `name{labels} value`, every name was declared by `# TYPE`.
@@ -48,17 +48,13 @@ fn parse_exposition(text: &str) -> BTreeMap<String, f64> {
     samples
 }
 
+/// The path the chat requests here go to.
+const CHAT: &str = "/v1/chat/completions";
+
 fn value(samples: &BTreeMap<String, f64>, series: &str) -> f64 {
     *samples
         .get(series)
         .unwrap_or_else(|| panic!("no series {series}"))
-}
-
-async fn send(proxy: &Proxy, body: &Value) -> (reqwest::Response, u64, u64) {
-    let (response, condensed) = post(proxy, "/v1/chat/completions", &[], body).await;
-    let received = condensed.prompt_tokens.unwrap();
-    let forwarded = condensed.forwarded_tokens.unwrap();
-    (response, received, forwarded)
 }
 
 #[tokio::test]
@@ -67,15 +63,14 @@ async fn counters_agree_with_a_known_sequence_of_requests() {
     let proxy = Proxy::start(small_window_config(&upstream.url())).await;
     let mut received_total = 0;
     let mut forwarded_total = 0;
-    let mut expect = |(response, received, forwarded): (reqwest::Response, u64, u64),
-                      action: &str,
-                      status: u16| {
-        assert_eq!(response.status(), status);
-        assert_eq!(header(&response, "x-condenser-action"), action);
-        received_total += received;
-        forwarded_total += forwarded;
-        response
-    };
+    let mut expect =
+        |(response, condensed): (reqwest::Response, Condensed), action: &str, status: u16| {
+            assert_eq!(response.status(), status);
+            assert_eq!(condensed.action, action);
+            received_total += condensed.prompt_tokens.unwrap();
+            forwarded_total += condensed.forwarded_tokens.unwrap();
+            response
+        };
     let small = chat_body(&conversation(1));
     let long = chat_body(&conversation(40));
     let mut poisoned_messages = conversation(40);
@@ -89,26 +84,26 @@ async fn counters_agree_with_a_known_sequence_of_requests() {
     let mut failing = small.clone();
     failing["user"] = json!(ERROR_USER);
 
-    expect(send(&proxy, &small).await, "forwarded", 200)
+    expect(post(&proxy, CHAT, &[], &small).await, "forwarded", 200)
         .bytes()
         .await
         .unwrap();
-    let r = expect(send(&proxy, &long).await, "summarized", 200);
+    let r = expect(post(&proxy, CHAT, &[], &long).await, "summarized", 200);
     assert_eq!(header(&r, "x-condenser-cache"), "miss");
     r.bytes().await.unwrap();
-    let r = expect(send(&proxy, &long).await, "summarized", 200);
+    let r = expect(post(&proxy, CHAT, &[], &long).await, "summarized", 200);
     assert_eq!(header(&r, "x-condenser-cache"), "hit");
     r.bytes().await.unwrap();
-    expect(send(&proxy, &poisoned).await, "trimmed", 200)
+    expect(post(&proxy, CHAT, &[], &poisoned).await, "trimmed", 200)
         .bytes()
         .await
         .unwrap();
-    let r = expect(send(&proxy, &streamed).await, "forwarded", 200);
+    let r = expect(post(&proxy, CHAT, &[], &streamed).await, "forwarded", 200);
     let mut stream = r.bytes_stream();
     while let Some(chunk) = stream.next().await {
         chunk.unwrap();
     }
-    expect(send(&proxy, &failing).await, "forwarded", 500)
+    expect(post(&proxy, CHAT, &[], &failing).await, "forwarded", 500)
         .bytes()
         .await
         .unwrap();
@@ -213,7 +208,7 @@ async fn usage_is_requested_for_streams_and_hidden_from_clients_that_did_not_ask
     let proxy = Proxy::start(config_for(&upstream.url())).await;
     let without =
         json!({"model": "gpt-4o", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
-    let (response, _, _) = send(&proxy, &without).await;
+    let (response, _) = post(&proxy, CHAT, &[], &without).await;
     let text = stream_text(response).await;
     assert!(!text.contains("\"usage\""), "{text}");
     assert!(text.ends_with("data: [DONE]\n\n"));
@@ -266,7 +261,11 @@ async fn invented_model_names_do_not_blow_up_cardinality() {
     let requests = names.iter().map(|name| {
         let body = json!({"model": name, "messages": [{"role": "user", "content": "hi"}]});
         let proxy = &proxy;
-        async move { send(proxy, &body).await.0.bytes().await.unwrap() }
+        async move {
+            let (response, condensed) = post(proxy, CHAT, &[], &body).await;
+            assert!(condensed.prompt_tokens.is_some() && condensed.forwarded_tokens.is_some());
+            response.bytes().await.unwrap()
+        }
     });
     futures_util::stream::iter(requests)
         .buffer_unordered(16)
@@ -333,70 +332,31 @@ fn total(samples: &BTreeMap<String, f64>, name: &str) -> f64 {
         .sum()
 }
 
-/// One dialect's traffic for the cache test: its path, and its request of `turns` turns.
-struct Dialect {
-    path: &'static str,
-    body: fn(usize) -> Value,
-}
-
-const CACHED_DIALECTS: [Dialect; 3] = [
-    Dialect {
-        path: "/v1/chat/completions",
-        body: |turns| chat_body(&conversation(turns)),
-    },
-    Dialect {
-        path: "/v1/responses",
-        body: |turns| {
-            let input = conversation(turns)[1..].to_vec();
-            json!({"model": "gpt-4o", "instructions": SYSTEM_PROMPT, "input": input, "store": false})
-        },
-    },
-    Dialect {
-        path: "/v1/messages",
-        body: |turns| messages_body(&claude_conversation(turns)),
-    },
-];
-
 /// What the provider's cache served, as each dialect's upstream reports it (chat
 /// `prompt_tokens_details.cached_tokens`, Responses `input_tokens_details.cached_tokens`,
-/// Anthropic `cache_read_input_tokens`), is counted from whole replies and from streams: each
-/// request's share, replayed from what condenser forwarded, is what the counter grows by.
+/// Anthropic `cache_read_input_tokens`, Gemini `cachedContentTokenCount`), is counted from
+/// whole replies and from streams: each request's share, replayed from what condenser
+/// forwarded, is what the counter grows by.
 #[tokio::test]
 async fn cached_prompt_tokens_are_counted_in_every_dialect_whole_and_streamed() {
-    for dialect in CACHED_DIALECTS {
+    for api in Fixture::all() {
         let behaviour = LlmBehaviour {
             prompt_cache: Some(PromptCache::default()),
             ..LlmBehaviour::default()
         };
-        let upstream = match dialect.path {
-            "/v1/responses" => mock_responses_llm(behaviour, None).await,
-            "/v1/messages" => {
-                mock_claude(ClaudeBehaviour {
-                    llm: behaviour,
-                    ..ClaudeBehaviour::default()
-                })
-                .await
-            }
-            _ => mock_llm(behaviour).await,
-        };
-        let proxy = Proxy::start(claude_config(&upstream.url())).await;
+        let upstream = api.upstream(behaviour).await;
+        let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
         let replay = PromptCache::default();
         let mut expected = 0.0;
         for (turns, stream) in [(2, false), (3, true), (4, false), (5, true)] {
-            let mut body = (dialect.body)(turns);
-            body["stream"] = json!(stream);
-            let response = client()
-                .post(proxy.url(dialect.path))
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(response.status(), 200, "{}", dialect.path);
+            let body = api.with_stream(api.agent_body(&api.agent_conversation_of(turns)), stream);
+            let (response, _) = api.post(&proxy, &body, stream, &[]).await;
+            assert_eq!(response.status(), 200, "{api:?}");
             stream_text(response).await;
             let forwarded = upstream.forwarded();
             let cached = replay.prompt(forwarded.last().unwrap()).cached_tokens;
             if turns > 2 {
-                assert!(cached > 0, "{}: the previous prompt repeats", dialect.path);
+                assert!(cached > 0, "{api:?}: the previous prompt repeats");
             }
             expected += cached as f64;
             // Counted once the relay ends, which may be just after the client has it all.

@@ -30,34 +30,14 @@ fn full_length_summaries() -> LlmBehaviour {
     }
 }
 
-/// What one request's reply said.
-struct Reply {
-    forwarded_tokens: u64,
-    would: String,
-    would_forward_tokens: String,
-}
-
-async fn send(proxy: &Proxy, round: usize, mode: &str) -> Reply {
-    let response = client()
-        .post(proxy.url("/v1/chat/completions"))
-        .header("x-condenser-mode", mode)
-        .json(&chat_body(&agent_session(round)))
-        .send()
-        .await
-        .unwrap();
+/// Round `round` of the agent session sent in `mode`, checked to have succeeded; what
+/// condenser said of it.
+async fn send(proxy: &Proxy, round: usize, mode: &str) -> Condensed {
+    let body = chat_body(&agent_session(round));
+    let headers = [("x-condenser-mode", mode)];
+    let (response, condensed) = post(proxy, "/v1/chat/completions", &headers, &body).await;
     assert_eq!(response.status(), 200);
-    let optional = |name: &str| {
-        response
-            .headers()
-            .get(name)
-            .map(|v| v.to_str().unwrap().to_string())
-            .unwrap_or_default()
-    };
-    Reply {
-        forwarded_tokens: Condensed::of(&response).forwarded_tokens.unwrap(),
-        would: optional("x-condenser-would"),
-        would_forward_tokens: optional("x-condenser-would-forward-tokens"),
-    }
+    condensed
 }
 
 /// The sum of every series of `name`, whatever its labels, that `filter` keeps.
@@ -146,9 +126,7 @@ async fn observe_reports_what_auto_then_does_on_the_same_session() {
             "forwarded as sent"
         );
     }
-    assert!(would
-        .iter()
-        .all(|(w, n)| !w.is_empty() && n.parse::<u64>().is_ok()));
+    assert!(would.iter().all(|(w, n)| !w.is_empty() && n.is_some()));
     assert!(
         would.iter().any(|(w, _)| w == "summarized"),
         "by the plan, auto would summarize: {would:?}"
@@ -177,7 +155,7 @@ async fn observe_reports_what_auto_then_does_on_the_same_session() {
     let proxy = Proxy::start(with_window(&upstream, WINDOW)).await;
     let mut forwarded = Vec::new();
     for round in 1..=ROUNDS {
-        forwarded.push(send(&proxy, round, "auto").await.forwarded_tokens);
+        forwarded.push(send(&proxy, round, "auto").await.forwarded_tokens.unwrap());
         // Let a summary made ahead land, as an agent's tool call would.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -208,22 +186,16 @@ async fn observe_is_a_mode_of_the_config_and_the_header_overrides_it() {
     let mut config = with_window(&upstream, WINDOW);
     config.context.mode = condenser::config::Mode::Observe;
     let proxy = Proxy::start(config).await;
-    let response = post_chat(&proxy, &chat_body(&agent_session(100))).await;
-    assert_eq!(header(&response, "x-condenser-action"), "forwarded");
-    assert_eq!(header(&response, "x-condenser-would"), "summarized");
-    let would: u64 = header(&response, "x-condenser-would-forward-tokens")
-        .parse()
-        .unwrap();
-    let received: u64 = Condensed::of(&response).prompt_tokens.unwrap();
+    let body = chat_body(&agent_session(100));
+    let (_, condensed) = post(&proxy, "/v1/chat/completions", &[], &body).await;
+    assert_eq!(condensed.action, "forwarded");
+    assert_eq!(condensed.would, "summarized");
+    let would = condensed.would_forward_tokens.unwrap();
+    let received = condensed.prompt_tokens.unwrap();
     assert!(would < received / 2, "{would} of {received}");
     // The header still decides: auto compacts.
-    let response = client()
-        .post(proxy.url("/v1/chat/completions"))
-        .header("x-condenser-mode", "auto")
-        .json(&chat_body(&agent_session(100)))
-        .send()
-        .await
-        .unwrap();
-    assert_ne!(header(&response, "x-condenser-action"), "forwarded");
+    let auto = [("x-condenser-mode", "auto")];
+    let (response, condensed) = post(&proxy, "/v1/chat/completions", &auto, &body).await;
+    assert_ne!(condensed.action, "forwarded");
     assert!(response.headers().get("x-condenser-would").is_none());
 }

@@ -1,30 +1,19 @@
-//! Recall served by condenser (issue 22), in all three dialects, plain and streamed, against a
+//! Recall served by condenser (issue 22), in every dialect of the registry, plain and streamed, against a
 //! scripted model: one that calls `condenser_recall` when it is offered and echoes what the
 //! tool answered, with a summarizer that keeps nothing of what it is sent.
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use futures_util::StreamExt;
-use http_body_util::BodyExt;
 use hyper::Response;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 
 use crate::common::*;
-use condenser::transport::body::{BoxError, ProxyBody};
+use condenser::transport::body::ProxyBody;
 
 const DECISION: &str = "Decision: we bind the service to port 23456 and never to 8080.";
-const TOOL: &str = "condenser_recall";
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Api {
-    Chat,
-    Responses,
-    Messages,
-}
-
-const APIS: [Api; 3] = [Api::Chat, Api::Responses, Api::Messages];
+const TOOL: &str = RECALL_TOOL;
 
 /// What the scripted model does when the recall tool is offered and not yet answered.
 #[derive(Clone)]
@@ -47,401 +36,26 @@ enum Script {
     Gated(Arc<Notify>),
 }
 
-impl Api {
-    fn path(self) -> &'static str {
-        match self {
-            Api::Chat => "/v1/chat/completions",
-            Api::Responses => "/v1/responses",
-            Api::Messages => "/v1/messages",
-        }
-    }
+/// A conversation of 14 exchanges, the decision stated by the assistant in the second, each
+/// turn about 100 tokens; the last a question.
+fn body(api: Fixture, stream: bool) -> Value {
+    body_deciding(api, DECISION, stream)
+}
 
-    fn model(self) -> &'static str {
-        match self {
-            Api::Messages => "claude-sonnet-4-5",
-            _ => "gpt-4o",
-        }
-    }
-
-    /// A conversation of 14 exchanges, the decision stated by the assistant in the second,
-    /// each turn about 100 tokens; the last a question.
-    fn body(self, stream: bool) -> Value {
-        self.body_deciding(DECISION, stream)
-    }
-
-    /// The same conversation, `decision` stated in it.
-    fn body_deciding(self, decision: &str, stream: bool) -> Value {
-        let mut turns = Vec::new();
-        for t in 0..14 {
-            turns.push(("user", format!("msg-u{t}. {}", filler(t, 100))));
-            let said = if t == 1 {
-                format!("{decision} {}", filler(t + 1000, 90))
-            } else {
-                format!("msg-a{t}. {}", filler(t + 1000, 100))
-            };
-            turns.push(("assistant", said));
-        }
-        turns.push(("user", "Which port do we bind the service to?".into()));
-        let items: Vec<Value> = turns
-            .iter()
-            .map(|(role, text)| json!({"role": role, "content": text}))
-            .collect();
-        let mut body = match self {
-            Api::Chat => {
-                let mut messages = vec![json!({"role": "system", "content": SYSTEM_PROMPT})];
-                messages.extend(items);
-                json!({"model": self.model(), "messages": messages})
-            }
-            Api::Responses => {
-                json!({"model": self.model(), "instructions": SYSTEM_PROMPT, "input": items})
-            }
-            Api::Messages => {
-                json!({"model": self.model(), "max_tokens": 500, "system": SYSTEM_PROMPT, "messages": items})
-            }
-        };
-        if stream {
-            body["stream"] = json!(true);
-        }
-        body
-    }
-
-    fn offers_recall(self, request: &Value) -> bool {
-        let name = match self {
-            Api::Chat => "/function/name",
-            _ => "/name",
-        };
-        request["tools"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|tool| tool.pointer(name) == Some(&json!(TOOL)))
-    }
-
-    /// The text of the tool answers that end the request, when it ends with some.
-    fn answers(self, request: &Value) -> Option<String> {
-        match self {
-            Api::Chat => {
-                let messages = request["messages"].as_array()?;
-                let last = messages.last()?;
-                (last["role"] == "tool" && answers_a_recall(&last["tool_call_id"]))
-                    .then(|| last["content"].as_str().unwrap().to_string())
-            }
-            Api::Responses => {
-                let last = request["input"].as_array()?.last()?.clone();
-                (last["type"] == "function_call_output" && answers_a_recall(&last["call_id"]))
-                    .then(|| last["output"].as_str().unwrap().to_string())
-            }
-            Api::Messages => {
-                let last = request["messages"].as_array()?.last()?.clone();
-                let block = last["content"].as_array()?.first()?.clone();
-                (block["type"] == "tool_result" && answers_a_recall(&block["tool_use_id"])).then(
-                    || {
-                        let error = if block["is_error"] == json!(true) {
-                            "Error: "
-                        } else {
-                            ""
-                        };
-                        format!("{error}{}", block["content"].as_str().unwrap())
-                    },
-                )
-            }
-        }
-    }
-
-    fn text_reply(
-        self,
-        text: &str,
-        stream: bool,
-        gate: Option<Arc<Notify>>,
-    ) -> Response<ProxyBody> {
-        if !stream {
-            let body = match self {
-                Api::Chat => completion(text, 100, 10),
-                Api::Responses => {
-                    json!({"id": "resp_1", "tools": echoed_tools(), "object": "response", "status": "completed",
-                    "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-                                "content": [{"type": "output_text", "text": text, "annotations": []}]}],
-                    "usage": {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}})
-                }
-                Api::Messages => {
-                    json!({"id": "msg_1", "type": "message", "role": "assistant", "model": self.model(),
-                    "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": null,
-                    "usage": {"input_tokens": 100, "output_tokens": 10}})
-                }
-            };
-            return json_response(200, &body);
-        }
-        let events = match self {
-            Api::Chat => vec![
-                chat_chunk(json!({"role": "assistant", "content": ""}), None),
-                chat_chunk(json!({"content": text}), None),
-                chat_chunk(json!({}), Some("stop")),
-                chat_usage(),
-                "data: [DONE]\n\n".to_string(),
-            ],
-            Api::Responses => {
-                let part = json!({"type": "output_text", "text": text, "annotations": []});
-                let message = json!({"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-                    "content": [part]});
-                let at = json!({"output_index": 0, "item_id": "msg_1", "content_index": 0});
-                let with = |kind: &str, fields: Value| {
-                    let mut event = at.clone();
-                    event["type"] = json!(kind);
-                    event
-                        .as_object_mut()
-                        .unwrap()
-                        .extend(fields.as_object().unwrap().clone());
-                    event
-                };
-                responses_events(vec![
-                    json!({"type": "response.created", "response": {"id": "resp_1", "tools": echoed_tools(), "status": "in_progress", "output": []}}),
-                    json!({"type": "response.output_item.added", "output_index": 0, "item": {"type": "message", "id": "msg_1", "role": "assistant", "status": "in_progress", "content": []}}),
-                    with(
-                        "response.content_part.added",
-                        json!({"part": {"type": "output_text", "text": "", "annotations": []}}),
-                    ),
-                    with("response.output_text.delta", json!({"delta": text})),
-                    with("response.output_text.done", json!({"text": text})),
-                    with("response.content_part.done", json!({"part": part})),
-                    json!({"type": "response.output_item.done", "output_index": 0, "item": message}),
-                    json!({"type": "response.completed", "response": {"id": "resp_1", "tools": echoed_tools(), "status": "completed", "output": [message],
-                        "usage": {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}}}),
-                ])
-            }
-            Api::Messages => vec![
-                message_start(),
-                anthropic_event(
-                    "content_block_start",
-                    json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-                ),
-                anthropic_event(
-                    "content_block_delta",
-                    json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
-                ),
-                anthropic_event(
-                    "content_block_stop",
-                    json!({"type": "content_block_stop", "index": 0}),
-                ),
-                message_end("end_turn"),
-                anthropic_event("message_stop", json!({"type": "message_stop"})),
-            ],
-        };
-        sse_response(events, gate)
-    }
-
-    /// A reply calling `calls` (name, arguments), streamed or whole.
-    fn call_reply(self, calls: &[(&str, Value)], stream: bool) -> Response<ProxyBody> {
-        let id = |i: usize| format!("call_{i}");
-        if !stream {
-            let body = match self {
-                Api::Chat => {
-                    let calls: Vec<Value> = calls.iter().enumerate().map(|(i, (name, args))| json!({"id": id(i), "type": "function", "function": {"name": name, "arguments": args.to_string()}})).collect();
-                    json!({"id": "chatcmpl-1", "object": "chat.completion", "model": "gpt-4o",
-                        "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": calls}, "finish_reason": "tool_calls"}],
-                        "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}})
-                }
-                Api::Responses => {
-                    let output: Vec<Value> = calls.iter().enumerate().map(|(i, (name, args))| json!({"type": "function_call", "id": format!("fc_{i}"), "call_id": id(i), "name": name, "arguments": args.to_string(), "status": "completed"})).collect();
-                    json!({"id": "resp_1", "tools": echoed_tools(), "object": "response", "status": "completed", "output": output,
-                        "usage": {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}})
-                }
-                Api::Messages => {
-                    let content: Vec<Value> = calls.iter().enumerate().map(|(i, (name, args))| json!({"type": "tool_use", "id": id(i), "name": name, "input": args})).collect();
-                    json!({"id": "msg_1", "type": "message", "role": "assistant", "model": self.model(), "content": content,
-                        "stop_reason": "tool_use", "stop_sequence": null, "usage": {"input_tokens": 100, "output_tokens": 10}})
-                }
-            };
-            return json_response(200, &body);
-        }
-        let mut events = Vec::new();
-        match self {
-            Api::Chat => {
-                events.push(chat_chunk(
-                    json!({"role": "assistant", "content": null}),
-                    None,
-                ));
-                for (i, (name, args)) in calls.iter().enumerate() {
-                    events.push(chat_chunk(json!({"tool_calls": [{"index": i, "id": id(i), "type": "function", "function": {"name": name, "arguments": ""}}]}), None));
-                    events.push(chat_chunk(json!({"tool_calls": [{"index": i, "function": {"arguments": args.to_string()}}]}), None));
-                }
-                events.push(chat_chunk(json!({}), Some("tool_calls")));
-                events.push(chat_usage());
-                events.push("data: [DONE]\n\n".to_string());
-            }
-            Api::Responses => {
-                let mut data = vec![
-                    json!({"type": "response.created", "response": {"id": "resp_1", "tools": echoed_tools(), "status": "in_progress", "output": []}}),
-                ];
-                let mut output = Vec::new();
-                for (i, (name, args)) in calls.iter().enumerate() {
-                    let item = json!({"type": "function_call", "id": format!("fc_{i}"), "call_id": id(i), "name": name, "arguments": args.to_string(), "status": "completed"});
-                    let mut added = item.clone();
-                    added["arguments"] = json!("");
-                    data.push(json!({"type": "response.output_item.added", "output_index": i, "item": added}));
-                    data.push(json!({"type": "response.function_call_arguments.delta", "output_index": i, "item_id": format!("fc_{i}"), "delta": args.to_string()}));
-                    data.push(json!({"type": "response.function_call_arguments.done", "output_index": i, "item_id": format!("fc_{i}"), "arguments": args.to_string()}));
-                    data.push(json!({"type": "response.output_item.done", "output_index": i, "item": item}));
-                    output.push(item);
-                }
-                data.push(json!({"type": "response.completed", "response": {"id": "resp_1", "tools": echoed_tools(), "status": "completed", "output": output,
-                    "usage": {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}}}));
-                events = responses_events(data);
-            }
-            Api::Messages => {
-                events.push(message_start());
-                for (i, (name, args)) in calls.iter().enumerate() {
-                    events.push(anthropic_event("content_block_start", json!({"type": "content_block_start", "index": i, "content_block": {"type": "tool_use", "id": id(i), "name": name, "input": {}}})));
-                    events.push(anthropic_event("content_block_delta", json!({"type": "content_block_delta", "index": i, "delta": {"type": "input_json_delta", "partial_json": args.to_string()}})));
-                    events.push(anthropic_event(
-                        "content_block_stop",
-                        json!({"type": "content_block_stop", "index": i}),
-                    ));
-                }
-                events.push(message_end("tool_use"));
-                events.push(anthropic_event(
-                    "message_stop",
-                    json!({"type": "message_stop"}),
-                ));
-            }
-        }
-        sse_response(events, None)
-    }
-
-    /// The text the client got, and the raw bytes (for what must not be there).
-    async fn client_text(self, response: reqwest::Response, stream: bool) -> (String, String) {
-        let raw = if stream {
-            stream_text(response).await
+/// The same conversation, `decision` stated in it.
+fn body_deciding(api: Fixture, decision: &str, stream: bool) -> Value {
+    let mut turns = Vec::new();
+    for t in 0..14 {
+        turns.push(("user", format!("msg-u{t}. {}", filler(t, 100))));
+        let said = if t == 1 {
+            format!("{decision} {}", filler(t + 1000, 90))
         } else {
-            response.text().await.unwrap()
+            format!("msg-a{t}. {}", filler(t + 1000, 100))
         };
-        if !stream {
-            let body: Value = serde_json::from_str(&raw).unwrap();
-            let text = match self {
-                Api::Chat => body["choices"][0]["message"]["content"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-                Api::Responses => body["output"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .flat_map(|item| item["content"].as_array().cloned().unwrap_or_default())
-                    .filter_map(|c| c["text"].as_str().map(str::to_string))
-                    .collect(),
-                Api::Messages => body["content"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter_map(|c| c["text"].as_str().map(str::to_string))
-                    .collect(),
-            };
-            return (text, raw);
-        }
-        let mut text = String::new();
-        for event in raw.split("\n\n") {
-            let Some(data) = event.lines().find_map(|l| l.strip_prefix("data: ")) else {
-                continue;
-            };
-            let Ok(data) = serde_json::from_str::<Value>(data) else {
-                continue;
-            };
-            let piece = match self {
-                Api::Chat => data.pointer("/choices/0/delta/content").cloned(),
-                Api::Responses => {
-                    (data["type"] == "response.output_text.delta").then(|| data["delta"].clone())
-                }
-                Api::Messages => data.pointer("/delta/text").cloned(),
-            };
-            if let Some(piece) = piece.as_ref().and_then(Value::as_str) {
-                text.push_str(piece);
-            }
-        }
-        (text, raw)
+        turns.push(("assistant", said));
     }
-}
-
-/// The tools a Responses reply echoes, as the API echoes the request's: the recall tool among
-/// them, for condenser to take out.
-fn echoed_tools() -> Value {
-    json!([{"type": "function", "name": TOOL, "parameters": {}}])
-}
-
-/// Whether a tool answer answers a call of the scripted model's (`call_N`), not one of the
-/// client's own in the conversation it was sent.
-fn answers_a_recall(call_id: &Value) -> bool {
-    call_id.as_str().is_some_and(|id| id.starts_with("call_"))
-}
-
-fn chat_chunk(delta: Value, finish: Option<&str>) -> String {
-    let chunk = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "gpt-4o",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
-    format!("data: {chunk}\n\n")
-}
-
-fn chat_usage() -> String {
-    let chunk = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [],
-        "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}});
-    format!("data: {chunk}\n\n")
-}
-
-/// Responses events as the API streams them: each named by its type and numbered in order.
-fn responses_events(data: Vec<Value>) -> Vec<String> {
-    data.into_iter()
-        .enumerate()
-        .map(|(n, mut data)| {
-            data["sequence_number"] = json!(n);
-            format!(
-                "event: {}\ndata: {data}\n\n",
-                data["type"].as_str().unwrap()
-            )
-        })
-        .collect()
-}
-
-fn anthropic_event(name: &str, data: Value) -> String {
-    format!("event: {name}\ndata: {data}\n\n")
-}
-
-fn message_start() -> String {
-    anthropic_event(
-        "message_start",
-        json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
-        "model": "claude-sonnet-4-5", "content": [], "stop_reason": null, "usage": {"input_tokens": 100, "output_tokens": 1}}}),
-    )
-}
-
-fn message_end(stop: &str) -> String {
-    anthropic_event(
-        "message_delta",
-        json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": 10}}),
-    )
-}
-
-/// A streamed reply: its first event at once, the rest after `gate` (when given) is notified.
-fn sse_response(events: Vec<String>, gate: Option<Arc<Notify>>) -> Response<ProxyBody> {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(1);
-    tokio::spawn(async move {
-        let mut events = events.into_iter();
-        if let Some(first) = events.next() {
-            if tx.send(Bytes::from(first)).await.is_err() {
-                return;
-            }
-        }
-        if let Some(gate) = gate {
-            gate.notified().await;
-        }
-        for event in events {
-            if tx.send(Bytes::from(event)).await.is_err() {
-                return;
-            }
-        }
-    });
-    let frames = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
-        .map(|chunk| Ok::<_, BoxError>(hyper::body::Frame::data(chunk)));
-    Response::builder()
-        .header("content-type", "text/event-stream")
-        .body(http_body_util::StreamBody::new(frames).boxed_unsync())
-        .unwrap()
+    turns.push(("user", "Which port do we bind the service to?".into()));
+    api.body(&turns, stream)
 }
 
 /// Every `ctx:` reference the request's summary names, from its `A to B` range.
@@ -471,7 +85,7 @@ fn named_references(request: &Value) -> Vec<String> {
 }
 
 /// The scripted model, and the summarizer that keeps nothing.
-async fn scripted_model(api: Api, script: Script) -> MockUpstream {
+async fn scripted_model(api: Fixture, script: Script) -> MockUpstream {
     MockUpstream::start(handler(move |r| {
         let script = script.clone();
         async move {
@@ -480,7 +94,7 @@ async fn scripted_model(api: Api, script: Script) -> MockUpstream {
                 let path = r.path_and_query.split('?').next().unwrap_or("").to_string();
                 return json_response(200, &summary_reply(&path, LOSSY_SUMMARY));
             }
-            let stream = request["stream"] == json!(true);
+            let stream = api.streams(&r);
             if let Some(answers) = api.answers(&request) {
                 if matches!(script, Script::FailedContinuation) {
                     return json_response(500, &json!({"error": {"message": "model crashed"}}));
@@ -532,40 +146,37 @@ async fn scripted_model(api: Api, script: Script) -> MockUpstream {
 }
 
 /// The scripted model, and condenser in front of it with `recall_config`.
-async fn scripted(api: Api, script: Script) -> (MockUpstream, Proxy) {
+async fn scripted(api: Fixture, script: Script) -> (MockUpstream, Proxy) {
     let upstream = scripted_model(api, script).await;
     let proxy = Proxy::start(recall_config(&upstream.url())).await;
     (upstream, proxy)
 }
 
 fn recall_config(upstream: &str) -> condenser::Config {
-    let mut config = claude_config(upstream);
+    let mut config = Fixture::config(upstream);
     config.recall.max_rounds = 2;
     config
 }
 
-async fn ask(proxy: &Proxy, api: Api, stream: bool) -> reqwest::Response {
-    ask_with(proxy, api, &api.body(stream)).await
+async fn ask(proxy: &Proxy, api: Fixture, stream: bool) -> reqwest::Response {
+    ask_with(proxy, api, &body(api, stream), stream).await
 }
 
-/// `body` sent to `api`'s path, compaction forced.
-async fn ask_with(proxy: &Proxy, api: Api, body: &Value) -> reqwest::Response {
-    client()
-        .post(proxy.url(api.path()))
-        .header("x-condenser-mode", "force")
-        .json(body)
-        .send()
-        .await
-        .unwrap()
+/// `body` sent to `api`'s path, streamed or not, compaction forced.
+async fn ask_with(proxy: &Proxy, api: Fixture, body: &Value, stream: bool) -> reqwest::Response {
+    post(
+        proxy,
+        &api.path(stream),
+        &[("x-condenser-mode", "force")],
+        body,
+    )
+    .await
+    .0
 }
 
 /// `condenser_recalls_total` for `api`'s route and `outcome`.
-async fn recalls(proxy: &Proxy, api: Api, outcome: &str) -> Option<f64> {
-    let route = match api {
-        Api::Chat => "chat_completions",
-        Api::Responses => "responses",
-        Api::Messages => "messages",
-    };
+async fn recalls(proxy: &Proxy, api: Fixture, outcome: &str) -> Option<f64> {
+    let route = api.route();
     let series = format!("condenser_recalls_total{{outcome=\"{outcome}\",route=\"{route}\"}}");
     metric(&proxy.metrics().await, &series)
 }
@@ -577,7 +188,7 @@ fn model_requests(upstream: &MockUpstream) -> Vec<Value> {
 
 #[tokio::test]
 async fn a_decision_in_an_evicted_assistant_message_is_recalled_verbatim_in_every_dialect() {
-    for api in APIS {
+    for api in Fixture::all() {
         for stream in [false, true] {
             for script in [Script::AllRefs, Script::Query] {
                 let (upstream, proxy) = scripted(api, script.clone()).await;
@@ -607,7 +218,7 @@ async fn a_decision_in_an_evicted_assistant_message_is_recalled_verbatim_in_ever
 
 #[tokio::test]
 async fn a_missing_reference_is_a_tool_error_to_the_model_and_the_client_still_gets_its_answer() {
-    for api in APIS {
+    for api in Fixture::all() {
         for stream in [false, true] {
             let (upstream, proxy) = scripted(api, Script::Missing).await;
             let response = ask(&proxy, api, stream).await;
@@ -626,7 +237,7 @@ async fn a_missing_reference_is_a_tool_error_to_the_model_and_the_client_still_g
 
 #[tokio::test]
 async fn the_round_limit_holds_and_the_last_round_may_not_call_tools() {
-    for api in APIS {
+    for api in Fixture::all() {
         for stream in [false, true] {
             let (upstream, proxy) = scripted(api, Script::Always).await;
             let response = ask(&proxy, api, stream).await;
@@ -636,19 +247,19 @@ async fn the_round_limit_holds_and_the_last_round_may_not_call_tools() {
             let requests = model_requests(&upstream);
             // max_rounds = 2: two rounds served, then one continuation that may not call.
             assert_eq!(requests.len(), 3, "{api:?} stream={stream}");
-            let none = match api {
-                Api::Messages => json!({"type": "none"}),
-                _ => json!("none"),
-            };
-            assert_eq!(requests[2]["tool_choice"], none, "{api:?}");
-            assert!(requests[1].get("tool_choice").is_none());
+            assert_eq!(
+                api.tool_choice(&requests[2]),
+                Some(&api.no_tools()),
+                "{api:?}"
+            );
+            assert!(api.tool_choice(&requests[1]).is_none(), "{api:?}");
         }
     }
 }
 
 #[tokio::test]
 async fn a_reply_that_also_calls_the_clients_tools_returns_them_and_serves_no_recall() {
-    for api in APIS {
+    for api in Fixture::all() {
         for stream in [false, true] {
             let (upstream, proxy) = scripted(api, Script::Mixed).await;
             let response = ask(&proxy, api, stream).await;
@@ -665,7 +276,7 @@ async fn a_reply_that_also_calls_the_clients_tools_returns_them_and_serves_no_re
 
 #[tokio::test]
 async fn a_streamed_reply_that_does_not_call_it_reaches_the_client_as_it_comes() {
-    for api in APIS {
+    for api in Fixture::all() {
         let gate = Arc::new(Notify::new());
         let (upstream, proxy) = scripted(api, Script::Gated(gate.clone())).await;
         let response = ask(&proxy, api, true).await;
@@ -682,14 +293,15 @@ async fn a_streamed_reply_that_does_not_call_it_reaches_the_client_as_it_comes()
         while let Some(chunk) = within("the rest", body.next()).await {
             rest.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
         }
-        assert!(rest.contains("plain answer"), "{api:?}: {rest}");
+        let text = api.streamed_text(&rest);
+        assert_eq!(text, "plain answer", "{api:?}: {rest}");
         assert!(api.offers_recall(&model_requests(&upstream)[0]));
     }
 }
 
 #[tokio::test]
 async fn references_stay_valid_across_a_restart_with_redis() {
-    for api in APIS {
+    for api in Fixture::all() {
         // Each its own: the dialects' conversations are the same, and would share summaries.
         let redis = Redis::start().await;
         let upstream = scripted_model(api, Script::AllRefs).await;
@@ -735,15 +347,15 @@ fn archive_note(value: &Value) -> Option<String> {
 }
 
 /// The prompt tokens of `body` in `api`, as `condenser count` counts them.
-async fn counted(api: Api, body: &Value) -> u32 {
-    let name = format!("{api:?}").to_lowercase();
-    let text = condenser_cli(&["count", "--api", &name, "-"], body.to_string().as_bytes()).await;
+async fn counted(api: Fixture, body: &Value) -> u32 {
+    let args = ["count", "--api", api.name(), "--model", api.model(), "-"];
+    let text = condenser_cli(&args, body.to_string().as_bytes()).await;
     text.split_whitespace().next().unwrap().parse().unwrap()
 }
 
 #[tokio::test]
 async fn what_recall_adds_to_a_request_is_the_tool_and_one_line_as_the_plan_counts_them() {
-    for api in APIS {
+    for api in Fixture::all() {
         let (upstream, proxy) = scripted(api, Script::Gated(Arc::new(Notify::new()))).await;
         let response = ask(&proxy, api, false).await;
         assert_eq!(response.status(), 200);
@@ -787,41 +399,46 @@ fn long_log() -> String {
     )
 }
 
-impl Api {
-    /// A task, one call of the client's tool, and its output: too long for the window, with
-    /// nothing before it to summarize.
-    fn tool_session(self, stream: bool) -> Value {
-        let task = "Read the test log and tell me which test is flaky.";
-        let output = long_log();
-        let mut body = match self {
-            Api::Chat => json!({"model": self.model(), "messages": [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": task},
-                {"role": "assistant", "content": null, "tool_calls": [{"id": "client_1", "type": "function", "function": {"name": "read_log", "arguments": "{}"}}]},
-                {"role": "tool", "tool_call_id": "client_1", "content": output}]}),
-            Api::Responses => {
-                json!({"model": self.model(), "instructions": SYSTEM_PROMPT, "input": [
-                {"role": "user", "content": task},
-                {"type": "function_call", "call_id": "client_1", "name": "read_log", "arguments": "{}"},
-                {"type": "function_call_output", "call_id": "client_1", "output": output}]})
-            }
-            Api::Messages => {
-                json!({"model": self.model(), "max_tokens": 500, "system": SYSTEM_PROMPT, "messages": [
-                {"role": "user", "content": task},
-                {"role": "assistant", "content": [{"type": "tool_use", "id": "client_1", "name": "read_log", "input": {}}]},
-                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "client_1", "content": output}]}]})
-            }
-        };
-        if stream {
-            body["stream"] = json!(true);
+/// A task, one call of the client's tool, and its output: too long for the window, with
+/// nothing before it to summarize.
+fn tool_session(api: Fixture, stream: bool) -> Value {
+    let task = "Read the test log and tell me which test is flaky.";
+    let output = long_log();
+    let model = api.model();
+    let mut body = match api {
+        Fixture::Chat => json!({"model": model, "messages": [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": task},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "client_1", "type": "function", "function": {"name": "read_log", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "client_1", "content": output}]}),
+        Fixture::Responses => {
+            json!({"model": model, "instructions": SYSTEM_PROMPT, "input": [
+            {"role": "user", "content": task},
+            {"type": "function_call", "call_id": "client_1", "name": "read_log", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "client_1", "output": output}]})
         }
-        body
+        Fixture::Messages => {
+            json!({"model": model, "max_tokens": 500, "system": SYSTEM_PROMPT, "messages": [
+            {"role": "user", "content": task},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "client_1", "name": "read_log", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "client_1", "content": output}]}]})
+        }
+        Fixture::Gemini => {
+            return json!({"systemInstruction": {"parts": [{"text": SYSTEM_PROMPT}]}, "contents": [
+            {"role": "user", "parts": [{"text": task}]},
+            {"role": "model", "parts": [{"functionCall": {"id": "client_1", "name": "read_log", "args": {}}}]},
+            {"role": "user", "parts": [{"functionResponse": {"id": "client_1", "name": "read_log", "response": {"output": output}}}]}]});
+        }
+    };
+    if stream {
+        body["stream"] = json!(true);
     }
+    body
 }
 
 #[tokio::test]
 async fn a_cut_tool_output_names_its_reference_and_recall_gives_it_back_whole() {
-    for api in APIS {
+    for api in Fixture::all() {
         for stream in [false, true] {
             let upstream = scripted_model(api, Script::ClearedRef).await;
             let mut config = recall_config(&upstream.url());
@@ -830,7 +447,7 @@ async fn a_cut_tool_output_names_its_reference_and_recall_gives_it_back_whole() 
             // shortens it just enough, and leaves the room (a continuation never goes past
             // the window).
             config.recall.max_tokens = 16_000;
-            for model in ["gpt-4o", "claude-sonnet-4-5"] {
+            for model in ["gpt-4o", "claude-sonnet-4-5", GEMINI_MODEL] {
                 config.models.insert(
                     model.into(),
                     condenser::tokens::catalog::ModelOverride {
@@ -842,12 +459,8 @@ async fn a_cut_tool_output_names_its_reference_and_recall_gives_it_back_whole() 
             }
             config.context.max_prompt_tokens = 3_000;
             let proxy = Proxy::start(config).await;
-            let response = client()
-                .post(proxy.url(api.path()))
-                .json(&api.tool_session(stream))
-                .send()
-                .await
-                .unwrap();
+            let path = api.path(stream);
+            let (response, _) = post(&proxy, &path, &[], &tool_session(api, stream)).await;
             assert_eq!(response.status(), 200, "{api:?} stream={stream}");
             assert_eq!(header(&response, "x-condenser-action"), "trimmed");
             let (text, raw) = api.client_text(response, stream).await;
@@ -880,7 +493,7 @@ async fn a_cut_tool_output_names_its_reference_and_recall_gives_it_back_whole() 
 
 #[tokio::test]
 async fn a_failed_continuation_is_an_error_to_the_client_never_an_empty_success() {
-    for api in APIS {
+    for api in Fixture::all() {
         for stream in [false, true] {
             let (upstream, proxy) = scripted(api, Script::FailedContinuation).await;
             let response = ask(&proxy, api, stream).await;
@@ -899,19 +512,25 @@ async fn a_failed_continuation_is_an_error_to_the_client_never_an_empty_success(
             if stream {
                 // The stream had begun: it ends with an error event in the API's own format.
                 assert_eq!(status, 200);
-                let last = raw.trim_end().rsplit("\n\n").next().unwrap();
-                let data: Value = serde_json::from_str(
-                    last.lines().find_map(|l| l.strip_prefix("data: ")).unwrap(),
-                )
-                .unwrap();
+                // Its last event: the last `data:` line, and the line naming it, if any.
+                let lines: Vec<&str> = raw.trim_end().lines().collect();
+                let at = lines.iter().rposition(|l| l.starts_with("data: ")).unwrap();
+                let last = lines[at.saturating_sub(1)..].join("\n");
+                let data: Value = serde_json::from_str(&lines[at]["data: ".len()..]).unwrap();
+                assert!(
+                    lines[at + 1..].is_empty(),
+                    "{api:?}: nothing after the error: {last}"
+                );
                 let message = match api {
-                    Api::Chat => &data["error"]["message"],
-                    Api::Responses => &data["message"],
-                    Api::Messages => &data["error"]["message"],
+                    Fixture::Chat | Fixture::Messages | Fixture::Gemini => {
+                        &data["error"]["message"]
+                    }
+                    Fixture::Responses => &data["message"],
                 };
                 assert!(message.as_str().unwrap().contains("500"), "{api:?}: {last}");
-                if api != Api::Chat {
-                    assert!(last.starts_with("event: error"), "{api:?}: {last}");
+                // Named events, where the API names them.
+                if matches!(api, Fixture::Responses | Fixture::Messages) {
+                    assert!(lines[at - 1].starts_with("event: error"), "{api:?}: {last}");
                 }
             } else {
                 assert_eq!(status, 500, "{api:?}: upstream's error, relayed");
@@ -923,12 +542,13 @@ async fn a_failed_continuation_is_an_error_to_the_client_never_an_empty_success(
 
 #[tokio::test]
 async fn the_official_sdks_read_a_recalled_reply_plain_and_streamed() {
-    for api in APIS {
+    for api in Fixture::all() {
         let (upstream, proxy) = scripted(api, Script::AllRefs).await;
         let (name, base, package) = match api {
-            Api::Chat => ("chat", proxy.url("/v1"), "openai"),
-            Api::Responses => ("responses", proxy.url("/v1"), "openai"),
-            Api::Messages => ("messages", proxy.url(""), "anthropic"),
+            Fixture::Chat => ("chat", proxy.url("/v1"), "openai"),
+            Fixture::Responses => ("responses", proxy.url("/v1"), "openai"),
+            Fixture::Messages => ("messages", proxy.url(""), "anthropic"),
+            Fixture::Gemini => ("gemini", proxy.url(""), "google-genai"),
         };
         let stdout = run_sdk_script("recall_sdk.py", &[&base, name, DECISION], package).await;
         assert!(
@@ -949,10 +569,10 @@ async fn the_official_sdks_read_a_recalled_reply_plain_and_streamed() {
 async fn two_histories_that_open_alike_each_recall_their_own_items() {
     // Same head and first item, so the same references; a different decision at one of them.
     let other = "Decision: we bind the service to port 34567 and never to 9090.";
-    for api in APIS {
+    for api in Fixture::all() {
         let (_upstream, proxy) = scripted(api, Script::AllRefs).await;
         for (decision, not) in [(DECISION, other), (other, DECISION)] {
-            let response = ask_with(&proxy, api, &api.body_deciding(decision, false)).await;
+            let response = ask_with(&proxy, api, &body_deciding(api, decision, false), false).await;
             assert_eq!(response.status(), 200);
             let (text, _) = api.client_text(response, false).await;
             assert!(text.contains(decision), "{api:?}: {text}");
@@ -970,11 +590,11 @@ async fn an_item_the_client_masked_since_it_was_summarized_is_recalled_as_archiv
     // summary of an earlier request had archived it whole.
     let mask = "<tool_output_masked>\n[Tool output masked to preserve context window. Full \
                 string saved to: /tmp/tool-outputs/read_file_1.txt]\n</tool_output_masked>";
-    for api in APIS {
+    for api in Fixture::all() {
         let (upstream, proxy) = scripted(api, Script::Query).await;
-        let response = ask_with(&proxy, api, &api.body_deciding(DECISION, false)).await;
+        let response = ask_with(&proxy, api, &body_deciding(api, DECISION, false), false).await;
         assert_eq!(response.status(), 200);
-        let response = ask_with(&proxy, api, &api.body_deciding(mask, false)).await;
+        let response = ask_with(&proxy, api, &body_deciding(api, mask, false), false).await;
         assert_eq!(response.status(), 200);
         let (text, _) = api.client_text(response, false).await;
         // Only the archive holds it: the second request carries the stub, and its summary
@@ -1080,7 +700,7 @@ async fn thinking_claude() -> MockUpstream {
         }
         assert!(request["thinking"]["type"] != "disabled", "{}", request["thinking"]);
         let stream = request["stream"] == json!(true);
-        if let Some(answers) = Api::Messages.answers(&request) {
+        if let Some(answers) = Fixture::Messages.answers(&request) {
             if let Err(message) = opens_with_signed_thinking(&request) {
                 return json_response(
                     400,
@@ -1090,7 +710,7 @@ async fn thinking_claude() -> MockUpstream {
             let text = json!({"type": "text", "text": format!("Recalled: {answers}")});
             return messages_reply(vec![thinking_block(2), text], "end_turn", stream);
         }
-        if !Api::Messages.offers_recall(&request) {
+        if !Fixture::Messages.offers_recall(&request) {
             let text = json!({"type": "text", "text": "no recall offered"});
             return messages_reply(vec![thinking_block(1), text], "end_turn", stream);
         }
@@ -1113,12 +733,12 @@ async fn a_thinking_request_recalls_and_its_continuation_opens_with_the_signed_t
         for stream in [false, true] {
             let upstream = thinking_claude().await;
             let proxy = Proxy::start(recall_config(&upstream.url())).await;
-            let mut body = Api::Messages.body(stream);
+            let mut body = body(Fixture::Messages, stream);
             body["thinking"] = thinking.clone();
-            let response = ask_with(&proxy, Api::Messages, &body).await;
+            let response = ask_with(&proxy, Fixture::Messages, &body, stream).await;
             assert_eq!(response.status(), 200);
             assert_eq!(header(&response, "x-condenser-action"), "summarized");
-            let (text, raw) = Api::Messages.client_text(response, stream).await;
+            let (text, raw) = Fixture::Messages.client_text(response, stream).await;
             let label = format!("{thinking} stream={stream}");
             assert!(text.contains(DECISION), "{label}: {text}");
             assert!(!raw.contains(TOOL), "{label}: {raw}");
@@ -1131,10 +751,13 @@ async fn a_thinking_request_recalls_and_its_continuation_opens_with_the_signed_t
             }
             let requests = model_requests(&upstream);
             assert_eq!(requests.len(), 2, "{label}");
-            assert!(Api::Messages.offers_recall(&requests[0]));
+            assert!(Fixture::Messages.offers_recall(&requests[0]));
             assert!(archive_note(&requests[0]).is_some());
             assert_eq!(opens_with_signed_thinking(&requests[1]), Ok(()), "{label}");
-            assert_eq!(recalls(&proxy, Api::Messages, "served").await, Some(1.0));
+            assert_eq!(
+                recalls(&proxy, Fixture::Messages, "served").await,
+                Some(1.0)
+            );
         }
     }
 }
@@ -1170,7 +793,7 @@ async fn the_anthropic_sdk_with_thinking_reads_a_recalled_reply_plain_and_stream
 /// no continuation goes past the window (the answer that would not fit is cut, and says so).
 #[tokio::test]
 async fn a_requests_recall_answers_share_one_budget_and_no_continuation_passes_the_window() {
-    for api in APIS {
+    for api in Fixture::all() {
         let upstream = scripted_model(api, Script::Always).await;
         let mut config = recall_config(&upstream.url());
         config.recall.max_rounds = 3;
@@ -1204,8 +827,8 @@ async fn a_requests_recall_answers_share_one_budget_and_no_continuation_passes_t
         let whole = api.answers(&requests[1]).unwrap_or_default().len();
         assert!(answered < 3 * whole, "{api:?}: {answered} bytes answered");
         let last = requests.last().unwrap();
-        let choice = last["tool_choice"].to_string();
-        assert!(choice.contains("none"), "{api:?}: {choice}");
+        let choice = api.tool_choice(last);
+        assert_eq!(choice, Some(&api.no_tools()), "{api:?}: {choice:?}");
         let said = api.answers(last).unwrap_or_default();
         assert!(
             said.contains("left") || said.contains("over the budget"),
@@ -1250,9 +873,9 @@ async fn storing_responses() -> MockUpstream {
                     return json_response(400, &json!({"error": {"message": message, "type": "invalid_request_error", "param": "input", "code": null}}));
                 }
                 text("chained".into())
-            } else if let Some(answers) = Api::Responses.answers(&request) {
+            } else if let Some(answers) = Fixture::Responses.answers(&request) {
                 text(format!("Recalled: {answers}"))
-            } else if Api::Responses.offers_recall(&request) {
+            } else if Fixture::Responses.offers_recall(&request) {
                 json!([{"type": "function_call", "id": "fc_1", "call_id": "call_store", "name": TOOL,
                     "arguments": json!({"refs": named_references(&request)}).to_string(), "status": "completed"}])
             } else {
@@ -1274,7 +897,7 @@ async fn storing_responses() -> MockUpstream {
 async fn a_stored_response_that_recalled_is_one_a_later_request_can_chain_on() {
     let upstream = storing_responses().await;
     let proxy = Proxy::start(recall_config(&upstream.url())).await;
-    let response = ask(&proxy, Api::Responses, false).await;
+    let response = ask(&proxy, Fixture::Responses, false).await;
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "x-condenser-recalls"), "1");
     let reply: Value = response.json().await.unwrap();
@@ -1314,7 +937,7 @@ async fn every_request_that_offers_recall_has_room_to_answer_the_call() {
             tokio::time::sleep(std::time::Duration::from_secs(3)).await;
             return json_response(200, &summary_reply("/v1/chat/completions", LOSSY_SUMMARY));
         }
-        let api = Api::Chat;
+        let api = Fixture::Chat;
         if let Some(answers) = api.answers(&request) {
             return api.text_reply(&format!("Recalled: {answers}"), false, None);
         }
@@ -1351,7 +974,7 @@ async fn every_request_that_offers_recall_has_room_to_answer_the_call() {
             .unwrap_or_default();
         if model_requests(&upstream)
             .get(before)
-            .is_some_and(|sent| Api::Chat.offers_recall(sent))
+            .is_some_and(|sent| Fixture::Chat.offers_recall(sent))
         {
             offered += 1;
             // 4,000 usable: the window of 8,000 less half of it reserved.

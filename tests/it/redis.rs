@@ -13,10 +13,11 @@ fn shared_config(upstream: &str, redis: &Redis) -> condenser::Config {
     config
 }
 
+/// `body` sent as the team's caller, checked to have succeeded.
 async fn post(proxy: &Proxy, body: &Value) -> reqwest::Response {
-    let path = "/v1/chat/completions";
-    let (response, _) =
-        crate::common::post(proxy, path, &[("authorization", "Bearer sk-team")], body).await;
+    let (response, _) = Fixture::Chat
+        .post_as(proxy, "sk-team", body, false, &[])
+        .await;
     assert_eq!(response.status(), 200);
     response
 }

@@ -58,6 +58,58 @@ async fn callers_by_x_api_key_or_api_key_each_get_their_own_summaries() {
     assert_eq!(summarizer_calls_with(&upstream, "api-key", "sk-a"), 1);
 }
 
+/// A conversation over every trigger in `api`, unlike any other `tag`'s (its system prompt
+/// differs).
+fn long_conversation_in(api: Fixture, tag: &str) -> Value {
+    let mut body = api.agent_body(&api.agent_conversation());
+    api.set_system(&mut body, &format!("{SYSTEM_PROMPT} Topic: {tag}."));
+    body
+}
+
+/// `body` sent to `api` as the caller of `key`, checked to have succeeded; what condenser
+/// said of it.
+async fn post_in(proxy: &Proxy, api: Fixture, key: &str, body: &Value) -> Condensed {
+    let (response, condensed) = api.post_as(proxy, key, body, false, &[]).await;
+    assert_eq!(response.status(), 200, "{api:?} as {key}");
+    condensed
+}
+
+/// The header a caller of `api` sends its key `key` in: its name and value.
+fn key_header(api: Fixture, key: &str) -> (&'static str, String) {
+    api.key_headers(key).swap_remove(0)
+}
+
+#[tokio::test]
+async fn callers_by_each_dialects_own_key_header_each_get_their_own_summaries() {
+    for api in Fixture::all() {
+        let upstream = api.upstream(LlmBehaviour::default()).await;
+        let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
+        let body = long_conversation_in(api, "shared");
+        // A caller of its own first: a provider's reported usage calibrates how condenser
+        // counts its prompts (Gemini's), and every request after it is counted alike.
+        post_in(&proxy, api, "sk-warm", &body).await;
+        let first = post_in(&proxy, api, "sk-a", &body).await;
+        assert_eq!(first.action, "summarized", "{api:?}");
+        assert_eq!(first.cache, "miss", "{api:?}: sk-a");
+        let other = post_in(&proxy, api, "sk-b", &body).await;
+        assert_eq!(other.action, "summarized", "{api:?}");
+        assert_eq!(other.cache, "miss", "{api:?}: sk-b");
+        assert_eq!(upstream.summarizer_calls().len(), 3, "{api:?}");
+        let again = post_in(&proxy, api, "sk-a", &body).await;
+        assert_eq!(again.cache, "hit", "{api:?}: sk-a again");
+        assert_eq!(upstream.summarizer_calls().len(), 3, "{api:?}");
+        // Each caller's summary paid with its own key, in its dialect's header.
+        for key in ["sk-warm", "sk-a", "sk-b"] {
+            let (name, value) = key_header(api, key);
+            assert_eq!(
+                summarizer_calls_with(&upstream, name, &value),
+                1,
+                "{api:?}: {key}"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_configured_user_header_splits_users_behind_one_injected_key() {
     let upstream = mock_llm(LlmBehaviour::default()).await;
@@ -88,94 +140,102 @@ async fn a_configured_user_header_splits_users_behind_one_injected_key() {
 
 #[tokio::test]
 async fn replicas_sharing_redis_keep_callers_apart() {
-    let redis = Redis::start().await;
-    let upstream = mock_llm(LlmBehaviour::default()).await;
-    let replica = || {
-        let mut config = small_window_config(&upstream.url());
-        config.cache.redis_url = redis.url();
-        config.cache.redis_key_prefix = "tenants:".into();
-        Proxy::start(config)
-    };
-    let (a, b) = (replica().await, replica().await);
-    let body = long_conversation("replicas");
-    let first = post_as(&a, &body, &[("x-api-key", "sk-one")]).await;
-    assert_eq!(header(&first, "x-condenser-cache"), "miss");
-    // Another caller on the other replica does not get the first one's summary from Redis...
-    let other = post_as(&b, &body, &[("x-api-key", "sk-two")]).await;
-    assert_eq!(header(&other, "x-condenser-action"), "summarized");
-    assert_eq!(header(&other, "x-condenser-cache"), "miss");
-    assert_eq!(upstream.summarizer_calls().len(), 2);
-    // ...while the same caller does, on either replica.
-    let same = post_as(&b, &body, &[("x-api-key", "sk-one")]).await;
-    assert_eq!(header(&same, "x-condenser-cache"), "hit");
-    let same = post_as(&a, &body, &[("x-api-key", "sk-two")]).await;
-    assert_eq!(header(&same, "x-condenser-cache"), "hit");
-    assert_eq!(upstream.summarizer_calls().len(), 2);
+    for api in Fixture::all() {
+        let redis = Redis::start().await;
+        let upstream = api.upstream(LlmBehaviour::default()).await;
+        let replica = || {
+            let mut config = Fixture::config(&upstream.url());
+            config.cache.redis_url = redis.url();
+            config.cache.redis_key_prefix = "tenants:".into();
+            Proxy::start(config)
+        };
+        let (a, b) = (replica().await, replica().await);
+        let body = long_conversation_in(api, "replicas");
+        // A caller of its own on each replica first, so that both count the prompt alike
+        // (Gemini's counts are calibrated by the usage upstream reports).
+        let warm = post_in(&a, api, "sk-warm", &body).await;
+        assert_eq!(warm.cache, "miss", "{api:?}");
+        let warm = post_in(&b, api, "sk-warm", &body).await;
+        assert_eq!(warm.cache, "hit", "{api:?}");
+        let first = post_in(&a, api, "sk-one", &body).await;
+        assert_eq!(first.cache, "miss", "{api:?}");
+        // Another caller on the other replica does not get the first one's summary from
+        // Redis...
+        let other = post_in(&b, api, "sk-two", &body).await;
+        assert_eq!(other.action, "summarized", "{api:?}");
+        assert_eq!(other.cache, "miss", "{api:?}");
+        assert_eq!(upstream.summarizer_calls().len(), 3, "{api:?}");
+        // ...while the same caller does, on either replica.
+        let same = post_in(&b, api, "sk-one", &body).await;
+        assert_eq!(same.cache, "hit", "{api:?}");
+        let same = post_in(&a, api, "sk-two", &body).await;
+        assert_eq!(same.cache, "hit", "{api:?}");
+        assert_eq!(upstream.summarizer_calls().len(), 3, "{api:?}");
+    }
 }
 
 #[tokio::test]
 async fn one_callers_rate_limit_never_turns_summaries_off_for_another() {
-    // The summarizer rate-limits one key and is broken for another.
-    let refuse: SummarizerError = Arc::new(|r: &Recorded| {
-        let status = match r.headers.get("x-api-key")?.to_str().ok()? {
-            "sk-limited" => 429,
-            "sk-broken" => 503,
-            _ => return None,
+    for api in Fixture::all() {
+        // The summarizer rate-limits one key and is broken for another, in whichever header
+        // the dialect sends it.
+        let refuse: SummarizerError = Arc::new(|r: &Recorded| {
+            let key = r.headers.values().find_map(|v| {
+                let v = v.to_str().ok()?;
+                ["sk-limited", "sk-broken"]
+                    .into_iter()
+                    .find(|key| v.ends_with(key))
+            })?;
+            let status = if key == "sk-limited" { 429 } else { 503 };
+            Some((status, json!({"error": {"message": "not now"}})))
+        });
+        let upstream = api
+            .upstream(LlmBehaviour {
+                summarizer_error: Some(refuse),
+                ..Default::default()
+            })
+            .await;
+        let mut config = Fixture::config(&upstream.url());
+        config.summarizer.breaker_failures = 2;
+        config.summarizer.breaker_cooldown_secs = 600;
+        let proxy = Proxy::start(config).await;
+        let calls_of = |key: &str| {
+            let (name, value) = key_header(api, key);
+            summarizer_calls_with(&upstream, name, &value)
         };
-        Some((status, json!({"error": {"message": "not now"}})))
-    });
-    let upstream = mock_llm(LlmBehaviour {
-        summarizer_error: Some(refuse),
-        ..Default::default()
-    })
-    .await;
-    let mut config = small_window_config(&upstream.url());
-    config.summarizer.breaker_failures = 2;
-    config.summarizer.breaker_cooldown_secs = 600;
-    let proxy = Proxy::start(config).await;
-    let limited = [("x-api-key", "sk-limited")];
-    let broken = [("x-api-key", "sk-broken")];
-    let healthy = [("x-api-key", "sk-healthy")];
 
-    for turn in 0..10 {
-        let response = post_as(
-            &proxy,
-            &long_conversation(&format!("limited {turn}")),
-            &limited,
-        )
-        .await;
-        assert_eq!(header(&response, "x-condenser-action"), "trimmed");
-    }
-    assert_eq!(
-        summarizer_calls_with(&upstream, "x-api-key", "sk-limited"),
-        10,
-        "a 429 is no fault of the upstream: every request still tried"
-    );
-    let response = post_as(&proxy, &long_conversation("healthy 0"), &healthy).await;
-    assert_eq!(header(&response, "x-condenser-action"), "summarized");
+        for turn in 0..10 {
+            let body = long_conversation_in(api, &format!("limited {turn}"));
+            let response = post_in(&proxy, api, "sk-limited", &body).await;
+            assert_eq!(response.action, "trimmed", "{api:?}");
+        }
+        assert_eq!(
+            calls_of("sk-limited"),
+            10,
+            "{api:?}: a 429 is no fault of the upstream: every request still tried"
+        );
+        let body = long_conversation_in(api, "healthy 0");
+        let response = post_in(&proxy, api, "sk-healthy", &body).await;
+        assert_eq!(response.action, "summarized", "{api:?}");
 
-    // A 5xx run still opens the breaker, for that caller.
-    for turn in 0..4 {
-        let response = post_as(
-            &proxy,
-            &long_conversation(&format!("broken {turn}")),
-            &broken,
-        )
-        .await;
-        assert_eq!(header(&response, "x-condenser-action"), "trimmed");
+        // A 5xx run still opens the breaker, for that caller.
+        for turn in 0..4 {
+            let body = long_conversation_in(api, &format!("broken {turn}"));
+            let response = post_in(&proxy, api, "sk-broken", &body).await;
+            assert_eq!(response.action, "trimmed", "{api:?}");
+        }
+        assert_eq!(
+            calls_of("sk-broken"),
+            2,
+            "{api:?}: no calls for this caller once its breaker is open"
+        );
+        let body = long_conversation_in(api, "healthy 1");
+        let response = post_in(&proxy, api, "sk-healthy", &body).await;
+        assert_eq!(response.action, "summarized", "{api:?}");
+        let body = long_conversation_in(api, "limited again");
+        post_in(&proxy, api, "sk-limited", &body).await;
+        assert_eq!(calls_of("sk-limited"), 11, "{api:?}");
     }
-    assert_eq!(
-        summarizer_calls_with(&upstream, "x-api-key", "sk-broken"),
-        2,
-        "no calls for this caller once its breaker is open"
-    );
-    let response = post_as(&proxy, &long_conversation("healthy 1"), &healthy).await;
-    assert_eq!(header(&response, "x-condenser-action"), "summarized");
-    post_as(&proxy, &long_conversation("limited again"), &limited).await;
-    assert_eq!(
-        summarizer_calls_with(&upstream, "x-api-key", "sk-limited"),
-        11
-    );
 }
 
 #[tokio::test]

@@ -1,9 +1,9 @@
-"""The official OpenAI and Anthropic Python SDKs through a recall round that condenser serves:
+"""The official OpenAI, Anthropic and Google Python SDKs through a recall round that condenser serves:
 a compacted conversation whose decision the summary lost, a scripted model that recalls it,
 and the SDK's own parsing and stream accumulators reading the one reply the client gets
 (stitched across rounds when streamed). Usage: recall_sdk.py BASE_URL API DECISION
-(API: chat, responses, messages, or messages-thinking: extended thinking on, the model's signed
-thinking in every round)."""
+(API: chat, responses, messages, gemini, or messages-thinking: extended thinking on, the model's
+signed thinking in every round). Gemini's through the official `google-genai` SDK."""
 
 import sys
 
@@ -128,8 +128,30 @@ def messages_thinking(base_url, decision):
     check("messages-thinking stream", streamed, final.model_dump_json(), decision)
 
 
+def gemini(base_url, decision):
+    from google import genai
+    from google.genai import types
+
+    client = genai.Client(api_key="AIza-sdk-test-key", http_options={"base_url": base_url, "headers": FORCE})
+    contents = [{"role": "model" if item["role"] == "assistant" else "user", "parts": [{"text": item["content"]}]}
+                for item in turns(decision)]
+    request = dict(model="gemini-2.5-pro", contents=contents,
+                   config=types.GenerateContentConfig(system_instruction="Be brief."))
+    reply = client.models.generate_content(**request)
+    assert reply.candidates[0].finish_reason == "STOP", reply
+    assert not reply.function_calls, reply
+    check("gemini plain", reply.text, reply.model_dump_json(), decision)
+
+    chunks = list(client.models.generate_content_stream(**request))
+    text = "".join(chunk.text or "" for chunk in chunks)
+    assert not any(chunk.function_calls for chunk in chunks), chunks
+    finish = [c.candidates[0].finish_reason for c in chunks if c.candidates and c.candidates[0].finish_reason]
+    assert finish == ["STOP"], finish
+    check("gemini stream", text, "".join(chunk.model_dump_json() for chunk in chunks), decision)
+
+
 if __name__ == "__main__":
     base_url, api, decision = sys.argv[1:4]
-    {"chat": chat, "responses": responses, "messages": messages,
+    {"chat": chat, "responses": responses, "messages": messages, "gemini": gemini,
      "messages-thinking": messages_thinking}[api](base_url, decision)
     print("ok")

@@ -1,11 +1,13 @@
 //! Test harness: mock upstreams and condenser itself, in-process on port 0, over real HTTP.
 
 mod breaks;
+mod dialects;
 mod gemini;
 mod logs;
 mod prompt_cache;
 
 pub use breaks::{cache_figures, is_landing, texts, CacheFigures, Sent, Thresholds};
+pub use dialects::*;
 pub use gemini::*;
 pub use logs::captured_logs;
 pub use prompt_cache::{CachedPrompt, PromptCache};
@@ -611,6 +613,13 @@ pub struct Condensed {
     pub summarized_messages: Option<usize>,
     /// Recall calls condenser served within the request.
     pub recalls: Option<u32>,
+    /// How many recent items went shortened, when the recent part alone was over the limit.
+    pub recent_shortened: Option<usize>,
+    /// Why condenser retried the request compacted (`context_length_exceeded`).
+    pub retry: String,
+    /// Under observe: what `auto` would have done, and the tokens it would have forwarded.
+    pub would: String,
+    pub would_forward_tokens: Option<u64>,
 }
 
 impl Condensed {
@@ -622,6 +631,10 @@ impl Condensed {
             forwarded_tokens: count(response, "x-condenser-forwarded-tokens"),
             summarized_messages: count(response, "x-condenser-summarized-messages"),
             recalls: count(response, "x-condenser-recalls"),
+            recent_shortened: count(response, "x-condenser-recent-shortened"),
+            retry: header(response, "x-condenser-retry"),
+            would: header(response, "x-condenser-would"),
+            would_forward_tokens: count(response, "x-condenser-would-forward-tokens"),
         }
     }
 }
@@ -758,12 +771,13 @@ pub async fn mock_claude(behaviour: ClaudeBehaviour) -> MockUpstream {
         let relay = relay.clone();
         async move {
             if r.path_and_query != "/v1/messages" || is_summarizer_call(&r) {
-                let answer = relay
-                    .post(format!("{llm}{}", r.path_and_query))
-                    .body(r.body.clone())
-                    .send()
-                    .await
-                    .unwrap();
+                let mut relayed = relay.post(format!("{llm}{}", r.path_and_query)).body(r.body.clone());
+                for (name, value) in &r.headers {
+                    if name != "host" && name != "content-length" {
+                        relayed = relayed.header(name, value);
+                    }
+                }
+                let answer = relayed.send().await.unwrap();
                 let status = answer.status().as_u16();
                 return json_response(status, &answer.json().await.unwrap());
             }
@@ -1012,7 +1026,15 @@ pub fn without_recall_tool(body: &Value) -> Value {
         .as_array_mut()
         .expect("a compacted request offers recall");
     let last = tools.pop().unwrap();
-    let name = last.pointer("/function/name").or(last.pointer("/name"));
+    // A chat function, a Responses or Messages tool, or a Gemini `functionDeclarations` entry
+    // of its own.
+    let name = last
+        .pointer("/function/name")
+        .or(last.pointer("/name"))
+        .or(last
+            .pointer("/functionDeclarations")
+            .filter(|declared| declared.as_array().is_some_and(|d| d.len() == 1))
+            .and_then(|declared| declared.pointer("/0/name")));
     assert_eq!(
         name,
         Some(&json!("condenser_recall")),

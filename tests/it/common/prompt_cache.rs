@@ -51,12 +51,20 @@ impl PromptCache {
 
 /// A request's prompt in the order providers cache it: the tools, then the system prompt or
 /// instructions, then the conversation (chat `messages`, Responses `input`, Anthropic
-/// `messages`), each as its JSON text. Other fields (`max_tokens`, `stream`, …) are no part
-/// of the prompt.
+/// `messages`, Gemini `contents`), each as its JSON text. Other fields (`max_tokens`,
+/// `stream`, …) are no part of the prompt.
 fn cache_order(request: &Value) -> String {
-    ["tools", "instructions", "system", "messages", "input"]
-        .iter()
-        .filter_map(|field| request.get(field))
-        .map(Value::to_string)
-        .collect()
+    [
+        "tools",
+        "instructions",
+        "system",
+        "systemInstruction",
+        "messages",
+        "input",
+        "contents",
+    ]
+    .iter()
+    .filter_map(|field| request.get(field))
+    .map(Value::to_string)
+    .collect()
 }

@@ -1,0 +1,1076 @@
+//! One fixture per dialect of condenser's registry (`condenser::dialect::DIALECTS`): its path,
+//! a body builder, a scripted upstream, and the pieces of a scripted recall model (what it is
+//! offered and answered, the replies it writes, what the client reads of them). A
+//! cross-dialect test runs over `Fixture::all()`, which takes the dialects from the registry
+//! and fails on one without a fixture here: a fifth API is tested by adding its fixture.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use condenser::dialect::{Wire, DIALECTS};
+use condenser::transport::body::{BoxError, ProxyBody};
+use futures_util::StreamExt;
+use http_body_util::BodyExt;
+use hyper::Response;
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+
+use super::*;
+
+/// The recall tool's name, as condenser offers it.
+pub const RECALL_TOOL: &str = "condenser_recall";
+
+/// The key `Fixture::post` sends as the caller's.
+pub const CALLER_KEY: &str = "sk-user-1";
+
+/// A dialect as the tests speak it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fixture {
+    Chat,
+    Responses,
+    Messages,
+    Gemini,
+}
+
+impl Fixture {
+    /// The fixture of the registry's dialect named `name`, if it has one.
+    fn named(name: &str) -> Option<Fixture> {
+        match name {
+            "chat" => Some(Fixture::Chat),
+            "responses" => Some(Fixture::Responses),
+            "messages" => Some(Fixture::Messages),
+            "gemini" => Some(Fixture::Gemini),
+            _ => None,
+        }
+    }
+
+    /// A fixture per dialect of the registry, in its order. A dialect without one fails the
+    /// test that asks: its fixture is what tests it.
+    pub fn all() -> Vec<Fixture> {
+        DIALECTS
+            .iter()
+            .map(|wire| {
+                Fixture::named(wire.name).unwrap_or_else(|| {
+                    panic!(
+                        "the dialect {:?} of condenser::dialect::DIALECTS has no fixture in \
+                         tests/it/common/dialects.rs: add one, and the cross-dialect tests run \
+                         over it",
+                        wire.name
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Its registry entry.
+    pub fn wire(self) -> Wire {
+        condenser::dialect::named(self.name()).expect("a fixture of a registered dialect")
+    }
+
+    /// Its name in the registry (`summarizer.api`, `--api`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Fixture::Chat => "chat",
+            Fixture::Responses => "responses",
+            Fixture::Messages => "messages",
+            Fixture::Gemini => "gemini",
+        }
+    }
+
+    /// Its `route` label in metrics and the log.
+    pub fn route(self) -> &'static str {
+        match self {
+            Fixture::Chat => "chat_completions",
+            Fixture::Responses => "responses",
+            Fixture::Messages => "messages",
+            Fixture::Gemini => "gemini",
+        }
+    }
+
+    /// The model its tests ask for.
+    pub fn model(self) -> &'static str {
+        match self {
+            Fixture::Chat | Fixture::Responses => "gpt-4o",
+            Fixture::Messages => "claude-sonnet-4-5",
+            Fixture::Gemini => GEMINI_MODEL,
+        }
+    }
+
+    /// The path a request goes to, streamed or not (Gemini names both in the path; its
+    /// stream in SSE events).
+    pub fn path(self, stream: bool) -> String {
+        match (self, stream) {
+            (Fixture::Chat, _) => "/v1/chat/completions".into(),
+            (Fixture::Responses, _) => "/v1/responses".into(),
+            (Fixture::Messages, _) => "/v1/messages".into(),
+            (Fixture::Gemini, false) => format!("/v1beta/models/{GEMINI_MODEL}:generateContent"),
+            (Fixture::Gemini, true) => {
+                format!("/v1beta/models/{GEMINI_MODEL}:streamGenerateContent?alt=sse")
+            }
+        }
+    }
+
+    /// Whether a request upstream got asks for a stream: by its body's `stream`, or (Gemini)
+    /// by its path.
+    pub fn streams(self, request: &Recorded) -> bool {
+        match self {
+            Fixture::Gemini => request.path_and_query.contains(":streamGenerateContent"),
+            _ => request.json()["stream"] == json!(true),
+        }
+    }
+
+    /// A request of `SYSTEM_PROMPT` and `turns` (`user` or `assistant`, and its text), streamed
+    /// or not, in this dialect.
+    pub fn body(self, turns: &[(&str, String)], stream: bool) -> Value {
+        let items: Vec<Value> = turns
+            .iter()
+            .map(|(role, text)| json!({"role": role, "content": text}))
+            .collect();
+        let mut body = match self {
+            Fixture::Chat => {
+                let mut messages = vec![json!({"role": "system", "content": SYSTEM_PROMPT})];
+                messages.extend(items);
+                json!({"model": self.model(), "messages": messages})
+            }
+            Fixture::Responses => {
+                json!({"model": self.model(), "instructions": SYSTEM_PROMPT, "input": items})
+            }
+            Fixture::Messages => {
+                json!({"model": self.model(), "max_tokens": 500, "system": SYSTEM_PROMPT, "messages": items})
+            }
+            Fixture::Gemini => {
+                let contents: Vec<Value> = turns
+                    .iter()
+                    .map(|(role, text)| {
+                        let role = if *role == "assistant" { "model" } else { role };
+                        json!({"role": role, "parts": [{"text": text}]})
+                    })
+                    .collect();
+                return json!({"contents": contents,
+                    "systemInstruction": {"parts": [{"text": SYSTEM_PROMPT}]}});
+            }
+        };
+        if stream {
+            body["stream"] = json!(true);
+        }
+        body
+    }
+
+    /// A scripted upstream that answers this dialect (and the summarizer's calls) with
+    /// `behaviour`: `mock_llm`, `mock_responses_llm`, `mock_claude` (its usage counted from
+    /// the prompt) or `mock_gemini` (its summarizer a `mock_llm`).
+    pub async fn upstream(self, behaviour: LlmBehaviour) -> MockUpstream {
+        match self {
+            Fixture::Chat => mock_llm(behaviour).await,
+            Fixture::Responses => mock_responses_llm(behaviour, None).await,
+            Fixture::Messages => {
+                // Claude's prompt is counted by its usage once it reported one: the mock's
+                // fixed count would make every later prompt look tiny.
+                let mut behaviour = behaviour;
+                behaviour
+                    .prompt_cache
+                    .get_or_insert_with(PromptCache::default);
+                mock_claude(ClaudeBehaviour {
+                    llm: behaviour,
+                    ..ClaudeBehaviour::default()
+                })
+                .await
+            }
+            Fixture::Gemini => gemini_before_llm(behaviour).await,
+        }
+    }
+
+    /// An agent's conversation over the trigger in this dialect, its tool calls paired:
+    /// `conversation(40)`, `tool_conversation(30)`, `claude_conversation(30)` or
+    /// `gemini_conversation(20)`.
+    pub fn agent_conversation(self) -> Vec<Value> {
+        self.agent_conversation_of(self.agent_rounds())
+    }
+
+    /// The rounds of `agent_conversation`.
+    pub fn agent_rounds(self) -> usize {
+        match self {
+            Fixture::Chat => 40,
+            Fixture::Responses | Fixture::Messages => 30,
+            Fixture::Gemini => 20,
+        }
+    }
+
+    /// `rounds` rounds of an agent in this dialect (a round is a user turn and an answer in
+    /// chat's; a prompt, a tool call, its output and an answer in the others).
+    pub fn agent_conversation_of(self, rounds: usize) -> Vec<Value> {
+        match self {
+            Fixture::Chat => conversation(rounds),
+            Fixture::Responses => tool_conversation(rounds),
+            Fixture::Messages => claude_conversation(rounds),
+            Fixture::Gemini => gemini_conversation(rounds),
+        }
+    }
+
+    /// A request of `items` as its tests send it: `chat_body`, `responses_body`,
+    /// `messages_body` or `gemini_body`.
+    pub fn agent_body(self, items: &[Value]) -> Value {
+        match self {
+            Fixture::Chat => chat_body(items),
+            Fixture::Responses => responses_body(items),
+            Fixture::Messages => messages_body(items),
+            Fixture::Gemini => gemini_body(items),
+        }
+    }
+
+    /// `body` streamed or not: its `stream` field, but in Gemini's API, whose path says it.
+    pub fn with_stream(self, mut body: Value, stream: bool) -> Value {
+        if self != Fixture::Gemini {
+            body["stream"] = json!(stream);
+        }
+        body
+    }
+
+    /// The conversation a request carries: its messages, input items or contents.
+    pub fn items(self, body: &Value) -> Vec<Value> {
+        let field = match self {
+            Fixture::Chat | Fixture::Messages => "messages",
+            Fixture::Responses => "input",
+            Fixture::Gemini => "contents",
+        };
+        body[field]
+            .as_array()
+            .unwrap_or_else(|| panic!("{self:?}: no {field} in {body}"))
+            .clone()
+    }
+
+    /// How many of `agent_conversation`'s first items are its head, kept verbatim first
+    /// whatever is summarized or trimmed: chat's system message, Responses' developer
+    /// message.
+    pub fn head(self) -> usize {
+        match self {
+            Fixture::Chat | Fixture::Responses => 1,
+            Fixture::Messages | Fixture::Gemini => 0,
+        }
+    }
+
+    /// The system prompt a request carries outside its conversation, where the API has one.
+    pub fn system(self, body: &Value) -> Value {
+        match self {
+            Fixture::Chat => Value::Null,
+            Fixture::Responses => body["instructions"].clone(),
+            Fixture::Messages => body["system"].clone(),
+            Fixture::Gemini => body["systemInstruction"].clone(),
+        }
+    }
+
+    /// Sets the system prompt of `body` to `text`, wherever this dialect carries it.
+    pub fn set_system(self, body: &mut Value, text: &str) {
+        let at = match self {
+            Fixture::Chat => "/messages/0/content",
+            Fixture::Responses => "/instructions",
+            Fixture::Messages => "/system",
+            Fixture::Gemini => "/systemInstruction/parts/0/text",
+        };
+        *body.pointer_mut(at).expect("a system prompt") = json!(text);
+    }
+
+    /// Whether `item` is the user turn condenser opens a trimmed conversation with, in an
+    /// API whose conversation must open with one, when the kept tail opens otherwise.
+    pub fn is_omission_note(self, item: &Value) -> bool {
+        match self {
+            Fixture::Chat | Fixture::Responses => false,
+            Fixture::Messages | Fixture::Gemini => {
+                let text = [
+                    item.pointer("/content/0/text"),
+                    item.pointer("/parts/0/text"),
+                ]
+                .into_iter()
+                .flatten()
+                .find_map(Value::as_str);
+                item["role"] == "user"
+                    && text.is_some_and(|t| {
+                        t.starts_with('[') && t.ends_with(" earlier messages omitted]")
+                    })
+            }
+        }
+    }
+
+    /// Fails unless `sent`, forwarded for a request of `original` items, is what the API
+    /// accepts: calls and their answers paired, turns in order.
+    pub fn assert_valid(self, original: &[Value], sent: &Value) {
+        let items = self.items(sent);
+        match self {
+            Fixture::Chat => {
+                for (i, message) in items.iter().enumerate() {
+                    if let Some(id) = message["tool_call_id"].as_str() {
+                        let calls = items[..i]
+                            .iter()
+                            .rev()
+                            .find(|m| m["role"] == "assistant")
+                            .map(|m| m["tool_calls"].to_string())
+                            .unwrap_or_default();
+                        assert!(calls.contains(id), "orphan tool message {id}");
+                    }
+                }
+            }
+            Fixture::Responses => assert_pairs_intact(original, &items),
+            Fixture::Messages => assert_valid_messages(&items),
+            Fixture::Gemini => assert_valid_gemini(sent),
+        }
+    }
+
+    /// `body` posted to this dialect's path (its stream's when `stream`) as the caller
+    /// `CALLER_KEY` sends it, with `headers` besides; and what condenser says of it.
+    pub async fn post(
+        self,
+        proxy: &Proxy,
+        body: &Value,
+        stream: bool,
+        headers: &[(&str, &str)],
+    ) -> (reqwest::Response, Condensed) {
+        self.post_as(proxy, CALLER_KEY, body, stream, headers).await
+    }
+
+    /// `post`, as the caller whose key is `key`.
+    pub async fn post_as(
+        self,
+        proxy: &Proxy,
+        key: &str,
+        body: &Value,
+        stream: bool,
+        headers: &[(&str, &str)],
+    ) -> (reqwest::Response, Condensed) {
+        let keys = self.key_headers(key);
+        let mut all: Vec<(&str, &str)> = keys.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        all.extend_from_slice(headers);
+        post(proxy, &self.path(stream), &all, body).await
+    }
+
+    /// The headers a caller sends its key `key` in, in this dialect.
+    pub fn key_headers(self, key: &str) -> Vec<(&'static str, String)> {
+        match self {
+            Fixture::Chat | Fixture::Responses => vec![("authorization", format!("Bearer {key}"))],
+            Fixture::Messages => vec![
+                ("x-api-key", key.to_string()),
+                ("anthropic-version", "2023-06-01".to_string()),
+            ],
+            Fixture::Gemini => vec![("x-goog-api-key", key.to_string())],
+        }
+    }
+
+    /// The error a response of condenser's or upstream's carries, read in this dialect's
+    /// shape (which it must have): its kind (OpenAI's `code`, Anthropic's `type`, Google's
+    /// `status`) and message.
+    pub async fn error(self, response: reqwest::Response) -> (u16, String, String) {
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.unwrap();
+        let error = &body["error"];
+        let message = error["message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{self:?}: {body}"));
+        let kind = match self {
+            Fixture::Chat | Fixture::Responses => &error["code"],
+            Fixture::Messages => {
+                assert_eq!(body["type"], "error", "{body}");
+                &error["type"]
+            }
+            Fixture::Gemini => {
+                assert_eq!(error["code"], status, "{body}");
+                &error["status"]
+            }
+        };
+        let kind = kind.as_str().unwrap_or_else(|| panic!("{self:?}: {body}"));
+        (status, kind.to_string(), message.to_string())
+    }
+
+    /// A config for `upstream` where every fixture's model has an 8,000-token window;
+    /// summaries by gpt-4o-mini over chat completions.
+    pub fn config(upstream: &str) -> Config {
+        let mut config = claude_config(upstream);
+        config.models.insert(
+            GEMINI_MODEL.into(),
+            condenser::tokens::catalog::ModelOverride {
+                context_window: Some(8_000),
+                encoding: None,
+                price: None,
+            },
+        );
+        config
+    }
+
+    /// Whether `request` offers the recall tool.
+    pub fn offers_recall(self, request: &Value) -> bool {
+        let tools = request["tools"].as_array().into_iter().flatten();
+        match self {
+            Fixture::Chat => tools
+                .into_iter()
+                .any(|tool| tool.pointer("/function/name") == Some(&json!(RECALL_TOOL))),
+            Fixture::Responses | Fixture::Messages => {
+                tools.into_iter().any(|tool| tool["name"] == RECALL_TOOL)
+            }
+            Fixture::Gemini => tools
+                .flat_map(|tool| {
+                    tool["functionDeclarations"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                })
+                .any(|declared| declared["name"] == RECALL_TOOL),
+        }
+    }
+
+    /// The text of the recall answers that end the request, when it ends with some (an
+    /// error's text after `Error: `).
+    pub fn answers(self, request: &Value) -> Option<String> {
+        match self {
+            Fixture::Chat => {
+                let messages = request["messages"].as_array()?;
+                let last = messages.last()?;
+                (last["role"] == "tool" && answers_a_recall(&last["tool_call_id"]))
+                    .then(|| last["content"].as_str().unwrap().to_string())
+            }
+            Fixture::Responses => {
+                let last = request["input"].as_array()?.last()?.clone();
+                (last["type"] == "function_call_output" && answers_a_recall(&last["call_id"]))
+                    .then(|| last["output"].as_str().unwrap().to_string())
+            }
+            Fixture::Messages => {
+                let last = request["messages"].as_array()?.last()?.clone();
+                let block = last["content"].as_array()?.first()?.clone();
+                (block["type"] == "tool_result" && answers_a_recall(&block["tool_use_id"])).then(
+                    || {
+                        let error = if block["is_error"] == json!(true) {
+                            "Error: "
+                        } else {
+                            ""
+                        };
+                        format!("{error}{}", block["content"].as_str().unwrap())
+                    },
+                )
+            }
+            Fixture::Gemini => {
+                let last = request["contents"].as_array()?.last()?.clone();
+                let answer = last["parts"].as_array()?.first()?["functionResponse"].clone();
+                (last["role"] == "user"
+                    && answer["name"] == RECALL_TOOL
+                    && answers_a_recall(&answer["id"]))
+                .then(|| match answer["response"]["output"].as_str() {
+                    Some(output) => output.to_string(),
+                    None => format!("Error: {}", answer["response"]["error"].as_str().unwrap()),
+                })
+            }
+        }
+    }
+
+    /// How `request` chooses its tools, where this dialect says it: `tool_choice`, or
+    /// Gemini's `toolConfig.functionCallingConfig.mode`.
+    pub fn tool_choice(self, request: &Value) -> Option<&Value> {
+        match self {
+            Fixture::Gemini => request.pointer("/toolConfig/functionCallingConfig/mode"),
+            _ => request.get("tool_choice"),
+        }
+    }
+
+    /// The tool choice that forbids calling any tool.
+    pub fn no_tools(self) -> Value {
+        match self {
+            Fixture::Chat | Fixture::Responses => json!("none"),
+            Fixture::Messages => json!({"type": "none"}),
+            Fixture::Gemini => json!("NONE"),
+        }
+    }
+
+    /// A reply saying `text`, streamed or whole; a stream's first event at once, the rest
+    /// after `gate` (when given) is notified.
+    pub fn text_reply(
+        self,
+        text: &str,
+        stream: bool,
+        gate: Option<Arc<Notify>>,
+    ) -> Response<ProxyBody> {
+        if !stream {
+            let body = match self {
+                Fixture::Chat => completion(text, 100, 10),
+                Fixture::Responses => {
+                    json!({"id": "resp_1", "tools": echoed_tools(), "object": "response", "status": "completed",
+                    "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+                                "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+                    "usage": {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}})
+                }
+                Fixture::Messages => {
+                    json!({"id": "msg_1", "type": "message", "role": "assistant", "model": self.model(),
+                    "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": null,
+                    "usage": {"input_tokens": 100, "output_tokens": 10}})
+                }
+                Fixture::Gemini => gemini_reply(json!([{"text": text}]), gemini_usage()),
+            };
+            return json_response(200, &body);
+        }
+        let events = match self {
+            Fixture::Chat => vec![
+                chat_chunk(json!({"role": "assistant", "content": ""}), None),
+                chat_chunk(json!({"content": text}), None),
+                chat_chunk(json!({}), Some("stop")),
+                chat_usage(),
+                "data: [DONE]\n\n".to_string(),
+            ],
+            Fixture::Responses => {
+                let part = json!({"type": "output_text", "text": text, "annotations": []});
+                let message = json!({"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+                    "content": [part]});
+                let at = json!({"output_index": 0, "item_id": "msg_1", "content_index": 0});
+                let with = |kind: &str, fields: Value| {
+                    let mut event = at.clone();
+                    event["type"] = json!(kind);
+                    event
+                        .as_object_mut()
+                        .unwrap()
+                        .extend(fields.as_object().unwrap().clone());
+                    event
+                };
+                responses_events(vec![
+                    json!({"type": "response.created", "response": {"id": "resp_1", "tools": echoed_tools(), "status": "in_progress", "output": []}}),
+                    json!({"type": "response.output_item.added", "output_index": 0, "item": {"type": "message", "id": "msg_1", "role": "assistant", "status": "in_progress", "content": []}}),
+                    with(
+                        "response.content_part.added",
+                        json!({"part": {"type": "output_text", "text": "", "annotations": []}}),
+                    ),
+                    with("response.output_text.delta", json!({"delta": text})),
+                    with("response.output_text.done", json!({"text": text})),
+                    with("response.content_part.done", json!({"part": part})),
+                    json!({"type": "response.output_item.done", "output_index": 0, "item": message}),
+                    json!({"type": "response.completed", "response": {"id": "resp_1", "tools": echoed_tools(), "status": "completed", "output": [message],
+                        "usage": {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}}}),
+                ])
+            }
+            Fixture::Messages => vec![
+                message_start(),
+                anthropic_event(
+                    "content_block_start",
+                    json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+                ),
+                anthropic_event(
+                    "content_block_delta",
+                    json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
+                ),
+                anthropic_event(
+                    "content_block_stop",
+                    json!({"type": "content_block_stop", "index": 0}),
+                ),
+                message_end("end_turn"),
+                anthropic_event("message_stop", json!({"type": "message_stop"})),
+            ],
+            Fixture::Gemini => {
+                // The first word, then the rest with the finish reason and usage.
+                let split = text.find(' ').map_or(text.len(), |at| at + 1);
+                vec![
+                    gemini_chunk(json!([{"text": &text[..split]}]), false),
+                    gemini_chunk(json!([{"text": &text[split..]}]), true),
+                ]
+            }
+        };
+        sse_response(events, gate)
+    }
+
+    /// A reply calling `calls` (name, arguments), streamed or whole; each call's id
+    /// `call_N`.
+    pub fn call_reply(self, calls: &[(&str, Value)], stream: bool) -> Response<ProxyBody> {
+        let id = |i: usize| format!("call_{i}");
+        if !stream {
+            let body = match self {
+                Fixture::Chat => {
+                    let calls: Vec<Value> = calls.iter().enumerate().map(|(i, (name, args))| json!({"id": id(i), "type": "function", "function": {"name": name, "arguments": args.to_string()}})).collect();
+                    json!({"id": "chatcmpl-1", "object": "chat.completion", "model": "gpt-4o",
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": calls}, "finish_reason": "tool_calls"}],
+                        "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}})
+                }
+                Fixture::Responses => {
+                    let output: Vec<Value> = calls.iter().enumerate().map(|(i, (name, args))| json!({"type": "function_call", "id": format!("fc_{i}"), "call_id": id(i), "name": name, "arguments": args.to_string(), "status": "completed"})).collect();
+                    json!({"id": "resp_1", "tools": echoed_tools(), "object": "response", "status": "completed", "output": output,
+                        "usage": {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}})
+                }
+                Fixture::Messages => {
+                    let content: Vec<Value> = calls.iter().enumerate().map(|(i, (name, args))| json!({"type": "tool_use", "id": id(i), "name": name, "input": args})).collect();
+                    json!({"id": "msg_1", "type": "message", "role": "assistant", "model": self.model(), "content": content,
+                        "stop_reason": "tool_use", "stop_sequence": null, "usage": {"input_tokens": 100, "output_tokens": 10}})
+                }
+                Fixture::Gemini => gemini_reply(gemini_calls(calls), gemini_usage()),
+            };
+            return json_response(200, &body);
+        }
+        let mut events = Vec::new();
+        match self {
+            Fixture::Chat => {
+                events.push(chat_chunk(
+                    json!({"role": "assistant", "content": null}),
+                    None,
+                ));
+                for (i, (name, args)) in calls.iter().enumerate() {
+                    events.push(chat_chunk(json!({"tool_calls": [{"index": i, "id": id(i), "type": "function", "function": {"name": name, "arguments": ""}}]}), None));
+                    events.push(chat_chunk(json!({"tool_calls": [{"index": i, "function": {"arguments": args.to_string()}}]}), None));
+                }
+                events.push(chat_chunk(json!({}), Some("tool_calls")));
+                events.push(chat_usage());
+                events.push("data: [DONE]\n\n".to_string());
+            }
+            Fixture::Responses => {
+                let mut data = vec![
+                    json!({"type": "response.created", "response": {"id": "resp_1", "tools": echoed_tools(), "status": "in_progress", "output": []}}),
+                ];
+                let mut output = Vec::new();
+                for (i, (name, args)) in calls.iter().enumerate() {
+                    let item = json!({"type": "function_call", "id": format!("fc_{i}"), "call_id": id(i), "name": name, "arguments": args.to_string(), "status": "completed"});
+                    let mut added = item.clone();
+                    added["arguments"] = json!("");
+                    data.push(json!({"type": "response.output_item.added", "output_index": i, "item": added}));
+                    data.push(json!({"type": "response.function_call_arguments.delta", "output_index": i, "item_id": format!("fc_{i}"), "delta": args.to_string()}));
+                    data.push(json!({"type": "response.function_call_arguments.done", "output_index": i, "item_id": format!("fc_{i}"), "arguments": args.to_string()}));
+                    data.push(json!({"type": "response.output_item.done", "output_index": i, "item": item}));
+                    output.push(item);
+                }
+                data.push(json!({"type": "response.completed", "response": {"id": "resp_1", "tools": echoed_tools(), "status": "completed", "output": output,
+                    "usage": {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}}}));
+                events = responses_events(data);
+            }
+            Fixture::Messages => {
+                events.push(message_start());
+                for (i, (name, args)) in calls.iter().enumerate() {
+                    events.push(anthropic_event("content_block_start", json!({"type": "content_block_start", "index": i, "content_block": {"type": "tool_use", "id": id(i), "name": name, "input": {}}})));
+                    events.push(anthropic_event("content_block_delta", json!({"type": "content_block_delta", "index": i, "delta": {"type": "input_json_delta", "partial_json": args.to_string()}})));
+                    events.push(anthropic_event(
+                        "content_block_stop",
+                        json!({"type": "content_block_stop", "index": i}),
+                    ));
+                }
+                events.push(message_end("tool_use"));
+                events.push(anthropic_event(
+                    "message_stop",
+                    json!({"type": "message_stop"}),
+                ));
+            }
+            Fixture::Gemini => {
+                // A chunk of text, then one a call, the last with the finish reason.
+                events.push(gemini_chunk(json!([{"text": "Let me look. "}]), false));
+                let parts = gemini_calls(calls);
+                let last = parts.as_array().unwrap().len() - 1;
+                for (i, part) in parts.as_array().unwrap().iter().enumerate() {
+                    events.push(gemini_chunk(json!([part]), i == last));
+                }
+            }
+        }
+        sse_response(events, None)
+    }
+
+    /// The text the client got, and the raw bytes (for what must not be there).
+    pub async fn client_text(self, response: reqwest::Response, stream: bool) -> (String, String) {
+        let raw = if stream {
+            stream_text(response).await
+        } else {
+            response.text().await.unwrap()
+        };
+        if !stream {
+            let body: Value = serde_json::from_str(&raw).unwrap();
+            let text = match self {
+                Fixture::Chat => body["choices"][0]["message"]["content"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                Fixture::Responses => body["output"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .flat_map(|item| item["content"].as_array().cloned().unwrap_or_default())
+                    .filter_map(|c| c["text"].as_str().map(str::to_string))
+                    .collect(),
+                Fixture::Messages => body["content"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter_map(|c| c["text"].as_str().map(str::to_string))
+                    .collect(),
+                Fixture::Gemini => gemini_text(&body),
+            };
+            return (text, raw);
+        }
+        (self.streamed_text(&raw), raw)
+    }
+
+    /// The text of a streamed reply, its events' pieces together.
+    pub fn streamed_text(self, raw: &str) -> String {
+        let mut text = String::new();
+        for data in raw.lines().filter_map(|line| line.strip_prefix("data: ")) {
+            let Ok(data) = serde_json::from_str::<Value>(data.trim()) else {
+                continue;
+            };
+            let piece = match self {
+                Fixture::Chat => data.pointer("/choices/0/delta/content").cloned(),
+                Fixture::Responses => {
+                    (data["type"] == "response.output_text.delta").then(|| data["delta"].clone())
+                }
+                Fixture::Messages => data.pointer("/delta/text").cloned(),
+                Fixture::Gemini => Some(json!(gemini_text(&data))),
+            };
+            if let Some(piece) = piece.as_ref().and_then(Value::as_str) {
+                text.push_str(piece);
+            }
+        }
+        text
+    }
+}
+
+// Each dialect's conversations over the trigger, and what its API demands of them.
+
+pub const DEVELOPER_HEAD: &str = "Always answer in English.";
+
+/// A developer message (the head), then `rounds` of: a user message (facts planted in the
+/// first), a function call, its output, and an assistant message; about 300 tokens a round.
+pub fn tool_conversation(rounds: usize) -> Vec<Value> {
+    let mut items =
+        vec![json!({"type": "message", "role": "developer", "content": DEVELOPER_HEAD})];
+    for t in 0..rounds {
+        let user = user_turn(t)["content"].as_str().unwrap().to_string();
+        items.push(json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": user}]}));
+        items.push(json!({"type": "function_call", "id": format!("fc_{t}"), "call_id": format!("call_{t}"), "name": "search", "arguments": format!("{{\"query\":\"q{t}\"}}")}));
+        items.push(json!({"type": "function_call_output", "call_id": format!("call_{t}"), "output": format!("result-{t}. {}", filler(t + 500, 90))}));
+        items.push(json!({"type": "message", "role": "assistant", "id": format!("msg_{t}"), "status": "completed", "content": [{"type": "output_text", "text": format!("msg-a{t}. {}", filler(t + 1000, 90)), "annotations": []}]}));
+    }
+    items
+}
+
+pub fn responses_body(input: &[Value]) -> Value {
+    json!({
+        "model": "gpt-4o",
+        "instructions": SYSTEM_PROMPT,
+        "input": input,
+        "max_output_tokens": 500,
+        "store": false,
+        "tools": [{"type": "function", "name": "search", "description": "Search the notes.", "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}],
+    })
+}
+
+/// No tool output without its call before it; no kept call without the output it had.
+pub fn assert_pairs_intact(original: &[Value], forwarded: &[Value]) {
+    let is = |item: &Value, kind: &str| item["type"] == kind;
+    let mut calls = HashSet::new();
+    for item in forwarded {
+        if is(item, "function_call") {
+            calls.insert(item["call_id"].as_str().unwrap().to_string());
+        } else if is(item, "function_call_output") {
+            assert!(
+                calls.contains(item["call_id"].as_str().unwrap()),
+                "orphan output for {}",
+                item["call_id"]
+            );
+        }
+    }
+    let outputs: HashSet<&str> = forwarded
+        .iter()
+        .filter(|item| is(item, "function_call_output"))
+        .filter_map(|item| item["call_id"].as_str())
+        .collect();
+    let answered: HashSet<&str> = original
+        .iter()
+        .filter(|item| is(item, "function_call_output"))
+        .filter_map(|item| item["call_id"].as_str())
+        .collect();
+    for call in forwarded.iter().filter(|item| is(item, "function_call")) {
+        let id = call["call_id"].as_str().unwrap();
+        assert!(
+            !answered.contains(id) || outputs.contains(id),
+            "call {id} kept without its output"
+        );
+    }
+}
+
+pub fn tool_ids<'a>(message: &'a Value, kind: &str, field: &str) -> Vec<&'a str> {
+    message["content"]
+        .as_array()
+        .map(|blocks| {
+            blocks
+                .iter()
+                .filter(|b| b["type"] == kind)
+                .filter_map(|b| b[field].as_str())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What Anthropic demands of `messages`: a user turn first, roles alternating, each
+/// `tool_result` answering a `tool_use` of the turn just before it.
+pub fn assert_valid_messages(messages: &[Value]) {
+    assert_eq!(messages[0]["role"], "user", "{:#}", messages[0]);
+    for pair in messages.windows(2) {
+        assert_ne!(pair[0]["role"], pair[1]["role"], "roles do not alternate");
+    }
+    for (i, message) in messages.iter().enumerate() {
+        for id in tool_ids(message, "tool_result", "tool_use_id") {
+            assert!(i > 0, "the conversation opens with a tool result");
+            let calls = tool_ids(&messages[i - 1], "tool_use", "id");
+            assert!(calls.contains(&id), "orphan tool result {id}");
+        }
+    }
+}
+
+pub fn part_names(turn: &Value, kind: &str) -> Vec<String> {
+    turn["parts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p[kind]["id"].as_str().map(String::from))
+        .collect()
+}
+
+/// What Gemini demands of `contents`: a user turn first, every function response turn right
+/// after the call turn it answers (ids in order), every call of a kept turn answered; and
+/// each call carries the signature the model gave it, verbatim.
+pub fn assert_valid_gemini(body: &Value) {
+    let turns = body["contents"].as_array().unwrap();
+    assert_eq!(turns[0]["role"], "user", "{:#}", turns[0]);
+    for (i, turn) in turns.iter().enumerate() {
+        let answered = part_names(turn, "functionResponse");
+        if !answered.is_empty() {
+            assert_eq!(
+                part_names(&turns[i - 1], "functionCall"),
+                answered,
+                "turn {i}"
+            );
+        }
+        let calls = part_names(turn, "functionCall");
+        if !calls.is_empty() && i + 1 < turns.len() {
+            assert_eq!(
+                part_names(&turns[i + 1], "functionResponse"),
+                calls,
+                "turn {i}"
+            );
+        }
+        for part in turn["parts"].as_array().unwrap() {
+            if let Some(id) = part["functionCall"]["id"].as_str() {
+                let t: usize = id.trim_start_matches("call-").parse().unwrap();
+                assert_eq!(part["thoughtSignature"], thought_signature(t), "{id}");
+            }
+        }
+    }
+}
+
+/// A mock Gemini (`mock_gemini`) whose summarizer is a `mock_llm` with `behaviour`: every
+/// request recorded here.
+async fn gemini_before_llm(behaviour: LlmBehaviour) -> MockUpstream {
+    let cache = behaviour.prompt_cache.clone();
+    let gemini = mock_gemini(GeminiBehaviour::default()).await.url();
+    let llm = mock_llm(behaviour).await.url();
+    let http = client();
+    MockUpstream::start(handler(move |r| {
+        let summarizing = is_summarizer_call(&r);
+        let to = if summarizing {
+            llm.clone()
+        } else {
+            gemini.clone()
+        };
+        // The prompt and its cached share as the cache counts them, when one is kept.
+        let counted = cache
+            .as_ref()
+            .filter(|_| !summarizing)
+            .map(|cache| cache.prompt(&r.json()));
+        let http = http.clone();
+        async move {
+            let mut relayed = http
+                .post(format!("{to}{}", r.path_and_query))
+                .body(r.body.clone());
+            for (name, value) in &r.headers {
+                if name != "host" && name != "content-length" {
+                    relayed = relayed.header(name, value);
+                }
+            }
+            let answer = relayed.send().await.unwrap();
+            let status = answer.status().as_u16();
+            let streamed = answer
+                .headers()
+                .get("content-type")
+                .is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));
+            let mut bytes = answer.bytes().await.unwrap();
+            if let Some(counted) = counted {
+                bytes = with_cached_usage(&bytes, counted);
+            }
+            let mut reply = Response::builder().status(status);
+            if streamed {
+                reply = reply.header("content-type", "text/event-stream");
+            } else {
+                reply = reply.header("content-type", "application/json");
+            }
+            reply.body(condenser::transport::body::full(bytes)).unwrap()
+        }
+    }))
+    .await
+}
+
+/// A Gemini reply (JSON, or SSE events) whose usage reports `counted`: the prompt, and of it
+/// the share cached.
+fn with_cached_usage(reply: &[u8], counted: CachedPrompt) -> Bytes {
+    let usage = |value: &mut Value| {
+        if let Some(usage) = value
+            .get_mut("usageMetadata")
+            .and_then(Value::as_object_mut)
+        {
+            usage.insert("promptTokenCount".into(), json!(counted.prompt_tokens));
+            if usage.contains_key("cachedContentTokenCount") {
+                usage.insert(
+                    "cachedContentTokenCount".into(),
+                    json!(counted.cached_tokens),
+                );
+            }
+        }
+    };
+    let text = std::str::from_utf8(reply).unwrap();
+    if let Ok(mut whole) = serde_json::from_str::<Value>(text) {
+        usage(&mut whole);
+        return Bytes::from(whole.to_string());
+    }
+    let events: String = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .map(|data| {
+            let mut chunk: Value = serde_json::from_str(data).unwrap();
+            usage(&mut chunk);
+            format!("data: {chunk}\r\n\r\n")
+        })
+        .collect();
+    Bytes::from(events)
+}
+
+/// The texts of a Gemini reply's (or chunk's) first candidate.
+fn gemini_text(reply: &Value) -> String {
+    reply
+        .pointer("/candidates/0/content/parts")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|part| part["text"].as_str())
+        .collect()
+}
+
+fn gemini_usage() -> Value {
+    json!({"promptTokenCount": 100, "candidatesTokenCount": 10, "totalTokenCount": 110})
+}
+
+/// Gemini parts calling `calls`, each with its id (`call_N`).
+fn gemini_calls(calls: &[(&str, Value)]) -> Value {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, (name, args))| {
+            json!({"functionCall": {"id": format!("call_{i}"), "name": name, "args": args}})
+        })
+        .collect()
+}
+
+/// A Gemini SSE event of `parts`; the last of a stream with its finish reason and usage.
+fn gemini_chunk(parts: Value, last: bool) -> String {
+    let mut chunk = gemini_reply(parts, gemini_usage());
+    if !last {
+        chunk["candidates"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("finishReason");
+        chunk.as_object_mut().unwrap().remove("usageMetadata");
+    }
+    format!("data: {chunk}\r\n\r\n")
+}
+
+/// The tools a Responses reply echoes, as the API echoes the request's: the recall tool among
+/// them, for condenser to take out.
+fn echoed_tools() -> Value {
+    json!([{"type": "function", "name": RECALL_TOOL, "parameters": {}}])
+}
+
+/// Whether a tool answer answers a call of the scripted model's (`call_N`), not one of the
+/// client's own in the conversation it was sent.
+fn answers_a_recall(call_id: &Value) -> bool {
+    call_id.as_str().is_some_and(|id| id.starts_with("call_"))
+}
+
+fn chat_chunk(delta: Value, finish: Option<&str>) -> String {
+    let chunk = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "gpt-4o",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+    format!("data: {chunk}\n\n")
+}
+
+fn chat_usage() -> String {
+    let chunk = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [],
+        "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}});
+    format!("data: {chunk}\n\n")
+}
+
+/// Responses events as the API streams them: each named by its type and numbered in order.
+fn responses_events(data: Vec<Value>) -> Vec<String> {
+    data.into_iter()
+        .enumerate()
+        .map(|(n, mut data)| {
+            data["sequence_number"] = json!(n);
+            format!(
+                "event: {}\ndata: {data}\n\n",
+                data["type"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+pub fn anthropic_event(name: &str, data: Value) -> String {
+    format!("event: {name}\ndata: {data}\n\n")
+}
+
+pub fn message_start() -> String {
+    anthropic_event(
+        "message_start",
+        json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+        "model": "claude-sonnet-4-5", "content": [], "stop_reason": null, "usage": {"input_tokens": 100, "output_tokens": 1}}}),
+    )
+}
+
+pub fn message_end(stop: &str) -> String {
+    anthropic_event(
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": 10}}),
+    )
+}
+
+/// A streamed reply: its first event at once, the rest after `gate` (when given) is notified.
+pub fn sse_response(events: Vec<String>, gate: Option<Arc<Notify>>) -> Response<ProxyBody> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(1);
+    tokio::spawn(async move {
+        let mut events = events.into_iter();
+        if let Some(first) = events.next() {
+            if tx.send(Bytes::from(first)).await.is_err() {
+                return;
+            }
+        }
+        if let Some(gate) = gate {
+            gate.notified().await;
+        }
+        for event in events {
+            if tx.send(Bytes::from(event)).await.is_err() {
+                return;
+            }
+        }
+    });
+    let frames = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+        .map(|chunk| Ok::<_, BoxError>(hyper::body::Frame::data(chunk)));
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(http_body_util::StreamBody::new(frames).boxed_unsync())
+        .unwrap()
+}
+
+/// The registry and the fixtures agree: every dialect has one, named and routed as the
+/// registry names and routes it.
+#[test]
+fn every_dialect_of_the_registry_has_a_fixture() {
+    let fixtures = Fixture::all();
+    assert_eq!(fixtures.len(), DIALECTS.len());
+    for fixture in fixtures {
+        let wire = fixture.wire();
+        assert_eq!(wire.name, fixture.name());
+        assert_eq!(wire.route.name(), fixture.route(), "{fixture:?}");
+        assert!(
+            (wire.compacts)(fixture.path(false).as_str()),
+            "{fixture:?} compacts {}",
+            fixture.path(false)
+        );
+    }
+}
