@@ -25,7 +25,12 @@ async fn send(proxy: &Proxy, messages: &[Value]) -> Turn {
 
 /// A waited request is one whose summary was made while it waited.
 fn waited(turn: &Turn) -> bool {
-    matches!(turn.cache.as_str(), "miss" | "extended")
+    waited_for(&turn.cache)
+}
+
+/// Whether a request told cache outcome `cache` waited for its summary.
+fn waited_for(cache: &str) -> bool {
+    matches!(cache, "miss" | "extended")
 }
 
 pub fn with_window(upstream: &MockUpstream, window: u64) -> condenser::Config {
@@ -71,46 +76,95 @@ async fn a_growing_conversation_never_waits_for_a_slower_summarizer() {
     );
 }
 
+/// A proxy for `fixture`'s upstream whose token ratio for its model is learned: one short
+/// conversation sent first, so that the counts the tests rely on are those of every later
+/// request (an API reporting its usage moves the ratio after its first reply).
+async fn warmed(fixture: Fixture, upstream: &MockUpstream) -> Proxy {
+    let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
+    let body = fixture.agent_body(&fixture.agent_conversation_of(2));
+    let (response, condensed) = fixture.post(&proxy, &body, false, &[]).await;
+    assert_eq!(response.status(), 200, "{fixture:?}");
+    assert_eq!(condensed.action, "forwarded", "{fixture:?}");
+    proxy
+}
+
+/// The rounds of `fixture`'s agent conversation that come to over the trigger (6,000
+/// tokens) and under the hard limit, with one round more still under it.
+fn rounds_over_the_trigger(fixture: Fixture) -> usize {
+    match fixture {
+        Fixture::Chat => 30,
+        Fixture::Responses => 20,
+        Fixture::Messages => 16,
+        Fixture::Gemini => 9,
+    }
+}
+
 #[tokio::test]
 async fn a_conversation_past_the_hard_limit_in_one_request_waits_and_is_compacted() {
-    let upstream = mock_llm(LlmBehaviour {
-        summarizer_latency: Duration::from_millis(300),
-        ..LlmBehaviour::default()
-    })
-    .await;
-    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let turn = send(&proxy, &conversation(40)).await;
-    assert_eq!(turn.cache, "miss");
-    assert!(
-        turn.forwarded_tokens <= HARD_LIMIT,
-        "{}",
-        turn.forwarded_tokens
-    );
+    for fixture in Fixture::all() {
+        let upstream = fixture
+            .upstream(LlmBehaviour {
+                summarizer_latency: Duration::from_millis(300),
+                ..LlmBehaviour::default()
+            })
+            .await;
+        let proxy = warmed(fixture, &upstream).await;
+        let original = fixture.agent_conversation();
+        let body = fixture.agent_body(&original);
+        let (response, turn) = fixture.post(&proxy, &body, false, &[]).await;
+        assert_eq!(response.status(), 200, "{fixture:?}");
+        let received = turn.prompt_tokens.unwrap();
+        assert!(received > HARD_LIMIT, "{fixture:?}: {received}");
+        assert_eq!(turn.cache, "miss", "{fixture:?}");
+        let forwarded = turn.forwarded_tokens.unwrap();
+        assert!(forwarded <= HARD_LIMIT, "{fixture:?}: {forwarded}");
+        fixture.assert_valid(&original, upstream.forwarded().last().unwrap());
+    }
 }
 
 #[tokio::test]
 async fn over_the_trigger_within_the_hard_limit_a_request_goes_at_once() {
-    let upstream = mock_llm(LlmBehaviour {
-        summarizer_latency: Duration::from_millis(300),
-        ..LlmBehaviour::default()
-    })
-    .await;
-    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    // 6,516 tokens: over the trigger (6,000), under the hard limit, nothing on hand.
-    let turn = send(&proxy, &conversation(30)).await;
-    assert_eq!(turn.cache, "deferred");
-    let sent = upstream
-        .recorded()
-        .into_iter()
-        .filter(|r| !is_summarizer_call(r))
-        .count();
-    assert_eq!(sent, 1, "forwarded as sent");
-    // The summary it needed was started for it; the next turn finds it, once made.
-    let mut next = send(&proxy, &conversation(31)).await;
-    while next.cache != "hit" {
-        assert!(!waited(&next), "{}", next.cache);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        next = send(&proxy, &conversation(31)).await;
+    for fixture in Fixture::all() {
+        let upstream = fixture
+            .upstream(LlmBehaviour {
+                summarizer_latency: Duration::from_millis(300),
+                ..LlmBehaviour::default()
+            })
+            .await;
+        let proxy = warmed(fixture, &upstream).await;
+        let rounds = rounds_over_the_trigger(fixture);
+        let send = |rounds: usize| {
+            let proxy = &proxy;
+            async move {
+                let body = fixture.agent_body(&fixture.agent_conversation_of(rounds));
+                let (response, condensed) = fixture.post(proxy, &body, false, &[]).await;
+                assert_eq!(response.status(), 200, "{fixture:?}");
+                condensed
+            }
+        };
+        // Over the trigger (6,000), under the hard limit, nothing on hand.
+        let turn = send(rounds).await;
+        let received = turn.prompt_tokens.unwrap();
+        assert!(
+            received > 6_000 && received <= HARD_LIMIT,
+            "{fixture:?}: {received}"
+        );
+        assert_eq!(turn.cache, "deferred", "{fixture:?}");
+        let sent = upstream.forwarded();
+        // The warming request, and this one.
+        assert_eq!(sent.len(), 2, "{fixture:?}: forwarded as sent");
+        assert_eq!(
+            fixture.items(&sent[1]),
+            fixture.agent_conversation_of(rounds),
+            "{fixture:?}: forwarded as sent"
+        );
+        // The summary it needed was started for it; the next turn finds it, once made.
+        let mut next = send(rounds + 1).await;
+        while next.cache != "hit" {
+            assert!(!waited_for(&next.cache), "{fixture:?}: {}", next.cache);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            next = send(rounds + 1).await;
+        }
     }
 }
 
