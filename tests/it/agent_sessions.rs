@@ -42,38 +42,66 @@ pub fn with_window(upstream: &MockUpstream, window: u64) -> condenser::Config {
 /// 8,000 tokens less `chat_body`'s 500 reserved for the reply.
 const HARD_LIMIT: u64 = 7_500;
 
+/// How far `fixture`'s growing conversation goes, and the pause between its turns (the time
+/// an agent's tool call takes): to about 13,000 tokens, with a pause that grows as a round
+/// does, so that each dialect has as long as chat's between the trigger and the hard limit
+/// (1,500 tokens: 7 of chat's rounds, 4.7 of Responses', 3.7 of Messages', 2.1 of
+/// Gemini's). Every pause is shorter than the summarizer takes.
+fn growth(fixture: Fixture) -> (usize, Duration) {
+    match fixture {
+        Fixture::Chat => (60, Duration::from_millis(100)),
+        Fixture::Responses => (40, Duration::from_millis(150)),
+        Fixture::Messages => (32, Duration::from_millis(190)),
+        Fixture::Gemini => (19, Duration::from_millis(325)),
+    }
+}
+
 #[tokio::test]
 async fn a_growing_conversation_never_waits_for_a_slower_summarizer() {
-    let upstream = mock_llm(LlmBehaviour {
-        summarizer_latency: Duration::from_millis(600),
-        ..LlmBehaviour::default()
-    })
-    .await;
-    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let mut turns = Vec::new();
-    for t in 1..=60 {
-        turns.push(send(&proxy, &conversation(t)).await);
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let latency = Duration::from_millis(600);
+    for fixture in Fixture::all() {
+        let upstream = fixture
+            .upstream(LlmBehaviour {
+                summarizer_latency: latency,
+                ..LlmBehaviour::default()
+            })
+            .await;
+        let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
+        let (rounds, pause) = growth(fixture);
+        assert!(pause < latency);
+        let mut turns = Vec::new();
+        for t in 1..=rounds {
+            let original = fixture.agent_conversation_of(t);
+            let body = fixture.agent_body(&original);
+            let (response, condensed) = fixture.post(&proxy, &body, false, &[]).await;
+            assert_eq!(response.status(), 200, "{fixture:?}");
+            fixture.assert_valid(&original, upstream.forwarded().last().unwrap());
+            turns.push(Turn {
+                cache: condensed.cache,
+                forwarded_tokens: condensed.forwarded_tokens.unwrap(),
+            });
+            tokio::time::sleep(pause).await;
+        }
+        let outcomes: Vec<&str> = turns.iter().map(|t| t.cache.as_str()).collect();
+        assert_eq!(
+            turns.iter().filter(|t| waited(t)).count(),
+            0,
+            "{fixture:?}: {outcomes:?}"
+        );
+        assert!(
+            turns.iter().all(|t| t.forwarded_tokens <= HARD_LIMIT),
+            "{fixture:?}: over the hard limit: {:?}",
+            turns.iter().map(|t| t.forwarded_tokens).collect::<Vec<_>>()
+        );
+        assert!(
+            outcomes.contains(&"hit"),
+            "{fixture:?}: compacted along the way: {outcomes:?}"
+        );
+        assert!(
+            !upstream.summarizer_calls().is_empty(),
+            "{fixture:?}: summaries were made, in the background"
+        );
     }
-    let outcomes: Vec<&str> = turns.iter().map(|t| t.cache.as_str()).collect();
-    assert_eq!(
-        turns.iter().filter(|t| waited(t)).count(),
-        0,
-        "{outcomes:?}"
-    );
-    assert!(
-        turns.iter().all(|t| t.forwarded_tokens <= HARD_LIMIT),
-        "over the hard limit: {:?}",
-        turns.iter().map(|t| t.forwarded_tokens).collect::<Vec<_>>()
-    );
-    assert!(
-        outcomes.contains(&"hit"),
-        "compacted along the way: {outcomes:?}"
-    );
-    assert!(
-        upstream.recorded().iter().any(is_summarizer_call),
-        "summaries were made, in the background"
-    );
 }
 
 /// A proxy for `fixture`'s upstream whose token ratio for its model is learned: one short
