@@ -13,16 +13,6 @@ struct Turn {
     forwarded_tokens: u64,
 }
 
-async fn send(proxy: &Proxy, messages: &[Value]) -> Turn {
-    let (response, condensed) =
-        post(proxy, "/v1/chat/completions", &[], &chat_body(messages)).await;
-    assert_eq!(response.status(), 200);
-    Turn {
-        cache: condensed.cache,
-        forwarded_tokens: condensed.forwarded_tokens.unwrap(),
-    }
-}
-
 /// A waited request is one whose summary was made while it waited.
 fn waited(turn: &Turn) -> bool {
     waited_for(&turn.cache)
@@ -196,28 +186,62 @@ async fn over_the_trigger_within_the_hard_limit_a_request_goes_at_once() {
     }
 }
 
+/// The window of `fixture`'s long replay of 150 rounds: chat's 32,000 tokens, and for the
+/// others as much more as their rounds are larger (chat's 216 tokens, Responses' 321,
+/// Messages' 410, Gemini's 702), so that every dialect reaches the trigger near round 118
+/// and goes as many rounds between two moves of its summary; each move starts a new prompt,
+/// and in a window of the same size Gemini's would move three times as often.
+fn replay_window(fixture: Fixture) -> u64 {
+    match fixture {
+        Fixture::Chat => 32_000,
+        Fixture::Responses => 47_500,
+        Fixture::Messages => 60_800,
+        Fixture::Gemini => 104_000,
+    }
+}
+
+/// The prompt a provider caches of a forwarded `body`: its system prompt, where the API
+/// carries one outside the conversation (a summary may go there), then its conversation.
+fn prompt_of(fixture: Fixture, body: &Value) -> String {
+    format!(
+        "{}{}",
+        fixture.system(body),
+        Value::Array(fixture.items(body))
+    )
+}
+
 #[tokio::test]
 async fn a_long_replay_forwards_prompts_that_repeat_the_previous_ones_start() {
-    let upstream = mock_llm(LlmBehaviour::default()).await;
-    let proxy = Proxy::start(with_window(&upstream, 32_000)).await;
-    let mut compacted = 0;
-    for t in 1..=150 {
-        let turn = send(&proxy, &conversation(t)).await;
-        compacted += usize::from(turn.cache == "hit");
-        // Let background summaries land, as the time an agent's tool call takes would.
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    for fixture in Fixture::all() {
+        let upstream = fixture.upstream(LlmBehaviour::default()).await;
+        let mut config = Fixture::config(&upstream.url());
+        for model in config.models.values_mut() {
+            model.context_window = Some(replay_window(fixture));
+        }
+        let proxy = Proxy::start(config).await;
+        let rounds = 150;
+        let mut compacted = 0;
+        for t in 1..=rounds {
+            let body = fixture.agent_body(&fixture.agent_conversation_of(t));
+            let (response, turn) = fixture.post(&proxy, &body, false, &[]).await;
+            assert_eq!(response.status(), 200, "{fixture:?}");
+            compacted += usize::from(turn.cache == "hit");
+            // Let background summaries land, as the time an agent's tool call takes would.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let prompts: Vec<String> = upstream
+            .forwarded()
+            .iter()
+            .map(|body| prompt_of(fixture, body))
+            .collect();
+        assert_eq!(prompts.len(), rounds, "{fixture:?}");
+        let reuse = prefix_reuse(&prompts);
+        println!(
+            "{fixture:?}: prefix reuse over {rounds} turns: {reuse:.3}, {compacted} turns compacted"
+        );
+        assert!(compacted >= 20, "{fixture:?}: compaction ran: {compacted}");
+        assert!(reuse >= 0.9, "{fixture:?}: prefix reuse {reuse:.3}");
     }
-    let prompts: Vec<String> = upstream
-        .recorded()
-        .iter()
-        .filter(|r| !is_summarizer_call(r))
-        .map(|r| r.json()["messages"].to_string())
-        .collect();
-    assert_eq!(prompts.len(), 150);
-    let reuse = prefix_reuse(&prompts);
-    println!("prefix reuse over 150 turns: {reuse:.3}, {compacted} turns compacted");
-    assert!(compacted >= 20, "compaction ran: {compacted}");
-    assert!(reuse >= 0.9, "prefix reuse {reuse:.3}");
 }
 
 #[test]
