@@ -268,93 +268,200 @@ pub fn agent_session(rounds: usize) -> Vec<Value> {
     messages
 }
 
+/// The task of `tool_loop`, its first user turn.
+const TASK: &str = "Fix ticket KX-7731-QZ: the nightly build fails.";
+
+/// A one-prompt tool loop in `fixture`'s dialect: its head (chat's system message), the task
+/// as the first user turn, then `rounds` tool rounds, a call (`cat log-N.txt`) and its
+/// output `output(N)`. Chat's is `agent_session`'s shape, its outputs given.
+fn tool_loop(fixture: Fixture, rounds: usize, output: impl Fn(usize) -> String) -> Vec<Value> {
+    use serde_json::json;
+    let mut items = match fixture {
+        Fixture::Chat => vec![
+            json!({"role": "system", "content": SYSTEM_PROMPT}),
+            json!({"role": "user", "content": TASK}),
+        ],
+        Fixture::Responses => vec![
+            json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": TASK}]}),
+        ],
+        Fixture::Messages => vec![json!({"role": "user", "content": TASK})],
+        Fixture::Gemini => vec![json!({"role": "user", "parts": [{"text": TASK}]})],
+    };
+    for r in 0..rounds {
+        let command = format!("cat log-{r}.txt");
+        let (call, answer) = match fixture {
+            Fixture::Chat => (
+                json!({"role": "assistant", "content": null, "tool_calls": [
+                    {"id": format!("call_{r}"), "type": "function", "function": {"name": "shell",
+                     "arguments": json!({"cmd": command}).to_string()}}]}),
+                json!({"role": "tool", "tool_call_id": format!("call_{r}"), "content": output(r)}),
+            ),
+            Fixture::Responses => (
+                json!({"type": "function_call", "id": format!("fc_{r}"), "call_id": format!("call_{r}"),
+                    "name": "search", "arguments": json!({"query": command}).to_string()}),
+                json!({"type": "function_call_output", "call_id": format!("call_{r}"), "output": output(r)}),
+            ),
+            Fixture::Messages => (
+                json!({"role": "assistant", "content": [{"type": "tool_use", "id": format!("toolu_{r}"),
+                    "name": "lookup", "input": {"q": command}}]}),
+                json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": format!("toolu_{r}"),
+                    "content": output(r)}]}),
+            ),
+            Fixture::Gemini => (
+                json!({"role": "model", "parts": [{"functionCall": {"id": format!("call-{r}"), "name": "lookup",
+                    "args": {"q": command}}, "thoughtSignature": thought_signature(r)}]}),
+                json!({"role": "user", "parts": [{"functionResponse": {"id": format!("call-{r}"), "name": "lookup",
+                    "response": {"output": output(r)}}}]}),
+            ),
+        };
+        items.push(call);
+        items.push(answer);
+    }
+    items
+}
+
+/// How many of `tool_loop`'s first items are its head, before the task: chat's system
+/// message.
+fn loop_head(fixture: Fixture) -> usize {
+    usize::from(fixture == Fixture::Chat)
+}
+
+/// The text of a tool output `tool_loop` wrote, in `fixture`'s dialect.
+fn output_text(fixture: Fixture, item: &Value) -> String {
+    let at = match fixture {
+        Fixture::Chat => "/content",
+        Fixture::Responses => "/output",
+        Fixture::Messages => "/content/0/content",
+        Fixture::Gemini => "/parts/0/functionResponse/response/output",
+    };
+    item.pointer(at)
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("{fixture:?}: no output in {item}"))
+        .to_string()
+}
+
+/// The config of a window of `window` tokens for every fixture's model, counted exactly, so
+/// that a ratio learned from an API's usage does not move the limits under the test.
+fn exact_window(upstream: &MockUpstream, window: u64) -> condenser::Config {
+    let mut config = Fixture::config(&upstream.url());
+    for fixture in Fixture::all() {
+        config.models.insert(
+            fixture.model().into(),
+            condenser::tokens::catalog::ModelOverride {
+                context_window: Some(window),
+                encoding: Some("o200k_base".into()),
+                price: None,
+            },
+        );
+    }
+    config
+}
+
+/// How many earlier messages (or items, or turns) the summary in `body` stands for, from its
+/// first line, wherever the dialect puts it; `None` without one.
+fn summary_of(body: &Value) -> Option<usize> {
+    let text = body.to_string();
+    let rest = &text[text.find("[Context summary: ")? + "[Context summary: ".len()..];
+    rest.split(' ').next()?.parse().ok()
+}
+
 /// What a provider sees of a one-prompt tool loop: the task in every request, tool rounds
 /// summarized ahead of need rather than outputs cut, nobody waiting while something on hand
 /// fits, and a prefix that repeats from turn to turn.
 #[tokio::test]
 async fn a_one_prompt_tool_loop_is_summarized_ahead_with_its_task_pinned() {
-    let upstream = mock_llm(LlmBehaviour {
-        summarizer_latency: Duration::from_millis(300),
-        lossy_summarizer: true,
-        ..LlmBehaviour::default()
-    })
-    .await;
-    let window = 24_000;
-    let proxy = Proxy::start(with_window(&upstream, window)).await;
-    let hard_limit = window - 500;
-    let (trigger, target) = (hard_limit * 8 / 10, hard_limit / 2);
-    let mut actions = Vec::new();
-    let mut steps = Vec::new();
-    for r in 1..=120 {
-        let body = chat_body(&agent_session(r));
-        let (response, condensed) = post(&proxy, "/v1/chat/completions", &[], &body).await;
-        assert_eq!(response.status(), 200);
-        let received = condensed.prompt_tokens.unwrap();
-        let forwarded = condensed.forwarded_tokens.unwrap();
-        assert!(forwarded <= hard_limit, "round {r}: {forwarded}");
-        assert!(
-            !matches!(condensed.cache.as_str(), "miss" | "extended") || received > hard_limit,
-            "round {r} waited with {received} tokens, under the hard limit"
-        );
-        actions.push(condensed.action);
-        steps.push((received, forwarded));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let forwarded: Vec<Value> = upstream
-        .recorded()
-        .iter()
-        .filter(|r| !is_summarizer_call(r))
-        .map(|r| r.json()["messages"].clone())
-        .collect();
-    for (r, messages) in forwarded.iter().enumerate() {
-        assert_eq!(
-            messages[1]["content"],
-            agent_session(0)[1]["content"],
-            "round {r}: the task"
-        );
-    }
-    // The summary in use: how many messages it stands for, from its first line.
-    let summary_of = |messages: &Value| {
-        messages[2]["content"]
-            .as_str()
-            .and_then(|text| text.strip_prefix("[Context summary: "))
-            .and_then(|rest| rest.split(' ').next()?.parse::<usize>().ok())
-    };
-    for (r, pair) in forwarded.windows(2).enumerate() {
-        let (before, now) = (summary_of(&pair[0]), summary_of(&pair[1]));
-        if before == now {
-            continue;
+    for fixture in Fixture::all() {
+        let upstream = fixture
+            .upstream(LlmBehaviour {
+                summarizer_latency: Duration::from_millis(300),
+                lossy_summarizer: true,
+                ..LlmBehaviour::default()
+            })
+            .await;
+        let window = 24_000;
+        let proxy = Proxy::start(exact_window(&upstream, window)).await;
+        let hard_limit = window - 500;
+        let (trigger, target) = (hard_limit * 8 / 10, hard_limit / 2);
+        let output = |r: usize| format!("log-{r}: {}", filler(r + 2000, 300));
+        let mut actions = Vec::new();
+        let mut steps = Vec::new();
+        for r in 1..=120 {
+            let original = tool_loop(fixture, r, output);
+            let body = fixture.agent_body(&original);
+            let (response, condensed) = fixture.post(&proxy, &body, false, &[]).await;
+            assert_eq!(response.status(), 200, "{fixture:?}");
+            let received = condensed.prompt_tokens.unwrap();
+            let forwarded = condensed.forwarded_tokens.unwrap();
+            assert!(
+                forwarded <= hard_limit,
+                "{fixture:?} round {r}: {forwarded}"
+            );
+            assert!(
+                !matches!(condensed.cache.as_str(), "miss" | "extended") || received > hard_limit,
+                "{fixture:?}: round {r} waited with {received} tokens, under the hard limit"
+            );
+            fixture.assert_valid(&original, upstream.forwarded().last().unwrap());
+            actions.push(condensed.action);
+            steps.push((received, forwarded));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        // It moves only forward, only once the one in use would be over the trigger, and
-        // then in one step down to about the target.
-        assert!(now > before, "round {}: {before:?} → {now:?}", r + 2);
-        let ((received_before, forwarded_before), (received_now, forwarded_now)) =
-            (steps[r], steps[r + 1]);
-        let with_old = forwarded_before + (received_now - received_before);
+        let forwarded = upstream.forwarded();
+        let head = loop_head(fixture);
+        let task = tool_loop(fixture, 0, output)[head].clone();
+        for (r, body) in forwarded.iter().enumerate() {
+            assert_eq!(
+                fixture.items(body)[head],
+                task,
+                "{fixture:?} round {r}: the task"
+            );
+        }
+        for (r, pair) in forwarded.windows(2).enumerate() {
+            let (before, now) = (summary_of(&pair[0]), summary_of(&pair[1]));
+            if before == now {
+                continue;
+            }
+            // It moves only forward, only once the one in use would be over the trigger,
+            // and then in one step down to about the target.
+            assert!(
+                now > before,
+                "{fixture:?} round {}: {before:?} → {now:?}",
+                r + 2
+            );
+            let ((received_before, forwarded_before), (received_now, forwarded_now)) =
+                (steps[r], steps[r + 1]);
+            let with_old = forwarded_before + (received_now - received_before);
+            assert!(
+                with_old > trigger,
+                "{fixture:?} round {}: moved at {with_old} tokens",
+                r + 2
+            );
+            assert!(
+                forwarded_now <= target + 1_000,
+                "{fixture:?} round {}: {forwarded_now}",
+                r + 2
+            );
+        }
+        let summarized = actions.iter().filter(|a| *a == "summarized").count();
+        assert!(summarized >= 40, "{fixture:?}: {actions:?}");
         assert!(
-            with_old > trigger,
-            "round {}: moved at {with_old} tokens",
-            r + 2
+            !actions.iter().any(|a| a == "trimmed"),
+            "{fixture:?}: {actions:?}"
         );
+        let summaries = upstream.summarizer_calls().len();
+        let prompts: Vec<String> = forwarded
+            .iter()
+            .map(|body| prompt_of(fixture, body))
+            .collect();
+        let reuse = prefix_reuse(&prompts);
+        println!(
+            "{fixture:?}: one-prompt loop, 120 rounds: prefix reuse {reuse:.3}, {summaries} summaries made"
+        );
+        assert!(reuse >= 0.9, "{fixture:?}: prefix reuse {reuse:.3}");
         assert!(
-            forwarded_now <= target + 1_000,
-            "round {}: {forwarded_now}",
-            r + 2
+            summaries <= 20,
+            "{fixture:?}: {summaries} summaries for 120 rounds"
         );
     }
-    let summarized = actions.iter().filter(|a| *a == "summarized").count();
-    assert!(summarized >= 40, "{actions:?}");
-    assert!(!actions.iter().any(|a| a == "trimmed"), "{actions:?}");
-    let summaries = upstream
-        .recorded()
-        .iter()
-        .filter(|r| is_summarizer_call(r))
-        .count();
-    let prompts: Vec<String> = forwarded.iter().map(Value::to_string).collect();
-    let reuse = prefix_reuse(&prompts);
-    println!("one-prompt loop, 120 rounds: prefix reuse {reuse:.3}, {summaries} summaries made");
-    assert!(reuse >= 0.9, "prefix reuse {reuse:.3}");
-    assert!(summaries <= 20, "{summaries} summaries for 120 rounds");
 }
 
 /// The hard limit holds on the bytes forwarded, and `condenser plan` says what they count:
@@ -496,54 +603,70 @@ async fn a_claude_code_shaped_tool_loop_keeps_its_task_and_its_prefix() {
 /// within the hard limit, and none waits.
 #[tokio::test]
 async fn an_agent_with_a_large_head_sees_its_recent_work_whole_in_every_request() {
-    let upstream = mock_llm(LlmBehaviour {
-        summarizer_latency: Duration::from_secs(4),
-        lossy_summarizer: true,
-        ..LlmBehaviour::default()
-    })
-    .await;
-    let window = 30_500;
-    let mut config = with_window(&upstream, window);
-    config.context.keep_recent_messages = 6;
-    let proxy = Proxy::start(config).await;
-    let hard_limit = window - 500;
-    let system = filler(1, 7_400);
-    let mut messages = vec![
-        serde_json::json!({"role": "system", "content": system}),
-        serde_json::json!({"role": "user", "content": "Fix ticket KX-7731-QZ: the nightly build fails."}),
-    ];
-    let mut summarized = 0;
-    for r in 0..110 {
-        let id = format!("call_{r}");
-        messages.push(serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
-            {"id": id, "type": "function", "function": {"name": "shell", "arguments": format!("{{\"cmd\":\"cat log-{r}.txt\"}}")}}]}));
-        messages.push(serde_json::json!({"role": "tool", "tool_call_id": id,
-            "content": format!("log-{r}: {}\nnext-step: token-{r}", filler(r + 3000, 1_280))}));
-        let body = chat_body(&messages);
-        let (response, condensed) = post(&proxy, "/v1/chat/completions", &[], &body).await;
-        assert_eq!(response.status(), 200);
-        let forwarded = condensed.forwarded_tokens.unwrap();
-        assert!(forwarded <= hard_limit, "round {r}: {forwarded}");
+    for fixture in Fixture::all() {
+        let upstream = fixture
+            .upstream(LlmBehaviour {
+                summarizer_latency: Duration::from_secs(4),
+                lossy_summarizer: true,
+                ..LlmBehaviour::default()
+            })
+            .await;
+        let window = 30_500;
+        let mut config = exact_window(&upstream, window);
+        config.context.keep_recent_messages = 6;
+        let proxy = Proxy::start(config).await;
+        let hard_limit = window - 500;
+        let system = filler(1, 7_400);
+        let head = loop_head(fixture);
+        let mut summarized = 0;
+        for r in 0..110 {
+            let output =
+                |r: usize| format!("log-{r}: {}\nnext-step: token-{r}", filler(r + 3000, 1_280));
+            let items = tool_loop(fixture, r + 1, output);
+            let mut body = fixture.agent_body(&items);
+            fixture.set_system(&mut body, &system);
+            let items = fixture.items(&body);
+            let (response, condensed) = fixture.post(&proxy, &body, false, &[]).await;
+            assert_eq!(response.status(), 200, "{fixture:?}");
+            let forwarded = condensed.forwarded_tokens.unwrap();
+            assert!(
+                forwarded <= hard_limit,
+                "{fixture:?} round {r}: {forwarded}"
+            );
+            assert!(
+                !matches!(condensed.cache.as_str(), "miss" | "extended"),
+                "{fixture:?}: round {r} waited"
+            );
+            assert_eq!(condensed.recent_shortened, None, "{fixture:?}");
+            summarized += usize::from(condensed.action == "summarized");
+            let sent_body = upstream.forwarded().pop().unwrap();
+            fixture.assert_valid(&items, &sent_body);
+            let sent = fixture.items(&sent_body);
+            // The large head whole: chat's system message first; elsewhere the system prompt,
+            // which Messages' summary follows in `system`.
+            if head == 1 {
+                assert_eq!(sent[0], items[0], "{fixture:?}");
+            } else {
+                assert!(
+                    fixture.system(&sent_body).to_string().contains(&system),
+                    "{fixture:?} round {r}: the system prompt"
+                );
+            }
+            // The items after the head and the task.
+            let recent = 6.min(items.len() - head - 1);
+            assert_eq!(
+                sent[sent.len() - recent..],
+                items[items.len() - recent..],
+                "{fixture:?} round {r}: the last six messages verbatim"
+            );
+            assert!(output_text(fixture, &sent[sent.len() - 1])
+                .ends_with(&format!("next-step: token-{r}")));
+        }
+        // How many requests went with a summary depends on how fast the machine runs the
+        // rounds against the 4 s summarizer; that summaries took over at all does not.
         assert!(
-            !matches!(condensed.cache.as_str(), "miss" | "extended"),
-            "round {r} waited"
+            summarized > 0,
+            "{fixture:?}: no request went with a summary"
         );
-        assert_eq!(condensed.recent_shortened, None);
-        summarized += usize::from(condensed.action == "summarized");
-        let sent = upstream.forwarded().pop().unwrap();
-        let sent = sent["messages"].as_array().unwrap();
-        let recent = 6.min(messages.len() - 2);
-        assert_eq!(
-            sent[sent.len() - recent..],
-            messages[messages.len() - recent..],
-            "round {r}: the last six messages verbatim"
-        );
-        assert!(sent[sent.len() - 1]["content"]
-            .as_str()
-            .unwrap()
-            .ends_with(&format!("next-step: token-{r}")));
     }
-    // How many requests went with a summary depends on how fast the machine runs the rounds
-    // against the 4 s summarizer; that summaries took over at all does not.
-    assert!(summarized > 0, "no request went with a summary");
 }
