@@ -13,19 +13,14 @@ struct Turn {
     forwarded_tokens: u64,
 }
 
-async fn send(proxy: &Proxy, messages: &[Value]) -> Turn {
-    let (response, condensed) =
-        post(proxy, "/v1/chat/completions", &[], &chat_body(messages)).await;
-    assert_eq!(response.status(), 200);
-    Turn {
-        cache: condensed.cache,
-        forwarded_tokens: condensed.forwarded_tokens.unwrap(),
-    }
-}
-
 /// A waited request is one whose summary was made while it waited.
 fn waited(turn: &Turn) -> bool {
-    matches!(turn.cache.as_str(), "miss" | "extended")
+    waited_for(&turn.cache)
+}
+
+/// Whether a request told cache outcome `cache` waited for its summary.
+fn waited_for(cache: &str) -> bool {
+    matches!(cache, "miss" | "extended")
 }
 
 pub fn with_window(upstream: &MockUpstream, window: u64) -> condenser::Config {
@@ -37,105 +32,216 @@ pub fn with_window(upstream: &MockUpstream, window: u64) -> condenser::Config {
 /// 8,000 tokens less `chat_body`'s 500 reserved for the reply.
 const HARD_LIMIT: u64 = 7_500;
 
+/// How far `fixture`'s growing conversation goes, and the pause between its turns (the time
+/// an agent's tool call takes): to about 13,000 tokens, with a pause that grows as a round
+/// does, so that each dialect has as long as chat's between the trigger and the hard limit
+/// (1,500 tokens: 7 of chat's rounds, 4.7 of Responses', 3.7 of Messages', 2.1 of
+/// Gemini's). Every pause is shorter than the summarizer takes.
+fn growth(fixture: Fixture) -> (usize, Duration) {
+    match fixture {
+        Fixture::Chat => (60, Duration::from_millis(100)),
+        Fixture::Responses => (40, Duration::from_millis(150)),
+        Fixture::Messages => (32, Duration::from_millis(190)),
+        Fixture::Gemini => (19, Duration::from_millis(325)),
+    }
+}
+
 #[tokio::test]
 async fn a_growing_conversation_never_waits_for_a_slower_summarizer() {
-    let upstream = mock_llm(LlmBehaviour {
-        summarizer_latency: Duration::from_millis(600),
-        ..LlmBehaviour::default()
-    })
-    .await;
-    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let mut turns = Vec::new();
-    for t in 1..=60 {
-        turns.push(send(&proxy, &conversation(t)).await);
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let latency = Duration::from_millis(600);
+    for fixture in Fixture::all() {
+        let upstream = fixture
+            .upstream(LlmBehaviour {
+                summarizer_latency: latency,
+                ..LlmBehaviour::default()
+            })
+            .await;
+        let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
+        let (rounds, pause) = growth(fixture);
+        assert!(pause < latency);
+        let mut turns = Vec::new();
+        for t in 1..=rounds {
+            let original = fixture.agent_conversation_of(t);
+            let body = fixture.agent_body(&original);
+            let (response, condensed) = fixture.post(&proxy, &body, false, &[]).await;
+            assert_eq!(response.status(), 200, "{fixture:?}");
+            fixture.assert_valid(&original, upstream.forwarded().last().unwrap());
+            turns.push(Turn {
+                cache: condensed.cache,
+                forwarded_tokens: condensed.forwarded_tokens.unwrap(),
+            });
+            tokio::time::sleep(pause).await;
+        }
+        let outcomes: Vec<&str> = turns.iter().map(|t| t.cache.as_str()).collect();
+        assert_eq!(
+            turns.iter().filter(|t| waited(t)).count(),
+            0,
+            "{fixture:?}: {outcomes:?}"
+        );
+        assert!(
+            turns.iter().all(|t| t.forwarded_tokens <= HARD_LIMIT),
+            "{fixture:?}: over the hard limit: {:?}",
+            turns.iter().map(|t| t.forwarded_tokens).collect::<Vec<_>>()
+        );
+        assert!(
+            outcomes.contains(&"hit"),
+            "{fixture:?}: compacted along the way: {outcomes:?}"
+        );
+        assert!(
+            !upstream.summarizer_calls().is_empty(),
+            "{fixture:?}: summaries were made, in the background"
+        );
     }
-    let outcomes: Vec<&str> = turns.iter().map(|t| t.cache.as_str()).collect();
-    assert_eq!(
-        turns.iter().filter(|t| waited(t)).count(),
-        0,
-        "{outcomes:?}"
-    );
-    assert!(
-        turns.iter().all(|t| t.forwarded_tokens <= HARD_LIMIT),
-        "over the hard limit: {:?}",
-        turns.iter().map(|t| t.forwarded_tokens).collect::<Vec<_>>()
-    );
-    assert!(
-        outcomes.contains(&"hit"),
-        "compacted along the way: {outcomes:?}"
-    );
-    assert!(
-        upstream.recorded().iter().any(is_summarizer_call),
-        "summaries were made, in the background"
-    );
+}
+
+/// A proxy for `fixture`'s upstream whose token ratio for its model is learned: one short
+/// conversation sent first, so that the counts the tests rely on are those of every later
+/// request (an API reporting its usage moves the ratio after its first reply).
+async fn warmed(fixture: Fixture, upstream: &MockUpstream) -> Proxy {
+    let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
+    let body = fixture.agent_body(&fixture.agent_conversation_of(2));
+    let (response, condensed) = fixture.post(&proxy, &body, false, &[]).await;
+    assert_eq!(response.status(), 200, "{fixture:?}");
+    assert_eq!(condensed.action, "forwarded", "{fixture:?}");
+    proxy
+}
+
+/// The rounds of `fixture`'s agent conversation that come to over the trigger (6,000
+/// tokens) and under the hard limit, with one round more still under it.
+fn rounds_over_the_trigger(fixture: Fixture) -> usize {
+    match fixture {
+        Fixture::Chat => 30,
+        Fixture::Responses => 20,
+        Fixture::Messages => 16,
+        Fixture::Gemini => 9,
+    }
 }
 
 #[tokio::test]
 async fn a_conversation_past_the_hard_limit_in_one_request_waits_and_is_compacted() {
-    let upstream = mock_llm(LlmBehaviour {
-        summarizer_latency: Duration::from_millis(300),
-        ..LlmBehaviour::default()
-    })
-    .await;
-    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let turn = send(&proxy, &conversation(40)).await;
-    assert_eq!(turn.cache, "miss");
-    assert!(
-        turn.forwarded_tokens <= HARD_LIMIT,
-        "{}",
-        turn.forwarded_tokens
-    );
+    for fixture in Fixture::all() {
+        let upstream = fixture
+            .upstream(LlmBehaviour {
+                summarizer_latency: Duration::from_millis(300),
+                ..LlmBehaviour::default()
+            })
+            .await;
+        let proxy = warmed(fixture, &upstream).await;
+        let original = fixture.agent_conversation();
+        let body = fixture.agent_body(&original);
+        let (response, turn) = fixture.post(&proxy, &body, false, &[]).await;
+        assert_eq!(response.status(), 200, "{fixture:?}");
+        let received = turn.prompt_tokens.unwrap();
+        assert!(received > HARD_LIMIT, "{fixture:?}: {received}");
+        assert_eq!(turn.cache, "miss", "{fixture:?}");
+        let forwarded = turn.forwarded_tokens.unwrap();
+        assert!(forwarded <= HARD_LIMIT, "{fixture:?}: {forwarded}");
+        fixture.assert_valid(&original, upstream.forwarded().last().unwrap());
+    }
 }
 
 #[tokio::test]
 async fn over_the_trigger_within_the_hard_limit_a_request_goes_at_once() {
-    let upstream = mock_llm(LlmBehaviour {
-        summarizer_latency: Duration::from_millis(300),
-        ..LlmBehaviour::default()
-    })
-    .await;
-    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    // 6,516 tokens: over the trigger (6,000), under the hard limit, nothing on hand.
-    let turn = send(&proxy, &conversation(30)).await;
-    assert_eq!(turn.cache, "deferred");
-    let sent = upstream
-        .recorded()
-        .into_iter()
-        .filter(|r| !is_summarizer_call(r))
-        .count();
-    assert_eq!(sent, 1, "forwarded as sent");
-    // The summary it needed was started for it; the next turn finds it, once made.
-    let mut next = send(&proxy, &conversation(31)).await;
-    while next.cache != "hit" {
-        assert!(!waited(&next), "{}", next.cache);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        next = send(&proxy, &conversation(31)).await;
+    for fixture in Fixture::all() {
+        let upstream = fixture
+            .upstream(LlmBehaviour {
+                summarizer_latency: Duration::from_millis(300),
+                ..LlmBehaviour::default()
+            })
+            .await;
+        let proxy = warmed(fixture, &upstream).await;
+        let rounds = rounds_over_the_trigger(fixture);
+        let send = |rounds: usize| {
+            let proxy = &proxy;
+            async move {
+                let body = fixture.agent_body(&fixture.agent_conversation_of(rounds));
+                let (response, condensed) = fixture.post(proxy, &body, false, &[]).await;
+                assert_eq!(response.status(), 200, "{fixture:?}");
+                condensed
+            }
+        };
+        // Over the trigger (6,000), under the hard limit, nothing on hand.
+        let turn = send(rounds).await;
+        let received = turn.prompt_tokens.unwrap();
+        assert!(
+            received > 6_000 && received <= HARD_LIMIT,
+            "{fixture:?}: {received}"
+        );
+        assert_eq!(turn.cache, "deferred", "{fixture:?}");
+        let sent = upstream.forwarded();
+        // The warming request, and this one.
+        assert_eq!(sent.len(), 2, "{fixture:?}: forwarded as sent");
+        assert_eq!(
+            fixture.items(&sent[1]),
+            fixture.agent_conversation_of(rounds),
+            "{fixture:?}: forwarded as sent"
+        );
+        // The summary it needed was started for it; the next turn finds it, once made.
+        let mut next = send(rounds + 1).await;
+        while next.cache != "hit" {
+            assert!(!waited_for(&next.cache), "{fixture:?}: {}", next.cache);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            next = send(rounds + 1).await;
+        }
     }
+}
+
+/// The window of `fixture`'s long replay of 150 rounds: chat's 32,000 tokens, and for the
+/// others as much more as their rounds are larger (chat's 216 tokens, Responses' 321,
+/// Messages' 410, Gemini's 702), so that every dialect reaches the trigger near round 118
+/// and goes as many rounds between two moves of its summary; each move starts a new prompt,
+/// and in a window of the same size Gemini's would move three times as often.
+fn replay_window(fixture: Fixture) -> u64 {
+    match fixture {
+        Fixture::Chat => 32_000,
+        Fixture::Responses => 47_500,
+        Fixture::Messages => 60_800,
+        Fixture::Gemini => 104_000,
+    }
+}
+
+/// The prompt a provider caches of a forwarded `body`: its system prompt, where the API
+/// carries one outside the conversation (a summary may go there), then its conversation.
+fn prompt_of(fixture: Fixture, body: &Value) -> String {
+    format!(
+        "{}{}",
+        fixture.system(body),
+        Value::Array(fixture.items(body))
+    )
 }
 
 #[tokio::test]
 async fn a_long_replay_forwards_prompts_that_repeat_the_previous_ones_start() {
-    let upstream = mock_llm(LlmBehaviour::default()).await;
-    let proxy = Proxy::start(with_window(&upstream, 32_000)).await;
-    let mut compacted = 0;
-    for t in 1..=150 {
-        let turn = send(&proxy, &conversation(t)).await;
-        compacted += usize::from(turn.cache == "hit");
-        // Let background summaries land, as the time an agent's tool call takes would.
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    for fixture in Fixture::all() {
+        let upstream = fixture.upstream(LlmBehaviour::default()).await;
+        let mut config = Fixture::config(&upstream.url());
+        for model in config.models.values_mut() {
+            model.context_window = Some(replay_window(fixture));
+        }
+        let proxy = Proxy::start(config).await;
+        let rounds = 150;
+        let mut compacted = 0;
+        for t in 1..=rounds {
+            let body = fixture.agent_body(&fixture.agent_conversation_of(t));
+            let (response, turn) = fixture.post(&proxy, &body, false, &[]).await;
+            assert_eq!(response.status(), 200, "{fixture:?}");
+            compacted += usize::from(turn.cache == "hit");
+            // Let background summaries land, as the time an agent's tool call takes would.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let prompts: Vec<String> = upstream
+            .forwarded()
+            .iter()
+            .map(|body| prompt_of(fixture, body))
+            .collect();
+        assert_eq!(prompts.len(), rounds, "{fixture:?}");
+        let reuse = prefix_reuse(&prompts);
+        println!(
+            "{fixture:?}: prefix reuse over {rounds} turns: {reuse:.3}, {compacted} turns compacted"
+        );
+        assert!(compacted >= 20, "{fixture:?}: compaction ran: {compacted}");
+        assert!(reuse >= 0.9, "{fixture:?}: prefix reuse {reuse:.3}");
     }
-    let prompts: Vec<String> = upstream
-        .recorded()
-        .iter()
-        .filter(|r| !is_summarizer_call(r))
-        .map(|r| r.json()["messages"].to_string())
-        .collect();
-    assert_eq!(prompts.len(), 150);
-    let reuse = prefix_reuse(&prompts);
-    println!("prefix reuse over 150 turns: {reuse:.3}, {compacted} turns compacted");
-    assert!(compacted >= 20, "compaction ran: {compacted}");
-    assert!(reuse >= 0.9, "prefix reuse {reuse:.3}");
 }
 
 #[test]
@@ -162,93 +268,200 @@ pub fn agent_session(rounds: usize) -> Vec<Value> {
     messages
 }
 
+/// The task of `tool_loop`, its first user turn.
+const TASK: &str = "Fix ticket KX-7731-QZ: the nightly build fails.";
+
+/// A one-prompt tool loop in `fixture`'s dialect: its head (chat's system message), the task
+/// as the first user turn, then `rounds` tool rounds, a call (`cat log-N.txt`) and its
+/// output `output(N)`. Chat's is `agent_session`'s shape, its outputs given.
+fn tool_loop(fixture: Fixture, rounds: usize, output: impl Fn(usize) -> String) -> Vec<Value> {
+    use serde_json::json;
+    let mut items = match fixture {
+        Fixture::Chat => vec![
+            json!({"role": "system", "content": SYSTEM_PROMPT}),
+            json!({"role": "user", "content": TASK}),
+        ],
+        Fixture::Responses => vec![
+            json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": TASK}]}),
+        ],
+        Fixture::Messages => vec![json!({"role": "user", "content": TASK})],
+        Fixture::Gemini => vec![json!({"role": "user", "parts": [{"text": TASK}]})],
+    };
+    for r in 0..rounds {
+        let command = format!("cat log-{r}.txt");
+        let (call, answer) = match fixture {
+            Fixture::Chat => (
+                json!({"role": "assistant", "content": null, "tool_calls": [
+                    {"id": format!("call_{r}"), "type": "function", "function": {"name": "shell",
+                     "arguments": json!({"cmd": command}).to_string()}}]}),
+                json!({"role": "tool", "tool_call_id": format!("call_{r}"), "content": output(r)}),
+            ),
+            Fixture::Responses => (
+                json!({"type": "function_call", "id": format!("fc_{r}"), "call_id": format!("call_{r}"),
+                    "name": "search", "arguments": json!({"query": command}).to_string()}),
+                json!({"type": "function_call_output", "call_id": format!("call_{r}"), "output": output(r)}),
+            ),
+            Fixture::Messages => (
+                json!({"role": "assistant", "content": [{"type": "tool_use", "id": format!("toolu_{r}"),
+                    "name": "lookup", "input": {"q": command}}]}),
+                json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": format!("toolu_{r}"),
+                    "content": output(r)}]}),
+            ),
+            Fixture::Gemini => (
+                json!({"role": "model", "parts": [{"functionCall": {"id": format!("call-{r}"), "name": "lookup",
+                    "args": {"q": command}}, "thoughtSignature": thought_signature(r)}]}),
+                json!({"role": "user", "parts": [{"functionResponse": {"id": format!("call-{r}"), "name": "lookup",
+                    "response": {"output": output(r)}}}]}),
+            ),
+        };
+        items.push(call);
+        items.push(answer);
+    }
+    items
+}
+
+/// How many of `tool_loop`'s first items are its head, before the task: chat's system
+/// message.
+fn loop_head(fixture: Fixture) -> usize {
+    usize::from(fixture == Fixture::Chat)
+}
+
+/// The text of a tool output `tool_loop` wrote, in `fixture`'s dialect.
+fn output_text(fixture: Fixture, item: &Value) -> String {
+    let at = match fixture {
+        Fixture::Chat => "/content",
+        Fixture::Responses => "/output",
+        Fixture::Messages => "/content/0/content",
+        Fixture::Gemini => "/parts/0/functionResponse/response/output",
+    };
+    item.pointer(at)
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("{fixture:?}: no output in {item}"))
+        .to_string()
+}
+
+/// The config of a window of `window` tokens for every fixture's model, counted exactly, so
+/// that a ratio learned from an API's usage does not move the limits under the test.
+fn exact_window(upstream: &MockUpstream, window: u64) -> condenser::Config {
+    let mut config = Fixture::config(&upstream.url());
+    for fixture in Fixture::all() {
+        config.models.insert(
+            fixture.model().into(),
+            condenser::tokens::catalog::ModelOverride {
+                context_window: Some(window),
+                encoding: Some("o200k_base".into()),
+                price: None,
+            },
+        );
+    }
+    config
+}
+
+/// How many earlier messages (or items, or turns) the summary in `body` stands for, from its
+/// first line, wherever the dialect puts it; `None` without one.
+fn summary_of(body: &Value) -> Option<usize> {
+    let text = body.to_string();
+    let rest = &text[text.find("[Context summary: ")? + "[Context summary: ".len()..];
+    rest.split(' ').next()?.parse().ok()
+}
+
 /// What a provider sees of a one-prompt tool loop: the task in every request, tool rounds
 /// summarized ahead of need rather than outputs cut, nobody waiting while something on hand
 /// fits, and a prefix that repeats from turn to turn.
 #[tokio::test]
 async fn a_one_prompt_tool_loop_is_summarized_ahead_with_its_task_pinned() {
-    let upstream = mock_llm(LlmBehaviour {
-        summarizer_latency: Duration::from_millis(300),
-        lossy_summarizer: true,
-        ..LlmBehaviour::default()
-    })
-    .await;
-    let window = 24_000;
-    let proxy = Proxy::start(with_window(&upstream, window)).await;
-    let hard_limit = window - 500;
-    let (trigger, target) = (hard_limit * 8 / 10, hard_limit / 2);
-    let mut actions = Vec::new();
-    let mut steps = Vec::new();
-    for r in 1..=120 {
-        let body = chat_body(&agent_session(r));
-        let (response, condensed) = post(&proxy, "/v1/chat/completions", &[], &body).await;
-        assert_eq!(response.status(), 200);
-        let received = condensed.prompt_tokens.unwrap();
-        let forwarded = condensed.forwarded_tokens.unwrap();
-        assert!(forwarded <= hard_limit, "round {r}: {forwarded}");
-        assert!(
-            !matches!(condensed.cache.as_str(), "miss" | "extended") || received > hard_limit,
-            "round {r} waited with {received} tokens, under the hard limit"
-        );
-        actions.push(condensed.action);
-        steps.push((received, forwarded));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let forwarded: Vec<Value> = upstream
-        .recorded()
-        .iter()
-        .filter(|r| !is_summarizer_call(r))
-        .map(|r| r.json()["messages"].clone())
-        .collect();
-    for (r, messages) in forwarded.iter().enumerate() {
-        assert_eq!(
-            messages[1]["content"],
-            agent_session(0)[1]["content"],
-            "round {r}: the task"
-        );
-    }
-    // The summary in use: how many messages it stands for, from its first line.
-    let summary_of = |messages: &Value| {
-        messages[2]["content"]
-            .as_str()
-            .and_then(|text| text.strip_prefix("[Context summary: "))
-            .and_then(|rest| rest.split(' ').next()?.parse::<usize>().ok())
-    };
-    for (r, pair) in forwarded.windows(2).enumerate() {
-        let (before, now) = (summary_of(&pair[0]), summary_of(&pair[1]));
-        if before == now {
-            continue;
+    for fixture in Fixture::all() {
+        let upstream = fixture
+            .upstream(LlmBehaviour {
+                summarizer_latency: Duration::from_millis(300),
+                lossy_summarizer: true,
+                ..LlmBehaviour::default()
+            })
+            .await;
+        let window = 24_000;
+        let proxy = Proxy::start(exact_window(&upstream, window)).await;
+        let hard_limit = window - 500;
+        let (trigger, target) = (hard_limit * 8 / 10, hard_limit / 2);
+        let output = |r: usize| format!("log-{r}: {}", filler(r + 2000, 300));
+        let mut actions = Vec::new();
+        let mut steps = Vec::new();
+        for r in 1..=120 {
+            let original = tool_loop(fixture, r, output);
+            let body = fixture.agent_body(&original);
+            let (response, condensed) = fixture.post(&proxy, &body, false, &[]).await;
+            assert_eq!(response.status(), 200, "{fixture:?}");
+            let received = condensed.prompt_tokens.unwrap();
+            let forwarded = condensed.forwarded_tokens.unwrap();
+            assert!(
+                forwarded <= hard_limit,
+                "{fixture:?} round {r}: {forwarded}"
+            );
+            assert!(
+                !matches!(condensed.cache.as_str(), "miss" | "extended") || received > hard_limit,
+                "{fixture:?}: round {r} waited with {received} tokens, under the hard limit"
+            );
+            fixture.assert_valid(&original, upstream.forwarded().last().unwrap());
+            actions.push(condensed.action);
+            steps.push((received, forwarded));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        // It moves only forward, only once the one in use would be over the trigger, and
-        // then in one step down to about the target.
-        assert!(now > before, "round {}: {before:?} → {now:?}", r + 2);
-        let ((received_before, forwarded_before), (received_now, forwarded_now)) =
-            (steps[r], steps[r + 1]);
-        let with_old = forwarded_before + (received_now - received_before);
+        let forwarded = upstream.forwarded();
+        let head = loop_head(fixture);
+        let task = tool_loop(fixture, 0, output)[head].clone();
+        for (r, body) in forwarded.iter().enumerate() {
+            assert_eq!(
+                fixture.items(body)[head],
+                task,
+                "{fixture:?} round {r}: the task"
+            );
+        }
+        for (r, pair) in forwarded.windows(2).enumerate() {
+            let (before, now) = (summary_of(&pair[0]), summary_of(&pair[1]));
+            if before == now {
+                continue;
+            }
+            // It moves only forward, only once the one in use would be over the trigger,
+            // and then in one step down to about the target.
+            assert!(
+                now > before,
+                "{fixture:?} round {}: {before:?} → {now:?}",
+                r + 2
+            );
+            let ((received_before, forwarded_before), (received_now, forwarded_now)) =
+                (steps[r], steps[r + 1]);
+            let with_old = forwarded_before + (received_now - received_before);
+            assert!(
+                with_old > trigger,
+                "{fixture:?} round {}: moved at {with_old} tokens",
+                r + 2
+            );
+            assert!(
+                forwarded_now <= target + 1_000,
+                "{fixture:?} round {}: {forwarded_now}",
+                r + 2
+            );
+        }
+        let summarized = actions.iter().filter(|a| *a == "summarized").count();
+        assert!(summarized >= 40, "{fixture:?}: {actions:?}");
         assert!(
-            with_old > trigger,
-            "round {}: moved at {with_old} tokens",
-            r + 2
+            !actions.iter().any(|a| a == "trimmed"),
+            "{fixture:?}: {actions:?}"
         );
+        let summaries = upstream.summarizer_calls().len();
+        let prompts: Vec<String> = forwarded
+            .iter()
+            .map(|body| prompt_of(fixture, body))
+            .collect();
+        let reuse = prefix_reuse(&prompts);
+        println!(
+            "{fixture:?}: one-prompt loop, 120 rounds: prefix reuse {reuse:.3}, {summaries} summaries made"
+        );
+        assert!(reuse >= 0.9, "{fixture:?}: prefix reuse {reuse:.3}");
         assert!(
-            forwarded_now <= target + 1_000,
-            "round {}: {forwarded_now}",
-            r + 2
+            summaries <= 20,
+            "{fixture:?}: {summaries} summaries for 120 rounds"
         );
     }
-    let summarized = actions.iter().filter(|a| *a == "summarized").count();
-    assert!(summarized >= 40, "{actions:?}");
-    assert!(!actions.iter().any(|a| a == "trimmed"), "{actions:?}");
-    let summaries = upstream
-        .recorded()
-        .iter()
-        .filter(|r| is_summarizer_call(r))
-        .count();
-    let prompts: Vec<String> = forwarded.iter().map(Value::to_string).collect();
-    let reuse = prefix_reuse(&prompts);
-    println!("one-prompt loop, 120 rounds: prefix reuse {reuse:.3}, {summaries} summaries made");
-    assert!(reuse >= 0.9, "prefix reuse {reuse:.3}");
-    assert!(summaries <= 20, "{summaries} summaries for 120 rounds");
 }
 
 /// The hard limit holds on the bytes forwarded, and `condenser plan` says what they count:
@@ -390,54 +603,70 @@ async fn a_claude_code_shaped_tool_loop_keeps_its_task_and_its_prefix() {
 /// within the hard limit, and none waits.
 #[tokio::test]
 async fn an_agent_with_a_large_head_sees_its_recent_work_whole_in_every_request() {
-    let upstream = mock_llm(LlmBehaviour {
-        summarizer_latency: Duration::from_secs(4),
-        lossy_summarizer: true,
-        ..LlmBehaviour::default()
-    })
-    .await;
-    let window = 30_500;
-    let mut config = with_window(&upstream, window);
-    config.context.keep_recent_messages = 6;
-    let proxy = Proxy::start(config).await;
-    let hard_limit = window - 500;
-    let system = filler(1, 7_400);
-    let mut messages = vec![
-        serde_json::json!({"role": "system", "content": system}),
-        serde_json::json!({"role": "user", "content": "Fix ticket KX-7731-QZ: the nightly build fails."}),
-    ];
-    let mut summarized = 0;
-    for r in 0..110 {
-        let id = format!("call_{r}");
-        messages.push(serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
-            {"id": id, "type": "function", "function": {"name": "shell", "arguments": format!("{{\"cmd\":\"cat log-{r}.txt\"}}")}}]}));
-        messages.push(serde_json::json!({"role": "tool", "tool_call_id": id,
-            "content": format!("log-{r}: {}\nnext-step: token-{r}", filler(r + 3000, 1_280))}));
-        let body = chat_body(&messages);
-        let (response, condensed) = post(&proxy, "/v1/chat/completions", &[], &body).await;
-        assert_eq!(response.status(), 200);
-        let forwarded = condensed.forwarded_tokens.unwrap();
-        assert!(forwarded <= hard_limit, "round {r}: {forwarded}");
+    for fixture in Fixture::all() {
+        let upstream = fixture
+            .upstream(LlmBehaviour {
+                summarizer_latency: Duration::from_secs(4),
+                lossy_summarizer: true,
+                ..LlmBehaviour::default()
+            })
+            .await;
+        let window = 30_500;
+        let mut config = exact_window(&upstream, window);
+        config.context.keep_recent_messages = 6;
+        let proxy = Proxy::start(config).await;
+        let hard_limit = window - 500;
+        let system = filler(1, 7_400);
+        let head = loop_head(fixture);
+        let mut summarized = 0;
+        for r in 0..110 {
+            let output =
+                |r: usize| format!("log-{r}: {}\nnext-step: token-{r}", filler(r + 3000, 1_280));
+            let items = tool_loop(fixture, r + 1, output);
+            let mut body = fixture.agent_body(&items);
+            fixture.set_system(&mut body, &system);
+            let items = fixture.items(&body);
+            let (response, condensed) = fixture.post(&proxy, &body, false, &[]).await;
+            assert_eq!(response.status(), 200, "{fixture:?}");
+            let forwarded = condensed.forwarded_tokens.unwrap();
+            assert!(
+                forwarded <= hard_limit,
+                "{fixture:?} round {r}: {forwarded}"
+            );
+            assert!(
+                !matches!(condensed.cache.as_str(), "miss" | "extended"),
+                "{fixture:?}: round {r} waited"
+            );
+            assert_eq!(condensed.recent_shortened, None, "{fixture:?}");
+            summarized += usize::from(condensed.action == "summarized");
+            let sent_body = upstream.forwarded().pop().unwrap();
+            fixture.assert_valid(&items, &sent_body);
+            let sent = fixture.items(&sent_body);
+            // The large head whole: chat's system message first; elsewhere the system prompt,
+            // which Messages' summary follows in `system`.
+            if head == 1 {
+                assert_eq!(sent[0], items[0], "{fixture:?}");
+            } else {
+                assert!(
+                    fixture.system(&sent_body).to_string().contains(&system),
+                    "{fixture:?} round {r}: the system prompt"
+                );
+            }
+            // The items after the head and the task.
+            let recent = 6.min(items.len() - head - 1);
+            assert_eq!(
+                sent[sent.len() - recent..],
+                items[items.len() - recent..],
+                "{fixture:?} round {r}: the last six messages verbatim"
+            );
+            assert!(output_text(fixture, &sent[sent.len() - 1])
+                .ends_with(&format!("next-step: token-{r}")));
+        }
+        // How many requests went with a summary depends on how fast the machine runs the
+        // rounds against the 4 s summarizer; that summaries took over at all does not.
         assert!(
-            !matches!(condensed.cache.as_str(), "miss" | "extended"),
-            "round {r} waited"
+            summarized > 0,
+            "{fixture:?}: no request went with a summary"
         );
-        assert_eq!(condensed.recent_shortened, None);
-        summarized += usize::from(condensed.action == "summarized");
-        let sent = upstream.forwarded().pop().unwrap();
-        let sent = sent["messages"].as_array().unwrap();
-        let recent = 6.min(messages.len() - 2);
-        assert_eq!(
-            sent[sent.len() - recent..],
-            messages[messages.len() - recent..],
-            "round {r}: the last six messages verbatim"
-        );
-        assert!(sent[sent.len() - 1]["content"]
-            .as_str()
-            .unwrap()
-            .ends_with(&format!("next-step: token-{r}")));
     }
-    // How many requests went with a summary depends on how fast the machine runs the rounds
-    // against the 4 s summarizer; that summaries took over at all does not.
-    assert!(summarized > 0, "no request went with a summary");
 }

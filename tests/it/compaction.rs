@@ -617,27 +617,32 @@ async fn a_callers_refused_key_does_not_trip_the_breaker_for_everyone() {
 
 #[tokio::test]
 async fn the_message_trigger_holds_on_every_turn() {
-    let upstream = mock_llm(LlmBehaviour::default()).await;
-    let mut config = small_window_config(&upstream.url());
-    config.context.max_messages = 20;
-    config.context.keep_recent_messages = 4;
-    let proxy = Proxy::start(config).await;
-    let mut messages = vec![json!({"role": "system", "content": SYSTEM_PROMPT})];
-    for t in 0..40 {
-        messages.push(json!({"role": "user", "content": format!("msg-u{t}. short question")}));
-        let response = Fixture::Chat
-            .post(&proxy, &chat_body(&messages), false, &[])
-            .await
-            .0;
-        assert_eq!(response.status(), 200);
-        let sent = upstream.forwarded();
-        let forwarded = sent.last().unwrap()["messages"].as_array().unwrap().len();
-        assert!(forwarded <= 20, "turn {t}: {forwarded} messages forwarded");
-        messages.push(json!({"role": "assistant", "content": format!("msg-a{t}. short answer")}));
-        // Let background summaries land, as the time a user takes to reply would.
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    for api in Fixture::all() {
+        let upstream = api.upstream(LlmBehaviour::default()).await;
+        let mut config = Fixture::config(&upstream.url());
+        config.context.max_messages = 20;
+        config.context.keep_recent_messages = 4;
+        let proxy = Proxy::start(config).await;
+        let mut turns: Vec<(&str, String)> = Vec::new();
+        for t in 0..40 {
+            turns.push(("user", format!("msg-u{t}. short question")));
+            let body = api.body(&turns, false);
+            let response = api.post(&proxy, &body, false, &[]).await.0;
+            assert_eq!(response.status(), 200, "{api:?}");
+            let sent = upstream.forwarded();
+            // Chat's system message is one of its messages; the others carry the system
+            // prompt outside theirs, and 20 holds of what they forward all the same.
+            let forwarded = api.items(sent.last().unwrap()).len();
+            assert!(
+                forwarded <= 20,
+                "{api:?} turn {t}: {forwarded} messages forwarded"
+            );
+            turns.push(("assistant", format!("msg-a{t}. short answer")));
+            // Let background summaries land, as the time a user takes to reply would.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!upstream.summarizer_calls().is_empty(), "{api:?}");
     }
-    assert!(!summarizer_requests(&upstream).is_empty());
 }
 
 /// `[[context.tools]]` with `cut = "never"` for `Read`: an agent's `Read` output in the middle
