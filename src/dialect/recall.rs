@@ -179,3 +179,25 @@ pub fn rewrite_event(event: &[u8], data: &Value) -> Bytes {
     out.push_str("\n\n");
     Bytes::from(out)
 }
+
+/// What the dialects' recall tests build their cases from.
+#[cfg(test)]
+pub mod testing {
+    use serde_json::{Map, Value};
+
+    use crate::dialect::recall::RecallCall;
+
+    pub fn call(id: &str, arguments: &str) -> RecallCall {
+        RecallCall {
+            id: id.into(),
+            arguments: arguments.into(),
+        }
+    }
+
+    pub fn object(value: Value) -> Map<String, Value> {
+        match value {
+            Value::Object(object) => object,
+            other => panic!("not an object: {other}"),
+        }
+    }
+}

@@ -1,4 +1,5 @@
-//! What every dialect checks of a request body first: a JSON object that names its model.
+//! What every dialect checks of a request body first (a JSON object that names its model),
+//! and how the ones whose conversation is one array of the body write a compaction into it.
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -41,6 +42,22 @@ pub fn array<'a>(
             Some(field),
         )),
     }
+}
+
+/// Writes `compact`'s conversation in place of the array at `field`. The sent items are
+/// taken out of the body first, so that the kept ones are moved, not copied, and `compact`
+/// may write the body's other fields (a summary that goes into the head).
+pub fn rewrite_conversation(
+    body: &mut Map<String, Value>,
+    field: &str,
+    compact: impl FnOnce(&mut Map<String, Value>, Vec<Value>) -> Vec<Value>,
+) {
+    let sent = match body.get_mut(field) {
+        Some(Value::Array(items)) => std::mem::take(items),
+        _ => Vec::new(),
+    };
+    let compacted = compact(body, sent);
+    body.insert(field.into(), Value::Array(compacted));
 }
 
 /// For a raw stage's optional field: present, even as `null`, which a plain `Option` would

@@ -17,6 +17,7 @@ use crate::compaction::summary_api::{SummaryApi, SummaryEndpoint};
 use crate::config::{tool_cut, Config, ContextConfig, RecallConfig, ToolPolicy};
 use crate::conversation::{answered_tools, Item, Kind, ToolCut};
 use crate::dialect::recall::RecallWire;
+use crate::dialect::request::object_start;
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
 use crate::tokens::catalog::{ModelCatalog, ModelInfo};
@@ -60,19 +61,23 @@ pub trait Dialect {
     const ROUTE: Route;
     /// How it writes the recall tool.
     const RECALL: Option<&'static dyn RecallWire> = None;
+    /// Its raw first stage, for a dialect whose requests' fields it reads without a JSON
+    /// tree: what the default `scan` runs (`scan_raw`).
+    const RAW_STAGE: Option<&'static RawStage> = None;
     /// A request parsed for counting, planning and rewriting.
     type Request: Send + Sync;
 
     /// Stage one, for a dialect that can: a request under every trigger, counted, planned
     /// and made ready from its raw bytes without a JSON tree. `Err` hands the request on to
-    /// the full stages, with the count and the plan when this made them.
+    /// the full stages, with the count and the plan when this made them. Unless a dialect
+    /// says otherwise, its `RAW_STAGE`, if it has one.
     fn scan(
-        _counting: Counting<'_>,
-        _bytes: &Bytes,
-        _settings: Settings<'_>,
-        _mode: Mode,
+        counting: Counting<'_>,
+        bytes: &Bytes,
+        settings: Settings<'_>,
+        mode: Mode,
     ) -> impl Future<Output = Result<Ready, Option<Planned>>> + Send {
-        std::future::ready(Err(None))
+        scan_raw(counting, bytes, Self::RAW_STAGE, settings, mode)
     }
 
     /// Whether a `POST` to `path` is one it compacts: its own path (the paths under it,
@@ -349,11 +354,13 @@ pub async fn count_as_sent<D: Dialect>(
         .count)
 }
 
-/// How a dialect's raw first stage counts: its items (`RawItems`), and the parts besides
-/// them that cost tokens, kept under `parts_seed`, each counted alone by `part` once parsed
-/// (given its index in `RawRequest::parts`): a request's fixed tokens are reply priming and
-/// its parts'.
+/// How a dialect's raw first stage reads and counts: `read` takes the request's fields, its
+/// items left raw (None for a body it cannot read: the full path then); its items are counted
+/// as `items` says, and the parts besides them that cost tokens, kept under `parts_seed`,
+/// each counted alone by `part` once parsed (given its index in `RawRequest::parts`): a
+/// request's fixed tokens are reply priming and its parts'.
 pub struct RawStage {
+    pub read: for<'a> fn(&'a [u8]) -> Option<RawRequest<'a>>,
     pub items: RawItems,
     pub parts_seed: u64,
     pub part: fn(Encoding, usize, Value) -> u32,
@@ -368,18 +375,23 @@ pub struct RawRequest<'a> {
     pub requested_completion_tokens: Option<u64>,
 }
 
-/// The rest of a raw first stage, the same for every dialect that has one: the request
-/// counted from its bytes (each item, and the parts besides them, counted once ever) and
-/// planned; sent as it came when the plan forwards it, else handed on to the full path with
-/// its count and plan. `Err(None)`: an item or part the stage cannot read.
+/// A raw first stage, the same for every dialect that has one: the request read (a JSON
+/// object, whose fields `stage` reads), counted from its bytes (each item, and the parts
+/// besides them, counted once ever) and planned; sent as it came when the plan forwards it,
+/// else handed on to the full path with its count and plan. `Err(None)`: no stage, or a body,
+/// item or part the stage cannot read.
 pub async fn scan_raw(
     counting: Counting<'_>,
     bytes: &Bytes,
-    stage: &RawStage,
-    request: RawRequest<'_>,
+    stage: Option<&RawStage>,
     settings: Settings<'_>,
     mode: Mode,
 ) -> Result<Ready, Option<Planned>> {
+    // The derived readers would take a JSON array for a struct too.
+    let Some(stage) = stage.filter(|_| object_start(bytes).is_some()) else {
+        return Err(None);
+    };
+    let request = (stage.read)(bytes).ok_or(None)?;
     let info = counting.catalog.resolve(&request.model);
     let encoding = info.encoding;
     let fixed = REPLY_PRIMING

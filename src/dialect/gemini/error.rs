@@ -1,7 +1,7 @@
 //! Google's error shape.
 
 use hyper::{Response, StatusCode};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::error::ProxyError;
 use crate::transport::body::{json_response, ProxyBody};
@@ -10,12 +10,13 @@ use crate::transport::body::{json_response, ProxyBody};
 /// `code`, and the canonical status Google gives it.
 pub fn error_response(error: &ProxyError) -> Response<ProxyBody> {
     let code = error.status();
-    json_response(
-        code,
-        &json!({
-            "error": {"code": code.as_u16(), "message": error.to_string(), "status": canonical(code)},
-        }),
-    )
+    json_response(code, &error_body(code, &error.to_string()))
+}
+
+/// The body of an error in Google's shape: what condenser answers, and what ends a stream
+/// that failed.
+pub(super) fn error_body(code: StatusCode, message: &str) -> Value {
+    json!({"error": {"code": code.as_u16(), "message": message, "status": canonical(code)}})
 }
 
 /// Google's canonical status for an HTTP status (google.rpc.Code, as its APIs map them).
@@ -38,7 +39,6 @@ fn canonical(code: StatusCode) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::Value;
 
     #[tokio::test]
     async fn errors_take_googles_shape() {

@@ -26,6 +26,7 @@ use crate::compaction::rewrite::Rewrite;
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::ContextConfig;
 use crate::dialect::recall::RecallWire;
+use crate::dialect::request::rewrite_conversation;
 use crate::dialect::stages::{Dialect, Prepared};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
@@ -207,23 +208,12 @@ impl Dialect for Gemini {
         settings: &ContextConfig,
         encoding: Encoding,
     ) {
-        let sent = match request.body.get_mut("contents") {
-            Some(Value::Array(turns)) => std::mem::take(turns),
-            _ => Vec::new(),
-        };
         let summary = rewrite.summary_text(split.head, "messages");
-        let compacted = compacted_contents(
-            &mut request.body,
-            sent,
-            rewrite,
-            summary,
-            settings.summary_role,
-            encoding,
-        );
-        request.chat = as_chat(&compacted);
-        request
-            .body
-            .insert("contents".into(), Value::Array(compacted));
+        let summary_role = settings.summary_role;
+        rewrite_conversation(&mut request.body, "contents", |body, sent| {
+            compacted_contents(body, sent, rewrite, summary, summary_role, encoding)
+        });
+        request.chat = as_chat(contents(&request.body));
     }
 
     // Gemini's replies always carry `usageMetadata`: the default `outgoing_body` asks for none.

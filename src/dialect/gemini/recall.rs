@@ -10,8 +10,10 @@
 //! the last chunk when no round follows.
 
 use bytes::Bytes;
+use hyper::StatusCode;
 use serde_json::{json, Map, Value};
 
+use crate::dialect::gemini::error::error_body;
 use crate::dialect::recall::{
     names_the_tool, parameters, Answered, ClientView, Fields, Kind, Part, RecallCall, RecallWire,
     Relayed, StopReason, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
@@ -331,7 +333,7 @@ impl StreamWire for GeminiStream {
 
     /// Google's error shape, as a `data:` event.
     fn failed(&self, message: &str, _view: &mut ClientView) -> Bytes {
-        let error = json!({"error": {"code": 500, "message": message, "status": "INTERNAL"}});
+        let error = error_body(StatusCode::INTERNAL_SERVER_ERROR, message);
         Bytes::from(format!("data: {error}\n\n"))
     }
 }
@@ -339,21 +341,8 @@ impl StreamWire for GeminiStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::recall::testing::{call, object};
     use crate::dialect::recall::{event_json, RecallPolicy, RoundCalls, Stitched};
-
-    fn object(value: Value) -> Map<String, Value> {
-        match value {
-            Value::Object(object) => object,
-            other => panic!("not an object: {other}"),
-        }
-    }
-
-    fn call(id: &str, arguments: &str) -> RecallCall {
-        RecallCall {
-            id: id.into(),
-            arguments: arguments.into(),
-        }
-    }
 
     fn recall_part(id: Option<&str>, args: Value, signature: Option<&str>) -> Value {
         let mut part = json!({"functionCall": {"name": TOOL_NAME, "args": args}});

@@ -1,7 +1,7 @@
 //! Anthropic's error shape.
 
 use hyper::{Response, StatusCode};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::error::ProxyError;
 use crate::transport::body::{json_response, ProxyBody};
@@ -10,6 +10,12 @@ use crate::transport::body::{json_response, ProxyBody};
 /// status condenser gives it.
 pub fn error_response(error: &ProxyError) -> Response<ProxyBody> {
     let status = error.status();
+    json_response(status, &error_body(status, &error.to_string()))
+}
+
+/// The body of an error in Anthropic's shape, its type read off `status`: what condenser
+/// answers, and the data of the `error` event that ends a stream that failed.
+pub(super) fn error_body(status: StatusCode, message: &str) -> Value {
     let kind = match status {
         StatusCode::BAD_REQUEST => "invalid_request_error",
         StatusCode::UNAUTHORIZED => "authentication_error",
@@ -20,19 +26,12 @@ pub fn error_response(error: &ProxyError) -> Response<ProxyBody> {
         s if s.as_u16() == 529 => "overloaded_error",
         _ => "api_error",
     };
-    json_response(
-        status,
-        &json!({
-            "type": "error",
-            "error": {"type": kind, "message": error.to_string()},
-        }),
-    )
+    json!({"type": "error", "error": {"type": kind, "message": message}})
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::Value;
 
     #[tokio::test]
     async fn errors_take_anthropics_shape() {

@@ -14,21 +14,18 @@ mod view;
 use std::borrow::Cow;
 use std::future::Future;
 
-use bytes::Bytes;
 use hyper::Response;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use crate::compaction::plan::{Mode, Split};
+use crate::compaction::plan::Split;
 use crate::compaction::rewrite::Rewrite;
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::ContextConfig;
 use crate::dialect::recall::RecallWire;
-use crate::dialect::request::{array, object_start, object_with_model, present};
-use crate::dialect::stages::{
-    scan_raw, Counting, Dialect, Planned, Prepared, RawRequest, RawStage, Ready, Settings,
-};
+use crate::dialect::request::{array, object_with_model, present, rewrite_conversation};
+use crate::dialect::stages::{Dialect, Prepared, RawRequest, RawStage};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
 use crate::tokens::catalog::ModelCatalog;
@@ -74,16 +71,8 @@ impl Dialect for Messages {
     const CACHED_BEFORE: &'static [&'static str] = &["tools", "system"];
     const ROUTE: Route = Route::named("messages");
     const RECALL: Option<&'static dyn RecallWire> = Some(&recall::MessagesRecall);
+    const RAW_STAGE: Option<&'static RawStage> = Some(&RAW_STAGE);
     type Request = MessagesRequest;
-
-    fn scan(
-        counting: Counting<'_>,
-        bytes: &Bytes,
-        settings: Settings<'_>,
-        mode: Mode,
-    ) -> impl Future<Output = Result<Ready, Option<Planned>>> + Send {
-        scan(counting, bytes, settings, mode)
-    }
 
     /// A body with a top-level `system` or Anthropic's content blocks. One that could be
     /// chat as well is read as chat: `--api` says otherwise.
@@ -149,26 +138,14 @@ impl Dialect for Messages {
         settings: &ContextConfig,
         encoding: Encoding,
     ) {
-        let sent = match request.body.get_mut("messages") {
-            Some(Value::Array(messages)) => std::mem::take(messages),
-            _ => Vec::new(),
-        };
         let summary = rewrite.summary_text(split.head, "messages");
-        let compacted = compacted_messages(
-            &mut request.body,
-            sent,
-            split,
-            rewrite,
-            summary,
-            settings.summary_role,
-            encoding,
-        );
+        let summary_role = settings.summary_role;
+        rewrite_conversation(&mut request.body, "messages", |body, sent| {
+            compacted_messages(body, sent, split, rewrite, summary, summary_role, encoding)
+        });
         // Made again only if asked: rebuilding them took a twelfth of a compacted agent
         // request's instructions, for nothing the proxy reads.
         request.chat = None;
-        request
-            .body
-            .insert("messages".into(), Value::Array(compacted));
     }
 
     // Anthropic streams always carry usage (`message_start`, `message_delta`): the default
@@ -206,6 +183,7 @@ struct Scanned<'a> {
 
 /// Messages items and parts, their counts kept apart from other dialects' of the same bytes.
 const RAW_STAGE: RawStage = RawStage {
+    read: raw_request,
     items: RawItems {
         seed: 0x616e_7468_726f_7000,
         read: |message| Some((chat_message(message), item(message, 0))),
@@ -219,31 +197,21 @@ const RAW_STAGE: RawStage = RawStage {
     },
 };
 
-/// The first stage: a request under every trigger counted and planned from its raw bytes and
-/// forwarded as it came; any other goes on to the full path with its count and plan.
-async fn scan(
-    counting: Counting<'_>,
-    bytes: &Bytes,
-    settings: Settings<'_>,
-    mode: Mode,
-) -> Result<Ready, Option<Planned>> {
-    if object_start(bytes).is_none() {
-        return Err(None);
-    }
-    let Ok(request) = serde_json::from_slice::<Scanned>(bytes) else {
-        return Err(None);
-    };
+/// What the first stage reads of a request: a request under every trigger is counted and
+/// planned from its raw bytes and forwarded as it came; any other goes on to the full path
+/// with its count and plan.
+fn raw_request(bytes: &[u8]) -> Option<RawRequest<'_>> {
+    let request = serde_json::from_slice::<Scanned>(bytes).ok()?;
     let budget = request
         .thinking
         .and_then(|thinking| serde_json::from_str::<Value>(thinking.get()).ok())
         .and_then(|thinking| thinking.get("budget_tokens").and_then(Value::as_u64));
-    let raw = RawRequest {
+    Some(RawRequest {
         model: request.model,
         items: request.messages,
         parts: vec![request.system, request.tools, request.tool_choice],
         requested_completion_tokens: reserve(request.max_tokens, budget),
-    };
-    scan_raw(counting, bytes, &RAW_STAGE, raw, settings, mode).await
+    })
 }
 
 /// What a request costs besides its messages: reply priming, `system`, tools, `tool_choice`.

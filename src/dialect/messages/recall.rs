@@ -7,8 +7,10 @@
 //! blocks, as Anthropic requires.
 
 use bytes::Bytes;
+use hyper::StatusCode;
 use serde_json::{json, Map, Value};
 
+use crate::dialect::messages::error::error_body;
 use crate::dialect::recall::{
     append_text, names_the_tool, parameters, slot, text_of, Answered, ClientView, Fields, Kind,
     Part, RecallCall, RecallWire, Relayed, StopReason, StreamWire, TOOL_DESCRIPTION, TOOL_NAME,
@@ -283,7 +285,7 @@ impl StreamWire for MessagesStream {
 
     /// Anthropic's `error` event, which its SDKs raise.
     fn failed(&self, message: &str, _view: &mut ClientView) -> Bytes {
-        let error = json!({"type": "error", "error": {"type": "api_error", "message": message}});
+        let error = error_body(StatusCode::INTERNAL_SERVER_ERROR, message);
         Bytes::from(format!("event: error\ndata: {error}\n\n"))
     }
 }
@@ -291,21 +293,8 @@ impl StreamWire for MessagesStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::recall::testing::{call, object};
     use crate::dialect::recall::{RecallPolicy, RoundCalls, Stitched};
-
-    fn object(value: Value) -> Map<String, Value> {
-        match value {
-            Value::Object(object) => object,
-            other => panic!("not an object: {other}"),
-        }
-    }
-
-    fn call(id: &str, arguments: &str) -> RecallCall {
-        RecallCall {
-            id: id.into(),
-            arguments: arguments.into(),
-        }
-    }
 
     #[test]
     fn offer_appends_the_tool_last_and_only_once() {

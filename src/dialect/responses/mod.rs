@@ -14,12 +14,11 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::future::Future;
 
-use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use crate::compaction::plan::{ForwardReason, Mode, Split};
+use crate::compaction::plan::{ForwardReason, Split};
 use crate::compaction::rewrite::Rewrite;
 use crate::compaction::shorten::cut_item_texts;
 use crate::compaction::summary_api::SummaryApi;
@@ -27,10 +26,8 @@ use crate::config::{ContextConfig, SummaryRole};
 use crate::conversation::{units, Item};
 use crate::dialect::openai;
 use crate::dialect::recall::RecallWire;
-use crate::dialect::request::{object_start, object_with_model, present};
-use crate::dialect::stages::{
-    scan_raw, Counting, Dialect, Planned, Prepared, RawRequest, RawStage, Ready, Settings,
-};
+use crate::dialect::request::{object_with_model, present};
+use crate::dialect::stages::{Dialect, Prepared, RawRequest, RawStage};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
 use crate::tokens::catalog::ModelCatalog;
@@ -72,16 +69,8 @@ impl Dialect for Responses {
     const CACHED_BEFORE: &'static [&'static str] = &["tools", "instructions"];
     const ROUTE: Route = Route::named("responses");
     const RECALL: Option<&'static dyn RecallWire> = Some(&recall::ResponsesRecall);
+    const RAW_STAGE: Option<&'static RawStage> = Some(&RAW_STAGE);
     type Request = ResponsesRequest;
-
-    fn scan(
-        counting: Counting<'_>,
-        bytes: &Bytes,
-        settings: Settings<'_>,
-        mode: Mode,
-    ) -> impl Future<Output = Result<Ready, Option<Planned>>> + Send {
-        scan(counting, bytes, settings, mode)
-    }
 
     /// A body with `input` or `instructions`.
     fn written_for(body: &Value) -> bool {
@@ -175,6 +164,7 @@ const PARTS: [&str; 4] = ["instructions", "tools", "tool_choice", "text"];
 
 /// Responses items and parts, their counts kept apart from other dialects' of the same bytes.
 const RAW_STAGE: RawStage = RawStage {
+    read: raw_request,
     items: RawItems {
         seed: 0x7265_7370_6f6e_7300,
         read: |item| Some(item_view(item)),
@@ -187,25 +177,15 @@ const RAW_STAGE: RawStage = RawStage {
     },
 };
 
-/// The first stage: a request under every trigger counted and planned from its raw bytes and
-/// forwarded as it came; any other goes on to the full path (which checks that its tool
-/// outputs travel with their calls) with its count and plan.
-async fn scan(
-    counting: Counting<'_>,
-    bytes: &Bytes,
-    settings: Settings<'_>,
-    mode: Mode,
-) -> Result<Ready, Option<Planned>> {
-    if object_start(bytes).is_none() {
-        return Err(None);
-    }
-    let Ok(request) = serde_json::from_slice::<Scanned>(bytes) else {
-        return Err(None);
-    };
+/// What the first stage reads of a request: a request under every trigger is counted and
+/// planned from its raw bytes and forwarded as it came; any other goes on to the full path
+/// (which checks that its tool outputs travel with their calls) with its count and plan.
+fn raw_request(bytes: &[u8]) -> Option<RawRequest<'_>> {
+    let request = serde_json::from_slice::<Scanned>(bytes).ok()?;
     if request.previous_response_id.is_some() || request.conversation.is_some() {
-        return Err(None);
+        return None;
     }
-    let raw = RawRequest {
+    Some(RawRequest {
         model: request.model,
         items: request.input,
         parts: vec![
@@ -215,8 +195,7 @@ async fn scan(
             request.text,
         ],
         requested_completion_tokens: request.max_output_tokens,
-    };
-    scan_raw(counting, bytes, &RAW_STAGE, raw, settings, mode).await
+    })
 }
 
 /// Checks what condenser cannot read without (an object with a model, `input` a string or a

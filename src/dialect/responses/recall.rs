@@ -290,6 +290,7 @@ impl StreamWire for ResponsesStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::recall::testing::call;
     use crate::dialect::recall::{event_json, RecallPolicy, RoundCalls, Stitched};
 
     fn recall_item(call_id: &str, arguments: &str) -> Value {
@@ -300,13 +301,6 @@ mod tests {
     fn message(text: &str) -> Value {
         json!({"type": "message", "id": "msg", "role": "assistant", "status": "completed",
             "content": [{"type": "output_text", "text": text, "annotations": []}]})
-    }
-
-    fn call(id: &str, arguments: &str) -> RecallCall {
-        RecallCall {
-            id: id.into(),
-            arguments: arguments.into(),
-        }
     }
 
     #[test]
