@@ -383,16 +383,7 @@ impl Fixture {
     /// A config for `upstream` where every fixture's model has an 8,000-token window;
     /// summaries by gpt-4o-mini over chat completions.
     pub fn config(upstream: &str) -> Config {
-        let mut config = claude_config(upstream);
-        config.models.insert(
-            GEMINI_MODEL.into(),
-            condenser::tokens::catalog::ModelOverride {
-                context_window: Some(8_000),
-                encoding: None,
-                price: None,
-            },
-        );
-        config
+        super::gemini::with_gemini_window(claude_config(upstream))
     }
 
     /// Whether `request` offers the recall tool.

@@ -153,7 +153,11 @@ pub fn gemini_body(contents: &[Value]) -> Value {
 /// A config whose `GEMINI_MODEL` has an 8,000-token window; summaries asked of the request's
 /// own model, in its own API.
 pub fn gemini_config(upstream: &str) -> condenser::Config {
-    let mut config = super::config_for(upstream);
+    with_gemini_window(super::config_for(upstream))
+}
+
+/// `config` with `GEMINI_MODEL`'s window set to 8,000 tokens.
+pub fn with_gemini_window(mut config: condenser::Config) -> condenser::Config {
     config.models.insert(
         GEMINI_MODEL.into(),
         condenser::tokens::catalog::ModelOverride {
