@@ -267,6 +267,49 @@ pub fn detect_api(body: &Value) -> Api {
         .map_or(Api::Chat, |wire| wire.api)
 }
 
+/// What every dialect's error-shape test is made of.
+#[cfg(test)]
+pub mod error_cases {
+    use http_body_util::BodyExt;
+    use hyper::Response;
+    use serde_json::Value;
+
+    use crate::error::ProxyError;
+    use crate::transport::body::ProxyBody;
+
+    /// Errors condenser answers with, one of each kind of status, and the status each takes.
+    pub fn samples() -> [(ProxyError, u16); 6] {
+        [
+            (
+                ProxyError::InvalidJson(serde_json::from_str::<Value>("").unwrap_err()),
+                400,
+            ),
+            (ProxyError::BodyTooLarge { limit: 9 }, 413),
+            (ProxyError::NotFound("/x".into()), 404),
+            (ProxyError::UpstreamUnreachable("refused".into()), 502),
+            (ProxyError::UpstreamTimeout(5), 504),
+            (ProxyError::ClientLeft, 499),
+        ]
+    }
+
+    /// Checks that `error_response` answers each of the `samples` with its status and the
+    /// body `shape` writes of that status, the error's message and the sample's `name` (the
+    /// dialect's word for its kind).
+    pub async fn check_shape(
+        error_response: fn(&ProxyError) -> Response<ProxyBody>,
+        names: [&str; 6],
+        shape: impl Fn(u16, String, &str) -> Value,
+    ) {
+        for ((error, status), name) in samples().into_iter().zip(names) {
+            let response = error_response(&error);
+            assert_eq!(response.status().as_u16(), status, "{error}");
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            let body: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(body, shape(status, error.to_string(), name));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -39,38 +39,21 @@ fn canonical(code: StatusCode) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::error_cases::check_shape;
 
     #[tokio::test]
     async fn errors_take_googles_shape() {
-        use http_body_util::BodyExt;
-        for (error, code, status) in [
-            (
-                ProxyError::InvalidJson(serde_json::from_str::<Value>("").unwrap_err()),
-                400,
-                "INVALID_ARGUMENT",
-            ),
-            (
-                ProxyError::BodyTooLarge { limit: 9 },
-                413,
-                "INVALID_ARGUMENT",
-            ),
-            (ProxyError::NotFound("/x".into()), 404, "NOT_FOUND"),
-            (
-                ProxyError::UpstreamUnreachable("refused".into()),
-                502,
-                "UNAVAILABLE",
-            ),
-            (ProxyError::UpstreamTimeout(5), 504, "DEADLINE_EXCEEDED"),
-            (ProxyError::ClientLeft, 499, "CANCELLED"),
-        ] {
-            let response = error_response(&error);
-            assert_eq!(response.status(), code);
-            let body = response.into_body().collect().await.unwrap().to_bytes();
-            let body: Value = serde_json::from_slice(&body).unwrap();
-            assert_eq!(
-                body,
-                json!({"error": {"code": code, "message": error.to_string(), "status": status}})
-            );
-        }
+        let statuses = [
+            "INVALID_ARGUMENT",
+            "INVALID_ARGUMENT",
+            "NOT_FOUND",
+            "UNAVAILABLE",
+            "DEADLINE_EXCEEDED",
+            "CANCELLED",
+        ];
+        check_shape(error_response, statuses, |code, message, status| {
+            json!({"error": {"code": code, "message": message, "status": status}})
+        })
+        .await;
     }
 }

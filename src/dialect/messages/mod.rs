@@ -164,6 +164,9 @@ fn parse_request(bytes: &[u8]) -> Result<Map<String, Value>, ProxyError> {
 /// The fields of a Messages request that counting and planning read, the messages left raw:
 /// an agent's 800 KB request under every trigger is counted from the bytes of messages seen
 /// before, without a JSON tree. Anything irregular fails this and takes the full path.
+// Alike in shape to the other raw stage's `Scanned`, but a field list of its own wire format:
+// the fields both read cannot be one shared struct flattened into each, as serde's `flatten`
+// reads through a buffer that a borrowed `RawValue` cannot come out of.
 #[derive(Deserialize)]
 struct Scanned<'a> {
     #[serde(borrow)]

@@ -138,6 +138,9 @@ impl Dialect for Responses {
 /// raw: a request under every trigger is counted from the bytes of items seen before,
 /// without a JSON tree. A request whose history is held upstream, an `input` that is a
 /// string, anything irregular: the full path.
+// Alike in shape to the other raw stage's `Scanned`, but a field list of its own wire format:
+// the fields both read cannot be one shared struct flattened into each, as serde's `flatten`
+// reads through a buffer that a borrowed `RawValue` cannot come out of.
 #[derive(Deserialize)]
 struct Scanned<'a> {
     #[serde(borrow)]
