@@ -94,18 +94,6 @@ async fn a_growing_conversation_never_waits_for_a_slower_summarizer() {
     }
 }
 
-/// A proxy for `fixture`'s upstream whose token ratio for its model is learned: one short
-/// conversation sent first, so that the counts the tests rely on are those of every later
-/// request (an API reporting its usage moves the ratio after its first reply).
-async fn warmed(fixture: Fixture, upstream: &MockUpstream) -> Proxy {
-    let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
-    let body = fixture.agent_body(&fixture.agent_conversation_of(2));
-    let (response, condensed) = fixture.post(&proxy, &body, false, &[]).await;
-    assert_eq!(response.status(), 200, "{fixture:?}");
-    assert_eq!(condensed.action, "forwarded", "{fixture:?}");
-    proxy
-}
-
 /// The rounds of `fixture`'s agent conversation that come to over the trigger (6,000
 /// tokens) and under the hard limit, with one round more still under it.
 fn rounds_over_the_trigger(fixture: Fixture) -> usize {
@@ -126,7 +114,7 @@ async fn a_conversation_past_the_hard_limit_in_one_request_waits_and_is_compacte
                 ..LlmBehaviour::default()
             })
             .await;
-        let proxy = warmed(fixture, &upstream).await;
+        let proxy = fixture.warmed(Fixture::config(&upstream.url())).await;
         let original = fixture.agent_conversation();
         let body = fixture.agent_body(&original);
         let (response, turn) = fixture.post(&proxy, &body, false, &[]).await;
@@ -149,7 +137,7 @@ async fn over_the_trigger_within_the_hard_limit_a_request_goes_at_once() {
                 ..LlmBehaviour::default()
             })
             .await;
-        let proxy = warmed(fixture, &upstream).await;
+        let proxy = fixture.warmed(Fixture::config(&upstream.url())).await;
         let rounds = rounds_over_the_trigger(fixture);
         let send = |rounds: usize| {
             let proxy = &proxy;
@@ -357,14 +345,6 @@ fn exact_window(upstream: &MockUpstream, window: u64) -> condenser::Config {
     config
 }
 
-/// How many earlier messages (or items, or turns) the summary in `body` stands for, from its
-/// first line, wherever the dialect puts it; `None` without one.
-fn summary_of(body: &Value) -> Option<usize> {
-    let text = body.to_string();
-    let rest = &text[text.find("[Context summary: ")? + "[Context summary: ".len()..];
-    rest.split(' ').next()?.parse().ok()
-}
-
 /// What a provider sees of a one-prompt tool loop: the task in every request, tool rounds
 /// summarized ahead of need rather than outputs cut, nobody waiting while something on hand
 /// fits, and a prefix that repeats from turn to turn.
@@ -416,7 +396,7 @@ async fn a_one_prompt_tool_loop_is_summarized_ahead_with_its_task_pinned() {
             );
         }
         for (r, pair) in forwarded.windows(2).enumerate() {
-            let (before, now) = (summary_of(&pair[0]), summary_of(&pair[1]));
+            let (before, now) = (fixture.summarized(&pair[0]), fixture.summarized(&pair[1]));
             if before == now {
                 continue;
             }

@@ -6,36 +6,6 @@ use crate::common::*;
 use condenser::config::OnFailure;
 use serde_json::{json, Value};
 
-/// Checks the documented shape: head verbatim, one summary, then the original's last
-/// messages verbatim. Returns the number of summarized messages.
-fn assert_compacted_shape(original: &[Value], forwarded: &[Value], keep_recent: usize) -> usize {
-    assert_eq!(
-        forwarded[0], original[0],
-        "system prompt kept verbatim first"
-    );
-    let summary = forwarded[1]["content"].as_str().unwrap();
-    assert_eq!(forwarded[1]["role"], "system");
-    let n: usize = summary
-        .strip_prefix("[Context summary: ")
-        .and_then(|s| s.split(' ').next())
-        .unwrap_or_else(|| panic!("summary prefix missing: {summary}"))
-        .parse()
-        .unwrap();
-    let tail = &forwarded[2..];
-    assert!(tail.len() >= keep_recent);
-    assert_eq!(
-        1 + n + tail.len(),
-        original.len(),
-        "summary covers exactly what was dropped"
-    );
-    assert_eq!(
-        tail,
-        &original[original.len() - tail.len()..],
-        "recent messages verbatim"
-    );
-    n
-}
-
 /// The summarizer's calls, as JSON.
 fn summarizer_requests(upstream: &MockUpstream) -> Vec<Value> {
     upstream
@@ -77,7 +47,7 @@ async fn a_long_conversation_is_summarized_in_the_documented_shape() {
         proxy.state.counter.messages_encoded(),
         (original.len() + rewritten) as u64
     );
-    let n = assert_compacted_shape(&original, forwarded_messages, 6);
+    let n = Fixture::Chat.assert_compacted_shape(&chat_body(&original), &sent[0], 6);
     assert_eq!(
         header(&response, "x-condenser-summarized-messages"),
         n.to_string()
@@ -113,54 +83,57 @@ async fn a_long_conversation_is_summarized_in_the_documented_shape() {
 
 #[tokio::test]
 async fn a_grown_conversation_reuses_its_summary_and_sends_only_new_messages() {
-    let upstream = mock_llm(LlmBehaviour::default()).await;
-    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let first = conversation(40);
-    let response = Fixture::Chat
-        .post(&proxy, &chat_body(&first), false, &[])
-        .await
-        .0;
-    assert_eq!(header(&response, "x-condenser-cache"), "miss");
-    let covered: usize = Condensed::of(&response).summarized_messages.unwrap();
+    for api in Fixture::all() {
+        let upstream = api.upstream(LlmBehaviour::default()).await;
+        // Its counts as the cache's second request sees them from the first.
+        let proxy = api.warmed(Fixture::config(&upstream.url())).await;
+        let first = api.agent_body(&api.plain_conversation(40));
+        let (response, condensed) = api.post(&proxy, &first, false, &[]).await;
+        assert_eq!(response.status(), 200, "{api:?}");
+        assert_eq!(condensed.cache, "miss", "{api:?}");
+        let covered: usize = condensed.summarized_messages.unwrap();
 
-    // The same conversation again: served from the cache, no summarizer call.
-    let response = Fixture::Chat
-        .post(&proxy, &chat_body(&first), false, &[])
-        .await
-        .0;
-    assert_eq!(header(&response, "x-condenser-cache"), "hit");
-    assert_eq!(summarizer_requests(&upstream).len(), 1);
+        // The same conversation again: served from the cache, no summarizer call.
+        let (_, condensed) = api.post(&proxy, &first, false, &[]).await;
+        assert_eq!(condensed.cache, "hit", "{api:?}");
+        assert_eq!(summarizer_requests(&upstream).len(), 1, "{api:?}");
 
-    // Two more turns, compaction forced: the summary is extended with only the new span.
-    let grown = conversation(42);
-    let response = Fixture::Chat
-        .post(
-            &proxy,
-            &chat_body(&grown),
-            false,
-            &[("x-condenser-mode", "force")],
-        )
-        .await
-        .0;
-    assert_eq!(response.status(), 200);
-    assert_eq!(header(&response, "x-condenser-action"), "summarized");
-    assert_eq!(header(&response, "x-condenser-cache"), "extended");
-    let calls = summarizer_requests(&upstream);
-    assert_eq!(calls.len(), 2);
-    let prompt = calls[1]["messages"][1]["content"].as_str().unwrap();
-    let (existing, new) = prompt.split_once("<new_messages>").unwrap();
-    assert!(existing.contains("<existing_summary>") && existing.contains("ORD-4411"));
-    assert!(!new.contains("msg-u0."), "old messages are not sent again");
-    let now_covered: usize = Condensed::of(&response).summarized_messages.unwrap();
-    assert_eq!(
-        new.matches("### ").count(),
-        now_covered - covered,
-        "exactly the newly evicted messages"
-    );
-    let sent = upstream.forwarded();
-    let last = sent.last().unwrap()["messages"].as_array().unwrap().clone();
-    assert_compacted_shape(&grown, &last, 6);
-    assert!(last[1]["content"].as_str().unwrap().contains("ORD-4411"));
+        // Two more turns, compaction forced: the summary is extended with only the new span.
+        let grown = api.agent_body(&api.plain_conversation(42));
+        let (response, condensed) = api
+            .post(&proxy, &grown, false, &[("x-condenser-mode", "force")])
+            .await;
+        assert_eq!(response.status(), 200, "{api:?}");
+        assert_eq!(condensed.action, "summarized", "{api:?}");
+        assert_eq!(condensed.cache, "extended", "{api:?}");
+        let calls = summarizer_requests(&upstream);
+        assert_eq!(calls.len(), 2, "{api:?}");
+        let prompt = summarizer_prompt(&calls[1]);
+        let (existing, new) = prompt.split_once("<new_messages>").unwrap();
+        assert!(
+            existing.contains("<existing_summary>") && existing.contains("ORD-4411"),
+            "{api:?}"
+        );
+        assert!(
+            !new.contains("msg-u0."),
+            "{api:?}: old messages are not sent again"
+        );
+        let now_covered: usize = condensed.summarized_messages.unwrap();
+        assert_eq!(
+            new.matches("### ").count(),
+            now_covered - covered,
+            "{api:?}: exactly the newly evicted messages"
+        );
+        let sent = upstream.forwarded();
+        let last = sent.last().unwrap();
+        assert_eq!(
+            api.assert_compacted_shape(&grown, last, 6),
+            now_covered,
+            "{api:?}"
+        );
+        let summary = api.split_summary(last).0.unwrap();
+        assert!(summary.contains("ORD-4411"), "{api:?}: {summary}");
+    }
 }
 
 #[tokio::test]
@@ -256,28 +229,36 @@ async fn a_failing_summarizer_leaves_the_request_successful_in_every_dialect() {
 
 #[tokio::test]
 async fn a_span_larger_than_the_summarizer_window_is_folded_in_chunks() {
-    let upstream = mock_llm(LlmBehaviour::default()).await;
-    let mut config = small_window_config(&upstream.url());
-    // The request's own model summarizes: its 8,000-token window cannot take the span at once.
-    config.summarizer.model = String::new();
-    let proxy = Proxy::start(config).await;
-    let response = Fixture::Chat
-        .post(&proxy, &chat_body(&conversation(40)), false, &[])
-        .await
-        .0;
-    assert_eq!(header(&response, "x-condenser-action"), "summarized");
-    let calls = summarizer_requests(&upstream);
-    assert!(calls.len() >= 2, "{} calls", calls.len());
-    let first = calls[0]["messages"][1]["content"].as_str().unwrap();
-    assert!(first.contains("msg-u0.") && !first.contains("<existing_summary>"));
-    let second = calls[1]["messages"][1]["content"].as_str().unwrap();
-    let (existing, new) = second.split_once("<new_messages>").unwrap();
-    assert!(
-        existing.contains("ORD-4411"),
-        "folded in order onto the first chunk's summary"
-    );
-    assert!(!new.contains("msg-u0."));
-    assert!(calls.iter().all(|c| c["model"] == "gpt-4o"));
+    for api in Fixture::all() {
+        let upstream = api.upstream(LlmBehaviour::default()).await;
+        let mut config = Fixture::config(&upstream.url());
+        // The request's own model summarizes: its 8,000-token window cannot take the span at
+        // once.
+        config.summarizer.model = String::new();
+        let proxy = Proxy::start(config).await;
+        let body = api.agent_body(&api.plain_conversation(40));
+        let (_, condensed) = api.post(&proxy, &body, false, &[]).await;
+        assert_eq!(condensed.action, "summarized", "{api:?}");
+        let recorded = upstream.summarizer_calls();
+        let calls: Vec<Value> = recorded.iter().map(Recorded::json).collect();
+        assert!(calls.len() >= 2, "{api:?}: {} calls", calls.len());
+        let first = summarizer_prompt(&calls[0]);
+        assert!(
+            first.contains("msg-u0.") && !first.contains("<existing_summary>"),
+            "{api:?}"
+        );
+        let second = summarizer_prompt(&calls[1]);
+        let (existing, new) = second.split_once("<new_messages>").unwrap();
+        assert!(
+            existing.contains("ORD-4411"),
+            "{api:?}: folded in order onto the first chunk's summary"
+        );
+        assert!(!new.contains("msg-u0."), "{api:?}");
+        assert!(
+            recorded.iter().all(|c| api.model_of(c) == api.model()),
+            "{api:?}: the request's own model"
+        );
+    }
 }
 
 #[tokio::test]
@@ -314,27 +295,34 @@ async fn repeated_failures_open_the_circuit_breaker_in_every_dialect() {
 
 #[tokio::test]
 async fn a_streamed_request_is_compacted_and_still_streams() {
-    let upstream = mock_llm(LlmBehaviour::default()).await;
-    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let original = conversation(40);
-    let mut body = chat_body(&original);
-    body["stream"] = json!(true);
-    let response = Fixture::Chat.post(&proxy, &body, false, &[]).await.0;
-    assert_eq!(response.status(), 200);
-    assert_eq!(header(&response, "x-condenser-action"), "summarized");
-    assert!(header(&response, "content-type").starts_with("text/event-stream"));
-    let text = stream_text(response).await;
-    assert!(
-        text.contains("reply ") && text.ends_with("data: [DONE]\n\n"),
-        "{text}"
-    );
-    assert!(
-        !text.contains("\"usage\""),
-        "the usage chunk condenser asked for is removed"
-    );
-    let sent = upstream.forwarded();
-    assert_compacted_shape(&original, sent[0]["messages"].as_array().unwrap(), 6);
-    assert_eq!(sent[0]["stream_options"]["include_usage"], true);
+    for api in Fixture::all() {
+        let upstream = api.upstream(LlmBehaviour::default()).await;
+        let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
+        let body = api.with_stream(api.agent_body(&api.plain_conversation(40)), true);
+        let (response, condensed) = api.post(&proxy, &body, true, &[]).await;
+        assert_eq!(response.status(), 200, "{api:?}");
+        assert_eq!(condensed.action, "summarized", "{api:?}");
+        assert!(
+            header(&response, "content-type").starts_with("text/event-stream"),
+            "{api:?}"
+        );
+        let (text, raw) = api.client_text(response, true).await;
+        assert!(text.contains("reply "), "{api:?}: {raw}");
+        api.assert_stream_ended(&raw);
+        let recorded = upstream.recorded();
+        let sent: Vec<&Recorded> = recorded.iter().filter(|r| !is_summarizer_call(r)).collect();
+        assert_eq!(sent.len(), 1, "{api:?}");
+        assert!(api.streams(sent[0]), "{api:?}: streamed upstream too");
+        api.assert_compacted_shape(&body, &sent[0].json(), 6);
+        if api == Fixture::Chat {
+            // Chat streams carry usage only when asked: condenser asks, and takes it out.
+            assert!(
+                !raw.contains("\"usage\""),
+                "the usage chunk condenser asked for is removed"
+            );
+            assert_eq!(sent[0].json()["stream_options"]["include_usage"], true);
+        }
+    }
 }
 
 #[tokio::test]
@@ -379,79 +367,68 @@ async fn a_last_message_larger_than_the_window_is_refused() {
 
 #[tokio::test]
 async fn tool_calls_stay_with_their_results() {
-    let upstream = mock_llm(LlmBehaviour::default()).await;
-    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let mut messages = vec![json!({"role": "system", "content": SYSTEM_PROMPT})];
-    for t in 0..45 {
-        messages.push(json!({"role": "user", "content": format!("msg-u{t}. {}", filler(t, 60))}));
-        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
-            {"id": format!("call_{t}a"), "type": "function", "function": {"name": "search", "arguments": "{\"q\":\"x\"}"}},
-            {"id": format!("call_{t}b"), "type": "function", "function": {"name": "fetch", "arguments": "{\"u\":\"y\"}"}}
-        ]}));
-        messages.push(json!({"role": "tool", "tool_call_id": format!("call_{t}a"), "content": filler(t + 1, 40)}));
-        messages.push(json!({"role": "tool", "tool_call_id": format!("call_{t}b"), "content": filler(t + 2, 40)}));
+    for api in Fixture::all() {
+        let upstream = api.upstream(LlmBehaviour::default()).await;
+        let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
+        let original = api.parallel_calls_conversation(45);
+        let body = api.agent_body(&original);
+        let (_, condensed) = api.post(&proxy, &body, false, &[]).await;
+        assert_eq!(condensed.action, "summarized", "{api:?}");
+        let sent = upstream.forwarded();
+        api.assert_calls_answered(&original, &sent[0]);
+        api.assert_compacted_shape(&body, &sent[0], 6);
     }
-    let response = Fixture::Chat
-        .post(&proxy, &chat_body(&messages), false, &[])
-        .await
-        .0;
-    assert_eq!(header(&response, "x-condenser-action"), "summarized");
-    let sent = upstream.forwarded();
-    let forwarded = sent[0]["messages"].as_array().unwrap();
-    let mut open_calls: Vec<String> = Vec::new();
-    for m in &forwarded[2..] {
-        if let Some(calls) = m["tool_calls"].as_array() {
-            assert!(open_calls.is_empty(), "a call lost its results");
-            open_calls = calls
-                .iter()
-                .map(|c| c["id"].as_str().unwrap().to_string())
-                .collect();
-        } else if m["role"] == "tool" {
-            let id = m["tool_call_id"].as_str().unwrap();
-            assert!(
-                open_calls.iter().any(|c| c == id),
-                "tool message {id} without its call"
-            );
-            open_calls.retain(|c| c != id);
+}
+
+/// The turns of `api`'s growing conversation, and the time its model takes to reply to each
+/// (which not every dialect's mock takes itself): chat's from 15 turns (3,300 tokens) to 60
+/// (13,000) at 150 ms a turn. Gemini's turns are counted twice as large (the ratio its usage
+/// teaches condenser), so it starts at half as many turns, each twice as long (shorter still
+/// than the summarizer takes: as long as chat's between the trigger and the hard limit), and
+/// goes on as many turns past the trigger as chat.
+fn growing_turns(api: Fixture) -> (std::ops::Range<usize>, Duration) {
+    match api {
+        Fixture::Chat | Fixture::Responses | Fixture::Messages => {
+            (15..60, Duration::from_millis(150))
         }
+        Fixture::Gemini => (8..36, Duration::from_millis(300)),
     }
-    assert!(open_calls.is_empty());
 }
 
 /// A conversation that grows one turn at a time past the trigger, with a slow summarizer:
 /// the summary is made ahead of need, so no request ever waits for it.
 #[tokio::test]
 async fn a_conversation_growing_turn_by_turn_never_waits_for_the_summarizer() {
-    let upstream = mock_llm(LlmBehaviour {
-        chat_latency: Duration::from_millis(150),
-        summarizer_latency: Duration::from_millis(400),
-        ..Default::default()
-    })
-    .await;
-    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let mut outcomes = Vec::new();
-    for turns in 15..60 {
-        let response = Fixture::Chat
-            .post(&proxy, &chat_body(&conversation(turns)), false, &[])
-            .await
-            .0;
-        assert_eq!(response.status(), 200);
-        outcomes.push((
-            header(&response, "x-condenser-action"),
-            header(&response, "x-condenser-cache"),
-        ));
+    for api in Fixture::all() {
+        let upstream = api
+            .upstream(LlmBehaviour {
+                summarizer_latency: Duration::from_millis(400),
+                ..Default::default()
+            })
+            .await;
+        let proxy = api.warmed(Fixture::config(&upstream.url())).await;
+        let mut outcomes = Vec::new();
+        let (growth, reply_time) = growing_turns(api);
+        assert!(reply_time < Duration::from_millis(400));
+        for turns in growth {
+            let body = api.agent_body(&api.plain_conversation(turns));
+            let (response, condensed) = api.post(&proxy, &body, false, &[]).await;
+            assert_eq!(response.status(), 200, "{api:?}");
+            outcomes.push((condensed.action, condensed.cache));
+            tokio::time::sleep(reply_time).await;
+        }
+        let blocked = outcomes
+            .iter()
+            .filter(|(_, cache)| cache == "miss" || cache == "extended")
+            .count();
+        let summarized = outcomes
+            .iter()
+            .filter(|(action, _)| action == "summarized")
+            .count();
+        assert!(summarized > 20, "{api:?}: {outcomes:?}");
+        assert_eq!(blocked, 0, "{api:?}: {outcomes:?}");
+        assert!(!summarizer_requests(&upstream).is_empty(), "{api:?}");
     }
-    let blocked = outcomes
-        .iter()
-        .filter(|(_, cache)| cache == "miss" || cache == "extended")
-        .count();
-    let summarized = outcomes
-        .iter()
-        .filter(|(action, _)| action == "summarized")
-        .count();
-    assert!(summarized > 20, "{outcomes:?}");
-    assert_eq!(blocked, 0, "{outcomes:?}");
-    assert!(!summarizer_requests(&upstream).is_empty());
 }
 
 /// The bar: 200 turns replayed through condenser never exceed the window, keep the
@@ -459,73 +436,89 @@ async fn a_conversation_growing_turn_by_turn_never_waits_for_the_summarizer() {
 /// message about once.
 #[tokio::test]
 async fn two_hundred_turns_replayed() {
-    let upstream = mock_llm(LlmBehaviour {
-        chat_latency: Duration::from_millis(5),
-        ..Default::default()
-    })
-    .await;
-    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let mut messages = vec![json!({"role": "system", "content": SYSTEM_PROMPT})];
-    for t in 0..200 {
-        messages.push(user_turn(t));
-        let response = Fixture::Chat
-            .post(&proxy, &chat_body(&messages), false, &[])
-            .await
-            .0;
-        assert_eq!(response.status(), 200, "turn {t}");
-        let forwarded: u64 = Condensed::of(&response).forwarded_tokens.unwrap();
-        assert!(
-            forwarded <= 7_500,
-            "turn {t}: {forwarded} tokens exceed the usable window"
-        );
-        let reply: Value = response.json().await.unwrap();
-        messages.push(json!({"role": "assistant", "content": format!("msg-a{t}. {} {}", reply["choices"][0]["message"]["content"].as_str().unwrap(), filler(t + 500, 100))}));
-
-        let sent = upstream.forwarded();
-        let last = sent.last().unwrap()["messages"].as_array().unwrap().clone();
-        assert_eq!(last[0]["content"], SYSTEM_PROMPT, "turn {t}");
-        let sent_user = &messages[messages.len() - 2];
-        assert_eq!(
-            last.last().unwrap(),
-            sent_user,
-            "turn {t}: the newest message is kept"
-        );
-        if let Some(summary) = last[1]["content"]
-            .as_str()
-            .filter(|c| c.starts_with("[Context summary"))
-        {
+    for api in Fixture::all() {
+        let upstream = api
+            .upstream(LlmBehaviour {
+                chat_latency: Duration::from_millis(5),
+                ..Default::default()
+            })
+            .await;
+        let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
+        let mut turns: Vec<(&str, String)> = Vec::new();
+        for t in 0..200 {
+            turns.push((
+                "user",
+                user_turn(t)["content"].as_str().unwrap().to_string(),
+            ));
+            let items = api.plain_items(&turns);
+            let body = api.agent_body(&items);
+            let (response, condensed) = api.post(&proxy, &body, false, &[]).await;
+            assert_eq!(response.status(), 200, "{api:?} turn {t}");
+            let forwarded: u64 = condensed.forwarded_tokens.unwrap();
             assert!(
-                summary.contains("ORD-4411") && summary.contains("$1,200"),
-                "turn {t}: {summary}"
+                forwarded <= 7_500,
+                "{api:?} turn {t}: {forwarded} tokens exceed the usable window"
             );
-            assert!(last.len() >= 2 + 6, "turn {t}: recent messages kept");
-        }
-    }
-    // How often did each message reach the summarizer?
-    let mut sent_counts = std::collections::HashMap::<String, usize>::new();
-    for call in summarizer_requests(&upstream) {
-        let prompt = call["messages"][1]["content"].as_str().unwrap();
-        let span = prompt
-            .split_once("<new_messages>")
-            .map_or(prompt, |(_, new)| new);
-        for line in span.lines() {
-            if let Some(tag) = line.split('.').next().filter(|w| w.starts_with("msg-")) {
-                *sent_counts.entry(tag.to_string()).or_default() += 1;
+            let (reply, _) = api.client_text(response, false).await;
+            assert!(reply.starts_with("reply "), "{api:?} turn {t}: {reply}");
+            turns.push((
+                "assistant",
+                format!("msg-a{t}. {reply} {}", filler(t + 500, 100)),
+            ));
+
+            let sent = upstream.forwarded();
+            let last = sent.last().unwrap();
+            let (summary, rest) = api.split_summary(last);
+            let kept = api.items(&rest);
+            let head = api.head_of(&items);
+            assert_eq!(kept[..head], items[..head], "{api:?} turn {t}: the head");
+            assert_eq!(
+                api.system(&rest),
+                api.system(&body),
+                "{api:?} turn {t}: the system prompt"
+            );
+            assert_eq!(
+                kept.last(),
+                items.last(),
+                "{api:?} turn {t}: the newest message is kept"
+            );
+            if let Some(summary) = summary {
+                assert!(
+                    summary.contains("ORD-4411") && summary.contains("$1,200"),
+                    "{api:?} turn {t}: {summary}"
+                );
+                assert!(
+                    kept.len() >= head + 6,
+                    "{api:?} turn {t}: recent messages kept"
+                );
             }
         }
+        // How often did each message reach the summarizer?
+        let mut sent_counts = std::collections::HashMap::<String, usize>::new();
+        for call in summarizer_requests(&upstream) {
+            let prompt = summarizer_prompt(&call);
+            let span = prompt
+                .split_once("<new_messages>")
+                .map_or(&prompt[..], |(_, new)| new);
+            for line in span.lines() {
+                if let Some(tag) = line.split('.').next().filter(|w| w.starts_with("msg-")) {
+                    *sent_counts.entry(tag.to_string()).or_default() += 1;
+                }
+            }
+        }
+        let total: usize = sent_counts.values().sum();
+        let max = sent_counts.values().copied().max().unwrap_or(0);
+        assert!(
+            sent_counts.len() > 250,
+            "{api:?}: most of the conversation was summarized: {}",
+            sent_counts.len()
+        );
+        let average = total as f64 / sent_counts.len() as f64;
+        assert!(
+            average <= 1.2 && max <= 2,
+            "{api:?}: each message about once: average {average}, max {max}"
+        );
     }
-    let total: usize = sent_counts.values().sum();
-    let max = sent_counts.values().copied().max().unwrap_or(0);
-    assert!(
-        sent_counts.len() > 250,
-        "most of the conversation was summarized: {}",
-        sent_counts.len()
-    );
-    let average = total as f64 / sent_counts.len() as f64;
-    assert!(
-        average <= 1.2 && max <= 2,
-        "each message about once: average {average}, max {max}"
-    );
 }
 
 #[tokio::test]

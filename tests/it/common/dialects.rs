@@ -706,6 +706,418 @@ impl Fixture {
     }
 }
 
+/// How a forwarded summary opens: `[Context summary: N earlier <unit>]`.
+pub const SUMMARY_PREFIX: &str = "[Context summary: ";
+
+/// Takes out of `list` the texts (blocks or parts) that are a summary, into `found`.
+fn take_summaries(list: &mut Vec<Value>, found: &mut Vec<String>) {
+    list.retain(|piece| match piece["text"].as_str() {
+        Some(text) if text.starts_with(SUMMARY_PREFIX) => {
+            found.push(text.to_string());
+            false
+        }
+        _ => true,
+    });
+}
+
+impl Fixture {
+    /// The summary in a forwarded `body`, wherever this dialect puts it (a message or item of
+    /// its own; a text block or part of a turn; the system prompt's end), and `body` without
+    /// it: a Messages turn condenser made blocks of to prepend the summary to is its string
+    /// again, a turn that was the summary alone is gone. Fails on more than one summary.
+    pub fn split_summary(self, body: &Value) -> (Option<String>, Value) {
+        let mut rest = body.clone();
+        let mut found = Vec::new();
+        match self {
+            Fixture::Chat | Fixture::Responses => {
+                let field = if self == Fixture::Chat {
+                    "messages"
+                } else {
+                    "input"
+                };
+                if let Some(items) = rest[field].as_array_mut() {
+                    items.retain(|item| match item["content"].as_str() {
+                        Some(text) if text.starts_with(SUMMARY_PREFIX) => {
+                            found.push(text.to_string());
+                            false
+                        }
+                        _ => true,
+                    });
+                }
+            }
+            Fixture::Messages => {
+                let separated = format!("\n\n{SUMMARY_PREFIX}");
+                match rest["system"].clone() {
+                    Value::String(system) if system.starts_with(SUMMARY_PREFIX) => {
+                        found.push(system);
+                        rest.as_object_mut().unwrap().remove("system");
+                    }
+                    Value::String(system) => {
+                        if let Some(at) = system.find(&separated) {
+                            found.push(system[at + 2..].to_string());
+                            rest["system"] = json!(system[..at]);
+                        }
+                    }
+                    _ => {}
+                }
+                if let Some(blocks) = rest["system"].as_array_mut() {
+                    take_summaries(blocks, &mut found);
+                }
+                if let Some(turns) = rest["messages"].as_array_mut() {
+                    for turn in turns.iter_mut() {
+                        let Some(blocks) = turn["content"].as_array_mut() else {
+                            continue;
+                        };
+                        let before = found.len();
+                        take_summaries(blocks, &mut found);
+                        if found.len() > before && blocks.len() == 1 && blocks[0]["type"] == "text"
+                        {
+                            turn["content"] = blocks[0]["text"].clone();
+                        }
+                    }
+                    turns.retain(|turn| turn["content"] != json!([]));
+                }
+            }
+            Fixture::Gemini => {
+                if let Some(parts) = rest["systemInstruction"]["parts"].as_array_mut() {
+                    take_summaries(parts, &mut found);
+                }
+                if let Some(turns) = rest["contents"].as_array_mut() {
+                    for turn in turns.iter_mut() {
+                        if let Some(parts) = turn["parts"].as_array_mut() {
+                            take_summaries(parts, &mut found);
+                        }
+                    }
+                    turns.retain(|turn| turn["parts"] != json!([]));
+                }
+            }
+        }
+        assert!(
+            found.len() <= 1,
+            "{self:?}: more than one summary: {found:?}"
+        );
+        (found.pop(), rest)
+    }
+
+    /// How many earlier messages (or items) the summary in a forwarded `body` stands for, from
+    /// its first line, wherever this dialect puts it; `None` without one.
+    pub fn summarized(self, body: &Value) -> Option<usize> {
+        let summary = self.split_summary(body).0?;
+        let unit = if self == Fixture::Responses {
+            "items"
+        } else {
+            "messages"
+        };
+        let count = summary
+            .strip_prefix(SUMMARY_PREFIX)?
+            .split_once(&format!(" earlier {unit}]"))?
+            .0;
+        Some(
+            count
+                .parse()
+                .unwrap_or_else(|_| panic!("{self:?}: {summary}")),
+        )
+    }
+
+    /// How many of `items`' first items are their head, kept verbatim first: system and
+    /// developer messages.
+    pub fn head_of(self, items: &[Value]) -> usize {
+        items
+            .iter()
+            .take_while(|item| matches!(item["role"].as_str(), Some("system" | "developer")))
+            .count()
+    }
+
+    /// Checks the documented shape of `sent`, forwarded for the request `body`: its head
+    /// verbatim, one summary where this dialect puts it (chat's a system message, Responses'
+    /// a developer message, both after the head; Messages' at the system prompt's end or a
+    /// user turn of its own before a kept assistant turn; Gemini's at its system
+    /// instruction's end), the system prompt otherwise as sent, then the original's last
+    /// items verbatim, at least `keep_recent` of them. Returns the number of summarized
+    /// items.
+    pub fn assert_compacted_shape(self, body: &Value, sent: &Value, keep_recent: usize) -> usize {
+        let original = self.items(body);
+        let (summary, rest) = self.split_summary(sent);
+        let summary = summary.unwrap_or_else(|| panic!("{self:?}: no summary in {sent}"));
+        let n = self
+            .summarized(sent)
+            .unwrap_or_else(|| panic!("{self:?}: summary prefix missing: {summary}"));
+        let head = self.head_of(&original);
+        let items = self.items(&rest);
+        assert_eq!(
+            items[..head],
+            original[..head],
+            "{self:?}: head kept verbatim first"
+        );
+        assert_eq!(
+            self.system(&rest),
+            self.system(body),
+            "{self:?}: the system prompt as sent"
+        );
+        let mut tail = &items[head..];
+        // A conversation that must open with a user turn opens with a note of what went, when
+        // the summary is in the system prompt and the kept tail opens otherwise.
+        if self.is_omission_note(&tail[0]) {
+            assert_eq!(
+                tail[0]
+                    .to_string()
+                    .matches(&format!("[{n} earlier messages omitted]"))
+                    .count(),
+                1,
+                "{self:?}: {}",
+                tail[0]
+            );
+            assert_ne!(
+                tail[1]["role"], "user",
+                "{self:?}: a note only where needed"
+            );
+            tail = &tail[1..];
+        }
+        assert!(tail.len() >= keep_recent, "{self:?}: {} kept", tail.len());
+        assert_eq!(
+            head + n + tail.len(),
+            original.len(),
+            "{self:?}: summary covers exactly what was dropped"
+        );
+        assert_eq!(
+            tail,
+            &original[original.len() - tail.len()..],
+            "{self:?}: recent items verbatim"
+        );
+        let placed = self.items(sent);
+        match self {
+            Fixture::Chat | Fixture::Responses => {
+                let role = if self == Fixture::Chat {
+                    "system"
+                } else {
+                    "developer"
+                };
+                assert_eq!(placed[head]["role"], role, "{self:?}");
+                assert_eq!(placed[head]["content"], summary, "{self:?}");
+            }
+            Fixture::Messages if tail[0]["role"] == "user" => assert_eq!(
+                sent["system"],
+                format!("{}\n\n{summary}", body["system"].as_str().unwrap()),
+                "{self:?}: the summary at the system prompt's end"
+            ),
+            Fixture::Messages => assert_eq!(
+                placed[0],
+                json!({"role": "user", "content": [{"type": "text", "text": summary}]}),
+                "{self:?}: the summary a user turn of its own"
+            ),
+            Fixture::Gemini => assert_eq!(
+                sent.pointer("/systemInstruction/parts")
+                    .and_then(Value::as_array)
+                    .and_then(|parts| parts.last()),
+                Some(&json!({"text": summary})),
+                "{self:?}: the summary at the system instruction's end"
+            ),
+        }
+        n
+    }
+
+    /// `conversation(turns)` in this dialect: the same user and assistant turns, as it writes
+    /// them (chat's system message among them; the others' system prompt outside, where
+    /// `agent_body` puts it).
+    pub fn plain_conversation(self, turns: usize) -> Vec<Value> {
+        let chat = conversation(turns);
+        let pairs: Vec<(&str, String)> = chat[1..]
+            .iter()
+            .map(|m| {
+                let role = m["role"].as_str().unwrap();
+                (role, m["content"].as_str().unwrap().to_string())
+            })
+            .collect();
+        self.plain_items(&pairs)
+    }
+
+    /// `turns` (`user` or `assistant`, and its text) as this dialect's items, chat's system
+    /// message first.
+    pub fn plain_items(self, turns: &[(&str, String)]) -> Vec<Value> {
+        self.items(&self.body(turns, false))
+    }
+
+    /// `rounds` rounds of a user turn, an assistant turn calling two tools at once and the
+    /// two results, in this dialect (after chat's system message). Anthropic's and Gemini's
+    /// alternating turns add an assistant's text after the results, and a last user turn.
+    pub fn parallel_calls_conversation(self, rounds: usize) -> Vec<Value> {
+        let mut items = match self {
+            Fixture::Chat => vec![json!({"role": "system", "content": SYSTEM_PROMPT})],
+            _ => Vec::new(),
+        };
+        for t in 0..rounds {
+            let question = format!("msg-u{t}. {}", filler(t, 60));
+            let (a, b) = (filler(t + 1, 40), filler(t + 2, 40));
+            match self {
+                Fixture::Chat => {
+                    items.push(json!({"role": "user", "content": question}));
+                    items.push(json!({"role": "assistant", "content": null, "tool_calls": [
+                        {"id": format!("call_{t}a"), "type": "function", "function": {"name": "search", "arguments": "{\"q\":\"x\"}"}},
+                        {"id": format!("call_{t}b"), "type": "function", "function": {"name": "fetch", "arguments": "{\"u\":\"y\"}"}}
+                    ]}));
+                    items.push(
+                        json!({"role": "tool", "tool_call_id": format!("call_{t}a"), "content": a}),
+                    );
+                    items.push(
+                        json!({"role": "tool", "tool_call_id": format!("call_{t}b"), "content": b}),
+                    );
+                }
+                Fixture::Responses => {
+                    items.push(json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": question}]}));
+                    items.push(json!({"type": "function_call", "id": format!("fc_{t}a"), "call_id": format!("call_{t}a"), "name": "search", "arguments": "{\"query\":\"x\"}"}));
+                    items.push(json!({"type": "function_call", "id": format!("fc_{t}b"), "call_id": format!("call_{t}b"), "name": "search", "arguments": "{\"query\":\"y\"}"}));
+                    items.push(json!({"type": "function_call_output", "call_id": format!("call_{t}a"), "output": a}));
+                    items.push(json!({"type": "function_call_output", "call_id": format!("call_{t}b"), "output": b}));
+                }
+                Fixture::Messages => {
+                    items.push(json!({"role": "user", "content": question}));
+                    items.push(json!({"role": "assistant", "content": [
+                        {"type": "tool_use", "id": format!("toolu_{t}a"), "name": "lookup", "input": {"q": "x"}},
+                        {"type": "tool_use", "id": format!("toolu_{t}b"), "name": "lookup", "input": {"q": "y"}}]}));
+                    items.push(json!({"role": "user", "content": [
+                        {"type": "tool_result", "tool_use_id": format!("toolu_{t}a"), "content": a},
+                        {"type": "tool_result", "tool_use_id": format!("toolu_{t}b"), "content": b}]}));
+                    items.push(json!({"role": "assistant", "content": [{"type": "text", "text": format!("msg-a{t}. done")}]}));
+                }
+                Fixture::Gemini => {
+                    // Ids `call-N`, as `assert_valid_gemini` reads them: two a round.
+                    let (x, y) = (2 * t, 2 * t + 1);
+                    items.push(json!({"role": "user", "parts": [{"text": question}]}));
+                    items.push(json!({"role": "model", "parts": [
+                        {"functionCall": {"id": format!("call-{x}"), "name": "lookup", "args": {"q": "x"}}, "thoughtSignature": thought_signature(x)},
+                        {"functionCall": {"id": format!("call-{y}"), "name": "lookup", "args": {"q": "y"}}, "thoughtSignature": thought_signature(y)}]}));
+                    items.push(json!({"role": "user", "parts": [
+                        {"functionResponse": {"id": format!("call-{x}"), "name": "lookup", "response": {"output": a}}},
+                        {"functionResponse": {"id": format!("call-{y}"), "name": "lookup", "response": {"output": b}}}]}));
+                    items.push(
+                        json!({"role": "model", "parts": [{"text": format!("msg-a{t}. done")}]}),
+                    );
+                }
+            }
+        }
+        match self {
+            Fixture::Messages => items.push(json!({"role": "user", "content": "what next?"})),
+            Fixture::Gemini => {
+                items.push(json!({"role": "user", "parts": [{"text": "what next?"}]}))
+            }
+            _ => {}
+        }
+        items
+    }
+
+    /// Fails unless every tool call `sent` forwards has all its results right after it
+    /// (before the next call), and every result its call before it; besides what
+    /// `assert_valid` demands.
+    pub fn assert_calls_answered(self, original: &[Value], sent: &Value) {
+        self.assert_valid(original, sent);
+        let items = self.items(sent);
+        match self {
+            Fixture::Chat => {
+                let mut open_calls: Vec<String> = Vec::new();
+                for m in &items {
+                    if let Some(calls) = m["tool_calls"].as_array() {
+                        assert!(open_calls.is_empty(), "a call lost its results");
+                        open_calls = calls
+                            .iter()
+                            .map(|c| c["id"].as_str().unwrap().to_string())
+                            .collect();
+                    } else if m["role"] == "tool" {
+                        let id = m["tool_call_id"].as_str().unwrap();
+                        assert!(
+                            open_calls.iter().any(|c| c == id),
+                            "tool message {id} without its call"
+                        );
+                        open_calls.retain(|c| c != id);
+                    }
+                }
+                assert!(open_calls.is_empty());
+            }
+            Fixture::Responses => {
+                let mut open_calls: Vec<&str> = Vec::new();
+                for item in &items {
+                    if item["type"] == "function_call" {
+                        open_calls.push(item["call_id"].as_str().unwrap());
+                    } else if item["type"] == "function_call_output" {
+                        let id = item["call_id"].as_str().unwrap();
+                        assert!(open_calls.contains(&id), "output {id} without its call");
+                        open_calls.retain(|c| *c != id);
+                    } else {
+                        assert!(open_calls.is_empty(), "a call lost its output");
+                    }
+                }
+                assert!(open_calls.is_empty());
+            }
+            Fixture::Messages => {
+                for pair in items.windows(2) {
+                    let calls = tool_ids(&pair[0], "tool_use", "id");
+                    if !calls.is_empty() {
+                        assert_eq!(
+                            tool_ids(&pair[1], "tool_result", "tool_use_id"),
+                            calls,
+                            "a call lost its results"
+                        );
+                    }
+                }
+            }
+            // `assert_valid_gemini` pairs every call turn with its answers both ways.
+            Fixture::Gemini => {}
+        }
+    }
+
+    /// Fails unless the streamed reply `raw` came whole: chat's `[DONE]`, Responses'
+    /// `response.completed`, Anthropic's `message_stop`, Gemini's last chunk with its finish
+    /// reason.
+    pub fn assert_stream_ended(self, raw: &str) {
+        if self == Fixture::Chat {
+            assert!(raw.ends_with("data: [DONE]\n\n"), "{raw}");
+            return;
+        }
+        let last: Value = raw
+            .lines()
+            .filter_map(|line| line.strip_prefix("data: "))
+            .next_back()
+            .and_then(|data| serde_json::from_str(data.trim()).ok())
+            .unwrap_or_else(|| panic!("{self:?}: no last event in {raw}"));
+        match self {
+            Fixture::Responses => assert_eq!(last["type"], "response.completed", "{raw}"),
+            Fixture::Messages => assert_eq!(last["type"], "message_stop", "{raw}"),
+            _ => assert!(
+                last.pointer("/candidates/0/finishReason").is_some(),
+                "{raw}"
+            ),
+        }
+    }
+
+    /// A proxy of `config` whose token ratio for this dialect's model is learned: one short
+    /// conversation sent first, so that the counts a test relies on are those of every later
+    /// request (an API reporting its usage moves the ratio after its first reply).
+    pub async fn warmed(self, config: Config) -> Proxy {
+        let proxy = Proxy::start(config).await;
+        let body = self.agent_body(&self.agent_conversation_of(2));
+        let (response, condensed) = self.post(&proxy, &body, false, &[]).await;
+        assert_eq!(response.status(), 200, "{self:?}");
+        assert_eq!(condensed.action, "forwarded", "{self:?}");
+        proxy
+    }
+
+    /// The model a request upstream got asks for: its body's, or (Gemini) its path's.
+    pub fn model_of(self, request: &Recorded) -> String {
+        match self {
+            Fixture::Gemini => request
+                .path_and_query
+                .split("/models/")
+                .nth(1)
+                .and_then(|rest| rest.split(':').next())
+                .unwrap_or_default()
+                .to_string(),
+            _ => request.json()["model"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        }
+    }
+}
+
 // Each dialect's conversations over the trigger, and what its API demands of them.
 
 pub const DEVELOPER_HEAD: &str = "Always answer in English.";
