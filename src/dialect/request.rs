@@ -1,6 +1,10 @@
 //! What every dialect checks of a request body first (a JSON object that names its model),
 //! and how the ones whose conversation is one array of the body write a compaction into it.
 
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -68,6 +72,183 @@ pub fn present<'de, D: serde::Deserializer<'de>>(
     <&RawValue>::deserialize(value).map(Some)
 }
 
+/// The top-level fields a raw first stage reads of a request, by name: the data each
+/// dialect's stage declares, read by the one reader `read_fields`.
+pub struct RawFields {
+    /// The conversation's array, its items left raw.
+    pub items: &'static str,
+    /// The fields besides the items that cost tokens, in the order the stage counts them.
+    pub parts: &'static [&'static str],
+    /// The reply's reserve, a whole number (or `null`).
+    pub max_tokens: &'static str,
+    /// One more field read raw, for the dialect (Messages' `thinking`, whose budget the
+    /// reserve reads).
+    pub extra: Option<&'static str>,
+    /// Fields whose presence, even as `null`, sends the request to the full path (Responses'
+    /// history held upstream).
+    pub full_path: &'static [&'static str],
+}
+
+/// A request's top-level fields as `RawFields` names them, borrowed from its bytes.
+pub struct ReadFields<'a> {
+    pub model: Cow<'a, str>,
+    pub items: Vec<&'a RawValue>,
+    /// One per `RawFields::parts`, present even as `null`.
+    pub parts: Vec<Option<&'a RawValue>>,
+    pub max_tokens: Option<u64>,
+    pub extra: Option<&'a RawValue>,
+}
+
+/// Reads `bytes` as one JSON object, in one pass without a tree, taking the fields `fields`
+/// names: a string `model` and the items' array are required, a field named twice or any
+/// field of `full_path` present fails it, as does anything that is not JSON; other fields are
+/// skipped. What a derived struct per dialect read before, with its field list as data.
+pub fn read_fields<'a>(bytes: &'a [u8], fields: &RawFields) -> Option<ReadFields<'a>> {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let read = FieldsSeed(fields).deserialize(&mut deserializer).ok()?;
+    deserializer.end().ok()?;
+    Some(read)
+}
+
+struct FieldsSeed<'f>(&'f RawFields);
+
+/// Which of `RawFields` a key names.
+#[derive(Clone, Copy)]
+enum Slot {
+    Model,
+    Items,
+    MaxTokens,
+    Extra,
+    Part(usize),
+    FullPath,
+    Other,
+}
+
+impl Slot {
+    /// Its bit among the fields seen: each may be named once.
+    fn bit(self) -> u64 {
+        match self {
+            Slot::Model => 1,
+            Slot::Items => 1 << 1,
+            Slot::MaxTokens => 1 << 2,
+            Slot::Extra => 1 << 3,
+            Slot::Part(index) => 1 << (4 + index.min(59)),
+            Slot::FullPath | Slot::Other => 0,
+        }
+    }
+}
+
+/// A key, matched against the field names without being copied.
+struct KeySeed<'f>(&'f RawFields);
+
+impl<'de> DeserializeSeed<'de> for KeySeed<'_> {
+    type Value = Slot;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Slot, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeySeed<'_> {
+    type Value = Slot;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("a field name")
+    }
+
+    fn visit_str<E: de::Error>(self, key: &str) -> Result<Slot, E> {
+        let fields = self.0;
+        Ok(if key == "model" {
+            Slot::Model
+        } else if key == fields.items {
+            Slot::Items
+        } else if key == fields.max_tokens {
+            Slot::MaxTokens
+        } else if fields.extra == Some(key) {
+            Slot::Extra
+        } else if let Some(index) = fields.parts.iter().position(|part| *part == key) {
+            Slot::Part(index)
+        } else if fields.full_path.contains(&key) {
+            Slot::FullPath
+        } else {
+            Slot::Other
+        })
+    }
+}
+
+/// A string borrowed from the body where it has no escapes.
+struct Text<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Text<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct TextVisitor;
+        impl<'de> Visitor<'de> for TextVisitor {
+            type Value = Text<'de>;
+            fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+                formatter.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(text)))
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(text.to_owned())))
+            }
+        }
+        deserializer.deserialize_str(TextVisitor)
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for FieldsSeed<'_> {
+    type Value = ReadFields<'de>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FieldsSeed<'_> {
+    type Value = ReadFields<'de>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("a request object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let fields = self.0;
+        let mut seen = 0u64;
+        let mut model = None;
+        let mut items = None;
+        let mut max_tokens = None;
+        let mut extra = None;
+        let mut parts = vec![None; fields.parts.len()];
+        while let Some(slot) = map.next_key_seed(KeySeed(fields))? {
+            let bit = slot.bit();
+            if seen & bit != 0 {
+                return Err(de::Error::custom("duplicate field"));
+            }
+            seen |= bit;
+            match slot {
+                Slot::Model => model = Some(map.next_value::<Text>()?.0),
+                Slot::Items => items = Some(map.next_value::<Vec<&'de RawValue>>()?),
+                Slot::MaxTokens => max_tokens = map.next_value::<Option<u64>>()?,
+                Slot::Extra => extra = Some(map.next_value::<&'de RawValue>()?),
+                Slot::Part(index) => parts[index] = Some(map.next_value::<&'de RawValue>()?),
+                Slot::FullPath => return Err(de::Error::custom("read on the full path")),
+                Slot::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(ReadFields {
+            model: model.ok_or_else(|| de::Error::missing_field("model"))?,
+            items: items.ok_or_else(|| de::Error::missing_field("items"))?,
+            parts,
+            max_tokens,
+            extra,
+        })
+    }
+}
+
 /// Where the body's opening brace is, when it opens a JSON object (after any whitespace):
 /// serde's derived readers would take an array for a struct too.
 pub fn object_start(bytes: &[u8]) -> Option<usize> {
@@ -85,4 +266,64 @@ pub fn text_of(parts: &[Value], kind: &str) -> String {
         .filter_map(|part| part.get("text").and_then(Value::as_str))
         .collect::<Vec<_>>()
         .join("")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FIELDS: RawFields = RawFields {
+        items: "messages",
+        parts: &["system", "tools"],
+        max_tokens: "max_tokens",
+        extra: Some("thinking"),
+        full_path: &["stored"],
+    };
+
+    fn read(body: &str) -> Option<ReadFields<'_>> {
+        read_fields(body.as_bytes(), &FIELDS)
+    }
+
+    #[test]
+    fn reads_the_named_fields_raw_and_skips_the_rest() {
+        let body = r#"{"model":"m","other":[1,{"a":2}],"tools":null,"messages":[{"x":1}, 2],
+            "max_tokens":9,"thinking":{"budget_tokens":3}}"#;
+        let fields = read(body).unwrap();
+        assert!(matches!(fields.model, Cow::Borrowed("m")));
+        let items: Vec<&str> = fields.items.iter().map(|item| item.get()).collect();
+        assert_eq!(items, [r#"{"x":1}"#, "2"]);
+        // A part given as `null` is present; one not given is absent.
+        assert!(fields.parts[0].is_none());
+        assert_eq!(fields.parts[1].map(RawValue::get), Some("null"));
+        assert_eq!(fields.max_tokens, Some(9));
+        assert_eq!(
+            fields.extra.map(RawValue::get),
+            Some(r#"{"budget_tokens":3}"#)
+        );
+        let escaped = read(r#"{"model":"a\u0062","messages":[],"max_tokens":null}"#).unwrap();
+        assert_eq!(escaped.model, "ab");
+        assert_eq!(escaped.max_tokens, None);
+    }
+
+    #[test]
+    fn what_the_full_path_reads_instead() {
+        for body in [
+            r#"{"messages":[]}"#,
+            r#"{"model":"m"}"#,
+            r#"{"model":null,"messages":[]}"#,
+            r#"{"model":"m","messages":{}}"#,
+            r#"{"model":"m","messages":[],"model":"n"}"#,
+            r#"{"model":"m","messages":[],"system":"a","system":"b"}"#,
+            r#"{"model":"m","messages":[],"max_tokens":-1}"#,
+            r#"{"model":"m","messages":[],"max_tokens":1.5}"#,
+            r#"{"model":"m","messages":[],"stored":null}"#,
+            r#"{"model":"m","messages":[]} x"#,
+            r#"{"model":"m","messages":[],"other":[}"#,
+            r#"["m",[]]"#,
+        ] {
+            assert!(read(body).is_none(), "{body}");
+        }
+        // A field the stage does not read may come twice.
+        assert!(read(r#"{"model":"m","messages":[],"n":1,"n":2}"#).is_some());
+    }
 }

@@ -17,7 +17,7 @@ use crate::compaction::summary_api::{SummaryApi, SummaryEndpoint};
 use crate::config::{tool_cut, Config, ContextConfig, RecallConfig, ToolPolicy};
 use crate::conversation::{answered_tools, Item, Kind, ToolCut};
 use crate::dialect::recall::RecallWire;
-use crate::dialect::request::object_start;
+use crate::dialect::request::{object_start, read_fields, RawFields};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
 use crate::tokens::catalog::{ModelCatalog, ModelInfo};
@@ -354,25 +354,18 @@ pub async fn count_as_sent<D: Dialect>(
         .count)
 }
 
-/// How a dialect's raw first stage reads and counts: `read` takes the request's fields, its
-/// items left raw (None for a body it cannot read: the full path then); its items are counted
-/// as `items` says, and the parts besides them that cost tokens, kept under `parts_seed`,
-/// each counted alone by `part` once parsed (given its index in `RawRequest::parts`): a
-/// request's fixed tokens are reply priming and its parts'.
+/// How a dialect's raw first stage reads and counts: `fields` names the request's fields it
+/// reads (one reader for every dialect, `read_fields`), its items left raw; its items are
+/// counted as `items` says, and the parts besides them that cost tokens, kept under
+/// `parts_seed`, each counted alone by `part` once parsed (given its index in
+/// `RawFields::parts`): a request's fixed tokens are reply priming and its parts'. `reserve`
+/// makes the reply's reserve of `max_tokens` and the `extra` field.
 pub struct RawStage {
-    pub read: for<'a> fn(&'a [u8]) -> Option<RawRequest<'a>>,
+    pub fields: RawFields,
     pub items: RawItems,
     pub parts_seed: u64,
     pub part: fn(Encoding, usize, Value) -> u32,
-}
-
-/// What a raw first stage read of a request, without a JSON tree: its model, its items as
-/// written, the parts besides them that cost tokens, and the reply's reserve.
-pub struct RawRequest<'a> {
-    pub model: Cow<'a, str>,
-    pub items: Vec<&'a RawValue>,
-    pub parts: Vec<Option<&'a RawValue>>,
-    pub requested_completion_tokens: Option<u64>,
+    pub reserve: fn(Option<u64>, Option<&RawValue>) -> Option<u64>,
 }
 
 /// A raw first stage, the same for every dialect that has one: the request read (a JSON
@@ -391,7 +384,7 @@ pub async fn scan_raw(
     let Some(stage) = stage.filter(|_| object_start(bytes).is_some()) else {
         return Err(None);
     };
-    let request = (stage.read)(bytes).ok_or(None)?;
+    let request = read_fields(bytes, &stage.fields).ok_or(None)?;
     let info = counting.catalog.resolve(&request.model);
     let encoding = info.encoding;
     let fixed = REPLY_PRIMING
@@ -415,7 +408,7 @@ pub async fn scan_raw(
         info,
         count,
         metas,
-        requested_completion_tokens: request.requested_completion_tokens,
+        requested_completion_tokens: (stage.reserve)(request.max_tokens, request.extra),
         choices: 1,
     };
     let input = prepared.plan_input(counting.config, settings, mode);

@@ -15,8 +15,6 @@ use std::borrow::Cow;
 use std::future::Future;
 
 use hyper::Response;
-use serde::Deserialize;
-use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use crate::compaction::plan::Split;
@@ -24,8 +22,8 @@ use crate::compaction::rewrite::Rewrite;
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::ContextConfig;
 use crate::dialect::recall::RecallWire;
-use crate::dialect::request::{array, object_with_model, present, rewrite_conversation};
-use crate::dialect::stages::{Dialect, Prepared, RawRequest, RawStage};
+use crate::dialect::request::{array, object_with_model, rewrite_conversation, RawFields};
+use crate::dialect::stages::{Dialect, Prepared, RawStage};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
 use crate::tokens::catalog::ModelCatalog;
@@ -161,61 +159,36 @@ fn parse_request(bytes: &[u8]) -> Result<Map<String, Value>, ProxyError> {
     Ok(body)
 }
 
-/// The fields of a Messages request that counting and planning read, the messages left raw:
-/// an agent's 800 KB request under every trigger is counted from the bytes of messages seen
-/// before, without a JSON tree. Anything irregular fails this and takes the full path.
-// Alike in shape to the other raw stage's `Scanned`, but a field list of its own wire format:
-// the fields both read cannot be one shared struct flattened into each, as serde's `flatten`
-// reads through a buffer that a borrowed `RawValue` cannot come out of.
-#[derive(Deserialize)]
-struct Scanned<'a> {
-    #[serde(borrow)]
-    model: Cow<'a, str>,
-    #[serde(borrow)]
-    messages: Vec<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    system: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    tools: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    tool_choice: Option<&'a RawValue>,
-    max_tokens: Option<u64>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    thinking: Option<&'a RawValue>,
-}
-
 /// Messages items and parts, their counts kept apart from other dialects' of the same bytes.
+/// The fields counting and planning read, the messages left raw: an agent's 800 KB request
+/// under every trigger is counted from the bytes of messages seen before, without a JSON
+/// tree. Anything irregular fails this and takes the full path.
 const RAW_STAGE: RawStage = RawStage {
-    read: raw_request,
+    fields: RawFields {
+        items: "messages",
+        // In the order `part` counts them.
+        parts: &["system", "tools", "tool_choice"],
+        max_tokens: "max_tokens",
+        extra: Some("thinking"),
+        full_path: &[],
+    },
     items: RawItems {
         seed: 0x616e_7468_726f_7000,
         read: |message| Some((chat_message(message), item(message, 0))),
     },
     parts_seed: 0x7379_7374_656d_0000,
-    // The parts `scan` reads, in its order: `system`, tools, `tool_choice`.
     part: |encoding, index, part| match index {
         0 => system_tokens(encoding, Some(&part)),
         1 => tools_tokens(encoding, Some(&part)),
         _ => tool_choice_tokens(encoding, Some(&part)),
     },
+    reserve: |max_tokens, thinking| {
+        let budget = thinking
+            .and_then(|thinking| serde_json::from_str::<Value>(thinking.get()).ok())
+            .and_then(|thinking| thinking.get("budget_tokens").and_then(Value::as_u64));
+        reserve(max_tokens, budget)
+    },
 };
-
-/// What the first stage reads of a request: a request under every trigger is counted and
-/// planned from its raw bytes and forwarded as it came; any other goes on to the full path
-/// with its count and plan.
-fn raw_request(bytes: &[u8]) -> Option<RawRequest<'_>> {
-    let request = serde_json::from_slice::<Scanned>(bytes).ok()?;
-    let budget = request
-        .thinking
-        .and_then(|thinking| serde_json::from_str::<Value>(thinking.get()).ok())
-        .and_then(|thinking| thinking.get("budget_tokens").and_then(Value::as_u64));
-    Some(RawRequest {
-        model: request.model,
-        items: request.messages,
-        parts: vec![request.system, request.tools, request.tool_choice],
-        requested_completion_tokens: reserve(request.max_tokens, budget),
-    })
-}
 
 /// What a request costs besides its messages: reply priming, `system`, tools, `tool_choice`.
 fn fixed_tokens(

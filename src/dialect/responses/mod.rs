@@ -14,8 +14,6 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::future::Future;
 
-use serde::Deserialize;
-use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use crate::compaction::plan::{ForwardReason, Split};
@@ -26,8 +24,8 @@ use crate::config::{ContextConfig, SummaryRole};
 use crate::conversation::{units, Item};
 use crate::dialect::openai;
 use crate::dialect::recall::RecallWire;
-use crate::dialect::request::{object_with_model, present};
-use crate::dialect::stages::{Dialect, Prepared, RawRequest, RawStage};
+use crate::dialect::request::{object_with_model, RawFields};
+use crate::dialect::stages::{Dialect, Prepared, RawStage};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
 use crate::tokens::catalog::ModelCatalog;
@@ -134,40 +132,23 @@ impl Dialect for Responses {
     // none.
 }
 
-/// The fields of a Responses request that counting and planning read, the input items left
-/// raw: a request under every trigger is counted from the bytes of items seen before,
-/// without a JSON tree. A request whose history is held upstream, an `input` that is a
-/// string, anything irregular: the full path.
-// Alike in shape to the other raw stage's `Scanned`, but a field list of its own wire format:
-// the fields both read cannot be one shared struct flattened into each, as serde's `flatten`
-// reads through a buffer that a borrowed `RawValue` cannot come out of.
-#[derive(Deserialize)]
-struct Scanned<'a> {
-    #[serde(borrow)]
-    model: Cow<'a, str>,
-    #[serde(borrow)]
-    input: Vec<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    instructions: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    tools: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    tool_choice: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    text: Option<&'a RawValue>,
-    max_output_tokens: Option<u64>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    previous_response_id: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    conversation: Option<&'a RawValue>,
-}
-
-/// The fields besides the input items that cost tokens, in `Scanned`'s order.
+/// The fields besides the input items that cost tokens, in the order the raw stage counts
+/// them.
 const PARTS: [&str; 4] = ["instructions", "tools", "tool_choice", "text"];
 
 /// Responses items and parts, their counts kept apart from other dialects' of the same bytes.
+/// The fields counting and planning read, the input items left raw: a request under every
+/// trigger is counted from the bytes of items seen before, without a JSON tree. A request
+/// whose history is held upstream, an `input` that is a string, anything irregular: the full
+/// path (which checks that its tool outputs travel with their calls), with its count and plan.
 const RAW_STAGE: RawStage = RawStage {
-    read: raw_request,
+    fields: RawFields {
+        items: "input",
+        parts: &PARTS,
+        max_tokens: "max_output_tokens",
+        extra: None,
+        full_path: &["previous_response_id", "conversation"],
+    },
     items: RawItems {
         seed: 0x7265_7370_6f6e_7300,
         read: |item| Some(item_view(item)),
@@ -178,28 +159,8 @@ const RAW_STAGE: RawStage = RawStage {
             .get(index)
             .map_or(0, |field| part_tokens(field, &part, encoding))
     },
+    reserve: |max_output_tokens, _| max_output_tokens,
 };
-
-/// What the first stage reads of a request: a request under every trigger is counted and
-/// planned from its raw bytes and forwarded as it came; any other goes on to the full path
-/// (which checks that its tool outputs travel with their calls) with its count and plan.
-fn raw_request(bytes: &[u8]) -> Option<RawRequest<'_>> {
-    let request = serde_json::from_slice::<Scanned>(bytes).ok()?;
-    if request.previous_response_id.is_some() || request.conversation.is_some() {
-        return None;
-    }
-    Some(RawRequest {
-        model: request.model,
-        items: request.input,
-        parts: vec![
-            request.instructions,
-            request.tools,
-            request.tool_choice,
-            request.text,
-        ],
-        requested_completion_tokens: request.max_output_tokens,
-    })
-}
 
 /// Checks what condenser cannot read without (an object with a model, `input` a string or a
 /// list); everything else is left for upstream to judge. An item of a type or role condenser
