@@ -86,6 +86,27 @@ pub struct Splice<'a> {
     pub ranges: &'a [Range<usize>],
 }
 
+/// What a request keeps for its rewrite to be spliced: where the raw stage found the sent
+/// items in the body (empty when it did not), and once rewritten, each item's origin.
+#[derive(Default)]
+pub struct Origins {
+    pub ranges: Vec<Range<usize>>,
+    pub of_items: Option<Vec<Option<usize>>>,
+}
+
+impl Origins {
+    /// The splice of the conversation at `field`, once rewritten, when the raw stage found
+    /// the sent items.
+    pub fn splice<'a>(&'a self, field: &'a str) -> Option<Splice<'a>> {
+        let origins = self.of_items.as_deref()?;
+        (!self.ranges.is_empty()).then_some(Splice {
+            field,
+            origins,
+            ranges: &self.ranges,
+        })
+    }
+}
+
 /// The rewritten `body` written out with each unchanged item of its conversation (`splice`)
 /// copied from the bytes it was sent as, and only the rest serialized: the head fields, the
 /// summary, cut outputs, the recall tool. Serializing a whole compacted agent request's tree

@@ -23,7 +23,9 @@ use crate::compaction::rewrite::Rewrite;
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::ContextConfig;
 use crate::dialect::recall::RecallWire;
-use crate::dialect::request::{array, object_with_model, rewrite_conversation, RawFields, Splice};
+use crate::dialect::request::{
+    array, object_with_model, rewrite_conversation, Origins, RawFields, Splice,
+};
 use crate::dialect::stages::{Dialect, Prepared, RawStage};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
@@ -53,11 +55,9 @@ pub struct MessagesRequest {
     /// One per entry of `body.messages`, same order; None once rewritten, when nothing on the
     /// proxy's path reads them again (`conversation` makes them if asked).
     chat: Option<Vec<Value>>,
-    /// Where each sent message stands in the body, as the raw stage found them; empty when
-    /// it did not.
-    ranges: Vec<Range<usize>>,
-    /// Once rewritten, each message's origin (`compacted_messages`).
-    origins: Option<Vec<Option<usize>>>,
+    /// Where its sent items stand in the body and, once rewritten, each item's origin
+    /// (`compacted_messages`): what its body is spliced from.
+    origins: Origins,
 }
 
 impl Dialect for Messages {
@@ -108,8 +108,7 @@ impl Dialect for Messages {
         Ok(MessagesRequest {
             body,
             chat,
-            ranges: Vec::new(),
-            origins: None,
+            origins: Origins::default(),
         })
     }
 
@@ -156,26 +155,18 @@ impl Dialect for Messages {
             origins = Some(from);
             messages
         });
-        request.origins = origins;
+        request.origins.of_items = origins;
         // Made again only if asked: rebuilding them took a twelfth of a compacted agent
         // request's instructions, for nothing the proxy reads.
         request.chat = None;
     }
 
     fn raw_items(request: &mut Self::Request, ranges: Vec<Range<usize>>) {
-        request.ranges = ranges;
+        request.origins.ranges = ranges;
     }
 
     fn splice(request: &Self::Request) -> Option<(&Map<String, Value>, Splice<'_>)> {
-        let origins = request.origins.as_deref()?;
-        (!request.ranges.is_empty()).then_some((
-            &request.body,
-            Splice {
-                field: "messages",
-                origins,
-                ranges: &request.ranges,
-            },
-        ))
+        Some((&request.body, request.origins.splice("messages")?))
     }
 
     // Anthropic streams always carry usage (`message_start`, `message_delta`): the default
@@ -630,7 +621,7 @@ mod tests {
             // as the rewritten tree written out.
             let tree = Value::Object(request.body.clone());
             prop_assert!(Messages::splice(&request).is_some());
-            let copies = request.origins.iter().flatten().any(Option::is_some);
+            let copies = request.origins.of_items.iter().flatten().any(Option::is_some);
             let (body, _) =
                 Messages::outgoing_body(request, Bytes::from(sent_body.clone()), true).unwrap();
             prop_assert_eq!(serde_json::from_slice::<Value>(&body).unwrap(), tree);

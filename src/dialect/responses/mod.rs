@@ -25,7 +25,7 @@ use crate::config::{ContextConfig, SummaryRole};
 use crate::conversation::{units, Item};
 use crate::dialect::openai;
 use crate::dialect::recall::RecallWire;
-use crate::dialect::request::{object_with_model, RawFields, Splice};
+use crate::dialect::request::{object_with_model, Origins, RawFields, Splice};
 use crate::dialect::stages::{Dialect, Prepared, RawStage};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
@@ -55,11 +55,9 @@ pub struct ResponsesRequest {
     items: Vec<Item>,
     /// Set when the request must go as it came.
     as_sent: Option<ForwardReason>,
-    /// Where each sent input item stands in the body, as the raw stage found them; empty
-    /// when it did not.
-    ranges: Vec<Range<usize>>,
-    /// Once rewritten, each item's origin (`compacted_input`).
-    origins: Option<Vec<Option<usize>>>,
+    /// Where its sent items stand in the body and, once rewritten, each item's origin
+    /// (`compacted_input`): what its body is spliced from.
+    origins: Origins,
 }
 
 impl Dialect for Responses {
@@ -124,7 +122,7 @@ impl Dialect for Responses {
         };
         let (compacted, origins) =
             compacted_input(items, split, rewrite, settings.summary_role, encoding);
-        request.origins = Some(origins);
+        request.origins.of_items = Some(origins);
         // Made again only if asked: rebuilding them took a ninth of a compacted agent
         // request's instructions, for nothing the proxy reads.
         request.messages = None;
@@ -137,19 +135,11 @@ impl Dialect for Responses {
     }
 
     fn raw_items(request: &mut Self::Request, ranges: Vec<Range<usize>>) {
-        request.ranges = ranges;
+        request.origins.ranges = ranges;
     }
 
     fn splice(request: &Self::Request) -> Option<(&Map<String, Value>, Splice<'_>)> {
-        let origins = request.origins.as_deref()?;
-        (!request.ranges.is_empty()).then_some((
-            &request.body,
-            Splice {
-                field: "input",
-                origins,
-                ranges: &request.ranges,
-            },
-        ))
+        Some((&request.body, request.origins.splice("input")?))
     }
 
     // A Responses stream always ends with its usage: the default `outgoing_body` asks for
@@ -218,8 +208,7 @@ pub fn parse_request(bytes: &[u8]) -> Result<ResponsesRequest, ProxyError> {
         messages: Some(messages),
         items,
         as_sent,
-        ranges: Vec::new(),
-        origins: None,
+        origins: Origins::default(),
     })
 }
 
