@@ -148,28 +148,30 @@ impl Rewrite {
     }
 
     /// Cuts the outputs of `kept` (the items from `kept_from` on) as planned, each item's
-    /// output texts found by `texts`, in `encoding`.
+    /// output texts found by `texts`, in `encoding`; returns the places in `kept` it cut.
     pub fn cut_kept_outputs(
         &self,
         kept: &mut [Value],
         kept_from: usize,
         encoding: Encoding,
         texts: fn(&mut Value) -> Vec<&mut String>,
-    ) {
+    ) -> Vec<usize> {
+        let mut cut_at = Vec::new();
         for cut in &self.cuts {
-            if let Some(item) = cut
-                .index
-                .checked_sub(kept_from)
-                .and_then(|at| kept.get_mut(at))
-            {
+            let Some(at) = cut.index.checked_sub(kept_from) else {
+                continue;
+            };
+            if let Some(item) = kept.get_mut(at) {
                 cut_item_texts(
                     encoding,
                     texts(item),
                     cut,
                     self.cleared_reference(cut.index).as_deref(),
                 );
+                cut_at.push(at);
             }
         }
+        cut_at
     }
 
     /// The reference a cleared output's stub names, when the request offers recall.

@@ -310,6 +310,85 @@ pub mod error_cases {
     }
 }
 
+/// What the dialects' splice tests share: an agent's request compacted with a summary, a cut
+/// output and the recall tool, written out by splice and by the tree.
+#[cfg(test)]
+pub mod splice_cases {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use serde_json::Value;
+
+    use crate::compaction::plan::Split;
+    use crate::compaction::rewrite::{Action, ArchiveScope, CacheOutcome, Rewrite};
+    use crate::compaction::shorten::Shorten;
+    use crate::compaction::summary::Summary;
+    use crate::config::ContextConfig;
+    use crate::dialect::request::{item_ranges, read_fields};
+    use crate::dialect::stages::{write_compaction, Dialect};
+    use crate::tokens::encoding::Encoding;
+
+    /// `body` (pretty-printed, so that copied items differ in text from written ones)
+    /// compacted from `kept_from` on with a summary, the output at `cut` cut and recall
+    /// offered; the body spliced and the rewritten tree, each as a JSON value, and whether
+    /// anything was copied.
+    pub fn spliced_and_tree<D: Dialect>(
+        body: &Value,
+        kept_from: usize,
+        cut: usize,
+    ) -> (Value, Value, bool) {
+        let sent = serde_json::to_vec_pretty(body).unwrap();
+        let mut request = D::parse(&sent, D::PATH).unwrap();
+        let stage = D::RAW_STAGE.unwrap();
+        let raw = read_fields(&sent, &stage.fields).unwrap();
+        D::raw_items(&mut request, item_ranges(&sent, &raw.items));
+        let split = Split {
+            head: 0,
+            tail_start: kept_from,
+            task: None,
+            ahead: kept_from,
+            summary_ends: vec![kept_from],
+            shorten: Vec::new(),
+            recent_start: raw.items.len() - 1,
+            estimated_tokens: 0,
+        };
+        let rewrite = Rewrite {
+            summary: Some(Arc::new(Summary {
+                text: "the story so far".into(),
+                messages: kept_from,
+                tokens: 5,
+                model: "m".into(),
+                created_at: 0,
+            })),
+            kept_from,
+            pinned: None,
+            cuts: vec![Shorten {
+                index: cut,
+                tokens: 2000,
+                keep_tokens: 50,
+            }],
+            action: Action::Summarized,
+            cache: CacheOutcome::Hit,
+            summarized: kept_from,
+            waited: Duration::ZERO,
+            archive: Some(ArchiveScope {
+                caller: [0; 32],
+                conversation: "c0ffee".into(),
+            }),
+        };
+        let settings = ContextConfig::default();
+        let wire =
+            write_compaction::<D>(&mut request, &split, &rewrite, &settings, Encoding::O200k);
+        assert!(wire.is_some(), "recall offered");
+        let tree = Value::Object(D::body_mut(&mut request).clone());
+        assert!(D::splice(&request).is_some(), "spliced");
+        let (out, _) = D::outgoing_body(request, Bytes::from(sent), true).unwrap();
+        let copied = out.windows(7).any(|w| w == b"\n      ");
+        (serde_json::from_slice(&out).unwrap(), tree, copied)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

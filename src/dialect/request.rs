@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::ops::Range;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
@@ -62,6 +63,91 @@ pub fn rewrite_conversation(
     };
     let compacted = compact(body, sent);
     body.insert(field.into(), Value::Array(compacted));
+}
+
+/// Where each item of a raw stage's array stands in the body it was read from: what a
+/// rewritten request copies its unchanged items from (`spliced`).
+pub fn item_ranges(bytes: &[u8], items: &[&RawValue]) -> Vec<Range<usize>> {
+    let start = bytes.as_ptr() as usize;
+    items
+        .iter()
+        .map(|item| {
+            let at = (item.get().as_ptr() as usize).wrapping_sub(start);
+            at..at + item.get().len()
+        })
+        .collect()
+}
+
+/// A rewritten conversation's items, each the sent item it is unchanged from (`Some(index)`)
+/// or one the rewrite made or changed (`None`), with where the sent items stand in the body.
+pub struct Splice<'a> {
+    pub field: &'a str,
+    pub origins: &'a [Option<usize>],
+    pub ranges: &'a [Range<usize>],
+}
+
+/// What a request keeps for its rewrite to be spliced: where the raw stage found the sent
+/// items in the body (empty when it did not), and once rewritten, each item's origin.
+#[derive(Default)]
+pub struct Origins {
+    pub ranges: Vec<Range<usize>>,
+    pub of_items: Option<Vec<Option<usize>>>,
+}
+
+impl Origins {
+    /// The splice of the conversation at `field`, once rewritten, when the raw stage found
+    /// the sent items.
+    pub fn splice<'a>(&'a self, field: &'a str) -> Option<Splice<'a>> {
+        let origins = self.of_items.as_deref()?;
+        (!self.ranges.is_empty()).then_some(Splice {
+            field,
+            origins,
+            ranges: &self.ranges,
+        })
+    }
+}
+
+/// The rewritten `body` written out with each unchanged item of its conversation (`splice`)
+/// copied from the bytes it was sent as, and only the rest serialized: the head fields, the
+/// summary, cut outputs, the recall tool. Serializing a whole compacted agent request's tree
+/// took 18.6M of its 42.6M instructions (`bench/instruction_budget.sh`, callgrind), nearly all
+/// of it the kept items. None when the splice does not fit the body (the caller writes the
+/// tree).
+pub fn spliced(body: &Map<String, Value>, original: &[u8], splice: &Splice) -> Option<Vec<u8>> {
+    let Some(Value::Array(items)) = body.get(splice.field) else {
+        return None;
+    };
+    if items.len() != splice.origins.len() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(original.len());
+    out.push(b'{');
+    for (at, (key, value)) in body.iter().enumerate() {
+        if at > 0 {
+            out.push(b',');
+        }
+        serde_json::to_writer(&mut out, key).ok()?;
+        out.push(b':');
+        if key != splice.field {
+            serde_json::to_writer(&mut out, value).ok()?;
+            continue;
+        }
+        out.push(b'[');
+        for (index, (item, origin)) in items.iter().zip(splice.origins).enumerate() {
+            if index > 0 {
+                out.push(b',');
+            }
+            match origin {
+                Some(sent) => {
+                    out.extend_from_slice(original.get(splice.ranges.get(*sent)?.clone())?)
+                }
+                None => serde_json::to_writer(&mut out, item).ok()?,
+            }
+        }
+        out.push(b']');
+    }
+    out.push(b'}');
+    Some(out)
 }
 
 /// For a raw stage's optional field: present, even as `null`, which a plain `Option` would

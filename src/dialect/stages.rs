@@ -4,6 +4,7 @@
 
 use std::borrow::Cow;
 use std::future::Future;
+use std::ops::Range;
 
 use bytes::Bytes;
 use hyper::Response;
@@ -17,7 +18,7 @@ use crate::compaction::summary_api::{SummaryApi, SummaryEndpoint};
 use crate::config::{tool_cut, Config, ContextConfig, RecallConfig, ToolPolicy};
 use crate::conversation::{answered_tools, Item, Kind, ToolCut};
 use crate::dialect::recall::RecallWire;
-use crate::dialect::request::{object_start, read_fields, RawFields};
+use crate::dialect::request::{item_ranges, object_start, read_fields, spliced, RawFields, Splice};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
 use crate::tokens::catalog::{ModelCatalog, ModelInfo};
@@ -155,10 +156,22 @@ pub trait Dialect {
         None
     }
 
+    /// Where the raw first stage found the conversation's items in the body (`Planned`), for a
+    /// rewrite to copy its unchanged items from (`splice`). Unless a dialect says otherwise, not
+    /// kept.
+    fn raw_items(_request: &mut Self::Request, _ranges: Vec<Range<usize>>) {}
+
+    /// A rewritten request's JSON object and, when its raw items were kept, which of its
+    /// conversation's items are sent ones unchanged: what `outgoing_body` copies from the
+    /// bytes sent rather than writes out again. Unless a dialect says otherwise, none.
+    fn splice(_request: &Self::Request) -> Option<(&Map<String, Value>, Splice<'_>)> {
+        None
+    }
+
     /// The body to send: `original` unless the request was rewritten or must ask upstream
     /// for usage; and whether usage was asked for on the client's behalf. Unless a dialect says
     /// otherwise, its replies carry usage unasked, and a rewritten request is its JSON object
-    /// written out.
+    /// written out, its unchanged items copied from `original` where it keeps them (`splice`).
     fn outgoing_body(
         mut request: Self::Request,
         original: Bytes,
@@ -166,6 +179,11 @@ pub trait Dialect {
     ) -> Result<(Bytes, bool), ProxyError> {
         if !rewritten {
             return Ok((original, false));
+        }
+        if let Some(body) =
+            Self::splice(&request).and_then(|(body, splice)| spliced(body, &original, &splice))
+        {
+            return Ok((Bytes::from(body), false));
         }
         let body = serde_json::to_vec(Self::body_mut(&mut request)).map_err(ProxyError::Rewrite)?;
         Ok((Bytes::from(body), false))
@@ -286,6 +304,8 @@ impl Would {
 pub struct Planned {
     pub prepared: Prepared,
     pub decision: Decision,
+    /// Where each conversation item stands in the body (`Dialect::raw_items`).
+    pub items: Vec<Range<usize>>,
 }
 
 /// A request the first stage sends as it came (or with usage asked for on the client's
@@ -414,7 +434,12 @@ pub async fn scan_raw(
     let input = prepared.plan_input(counting.config, settings, mode);
     let decision = prepared.decide(&input);
     if !matches!(decision, Decision::Forward(_)) {
-        return Err(Some(Planned { prepared, decision }));
+        let items = item_ranges(bytes, &request.items);
+        return Err(Some(Planned {
+            prepared,
+            decision,
+            items,
+        }));
     }
     Ok(Ready {
         model: request.model.into_owned(),

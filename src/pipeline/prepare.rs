@@ -141,7 +141,14 @@ async fn prepare_in_full<'s, D: Dialect>(
     let model = D::model(&request).to_string();
     let upstream = upstream_for::<D>(state, &model)?;
     let (mut prepared, decision) = match planned {
-        Some(Planned { prepared, decision }) => (prepared, Some(decision)),
+        Some(Planned {
+            prepared,
+            decision,
+            items,
+        }) => {
+            D::raw_items(&mut request, items);
+            (prepared, Some(decision))
+        }
         None => (
             D::count(&request, &state.catalog, &state.counter).await,
             None,

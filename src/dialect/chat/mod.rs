@@ -328,7 +328,11 @@ async fn scan(
     let input = prepared.plan_input(counting.config, settings, mode);
     let decision = prepared.decide(&input);
     if !matches!(decision, Decision::Forward(_)) {
-        return Err(Some(Planned { prepared, decision }));
+        return Err(Some(Planned {
+            prepared,
+            decision,
+            items: Vec::new(),
+        }));
     }
     let asks_usage = |options: &RawValue| {
         serde_json::from_str::<Value>(options.get())
@@ -342,7 +346,13 @@ async fn scan(
     let body = match usage {
         UsageRequest::None => bytes.clone(),
         UsageRequest::Splice => with_usage_requested(bytes, open),
-        UsageRequest::Merge => return Err(Some(Planned { prepared, decision })),
+        UsageRequest::Merge => {
+            return Err(Some(Planned {
+                prepared,
+                decision,
+                items: Vec::new(),
+            }))
+        }
     };
     Ok(Ready {
         model: request.model.into_owned(),

@@ -13,6 +13,7 @@ mod view;
 
 use std::borrow::Cow;
 use std::future::Future;
+use std::ops::Range;
 
 use hyper::Response;
 use serde_json::{json, Map, Value};
@@ -22,7 +23,9 @@ use crate::compaction::rewrite::Rewrite;
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::ContextConfig;
 use crate::dialect::recall::RecallWire;
-use crate::dialect::request::{array, object_with_model, rewrite_conversation, RawFields};
+use crate::dialect::request::{
+    array, object_with_model, rewrite_conversation, Origins, RawFields, Splice,
+};
 use crate::dialect::stages::{Dialect, Prepared, RawStage};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
@@ -52,6 +55,9 @@ pub struct MessagesRequest {
     /// One per entry of `body.messages`, same order; None once rewritten, when nothing on the
     /// proxy's path reads them again (`conversation` makes them if asked).
     chat: Option<Vec<Value>>,
+    /// Where its sent items stand in the body and, once rewritten, each item's origin
+    /// (`compacted_messages`): what its body is spliced from.
+    origins: Origins,
 }
 
 impl Dialect for Messages {
@@ -99,7 +105,11 @@ impl Dialect for Messages {
     fn parse(bytes: &[u8], _path: &str) -> Result<Self::Request, ProxyError> {
         let body = parse_request(bytes)?;
         let chat = Some(as_chat(messages(&body)));
-        Ok(MessagesRequest { body, chat })
+        Ok(MessagesRequest {
+            body,
+            chat,
+            origins: Origins::default(),
+        })
     }
 
     fn body_mut(request: &mut Self::Request) -> &mut Map<String, Value> {
@@ -138,12 +148,25 @@ impl Dialect for Messages {
     ) {
         let summary = rewrite.summary_text(split.head, "messages");
         let summary_role = settings.summary_role;
+        let mut origins = None;
         rewrite_conversation(&mut request.body, "messages", |body, sent| {
-            compacted_messages(body, sent, split, rewrite, summary, summary_role, encoding)
+            let (messages, from) =
+                compacted_messages(body, sent, split, rewrite, summary, summary_role, encoding);
+            origins = Some(from);
+            messages
         });
+        request.origins.of_items = origins;
         // Made again only if asked: rebuilding them took a twelfth of a compacted agent
         // request's instructions, for nothing the proxy reads.
         request.chat = None;
+    }
+
+    fn raw_items(request: &mut Self::Request, ranges: Vec<Range<usize>>) {
+        request.origins.ranges = ranges;
+    }
+
+    fn splice(request: &Self::Request) -> Option<(&Map<String, Value>, Splice<'_>)> {
+        Some((&request.body, request.origins.splice("messages")?))
     }
 
     // Anthropic streams always carry usage (`message_start`, `message_delta`): the default
@@ -305,10 +328,13 @@ mod tests {
     use super::*;
     use crate::compaction::limits::PlanInput;
     use crate::compaction::plan::{plan, Decision};
-    use crate::compaction::rewrite::{Action, CacheOutcome};
+    use crate::compaction::rewrite::{Action, ArchiveScope, CacheOutcome};
     use crate::compaction::summary::Summary;
     use crate::config::SummaryRole;
     use crate::conversation::{Item, Kind, Role};
+    use crate::dialect::request::{item_ranges, read_fields};
+    use crate::dialect::stages::write_compaction;
+    use bytes::Bytes;
     use proptest::prelude::*;
     use std::sync::Arc;
     use std::time::Duration;
@@ -418,6 +444,38 @@ mod tests {
         assert_eq!(requested_completion_tokens(&body(json!({}))), None);
     }
 
+    #[test]
+    fn a_spliced_agent_request_reads_as_its_rewritten_tree() {
+        let output = "line of a long tool output ".repeat(300);
+        let call = |id: &str| {
+            json!({"role": "assistant", "content": [
+            {"type": "text", "text": "reading"},
+            {"type": "tool_use", "id": id, "name": "Read", "input": {"path": "a.rs"}}]})
+        };
+        let result = |id: &str| {
+            json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": id, "content": output}]})
+        };
+        let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 500,
+            "system": [{"type": "text", "text": "rules", "cache_control": {"type": "ephemeral"}}],
+            "tools": [{"name": "Read", "input_schema": {"type": "object"}}],
+            "messages": [{"role": "user", "content": "fix the bug"}, call("a"), result("a"),
+                call("b"), result("b"), call("c"), result("c"),
+                {"role": "assistant", "content": "done"}, {"role": "user", "content": "thanks"}],
+            "stream": true});
+        let (spliced, tree, copied) =
+            crate::dialect::splice_cases::spliced_and_tree::<Messages>(&body, 3, 4);
+        assert_eq!(spliced, tree);
+        assert!(copied);
+        let messages = spliced["messages"].as_array().unwrap();
+        assert!(messages[0].to_string().contains("the story so far"));
+        assert!(messages[2]["content"][0]["content"]
+            .to_string()
+            .contains("tokens removed"));
+        assert_eq!(messages[4], body["messages"][6]);
+        assert_eq!(spliced["tools"][1]["name"], "condenser_recall");
+    }
+
     /// Random alternating conversations, user first, where an assistant turn may call tools
     /// (with thinking) and the next user turn answers every call.
     fn conversation() -> impl Strategy<Value = Vec<Value>> {
@@ -477,9 +535,16 @@ mod tests {
             summary_at in any::<prop::sample::Index>(),
             with_summary in any::<bool>(),
             role_system in any::<bool>(),
+            with_recall in any::<bool>(),
         ) {
-            let mut request = request(json!({"model": "claude-sonnet-4-5", "max_tokens": 500,
-                "system": "rules", "messages": sent}));
+            // Pretty-printed, so that an item copied from the bytes sent differs in its text
+            // from one written out again.
+            let sent_body = serde_json::to_vec_pretty(&json!({"model": "claude-sonnet-4-5",
+                "max_tokens": 500, "system": "rules", "messages": sent,
+                "tools": [{"name": "Read", "input_schema": {"type": "object"}}]})).unwrap();
+            let mut request = Messages::parse(&sent_body, MESSAGES).unwrap();
+            let raw = read_fields(&sent_body, &RAW_STAGE.fields).unwrap();
+            Messages::raw_items(&mut request, item_ranges(&sent_body, &raw.items));
             let counter = TokenCounter::new(0.1);
             let overrides = [("claude-sonnet-4-5".to_string(), crate::tokens::catalog::ModelOverride {
                 context_window: Some(window),
@@ -525,9 +590,12 @@ mod tests {
                 cache: CacheOutcome::Miss,
                 summarized: kept_from,
                 waited: Duration::ZERO,
-                archive: None,
+                archive: with_recall.then(|| ArchiveScope {
+                    caller: [0; 32],
+                    conversation: "c0ffee".into(),
+                }),
             };
-            Messages::rewrite(&mut request, &split, &rewrite, &settings, Encoding::O200k);
+            write_compaction::<Messages>(&mut request, &split, &rewrite, &settings, Encoding::O200k);
             let out = messages(&request.body);
             prop_assert!(!out.is_empty());
             prop_assert!(is_user(&out[0]), "first turn is not the user's");
@@ -547,7 +615,17 @@ mod tests {
             }
             let text = serde_json::to_string(&request.body).unwrap();
             prop_assert_eq!(text.contains("the story so far"), with_summary);
+            prop_assert_eq!(text.contains("condenser_recall"), with_recall);
             prop_assert_eq!(Messages::conversation(&request).len(), out.len());
+            // The body sent, its unchanged messages copied from the bytes that came, reads
+            // as the rewritten tree written out.
+            let tree = Value::Object(request.body.clone());
+            prop_assert!(Messages::splice(&request).is_some());
+            let copies = request.origins.of_items.iter().flatten().any(Option::is_some);
+            let (body, _) =
+                Messages::outgoing_body(request, Bytes::from(sent_body.clone()), true).unwrap();
+            prop_assert_eq!(serde_json::from_slice::<Value>(&body).unwrap(), tree);
+            prop_assert_eq!(body.windows(7).any(|w| w == b"\n      "), copies);
         }
     }
 }

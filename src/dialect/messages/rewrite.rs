@@ -13,7 +13,9 @@ use crate::tokens::encoding::Encoding;
 /// there is one, the summary after its content (or in `system`, when so configured); else
 /// the summary merged into the first kept user turn, or in a user turn of its own before a
 /// kept assistant turn, or in `system` when so configured (and the kept part starts with a
-/// user turn); then the kept messages, tool results cut as planned.
+/// user turn); then the kept messages, tool results cut as planned. With them, each one's
+/// origin: the sent message it is unchanged from, or None for one made or changed here (what
+/// `spliced` writes out).
 pub(super) fn compacted_messages(
     body: &mut Map<String, Value>,
     mut sent: Vec<Value>,
@@ -22,22 +24,35 @@ pub(super) fn compacted_messages(
     summary: Option<String>,
     summary_role: SummaryRole,
     encoding: Encoding,
-) -> Vec<Value> {
+) -> (Vec<Value>, Vec<Option<usize>>) {
+    // Each step below on the messages is taken on their origins too.
+    let mut sent_origins: Vec<Option<usize>> = (0..sent.len()).map(Some).collect();
     let kept_from = rewrite.kept_from.min(sent.len());
     let mut kept = sent.split_off(kept_from);
-    rewrite.cut_kept_outputs(&mut kept, kept_from, encoding, tool_result_texts);
+    let mut kept_origins = sent_origins.split_off(kept_from);
+    for at in rewrite.cut_kept_outputs(&mut kept, kept_from, encoding, tool_result_texts) {
+        kept_origins[at] = None;
+    }
     if let Some(task) = rewrite.pinned.clone() {
-        let mut pinned: Vec<Value> = sent.drain(task).collect();
+        let mut pinned: Vec<Value> = sent.drain(task.clone()).collect();
+        let mut pinned_origins: Vec<Option<usize>> = sent_origins.drain(task).collect();
         // After the turn's last user message, so the summary changes nothing before it.
-        match (summary, pinned.iter_mut().rev().find(|turn| is_user(turn))) {
+        match (summary, pinned.iter().rposition(is_user)) {
             (Some(summary), _) if summary_role == SummaryRole::System => {
                 append_to_system(body, summary)
             }
-            (Some(summary), Some(prompt)) => append_text(prompt, summary),
+            (Some(summary), Some(prompt)) => {
+                append_text(&mut pinned[prompt], summary);
+                pinned_origins[prompt] = None;
+            }
             _ => {}
         }
         pinned.append(&mut kept);
-        return with_head(sent, split.head, pinned);
+        pinned_origins.append(&mut kept_origins);
+        return (
+            with_head(sent, split.head, pinned),
+            with_head(sent_origins, split.head, pinned_origins),
+        );
     }
     let starts_with_user = kept.first().is_some_and(is_user);
     match summary {
@@ -47,22 +62,32 @@ pub(super) fn compacted_messages(
         Some(summary) if starts_with_user => {
             if let Some(first) = kept.first_mut() {
                 prepend_text(first, summary);
+                kept_origins[0] = None;
             }
         }
-        Some(summary) => kept.insert(0, user_turn(summary)),
+        Some(summary) => {
+            kept.insert(0, user_turn(summary));
+            kept_origins.insert(0, None);
+        }
         // Trimmed without a summary: Anthropic's first turn must be the user's.
-        None if !starts_with_user => kept.insert(
-            0,
-            user_turn(format!("[{kept_from} earlier messages omitted]")),
-        ),
+        None if !starts_with_user => {
+            kept.insert(
+                0,
+                user_turn(format!("[{kept_from} earlier messages omitted]")),
+            );
+            kept_origins.insert(0, None);
+        }
         None => {}
     }
-    with_head(sent, split.head, kept)
+    (
+        with_head(sent, split.head, kept),
+        with_head(sent_origins, split.head, kept_origins),
+    )
 }
 
 /// `rest` after the conversation's leading system turns, if it opens with any: kept as the
 /// head is in every dialect.
-pub(super) fn with_head(mut sent: Vec<Value>, head: usize, mut rest: Vec<Value>) -> Vec<Value> {
+pub(super) fn with_head<T>(mut sent: Vec<T>, head: usize, mut rest: Vec<T>) -> Vec<T> {
     sent.truncate(head);
     sent.append(&mut rest);
     sent

@@ -13,6 +13,7 @@ mod view;
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::future::Future;
+use std::ops::Range;
 
 use serde_json::{json, Map, Value};
 
@@ -24,7 +25,7 @@ use crate::config::{ContextConfig, SummaryRole};
 use crate::conversation::{units, Item};
 use crate::dialect::openai;
 use crate::dialect::recall::RecallWire;
-use crate::dialect::request::{object_with_model, RawFields};
+use crate::dialect::request::{object_with_model, Origins, RawFields, Splice};
 use crate::dialect::stages::{Dialect, Prepared, RawStage};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
@@ -54,6 +55,9 @@ pub struct ResponsesRequest {
     items: Vec<Item>,
     /// Set when the request must go as it came.
     as_sent: Option<ForwardReason>,
+    /// Where its sent items stand in the body and, once rewritten, each item's origin
+    /// (`compacted_input`): what its body is spliced from.
+    origins: Origins,
 }
 
 impl Dialect for Responses {
@@ -116,7 +120,9 @@ impl Dialect for Responses {
             Some(Value::Array(items)) => Cow::Owned(std::mem::take(items)),
             _ => input_items(&request.body),
         };
-        let compacted = compacted_input(items, split, rewrite, settings.summary_role, encoding);
+        let (compacted, origins) =
+            compacted_input(items, split, rewrite, settings.summary_role, encoding);
+        request.origins.of_items = Some(origins);
         // Made again only if asked: rebuilding them took a ninth of a compacted agent
         // request's instructions, for nothing the proxy reads.
         request.messages = None;
@@ -126,6 +132,14 @@ impl Dialect for Responses {
 
     fn forward_as_sent(request: &Self::Request) -> Option<ForwardReason> {
         request.as_sent
+    }
+
+    fn raw_items(request: &mut Self::Request, ranges: Vec<Range<usize>>) {
+        request.origins.ranges = ranges;
+    }
+
+    fn splice(request: &Self::Request) -> Option<(&Map<String, Value>, Splice<'_>)> {
+        Some((&request.body, request.origins.splice("input")?))
     }
 
     // A Responses stream always ends with its usage: the default `outgoing_body` asks for
@@ -194,6 +208,7 @@ pub fn parse_request(bytes: &[u8]) -> Result<ResponsesRequest, ProxyError> {
         messages: Some(messages),
         items,
         as_sent,
+        origins: Origins::default(),
     })
 }
 
@@ -318,12 +333,16 @@ fn compacted_input<'a>(
     rewrite: &Rewrite,
     summary_role: SummaryRole,
     encoding: Encoding,
-) -> Vec<Value> {
+) -> (Vec<Value>, Vec<Option<usize>>) {
     let mut items = items.into().into_owned();
     let kept = items.split_off(rewrite.kept_from.min(items.len()));
+    let pinned = rewrite.pinned.clone().unwrap_or_default();
     let mut out = Vec::with_capacity(split.head + 2 + kept.len());
+    let mut origins = Vec::with_capacity(out.capacity());
     out.extend_from_slice(&items[..split.head]);
-    out.extend_from_slice(&items[rewrite.pinned.clone().unwrap_or_default()]);
+    origins.extend((0..split.head).map(Some));
+    out.extend_from_slice(&items[pinned.clone()]);
+    origins.extend(pinned.map(Some));
     if let Some(summary) = rewrite.summary_text(split.head, "items") {
         let role = match summary_role {
             SummaryRole::System => "developer",
@@ -334,17 +353,21 @@ fn compacted_input<'a>(
             "role": role,
             "content": summary,
         }));
+        origins.push(None);
     }
-    out.extend(kept.into_iter().enumerate().map(|(offset, mut item)| {
+    for (offset, mut item) in kept.into_iter().enumerate() {
         let index = rewrite.kept_from + offset;
         let cut = rewrite.cuts.iter().find(|cut| cut.index == index);
+        let mut origin = Some(index);
         if let (Some(cut), Some(Value::String(output))) = (cut, item.get_mut("output")) {
             let reference = rewrite.cleared_reference(index);
             cut_item_texts(encoding, vec![output], cut, reference.as_deref());
+            origin = None;
         }
-        item
-    }));
-    out
+        out.push(item);
+        origins.push(origin);
+    }
+    (out, origins)
 }
 
 #[cfg(test)]
@@ -508,7 +531,7 @@ mod tests {
             (SummaryRole::System, "developer"),
             (SummaryRole::User, "user"),
         ] {
-            let out = compacted_input(&items, &split, &rewrite, role, Encoding::O200k);
+            let (out, _) = compacted_input(&items, &split, &rewrite, role, Encoding::O200k);
             assert_eq!(out.len(), 5);
             assert_eq!(out[0], items[0]);
             assert_eq!(out[1]["role"], expected);
@@ -521,6 +544,37 @@ mod tests {
             assert_eq!(out[3]["call_id"], "c");
             assert_eq!(out[4], items[4]);
         }
+    }
+
+    #[test]
+    fn a_spliced_agent_request_reads_as_its_rewritten_tree() {
+        let output = "line of a long tool output ".repeat(300);
+        let round = |id: &str| {
+            [
+                json!({"type": "reasoning", "id": format!("rs_{id}"), "summary": [],
+                    "encrypted_content": "x"}),
+                json!({"type": "function_call", "call_id": id, "name": "shell",
+                    "arguments": "{\"cmd\":\"ls\"}"}),
+                json!({"type": "function_call_output", "call_id": id, "output": output}),
+            ]
+        };
+        let mut input = vec![json!({"role": "user", "content": "fix the bug"})];
+        for id in ["a", "b", "c"] {
+            input.extend(round(id));
+        }
+        input.push(json!({"role": "user", "content": [{"type": "input_text", "text": "go on"}]}));
+        let body = json!({"model": "gpt-5", "instructions": "rules", "input": input,
+            "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}}],
+            "store": false, "stream": true});
+        let (spliced, tree, copied) =
+            crate::dialect::splice_cases::spliced_and_tree::<Responses>(&body, 4, 6);
+        assert_eq!(spliced, tree);
+        assert!(copied);
+        let items = spliced["input"].as_array().unwrap();
+        assert!(items[0].to_string().contains("the story so far"));
+        assert!(items[3]["output"].to_string().contains("tokens removed"));
+        assert_eq!(items[6], body["input"][9]);
+        assert_eq!(spliced["tools"][1]["name"], "condenser_recall");
     }
 
     #[test]
