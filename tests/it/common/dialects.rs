@@ -380,6 +380,34 @@ impl Fixture {
         (status, kind.to_string(), message.to_string())
     }
 
+    /// The upstream's answer to a prompt over its model's window, as this dialect's provider
+    /// words it (condenser retries on each: `pipeline::send`): OpenAI's
+    /// `context_length_exceeded` (Responses' too), Anthropic's "prompt is too long", Gemini's
+    /// 400 INVALID_ARGUMENT "exceeds the maximum number of tokens allowed".
+    pub fn too_long(self) -> Value {
+        match self {
+            Fixture::Chat | Fixture::Responses => openai_too_long(),
+            Fixture::Messages => anthropic_too_long(),
+            Fixture::Gemini => gemini_too_long(),
+        }
+    }
+
+    /// The upstream's answer to a request it refuses for another reason than its length (a
+    /// bad temperature), in this dialect's error shape; answered with the same 400 as
+    /// `too_long`.
+    pub fn not_about_length(self) -> Value {
+        match self {
+            Fixture::Chat | Fixture::Responses => {
+                json!({"error": {"message": "bad temperature", "type": "invalid_request_error",
+                                 "param": "temperature", "code": "invalid_value"}})
+            }
+            Fixture::Messages => json!({"type": "error", "error": {
+                "type": "invalid_request_error", "message": "temperature: range: 0..1"}}),
+            Fixture::Gemini => json!({"error": {"code": 400, "status": "INVALID_ARGUMENT",
+                "message": "Invalid value at 'generation_config.temperature' (TYPE_FLOAT), 7"}}),
+        }
+    }
+
     /// A config for `upstream` where every fixture's model has an 8,000-token window;
     /// summaries by gpt-4o-mini over chat completions.
     pub fn config(upstream: &str) -> Config {
@@ -1256,11 +1284,16 @@ pub fn assert_valid_gemini(body: &Value) {
 /// request recorded here.
 async fn gemini_before_llm(behaviour: LlmBehaviour) -> MockUpstream {
     let cache = behaviour.prompt_cache.clone();
+    let limit = behaviour.clone();
     let gemini = mock_gemini(GeminiBehaviour::default()).await.url();
     let llm = mock_llm(behaviour).await.url();
     let http = client();
     MockUpstream::start(handler(move |r| {
         let summarizing = is_summarizer_call(&r);
+        // Over the window its behaviour gives the model, Gemini's too-long error.
+        let refused = (!summarizing && limit.too_long.is_some())
+            .then(|| too_long(&limit, &r.json()["contents"]).cloned())
+            .flatten();
         let to = if summarizing {
             llm.clone()
         } else {
@@ -1273,6 +1306,9 @@ async fn gemini_before_llm(behaviour: LlmBehaviour) -> MockUpstream {
             .map(|cache| cache.prompt(&r.json()));
         let http = http.clone();
         async move {
+            if let Some(error) = refused {
+                return json_response(400, &error);
+            }
             let mut relayed = http
                 .post(format!("{to}{}", r.path_and_query))
                 .body(r.body.clone());
