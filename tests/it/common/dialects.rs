@@ -380,6 +380,41 @@ impl Fixture {
         (status, kind.to_string(), message.to_string())
     }
 
+    /// The most output tokens `request` asks: `max_tokens`, Responses' `max_output_tokens`,
+    /// Gemini's `generationConfig.maxOutputTokens`.
+    pub fn max_output(self, request: &Value) -> Value {
+        match self {
+            Fixture::Chat | Fixture::Messages => request["max_tokens"].clone(),
+            Fixture::Responses => request["max_output_tokens"].clone(),
+            Fixture::Gemini => request
+                .pointer("/generationConfig/maxOutputTokens")
+                .cloned()
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The prompt tokens of `request`, a request of this dialect upstream got, as `proxy`
+    /// counts a request it is sent (unknown tokenizers estimated with the default margin).
+    pub async fn count(self, proxy: &Proxy, request: &Recorded) -> u64 {
+        let counting = Counting {
+            body: &request.body,
+            path: request.path_and_query.split('?').next().unwrap_or_default(),
+            catalog: &proxy.state.catalog,
+        };
+        condenser::dialect::with_dialect(self.wire().api, counting).await
+    }
+
+    /// The tokens a summarizer call of this dialect asks for the summary's thinking on top of
+    /// the summary (Gemini's, whose models think within `maxOutputTokens`).
+    pub fn thinking_allowance(self) -> u64 {
+        match self {
+            Fixture::Gemini => {
+                condenser::compaction::summary_api::REASONING_ALLOWANCE_TOKENS.into()
+            }
+            _ => 0,
+        }
+    }
+
     /// The upstream's answer to a prompt over its model's window, as this dialect's provider
     /// words it (condenser retries on each: `pipeline::send`): OpenAI's
     /// `context_length_exceeded` (Responses' too), Anthropic's "prompt is too long", Gemini's
@@ -1143,6 +1178,24 @@ impl Fixture {
                 .unwrap_or_default()
                 .to_string(),
         }
+    }
+}
+
+/// A request counted in the dialect `with_dialect` picks (`Fixture::count`).
+struct Counting<'a> {
+    body: &'a [u8],
+    path: &'a str,
+    catalog: &'a condenser::tokens::catalog::ModelCatalog,
+}
+
+impl condenser::dialect::WithDialect for Counting<'_> {
+    type Output = u64;
+
+    async fn with<D: condenser::dialect::stages::Dialect + 'static>(self) -> u64 {
+        let request = D::parse(self.body, self.path).expect("a request of its dialect");
+        let margin = Config::default().tokens.unknown_model_margin;
+        let counter = condenser::tokens::counter::TokenCounter::new(margin);
+        D::count(&request, self.catalog, &counter).await.count.total
     }
 }
 
