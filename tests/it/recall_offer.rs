@@ -1,6 +1,7 @@
 //! Who is offered recall, and the room the plan keeps for it (issue 30): the request's own
-//! profile decides, in the proxy and in `condenser plan`; a chat request asking for several
-//! choices (`n` > 1) is neither compacted nor offered it, on any path.
+//! profile decides, in the proxy and in `condenser plan`, in every dialect of the registry
+//! (`Fixture::all()`); a chat request asking for several choices (`n` > 1) is neither
+//! compacted nor offered it, on any path.
 
 use bytes::Bytes;
 use serde_json::{json, Value};
@@ -15,10 +16,10 @@ use condenser::Config;
 /// The profile that turns recall the other way from the config's `[recall]`.
 const FLIPPED: &str = "flipped";
 
-/// gpt-4o with an 8,000-token window, `[recall]` on or off as `enabled`, and the profile
-/// `flipped` that turns it the other way.
+/// Every fixture's model with an 8,000-token window, `[recall]` on or off as `enabled`, and
+/// the profile `flipped` that turns it the other way.
 fn flipping_config(upstream: &str, enabled: bool) -> Config {
-    let mut config = small_window_config(upstream);
+    let mut config = Fixture::config(upstream);
     config.recall.enabled = enabled;
     let flipped = Profile {
         recall: Some(RecallOverride {
@@ -31,96 +32,130 @@ fn flipping_config(upstream: &str, enabled: bool) -> Config {
     config
 }
 
-/// A chat of 8,030 tokens, past the 7,500 usable, so that the request waits for its summary;
-/// in short turns (about 30 tokens each), so that the recall reserve's 160 tokens are worth
-/// more than one kept exchange and whether it is kept shows in the split.
+/// A conversation of 8,030 tokens (in chat's count), past the 7,500 usable, so that the
+/// request waits for its summary; in short turns (about 30 tokens each), so that the recall
+/// reserve's 160 tokens are worth more than one kept exchange and whether it is kept shows in
+/// the split. In `fixture`'s dialect, as its tests send it.
+fn long_conversation(fixture: Fixture) -> Value {
+    short_turns(fixture, 125)
+}
+
 fn long_chat() -> Value {
-    chat_of_short_turns(125)
+    long_conversation(Fixture::Chat)
+}
+
+/// `turns` exchanges of about 30 tokens a message, and a question, in `fixture`'s dialect.
+fn short_turns(fixture: Fixture, turns: usize) -> Value {
+    let mut said: Vec<(&str, String)> = Vec::new();
+    for t in 0..turns {
+        said.push(("user", format!("u{t}. {}", filler(t, 25))));
+        said.push(("assistant", format!("a{t}. {}", filler(t + 1000, 25))));
+    }
+    said.push(("user", "Which port do we bind the service to?".into()));
+    fixture.agent_body(&fixture.plain_items(&said))
 }
 
 /// The system prompt, `turns` exchanges of about 30 tokens a message, and a question.
 fn chat_of_short_turns(turns: usize) -> Value {
-    let mut messages = vec![json!({"role": "system", "content": SYSTEM_PROMPT})];
-    for t in 0..turns {
-        messages.push(json!({"role": "user", "content": format!("u{t}. {}", filler(t, 25))}));
-        messages.push(
-            json!({"role": "assistant", "content": format!("a{t}. {}", filler(t + 1000, 25))}),
-        );
-    }
-    messages.push(json!({"role": "user", "content": "Which port do we bind the service to?"}));
-    chat_body(&messages)
+    short_turns(Fixture::Chat, turns)
 }
 
 fn offers_recall(request: &Value) -> bool {
     request.to_string().contains("condenser_recall")
 }
 
-fn message_count(request: &Value) -> usize {
-    request["messages"].as_array().unwrap().len()
-}
-
-/// What the model got of `body`, sent through condenser under `flipping_config(enabled)`,
-/// naming `profile` when given.
-async fn forwarded(enabled: bool, profile: Option<&str>, body: &Value) -> Value {
-    let upstream = mock_llm(LlmBehaviour::default()).await;
+/// What the model got of `body`, sent in `fixture`'s dialect through condenser under
+/// `flipping_config(enabled)`, naming `profile` when given.
+async fn forwarded(fixture: Fixture, enabled: bool, profile: Option<&str>, body: &Value) -> Value {
+    let upstream = fixture.upstream(LlmBehaviour::default()).await;
     let proxy = Proxy::start(flipping_config(&upstream.url(), enabled)).await;
-    let mut request = client().post(proxy.url("/v1/chat/completions")).json(body);
-    if let Some(profile) = profile {
-        request = request.header("x-condenser-profile", profile);
-    }
-    let response = request.send().await.unwrap();
-    assert_eq!(response.status(), 200);
-    assert_eq!(header(&response, "x-condenser-action"), "summarized");
+    let headers: Vec<(&str, &str)> = profile
+        .map(|profile| ("x-condenser-profile", profile))
+        .into_iter()
+        .collect();
+    let (response, condensed) = fixture.post(&proxy, body, false, &headers).await;
+    assert_eq!(response.status(), 200, "{fixture:?}");
+    assert_eq!(condensed.action, "summarized", "{fixture:?}");
     let mut forwarded = upstream.forwarded();
-    assert_eq!(forwarded.len(), 1);
+    assert_eq!(forwarded.len(), 1, "{fixture:?}");
     forwarded.remove(0)
 }
 
 #[tokio::test]
 async fn the_proxy_keeps_room_for_recall_only_when_the_requests_profile_offers_it() {
-    let body = long_chat();
-    let recalling = forwarded(true, None, &body).await;
-    let plain = forwarded(false, None, &body).await;
-    assert!(offers_recall(&recalling) && !offers_recall(&plain));
-    // The room kept for the tool and its line is room the kept turns do not get.
-    assert!(
-        message_count(&recalling) < message_count(&plain),
-        "{} messages kept with recall, {} without",
-        message_count(&recalling),
-        message_count(&plain)
-    );
-    // A profile is planned as a config of its own settings is.
-    assert_eq!(forwarded(true, Some(FLIPPED), &body).await, plain);
-    assert_eq!(forwarded(false, Some(FLIPPED), &body).await, recalling);
+    for fixture in Fixture::all() {
+        let body = long_conversation(fixture);
+        let recalling = forwarded(fixture, true, None, &body).await;
+        let plain = forwarded(fixture, false, None, &body).await;
+        assert!(
+            fixture.offers_recall(&recalling) && !fixture.offers_recall(&plain),
+            "{fixture:?}"
+        );
+        assert_eq!(
+            without_recall_tool(&recalling)["tools"],
+            body["tools"],
+            "{fixture:?}"
+        );
+        // The room kept for the tool and its line is room the kept turns do not get.
+        let kept = |request: &Value| fixture.items(request).len();
+        assert!(
+            kept(&recalling) < kept(&plain),
+            "{fixture:?}: {} items kept with recall, {} without",
+            kept(&recalling),
+            kept(&plain)
+        );
+        // A profile is planned as a config of its own settings is.
+        assert_eq!(
+            forwarded(fixture, true, Some(FLIPPED), &body).await,
+            plain,
+            "{fixture:?}"
+        );
+        assert_eq!(
+            forwarded(fixture, false, Some(FLIPPED), &body).await,
+            recalling,
+            "{fixture:?}"
+        );
+    }
 }
 
 #[tokio::test]
 async fn condenser_plan_keeps_room_for_recall_only_when_the_profile_offers_it() {
-    let body = long_chat().to_string();
-    let plan_of = |enabled: bool, profile: Option<&'static str>| {
-        let body = body.clone();
-        async move {
-            let options = PlanOptions {
-                model: None,
-                api: None,
-                mode: Mode::Auto,
-                profile,
-            };
-            plan(
-                &flipping_config("http://127.0.0.1:9", enabled),
-                &body,
-                options,
-            )
-            .await
-            .unwrap()
-        }
-    };
-    let recalling = plan_of(true, None).await;
-    let plain = plan_of(false, None).await;
-    assert_ne!(recalling, plain, "the reserve changes nothing here");
-    assert_eq!(plan_of(true, Some(FLIPPED)).await, plain);
-    assert_eq!(plan_of(false, Some(FLIPPED)).await, recalling);
+    for fixture in Fixture::all() {
+        let body = long_conversation(fixture).to_string();
+        let plan_of = |enabled: bool, profile: Option<&'static str>| {
+            let body = body.clone();
+            async move {
+                let options = PlanOptions {
+                    model: Some(fixture.model()),
+                    api: Some(fixture.wire().api),
+                    mode: Mode::Auto,
+                    profile,
+                };
+                plan(
+                    &flipping_config("http://127.0.0.1:9", enabled),
+                    &body,
+                    options,
+                )
+                .await
+                .unwrap()
+            }
+        };
+        let recalling = plan_of(true, None).await;
+        let plain = plan_of(false, None).await;
+        assert_ne!(
+            recalling, plain,
+            "{fixture:?}: the reserve changes nothing here"
+        );
+        assert_eq!(plan_of(true, Some(FLIPPED)).await, plain, "{fixture:?}");
+        assert_eq!(
+            plan_of(false, Some(FLIPPED)).await,
+            recalling,
+            "{fixture:?}"
+        );
+    }
 }
+
+// The tests below stay on chat: several choices (`n` > 1) exist only in Chat Completions.
 
 /// The model, answering a chat request with as many choices as it asks (`n`), plain or
 /// streamed, or that its prompt is too long when it has more messages than `window`; and

@@ -380,6 +380,69 @@ impl Fixture {
         (status, kind.to_string(), message.to_string())
     }
 
+    /// The most output tokens `request` asks: `max_tokens`, Responses' `max_output_tokens`,
+    /// Gemini's `generationConfig.maxOutputTokens`.
+    pub fn max_output(self, request: &Value) -> Value {
+        match self {
+            Fixture::Chat | Fixture::Messages => request["max_tokens"].clone(),
+            Fixture::Responses => request["max_output_tokens"].clone(),
+            Fixture::Gemini => request
+                .pointer("/generationConfig/maxOutputTokens")
+                .cloned()
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The prompt tokens of `request`, a request of this dialect upstream got, as `proxy`
+    /// counts a request it is sent (unknown tokenizers estimated with the default margin).
+    pub async fn count(self, proxy: &Proxy, request: &Recorded) -> u64 {
+        let counting = Counting {
+            body: &request.body,
+            path: request.path_and_query.split('?').next().unwrap_or_default(),
+            catalog: &proxy.state.catalog,
+        };
+        condenser::dialect::with_dialect(self.wire().api, counting).await
+    }
+
+    /// The tokens a summarizer call of this dialect asks for the summary's thinking on top of
+    /// the summary (Gemini's, whose models think within `maxOutputTokens`).
+    pub fn thinking_allowance(self) -> u64 {
+        match self {
+            Fixture::Gemini => {
+                condenser::compaction::summary_api::REASONING_ALLOWANCE_TOKENS.into()
+            }
+            _ => 0,
+        }
+    }
+
+    /// The upstream's answer to a prompt over its model's window, as this dialect's provider
+    /// words it (condenser retries on each: `pipeline::send`): OpenAI's
+    /// `context_length_exceeded` (Responses' too), Anthropic's "prompt is too long", Gemini's
+    /// 400 INVALID_ARGUMENT "exceeds the maximum number of tokens allowed".
+    pub fn too_long(self) -> Value {
+        match self {
+            Fixture::Chat | Fixture::Responses => openai_too_long(),
+            Fixture::Messages => anthropic_too_long(),
+            Fixture::Gemini => gemini_too_long(),
+        }
+    }
+
+    /// The upstream's answer to a request it refuses for another reason than its length (a
+    /// bad temperature), in this dialect's error shape; answered with the same 400 as
+    /// `too_long`.
+    pub fn not_about_length(self) -> Value {
+        match self {
+            Fixture::Chat | Fixture::Responses => {
+                json!({"error": {"message": "bad temperature", "type": "invalid_request_error",
+                                 "param": "temperature", "code": "invalid_value"}})
+            }
+            Fixture::Messages => json!({"type": "error", "error": {
+                "type": "invalid_request_error", "message": "temperature: range: 0..1"}}),
+            Fixture::Gemini => json!({"error": {"code": 400, "status": "INVALID_ARGUMENT",
+                "message": "Invalid value at 'generation_config.temperature' (TYPE_FLOAT), 7"}}),
+        }
+    }
+
     /// A config for `upstream` where every fixture's model has an 8,000-token window;
     /// summaries by gpt-4o-mini over chat completions.
     pub fn config(upstream: &str) -> Config {
@@ -1118,6 +1181,24 @@ impl Fixture {
     }
 }
 
+/// A request counted in the dialect `with_dialect` picks (`Fixture::count`).
+struct Counting<'a> {
+    body: &'a [u8],
+    path: &'a str,
+    catalog: &'a condenser::tokens::catalog::ModelCatalog,
+}
+
+impl condenser::dialect::WithDialect for Counting<'_> {
+    type Output = u64;
+
+    async fn with<D: condenser::dialect::stages::Dialect + 'static>(self) -> u64 {
+        let request = D::parse(self.body, self.path).expect("a request of its dialect");
+        let margin = Config::default().tokens.unknown_model_margin;
+        let counter = condenser::tokens::counter::TokenCounter::new(margin);
+        D::count(&request, self.catalog, &counter).await.count.total
+    }
+}
+
 // Each dialect's conversations over the trigger, and what its API demands of them.
 
 pub const DEVELOPER_HEAD: &str = "Always answer in English.";
@@ -1256,11 +1337,16 @@ pub fn assert_valid_gemini(body: &Value) {
 /// request recorded here.
 async fn gemini_before_llm(behaviour: LlmBehaviour) -> MockUpstream {
     let cache = behaviour.prompt_cache.clone();
+    let limit = behaviour.clone();
     let gemini = mock_gemini(GeminiBehaviour::default()).await.url();
     let llm = mock_llm(behaviour).await.url();
     let http = client();
     MockUpstream::start(handler(move |r| {
         let summarizing = is_summarizer_call(&r);
+        // Over the window its behaviour gives the model, Gemini's too-long error.
+        let refused = (!summarizing && limit.too_long.is_some())
+            .then(|| too_long(&limit, &r.json()["contents"]).cloned())
+            .flatten();
         let to = if summarizing {
             llm.clone()
         } else {
@@ -1273,6 +1359,9 @@ async fn gemini_before_llm(behaviour: LlmBehaviour) -> MockUpstream {
             .map(|cache| cache.prompt(&r.json()));
         let http = http.clone();
         async move {
+            if let Some(error) = refused {
+                return json_response(400, &error);
+            }
             let mut relayed = http
                 .post(format!("{to}{}", r.path_and_query))
                 .body(r.body.clone());

@@ -247,8 +247,9 @@ pub struct LlmBehaviour {
     pub summarizer_error: Option<SummarizerError>,
     /// The summarizer keeps nothing of what it is sent: only code can carry identifiers.
     pub lossy_summarizer: bool,
-    /// A chat request with more messages than this is answered 400 with this body: the
-    /// model's real window is smaller than condenser was told.
+    /// A request with more messages (input items, contents) than this is answered 400 with
+    /// this body, by `mock_llm`, `mock_responses_llm`, `mock_claude` and the Gemini of
+    /// `Fixture::upstream`: the model's real window is smaller than condenser was told.
     pub too_long: Option<(usize, Value)>,
     /// Replies report usage as providers do, from this cache: the prompt's tokens, and of them
     /// those it shares with the previous request as cached. Read by `mock_llm`'s chat answers
@@ -420,10 +421,8 @@ pub async fn mock_llm(behaviour: LlmBehaviour) -> MockUpstream {
                 return json_response(200, &summary_reply(path, &summary));
             }
             tokio::time::sleep(behaviour.chat_latency).await;
-            if let Some((limit, error)) = &behaviour.too_long {
-                if request["messages"].as_array().map_or(0, Vec::len) > *limit {
-                    return json_response(400, error);
-                }
+            if let Some(error) = too_long(&behaviour, &request["messages"]) {
+                return json_response(400, error);
             }
             if request["user"] == ERROR_USER {
                 return json_response(500, &json!({"error": {"message": "upstream broke", "type": "server_error"}}));
@@ -535,6 +534,20 @@ pub fn prefix_reuse<P: AsRef<[u8]>>(prompts: &[P]) -> f64 {
         })
         .collect();
     shares.iter().sum::<f64>() / shares.len().max(1) as f64
+}
+
+/// The error `behaviour` answers a conversation of `items` with, when they are more than
+/// its model takes (`LlmBehaviour::too_long`).
+pub fn too_long<'b>(behaviour: &'b LlmBehaviour, items: &Value) -> Option<&'b Value> {
+    let (limit, error) = behaviour.too_long.as_ref()?;
+    (items.as_array().map_or(0, Vec::len) > *limit).then_some(error)
+}
+
+/// Anthropic's answer to a prompt longer than the model's window.
+pub fn anthropic_too_long() -> Value {
+    json!({"type": "error", "error": {
+        "type": "invalid_request_error", "message": "prompt is too long: 5868 tokens > 5000 maximum",
+    }})
 }
 
 /// OpenAI's answer to a prompt longer than the model's window.
@@ -782,6 +795,9 @@ pub async fn mock_claude(behaviour: ClaudeBehaviour) -> MockUpstream {
                 return json_response(status, &answer.json().await.unwrap());
             }
             let request: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+            if let Some(error) = too_long(&behaviour.llm, &request["messages"]) {
+                return json_response(400, error);
+            }
             let reply = format!(
                 "reply to {} messages",
                 request["messages"].as_array().map_or(0, Vec::len)
@@ -946,6 +962,7 @@ pub async fn mock_responses_llm(
     gate: Option<Arc<tokio::sync::Notify>>,
 ) -> MockUpstream {
     let cache = behaviour.prompt_cache.clone();
+    let limit = behaviour.clone();
     let chat = mock_llm(behaviour).await.url();
     let http = client();
     MockUpstream::start(handler(move |r| {
@@ -953,6 +970,7 @@ pub async fn mock_responses_llm(
         let http = http.clone();
         let gate = gate.clone();
         let cache = cache.clone();
+        let limit = limit.clone();
         async move {
             if r.path_and_query != "/v1/responses" || is_summarizer_call(&r) {
                 let mut forwarded = http.post(format!("{chat}{}", r.path_and_query)).body(r.body.clone());
@@ -967,6 +985,9 @@ pub async fn mock_responses_llm(
                 return json_response(status, &body);
             }
             let request: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+            if let Some(error) = too_long(&limit, &request["input"]) {
+                return json_response(400, error);
+            }
             let items = match &request["input"] {
                 Value::Array(items) => items.len(),
                 Value::String(_) => 1,
