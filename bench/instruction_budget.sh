@@ -4,7 +4,7 @@
 #   chat     one plain chat request (the mean of 20, each on a new connection);
 #   under    one agent request under every trigger (a 181-round Messages session, 2M window);
 #   compact  one compacted agent request (the same session in a 150k window, its summary on
-#            hand and the outputs before it already cut once);
+#            hand and the outputs before it already cut once; the least of three counts);
 # and compares each with bench/instruction_budgets (the measured figure plus 10%). Counts,
 # unlike times, repeat from run to run on a shared machine, so a budget passed is a change,
 # not noise. A change that must cost more raises its budget in the same commit and says why.
@@ -89,10 +89,16 @@ for _ in $(seq 60); do
     sleep 1
 done
 [ "$(last_outcome)" = trimmed/hit ] || { echo "no summary on hand: $(last_outcome)" >&2; exit 1; }
-figures+=$'\n'$(
-    count compact 1 one "$WORK/small/messages-0181.json"
-    [ "$(last_outcome)" = trimmed/hit ] || { echo "compact: $(last_outcome)" >&2; exit 1; }
+# The least of three counts of the same request: a summary job made ahead in the background
+# (its work is condenser's too, but not this request's) may overlap one count where valgrind's
+# slowdown and a busy machine stretch it, and counted once it read 60M and 88M against 42M.
+compact=$(
+    for _ in 1 2 3; do
+        count compact 1 one "$WORK/small/messages-0181.json"
+        [ "$(last_outcome)" = trimmed/hit ] || { echo "compact: $(last_outcome)" >&2; exit 1; }
+    done | sort -k2 -n | head -1
 )
+figures+=$'\n'$compact
 if [ "$MEASURE" = --measure ]; then
     awk '{printf "%s %d   # measured %d\n", $1, $2 * 1.1, $2}' <<<"$figures"
     exit 0
