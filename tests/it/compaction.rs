@@ -539,30 +539,46 @@ async fn requests_for_several_choices_are_forwarded_as_sent() {
 
 #[tokio::test]
 async fn a_huge_newest_output_alone_over_the_hard_limit_is_shortened_just_enough_and_said() {
-    let upstream = mock_llm(LlmBehaviour::default()).await;
-    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let messages = vec![
-        json!({"role": "user", "content": "read the log"}),
-        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}]}),
-        json!({"role": "tool", "tool_call_id": "c1", "content": filler(3, 20_000)}),
-    ];
-    let response = Fixture::Chat
-        .post(&proxy, &chat_body(&messages), false, &[])
-        .await
-        .0;
-    assert_eq!(response.status(), 200);
-    assert_eq!(header(&response, "x-condenser-action"), "trimmed");
-    assert_eq!(header(&response, "x-condenser-recent-shortened"), "1");
-    let forwarded: u64 = Condensed::of(&response).forwarded_tokens.unwrap();
-    // The window (8,000) less max_tokens (500): the newest output keeps all it can, its
-    // middle out, rather than being cut down to the target (3,750).
-    assert!((7_000..=7_500).contains(&forwarded), "{forwarded}");
-    let sent = &upstream.forwarded()[0]["messages"];
-    assert_eq!(sent[0], messages[0]);
-    assert_eq!(sent[1], messages[1]);
-    let cut = sent[2]["content"].as_str().unwrap();
-    assert!(cut.contains("tokens removed"), "{}", &cut[..200]);
-    assert!(summarizer_requests(&upstream).is_empty());
+    for api in Fixture::all() {
+        let upstream = api.upstream(LlmBehaviour::default()).await;
+        let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
+        let items = api.one_call("read", &filler(3, 20_000));
+        let body = api.agent_body(&items);
+        let (response, condensed) = api.post(&proxy, &body, false, &[]).await;
+        assert_eq!(response.status(), 200, "{api:?}");
+        assert_eq!(condensed.action, "trimmed", "{api:?}");
+        assert_eq!(
+            header(&response, "x-condenser-recent-shortened"),
+            "1",
+            "{api:?}"
+        );
+        let forwarded: u64 = condensed.forwarded_tokens.unwrap();
+        // The window (8,000) less max_tokens (500): the newest output keeps all it can, its
+        // middle out, rather than being cut down to the target (3,750). OpenAI's tokenizer
+        // counts it exactly, to within 500 of that; the others' estimates keep a margin.
+        assert_eq!(api.max_output(&body), 500, "{api:?}");
+        assert!(
+            forwarded <= 7_500 && forwarded > 3_750 * 3 / 2,
+            "{api:?}: {forwarded}"
+        );
+        if matches!(api, Fixture::Chat | Fixture::Responses) {
+            assert!(forwarded >= 7_000, "{api:?}: {forwarded}");
+        }
+        let sent = upstream.forwarded()[0].clone();
+        let kept = api.items(&sent);
+        assert_eq!(kept.len(), items.len(), "{api:?}");
+        assert_eq!(
+            kept[..2],
+            items[..2],
+            "{api:?}: the ask and the call as sent"
+        );
+        assert_eq!(api.system(&sent), api.system(&body), "{api:?}");
+        let cut = kept[2].to_string();
+        assert!(cut.contains("tokens removed"), "{api:?}: {}", &cut[..200]);
+        assert!(cut.len() < items[2].to_string().len(), "{api:?}");
+        api.assert_valid(&items, &sent);
+        assert!(summarizer_requests(&upstream).is_empty(), "{api:?}");
+    }
 }
 
 #[tokio::test]

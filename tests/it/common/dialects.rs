@@ -1000,6 +1000,35 @@ impl Fixture {
         self.items(&self.body(turns, false))
     }
 
+    /// A user's ask, one call of the tool `name` and its `output`, in this dialect: the
+    /// output is the conversation's last item (Anthropic's `tool_result` in a user turn,
+    /// Gemini's `functionResponse`).
+    pub fn one_call(self, name: &str, output: &str) -> Vec<Value> {
+        let ask = "read the log";
+        match self {
+            Fixture::Chat => vec![
+                json!({"role": "user", "content": ask}),
+                json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": name, "arguments": "{}"}}]}),
+                json!({"role": "tool", "tool_call_id": "c1", "content": output}),
+            ],
+            Fixture::Responses => vec![
+                json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": ask}]}),
+                json!({"type": "function_call", "id": "fc_1", "call_id": "c1", "name": name, "arguments": "{}"}),
+                json!({"type": "function_call_output", "call_id": "c1", "output": output}),
+            ],
+            Fixture::Messages => vec![
+                json!({"role": "user", "content": ask}),
+                json!({"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": name, "input": {}}]}),
+                json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": output}]}),
+            ],
+            Fixture::Gemini => vec![
+                json!({"role": "user", "parts": [{"text": ask}]}),
+                json!({"role": "model", "parts": [{"functionCall": {"id": "call-0", "name": name, "args": {}}, "thoughtSignature": thought_signature(0)}]}),
+                json!({"role": "user", "parts": [{"functionResponse": {"id": "call-0", "name": name, "response": {"output": output}}}]}),
+            ],
+        }
+    }
+
     /// `rounds` rounds of a user turn, an assistant turn calling two tools at once and the
     /// two results, in this dialect (after chat's system message). Anthropic's and Gemini's
     /// alternating turns add an assistant's text after the results, and a last user turn.
