@@ -154,9 +154,10 @@ async fn prepare_in_full<'s, D: Dialect>(
             None,
         ),
     };
-    // A plan the raw stage made knew no tool's policy: made again with them.
-    let decision = decision
-        .filter(|_| !prepared.apply_tool_policies(&D::conversation(&request), &settings.tools));
+    // Every request's outputs take their tools' policies, whichever stage counted them; a plan
+    // the raw stage made knew no tool's policy, and is made again with them.
+    let applied = prepared.apply_tool_policies(&D::conversation(&request), &settings.tools);
+    let decision = decision.filter(|_| !applied);
     let input = prepared.plan_input(&state.config, all_settings, mode);
     let decision = match D::forward_as_sent(&request) {
         Some(reason) => Decision::Forward(reason),

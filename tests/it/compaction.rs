@@ -659,81 +659,77 @@ async fn the_message_trigger_holds_on_every_turn() {
 /// move on; and what the summarizer is sent holds it whole too.
 #[tokio::test]
 async fn a_read_output_stays_whole_under_never_cut_while_the_cut_middle_moves() {
-    let upstream = mock_llm(LlmBehaviour {
-        summarizer_latency: Duration::from_secs(5),
-        ..LlmBehaviour::default()
-    })
-    .await;
-    let mut config = small_window_config(&upstream.url());
-    config.models.get_mut("gpt-4o").unwrap().context_window = Some(16_500);
-    config.context.keep_recent_messages = 2;
-    config.context.tools = vec![condenser::config::ToolPolicy {
-        names: vec!["Re?d".into()],
-        cut: condenser::conversation::ToolCut::Never,
-    }];
-    let proxy = Proxy::start(config).await;
-    let read_at = 3;
-    let tool = |r: usize| if r == read_at { "Read" } else { "shell" };
-    let mut messages = vec![
-        json!({"role": "system", "content": "You are a coding agent."}),
-        json!({"role": "user", "content": "Fix ticket KX-7731-QZ."}),
-    ];
-    let mut cut_sets = Vec::new();
-    for r in 0..24 {
-        let id = format!("call_{r}");
-        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
-            {"id": id, "type": "function", "function": {"name": tool(r), "arguments": "{}"}}]}));
-        messages.push(json!({"role": "tool", "tool_call_id": id,
-            "content": format!("output {r}: {}", filler(r + 500, 1_100))}));
-        let response = Fixture::Chat
-            .post(&proxy, &chat_body(&messages), false, &[])
-            .await
-            .0;
-        assert_eq!(response.status(), 200, "round {r}");
-        let sent = upstream.forwarded().pop().unwrap();
-        let sent = sent["messages"].as_array().unwrap().clone();
-        let outputs: Vec<&Value> = sent.iter().filter(|m| m["role"] == "tool").collect();
-        if r >= read_at {
-            let read = &messages[3 + 2 * read_at];
-            if sent
-                .iter()
-                .any(|m| m["tool_call_id"] == read["tool_call_id"])
-            {
-                assert!(sent.contains(read), "round {r}: the Read output whole");
+    for api in Fixture::all() {
+        let upstream = api
+            .upstream(LlmBehaviour {
+                summarizer_latency: Duration::from_secs(5),
+                ..LlmBehaviour::default()
+            })
+            .await;
+        let mut config = Fixture::config(&upstream.url());
+        config.models.get_mut(api.model()).unwrap().context_window = Some(16_500);
+        config.context.keep_recent_messages = 2;
+        config.context.tools = vec![condenser::config::ToolPolicy {
+            names: vec!["Re?d".into()],
+            cut: condenser::conversation::ToolCut::Never,
+        }];
+        let proxy = Proxy::start(config).await;
+        let read_at = 3;
+        let tool = |r: usize| if r == read_at { "Read" } else { "shell" };
+        let mut items = api.plain_items(&[("user", "Fix ticket KX-7731-QZ.".to_string())]);
+        let opening = items.len();
+        let mut cut_sets = Vec::new();
+        for r in 0..24 {
+            let output = format!("output {r}: {}", filler(r + 500, 1_100));
+            items.extend(api.tool_round(r, tool(r), &output));
+            let body = api.agent_body(&items);
+            let (response, _) = api.post(&proxy, &body, false, &[]).await;
+            assert_eq!(response.status(), 200, "{api:?} round {r}");
+            let sent = api.items(&upstream.forwarded().pop().unwrap());
+            if r >= read_at {
+                let read = &items[opening + 1 + 2 * read_at];
+                assert_eq!(api.output_round(read), Some(read_at), "{api:?}");
+                if sent.iter().any(|m| api.output_round(m) == Some(read_at)) {
+                    assert!(
+                        sent.contains(read),
+                        "{api:?} round {r}: the Read output whole: {:.600}",
+                        sent.iter().find(|m| api.output_round(m) == Some(read_at)).unwrap()
+                    );
+                }
             }
+            let cut: Vec<usize> = sent
+                .iter()
+                .filter(|m| m.to_string().contains("tokens removed"))
+                .filter_map(|m| api.output_round(m))
+                .collect();
+            cut_sets.push(cut);
         }
-        let cut: Vec<String> = outputs
-            .iter()
-            .filter(|m| m["content"].as_str().unwrap().contains("tokens removed"))
-            .map(|m| m["tool_call_id"].as_str().unwrap().to_string())
-            .collect();
-        cut_sets.push(cut);
+        let cut_rounds: std::collections::BTreeSet<usize> =
+            cut_sets.iter().flatten().copied().collect();
+        assert!(
+            cut_rounds.iter().any(|&r| r < read_at) && cut_rounds.iter().any(|&r| r > read_at),
+            "{api:?}: shell outputs on both sides of it are cut: {cut_sets:?}"
+        );
+        assert!(
+            !cut_rounds.contains(&read_at),
+            "{api:?}: never the Read output: {cut_sets:?}"
+        );
+        assert!(
+            cut_sets
+                .windows(2)
+                .any(|w| !w[0].is_empty() && w[1].len() > w[0].len()),
+            "{api:?}: the cut middle moves: {cut_sets:?}"
+        );
+        // The summarizer, once asked, sees the Read output whole and the shell outputs cut.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        let asked = summarizer_requests(&upstream);
+        assert!(!asked.is_empty(), "{api:?}: a summary was asked");
+        let read_text = format!("output {read_at}: {}", filler(read_at + 500, 1_100));
+        assert!(
+            asked
+                .iter()
+                .any(|body| body.to_string().contains(&read_text)),
+            "{api:?}: the summarizer got the Read output whole"
+        );
     }
-    let cut_ids: std::collections::BTreeSet<&String> = cut_sets.iter().flatten().collect();
-    let round = |id: &str| id.trim_start_matches("call_").parse::<usize>().unwrap();
-    assert!(
-        cut_ids.iter().any(|id| round(id) < read_at)
-            && cut_ids.iter().any(|id| round(id) > read_at),
-        "shell outputs on both sides of it are cut: {cut_sets:?}"
-    );
-    assert!(
-        cut_sets
-            .windows(2)
-            .any(|w| !w[0].is_empty() && w[1].len() > w[0].len()),
-        "the cut middle moves: {cut_sets:?}"
-    );
-    // The summarizer, once asked, sees the Read output whole and the shell outputs cut.
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    let asked = summarizer_requests(&upstream);
-    assert!(!asked.is_empty(), "a summary was asked");
-    let read_text = messages[3 + 2 * read_at]["content"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    assert!(
-        asked
-            .iter()
-            .any(|body| body.to_string().contains(&read_text)),
-        "the summarizer got the Read output whole"
-    );
 }

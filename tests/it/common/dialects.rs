@@ -1029,6 +1029,46 @@ impl Fixture {
         }
     }
 
+    /// Round `r` of an agent: its call of the tool `name`, then the call's `output`, in this
+    /// dialect (ids `call_R`, Anthropic's `toolu_R`, Gemini's `call-R`).
+    pub fn tool_round(self, r: usize, name: &str, output: &str) -> Vec<Value> {
+        match self {
+            Fixture::Chat => vec![
+                json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_{r}"), "type": "function", "function": {"name": name, "arguments": "{}"}}]}),
+                json!({"role": "tool", "tool_call_id": format!("call_{r}"), "content": output}),
+            ],
+            Fixture::Responses => vec![
+                json!({"type": "function_call", "id": format!("fc_{r}"), "call_id": format!("call_{r}"), "name": name, "arguments": "{}"}),
+                json!({"type": "function_call_output", "call_id": format!("call_{r}"), "output": output}),
+            ],
+            Fixture::Messages => vec![
+                json!({"role": "assistant", "content": [{"type": "tool_use", "id": format!("toolu_{r}"), "name": name, "input": {}}]}),
+                json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": format!("toolu_{r}"), "content": output}]}),
+            ],
+            Fixture::Gemini => vec![
+                json!({"role": "model", "parts": [{"functionCall": {"id": format!("call-{r}"), "name": name, "args": {}}, "thoughtSignature": thought_signature(r)}]}),
+                json!({"role": "user", "parts": [{"functionResponse": {"id": format!("call-{r}"), "name": name, "response": {"output": output}}}]}),
+            ],
+        }
+    }
+
+    /// The round of the tool output `item` is, of `tool_round`'s: none for any other item.
+    pub fn output_round(self, item: &Value) -> Option<usize> {
+        let id = match self {
+            Fixture::Chat => item["tool_call_id"].as_str(),
+            Fixture::Responses => item["call_id"]
+                .as_str()
+                .filter(|_| item["type"] == "function_call_output"),
+            Fixture::Messages => item
+                .pointer("/content/0/tool_use_id")
+                .and_then(Value::as_str),
+            Fixture::Gemini => item
+                .pointer("/parts/0/functionResponse/id")
+                .and_then(Value::as_str),
+        }?;
+        id.rsplit(['_', '-']).next()?.parse().ok()
+    }
+
     /// `rounds` rounds of a user turn, an assistant turn calling two tools at once and the
     /// two results, in this dialect (after chat's system message). Anthropic's and Gemini's
     /// alternating turns add an assistant's text after the results, and a last user turn.
