@@ -693,7 +693,9 @@ async fn a_read_output_stays_whole_under_never_cut_while_the_cut_middle_moves() 
                     assert!(
                         sent.contains(read),
                         "{api:?} round {r}: the Read output whole: {:.600}",
-                        sent.iter().find(|m| api.output_round(m) == Some(read_at)).unwrap()
+                        sent.iter()
+                            .find(|m| api.output_round(m) == Some(read_at))
+                            .unwrap()
                     );
                 }
             }
