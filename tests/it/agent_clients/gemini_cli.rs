@@ -221,6 +221,6 @@ async fn gemini_cli_compacts_well_through_condenser() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gemini_cli_at_an_instant_pace_never_waits() {
+async fn gemini_cli_at_an_instant_pace_keeps_its_recent_work_whole() {
     gemini_cli_session(INSTANT).await;
 }
