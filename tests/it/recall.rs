@@ -788,6 +788,22 @@ async fn the_anthropic_sdk_with_thinking_reads_a_recalled_reply_plain_and_stream
     }
 }
 
+/// The tokens `with_four_thousand_usable` leaves a request of `Fixture::body`'s.
+const FOUR_THOUSAND_USABLE: u64 = 4_000;
+
+/// `config` with 4,000 tokens usable in every API: a Messages request of `Fixture::body`'s
+/// reserves its `max_tokens` (500) of a 4,500 window, the others half the 8,000 window.
+fn with_four_thousand_usable(config: &mut condenser::Config) {
+    config.models.insert(
+        "claude-sonnet-4-5".into(),
+        condenser::tokens::catalog::ModelOverride {
+            context_window: Some(4_500),
+            encoding: None,
+            price: None,
+        },
+    );
+}
+
 /// Three recall calls over three rounds, each asking for every archived item: together the
 /// answers are more than the window has room for. They share the request's one budget, so
 /// no continuation goes past the window (the answer that would not fit is cut, and says so).
@@ -797,17 +813,8 @@ async fn a_requests_recall_answers_share_one_budget_and_no_continuation_passes_t
         let upstream = scripted_model(api, Script::Always).await;
         let mut config = recall_config(&upstream.url());
         config.recall.max_rounds = 3;
-        // 4,000 usable in every API: a Messages request reserves its `max_tokens` (500), the
-        // others half the 8,000 window.
-        config.models.insert(
-            "claude-sonnet-4-5".into(),
-            condenser::tokens::catalog::ModelOverride {
-                context_window: Some(4_500),
-                encoding: None,
-                price: None,
-            },
-        );
-        let usable = 4_000;
+        with_four_thousand_usable(&mut config);
+        let usable = FOUR_THOUSAND_USABLE;
         let proxy = Proxy::start(config).await;
         let response = ask(&proxy, api, false).await;
         assert_eq!(response.status(), 200, "{api:?}");
@@ -925,72 +932,70 @@ async fn a_stored_response_that_recalled_is_one_a_later_request_can_chain_on() {
     assert_eq!(on_the_first_round.status(), 400);
 }
 
-/// A chat agent reading logs of 300 to 700 tokens at once, its summarizer slow, the model
+/// An agent reading logs of 300 to 700 tokens at once in each API, its summarizer slow, the model
 /// calling recall whenever it is offered: many requests go with their middle cut up near the
 /// hard limit. Each that offers recall keeps room for the model's call to be answered, so the
 /// client always gets an answer, never a reply with the call taken out and nothing left.
 #[tokio::test]
 async fn every_request_that_offers_recall_has_room_to_answer_the_call() {
-    let upstream = MockUpstream::start(handler(|r| async move {
-        let request: Value = serde_json::from_slice(&r.body).unwrap();
-        if is_summarizer_call(&r) {
-            tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-            return json_response(200, &summary_reply("/v1/chat/completions", LOSSY_SUMMARY));
-        }
-        let api = Fixture::Chat;
-        if let Some(answers) = api.answers(&request) {
-            return api.text_reply(&format!("Recalled: {answers}"), false, None);
-        }
-        if api.offers_recall(&request) {
-            let query = json!({"query": "which log said what"});
-            return api.call_reply(&[(TOOL, query)], false);
-        }
-        api.text_reply("read on", false, None)
-    }))
-    .await;
-    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let read_log = json!({"type": "function", "function": {"name": "read_log",
-        "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}});
-    let mut messages = vec![
-        json!({"role": "system", "content": SYSTEM_PROMPT}),
-        json!({"role": "user", "content": "Read the logs one by one and report."}),
-    ];
-    let (mut offered, mut tight) = (0, 0);
-    for round in 0..48 {
-        let call = format!("read_{round}");
-        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": call,
-            "type": "function", "function": {"name": "read_log", "arguments": format!("{{\"n\":{round}}}")}}]}));
-        let words = 200 + round * 97 % 300;
-        messages
-            .push(json!({"role": "tool", "tool_call_id": call, "content": filler(round, words)}));
-        let before = model_requests(&upstream).len();
-        let body = json!({"model": "gpt-4o", "messages": messages, "tools": [read_log]});
-        let response = post_chat(&proxy, &body).await;
-        assert_eq!(response.status(), 200, "round {round}");
-        let forwarded: u64 = Condensed::of(&response).forwarded_tokens.unwrap();
-        let reply: Value = response.json().await.unwrap();
-        let said = reply["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap_or_default();
-        if model_requests(&upstream)
-            .get(before)
-            .is_some_and(|sent| Fixture::Chat.offers_recall(sent))
-        {
-            offered += 1;
-            // 4,000 usable: the window of 8,000 less half of it reserved.
-            tight += usize::from(4_000 - forwarded < 512);
+    for api in Fixture::all() {
+        let upstream = MockUpstream::start(handler(move |r| async move {
+            let request: Value = serde_json::from_slice(&r.body).unwrap();
+            if is_summarizer_call(&r) {
+                tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+                let path = r.path_and_query.split('?').next().unwrap_or("").to_string();
+                return json_response(200, &summary_reply(&path, LOSSY_SUMMARY));
+            }
+            let reply = if let Some(answers) = api.answers(&request) {
+                api.text_reply(&format!("Recalled: {answers}"), false, None)
+            } else if api.offers_recall(&request) {
+                let query = json!({"query": "which log said what"});
+                api.call_reply(&[(TOOL, query)], false)
+            } else {
+                api.text_reply("read on", false, None)
+            };
+            api.reporting_usage(reply, &request).await
+        }))
+        .await;
+        let mut config = Fixture::config(&upstream.url());
+        with_four_thousand_usable(&mut config);
+        let proxy = api.warmed(config).await;
+        let ask = [("user", "Read the logs one by one and report.".to_string())];
+        let opening = api.body(&ask, false);
+        let mut items = api.items(&opening);
+        let (mut offered, mut tight) = (0, 0);
+        for round in 0..72 {
+            let words = 200 + round * 97 % 300;
+            items.extend(api.tool_round(round, "read_log", &filler(round, words)));
+            let body = api.with_items(opening.clone(), &items);
+            let before = model_requests(&upstream).len();
+            let (response, condensed) = api.post(&proxy, &body, false, &[]).await;
+            assert_eq!(response.status(), 200, "{api:?}: round {round}");
+            let forwarded = condensed.forwarded_tokens.unwrap();
             assert!(
-                said.starts_with("Recalled: "),
-                "round {round}, {forwarded} forwarded: {reply}"
+                forwarded <= FOUR_THOUSAND_USABLE,
+                "{api:?}: round {round}, {forwarded} forwarded"
             );
-        } else {
-            assert_eq!(said, "read on", "round {round}");
+            let (said, reply) = api.client_text(response, false).await;
+            if model_requests(&upstream)
+                .get(before)
+                .is_some_and(|sent| api.offers_recall(sent))
+            {
+                offered += 1;
+                tight += usize::from(FOUR_THOUSAND_USABLE - forwarded < 600);
+                assert!(
+                    said.starts_with("Recalled: "),
+                    "{api:?}: round {round}, {forwarded} forwarded: {reply}"
+                );
+            } else {
+                assert_eq!(said, "read on", "{api:?}: round {round}");
+            }
         }
+        // The session went where the room is short, and recall was offered all along.
+        assert!(offered >= 55, "{api:?}: {offered} requests offered recall");
+        assert!(
+            tight >= 3,
+            "{api:?}: {tight} requests within 600 tokens of the hard limit"
+        );
     }
-    // The session went where the room is short, and recall was offered all along.
-    assert!(offered >= 30, "{offered} requests offered recall");
-    assert!(
-        tight >= 3,
-        "{tight} requests within 512 tokens of the hard limit"
-    );
 }

@@ -7,13 +7,6 @@ use crate::common::*;
 use condenser::config::OnFailure;
 use serde_json::{json, Value};
 
-/// Sends `body` with `headers` and checks the request itself succeeded.
-async fn post_as(proxy: &Proxy, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
-    let (response, _) = post(proxy, "/v1/chat/completions", headers, body).await;
-    assert_eq!(response.status(), 200, "as {headers:?}");
-    response
-}
-
 /// Summarizer calls carrying `value` in header `name`.
 fn summarizer_calls_with(upstream: &MockUpstream, name: &str, value: &str) -> usize {
     upstream
@@ -23,46 +16,18 @@ fn summarizer_calls_with(upstream: &MockUpstream, name: &str, value: &str) -> us
         .count()
 }
 
-/// A conversation over every trigger, unlike any other `tag`'s (its system prompt differs).
-fn long_conversation(tag: &str) -> Value {
-    let mut messages = conversation(40);
-    messages[0] = json!({"role": "system", "content": format!("{SYSTEM_PROMPT} Topic: {tag}.")});
-    chat_body(&messages)
-}
-
-#[tokio::test]
-async fn callers_by_x_api_key_or_api_key_each_get_their_own_summaries() {
-    let upstream = mock_llm(LlmBehaviour::default()).await;
-    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let body = long_conversation("shared");
-    let mut calls = 0;
-    // `api-key: sk-a` is another caller than `x-api-key: sk-a`: the header's name counts.
-    for name in ["x-api-key", "api-key"] {
-        let first = post_as(&proxy, &body, &[(name, "sk-a")]).await;
-        assert_eq!(header(&first, "x-condenser-action"), "summarized");
-        assert_eq!(header(&first, "x-condenser-cache"), "miss", "{name}: sk-a");
-        let other = post_as(&proxy, &body, &[(name, "sk-b")]).await;
-        assert_eq!(header(&other, "x-condenser-action"), "summarized");
-        assert_eq!(header(&other, "x-condenser-cache"), "miss", "{name}: sk-b");
-        calls += 2;
-        assert_eq!(upstream.summarizer_calls().len(), calls);
-        let again = post_as(&proxy, &body, &[(name, "sk-a")]).await;
-        assert_eq!(
-            header(&again, "x-condenser-cache"),
-            "hit",
-            "{name}: sk-a again"
-        );
-        assert_eq!(upstream.summarizer_calls().len(), calls);
-    }
-    assert_eq!(summarizer_calls_with(&upstream, "x-api-key", "sk-a"), 1);
-    assert_eq!(summarizer_calls_with(&upstream, "api-key", "sk-a"), 1);
-}
-
-/// A conversation over every trigger in `api`, unlike any other `tag`'s (its system prompt
-/// differs).
+/// A conversation over every trigger in `api`, unlike any other `tag`'s from its first turn
+/// on: its system prompt and its first ask name the tag (a summary's key is the prefix it
+/// covers, which need not hold the system prompt).
 fn long_conversation_in(api: Fixture, tag: &str) -> Value {
-    let mut body = api.agent_body(&api.agent_conversation());
-    api.set_system(&mut body, &format!("{SYSTEM_PROMPT} Topic: {tag}."));
+    let mut items = api.agent_conversation();
+    let ask = api.head();
+    let topic = format!("Topic: {tag}.");
+    let tagged = api.plain_items(&[("user", topic.clone())]);
+    assert_eq!(items[ask]["role"], "user", "{api:?}: {}", items[ask]);
+    items[ask] = tagged.last().unwrap().clone();
+    let mut body = api.agent_body(&items);
+    api.set_system(&mut body, &format!("{SYSTEM_PROMPT} {topic}"));
     body
 }
 
@@ -79,8 +44,39 @@ fn key_header(api: Fixture, key: &str) -> (&'static str, String) {
     api.key_headers(key).swap_remove(0)
 }
 
+/// `body` sent to `api` with `headers` alone, checked to have succeeded; what condenser said
+/// of it.
+async fn post_with(
+    proxy: &Proxy,
+    api: Fixture,
+    headers: &[(&str, String)],
+    body: &Value,
+) -> Condensed {
+    let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    let (response, condensed) = post(proxy, &api.path(false), &headers, body).await;
+    assert_eq!(response.status(), 200, "{api:?} with {headers:?}");
+    condensed
+}
+
+/// `key` as a caller sends it in the header `name`: a bearer token in `authorization`, bare
+/// in the others.
+fn key_in(name: &str, key: &str) -> String {
+    if name == "authorization" {
+        format!("Bearer {key}")
+    } else {
+        key.to_string()
+    }
+}
+
+/// Every header any dialect takes a key in, from the registry.
+fn registry_key_headers() -> impl Iterator<Item = &'static str> {
+    condenser::dialect::key_headers()
+        .iter()
+        .map(|name| name.as_str())
+}
+
 #[tokio::test]
-async fn callers_by_each_dialects_own_key_header_each_get_their_own_summaries() {
+async fn callers_by_any_key_header_each_get_their_own_summaries_in_every_dialect() {
     for api in Fixture::all() {
         let upstream = api.upstream(LlmBehaviour::default()).await;
         let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
@@ -88,54 +84,62 @@ async fn callers_by_each_dialects_own_key_header_each_get_their_own_summaries() 
         // A caller of its own first: a provider's reported usage calibrates how condenser
         // counts its prompts (Gemini's), and every request after it is counted alike.
         post_in(&proxy, api, "sk-warm", &body).await;
-        let first = post_in(&proxy, api, "sk-a", &body).await;
-        assert_eq!(first.action, "summarized", "{api:?}");
-        assert_eq!(first.cache, "miss", "{api:?}: sk-a");
-        let other = post_in(&proxy, api, "sk-b", &body).await;
-        assert_eq!(other.action, "summarized", "{api:?}");
-        assert_eq!(other.cache, "miss", "{api:?}: sk-b");
-        assert_eq!(upstream.summarizer_calls().len(), 3, "{api:?}");
-        let again = post_in(&proxy, api, "sk-a", &body).await;
-        assert_eq!(again.cache, "hit", "{api:?}: sk-a again");
-        assert_eq!(upstream.summarizer_calls().len(), 3, "{api:?}");
-        // Each caller's summary paid with its own key, in its dialect's header.
-        for key in ["sk-warm", "sk-a", "sk-b"] {
-            let (name, value) = key_header(api, key);
-            assert_eq!(
-                summarizer_calls_with(&upstream, name, &value),
-                1,
-                "{api:?}: {key}"
-            );
+        let mut calls = 1;
+        // The header's name counts: `api-key: sk-a` is another caller than `x-api-key: sk-a`.
+        for name in registry_key_headers() {
+            let as_caller = |key: &str| [(name, key_in(name, key))];
+            let first = post_with(&proxy, api, &as_caller("sk-a"), &body).await;
+            assert_eq!(first.action, "summarized", "{api:?}: {name}");
+            assert_eq!(first.cache, "miss", "{api:?}: {name}: sk-a");
+            let other = post_with(&proxy, api, &as_caller("sk-b"), &body).await;
+            assert_eq!(other.action, "summarized", "{api:?}: {name}");
+            assert_eq!(other.cache, "miss", "{api:?}: {name}: sk-b");
+            calls += 2;
+            assert_eq!(upstream.summarizer_calls().len(), calls, "{api:?}: {name}");
+            let again = post_with(&proxy, api, &as_caller("sk-a"), &body).await;
+            assert_eq!(again.cache, "hit", "{api:?}: {name}: sk-a again");
+            assert_eq!(upstream.summarizer_calls().len(), calls, "{api:?}: {name}");
+            // Each caller's summary paid with its own key, in the header it came in.
+            for key in ["sk-a", "sk-b"] {
+                let paid = summarizer_calls_with(&upstream, name, &key_in(name, key));
+                assert_eq!(paid, 1, "{api:?}: {name}: {key}");
+            }
         }
+        let (name, value) = key_header(api, "sk-warm");
+        assert_eq!(summarizer_calls_with(&upstream, name, &value), 1, "{api:?}");
     }
 }
 
 #[tokio::test]
-async fn a_configured_user_header_splits_users_behind_one_injected_key() {
-    let upstream = mock_llm(LlmBehaviour::default()).await;
-    let body = long_conversation("gateway");
-    let as_user =
-        |user: &'static str| [("authorization", "Bearer sk-gateway"), ("x-user-id", user)];
+async fn a_configured_user_header_splits_users_behind_one_injected_key_in_every_dialect() {
+    for api in Fixture::all() {
+        let upstream = api.upstream(LlmBehaviour::default()).await;
+        let body = long_conversation_in(api, "gateway");
+        let (key_name, key) = key_header(api, "sk-gateway");
+        let as_user = |user: &str| [(key_name, key.clone()), ("x-user-id", user.to_string())];
 
-    // By default the one key is one caller: bob is served alice's summary.
-    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    post_as(&proxy, &body, &as_user("alice")).await;
-    let bob = post_as(&proxy, &body, &as_user("bob")).await;
-    assert_eq!(header(&bob, "x-condenser-cache"), "hit");
-    assert_eq!(upstream.summarizer_calls().len(), 1);
+        // By default the one key is one caller: bob is served alice's summary.
+        let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
+        post_in(&proxy, api, "sk-warm", &body).await;
+        post_with(&proxy, api, &as_user("alice"), &body).await;
+        let bob = post_with(&proxy, api, &as_user("bob"), &body).await;
+        assert_eq!(bob.cache, "hit", "{api:?}");
+        assert_eq!(upstream.summarizer_calls().len(), 2, "{api:?}");
 
-    let mut config = small_window_config(&upstream.url());
-    config.cache.scope_headers = Some(vec!["authorization".into(), "x-user-id".into()]);
-    let proxy = Proxy::start(config).await;
-    let alice = post_as(&proxy, &body, &as_user("alice")).await;
-    assert_eq!(header(&alice, "x-condenser-cache"), "miss");
-    let bob = post_as(&proxy, &body, &as_user("bob")).await;
-    assert_eq!(header(&bob, "x-condenser-action"), "summarized");
-    assert_eq!(header(&bob, "x-condenser-cache"), "miss");
-    assert_eq!(upstream.summarizer_calls().len(), 3);
-    let alice = post_as(&proxy, &body, &as_user("alice")).await;
-    assert_eq!(header(&alice, "x-condenser-cache"), "hit");
-    assert_eq!(upstream.summarizer_calls().len(), 3);
+        let mut config = Fixture::config(&upstream.url());
+        config.cache.scope_headers = Some(vec![key_name.into(), "x-user-id".into()]);
+        let proxy = Proxy::start(config).await;
+        post_in(&proxy, api, "sk-warm", &body).await;
+        let alice = post_with(&proxy, api, &as_user("alice"), &body).await;
+        assert_eq!(alice.cache, "miss", "{api:?}");
+        let bob = post_with(&proxy, api, &as_user("bob"), &body).await;
+        assert_eq!(bob.action, "summarized", "{api:?}");
+        assert_eq!(bob.cache, "miss", "{api:?}");
+        assert_eq!(upstream.summarizer_calls().len(), 5, "{api:?}");
+        let alice = post_with(&proxy, api, &as_user("alice"), &body).await;
+        assert_eq!(alice.cache, "hit", "{api:?}");
+        assert_eq!(upstream.summarizer_calls().len(), 5, "{api:?}");
+    }
 }
 
 #[tokio::test]
@@ -240,69 +244,69 @@ async fn one_callers_rate_limit_never_turns_summaries_off_for_another() {
 
 #[tokio::test]
 async fn the_summarizer_call_carries_the_callers_credentials_or_only_its_own_key() {
-    let upstream = mock_llm(LlmBehaviour::default()).await;
-    let proxy = Proxy::start(small_window_config(&upstream.url())).await;
-    let anthropic_style = [
-        ("x-api-key", "sk-ant-caller"),
-        ("openai-organization", "org-caller"),
-        ("openai-project", "proj-caller"),
-        ("x-user-id", "alice"),
-    ];
-    post_as(&proxy, &long_conversation("anthropic"), &anthropic_style).await;
-    let azure_style = [("api-key", "azure-caller")];
-    post_as(&proxy, &long_conversation("azure"), &azure_style).await;
-    let calls = upstream.summarizer_calls();
-    assert_eq!(calls.len(), 2);
-    let headers = &calls[0].headers;
-    assert_eq!(headers["x-api-key"], "sk-ant-caller");
-    assert_eq!(headers["openai-organization"], "org-caller");
-    assert_eq!(headers["openai-project"], "proj-caller");
-    for absent in ["authorization", "api-key", "x-user-id"] {
-        assert!(!headers.contains_key(absent), "{absent} sent: {headers:?}");
-    }
-    assert_eq!(calls[1].headers["api-key"], "azure-caller");
-    assert!(!calls[1].headers.contains_key("x-api-key"));
-
     std::env::set_var("CONDENSER_TENANTS_SUMMARIZER_KEY", "sk-summarizer-own");
-    let mut config = small_window_config(&upstream.url());
-    config.summarizer.api_key_env = "CONDENSER_TENANTS_SUMMARIZER_KEY".into();
-    let proxy = Proxy::start(config).await;
-    let caller = [
-        ("authorization", "Bearer sk-caller"),
-        ("x-api-key", "sk-ant-caller"),
-        ("api-key", "azure-caller"),
-        ("openai-project", "proj-caller"),
-    ];
-    post_as(&proxy, &long_conversation("own key"), &caller).await;
-    let calls = upstream.summarizer_calls();
-    assert_eq!(calls.len(), 3);
-    let headers = &calls[2].headers;
-    assert_eq!(headers["authorization"], "Bearer sk-summarizer-own");
-    for absent in [
-        "x-api-key",
-        "api-key",
-        "openai-project",
-        "openai-organization",
-    ] {
-        assert!(!headers.contains_key(absent), "{absent} sent: {headers:?}");
+    for api in Fixture::all() {
+        let upstream = api.upstream(LlmBehaviour::default()).await;
+        let proxy = Proxy::start(Fixture::config(&upstream.url())).await;
+        let (key_name, key) = key_header(api, "sk-caller");
+        let mut caller = vec![
+            (key_name, key.clone()),
+            ("openai-organization", "org-caller".to_string()),
+            ("openai-project", "proj-caller".to_string()),
+            ("x-user-id", "alice".to_string()),
+        ];
+        post_with(&proxy, api, &caller, &long_conversation_in(api, "caller")).await;
+        let calls = upstream.summarizer_calls();
+        assert_eq!(calls.len(), 1, "{api:?}");
+        let headers = &calls[0].headers;
+        assert_eq!(headers[key_name], key.as_str(), "{api:?}");
+        assert_eq!(headers["openai-organization"], "org-caller", "{api:?}");
+        assert_eq!(headers["openai-project"], "proj-caller", "{api:?}");
+        let absent = registry_key_headers().filter(|name| *name != key_name);
+        for absent in absent.chain(["x-user-id"]) {
+            assert!(
+                !headers.contains_key(absent),
+                "{api:?}: {absent} sent: {headers:?}"
+            );
+        }
+
+        // With a key of its own, the summarizer pays with it alone, whatever the caller sent.
+        let mut config = Fixture::config(&upstream.url());
+        config.summarizer.api_key_env = "CONDENSER_TENANTS_SUMMARIZER_KEY".into();
+        let proxy = Proxy::start(config).await;
+        caller.extend(registry_key_headers().map(|name| (name, key_in(name, "sk-caller"))));
+        post_with(&proxy, api, &caller, &long_conversation_in(api, "own key")).await;
+        let calls = upstream.summarizer_calls();
+        assert_eq!(calls.len(), 2, "{api:?}");
+        let headers = &calls[1].headers;
+        let own = ["Bearer sk-summarizer-own", "sk-summarizer-own"];
+        assert!(
+            headers.values().any(|v| own.iter().any(|own| v == own)),
+            "{api:?}: no own key in {headers:?}"
+        );
+        for (name, value) in &caller {
+            assert!(
+                headers.values().all(|v| v != value.as_str()),
+                "{api:?}: the caller's {name} sent: {headers:?}"
+            );
+        }
     }
 }
 
 #[tokio::test]
-async fn no_key_is_logged_at_any_level_nor_shown_in_metrics() {
+async fn no_key_is_logged_at_any_level_nor_shown_in_metrics_in_every_dialect() {
     let logs = captured_logs();
-    const SECRETS: [&str; 3] = [
-        "sk-log-authorization-0001",
-        "sk-ant-log-x-api-key-0002",
-        "azure-log-api-key-0003",
-    ];
-    let caller = |project: &'static str| {
-        [
-            ("authorization", "Bearer sk-log-authorization-0001"),
-            ("x-api-key", "sk-ant-log-x-api-key-0002"),
-            ("api-key", "azure-log-api-key-0003"),
-            ("openai-project", project),
-        ]
+    // One secret per header any dialect takes a key in.
+    let secrets: Vec<(&str, String)> = registry_key_headers()
+        .map(|name| (name, format!("sk-log-{name}-0001")))
+        .collect();
+    let caller = |project: &str| {
+        let mut headers: Vec<(&str, String)> = secrets
+            .iter()
+            .map(|(name, secret)| (*name, key_in(name, secret)))
+            .collect();
+        headers.push(("openai-project", project.to_string()));
+        headers
     };
     // The summarizer refuses one project echoing every credential it got, as some gateways
     // do, and is broken for another.
@@ -320,36 +324,47 @@ async fn no_key_is_logged_at_any_level_nor_shown_in_metrics() {
                 _ => None,
             },
         );
-    let upstream = mock_llm(LlmBehaviour {
-        summarizer_error: Some(refuse),
-        ..Default::default()
-    })
-    .await;
-    let mut config = small_window_config(&upstream.url());
-    config.context.on_failure = OnFailure::Error;
-    config.summarizer.breaker_failures = 1;
-    let proxy = Proxy::start(config).await;
+    let mut answers = String::new();
+    let mut metrics = String::new();
+    for api in Fixture::all() {
+        let upstream = api
+            .upstream(LlmBehaviour {
+                summarizer_error: Some(refuse.clone()),
+                ..Default::default()
+            })
+            .await;
+        let mut config = Fixture::config(&upstream.url());
+        config.context.on_failure = OnFailure::Error;
+        config.summarizer.breaker_failures = 1;
+        let proxy = Proxy::start(config).await;
 
-    let made = post_as(&proxy, &long_conversation("logged"), &caller("proj-ok")).await;
-    assert_eq!(header(&made, "x-condenser-action"), "summarized");
-    let mut refused = client()
-        .post(proxy.url("/v1/chat/completions"))
-        .json(&long_conversation("refused"));
-    for (name, value) in caller("proj-refused") {
-        refused = refused.header(name, value);
+        let made = post_with(
+            &proxy,
+            api,
+            &caller("proj-ok"),
+            &long_conversation_in(api, "logged"),
+        )
+        .await;
+        assert_eq!(made.action, "summarized", "{api:?}");
+        let send = |project: &'static str, tag: &'static str| {
+            let headers = caller(project);
+            let body = long_conversation_in(api, tag);
+            let proxy = &proxy;
+            async move {
+                let headers: Vec<(&str, &str)> =
+                    headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+                post(proxy, &api.path(false), &headers, &body).await.0
+            }
+        };
+        let refused = send("proj-refused", "refused").await;
+        let (status, _, message) = api.error(refused).await;
+        assert_eq!(status, 502, "{api:?}: {message}");
+        assert!(message.contains("[redacted]"), "{api:?}: {message}");
+        answers.push_str(&message);
+        let broken = send("proj-broken", "broken").await;
+        assert_eq!(broken.status(), 502, "{api:?}");
+        metrics.push_str(&proxy.metrics().await);
     }
-    let refused = refused.send().await.unwrap();
-    assert_eq!(refused.status(), 502);
-    let answer = refused.text().await.unwrap();
-    assert!(answer.contains("[redacted]"), "{answer}");
-    let mut broken = client()
-        .post(proxy.url("/v1/chat/completions"))
-        .json(&long_conversation("broken"));
-    for (name, value) in caller("proj-broken") {
-        broken = broken.header(name, value);
-    }
-    assert_eq!(broken.send().await.unwrap().status(), 502);
-    let metrics = proxy.metrics().await;
 
     let logs = logs.text();
     // The lines that could have carried a key were written, and at the levels below info too.
@@ -363,9 +378,18 @@ async fn no_key_is_logged_at_any_level_nor_shown_in_metrics() {
     ] {
         assert!(logs.contains(line), "{line:?} not logged:\n{logs}");
     }
-    for secret in SECRETS {
-        assert!(!logs.contains(secret), "{secret} logged:\n{logs}");
-        assert!(!metrics.contains(secret), "{secret} in metrics");
-        assert!(!answer.contains(secret), "{secret} answered: {answer}");
+    for (name, secret) in &secrets {
+        assert!(
+            !logs.contains(secret.as_str()),
+            "{name}'s {secret} logged:\n{logs}"
+        );
+        assert!(
+            !metrics.contains(secret.as_str()),
+            "{name}'s {secret} in metrics"
+        );
+        assert!(
+            !answers.contains(secret.as_str()),
+            "{name}'s {secret} answered: {answers}"
+        );
     }
 }

@@ -227,17 +227,28 @@ impl Fixture {
         body
     }
 
-    /// The conversation a request carries: its messages, input items or contents.
-    pub fn items(self, body: &Value) -> Vec<Value> {
-        let field = match self {
+    /// The field a request carries its conversation in.
+    fn items_field(self) -> &'static str {
+        match self {
             Fixture::Chat | Fixture::Messages => "messages",
             Fixture::Responses => "input",
             Fixture::Gemini => "contents",
-        };
+        }
+    }
+
+    /// The conversation a request carries: its messages, input items or contents.
+    pub fn items(self, body: &Value) -> Vec<Value> {
+        let field = self.items_field();
         body[field]
             .as_array()
             .unwrap_or_else(|| panic!("{self:?}: no {field} in {body}"))
             .clone()
+    }
+
+    /// `body` with `items` for its conversation.
+    pub fn with_items(self, mut body: Value, items: &[Value]) -> Value {
+        body[self.items_field()] = json!(items);
+        body
     }
 
     /// How many of `agent_conversation`'s first items are its head, kept verbatim first
@@ -621,6 +632,27 @@ impl Fixture {
             }
         };
         sse_response(events, gate)
+    }
+
+    /// `reply` (whole) reporting the prompt of `request` as a provider does, its tokens
+    /// counted, rather than the fixed count of `text_reply`'s and `call_reply`'s: for a model
+    /// whose prompts condenser estimates, a fixed count would teach it a ratio no provider has.
+    pub async fn reporting_usage(
+        self,
+        reply: Response<ProxyBody>,
+        request: &Value,
+    ) -> Response<ProxyBody> {
+        let (parts, body) = reply.into_parts();
+        let mut reply: Value =
+            serde_json::from_slice(&body.collect().await.unwrap().to_bytes()).unwrap();
+        let at = match self {
+            Fixture::Chat => "/usage/prompt_tokens",
+            Fixture::Responses | Fixture::Messages => "/usage/input_tokens",
+            Fixture::Gemini => "/usageMetadata/promptTokenCount",
+        };
+        let tokens = PromptCache::default().prompt(request).prompt_tokens;
+        *reply.pointer_mut(at).expect("a reply with usage") = json!(tokens);
+        json_response(parts.status.as_u16(), &reply)
     }
 
     /// A reply calling `calls` (name, arguments), streamed or whole; each call's id
@@ -1030,16 +1062,17 @@ impl Fixture {
     }
 
     /// Round `r` of an agent: its call of the tool `name`, then the call's `output`, in this
-    /// dialect (ids `call_R`, Anthropic's `toolu_R`, Gemini's `call-R`).
+    /// dialect (ids `round_R`, Anthropic's `toolu_R`, Gemini's `call-R`: none taken for a
+    /// recall call's, `call_I`).
     pub fn tool_round(self, r: usize, name: &str, output: &str) -> Vec<Value> {
         match self {
             Fixture::Chat => vec![
-                json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_{r}"), "type": "function", "function": {"name": name, "arguments": "{}"}}]}),
-                json!({"role": "tool", "tool_call_id": format!("call_{r}"), "content": output}),
+                json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("round_{r}"), "type": "function", "function": {"name": name, "arguments": "{}"}}]}),
+                json!({"role": "tool", "tool_call_id": format!("round_{r}"), "content": output}),
             ],
             Fixture::Responses => vec![
-                json!({"type": "function_call", "id": format!("fc_{r}"), "call_id": format!("call_{r}"), "name": name, "arguments": "{}"}),
-                json!({"type": "function_call_output", "call_id": format!("call_{r}"), "output": output}),
+                json!({"type": "function_call", "id": format!("fc_{r}"), "call_id": format!("round_{r}"), "name": name, "arguments": "{}"}),
+                json!({"type": "function_call_output", "call_id": format!("round_{r}"), "output": output}),
             ],
             Fixture::Messages => vec![
                 json!({"role": "assistant", "content": [{"type": "tool_use", "id": format!("toolu_{r}"), "name": name, "input": {}}]}),
