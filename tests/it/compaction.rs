@@ -582,46 +582,29 @@ async fn a_huge_newest_output_alone_over_the_hard_limit_is_shortened_just_enough
 }
 
 #[tokio::test]
-async fn the_summarizer_key_is_used_whichever_upstream_summarizes() {
-    let upstream = mock_llm(LlmBehaviour::default()).await;
-    std::env::set_var("CONDENSER_TEST_SUMMARIZER_KEY", "sk-summarizer");
-    let mut config = small_window_config(&upstream.url());
-    config.summarizer.api_key_env = "CONDENSER_TEST_SUMMARIZER_KEY".into();
-    let proxy = Proxy::start(config).await;
-    let response = Fixture::Chat
-        .post(&proxy, &chat_body(&conversation(40)), false, &[])
-        .await
-        .0;
-    assert_eq!(header(&response, "x-condenser-action"), "summarized");
-    let recorded = upstream.recorded();
-    let call = recorded.iter().find(|r| is_summarizer_call(r)).unwrap();
-    assert_eq!(call.headers["authorization"], "Bearer sk-summarizer");
-    let chat = recorded.iter().find(|r| !is_summarizer_call(r)).unwrap();
-    assert_eq!(chat.headers["authorization"], "Bearer sk-user-1");
-}
-
-#[tokio::test]
 async fn a_callers_refused_key_does_not_trip_the_breaker_for_everyone() {
-    let upstream = mock_llm(LlmBehaviour {
-        summarizer_status: Some(401),
-        ..Default::default()
-    })
-    .await;
-    let mut config = small_window_config(&upstream.url());
-    config.summarizer.breaker_failures = 2;
-    let proxy = Proxy::start(config).await;
-    for turns in 40..45 {
-        let response = Fixture::Chat
-            .post(&proxy, &chat_body(&conversation(turns)), false, &[])
-            .await
-            .0;
-        assert_eq!(header(&response, "x-condenser-action"), "trimmed");
+    for api in Fixture::all() {
+        let upstream = api
+            .upstream(LlmBehaviour {
+                summarizer_status: Some(401),
+                ..Default::default()
+            })
+            .await;
+        let mut config = Fixture::config(&upstream.url());
+        config.summarizer.breaker_failures = 2;
+        let proxy = Proxy::start(config).await;
+        let rounds = api.agent_rounds();
+        for rounds in rounds..rounds + 5 {
+            let body = api.agent_body(&api.agent_conversation_of(rounds));
+            let (_, condensed) = api.post(&proxy, &body, false, &[]).await;
+            assert_eq!(condensed.action, "trimmed", "{api:?}: {rounds} rounds");
+        }
+        assert_eq!(
+            summarizer_requests(&upstream).len(),
+            5,
+            "{api:?}: every request still tried"
+        );
     }
-    assert_eq!(
-        summarizer_requests(&upstream).len(),
-        5,
-        "every request still tried"
-    );
 }
 
 #[tokio::test]

@@ -290,6 +290,10 @@ async fn the_summarizer_call_carries_the_callers_credentials_or_only_its_own_key
                 "{api:?}: the caller's {name} sent: {headers:?}"
             );
         }
+        // The caller's own request still goes with the caller's key.
+        let recorded = upstream.recorded();
+        let asked = recorded.iter().rfind(|r| !is_summarizer_call(r)).unwrap();
+        assert_eq!(asked.headers[key_name], key.as_str(), "{api:?}");
     }
 }
 
