@@ -18,3 +18,18 @@ pub struct Summary {
     pub model: String,
     pub created_at: u64,
 }
+
+#[cfg(test)]
+impl Summary {
+    /// A short summary of the first `messages` messages after the head, for the rewrites'
+    /// tests.
+    pub fn story_so_far(messages: usize) -> Summary {
+        Summary {
+            text: "the story so far".into(),
+            messages,
+            tokens: 5,
+            model: "m".into(),
+            created_at: 0,
+        }
+    }
+}

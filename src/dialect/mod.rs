@@ -354,13 +354,7 @@ pub mod splice_cases {
             estimated_tokens: 0,
         };
         let rewrite = Rewrite {
-            summary: Some(Arc::new(Summary {
-                text: "the story so far".into(),
-                messages: kept_from,
-                tokens: 5,
-                model: "m".into(),
-                created_at: 0,
-            })),
+            summary: Some(Arc::new(Summary::story_so_far(kept_from))),
             kept_from,
             pinned: None,
             cuts: vec![Shorten {

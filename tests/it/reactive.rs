@@ -155,6 +155,26 @@ async fn a_second_failure_is_passed_on() {
     }
 }
 
+/// `response` is upstream's refusal `expected`, relayed as it came: a 400, not retried, and
+/// the request sent upstream once.
+async fn assert_relayed_untried(
+    fixture: Fixture,
+    response: reqwest::Response,
+    condensed: &Condensed,
+    expected: &Value,
+    upstream: &MockUpstream,
+) {
+    assert_eq!(response.status(), 400, "{fixture:?}");
+    assert!(
+        response.headers().get("x-condenser-retry").is_none(),
+        "{fixture:?}: {}",
+        condensed.retry
+    );
+    let reply: Value = response.json().await.unwrap();
+    assert_eq!(&reply, expected, "{fixture:?}");
+    assert_eq!(upstream.forwarded().len(), 1, "{fixture:?}");
+}
+
 #[tokio::test]
 async fn a_request_sent_with_compaction_off_is_not_retried() {
     for fixture in Fixture::all() {
@@ -168,15 +188,14 @@ async fn a_request_sent_with_compaction_off_is_not_retried() {
                 &[("x-condenser-mode", "off")],
             )
             .await;
-        assert_eq!(response.status(), 400, "{fixture:?}");
-        assert!(
-            response.headers().get("x-condenser-retry").is_none(),
-            "{fixture:?}: {}",
-            condensed.retry
-        );
-        let reply: Value = response.json().await.unwrap();
-        assert_eq!(reply, fixture.too_long(), "{fixture:?}");
-        assert_eq!(upstream.forwarded().len(), 1, "{fixture:?}");
+        assert_relayed_untried(
+            fixture,
+            response,
+            &condensed,
+            &fixture.too_long(),
+            &upstream,
+        )
+        .await;
     }
 }
 
@@ -192,15 +211,14 @@ async fn a_prompt_far_inside_a_window_counted_exactly_is_not_retried() {
         model.encoding.get_or_insert_with(|| "o200k_base".into());
         let proxy = Proxy::start(config).await;
         let (response, condensed) = fixture.post(&proxy, &body_of(fixture, 5), false, &[]).await;
-        assert_eq!(response.status(), 400, "{fixture:?}");
-        assert!(
-            response.headers().get("x-condenser-retry").is_none(),
-            "{fixture:?}: {}",
-            condensed.retry
-        );
-        let reply: Value = response.json().await.unwrap();
-        assert_eq!(reply, fixture.too_long(), "{fixture:?}");
-        assert_eq!(upstream.forwarded().len(), 1, "{fixture:?}");
+        assert_relayed_untried(
+            fixture,
+            response,
+            &condensed,
+            &fixture.too_long(),
+            &upstream,
+        )
+        .await;
     }
 }
 
@@ -213,18 +231,7 @@ async fn an_error_that_is_not_about_length_is_passed_on_untried() {
         let (response, condensed) = fixture
             .post(&proxy, &body_of(fixture, TURNS), false, &[])
             .await;
-        assert_eq!(response.status(), 400, "{fixture:?}");
-        assert!(
-            response.headers().get("x-condenser-retry").is_none(),
-            "{fixture:?}: {}",
-            condensed.retry
-        );
-        assert_eq!(
-            response.json::<Value>().await.unwrap(),
-            other,
-            "{fixture:?}"
-        );
-        assert_eq!(upstream.forwarded().len(), 1, "{fixture:?}");
+        assert_relayed_untried(fixture, response, &condensed, &other, &upstream).await;
     }
 }
 

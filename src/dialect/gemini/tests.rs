@@ -202,15 +202,7 @@ fn no_split() -> Split {
 
 fn rewrite_of(kept_from: usize, pinned: Option<std::ops::Range<usize>>, summary: bool) -> Rewrite {
     Rewrite {
-        summary: summary.then(|| {
-            Arc::new(Summary {
-                text: "the story so far".into(),
-                messages: kept_from,
-                tokens: 5,
-                model: "m".into(),
-                created_at: 0,
-            })
-        }),
+        summary: summary.then(|| Arc::new(Summary::story_so_far(kept_from))),
         kept_from,
         pinned,
         cuts: Vec::new(),

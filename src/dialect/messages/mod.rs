@@ -576,13 +576,7 @@ mod tests {
                 split.summary_ends[summary_at.index(split.summary_ends.len())]
             };
             let rewrite = Rewrite {
-                summary: with_summary.then(|| Arc::new(Summary {
-                    text: "the story so far".into(),
-                    messages: kept_from,
-                    tokens: 5,
-                    model: "m".into(),
-                    created_at: 0,
-                })),
+                summary: with_summary.then(|| Arc::new(Summary::story_so_far(kept_from))),
                 kept_from,
                 pinned: split.pinned_before(kept_from),
                 cuts: split.shorten.clone(),
