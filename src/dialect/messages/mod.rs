@@ -622,7 +622,7 @@ mod tests {
             let tree = Value::Object(request.body.clone());
             prop_assert!(Messages::splice(&request).is_some());
             let copies = request.origins.of_items.iter().flatten().any(Option::is_some);
-            let (body, _) =
+            let (body, _, _) =
                 Messages::outgoing_body(request, Bytes::from(sent_body.clone()), true).unwrap();
             prop_assert_eq!(serde_json::from_slice::<Value>(&body).unwrap(), tree);
             prop_assert_eq!(body.windows(7).any(|w| w == b"\n      "), copies);
