@@ -175,7 +175,7 @@ pub struct Counted<'a> {
     pub model: Cow<'a, str>,
     pub items: Vec<&'a [u8]>,
     /// One per `RawFields::parts`, present even as `null`.
-    pub parts: Vec<Option<&'a [u8]>>,
+    pub parts: Vec<Option<&'a str>>,
 }
 
 /// What `read_fields` would read of a body `spliced` wrote, by where it wrote each field rather
@@ -197,7 +197,7 @@ pub fn laid_out<'a>(bytes: &'a [u8], layout: &Layout, fields: &RawFields) -> Opt
         } else if fields.extra == Some(key.as_str()) {
             // Read raw, which any JSON is.
         } else if let Some(index) = fields.parts.iter().position(|part| part == key) {
-            parts[index] = Some(value);
+            parts[index] = Some(std::str::from_utf8(value).ok()?);
         } else if fields.full_path.contains(&key.as_str()) {
             return None;
         }

@@ -428,7 +428,7 @@ pub async fn scan_raw(
         parts: request
             .parts
             .iter()
-            .map(|part| part.map(|part| part.get().as_bytes()))
+            .map(|part| part.map(RawValue::get))
             .collect(),
     };
     let (info, count, metas) = count_read(counting, stage, &counted).await.ok_or(None)?;

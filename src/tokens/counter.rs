@@ -266,19 +266,19 @@ impl TokenCounter {
         &self,
         encoding: Encoding,
         seed: u64,
-        parts: &[Option<&[u8]>],
+        parts: &[Option<&str>],
         count: impl Fn(usize, Value) -> u32,
     ) -> Option<u32> {
         let mut tokens = 0;
         for (index, raw) in parts.iter().enumerate() {
             let Some(raw) = raw else { continue };
             // As for items, the seed is xor-ed in rather than given to xxh3.
-            let key = xxh3::xxh3_128_with_secret(raw, &self.raw_message_secret)
+            let key = xxh3::xxh3_128_with_secret(raw.as_bytes(), &self.raw_message_secret)
                 ^ ((u128::from(index as u64) << 64) | u128::from(seed | encoding as u64));
             tokens += match self.raw_extras.get(key) {
                 Some(counted) => counted,
                 None => {
-                    let parsed: Value = serde_json::from_slice(raw).ok()?;
+                    let parsed: Value = serde_json::from_str(raw).ok()?;
                     let counted = count(index, parsed);
                     self.raw_extras.insert(key, counted);
                     counted
@@ -291,7 +291,7 @@ impl TokenCounter {
     fn count_raw_extras(&self, prompt: &RawPrompt, encoding: Encoding) -> Option<u32> {
         const FIELDS: [&str; 3] = ["tools", "tool_choice", "response_format"];
         let parts = [prompt.tools, prompt.tool_choice, prompt.response_format]
-            .map(|part| part.map(|part| part.get().as_bytes()));
+            .map(|part| part.map(RawValue::get));
         self.count_raw_parts(encoding, RAW_EXTRAS_SEED, &parts, |index, value| {
             let field = FIELDS.get(index).map_or("", |field| *field);
             let extras = Map::from_iter([(field.to_string(), value)]);
