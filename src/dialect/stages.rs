@@ -398,6 +398,9 @@ pub struct RawStage {
     pub items: RawItems,
     pub parts_seed: u64,
     pub part: fn(Encoding, usize, Value) -> u32,
+    /// The part `part` counts as the sum of its elements when it is an array, counted so
+    /// (`TokenCounter::count_raw_parts`).
+    pub summed: Option<usize>,
     pub reserve: fn(Option<u64>, Option<&RawValue>) -> Option<u64>,
 }
 
@@ -471,7 +474,7 @@ async fn count_read(
     let fixed = REPLY_PRIMING
         + counting.counter.count_raw_parts(
             encoding,
-            stage.parts_seed,
+            (stage.parts_seed, stage.summed),
             &read.parts,
             |index, part| (stage.part)(encoding, index, part),
         )?;
