@@ -72,7 +72,12 @@ fn canonical(seed: &[u8], value: &Value, text: Text) -> Vec<u8> {
 /// (Claude Code 2.0 trims some tool results live, not when it resumes a session) still finds
 /// the summary of it; a summary does not depend on such whitespace.
 pub fn hash_with_seed(seed: &[u8], value: &Value) -> [u8; 32] {
-    *blake3::hash(&canonical(seed, value, str::trim)).as_bytes()
+    *blake3::hash(&trimmed_canonical(seed, value)).as_bytes()
+}
+
+/// The bytes `hash_with_seed` hashes, for a caller that keeps its hashes by them.
+pub fn trimmed_canonical(seed: &[u8], value: &Value) -> Vec<u8> {
+    canonical(seed, value, str::trim)
 }
 
 /// A fast 128-bit hash of `seed ‖ canonical(value)`, for in-memory keys that need no

@@ -116,15 +116,17 @@ async fn trimmed_as<D: Dialect>(
         });
     }
     write_compaction::<D>(&mut request, split, &rewrite, settings.context, encoding);
-    let (sent, _) = D::outgoing_body(request, Bytes::new(), true)?;
+    let (sent, _, layout) = D::outgoing_body(request, Bytes::new(), true)?;
     let counting = Counting {
         config,
         catalog: &catalog,
         counter: &counter,
     };
-    Ok(count_as_sent::<D>(counting, &sent, D::PATH, settings)
-        .await?
-        .total)
+    Ok(
+        count_as_sent::<D>(counting, (&sent, layout.as_ref()), D::PATH, settings)
+            .await?
+            .total,
+    )
 }
 
 async fn trimmed_tokens(

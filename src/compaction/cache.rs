@@ -8,10 +8,13 @@ use std::time::Duration;
 use hyper::header::{HeaderMap, HeaderName};
 use serde_json::Value;
 
-use crate::canonical::hash_with_seed;
+use xxhash_rust::xxh3;
+
+use crate::canonical::{hash_with_seed, trimmed_canonical};
 use crate::compaction::redis::RedisStore;
 use crate::compaction::summary::{Key, Summary};
 use crate::config::{CacheConfig, ConfigError};
+use crate::tokens::count_cache::{random_secret, CountCache, SECRET_BYTES};
 
 /// The request headers that say who the caller is (`cache.scope_headers`), in configured order;
 /// left out, every header a key may come in (`key_headers`, every API's).
@@ -65,6 +68,49 @@ pub fn scope(caller: &Key, summarizer_model: &str, settings: &Key) -> Key {
     hasher.update(summarizer_model.as_bytes());
     hasher.update(settings);
     *hasher.finalize().as_bytes()
+}
+
+/// Prefix keys kept as `prefix_keys` makes them, by a keyed xxh3 of the bytes blake3 hashes
+/// for each: a session's requests share their prefix, and blake3 over it took 3.5M of a
+/// compacted agent request's 31.7M instructions (`bench/instruction_budget.sh`), xxh3 a
+/// tenth of that. The secret is random per process, so no one can make two prefixes share a
+/// kept key, as for the counter's raw items.
+pub struct PrefixKeys {
+    made: CountCache<Key>,
+    secret: [u8; SECRET_BYTES],
+}
+
+/// Prefix keys kept: one per item of a session's prefix, so a few hundred sessions' worth,
+/// about 5 MB once the first is kept.
+const PREFIX_KEYS_KEPT: usize = 50_000;
+
+impl Default for PrefixKeys {
+    fn default() -> PrefixKeys {
+        PrefixKeys {
+            made: CountCache::new(PREFIX_KEYS_KEPT),
+            secret: random_secret(),
+        }
+    }
+}
+
+impl PrefixKeys {
+    /// `prefix_keys(scope, messages)`, each key found when made before.
+    pub fn keys(&self, scope: &Key, messages: &[Value]) -> Vec<Key> {
+        let mut previous = *scope;
+        messages
+            .iter()
+            .map(|message| {
+                let written = trimmed_canonical(&previous, message);
+                let fast = xxh3::xxh3_128_with_secret(&written, &self.secret);
+                previous = self.made.get(fast).unwrap_or_else(|| {
+                    let key = *blake3::hash(&written).as_bytes();
+                    self.made.insert(fast, key);
+                    key
+                });
+                previous
+            })
+            .collect()
+    }
 }
 
 /// `keys[i] = h_i = blake3(h_{i-1} ‖ canonical(message_i))`, `h_{-1}` the scope.
@@ -393,5 +439,13 @@ mod tests {
         assert_ne!(prefix_keys(&s2, &messages)[1], a[1]);
         assert_ne!(scope(&k1, "gpt-4o", &[2; 32]), s1);
         assert_ne!(scope(&k1, "gpt-4o-mini", &[1; 32]), s1);
+        // Kept or made afresh, the same keys.
+        let kept = PrefixKeys::default();
+        assert_eq!(kept.keys(&s1, &messages), a);
+        assert_eq!(kept.keys(&s1, &messages), a);
+        assert_eq!(
+            kept.keys(&s2, &messages[..1]),
+            prefix_keys(&s2, &messages[..1])
+        );
     }
 }

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use hyper::header::HeaderMap;
 use serde_json::Value;
 
-use crate::compaction::cache::{prefix_keys, scope, ScopeHeaders, SummaryCache};
+use crate::compaction::cache::{scope, PrefixKeys, ScopeHeaders, SummaryCache};
 use crate::compaction::forms::{went, without_waiting, Form, On, OnHand, SharedSummary};
 use crate::compaction::horizon::{Horizon, Records};
 use crate::compaction::limits::{summary_room, Tier};
@@ -40,6 +40,7 @@ pub struct Compactor {
     in_flight: Arc<InFlight>,
     /// The summarizer model's window and encoding.
     catalog: Arc<ModelCatalog>,
+    prefix_keys: PrefixKeys,
 }
 
 impl Compactor {
@@ -75,6 +76,7 @@ impl Compactor {
             maker,
             in_flight: Arc::default(),
             catalog,
+            prefix_keys: PrefixKeys::default(),
         })
     }
 
@@ -207,7 +209,9 @@ fn prefix(compactor: &Compactor, job: &CompactionJob<'_>) -> Prefix {
             .summarizer
             .settings_key(summary_tokens, &job.settings.tools),
     );
-    let keys = prefix_keys(&scope, &job.messages[..job.split.ahead]);
+    let keys = compactor
+        .prefix_keys
+        .keys(&scope, &job.messages[..job.split.ahead]);
     Prefix {
         caller,
         summarizer_model,

@@ -325,8 +325,11 @@ pub mod splice_cases {
     use crate::compaction::shorten::Shorten;
     use crate::compaction::summary::Summary;
     use crate::config::ContextConfig;
-    use crate::dialect::request::{item_ranges, read_fields};
-    use crate::dialect::stages::{write_compaction, Dialect};
+    use crate::config::{Config, RecallConfig};
+    use crate::dialect::request::{item_ranges, laid_out, read_fields, Layout};
+    use crate::dialect::stages::{count_as_sent, write_compaction, Counting, Dialect, Settings};
+    use crate::tokens::catalog::ModelCatalog;
+    use crate::tokens::counter::TokenCounter;
     use crate::tokens::encoding::Encoding;
 
     /// `body` (pretty-printed, so that copied items differ in text from written ones)
@@ -377,7 +380,36 @@ pub mod splice_cases {
         assert!(wire.is_some(), "recall offered");
         let tree = Value::Object(D::body_mut(&mut request).clone());
         assert!(D::splice(&request).is_some(), "spliced");
-        let (out, _) = D::outgoing_body(request, Bytes::from(sent), true).unwrap();
+        let (out, _, layout) = D::outgoing_body(request, Bytes::from(sent), true).unwrap();
+        // Read where it was written, the body counts as it does read afresh.
+        let layout = layout.expect("laid out");
+        assert!(
+            laid_out(&out, &layout, &stage.fields).is_some(),
+            "read as written"
+        );
+        let counted = |layout: Option<&Layout>| {
+            let config = Config::default();
+            let catalog = ModelCatalog::new(Default::default(), Default::default());
+            let counter = TokenCounter::new(0.1);
+            let counting = Counting {
+                config: &config,
+                catalog: &catalog,
+                counter: &counter,
+            };
+            let settings = Settings {
+                context: &settings,
+                recall: RecallConfig::default(),
+            };
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            let sent = (&out, layout);
+            let count = runtime
+                .block_on(count_as_sent::<D>(counting, sent, D::PATH, settings))
+                .unwrap();
+            (count.per_message, count.fixed, count.total, count.raw_total)
+        };
+        assert_eq!(counted(Some(&layout)), counted(None));
         let copied = out.windows(7).any(|w| w == b"\n      ");
         (serde_json::from_slice(&out).unwrap(), tree, copied)
     }

@@ -18,7 +18,9 @@ use crate::compaction::summary_api::{SummaryApi, SummaryEndpoint};
 use crate::config::{tool_cut, Config, ContextConfig, RecallConfig, ToolPolicy};
 use crate::conversation::{answered_tools, Item, Kind, ToolCut};
 use crate::dialect::recall::RecallWire;
-use crate::dialect::request::{item_ranges, object_start, read_fields, spliced, RawFields, Splice};
+use crate::dialect::request::{
+    item_ranges, laid_out, object_start, read_fields, spliced, Counted, Layout, RawFields, Splice,
+};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
 use crate::tokens::catalog::{ModelCatalog, ModelInfo};
@@ -169,24 +171,25 @@ pub trait Dialect {
     }
 
     /// The body to send: `original` unless the request was rewritten or must ask upstream
-    /// for usage; and whether usage was asked for on the client's behalf. Unless a dialect says
+    /// for usage; whether usage was asked for on the client's behalf; and, for a spliced body,
+    /// where it wrote each field and item (for `count_as_sent`). Unless a dialect says
     /// otherwise, its replies carry usage unasked, and a rewritten request is its JSON object
     /// written out, its unchanged items copied from `original` where it keeps them (`splice`).
     fn outgoing_body(
         mut request: Self::Request,
         original: Bytes,
         rewritten: bool,
-    ) -> Result<(Bytes, bool), ProxyError> {
+    ) -> Result<(Bytes, bool, Option<Layout>), ProxyError> {
         if !rewritten {
-            return Ok((original, false));
+            return Ok((original, false, None));
         }
-        if let Some(body) =
+        if let Some((body, layout)) =
             Self::splice(&request).and_then(|(body, splice)| spliced(body, &original, &splice))
         {
-            return Ok((Bytes::from(body), false));
+            return Ok((Bytes::from(body), false, Some(layout)));
         }
         let body = serde_json::to_vec(Self::body_mut(&mut request)).map_err(ProxyError::Rewrite)?;
-        Ok((Bytes::from(body), false))
+        Ok((Bytes::from(body), false, None))
     }
 }
 
@@ -358,10 +361,20 @@ pub fn write_compaction<D: Dialect>(
 /// an agent-sized Messages request, `bench/agent_replay.sh`); by their bytes, 0.5 ms.
 pub async fn count_as_sent<D: Dialect>(
     counting: Counting<'_>,
-    body: &Bytes,
+    (body, layout): (&Bytes, Option<&Layout>),
     path: &str,
     settings: Settings<'_>,
 ) -> Result<PromptCount, ProxyError> {
+    // A spliced body is read where it was written, as its raw stage would read it.
+    let read = D::RAW_STAGE.zip(layout).and_then(|(stage, layout)| {
+        let fields = laid_out(body, layout, &stage.fields)?;
+        Some((stage, fields))
+    });
+    if let Some((stage, fields)) = read {
+        if let Some((_, count, _)) = count_read(counting, stage, &fields).await {
+            return Ok(count);
+        }
+    }
     match D::scan(counting, body, settings, Mode::Off).await {
         Ok(Ready { prepared, .. }) | Err(Some(Planned { prepared, .. })) => {
             return Ok(prepared.count)
@@ -385,6 +398,9 @@ pub struct RawStage {
     pub items: RawItems,
     pub parts_seed: u64,
     pub part: fn(Encoding, usize, Value) -> u32,
+    /// The part `part` counts as the sum of its elements when it is an array, counted so
+    /// (`TokenCounter::count_raw_parts`).
+    pub summed: Option<usize>,
     pub reserve: fn(Option<u64>, Option<&RawValue>) -> Option<u64>,
 }
 
@@ -405,25 +421,20 @@ pub async fn scan_raw(
         return Err(None);
     };
     let request = read_fields(bytes, &stage.fields).ok_or(None)?;
-    let info = counting.catalog.resolve(&request.model);
-    let encoding = info.encoding;
-    let fixed = REPLY_PRIMING
-        + counting
-            .counter
-            .count_raw_parts(encoding, stage.parts_seed, &request.parts, |index, part| {
-                (stage.part)(encoding, index, part)
-            })
-            .ok_or(None)?;
-    let raw: Vec<&[u8]> = request
-        .items
-        .iter()
-        .map(|item| item.get().as_bytes())
-        .collect();
-    let (count, metas) = counting
-        .counter
-        .count_raw_items(&raw, &stage.items, fixed, &request.model, &info)
-        .await
-        .ok_or(None)?;
+    let counted = Counted {
+        model: request.model,
+        items: request
+            .items
+            .iter()
+            .map(|item| item.get().as_bytes())
+            .collect(),
+        parts: request
+            .parts
+            .iter()
+            .map(|part| part.map(RawValue::get))
+            .collect(),
+    };
+    let (info, count, metas) = count_read(counting, stage, &counted).await.ok_or(None)?;
     let prepared = Prepared {
         info,
         count,
@@ -442,10 +453,34 @@ pub async fn scan_raw(
         }));
     }
     Ok(Ready {
-        model: request.model.into_owned(),
+        model: counted.model.into_owned(),
         usable: Limits::new(&input).usable,
         prepared,
         body: bytes.clone(),
         inject_usage: false,
     })
+}
+
+/// A raw stage's count of what it read: the parts besides the items and reply priming (the
+/// request's fixed tokens), and each item, found by its bytes. None when an item or a part
+/// cannot be read.
+async fn count_read(
+    counting: Counting<'_>,
+    stage: &RawStage,
+    read: &Counted<'_>,
+) -> Option<(ModelInfo, PromptCount, Vec<Item>)> {
+    let info = counting.catalog.resolve(&read.model);
+    let encoding = info.encoding;
+    let fixed = REPLY_PRIMING
+        + counting.counter.count_raw_parts(
+            encoding,
+            (stage.parts_seed, stage.summed),
+            &read.parts,
+            |index, part| (stage.part)(encoding, index, part),
+        )?;
+    let (count, metas) = counting
+        .counter
+        .count_raw_items(&read.items, &stage.items, fixed, &read.model, &info)
+        .await?;
+    Some((info, count, metas))
 }

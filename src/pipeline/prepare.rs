@@ -206,17 +206,19 @@ async fn prepare_in_full<'s, D: Dialect>(
     };
     let usable = Limits::new(&input).usable;
     let would = would(state, &prepared, all_settings, mode);
-    let body = D::outgoing_body(request, bytes, rewritten)?;
+    let (body, inject_usage, layout) = D::outgoing_body(request, bytes, rewritten)?;
     // Only a rewrite changes the prompt.
     let forwarded = if rewritten {
-        let count = count_as_sent::<D>(counting(state), &body.0, path, all_settings).await?;
+        let sent = (&body, layout.as_ref());
+        let count = count_as_sent::<D>(counting(state), sent, path, all_settings).await?;
         (count.total, count.raw_total)
     } else {
         (prepared.count.total, prepared.count.raw_total)
     };
     if let Some(mark) = mark {
-        compactor.forwarded(mark, body.0.clone(), forwarded.0);
+        compactor.forwarded(mark, body.clone(), forwarded.0);
     }
+    let body = (body, inject_usage);
     let mut outgoing = Outgoing::new(upstream, model, prepared, body, forwarded, usable, outcome);
     outgoing.would = would;
     Ok(outgoing)

@@ -261,37 +261,65 @@ impl TokenCounter {
     /// The tokens of a request's raw parts other than its items, each part as `count` counts
     /// it parsed (given its index in `parts`), kept by its own bytes, its index and `seed`
     /// (one per dialect): an agent's tool schemas are counted once though the system prompt
-    /// beside them changes. Absent parts cost nothing; None when a part is not JSON.
+    /// beside them changes. The part at `summed`, when an array, is counted as the sum of its
+    /// elements, each kept by its own bytes: what `count` must count it as, so that a system
+    /// prompt with a summary block appended costs only the summary (3.9M instructions for an
+    /// agent's prompt counted afresh). Absent parts cost nothing; None when a part is not JSON.
     pub fn count_raw_parts(
         &self,
         encoding: Encoding,
-        seed: u64,
-        parts: &[Option<&RawValue>],
+        (seed, summed): (u64, Option<usize>),
+        parts: &[Option<&str>],
         count: impl Fn(usize, Value) -> u32,
     ) -> Option<u32> {
         let mut tokens = 0;
         for (index, raw) in parts.iter().enumerate() {
             let Some(raw) = raw else { continue };
-            // As for items, the seed is xor-ed in rather than given to xxh3.
-            let key = xxh3::xxh3_128_with_secret(raw.get().as_bytes(), &self.raw_message_secret)
-                ^ ((u128::from(index as u64) << 64) | u128::from(seed | encoding as u64));
-            tokens += match self.raw_extras.get(key) {
-                Some(counted) => counted,
-                None => {
-                    let parsed: Value = serde_json::from_str(raw.get()).ok()?;
-                    let counted = count(index, parsed);
-                    self.raw_extras.insert(key, counted);
-                    counted
-                }
+            let elements = (summed == Some(index))
+                .then(|| serde_json::from_str::<Vec<&RawValue>>(raw).ok())
+                .flatten();
+            let Some(elements) = elements else {
+                tokens += self
+                    .count_raw_part(encoding, seed, index as u64, raw, |part| count(index, part))?;
+                continue;
             };
+            // Elements kept apart from whole parts with the same bytes, which count otherwise.
+            let slot = index as u64 | 1 << 32;
+            for element in elements {
+                tokens += self.count_raw_part(encoding, seed, slot, element.get(), |element| {
+                    count(index, Value::Array(vec![element]))
+                })?;
+            }
         }
         Some(tokens)
     }
 
+    /// One part (or element) of `count_raw_parts`, kept by its bytes and `slot`.
+    fn count_raw_part(
+        &self,
+        encoding: Encoding,
+        seed: u64,
+        slot: u64,
+        raw: &str,
+        count: impl FnOnce(Value) -> u32,
+    ) -> Option<u32> {
+        // As for items, the seed is xor-ed in rather than given to xxh3.
+        let key = xxh3::xxh3_128_with_secret(raw.as_bytes(), &self.raw_message_secret)
+            ^ ((u128::from(slot) << 64) | u128::from(seed | encoding as u64));
+        if let Some(counted) = self.raw_extras.get(key) {
+            return Some(counted);
+        }
+        let parsed: Value = serde_json::from_str(raw).ok()?;
+        let counted = count(parsed);
+        self.raw_extras.insert(key, counted);
+        Some(counted)
+    }
+
     fn count_raw_extras(&self, prompt: &RawPrompt, encoding: Encoding) -> Option<u32> {
         const FIELDS: [&str; 3] = ["tools", "tool_choice", "response_format"];
-        let parts = [prompt.tools, prompt.tool_choice, prompt.response_format];
-        self.count_raw_parts(encoding, RAW_EXTRAS_SEED, &parts, |index, value| {
+        let parts = [prompt.tools, prompt.tool_choice, prompt.response_format]
+            .map(|part| part.map(RawValue::get));
+        self.count_raw_parts(encoding, (RAW_EXTRAS_SEED, None), &parts, |index, value| {
             let field = FIELDS.get(index).map_or("", |field| *field);
             let extras = Map::from_iter([(field.to_string(), value)]);
             count_request_extras(encoding, &extras)

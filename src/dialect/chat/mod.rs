@@ -26,7 +26,7 @@ use crate::config::ContextConfig;
 use crate::conversation::{content_text, Item};
 use crate::dialect::openai;
 use crate::dialect::recall::RecallWire;
-use crate::dialect::request::{array, object_start, object_with_model, present};
+use crate::dialect::request::{array, object_start, object_with_model, present, Layout};
 use crate::dialect::stages::{Counting, Dialect, Planned, Prepared, Ready, Settings};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
@@ -113,7 +113,7 @@ impl Dialect for Chat {
         mut request: Self::Request,
         original: Bytes,
         rewritten: bool,
-    ) -> Result<(Bytes, bool), ProxyError> {
+    ) -> Result<(Bytes, bool, Option<Layout>), ProxyError> {
         let usage = UsageRequest::new(
             request.get("stream").and_then(Value::as_bool) == Some(true),
             request.get("stream_options").map(asks_for_usage),
@@ -134,7 +134,7 @@ impl Dialect for Chat {
             }
             UsageRequest::None | UsageRequest::Merge => body,
         };
-        Ok((body, usage != UsageRequest::None))
+        Ok((body, usage != UsageRequest::None, None))
     }
 }
 

@@ -205,6 +205,8 @@ const RAW_STAGE: RawStage = RawStage {
         1 => tools_tokens(encoding, Some(&part)),
         _ => tool_choice_tokens(encoding, Some(&part)),
     },
+    // `system`'s blocks, each counted alone (`system_tokens`).
+    summed: Some(0),
     reserve: |max_tokens, thinking| {
         let budget = thinking
             .and_then(|thinking| serde_json::from_str::<Value>(thinking.get()).ok())
@@ -341,6 +343,32 @@ mod tests {
 
     fn request(body: Value) -> MessagesRequest {
         Messages::parse(body.to_string().as_bytes(), MESSAGES).unwrap()
+    }
+
+    #[test]
+    fn system_blocks_counted_alone_sum_to_the_whole_systems_count() {
+        let counter = TokenCounter::new(0.1);
+        let count = |system: &Value| {
+            let raw = system.to_string();
+            let part = |index, part| (RAW_STAGE.part)(Encoding::O200k, index, part);
+            let seed = (RAW_STAGE.parts_seed, RAW_STAGE.summed);
+            counter.count_raw_parts(Encoding::O200k, seed, &[Some(&raw)], part)
+        };
+        let rules =
+            json!({"type": "text", "text": "rules", "cache_control": {"type": "ephemeral"}});
+        let summary = json!({"type": "text", "text": "the story so far"});
+        for system in [
+            json!([rules.clone()]),
+            json!([rules, summary, {"type": "image", "source": {}}]),
+            json!("rules\n\nthe story so far"),
+            // An element and a whole part of the same bytes, which count otherwise.
+            json!(["rules"]),
+            json!("rules"),
+        ] {
+            let whole = system_tokens(Encoding::O200k, Some(&system));
+            assert_eq!(count(&system), Some(whole), "{system}");
+            assert_eq!(count(&system), Some(whole), "{system} kept");
+        }
     }
 
     #[test]
@@ -616,7 +644,7 @@ mod tests {
             let tree = Value::Object(request.body.clone());
             prop_assert!(Messages::splice(&request).is_some());
             let copies = request.origins.of_items.iter().flatten().any(Option::is_some);
-            let (body, _) =
+            let (body, _, _) =
                 Messages::outgoing_body(request, Bytes::from(sent_body.clone()), true).unwrap();
             prop_assert_eq!(serde_json::from_slice::<Value>(&body).unwrap(), tree);
             prop_assert_eq!(body.windows(7).any(|w| w == b"\n      "), copies);

@@ -173,6 +173,7 @@ const RAW_STAGE: RawStage = RawStage {
             .get(index)
             .map_or(0, |field| part_tokens(field, &part, encoding))
     },
+    summed: None,
     reserve: |max_output_tokens, _| max_output_tokens,
 };
 
