@@ -484,3 +484,41 @@ async fn count_read(
         .await?;
     Some((info, count, metas))
 }
+
+/// The split `force` plans for `request` in a context of `window` tokens under `settings`
+/// (a summary of 200 tokens), or `None` when it plans no compaction: what the dialects'
+/// property tests write their compactions from.
+#[cfg(test)]
+pub(crate) fn forced_split<D: Dialect>(
+    request: &D::Request,
+    window: u64,
+    settings: &ContextConfig,
+) -> Option<Split> {
+    let overrides = [(
+        D::model(request).to_string(),
+        crate::tokens::catalog::ModelOverride {
+            context_window: Some(window),
+            encoding: None,
+            price: None,
+        },
+    )];
+    let catalog = ModelCatalog::new(overrides.into_iter().collect(), Default::default());
+    let counter = TokenCounter::new(0.1);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime to count in");
+    let prepared = runtime.block_on(D::count(request, &catalog, &counter));
+    let input = PlanInput {
+        messages: &prepared.metas,
+        fixed_tokens: prepared.count.fixed,
+        context_window: prepared.info.context_window,
+        requested_completion_tokens: prepared.requested_completion_tokens,
+        settings,
+        mode: Mode::Force,
+        summary_tokens: 200,
+    };
+    match plan::plan(&input) {
+        Decision::Compact { split, .. } => Some(split),
+        Decision::Forward(_) | Decision::Reject { .. } | Decision::Precompute(_) => None,
+    }
+}

@@ -954,6 +954,10 @@ impl Stack {
             per_100(summarizer),
             per_100(figures.cache.billed_whole),
         );
+        // Where a finding was missed, the answer shows which, and what the model read instead.
+        if read.findings_right != Some(FINDINGS.len()) {
+            eprintln!("  the answer to the findings: {}", read.answer);
+        }
         for (at, what) in figures.cache.avoidable.iter().take(5) {
             eprintln!("  avoidable break at request {at}: {what}");
         }

@@ -2,12 +2,11 @@
 
 use super::view::{is_user, parts};
 use super::*;
-use crate::compaction::limits::PlanInput;
-use crate::compaction::plan::{plan, Decision};
 use crate::compaction::rewrite::{Action, CacheOutcome};
 use crate::compaction::summary::Summary;
 use crate::config::SummaryRole;
 use crate::conversation::{Item, Kind, Role};
+use crate::dialect::stages::forced_split;
 use proptest::prelude::*;
 use std::sync::Arc;
 use std::time::Duration;
@@ -397,29 +396,10 @@ proptest! {
     ) {
         let mut request = request(json!({"systemInstruction": {"parts": [{"text": "rules"}]},
             "contents": &sent, "generationConfig": {"maxOutputTokens": 500}}));
-        let counter = TokenCounter::new(0.1);
-        let overrides = [("gemini-2.5-pro".to_string(), crate::tokens::catalog::ModelOverride {
-            context_window: Some(window),
-            encoding: None,
-            price: None,
-        })];
-        let catalog = ModelCatalog::new(overrides.into_iter().collect(), Default::default());
-        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        let prepared = runtime.block_on(counted(&request, &catalog, &counter));
         let mut settings = ContextConfig { keep_recent_messages: keep, ..Default::default() };
         settings.summary_role = if role_system { SummaryRole::System } else { SummaryRole::User };
-        let input = PlanInput {
-            messages: &prepared.metas,
-            fixed_tokens: prepared.count.fixed,
-            context_window: prepared.info.context_window,
-            requested_completion_tokens: prepared.requested_completion_tokens,
-            settings: &settings,
-            mode: crate::compaction::plan::Mode::Force,
-            summary_tokens: 200,
-        };
-        let split = match plan(&input) {
-            Decision::Compact { split, .. } => split,
-            _ => return Ok(()),
+        let Some(split) = forced_split::<Gemini>(&request, window, &settings) else {
+            return Ok(());
         };
         let kept_from = split.tail_start;
         let mut rewrite = rewrite_of(kept_from, split.pinned_before(kept_from), with_summary);

@@ -328,13 +328,12 @@ async fn counted(
 mod tests {
     use super::view::{block_type, blocks, is_user};
     use super::*;
-    use crate::compaction::limits::PlanInput;
-    use crate::compaction::plan::{plan, Decision};
     use crate::compaction::rewrite::{Action, ArchiveScope, CacheOutcome};
     use crate::compaction::summary::Summary;
     use crate::config::SummaryRole;
     use crate::conversation::{Item, Kind, Role};
     use crate::dialect::request::{item_ranges, read_fields};
+    use crate::dialect::stages::forced_split;
     use crate::dialect::stages::write_compaction;
     use bytes::Bytes;
     use proptest::prelude::*;
@@ -573,29 +572,10 @@ mod tests {
             let mut request = Messages::parse(&sent_body, MESSAGES).unwrap();
             let raw = read_fields(&sent_body, &RAW_STAGE.fields).unwrap();
             Messages::raw_items(&mut request, item_ranges(&sent_body, &raw.items));
-            let counter = TokenCounter::new(0.1);
-            let overrides = [("claude-sonnet-4-5".to_string(), crate::tokens::catalog::ModelOverride {
-                context_window: Some(window),
-                encoding: None,
-                price: None,
-            })];
-            let catalog = ModelCatalog::new(overrides.into_iter().collect(), Default::default());
-            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-            let prepared = runtime.block_on(counted(&request, &catalog, &counter));
             let mut settings = ContextConfig { keep_recent_messages: keep, ..Default::default() };
             settings.summary_role = if role_system { SummaryRole::System } else { SummaryRole::User };
-            let input = PlanInput {
-                messages: &prepared.metas,
-                fixed_tokens: prepared.count.fixed,
-                context_window: prepared.info.context_window,
-                requested_completion_tokens: prepared.requested_completion_tokens,
-                settings: &settings,
-                mode: crate::compaction::plan::Mode::Force,
-                summary_tokens: 200,
-            };
-            let split = match plan(&input) {
-                Decision::Compact { split, .. } => split,
-                Decision::Forward(_) | Decision::Reject { .. } | Decision::Precompute(_) => return Ok(()),
+            let Some(split) = forced_split::<Messages>(&request, window, &settings) else {
+                return Ok(());
             };
             // A shorter cached summary may be used: any planned summary end.
             let kept_from = if split.summary_ends.is_empty() {
