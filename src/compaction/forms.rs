@@ -101,7 +101,7 @@ impl Form {
         Some(Form::at(on, summary, end, horizon))
     }
 
-    /// Taken up now for the first time: its outputs cut, oldest first, down to the target.
+    /// Taken up now for the first time: the middle's outputs cut, oldest first (`stepped`).
     /// What was cut before stays cut (rule 8: nothing cut is restored), from the conversation's
     /// latest recorded horizon on.
     pub(super) fn fresh(on: On<'_, '_>, summary: Option<Arc<Summary>>, end: usize) -> Form {
@@ -114,7 +114,14 @@ impl Form {
         Form::at(on, summary, end, carried).stepped(on)
     }
 
-    /// Its horizon moved on, in one step, so that the prompt comes down to the target.
+    /// Its horizon moved on, in one step, past every output of the middle: the step lands
+    /// at its floor (head, task, summary, the middle's calls with their outputs cut, the
+    /// recent part whole), under the target whenever the recent part allows. A step is a
+    /// cache break from the summary on whatever it cuts, and the prompts after it are
+    /// billed from where it lands: landing at the target, the current Claude Code's session
+    /// billed 0.587 of the session sent whole (0.654 at the instant pace); at the floor,
+    /// 0.482 (0.553), with every step's input there and the findings 3 of 3 (issue 40,
+    /// `tests/it/agent_clients.rs`). Cut outputs stay recallable.
     fn stepped(self, on: On<'_, '_>) -> Form {
         let job = on.job;
         let (tokens, _) = estimate(on, self.summary.as_deref(), self.end, self.horizon);
@@ -122,7 +129,7 @@ impl Form {
             job.items,
             self.horizon,
             tokens,
-            (job.limits.target, job.limits.hard(job.settings)),
+            (0, job.limits.hard(job.settings)),
             job.split.recent_start,
         );
         Form::at(on, self.summary, self.end, horizon)
@@ -203,10 +210,10 @@ fn recall_tokens(job: &CompactionJob<'_>, conversation: &str, end: usize) -> u64
 /// (rule 8): the form in use is the latest kept part with a recorded cut horizon, and it
 /// goes unchanged while it keeps the prompt under every trigger. Past the precompute line
 /// the next step is made ahead. Over the trigger the next step is taken when one on hand
-/// brings the prompt down to the target in one step; else the form in use goes on, while
-/// the plan's summary is made. Over the hard limit, with no step on hand that fits, the form
-/// in use cuts its oldest whole tool outputs, in one step to the target, and the summary
-/// takes over when it lands.
+/// brings the prompt down to the target in one step (`Form::stepped`: to its floor); else
+/// the form in use goes on, while the plan's summary is made. Over the hard limit, with no
+/// step on hand that fits, the form in use cuts the middle's whole tool outputs, in one
+/// step, and the summary takes over when it lands.
 pub(super) fn without_waiting(on: On<'_, '_>) -> Choice {
     let make = Cell::new(None);
     let went = chosen(on, &make);
@@ -537,11 +544,34 @@ mod tests {
             Form::at(on, Some(summary(50)), 3, Horizon::at(3)).tier,
             Tier::Precompute
         );
-        // Taken up fresh, its outputs are cut down to the target.
+        // Taken up fresh, the middle's outputs are cut.
         let fresh = Form::fresh(on, Some(summary(50)), 3);
         assert_eq!(fresh.horizon.all, 4);
         assert_eq!(fresh.tier, Tier::Settled);
         assert_eq!(fresh.cuts(&job).len(), 1);
+    }
+
+    #[test]
+    fn a_step_cuts_every_output_of_the_middle_though_fewer_would_reach_the_target() {
+        let mut f = fixture();
+        // A second output in the middle, 300 tokens: cutting the first alone (1,000) already
+        // brings the step under the target (900).
+        f.items[4] = Item::new(Role::Tool, Kind::ToolResult, 300);
+        f.count.per_message[4] = 300;
+        let job = job(&f, false);
+        let hand = on_hand(Vec::new());
+        let archive = archive();
+        let on = On {
+            job: &job,
+            on_hand: &hand,
+            archive: &archive,
+        };
+        let fresh = Form::fresh(on, Some(summary(50)), 3);
+        let cut: Vec<usize> = fresh.cuts(&job).iter().map(|cut| cut.index).collect();
+        assert_eq!(cut, [3, 4], "the middle's outputs cut");
+        assert_eq!(fresh.horizon.all, 5);
+        // The recent part (from 5) stays whole.
+        assert_eq!(fresh.tier, Tier::Settled);
     }
 
     #[test]

@@ -410,8 +410,14 @@ async fn a_one_prompt_tool_loop_is_summarized_ahead_with_its_task_pinned() {
             let ((received_before, forwarded_before), (received_now, forwarded_now)) =
                 (steps[r], steps[r + 1]);
             let with_old = forwarded_before + (received_now - received_before);
+            // The trigger fires on the compactor's estimate, which takes each cut output at
+            // its nominal 256 tokens; with every output of the middle cut at a step (D15),
+            // that estimate may stand a few tokens over the bytes' count (18,798 against a
+            // trigger of 18,800 in one run). A step made early for want of the trigger is
+            // thousands of tokens under it.
+            let estimate_slack = trigger / 100;
             assert!(
-                with_old > trigger,
+                with_old + estimate_slack > trigger,
                 "{fixture:?} round {}: moved at {with_old} tokens",
                 r + 2
             );
