@@ -12,6 +12,9 @@
 #   bash bench/instruction_budget.sh BINARY            # fails when a budget is passed
 #   bash bench/instruction_budget.sh BINARY --measure  # prints the figures and budgets
 #
+# CALLGRIND_OUT=PREFIX keeps each counted dump as PREFIX.NAME (the last of the compact counts),
+# for callgrind_annotate.
+#
 # Needs valgrind (installed when missing, as root) and python3.
 set -euo pipefail
 SCRIPT=instruction-budget
@@ -65,6 +68,7 @@ count() { # $1 = name, $2 = requests, then the command that sends them; prints p
     callgrind_control --dump "$VALGRIND_PID" >/dev/null 2>&1
     dump=$(ls -t "$WORK"/callgrind.out.* | head -1)
     echo "$name $(($(awk '/^(summary|totals):/ {print $2; exit}' "$dump") / requests))"
+    [ -z "${CALLGRIND_OUT:-}" ] || cp "$dump" "$CALLGRIND_OUT.$name"
     rm -f "$WORK"/callgrind.out.*
 }
 chat_requests() {

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -13,6 +13,7 @@ use crate::compaction::cache::prefix_keys;
 use crate::compaction::shorten::cut_middle;
 use crate::compaction::summary::{hex, Key};
 use crate::tokens::encoding::Encoding;
+use crate::tokens::memo::Memo;
 use crate::tokens::rules::{count_text, count_tools};
 
 pub const REFERENCE_PREFIX: &str = "ctx:";
@@ -25,6 +26,9 @@ const CONVERSATION_HEX_DIGITS: usize = 8;
 /// archive is keyed by caller already, and an id made of the conversation alone can be told
 /// without a request (`condenser plan`).
 const CONVERSATION_SEED: Key = [0; 32];
+
+/// Room for every encoding's count of the tool (`tool_tokens`).
+const ENCODINGS: usize = 3;
 
 const EXPECTED_SHAPE: &str = r#"expected {"refs": ["ctx:…", …]} or {"query": "words"} (or both)"#;
 
@@ -61,8 +65,16 @@ pub fn parameters() -> Value {
     })
 }
 
-/// What the tool's definition costs a request, as every dialect counts a function tool.
+/// What the tool's definition costs a request, as every dialect counts a function tool:
+/// counted once per encoding, as it never changes. Counted each time, it was 0.6M of a
+/// compacted agent request's 27.6M instructions, asked four times (`bench/instruction_budget.sh`,
+/// callgrind).
 pub fn tool_tokens(encoding: Encoding) -> u32 {
+    static COUNTED: LazyLock<Memo<u32>> = LazyLock::new(|| Memo::new(ENCODINGS));
+    COUNTED.get_or_derive(encoding.name(), || counted_tool_tokens(encoding))
+}
+
+fn counted_tool_tokens(encoding: Encoding) -> u32 {
     let tool = json!({"type": "function", "function": {
         "name": TOOL_NAME,
         "description": TOOL_DESCRIPTION,
@@ -501,6 +513,18 @@ mod tests {
             .collect();
         let refs = archived.iter().map(|(r, _)| r.clone()).collect();
         (archived, refs)
+    }
+
+    #[test]
+    fn the_tools_count_kept_is_each_encodings_own() {
+        // Not o200k_harmony: a test sees it built on first use (`tokens::counter`).
+        let encodings = [Encoding::Cl100k, Encoding::O200k];
+        let counted = encodings.map(counted_tool_tokens);
+        // Encodings that count the tool alike would hide one's count kept for another's.
+        assert_ne!(counted[0], counted[1]);
+        for _ in 0..2 {
+            assert_eq!(encodings.map(tool_tokens), counted);
+        }
     }
 
     fn ask(archived: &[Archived], arguments: Value) -> RecallAnswer {

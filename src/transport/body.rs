@@ -53,11 +53,18 @@ pub enum Gathered {
 
 impl Gathered {
     pub fn push(&mut self, chunk: &Bytes) {
+        self.push_toward(chunk, 0);
+    }
+
+    /// `push`, a joined body's buffer made `total` bytes long at once when that is how long the
+    /// body says it is: an agent request's 826 KB came in ten frames, and its buffer grew five
+    /// times, 1.0M of its 13.9M instructions (`bench/instruction_budget.sh`, callgrind).
+    pub fn push_toward(&mut self, chunk: &Bytes, total: usize) {
         match self {
             _ if chunk.is_empty() => {}
             Gathered::Empty => *self = Gathered::One(chunk.clone()),
             Gathered::One(first) => {
-                let mut joined = BytesMut::with_capacity(first.len() + chunk.len());
+                let mut joined = BytesMut::with_capacity(total.max(first.len() + chunk.len()));
                 joined.extend_from_slice(first);
                 joined.extend_from_slice(chunk);
                 *self = Gathered::Joined(joined);
@@ -185,9 +192,12 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    if declared_length(headers).is_some_and(|len| len > limit as u64) {
+    let declared = declared_length(headers);
+    if declared.is_some_and(|len| len > limit as u64) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
+    // Within the limit, so no larger than a body that may come.
+    let total = declared.map_or(0, |len| len as usize);
     let mut body = Limited::new(body, limit);
     let mut gathered = Gathered::Empty;
     while !body.is_end_stream() {
@@ -203,7 +213,7 @@ where
         })?;
         // Trailers are not part of the body.
         if let Some(data) = frame.data_ref() {
-            gathered.push(data);
+            gathered.push_toward(data, total);
         }
     }
     Ok(gathered.into_bytes())
@@ -292,6 +302,22 @@ mod tests {
         assert_eq!(read(sent, 100).await.unwrap(), "{\"a\":1}");
         assert_eq!(read(frames(&["", "x"]), 100).await.unwrap(), "x");
         assert_eq!(read(Vec::new(), 100).await.unwrap(), "");
+    }
+
+    #[test]
+    fn a_body_of_the_length_it_declares_is_joined_in_one_buffer() {
+        let mut gathered = Gathered::Empty;
+        for chunk in ["{\"a\":", "1"] {
+            gathered.push_toward(&Bytes::from_static(chunk.as_bytes()), 7);
+        }
+        let Gathered::Joined(joined) = &gathered else {
+            panic!("not joined");
+        };
+        assert!(joined.capacity() >= 7, "{}", joined.capacity());
+        let buffer = joined.as_ptr();
+        gathered.push_toward(&Bytes::from_static(b"}"), 7);
+        assert_eq!(gathered.bytes().as_ptr(), buffer, "grown");
+        assert_eq!(gathered.into_bytes(), "{\"a\":1}");
     }
 
     #[tokio::test]
