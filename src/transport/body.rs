@@ -41,13 +41,13 @@ pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
         .boxed_unsync()
 }
 
-/// Chunks gathered into one body. Most bodies come in one chunk, which is kept as it came;
-/// only several are joined.
 /// The most a joined body's buffer reserves on its declared length alone, before the bytes
 /// come: four times an agent's largest request measured (826 KB), far under the default
 /// `max_body_bytes` (32 MiB).
 const RESERVED_AHEAD: usize = 4 << 20;
 
+/// Chunks gathered into one body. Most bodies come in one chunk, which is kept as it came;
+/// only several are joined.
 #[derive(Default)]
 pub enum Gathered {
     #[default]
