@@ -135,6 +135,12 @@ impl Form {
         Form::at(on, self.summary, self.end, horizon)
     }
 
+    /// Whether this form's prompt is at or under the target, as under every trigger.
+    fn reaches_the_target(&self, on: On<'_, '_>) -> bool {
+        let (tokens, _) = estimate(on, self.summary.as_deref(), self.end, self.horizon);
+        self.tier <= Tier::Precompute && tokens <= on.job.limits.target
+    }
+
     fn cuts(&self, job: &CompactionJob<'_>) -> Vec<Shorten> {
         form_cuts(job, self.end, self.horizon)
     }
@@ -210,10 +216,11 @@ fn recall_tokens(job: &CompactionJob<'_>, conversation: &str, end: usize) -> u64
 /// (rule 8): the form in use is the latest kept part with a recorded cut horizon, and it
 /// goes unchanged while it keeps the prompt under every trigger. Past the precompute line
 /// the next step is made ahead. Over the trigger the next step is taken when one on hand
-/// brings the prompt down to the target in one step (`Form::stepped`: to its floor); else
-/// the form in use goes on, while the plan's summary is made. Over the hard limit, with no
-/// step on hand that fits, the form in use cuts the middle's whole tool outputs, in one
-/// step, and the summary takes over when it lands.
+/// brings the prompt down to the target in one step (`Form::stepped`: to its floor); else,
+/// while the plan's summary is made, the form in use cuts the middle's tool outputs in one
+/// step when that brings the prompt down to the target (D16), and goes on as it is when not.
+/// Over the hard limit, with no step on hand that fits, the form in use cuts the middle's
+/// whole tool outputs, in one step. Either way the summary takes over at the next trigger.
 pub(super) fn without_waiting(on: On<'_, '_>) -> Choice {
     let make = Cell::new(None);
     let went = chosen(on, &make);
@@ -285,7 +292,15 @@ fn chosen(on: On<'_, '_>, to_make: &Cell<Option<usize>>) -> Option<(Form, CacheO
     let current = in_use.unwrap_or(as_sent);
     if current.tier < Tier::Hard {
         make(split.tail_start);
-        return Some((current, CacheOutcome::Stale));
+        // Over the trigger with the summary still being made: the middle's outputs cut now,
+        // in one step, when that brings the prompt down to the target, rather than the
+        // prompt going on past the trigger to the hard limit while the summarizer catches
+        // up (D16). A cut that lands short of the target would leave the summary's step
+        // due a few turns on: two breaks where one would do.
+        let cut = (current.tier == Tier::Soft)
+            .then(|| current.clone().stepped(on))
+            .filter(|cut| cut.reaches_the_target(on));
+        return Some((cut.unwrap_or(current), CacheOutcome::Stale));
     }
     // Over the hard limit: the longest step on hand that fits, else the form in use with
     // more of its outputs cut.
@@ -597,8 +612,41 @@ mod tests {
     }
 
     #[test]
-    fn over_the_trigger_with_nothing_on_hand_it_goes_as_sent_while_the_summary_is_made() {
+    fn over_the_trigger_with_nothing_on_hand_the_middle_is_cut_at_once_while_the_summary_is_made() {
         let f = fixture();
+        let job = job(&f, true);
+        let hand = on_hand(Vec::new());
+        let archive = archive();
+        let on = On {
+            job: &job,
+            on_hand: &hand,
+            archive: &archive,
+        };
+        let choice = without_waiting(on);
+        assert_eq!(choice.make, Some(3));
+        let (form, cache) = choice.went.expect("a form");
+        // Cutting the middle's one output (1,000 tokens) brings the prompt down to the
+        // target: it goes so now, from the head, rather than past the trigger as sent.
+        assert_eq!((form.end, cache), (1, CacheOutcome::Stale));
+        assert!(form.tier <= Tier::Precompute);
+        let rewrite = went(on, form, cache, Duration::ZERO);
+        assert_eq!(
+            (rewrite.action, rewrite.cache),
+            (Action::Trimmed, CacheOutcome::Deferred)
+        );
+        let cut: Vec<usize> = rewrite.cuts.iter().map(|cut| cut.index).collect();
+        assert_eq!(cut, [3], "the middle's output cut, the recent part whole");
+    }
+
+    #[test]
+    fn over_the_trigger_where_cutting_cannot_bring_it_to_the_target_it_goes_as_sent_meanwhile() {
+        let mut f = fixture();
+        // The middle's weight is a user's message, which no cut touches; its one output is
+        // small.
+        f.items[2] = Item::new(Role::User, Kind::Message, 1_000);
+        f.count.per_message[2] = 1_000;
+        f.items[3] = Item::new(Role::Tool, Kind::ToolResult, 100);
+        f.count.per_message[3] = 100;
         let job = job(&f, true);
         let hand = on_hand(Vec::new());
         let archive = archive();
