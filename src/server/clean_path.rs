@@ -2,7 +2,7 @@
 //! proxies in front of them may resolve `..`, decode `%2F` or fold `//`, and a path that
 //! changes meaning on the way could leave a path-prefixed `base_url` with the operator's key.
 
-use percent_encoding::percent_decode_str;
+use percent_encoding::percent_decode;
 
 /// Why a path is not clean, as the 400 says it; `None`: clean. Every segment after the first
 /// `/` is read decoded: no `.` or `..` (raw or percent-encoded), no encoded `/` or `\` and no
@@ -14,32 +14,37 @@ pub fn unclean(path: &str) -> Option<&'static str> {
     if segments.is_empty() {
         return None;
     }
-    for segment in segments.split('/') {
+    // Split and searched as bytes: `str`'s char searchers, set up once per segment and per
+    // search, cost about 300 instructions more per request (bench/instructions.sh).
+    for segment in segments.as_bytes().split(|&byte| byte == b'/') {
         if segment.is_empty() {
             return Some("it has an empty segment");
         }
         // Most segments encode nothing: read as they stand, with nothing to allocate.
-        if !segment.contains('%') {
-            if segment.contains('\\') {
+        if !segment.contains(&b'%') {
+            if segment.contains(&b'\\') {
                 return Some("it has an encoded slash or a backslash");
             }
-            if segment == "." || segment == ".." {
+            if segment == b"." || segment == b".." {
                 return Some("it has a . or .. segment");
             }
-            if segment.bytes().any(|byte| byte.is_ascii_control()) {
+            if segment.iter().any(u8::is_ascii_control) {
                 return Some("it has a control byte");
             }
             continue;
         }
         let lower = segment.to_ascii_lowercase();
-        if lower.contains("%2f") || lower.contains("%5c") || segment.contains('\\') {
+        let encodes_a_slash = lower
+            .windows(3)
+            .any(|escape| escape == b"%2f" || escape == b"%5c");
+        if encodes_a_slash || segment.contains(&b'\\') {
             return Some("it has an encoded slash or a backslash");
         }
-        let decoded: Vec<u8> = percent_decode_str(segment).collect();
+        let decoded: Vec<u8> = percent_decode(segment).collect();
         if decoded == b"." || decoded == b".." {
             return Some("it has a . or .. segment");
         }
-        if decoded.iter().any(|byte| byte.is_ascii_control()) {
+        if decoded.iter().any(u8::is_ascii_control) {
             return Some("it has a control byte");
         }
     }

@@ -117,6 +117,10 @@ fn blank_key(text: &[u8], finder: &Key, mask: Mask) -> Option<Vec<u8>> {
     if text.len() < key.len() || key.is_empty() {
         return None;
     }
+    // Every writing of the key starts with its first byte as it stands or with a backslash:
+    // a text with neither (most header values) is not searched for either writing. Saves
+    // about 160 instructions per chat request (bench/instructions.sh).
+    memchr::memchr2(key[0], b'\\', text)?;
     let mut blanked: Option<Vec<u8>> = None;
     // `text[copied..]` is not yet in `blanked`; a key is looked for from `from` on.
     let (mut copied, mut from) = (0, 0);
@@ -684,6 +688,8 @@ mod tests {
                 "{written}"
             );
         }
+        // Written wholly in escapes, in a text without the key's first byte as it stands.
+        assert_eq!(blanked(&escaped(KEY, false)), "[redacted]");
         // `\/` and the other one-character escapes a key's characters may take.
         let key = HeaderValue::from_static("abc/def\\ghi\"jk");
         let text = r#"key abc\/def\\ghi\"jk end"#;

