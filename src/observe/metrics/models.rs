@@ -206,7 +206,12 @@ impl ModelLabels {
     /// A model's label: a configured name, else its family, else `other` (as is a family
     /// unknown at start, which `ModelCatalog::families` rules out).
     pub fn resolve(&self, model: &str, info: &ModelInfo) -> ModelLabel {
-        if let Some(label) = self.configured.get(base_name(model).as_ref()) {
+        // With no name configured (the default) the base name is not worked out: saves about
+        // 170 instructions per chat request (bench/instructions.sh).
+        let configured = (!self.configured.is_empty())
+            .then(|| self.configured.get(base_name(model).as_ref()))
+            .flatten();
+        if let Some(label) = configured {
             return *label;
         }
         info.family
