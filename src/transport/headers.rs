@@ -145,24 +145,26 @@ pub fn forwardable_headers(mut headers: HeaderMap) -> HeaderMap {
 
 /// Headers that describe one HTTP/1.1 hop, not the message, by their lower-case names:
 /// dropped from requests before they go upstream and from responses before they go to the
-/// client. Matched as text, which is a switch on the length and one comparison.
-fn is_hop_by_hop_name(name: &str) -> bool {
+/// client. Matched as bytes, which is a switch on the length and one comparison: a token
+/// lower-cased for it need not be checked as UTF-8 again, which cost about 70 instructions
+/// per chat request (bench/instructions.sh).
+fn is_hop_by_hop_name(name: &[u8]) -> bool {
     matches!(
         name,
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
+        b"connection"
+            | b"keep-alive"
+            | b"proxy-connection"
+            | b"proxy-authenticate"
+            | b"proxy-authorization"
+            | b"te"
+            | b"trailer"
+            | b"transfer-encoding"
+            | b"upgrade"
     )
 }
 
 fn is_hop_by_hop(name: &HeaderName) -> bool {
-    is_hop_by_hop_name(name.as_str())
+    is_hop_by_hop_name(name.as_str().as_bytes())
 }
 
 /// Case-insensitive, as Connection tokens are.
@@ -174,7 +176,7 @@ fn is_hop_by_hop_token(token: &str) -> bool {
     };
     lower.copy_from_slice(token.as_bytes());
     lower.make_ascii_lowercase();
-    std::str::from_utf8(lower).is_ok_and(is_hop_by_hop_name)
+    is_hop_by_hop_name(lower)
 }
 
 /// The names the Connection header lists as hop-by-hop too, as written; a value that is not
