@@ -328,6 +328,9 @@ impl Scrubbed {
         let reading = if starts_with(b"text/event-stream") {
             Reading::Events(EventReader::new(bound.clone()))
         } else if content_type.is_empty()
+            // Before the search for `json` anywhere: saves about 140 instructions per
+            // chat request (bench/instructions.sh).
+            || starts_with(b"application/json")
             || starts_with(b"text/")
             || content_type
                 .windows(4)
