@@ -135,7 +135,7 @@ impl Form {
         Form::at(on, self.summary, self.end, horizon)
     }
 
-    /// Whether this form's prompt is at or under the target, as under every trigger.
+    /// Whether this form's prompt is at or under the target (and so under every trigger).
     fn reaches_the_target(&self, on: On<'_, '_>) -> bool {
         let (tokens, _) = estimate(on, self.summary.as_deref(), self.end, self.horizon);
         self.tier <= Tier::Precompute && tokens <= on.job.limits.target
@@ -641,12 +641,12 @@ mod tests {
     #[test]
     fn over_the_trigger_where_cutting_cannot_bring_it_to_the_target_it_goes_as_sent_meanwhile() {
         let mut f = fixture();
-        // The middle's weight is a user's message, which no cut touches; its one output is
-        // small.
-        f.items[2] = Item::new(Role::User, Kind::Message, 1_000);
-        f.count.per_message[2] = 1_000;
-        f.items[3] = Item::new(Role::Tool, Kind::ToolResult, 100);
-        f.count.per_message[3] = 100;
+        // A user's message of 500 in the middle, which no cut touches: cutting the output
+        // (1,000) brings the prompt (1,910) under the trigger (1,400), not to the target (900).
+        f.items[2] = Item::new(Role::User, Kind::Message, 500);
+        f.count.per_message[2] = 500;
+        f.count.total = 1_910;
+        f.count.raw_total = 1_910;
         let job = job(&f, true);
         let hand = on_hand(Vec::new());
         let archive = archive();
@@ -655,6 +655,13 @@ mod tests {
             on_hand: &hand,
             archive: &archive,
         };
+        let cut = Form::at(on, None, 1, Horizon::at(1)).stepped(on);
+        assert_eq!(
+            cut.tier,
+            Tier::Precompute,
+            "the cut lands under the trigger"
+        );
+        assert!(!cut.reaches_the_target(on));
         let choice = without_waiting(on);
         assert_eq!(choice.make, Some(3));
         let (form, cache) = choice.went.expect("a form");
