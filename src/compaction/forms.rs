@@ -470,6 +470,18 @@ mod tests {
         })
     }
 
+    fn on<'a, 'r>(
+        job: &'a CompactionJob<'r>,
+        on_hand: &'a OnHand,
+        archive: &'a ArchiveScope,
+    ) -> On<'a, 'r> {
+        On {
+            job,
+            on_hand,
+            archive,
+        }
+    }
+
     fn on_hand(cached: Vec<(usize, Arc<Summary>)>) -> OnHand {
         OnHand {
             cached,
@@ -492,11 +504,7 @@ mod tests {
         let job = job(&f, false);
         let hand = on_hand(Vec::new());
         let archive = archive();
-        let on = On {
-            job: &job,
-            on_hand: &hand,
-            archive: &archive,
-        };
+        let on = on(&job, &hand, &archive);
         let framing = u64::from(SUMMARY_FRAMING_TOKENS);
         // Head 100, summary 50, the kept 1,200 and the other parts 10; the system prompt,
         // the summary and three kept items.
@@ -549,11 +557,7 @@ mod tests {
         let job = job(&f, false);
         let hand = on_hand(Vec::new());
         let archive = archive();
-        let on = On {
-            job: &job,
-            on_hand: &hand,
-            archive: &archive,
-        };
+        let on = on(&job, &hand, &archive);
         assert_eq!(Form::at(on, None, 1, Horizon::at(1)).tier, Tier::Soft);
         assert_eq!(
             Form::at(on, Some(summary(50)), 3, Horizon::at(3)).tier,
@@ -576,11 +580,7 @@ mod tests {
         let job = job(&f, false);
         let hand = on_hand(Vec::new());
         let archive = archive();
-        let on = On {
-            job: &job,
-            on_hand: &hand,
-            archive: &archive,
-        };
+        let on = on(&job, &hand, &archive);
         let fresh = Form::fresh(on, Some(summary(50)), 3);
         let cut: Vec<usize> = fresh.cuts(&job).iter().map(|cut| cut.index).collect();
         assert_eq!(cut, [3, 4], "the middle's outputs cut");
@@ -595,11 +595,7 @@ mod tests {
         let job = job(&f, false);
         let hand = on_hand(vec![(3, summary(50))]);
         let archive = archive();
-        let on = On {
-            job: &job,
-            on_hand: &hand,
-            archive: &archive,
-        };
+        let on = on(&job, &hand, &archive);
         let choice = without_waiting(on);
         let (form, cache) = choice.went.expect("a form");
         assert_eq!((form.end, cache), (3, CacheOutcome::Hit));
@@ -617,11 +613,7 @@ mod tests {
         let job = job(&f, true);
         let hand = on_hand(Vec::new());
         let archive = archive();
-        let on = On {
-            job: &job,
-            on_hand: &hand,
-            archive: &archive,
-        };
+        let on = on(&job, &hand, &archive);
         let choice = without_waiting(on);
         assert_eq!(choice.make, Some(3));
         let (form, cache) = choice.went.expect("a form");
@@ -650,11 +642,7 @@ mod tests {
         let job = job(&f, true);
         let hand = on_hand(Vec::new());
         let archive = archive();
-        let on = On {
-            job: &job,
-            on_hand: &hand,
-            archive: &archive,
-        };
+        let on = on(&job, &hand, &archive);
         let cut = Form::at(on, None, 1, Horizon::at(1)).stepped(on);
         assert_eq!(
             cut.tier,
