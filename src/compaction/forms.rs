@@ -60,6 +60,8 @@ pub(super) struct Form {
     pub(super) end: usize,
     pub(super) summary: Option<Arc<Summary>>,
     pub(super) horizon: Horizon,
+    /// Its estimated prompt, and where that stands.
+    tokens: u64,
     pub(super) tier: Tier,
 }
 
@@ -90,6 +92,7 @@ impl Form {
             end,
             summary,
             horizon,
+            tokens,
             tier: job.limits.tier(job.settings, tokens, messages),
         }
     }
@@ -124,11 +127,10 @@ impl Form {
     /// `tests/it/agent_clients.rs`). Cut outputs stay recallable.
     fn stepped(self, on: On<'_, '_>) -> Form {
         let job = on.job;
-        let (tokens, _) = estimate(on, self.summary.as_deref(), self.end, self.horizon);
         let horizon = advance_horizon(
             job.items,
             self.horizon,
-            tokens,
+            self.tokens,
             (0, job.limits.hard(job.settings)),
             job.split.recent_start,
         );
@@ -137,8 +139,7 @@ impl Form {
 
     /// Whether this form's prompt is at or under the target (and so under every trigger).
     fn reaches_the_target(&self, on: On<'_, '_>) -> bool {
-        let (tokens, _) = estimate(on, self.summary.as_deref(), self.end, self.horizon);
-        self.tier <= Tier::Precompute && tokens <= on.job.limits.target
+        self.tier <= Tier::Precompute && self.tokens <= on.job.limits.target
     }
 
     fn cuts(&self, job: &CompactionJob<'_>) -> Vec<Shorten> {
