@@ -326,7 +326,7 @@ pub mod splice_cases {
     use crate::compaction::summary::Summary;
     use crate::config::ContextConfig;
     use crate::config::{Config, RecallConfig};
-    use crate::dialect::request::{item_ranges, laid_out, read_fields, Layout};
+    use crate::dialect::request::{laid_out, read_fields, Layout, SentRanges};
     use crate::dialect::stages::{count_as_sent, write_compaction, Counting, Dialect, Settings};
     use crate::tokens::catalog::ModelCatalog;
     use crate::tokens::counter::TokenCounter;
@@ -345,7 +345,10 @@ pub mod splice_cases {
         let mut request = D::parse(&sent, D::PATH).unwrap();
         let stage = D::RAW_STAGE.unwrap();
         let raw = read_fields(&sent, &stage.fields).unwrap();
-        D::raw_items(&mut request, item_ranges(&sent, &raw.items));
+        D::raw_items(
+            &mut request,
+            SentRanges::of(&sent, (&raw.items, &raw.parts), &stage.fields),
+        );
         let split = Split {
             head: 0,
             tail_start: kept_from,

@@ -18,7 +18,12 @@ pub fn object_with_model(
     bytes: &[u8],
     missing_model: &str,
 ) -> Result<Map<String, Value>, ProxyError> {
-    let value: Value = serde_json::from_slice(bytes).map_err(ProxyError::InvalidJson)?;
+    let value: Value = match as_text(bytes) {
+        Some(text) => serde_json::from_str(text),
+        // Not UTF-8, so not JSON: serde's reading says where.
+        None => serde_json::from_slice(bytes),
+    }
+    .map_err(ProxyError::InvalidJson)?;
     let Value::Object(body) = value else {
         return Err(ProxyError::invalid(
             "request body must be a JSON object",
@@ -65,36 +70,93 @@ pub fn rewrite_conversation(
     body.insert(field.into(), Value::Array(compacted));
 }
 
-/// Where each item of a raw stage's array stands in the body it was read from: what a
-/// rewritten request copies its unchanged items from (`spliced`).
-pub fn item_ranges(bytes: &[u8], items: &[&RawValue]) -> Vec<Range<usize>> {
-    let start = bytes.as_ptr() as usize;
-    items
-        .iter()
-        .map(|item| {
-            let at = (item.get().as_ptr() as usize).wrapping_sub(start);
-            at..at + item.get().len()
-        })
-        .collect()
+/// Where a raw stage found what it read in the body: the conversation's items, and the
+/// top-level fields it read besides them (`RawFields::parts`), by name. What a rewritten
+/// request copies its unchanged parts from (`spliced`).
+#[derive(Default)]
+pub struct SentRanges {
+    pub items: Vec<Range<usize>>,
+    pub fields: Vec<(&'static str, Range<usize>)>,
+}
+
+impl SentRanges {
+    /// `items` and `parts` as `read_fields` read them from `bytes` by `fields`.
+    pub fn of(
+        bytes: &[u8],
+        (items, parts): (&[&RawValue], &[Option<&RawValue>]),
+        fields: &RawFields,
+    ) -> SentRanges {
+        SentRanges {
+            items: items.iter().map(|item| range_in(bytes, item)).collect(),
+            fields: fields
+                .parts
+                .iter()
+                .zip(parts)
+                .filter_map(|(name, part)| Some((*name, range_in(bytes, (*part)?))))
+                .collect(),
+        }
+    }
+}
+
+/// Where `value`, read from `bytes`, stands in them.
+fn range_in(bytes: &[u8], value: &RawValue) -> Range<usize> {
+    let at = (value.get().as_ptr() as usize).wrapping_sub(bytes.as_ptr() as usize);
+    at..at + value.get().len()
 }
 
 /// A rewritten conversation's items, each the sent item it is unchanged from (`Some(index)`)
-/// or one the rewrite made or changed (`None`), with where the sent items stand in the body.
+/// or one the rewrite made or changed (`None`), with where the sent items stand in the body,
+/// and the top-level fields still as sent.
 pub struct Splice<'a> {
     pub field: &'a str,
     pub origins: &'a [Option<usize>],
     pub ranges: &'a [Range<usize>],
+    pub fields: &'a [SentField],
+}
+
+/// A top-level field as sent that no rewrite has changed, save for elements appended to its
+/// array (the recall tool, `RecallWire::offer`): where it stands in the body, and when an
+/// array, how many elements it had.
+pub struct SentField {
+    name: &'static str,
+    range: Range<usize>,
+    elements: Option<usize>,
 }
 
 /// What a request keeps for its rewrite to be spliced: where the raw stage found the sent
-/// items in the body (empty when it did not), and once rewritten, each item's origin.
+/// items and fields in the body (none when it did not), and once rewritten, each item's origin.
 #[derive(Default)]
 pub struct Origins {
     pub ranges: Vec<Range<usize>>,
+    fields: Vec<SentField>,
     pub of_items: Option<Vec<Option<usize>>>,
 }
 
 impl Origins {
+    /// The sent ranges of `body`, read before any rewrite.
+    pub fn sent(body: &Map<String, Value>, sent: SentRanges) -> Origins {
+        let fields = sent
+            .fields
+            .into_iter()
+            .map(|(name, range)| SentField {
+                name,
+                range,
+                elements: body.get(name).and_then(Value::as_array).map(Vec::len),
+            })
+            .collect();
+        Origins {
+            ranges: sent.items,
+            fields,
+            of_items: None,
+        }
+    }
+
+    /// A rewrite changed the top-level field `name` (not only appended to it): it is written
+    /// out again.
+    pub fn changed(&mut self, name: &str) {
+        self.fields.retain(|field| field.name != name);
+    }
+
     /// The splice of the conversation at `field`, once rewritten, when the raw stage found
     /// the sent items.
     pub fn splice<'a>(&'a self, field: &'a str) -> Option<Splice<'a>> {
@@ -103,6 +165,7 @@ impl Origins {
             field,
             origins,
             ranges: &self.ranges,
+            fields: &self.fields,
         })
     }
 }
@@ -115,11 +178,13 @@ pub struct Layout {
 }
 
 /// The rewritten `body` written out with each unchanged item of its conversation (`splice`)
-/// copied from the bytes it was sent as, and only the rest serialized: the head fields, the
-/// summary, cut outputs, the recall tool. Serializing a whole compacted agent request's tree
-/// took 18.6M of its 42.6M instructions (`bench/instruction_budget.sh`, callgrind), nearly all
-/// of it the kept items. Also where it wrote each field and item. None when the splice does
-/// not fit the body (the caller writes the tree).
+/// copied from the bytes it was sent as, and so is each top-level field still as sent (an
+/// array's appended elements written after its sent ones); only the rest is serialized: the
+/// summary, cut outputs, the recall tool, fields the stage did not read. Serializing a whole
+/// compacted agent request's tree took 18.6M of its 42.6M instructions
+/// (`bench/instruction_budget.sh`, callgrind), nearly all of it the kept items; its `system`
+/// and `tools` (61 KB) took 2.6M more of 27.1M. Also where it wrote each field and item. None
+/// when the splice does not fit the body (the caller writes the tree).
 pub fn spliced(
     body: &Map<String, Value>,
     original: &[u8],
@@ -145,7 +210,10 @@ pub fn spliced(
         out.push(b':');
         let start = out.len();
         if key != splice.field {
-            serde_json::to_writer(&mut out, value).ok()?;
+            let sent = splice.fields.iter().find(|field| field.name == key);
+            if !sent.is_some_and(|sent| write_as_sent(&mut out, original, sent, value)) {
+                serde_json::to_writer(&mut out, value).ok()?;
+            }
             layout.fields.push((key.clone(), start..out.len()));
             continue;
         }
@@ -168,6 +236,41 @@ pub fn spliced(
     }
     out.push(b'}');
     Some((out, layout))
+}
+
+/// Writes `value`, the field `sent` now, from the bytes it was sent as: whole when it was not
+/// an array, else its sent elements, then those appended since written out. False, having
+/// written nothing, when it is an array no longer as long.
+fn write_as_sent(out: &mut Vec<u8>, original: &[u8], sent: &SentField, value: &Value) -> bool {
+    let Some(bytes) = original.get(sent.range.clone()) else {
+        return false;
+    };
+    let appended = match (sent.elements, value) {
+        (None, _) => &[][..],
+        (Some(elements), Value::Array(now)) if now.len() >= elements => &now[elements..],
+        _ => return false,
+    };
+    if appended.is_empty() {
+        out.extend_from_slice(bytes);
+        return true;
+    }
+    // A raw array ends with its bracket, whitespace being trimmed from raw values.
+    let Some((b']', open)) = bytes.split_last() else {
+        return false;
+    };
+    let mark = out.len();
+    out.extend_from_slice(open);
+    for (at, element) in appended.iter().enumerate() {
+        if at > 0 || sent.elements != Some(0) {
+            out.push(b',');
+        }
+        if serde_json::to_writer(&mut *out, element).is_err() {
+            out.truncate(mark);
+            return false;
+        }
+    }
+    out.push(b']');
+    true
 }
 
 /// What a raw stage counts of a body: its model, and its items' and parts' bytes.
@@ -256,7 +359,7 @@ pub struct ReadFields<'a> {
 /// field of `full_path` present fails it, as does anything that is not JSON; other fields are
 /// skipped. What a derived struct per dialect read before, with its field list as data.
 pub fn read_fields<'a>(bytes: &'a [u8], fields: &RawFields) -> Option<ReadFields<'a>> {
-    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let mut deserializer = serde_json::Deserializer::from_str(as_text(bytes)?);
     let read = FieldsSeed(fields).deserialize(&mut deserializer).ok()?;
     deserializer.end().ok()?;
     Some(read)
@@ -401,6 +504,14 @@ impl<'de> Visitor<'de> for FieldsSeed<'_> {
     }
 }
 
+/// A body's bytes as text, when they are UTF-8, which JSON must be. Checked once here, the
+/// body is read from text: reading it from bytes checks each string again as it goes, 1.7M of
+/// the compacted agent request's 27.1M instructions and 0.4M of its raw stage's, against 0.2M
+/// for this check of all 826 KB (`bench/instruction_budget.sh`, callgrind).
+pub fn as_text(bytes: &[u8]) -> Option<&str> {
+    std::str::from_utf8(bytes).ok()
+}
+
 /// Where the body's opening brace is, when it opens a JSON object (after any whitespace):
 /// serde's derived readers would take an array for a struct too.
 pub fn object_start(bytes: &[u8]) -> Option<usize> {
@@ -423,6 +534,7 @@ pub fn text_of(parts: &[Value], kind: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     const FIELDS: RawFields = RawFields {
         items: "messages",
@@ -455,6 +567,40 @@ mod tests {
         let escaped = read(r#"{"model":"a\u0062","messages":[],"max_tokens":null}"#).unwrap();
         assert_eq!(escaped.model, "ab");
         assert_eq!(escaped.max_tokens, None);
+    }
+
+    #[test]
+    fn a_field_as_sent_is_copied_its_appended_elements_written_after() {
+        let sent = br#"{"tools": [ {"a": 1} ,  2 ], "none": [ ], "system": "x  y"}"#;
+        let field = |name: &'static str, text: &str, elements: Option<usize>| {
+            let at = sent.windows(text.len()).position(|w| w == text.as_bytes()).unwrap();
+            SentField {
+                name,
+                range: at..at + text.len(),
+                elements,
+            }
+        };
+        let tools = field("tools", r#"[ {"a": 1} ,  2 ]"#, Some(2));
+        let written = |field: &SentField, value: Value| {
+            let mut out = b"-".to_vec();
+            let copied = write_as_sent(&mut out, sent, field, &value);
+            (copied, String::from_utf8(out).unwrap())
+        };
+        assert_eq!(
+            written(&tools, json!([{"a": 1}, 2])),
+            (true, r#"-[ {"a": 1} ,  2 ]"#.into())
+        );
+        assert_eq!(
+            written(&tools, json!([{"a": 1}, 2, {"b": [3]}, 4])),
+            (true, r#"-[ {"a": 1} ,  2 ,{"b":[3]},4]"#.into())
+        );
+        let none = field("none", "[ ]", Some(0));
+        assert_eq!(written(&none, json!([5, 6])), (true, "-[ 5,6]".into()));
+        // Shorter, or no longer an array: written out again by the caller.
+        assert_eq!(written(&tools, json!([2])), (false, "-".into()));
+        assert_eq!(written(&tools, json!("x")), (false, "-".into()));
+        let system = field("system", r#""x  y""#, None);
+        assert_eq!(written(&system, json!("x  y")), (true, r#"-"x  y""#.into()));
     }
 
     #[test]

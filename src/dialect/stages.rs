@@ -4,7 +4,6 @@
 
 use std::borrow::Cow;
 use std::future::Future;
-use std::ops::Range;
 
 use bytes::Bytes;
 use hyper::Response;
@@ -19,7 +18,7 @@ use crate::config::{tool_cut, Config, ContextConfig, RecallConfig, ToolPolicy};
 use crate::conversation::{answered_tools, Item, Kind, ToolCut};
 use crate::dialect::recall::RecallWire;
 use crate::dialect::request::{
-    item_ranges, laid_out, object_start, read_fields, spliced, Counted, Layout, RawFields, Splice,
+    laid_out, object_start, read_fields, spliced, Counted, Layout, RawFields, SentRanges, Splice,
 };
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
@@ -158,10 +157,10 @@ pub trait Dialect {
         None
     }
 
-    /// Where the raw first stage found the conversation's items in the body (`Planned`), for a
-    /// rewrite to copy its unchanged items from (`splice`). Unless a dialect says otherwise, not
-    /// kept.
-    fn raw_items(_request: &mut Self::Request, _ranges: Vec<Range<usize>>) {}
+    /// Where the raw first stage found the conversation's items and the fields it read in the
+    /// body (`Planned`), for a rewrite to copy what it left unchanged from (`splice`). Unless a
+    /// dialect says otherwise, not kept.
+    fn raw_items(_request: &mut Self::Request, _sent: SentRanges) {}
 
     /// A rewritten request's JSON object and, when its raw items were kept, which of its
     /// conversation's items are sent ones unchanged: what `outgoing_body` copies from the
@@ -307,8 +306,9 @@ impl Would {
 pub struct Planned {
     pub prepared: Prepared,
     pub decision: Decision,
-    /// Where each conversation item stands in the body (`Dialect::raw_items`).
-    pub items: Vec<Range<usize>>,
+    /// Where each conversation item and each field read stands in the body
+    /// (`Dialect::raw_items`).
+    pub sent: SentRanges,
 }
 
 /// A request the first stage sends as it came (or with usage asked for on the client's
@@ -445,11 +445,11 @@ pub async fn scan_raw(
     let input = prepared.plan_input(counting.config, settings, mode);
     let decision = prepared.decide(&input);
     if !matches!(decision, Decision::Forward(_)) {
-        let items = item_ranges(bytes, &request.items);
+        let sent = SentRanges::of(bytes, (&request.items, &request.parts), &stage.fields);
         return Err(Some(Planned {
             prepared,
             decision,
-            items,
+            sent,
         }));
     }
     Ok(Ready {

@@ -144,9 +144,9 @@ async fn prepare_in_full<'s, D: Dialect>(
         Some(Planned {
             prepared,
             decision,
-            items,
+            sent,
         }) => {
-            D::raw_items(&mut request, items);
+            D::raw_items(&mut request, sent);
             (prepared, Some(decision))
         }
         None => (

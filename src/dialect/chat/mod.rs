@@ -26,7 +26,9 @@ use crate::config::ContextConfig;
 use crate::conversation::{content_text, Item};
 use crate::dialect::openai;
 use crate::dialect::recall::RecallWire;
-use crate::dialect::request::{array, object_start, object_with_model, present, Layout};
+use crate::dialect::request::{
+    array, object_start, object_with_model, present, Layout, SentRanges,
+};
 use crate::dialect::stages::{Counting, Dialect, Planned, Prepared, Ready, Settings};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
@@ -331,7 +333,7 @@ async fn scan(
         return Err(Some(Planned {
             prepared,
             decision,
-            items: Vec::new(),
+            sent: SentRanges::default(),
         }));
     }
     let asks_usage = |options: &RawValue| {
@@ -350,7 +352,7 @@ async fn scan(
             return Err(Some(Planned {
                 prepared,
                 decision,
-                items: Vec::new(),
+                sent: SentRanges::default(),
             }))
         }
     };

@@ -13,7 +13,6 @@ mod view;
 
 use std::borrow::Cow;
 use std::future::Future;
-use std::ops::Range;
 
 use hyper::Response;
 use serde_json::{json, Map, Value};
@@ -21,10 +20,10 @@ use serde_json::{json, Map, Value};
 use crate::compaction::plan::Split;
 use crate::compaction::rewrite::Rewrite;
 use crate::compaction::summary_api::SummaryApi;
-use crate::config::ContextConfig;
+use crate::config::{ContextConfig, SummaryRole};
 use crate::dialect::recall::RecallWire;
 use crate::dialect::request::{
-    array, object_with_model, rewrite_conversation, Origins, RawFields, Splice,
+    array, object_with_model, rewrite_conversation, Origins, RawFields, SentRanges, Splice,
 };
 use crate::dialect::stages::{Dialect, Prepared, RawStage};
 use crate::error::ProxyError;
@@ -156,13 +155,16 @@ impl Dialect for Messages {
             messages
         });
         request.origins.of_items = origins;
+        if summary_role == SummaryRole::System {
+            request.origins.changed("system");
+        }
         // Made again only if asked: rebuilding them took a twelfth of a compacted agent
         // request's instructions, for nothing the proxy reads.
         request.chat = None;
     }
 
-    fn raw_items(request: &mut Self::Request, ranges: Vec<Range<usize>>) {
-        request.origins.ranges = ranges;
+    fn raw_items(request: &mut Self::Request, sent: SentRanges) {
+        request.origins = Origins::sent(&request.body, sent);
     }
 
     fn splice(request: &Self::Request) -> Option<(&Map<String, Value>, Splice<'_>)> {
@@ -332,7 +334,7 @@ mod tests {
     use crate::compaction::summary::Summary;
     use crate::config::SummaryRole;
     use crate::conversation::{Item, Kind, Role};
-    use crate::dialect::request::{item_ranges, read_fields};
+    use crate::dialect::request::{read_fields, SentRanges};
     use crate::dialect::stages::forced_split;
     use crate::dialect::stages::write_compaction;
     use bytes::Bytes;
@@ -571,7 +573,7 @@ mod tests {
                 "tools": [{"name": "Read", "input_schema": {"type": "object"}}]})).unwrap();
             let mut request = Messages::parse(&sent_body, MESSAGES).unwrap();
             let raw = read_fields(&sent_body, &RAW_STAGE.fields).unwrap();
-            Messages::raw_items(&mut request, item_ranges(&sent_body, &raw.items));
+            Messages::raw_items(&mut request, SentRanges::of(&sent_body, (&raw.items, &raw.parts), &RAW_STAGE.fields));
             let mut settings = ContextConfig { keep_recent_messages: keep, ..Default::default() };
             settings.summary_role = if role_system { SummaryRole::System } else { SummaryRole::User };
             let Some(split) = forced_split::<Messages>(&request, window, &settings) else {
@@ -624,10 +626,22 @@ mod tests {
             let tree = Value::Object(request.body.clone());
             prop_assert!(Messages::splice(&request).is_some());
             let copies = request.origins.of_items.iter().flatten().any(Option::is_some);
-            let (body, _, _) =
+            let (body, _, layout) =
                 Messages::outgoing_body(request, Bytes::from(sent_body.clone()), true).unwrap();
-            prop_assert_eq!(serde_json::from_slice::<Value>(&body).unwrap(), tree);
-            prop_assert_eq!(body.windows(7).any(|w| w == b"\n      "), copies);
+            prop_assert_eq!(&serde_json::from_slice::<Value>(&body).unwrap(), &tree);
+            let written = |field: &str| {
+                let (_, range) = layout.as_ref().unwrap().fields.iter().find(|(key, _)| key == field).unwrap();
+                &body[range.clone()]
+            };
+            prop_assert_eq!(written("messages").windows(7).any(|w| w == b"\n      "), copies);
+            // The tools as sent, copied with the recall tool written after them; `system` as
+            // sent unless the summary went into it.
+            let sent_text = std::str::from_utf8(&sent_body).unwrap();
+            let sent_tools = &sent_text[sent_text.find("\"tools\": ").unwrap() + 9..];
+            let sent_tools = &sent_tools[..sent_tools.find("\n  ]").unwrap() + 4];
+            prop_assert!(written("tools").starts_with(sent_tools.trim_end_matches(']').as_bytes()));
+            prop_assert_eq!(written("tools").ends_with(b"\n  ]"), !with_recall);
+            prop_assert_eq!(written("system") == b"\"rules\"", tree["system"] == "rules");
         }
     }
 }

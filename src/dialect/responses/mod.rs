@@ -13,7 +13,6 @@ mod view;
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::future::Future;
-use std::ops::Range;
 
 use serde_json::{json, Map, Value};
 
@@ -25,7 +24,7 @@ use crate::config::{ContextConfig, SummaryRole};
 use crate::conversation::{units, Item};
 use crate::dialect::openai;
 use crate::dialect::recall::RecallWire;
-use crate::dialect::request::{object_with_model, Origins, RawFields, Splice};
+use crate::dialect::request::{object_with_model, Origins, RawFields, SentRanges, Splice};
 use crate::dialect::stages::{Dialect, Prepared, RawStage};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
@@ -134,8 +133,8 @@ impl Dialect for Responses {
         request.as_sent
     }
 
-    fn raw_items(request: &mut Self::Request, ranges: Vec<Range<usize>>) {
-        request.origins.ranges = ranges;
+    fn raw_items(request: &mut Self::Request, sent: SentRanges) {
+        request.origins = Origins::sent(&request.body, sent);
     }
 
     fn splice(request: &Self::Request) -> Option<(&Map<String, Value>, Splice<'_>)> {
