@@ -209,7 +209,7 @@ fn bench_count(c: &mut Criterion) {
         };
         rt.block_on(counter.count_raw(&prompt, "gpt-4o", &model))
             .unwrap()
-            .0
+            .count
             .total
     };
     raw_count(&raw_warm, &format!("[{}]", texts.join(",")));

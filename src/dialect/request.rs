@@ -183,7 +183,7 @@ pub struct Layout {
 /// summary, cut outputs, the recall tool, fields the stage did not read. Serializing a whole
 /// compacted agent request's tree took 18.6M of its 42.6M instructions
 /// (`bench/instruction_budget.sh`, callgrind), nearly all of it the kept items; its `system`
-/// and `tools` (61 KB) took 2.6M more of 27.1M. Also where it wrote each field and item. None
+/// and `tools` (61 KB) took 0.45M more of 27.1M. Also where it wrote each field and item. None
 /// when the splice does not fit the body (the caller writes the tree).
 pub fn spliced(
     body: &Map<String, Value>,
@@ -573,7 +573,10 @@ mod tests {
     fn a_field_as_sent_is_copied_its_appended_elements_written_after() {
         let sent = br#"{"tools": [ {"a": 1} ,  2 ], "none": [ ], "system": "x  y"}"#;
         let field = |name: &'static str, text: &str, elements: Option<usize>| {
-            let at = sent.windows(text.len()).position(|w| w == text.as_bytes()).unwrap();
+            let at = sent
+                .windows(text.len())
+                .position(|w| w == text.as_bytes())
+                .unwrap();
             SentField {
                 name,
                 range: at..at + text.len(),

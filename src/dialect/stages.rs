@@ -23,7 +23,7 @@ use crate::dialect::request::{
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
 use crate::tokens::catalog::{ModelCatalog, ModelInfo};
-use crate::tokens::counter::{PromptCount, RawItems, TokenCounter};
+use crate::tokens::counter::{PromptCount, RawCount, RawItems, TokenCounter};
 use crate::tokens::encoding::Encoding;
 use crate::tokens::rules::REPLY_PRIMING;
 use crate::transport::body::ProxyBody;
@@ -67,7 +67,7 @@ pub trait Dialect {
     /// tree: what the default `scan` runs (`scan_raw`).
     const RAW_STAGE: Option<&'static RawStage> = None;
     /// A request parsed for counting, planning and rewriting.
-    type Request: Send + Sync;
+    type Request: Send + Sync + 'static;
 
     /// Stage one, for a dialect that can: a request under every trigger, counted, planned
     /// and made ready from its raw bytes without a JSON tree. `Err` hands the request on to
@@ -175,7 +175,7 @@ pub trait Dialect {
     /// otherwise, its replies carry usage unasked, and a rewritten request is its JSON object
     /// written out, its unchanged items copied from `original` where it keeps them (`splice`).
     fn outgoing_body(
-        mut request: Self::Request,
+        request: &mut Self::Request,
         original: Bytes,
         rewritten: bool,
     ) -> Result<(Bytes, bool, Option<Layout>), ProxyError> {
@@ -183,11 +183,11 @@ pub trait Dialect {
             return Ok((original, false, None));
         }
         if let Some((body, layout)) =
-            Self::splice(&request).and_then(|(body, splice)| spliced(body, &original, &splice))
+            Self::splice(request).and_then(|(body, splice)| spliced(body, &original, &splice))
         {
             return Ok((Bytes::from(body), false, Some(layout)));
         }
-        let body = serde_json::to_vec(Self::body_mut(&mut request)).map_err(ProxyError::Rewrite)?;
+        let body = serde_json::to_vec(Self::body_mut(request)).map_err(ProxyError::Rewrite)?;
         Ok((Bytes::from(body), false, None))
     }
 }
@@ -209,6 +209,9 @@ pub struct Prepared {
     /// What the request reserves for the reply, when it says.
     pub requested_completion_tokens: Option<u64>,
     pub choices: u64,
+    /// Each item's identity by its bytes as sent (`RawCount::identities`), when the raw stage
+    /// counted them; else empty.
+    pub identities: Vec<u128>,
 }
 
 impl Prepared {
@@ -371,8 +374,8 @@ pub async fn count_as_sent<D: Dialect>(
         Some((stage, fields))
     });
     if let Some((stage, fields)) = read {
-        if let Some((_, count, _)) = count_read(counting, stage, &fields).await {
-            return Ok(count);
+        if let Some((_, raw)) = count_read(counting, stage, &fields).await {
+            return Ok(raw.count);
         }
     }
     match D::scan(counting, body, settings, Mode::Off).await {
@@ -434,13 +437,14 @@ pub async fn scan_raw(
             .map(|part| part.map(RawValue::get))
             .collect(),
     };
-    let (info, count, metas) = count_read(counting, stage, &counted).await.ok_or(None)?;
+    let (info, raw) = count_read(counting, stage, &counted).await.ok_or(None)?;
     let prepared = Prepared {
         info,
-        count,
-        metas,
+        count: raw.count,
+        metas: raw.metas,
         requested_completion_tokens: (stage.reserve)(request.max_tokens, request.extra),
         choices: 1,
+        identities: raw.identities,
     };
     let input = prepared.plan_input(counting.config, settings, mode);
     let decision = prepared.decide(&input);
@@ -468,7 +472,7 @@ async fn count_read(
     counting: Counting<'_>,
     stage: &RawStage,
     read: &Counted<'_>,
-) -> Option<(ModelInfo, PromptCount, Vec<Item>)> {
+) -> Option<(ModelInfo, RawCount)> {
     let info = counting.catalog.resolve(&read.model);
     let encoding = info.encoding;
     let fixed = REPLY_PRIMING
@@ -478,11 +482,11 @@ async fn count_read(
             &read.parts,
             |index, part| (stage.part)(encoding, index, part),
         )?;
-    let (count, metas) = counting
+    let counted = counting
         .counter
         .count_raw_items(&read.items, &stage.items, fixed, &read.model, &info)
         .await?;
-    Some((info, count, metas))
+    Some((info, counted))
 }
 
 /// The split `force` plans for `request` in a context of `window` tokens under `settings`

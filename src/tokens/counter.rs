@@ -43,6 +43,16 @@ pub struct PromptCount {
     pub raw_total: u64,
 }
 
+/// A conversation counted from its items' raw JSON.
+pub struct RawCount {
+    pub count: PromptCount,
+    /// What planning needs of each item.
+    pub metas: Vec<Item>,
+    /// Each item known by its bytes as sent and the dialect that reads them (the key its
+    /// count is kept by): items alike in these are alike in every view of them.
+    pub identities: Vec<u128>,
+}
+
 /// How a dialect reads its raw items: a seed that keeps its items' counts apart from other
 /// dialects', and the reading of one item it has not seen (its chat view, which is counted,
 /// and what planning needs of it, tokens filled in by the count; None: the raw path does not
@@ -196,7 +206,7 @@ impl TokenCounter {
         prompt: &RawPrompt<'_>,
         model_name: &str,
         model: &ModelInfo,
-    ) -> Option<(PromptCount, Vec<Item>)> {
+    ) -> Option<RawCount> {
         let fixed = REPLY_PRIMING + self.count_raw_extras(prompt, model.encoding)?;
         self.count_raw_items(prompt.messages, &CHAT_ITEMS, fixed, model_name, model)
             .await
@@ -213,15 +223,17 @@ impl TokenCounter {
         fixed: u32,
         model_name: &str,
         model: &ModelInfo,
-    ) -> Option<(PromptCount, Vec<Item>)> {
+    ) -> Option<RawCount> {
         let encoding = model.encoding;
         // Xor-ed into the hash rather than given as xxh3's seed, which derives a new secret
         // on every call for messages over 240 bytes.
         let seed = u128::from(items.seed | encoding as u64);
         let mut metas = Vec::with_capacity(raw.len());
+        let mut identities = Vec::with_capacity(raw.len());
         let mut misses = Vec::new();
         for (index, bytes) in raw.iter().enumerate() {
             let key = xxh3::xxh3_128_with_secret(bytes, &self.raw_message_secret) ^ seed;
+            identities.push(key);
             match self.raw_messages.get(key) {
                 Some(meta) => metas.push(meta),
                 None => {
@@ -255,7 +267,11 @@ impl TokenCounter {
         for (meta, &tokens) in metas.iter_mut().zip(&count.per_message) {
             meta.tokens = tokens;
         }
-        Some((count, metas))
+        Some(RawCount {
+            count,
+            metas,
+            identities,
+        })
     }
 
     /// The tokens of a request's raw parts other than its items, each part as `count` counts

@@ -8,7 +8,7 @@ use std::process::Command;
 use condenser::dialect::chat::message_spans;
 use condenser::tokens::catalog::TokensConfig;
 use condenser::tokens::catalog::{ModelCatalog, ModelInfo};
-use condenser::tokens::counter::{RawPrompt, TokenCounter};
+use condenser::tokens::counter::{RawCount, RawPrompt, TokenCounter};
 use condenser::tokens::encoding::Encoding;
 use condenser::tokens::rules::count_text;
 use serde_json::value::RawValue;
@@ -146,7 +146,8 @@ async fn requests_match_the_cookbook(root: &Path) {
         };
         let mut encoded = Vec::new();
         for pass in ["uncached", "cached"] {
-            let (count, metas) = raw_counter.count_raw(&prompt, model, &info).await.unwrap();
+            let RawCount { count, metas, .. } =
+                raw_counter.count_raw(&prompt, model, &info).await.unwrap();
             encoded.push(raw_counter.messages_encoded());
             if count.total != want || metas.len() != prompt.messages.len() {
                 wrong.push(format!(
@@ -238,7 +239,11 @@ async fn count_raw_total(counter: &TokenCounter, messages: &[Value], info: &Mode
         messages: &raw,
         ..RawPrompt::default()
     };
-    let (count, _) = counter.count_raw(&prompt, "gpt-4o", info).await.unwrap();
+    let count = counter
+        .count_raw(&prompt, "gpt-4o", info)
+        .await
+        .unwrap()
+        .count;
     count.total
 }
 

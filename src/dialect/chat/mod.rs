@@ -112,7 +112,7 @@ impl Dialect for Chat {
     }
 
     fn outgoing_body(
-        mut request: Self::Request,
+        request: &mut Self::Request,
         original: Bytes,
         rewritten: bool,
     ) -> Result<(Bytes, bool, Option<Layout>), ProxyError> {
@@ -122,9 +122,9 @@ impl Dialect for Chat {
         );
         let body = if rewritten || usage == UsageRequest::Merge {
             if usage == UsageRequest::Merge {
-                request_usage_in_stream(&mut request);
+                request_usage_in_stream(request);
             }
-            Bytes::from(serde_json::to_vec(&request).map_err(ProxyError::Rewrite)?)
+            Bytes::from(serde_json::to_vec(request).map_err(ProxyError::Rewrite)?)
         } else {
             original
         };
@@ -198,6 +198,7 @@ pub async fn counted(
         metas,
         requested_completion_tokens: requested_completion_tokens(body),
         choices: body.get("n").and_then(Value::as_u64).unwrap_or(1),
+        identities: Vec::new(),
     }
 }
 
@@ -218,13 +219,14 @@ async fn prepared_raw(
         tool_choice: request.tool_choice,
         response_format: request.response_format,
     };
-    let (count, metas) = counter.count_raw(&prompt, &request.model, &info).await?;
+    let raw = counter.count_raw(&prompt, &request.model, &info).await?;
     Some(Prepared {
         info,
-        count,
-        metas,
+        count: raw.count,
+        metas: raw.metas,
         requested_completion_tokens: request.max_completion_tokens.or(request.max_tokens),
         choices: request.n.unwrap_or(1),
+        identities: raw.identities,
     })
 }
 
