@@ -116,7 +116,7 @@ async fn trimmed_as<D: Dialect>(
         });
     }
     write_compaction::<D>(&mut request, split, &rewrite, settings.context, encoding);
-    let (sent, _, layout) = D::outgoing_body(&mut request, Bytes::new(), true)?;
+    let (sent, _, layout) = D::outgoing_body(request, Bytes::new(), true)?;
     let counting = Counting {
         config,
         catalog: &catalog,

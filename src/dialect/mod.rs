@@ -383,7 +383,7 @@ pub mod splice_cases {
         assert!(wire.is_some(), "recall offered");
         let tree = Value::Object(D::body_mut(&mut request).clone());
         assert!(D::splice(&request).is_some(), "spliced");
-        let (out, _, layout) = D::outgoing_body(&mut request, Bytes::from(sent), true).unwrap();
+        let (out, _, layout) = D::outgoing_body(request, Bytes::from(sent), true).unwrap();
         // Read where it was written, the body counts as it does read afresh.
         let layout = layout.expect("laid out");
         assert!(

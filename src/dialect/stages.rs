@@ -67,7 +67,7 @@ pub trait Dialect {
     /// tree: what the default `scan` runs (`scan_raw`).
     const RAW_STAGE: Option<&'static RawStage> = None;
     /// A request parsed for counting, planning and rewriting.
-    type Request: Send + Sync + 'static;
+    type Request: Send + Sync;
 
     /// Stage one, for a dialect that can: a request under every trigger, counted, planned
     /// and made ready from its raw bytes without a JSON tree. `Err` hands the request on to
@@ -175,7 +175,7 @@ pub trait Dialect {
     /// otherwise, its replies carry usage unasked, and a rewritten request is its JSON object
     /// written out, its unchanged items copied from `original` where it keeps them (`splice`).
     fn outgoing_body(
-        request: &mut Self::Request,
+        mut request: Self::Request,
         original: Bytes,
         rewritten: bool,
     ) -> Result<(Bytes, bool, Option<Layout>), ProxyError> {
@@ -183,11 +183,11 @@ pub trait Dialect {
             return Ok((original, false, None));
         }
         if let Some((body, layout)) =
-            Self::splice(request).and_then(|(body, splice)| spliced(body, &original, &splice))
+            Self::splice(&request).and_then(|(body, splice)| spliced(body, &original, &splice))
         {
             return Ok((Bytes::from(body), false, Some(layout)));
         }
-        let body = serde_json::to_vec(Self::body_mut(request)).map_err(ProxyError::Rewrite)?;
+        let body = serde_json::to_vec(Self::body_mut(&mut request)).map_err(ProxyError::Rewrite)?;
         Ok((Bytes::from(body), false, None))
     }
 }

@@ -206,8 +206,7 @@ async fn prepare_in_full<'s, D: Dialect>(
     };
     let usable = Limits::new(&input).usable;
     let would = would(state, &prepared, all_settings, mode);
-    let (body, inject_usage, layout) = D::outgoing_body(&mut request, bytes, rewritten)?;
-    set_aside(request, body.len());
+    let (body, inject_usage, layout) = D::outgoing_body(request, bytes, rewritten)?;
     // Only a rewrite changes the prompt.
     let forwarded = if rewritten {
         let sent = (&body, layout.as_ref());
@@ -223,20 +222,6 @@ async fn prepare_in_full<'s, D: Dialect>(
     let mut outgoing = Outgoing::new(upstream, model, prepared, body, forwarded, usable, outcome);
     outgoing.would = would;
     Ok(outgoing)
-}
-
-/// A request's tree at least this large is dropped on the blocking pool, not before the
-/// request is sent.
-const SET_ASIDE_BYTES: usize = 64 * 1024;
-
-/// Drops a request's tree once its body is written: an agent's 826 KB body is tens of
-/// thousands of allocations, 1.5M of the compacted request's 27M instructions
-/// (`bench/instruction_budget.sh`, callgrind), which the request need not wait for. A small
-/// one is dropped here, as handing it on would cost more.
-fn set_aside<T: Send + 'static>(tree: T, body_bytes: usize) {
-    if body_bytes >= SET_ASIDE_BYTES {
-        tokio::task::spawn_blocking(move || drop(tree));
-    }
 }
 
 /// What carrying out a split needs of the request besides its tree.
@@ -319,32 +304,4 @@ async fn compacted<D: Dialect>(
         recall,
     };
     Ok((outcome, rewritten, mark))
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::mpsc::{channel, Sender};
-    use std::thread::{self, ThreadId};
-    use std::time::Duration;
-
-    use super::*;
-
-    /// Tells on which thread it was dropped.
-    struct Noted(Sender<ThreadId>);
-
-    impl Drop for Noted {
-        fn drop(&mut self) {
-            let _ = self.0.send(thread::current().id());
-        }
-    }
-
-    #[tokio::test]
-    async fn a_large_tree_is_dropped_on_the_blocking_pool_a_small_one_at_once() {
-        let (tell, told) = channel();
-        set_aside(Noted(tell.clone()), SET_ASIDE_BYTES - 1);
-        assert_eq!(told.try_recv(), Ok(thread::current().id()));
-        set_aside(Noted(tell), SET_ASIDE_BYTES);
-        let dropped_on = told.recv_timeout(Duration::from_secs(30)).unwrap();
-        assert_ne!(dropped_on, thread::current().id());
-    }
 }

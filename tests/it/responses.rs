@@ -507,7 +507,7 @@ proptest! {
                 archive: None,
             };
             Responses::rewrite(&mut request, &split, &rewrite, &config.context, Encoding::O200k);
-            let (sent, _, _) = Responses::outgoing_body(&mut request, body.clone().into(), true).unwrap();
+            let (sent, _, _) = Responses::outgoing_body(request, body.clone().into(), true).unwrap();
             let sent: Value = serde_json::from_slice(&sent).unwrap();
             prop_assert_eq!(&sent["instructions"], "be brief");
             let forwarded = sent["input"].as_array().unwrap();

@@ -112,7 +112,7 @@ impl Dialect for Chat {
     }
 
     fn outgoing_body(
-        request: &mut Self::Request,
+        mut request: Self::Request,
         original: Bytes,
         rewritten: bool,
     ) -> Result<(Bytes, bool, Option<Layout>), ProxyError> {
@@ -122,9 +122,9 @@ impl Dialect for Chat {
         );
         let body = if rewritten || usage == UsageRequest::Merge {
             if usage == UsageRequest::Merge {
-                request_usage_in_stream(request);
+                request_usage_in_stream(&mut request);
             }
-            Bytes::from(serde_json::to_vec(request).map_err(ProxyError::Rewrite)?)
+            Bytes::from(serde_json::to_vec(&request).map_err(ProxyError::Rewrite)?)
         } else {
             original
         };

@@ -628,7 +628,7 @@ mod tests {
             prop_assert!(Messages::splice(&request).is_some());
             let copies = request.origins.of_items.iter().flatten().any(Option::is_some);
             let (body, _, layout) =
-                Messages::outgoing_body(&mut request, Bytes::from(sent_body.clone()), true).unwrap();
+                Messages::outgoing_body(request, Bytes::from(sent_body.clone()), true).unwrap();
             prop_assert_eq!(&serde_json::from_slice::<Value>(&body).unwrap(), &tree);
             let written = |field: &str| {
                 let (_, range) = layout.as_ref().unwrap().fields.iter().find(|(key, _)| key == field).unwrap();
