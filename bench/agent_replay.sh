@@ -14,6 +14,7 @@
 # excluded. Prints p50 and p95 per API and case.
 #
 #   bash bench/agent_replay.sh [BINARY]      # default: a `cargo build --release` binary
+#   CASES="compact" RUNS=3 bash bench/agent_replay.sh BINARY   # some cases, each run 3 times
 set -euo pipefail
 SCRIPT=agent-replay
 source "$(dirname "${BASH_SOURCE[0]}")/replay_common.sh"
@@ -60,12 +61,21 @@ replay() { # $1 = case, $2 = api path, $3 = file prefix, $4 = bodies dir, $5 = m
     done
 }
 : >"$WORK/marks"
+CASES=${CASES:-under off observe compact}
+RUNS=${RUNS:-1}
 for api in messages:messages responses:responses; do
     path=${api%%:*}; prefix=${api##*:}
-    replay under "$path" "$prefix" "$WORK/wide" auto
-    replay off "$path" "$prefix" "$WORK/small" off
-    replay observe "$path" "$prefix" "$WORK/small" observe
-    replay compact "$path" "$prefix" "$WORK/small" auto
+    for case in $CASES; do
+        for run in $(seq "$RUNS"); do
+            name=$case$([ "$RUNS" = 1 ] || echo "$run")
+            case $case in
+                under) replay "$name" "$path" "$prefix" "$WORK/wide" auto ;;
+                off | observe) replay "$name" "$path" "$prefix" "$WORK/small" "$case" ;;
+                compact) replay "$name" "$path" "$prefix" "$WORK/small" auto ;;
+                *) echo "unknown case: $case" >&2; exit 1 ;;
+            esac
+        done
+    done
 done
 sleep 0.5
 python3 - "$WORK/marks" "$WORK/condenser.log" <<'PY'
