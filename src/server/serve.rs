@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::body::Incoming;
+use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -253,7 +254,7 @@ async fn accept_loop(
         }
     };
     let header_read_timeout = Duration::from_secs(state.config.server.header_read_timeout_secs);
-    let builder = Arc::new(connection_builder(header_read_timeout));
+    let builders = Arc::new(connection_builders(header_read_timeout));
     let graceful = GracefulShutdown::new();
     let worker = Arc::new(Worker {
         state: state.clone(),
@@ -286,7 +287,7 @@ async fn accept_loop(
                 tokio::spawn(serve_connection(
                     stream,
                     worker.clone(),
-                    builder.clone(),
+                    builders.clone(),
                     (graceful.watcher(), admitted),
                     header_read_timeout,
                 ));
@@ -302,29 +303,51 @@ async fn accept_loop(
 }
 
 /// How every client connection is served: HTTP/1 with its header-read timeout and
-/// half-close, HTTP/2 with keep-alive pings and a bound on its header list.
-fn connection_builder(header_read_timeout: Duration) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
+/// half-close (the same in both builders), HTTP/2 with keep-alive pings and a bound on its
+/// header list. The first serves connections already known to speak HTTP/1 (`speaks_http1`),
+/// the second any other, telling the version by the HTTP/2 preface.
+struct Builders {
+    http1: http1::Builder,
+    auto: auto::Builder<TokioExecutor>,
+}
+
+fn connection_builders(header_read_timeout: Duration) -> Builders {
+    let mut http1 = http1::Builder::new();
+    http1
         .timer(TokioTimer::new())
         .header_read_timeout(header_read_timeout)
         // A client that half-closes once its request is sent still gets its answer; one that
         // leaves mid-reply is noticed by the reply's body (`transport::departure`).
         .half_close(true);
-    builder
-        .http2()
+    let mut auto = auto::Builder::new(TokioExecutor::new());
+    auto.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout)
+        .half_close(true);
+    auto.http2()
         .timer(TokioTimer::new())
         .keep_alive_interval(H2_KEEP_ALIVE)
         .max_header_list_size(H2_MAX_HEADER_LIST_BYTES);
-    builder
+    Builders { http1, auto }
+}
+
+/// What an HTTP/2 client sends first, before anything else.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Whether the first bytes of a connection already differ from the HTTP/2 preface: then it
+/// speaks HTTP/1. Bytes that agree with the preface so far (or none) do not tell.
+fn speaks_http1(first: &[u8]) -> bool {
+    first
+        .iter()
+        .zip(H2_PREFACE)
+        .any(|(sent, preface)| sent != preface)
 }
 
 /// One client connection, from its first byte to its end (or the drain's).
 async fn serve_connection(
     stream: TcpStream,
     worker: Arc<Worker>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builders: Arc<Builders>,
     // Held until the connection ends, which makes room for another.
     (watcher, _admitted): (Watcher, Admitted),
     header_read_timeout: Duration,
@@ -332,22 +355,35 @@ async fn serve_connection(
     // Until its first byte the protocol is not known, and hyper's header-read timeout, an
     // HTTP/1 one, does not run: a connection that sends nothing would hold its descriptor for
     // good. (`readable` may wake without data; a peek waits for a byte.)
-    let mut first_byte = [0u8; 1];
-    let peeked = stream.peek(&mut first_byte);
-    if tokio::time::timeout(header_read_timeout, peeked)
-        .await
-        .is_err()
-    {
-        return;
-    }
+    let mut first = [0u8; H2_PREFACE.len()];
+    let peeked = stream.peek(&mut first);
+    let first = match tokio::time::timeout(header_read_timeout, peeked).await {
+        Ok(Ok(read)) => &first[..read],
+        Ok(Err(_)) => &[][..],
+        Err(_) => return,
+    };
+    let http1 = speaks_http1(first);
     let socket = ClientSocket::new(stream);
     let service = service_fn({
         let socket = socket.clone();
         move |request| answer(worker.clone(), request, socket.clone())
     });
-    let connection = builder.serve_connection(TokioIo::new(socket), service);
-    if let Err(error) = watcher.watch(connection).await {
-        tracing::debug!(%error, "connection ended with an error");
+    let io = TokioIo::new(socket);
+    // Served by hyper's HTTP/1 directly when the peek already tells: the version detection
+    // reads the first 24 bytes apart and hands them to hyper ahead of the rest, and hyper's
+    // second read, into the 8 KiB buffer its first had begun, doubled that buffer to 16 KiB
+    // for the connection's whole life (heaptrack, 300 open streams). Peak RSS with 9,000 open
+    // streams 425.0 -> 391.0 MB (bench/streams.sh).
+    if http1 {
+        let connection = builders.http1.serve_connection(io, service);
+        if let Err(error) = watcher.watch(connection).await {
+            tracing::debug!(%error, "connection ended with an error");
+        }
+    } else {
+        let connection = builders.auto.serve_connection(io, service);
+        if let Err(error) = watcher.watch(connection).await {
+            tracing::debug!(%error, "connection ended with an error");
+        }
     }
 }
 
@@ -446,6 +482,21 @@ mod tests {
         assert!(!first.is_finished(), "one of two workers has arrived");
         barrier.arrive_and_wait().await;
         first.await.unwrap();
+    }
+
+    #[test]
+    fn only_bytes_that_leave_the_http2_preface_tell_http1() {
+        for first in [
+            &b"POST /v1/chat/completions HTTP/1.1"[..],
+            b"GET",
+            b"PO",
+            b"X",
+        ] {
+            assert!(speaks_http1(first), "{first:?}");
+        }
+        for first in [&b""[..], b"P", b"PRI * HTTP/2", H2_PREFACE] {
+            assert!(!speaks_http1(first), "{first:?}");
+        }
     }
 
     #[tokio::test(start_paused = true)]
