@@ -21,7 +21,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use hyper_util::server::graceful::{GracefulConnection, GracefulShutdown, Watcher};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -375,15 +375,20 @@ async fn serve_connection(
     // for the connection's whole life (heaptrack, 300 open streams). Peak RSS with 9,000 open
     // streams 425.0 -> 391.0 MB (bench/streams.sh).
     if http1 {
-        let connection = builders.http1.serve_connection(io, service);
-        if let Err(error) = watcher.watch(connection).await {
-            tracing::debug!(%error, "connection ended with an error");
-        }
+        watched(watcher, builders.http1.serve_connection(io, service)).await;
     } else {
-        let connection = builders.auto.serve_connection(io, service);
-        if let Err(error) = watcher.watch(connection).await {
-            tracing::debug!(%error, "connection ended with an error");
-        }
+        watched(watcher, builders.auto.serve_connection(io, service)).await;
+    }
+}
+
+/// A connection served until it ends, or the drain ends it.
+async fn watched<C>(watcher: Watcher, connection: C)
+where
+    C: GracefulConnection,
+    C::Error: std::fmt::Display,
+{
+    if let Err(error) = watcher.watch(connection).await {
+        tracing::debug!(%error, "connection ended with an error");
     }
 }
 
