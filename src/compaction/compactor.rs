@@ -209,10 +209,15 @@ fn prefix(compactor: &Compactor, job: &CompactionJob<'_>) -> Prefix {
             .summarizer
             .settings_key(summary_tokens, &job.settings.tools),
     );
+    let ahead = job.split.ahead;
+    let identities = job
+        .identities
+        .get(..ahead)
+        .filter(|_| job.identities.len() == job.messages.len());
     let keys = compactor.prefix_keys.keys(
         &scope,
-        &job.messages[..job.split.ahead],
-        job.identities_ahead(),
+        &job.messages[..ahead],
+        identities.unwrap_or_default(),
     );
     Prefix {
         caller,
@@ -510,7 +515,7 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) -> Option<
     let messages: Vec<Value> = job.messages[..job.split.ahead].to_vec();
     let count = job.count.clone();
     let items = job.items.to_vec();
-    let identities = job.identities_ahead().to_vec();
+    let identities = job.identities[..job.split.ahead.min(job.identities.len())].to_vec();
     let split = job.split.clone();
     let model = job.model.to_string();
     let info = job.info.clone();

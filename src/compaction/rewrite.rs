@@ -222,17 +222,6 @@ pub struct CompactionJob<'a> {
     pub recall: bool,
 }
 
-impl CompactionJob<'_> {
-    /// The identities of the messages up to `split.ahead`, when there is one per message;
-    /// else none.
-    pub(super) fn identities_ahead(&self) -> &[u128] {
-        match self.identities.get(..self.split.ahead) {
-            Some(ahead) if self.identities.len() == self.messages.len() => ahead,
-            _ => &[],
-        }
-    }
-}
-
 /// The request unchanged: while its summary is made, or when the summarizer failed and
 /// `on_failure = forward`.
 pub(super) fn as_sent(cache: CacheOutcome, waited: Duration) -> Rewrite {
