@@ -209,12 +209,9 @@ fn prefix(compactor: &Compactor, job: &CompactionJob<'_>) -> Prefix {
             .summarizer
             .settings_key(summary_tokens, &job.settings.tools),
     );
-    // Not found by identity (`job.identities`): with that, the Codex session at the realistic
-    // pace had avoidable breaks in three runs of five (`agent_clients::codex_compacts_well_
-    // through_condenser`), none without it; why is not traced yet.
     let keys = compactor
         .prefix_keys
-        .keys(&scope, &job.messages[..job.split.ahead], &[]);
+        .keys(&scope, &job.messages[..job.split.ahead]);
     Prefix {
         caller,
         summarizer_model,
@@ -511,7 +508,6 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) -> Option<
     let messages: Vec<Value> = job.messages[..job.split.ahead].to_vec();
     let count = job.count.clone();
     let items = job.items.to_vec();
-    let identities = job.identities[..job.split.ahead.min(job.identities.len())].to_vec();
     let split = job.split.clone();
     let model = job.model.to_string();
     let info = job.info.clone();
@@ -526,7 +522,6 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) -> Option<
             messages: &messages,
             count: &count,
             items: &items,
-            identities: &identities,
             split: &split,
             model: &model,
             info: &info,

@@ -265,7 +265,6 @@ async fn compacted<D: Dialect>(
         messages: &conversation,
         count: &prepared.count,
         items: &prepared.metas,
-        identities: &prepared.identities,
         split,
         model,
         info: &prepared.info,

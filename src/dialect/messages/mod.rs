@@ -323,7 +323,6 @@ async fn counted(
         metas,
         requested_completion_tokens: requested_completion_tokens(body),
         choices: 1,
-        identities: Vec::new(),
     }
 }
 
