@@ -14,6 +14,20 @@ pub fn unclean(path: &str) -> Option<&'static str> {
     if segments.is_empty() {
         return None;
     }
+    // Most paths hold no byte a segment is refused for (`%`, `\`, `.`, a control byte): then
+    // only an empty segment can be wrong, and one pass over the path tells: 350 instructions
+    // per chat request where searching each segment apart cost 529 (bench/instructions.sh).
+    // The byte before the segments is the path's first `/`.
+    let (mut previous, mut empty) = (b'/', false);
+    let plain = segments.bytes().all(|byte| {
+        empty |= byte == b'/' && previous == b'/';
+        previous = byte;
+        !matches!(byte, b'%' | b'\\' | b'.') && !byte.is_ascii_control()
+    });
+    if plain {
+        // A segment is empty between two `/`, or after a last one.
+        return (empty || previous == b'/').then_some("it has an empty segment");
+    }
     // Split and searched as bytes: `str`'s char searchers, set up once per segment and per
     // search, cost about 300 instructions more per request (bench/instructions.sh).
     for segment in segments.as_bytes().split(|&byte| byte == b'/') {
@@ -83,6 +97,8 @@ mod tests {
             ("/v1//models", "empty"),
             ("/v1/models/", "empty"),
             ("//evil.example/v1", "empty"),
+            ("//v1/models", "empty"),
+            ("/v1/", "empty"),
             ("/v1/a%00b", "control"),
             ("/v1/a%0d%0aX-Injected:1", "control"),
             ("/v1/a%7f", "control"),
