@@ -2,6 +2,7 @@
 //! one, kept on the worker's own event loop and closed once idle too long.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -74,9 +75,19 @@ impl Connections {
 pub(super) struct WorkerPool {
     idle: Mutex<Vec<IdleConnection>>,
     pub(super) http2: Mutex<Option<http2::SendRequest<ProxyBody>>>,
+    /// Whether each request without a connection may open its own: a plain `http` upstream,
+    /// or an `https` one whose ALPN chose HTTP/1.1. Until then one connects at a time, the
+    /// others waiting for a shared HTTP/2 connection rather than each opening its own: 1,000
+    /// streams that came at once opened 1,000 TLS connections (`UPSTREAM=h2
+    /// bench/streams.sh`).
+    pub(super) http1: AtomicBool,
+    /// The turn to connect while `http1` is unknown, with why the last attempt failed.
+    pub(super) connecting: tokio::sync::Mutex<String>,
+    /// Attempts that failed: one waiting on another's turn fails with it when this moved.
+    pub(super) failed_connects: AtomicU64,
     idle_timeout: Duration,
     /// Whether the task that closes connections idle past `idle_timeout` runs.
-    sweeping: std::sync::atomic::AtomicBool,
+    sweeping: AtomicBool,
     pub(super) failures: FailureLog,
 }
 
@@ -92,13 +103,21 @@ pub(super) enum Sender {
 }
 
 impl WorkerPool {
-    /// Each server worker's pool for the upstream at `base_url`.
-    pub(super) fn per_worker(base_url: &str, connections: &Connections) -> Vec<Arc<WorkerPool>> {
+    /// Each server worker's pool for the upstream at `base_url`, which `plain` when its
+    /// scheme is `http`.
+    pub(super) fn per_worker(
+        base_url: &str,
+        plain: bool,
+        connections: &Connections,
+    ) -> Vec<Arc<WorkerPool>> {
         (0..connections.workers.max(1))
             .map(|_| {
                 Arc::new(WorkerPool {
                     idle: Mutex::default(),
                     http2: Mutex::default(),
+                    http1: AtomicBool::new(plain),
+                    connecting: tokio::sync::Mutex::default(),
+                    failed_connects: AtomicU64::default(),
                     idle_timeout: connections.idle_timeout,
                     sweeping: Default::default(),
                     failures: FailureLog {

@@ -9,6 +9,7 @@
 
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -168,7 +169,7 @@ impl Upstream {
             .enable_http1()
             .enable_http2()
             .wrap_connector(egress);
-        let pools = WorkerPool::per_worker(&base_url, connections);
+        let pools = WorkerPool::per_worker(&base_url, scheme == "http", connections);
         Ok(Upstream {
             path_base: base_url
                 .strip_suffix("/v1")
@@ -292,7 +293,7 @@ impl Upstream {
                         reused = false;
                         // Boxed: connecting is kilobytes of future that the common case, an
                         // idle connection, would otherwise carry.
-                        Box::pin(self.connect(pool))
+                        Box::pin(self.connect_in_turn(pool))
                             .await
                             .map_err(|e| self.request_failed(pool, FailureKind::Connect, &*e))?
                     }
@@ -372,6 +373,38 @@ impl Upstream {
             })
             .boxed_unsync();
         Ok(Response::from_parts(head, body))
+    }
+
+    /// A connection for a request that found none: its own once the upstream is known to
+    /// speak HTTP/1.1, else the HTTP/2 one that the request before it in turn opened, or a
+    /// new one. One waiting on an attempt that failed fails with it, rather than each of a
+    /// burst in turn waiting out the connect timeout.
+    async fn connect_in_turn(&self, pool: &WorkerPool) -> Result<Sender, BoxError> {
+        if pool.http1.load(Ordering::Relaxed) {
+            return self.connect(pool).await;
+        }
+        let failed = pool.failed_connects.load(Ordering::Relaxed);
+        let mut turn = pool.connecting.lock().await;
+        if let Some(sender) = pool.live_http2() {
+            return Ok(Sender::Http2(sender));
+        }
+        if pool.failed_connects.load(Ordering::Relaxed) != failed {
+            return Err(turn.clone().into());
+        }
+        if pool.http1.load(Ordering::Relaxed) {
+            drop(turn);
+            return self.connect(pool).await;
+        }
+        let connected = self.connect(pool).await;
+        match &connected {
+            Ok(Sender::Http1(_)) => pool.http1.store(true, Ordering::Relaxed),
+            Ok(Sender::Http2(_)) => {}
+            Err(e) => {
+                *turn = root_cause(&**e).to_string();
+                pool.failed_connects.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        connected
     }
 
     /// A new connection: HTTP/2 when ALPN chose it (then shared by the worker's requests),
@@ -724,6 +757,66 @@ mod tests {
                 format!("{version} /v1/chat/completions {{\"rewritten\":true}}").as_bytes()
             );
         }
+    }
+
+    async fn get_at_once(upstream: &Upstream, count: usize) -> Vec<Result<String, String>> {
+        let gets = (0..count).map(|_| async {
+            let response = upstream
+                .send(
+                    Method::GET,
+                    "/v1/models",
+                    KeyStyle::BEARER,
+                    HeaderMap::new(),
+                    crate::transport::body::full(Bytes::new()),
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            Ok(String::from_utf8(body.to_vec()).unwrap())
+        });
+        futures_util::future::join_all(gets).await
+    }
+
+    /// Requests that come at once, before any connection is open, wait for the one HTTP/2
+    /// connection the first opens; when ALPN says HTTP/1.1 instead, each then opens its own.
+    #[tokio::test]
+    async fn a_burst_waits_for_one_http2_connection_and_not_for_http1() {
+        let (url, connections) = tls_upstream(b"h2").await;
+        let upstream = test_upstream(&url);
+        let seen = get_at_once(&upstream, 20).await;
+        assert_eq!(seen, vec![Ok("HTTP/2.0 /v1/models".to_string()); 20]);
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+        let (url, connections) = tls_upstream(b"http/1.1").await;
+        let upstream = test_upstream(&url);
+        let seen = get_at_once(&upstream, 20).await;
+        assert_eq!(seen, vec![Ok("HTTP/1.1 /v1/models".to_string()); 20]);
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 20);
+    }
+
+    /// A burst whose first connection fails fails with it, each request with the cause,
+    /// rather than each trying in turn.
+    #[tokio::test]
+    async fn a_burst_waiting_on_a_failed_connection_fails_with_it() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "https://localhost:{}",
+            listener.local_addr().unwrap().port()
+        );
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                // Closed at once: the TLS handshake fails.
+                drop(listener.accept().await.unwrap());
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        let upstream = test_upstream(&url);
+        let seen = get_at_once(&upstream, 20).await;
+        assert!(seen.iter().all(|result| result == &seen[0]), "{seen:?}");
+        assert!(seen[0].as_ref().is_err_and(|e| !e.is_empty()), "{seen:?}");
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     #[tokio::test]
