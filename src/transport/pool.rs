@@ -1,7 +1,8 @@
 //! Each upstream's connections, a pool per server worker: idle HTTP/1.1 ones, or the HTTP/2
-//! one, kept on the worker's own event loop and closed once idle too long.
+//! ones, kept on the worker's own event loop and closed once idle too long.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -60,8 +61,9 @@ impl Connections {
     }
 }
 
-/// One server worker's connections to one upstream: idle HTTP/1.1 ones, or the HTTP/2 one
-/// that all of the worker's requests share once ALPN has chosen it. hyper drives each in a
+/// One server worker's connections to one upstream: idle HTTP/1.1 ones, or the HTTP/2 ones
+/// that the worker's requests share once ALPN has chosen it, a second one opened when the
+/// first carries as many streams as its peer allows at once. hyper drives each in a
 /// task of its own on the worker's event loop, reading an idle connection too: one that
 /// upstream closes is closed at once, not left in CLOSE_WAIT until reused.
 ///
@@ -73,11 +75,55 @@ impl Connections {
 /// give the connection back once the body has been read.
 pub(super) struct WorkerPool {
     idle: Mutex<Vec<IdleConnection>>,
-    pub(super) http2: Mutex<Option<http2::SendRequest<ProxyBody>>>,
+    http2: Mutex<Vec<Http2Connection>>,
+    /// Whether each request without a connection may open its own: a plain `http` upstream,
+    /// or an `https` one whose ALPN chose HTTP/1.1. Until then one connects at a time, the
+    /// others waiting for a shared HTTP/2 connection rather than each opening its own: 1,000
+    /// streams that came at once opened 1,000 TLS connections (`UPSTREAM=h2
+    /// bench/streams.sh`).
+    pub(super) http1: AtomicBool,
+    /// The turn to connect while `http1` is unknown, with why the last attempt failed.
+    pub(super) connecting: tokio::sync::Mutex<String>,
+    /// Attempts that failed: one waiting on another's turn fails with it when this moved.
+    pub(super) failed_connects: AtomicU64,
     idle_timeout: Duration,
     /// Whether the task that closes connections idle past `idle_timeout` runs.
-    sweeping: std::sync::atomic::AtomicBool,
+    sweeping: AtomicBool,
     pub(super) failures: FailureLog,
+}
+
+/// The streams an HTTP/2 connection's peer allows at once (its SETTINGS_MAX_CONCURRENT_STREAMS),
+/// read from the connection as it is now; 0 once it has ended.
+pub(super) type PeerLimit = Box<dyn Fn() -> usize + Send + Sync>;
+
+/// A shared HTTP/2 connection: past its peer's limit, hyper keeps a request waiting for a
+/// stream of it to end. At nginx's limit of 128 on each worker's one connection, 1,000
+/// streams held 8 s took 40.5 s (`H2_STREAMS=128 UPSTREAM=h2 bench/streams.sh BIN 1000`).
+/// Until the peer's SETTINGS come, hyper takes its limit to be 100 (RFC 9113's least
+/// recommended): a lower one is found out by the streams past it waiting.
+struct Http2Connection {
+    sender: http2::SendRequest<ProxyBody>,
+    /// The streams its peer allows at once, read from the connection: hyper reads the peer's
+    /// SETTINGS on a task of its own, so the connection's task may not have run since.
+    limit: PeerLimit,
+    streams: Arc<AtomicUsize>,
+}
+
+/// A request's stream on an HTTP/2 connection, counted against the peer's limit until the
+/// request fails or its response body is dropped.
+pub(super) struct Stream(Arc<AtomicUsize>);
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Http2Connection {
+    fn open_stream(&self) -> (http2::SendRequest<ProxyBody>, Stream) {
+        self.streams.fetch_add(1, Ordering::Relaxed);
+        (self.sender.clone(), Stream(self.streams.clone()))
+    }
 }
 
 struct IdleConnection {
@@ -88,17 +134,25 @@ struct IdleConnection {
 /// Where a request goes.
 pub(super) enum Sender {
     Http1(http1::SendRequest<ProxyBody>),
-    Http2(http2::SendRequest<ProxyBody>),
+    Http2(http2::SendRequest<ProxyBody>, Stream),
 }
 
 impl WorkerPool {
-    /// Each server worker's pool for the upstream at `base_url`.
-    pub(super) fn per_worker(base_url: &str, connections: &Connections) -> Vec<Arc<WorkerPool>> {
+    /// Each server worker's pool for the upstream at `base_url`, which `plain` when its
+    /// scheme is `http`.
+    pub(super) fn per_worker(
+        base_url: &str,
+        plain: bool,
+        connections: &Connections,
+    ) -> Vec<Arc<WorkerPool>> {
         (0..connections.workers.max(1))
             .map(|_| {
                 Arc::new(WorkerPool {
                     idle: Mutex::default(),
                     http2: Mutex::default(),
+                    http1: AtomicBool::new(plain),
+                    connecting: tokio::sync::Mutex::default(),
+                    failed_connects: AtomicU64::default(),
                     idle_timeout: connections.idle_timeout,
                     sweeping: Default::default(),
                     failures: FailureLog {
@@ -127,15 +181,32 @@ impl WorkerPool {
         }
     }
 
-    pub(super) fn live_http2(&self) -> Option<http2::SendRequest<ProxyBody>> {
-        let mut slot = self.http2.lock().ok()?;
-        match slot.as_ref() {
-            Some(sender) if !sender.is_closed() => Some(sender.clone()),
-            _ => {
-                *slot = None;
-                None
-            }
+    /// A stream on an open HTTP/2 connection below its peer's limit, the closed ones dropped.
+    pub(super) fn live_http2(&self) -> Option<(http2::SendRequest<ProxyBody>, Stream)> {
+        let mut connections = self.http2.lock().ok()?;
+        connections.retain(|connection| !connection.sender.is_closed());
+        connections
+            .iter()
+            .find(|c| c.streams.load(Ordering::Relaxed) < (c.limit)())
+            .map(Http2Connection::open_stream)
+    }
+
+    /// Shares a new HTTP/2 connection and opens its first stream.
+    pub(super) fn add_http2(
+        &self,
+        sender: http2::SendRequest<ProxyBody>,
+        limit: PeerLimit,
+    ) -> (http2::SendRequest<ProxyBody>, Stream) {
+        let connection = Http2Connection {
+            sender,
+            limit,
+            streams: Arc::default(),
+        };
+        let stream = connection.open_stream();
+        if let Ok(mut connections) = self.http2.lock() {
+            connections.push(connection);
         }
+        stream
     }
 
     /// Keeps a connection whose exchange ended for the next request, and starts the sweep
@@ -152,10 +223,7 @@ impl WorkerPool {
                 });
             }
         }
-        if !self
-            .sweeping
-            .swap(true, std::sync::atomic::Ordering::Relaxed)
-        {
+        if !self.sweeping.swap(true, Ordering::Relaxed) {
             tokio::spawn(sweep(Arc::downgrade(self), self.idle_timeout));
         }
     }

@@ -7,10 +7,12 @@
 //! but a proxy must not pass on is refused, and a reply that breaks after its first bytes went
 //! out fails the client's body, so the client never sees a clean end to a truncated one.
 
+use std::future::Future as _;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -38,7 +40,7 @@ use crate::transport::events::EventBound;
 pub use crate::transport::headers::{bearer_from_env, KeyStyle};
 use crate::transport::headers::{forwardable_headers, inject_key, strip_hop_by_hop};
 pub use crate::transport::pool::{use_pool, Connections};
-use crate::transport::pool::{Sender, WorkerPool};
+use crate::transport::pool::{Sender, Stream, WorkerPool};
 pub use crate::transport::redact::blank_credentials;
 use crate::transport::redact::without_credentials;
 
@@ -168,7 +170,7 @@ impl Upstream {
             .enable_http1()
             .enable_http2()
             .wrap_connector(egress);
-        let pools = WorkerPool::per_worker(&base_url, connections);
+        let pools = WorkerPool::per_worker(&base_url, scheme == "http", connections);
         Ok(Upstream {
             path_base: base_url
                 .strip_suffix("/v1")
@@ -286,16 +288,16 @@ impl Upstream {
         let unusable_target =
             |e: &dyn std::fmt::Display| ProxyError::UpstreamUnreachable(e.to_string());
         let mut reused = true;
-        let (response, sender) = loop {
+        let (response, sender, stream) = loop {
             let sender = match pool.idle_http1().await {
                 Some(sender) => Sender::Http1(sender),
                 None => match pool.live_http2() {
-                    Some(sender) => Sender::Http2(sender),
+                    Some((sender, stream)) => Sender::Http2(sender, stream),
                     None => {
                         reused = false;
                         // Boxed: connecting is kilobytes of future that the common case, an
                         // idle connection, would otherwise carry.
-                        Box::pin(self.connect(pool))
+                        Box::pin(self.connect_in_turn(pool))
                             .await
                             .map_err(|e| self.request_failed(pool, FailureKind::Connect, &*e))?
                     }
@@ -310,16 +312,16 @@ impl Upstream {
                         .headers_mut()
                         .insert(header::HOST, self.host.clone());
                     let sent = sender.try_send_request(request).await;
-                    sent.map(|response| (response, Some(sender)))
+                    sent.map(|response| (response, Some(sender), None))
                 }
-                Sender::Http2(mut sender) => {
+                Sender::Http2(mut sender, stream) => {
                     request.headers_mut().remove(header::HOST);
                     *request.uri_mut() =
                         Uri::try_from(self.url(path_and_query)).map_err(|e| unusable_target(&e))?;
                     sender
                         .try_send_request(request)
                         .await
-                        .map(|response| (response, None))
+                        .map(|response| (response, None, Some(stream)))
                 }
             };
             match sent {
@@ -336,7 +338,7 @@ impl Upstream {
                 Err(failed) => return Err(self.send_failed(pool, failed.into_error())),
             }
         };
-        self.relayable(pool, response, sender).await
+        self.relayable(pool, response, sender, stream).await
     }
 
     /// The reply as condenser relays it: refused when HTTP forbids passing it on (its head,
@@ -347,6 +349,7 @@ impl Upstream {
         pool: &Arc<WorkerPool>,
         response: Response<Incoming>,
         sender: Option<http1::SendRequest<ProxyBody>>,
+        stream: Option<Stream>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let (mut head, mut body) = response.into_parts();
         if let Some(why) = broken_head(&head) {
@@ -365,6 +368,7 @@ impl Upstream {
             first,
             rest: body,
             sender: sender.map(|sender| (sender, pool.clone())),
+            _stream: stream,
         };
         body.give_back_when_done();
         let failures = pool.clone();
@@ -375,6 +379,38 @@ impl Upstream {
             })
             .boxed_unsync();
         Ok(Response::from_parts(head, body))
+    }
+
+    /// A connection for a request that found none: its own once the upstream is known to
+    /// speak HTTP/1.1, else an HTTP/2 one with a stream to spare, which the request before it
+    /// in turn may have opened, or a new one. One waiting on an attempt that failed fails with it, rather than each of a
+    /// burst in turn waiting out the connect timeout.
+    async fn connect_in_turn(&self, pool: &WorkerPool) -> Result<Sender, BoxError> {
+        if pool.http1.load(Ordering::Relaxed) {
+            return self.connect(pool).await;
+        }
+        let failed = pool.failed_connects.load(Ordering::Relaxed);
+        let mut turn = pool.connecting.lock().await;
+        if let Some((sender, stream)) = pool.live_http2() {
+            return Ok(Sender::Http2(sender, stream));
+        }
+        if pool.failed_connects.load(Ordering::Relaxed) != failed {
+            return Err(turn.clone().into());
+        }
+        if pool.http1.load(Ordering::Relaxed) {
+            drop(turn);
+            return self.connect(pool).await;
+        }
+        let connected = self.connect(pool).await;
+        match &connected {
+            Ok(Sender::Http1(_)) => pool.http1.store(true, Ordering::Relaxed),
+            Ok(Sender::Http2(..)) => {}
+            Err(e) => {
+                *turn = root_cause(&**e).to_string();
+                pool.failed_connects.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        connected
     }
 
     /// A new connection: HTTP/2 when ALPN chose it (then shared by the worker's requests),
@@ -389,15 +425,34 @@ impl Upstream {
                 .max_header_list_size(MAX_HEAD_BYTES as u32)
                 .handshake(stream)
                 .await?;
+            // Shared with the pool, which reads the peer's limit from it: it comes in the
+            // peer's SETTINGS and may change. Dropped as it ends, which closes its sender.
+            let connection = Arc::new(Mutex::new(Some(Box::pin(connection))));
+            let driven = connection.clone();
             tokio::spawn(async move {
-                if let Err(e) = connection.await {
+                let ended = std::future::poll_fn(|cx| {
+                    let mut slot = driven.lock().unwrap_or_else(PoisonError::into_inner);
+                    let Some(connection) = slot.as_mut() else {
+                        return Poll::Ready(Ok(()));
+                    };
+                    let ended = ready!(connection.as_mut().poll(cx));
+                    *slot = None;
+                    Poll::Ready(ended)
+                })
+                .await;
+                if let Err(e) = ended {
                     tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
                 }
             });
-            if let Ok(mut slot) = pool.http2.lock() {
-                *slot = Some(sender.clone());
-            }
-            return Ok(Sender::Http2(sender));
+            let limit = Box::new(move || {
+                connection
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .as_ref()
+                    .map_or(0, |connection| connection.current_max_send_streams())
+            });
+            let (sender, stream) = pool.add_http2(sender, limit);
+            return Ok(Sender::Http2(sender, stream));
         }
         let (sender, connection) = http1::Builder::new()
             .max_header_size(MAX_HEAD_BYTES)
@@ -457,6 +512,8 @@ struct UpstreamBody {
     first: Option<Frame<Bytes>>,
     rest: Incoming,
     sender: Option<(http1::SendRequest<ProxyBody>, Arc<WorkerPool>)>,
+    /// Counted on its HTTP/2 connection while the body lives.
+    _stream: Option<Stream>,
 }
 
 impl UpstreamBody {
@@ -597,6 +654,19 @@ mod tests {
     /// An HTTPS upstream with the test CA's certificate for localhost, offering only `alpn`;
     /// it answers with the version and path it saw, and counts connections.
     async fn tls_upstream(alpn: &[u8]) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        let held = Arc::new(tokio::sync::Barrier::new(1));
+        tls_upstream_holding(alpn, u32::MAX, held, Duration::from_secs(3600)).await
+    }
+
+    /// `tls_upstream`, allowing `streams` HTTP/2 streams at once on a connection, holding
+    /// each request to `/v1/held` until `held` has as many as it waits for, and closing each
+    /// connection `serve_for` after it opened.
+    async fn tls_upstream_holding(
+        alpn: &[u8],
+        streams: u32,
+        held: Arc<tokio::sync::Barrier>,
+        serve_for: Duration,
+    ) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
         use hyper::service::service_fn;
         use rustls::pki_types::PrivateKeyDer;
         use std::sync::atomic::{AtomicUsize, Ordering};
@@ -628,28 +698,38 @@ mod tests {
                 let (tcp, _) = listener.accept().await.unwrap();
                 counter.fetch_add(1, Ordering::SeqCst);
                 let acceptor = acceptor.clone();
+                let held = held.clone();
                 tokio::spawn(async move {
                     let tls = TokioIo::new(acceptor.accept(tcp).await.unwrap());
-                    let echo = service_fn(|request: Request<hyper::body::Incoming>| async move {
-                        let mut seen = format!("{:?} {}", request.version(), request.uri().path());
-                        let (_, body) = request.into_parts();
-                        let body = body
-                            .collect()
-                            .await
-                            .map(|b| b.to_bytes())
-                            .unwrap_or_default();
-                        if !body.is_empty() {
-                            seen.push_str(&format!(" {}", String::from_utf8_lossy(&body)));
+                    let echo = service_fn(|request: Request<hyper::body::Incoming>| {
+                        let held = held.clone();
+                        async move {
+                            if request.uri().path() == "/v1/held" {
+                                held.wait().await;
+                            }
+                            let mut seen =
+                                format!("{:?} {}", request.version(), request.uri().path());
+                            let (_, body) = request.into_parts();
+                            let body = body
+                                .collect()
+                                .await
+                                .map(|b| b.to_bytes())
+                                .unwrap_or_default();
+                            if !body.is_empty() {
+                                seen.push_str(&format!(" {}", String::from_utf8_lossy(&body)));
+                            }
+                            Ok::<_, std::convert::Infallible>(Response::new(
+                                crate::transport::body::full(seen),
+                            ))
                         }
-                        Ok::<_, std::convert::Infallible>(Response::new(
-                            crate::transport::body::full(seen),
-                        ))
                     });
                     let h2 = tls.inner().get_ref().1.alpn_protocol() == Some(b"h2");
                     if h2 {
-                        let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                            .serve_connection(tls, echo)
-                            .await;
+                        let serving =
+                            hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                                .max_concurrent_streams(streams)
+                                .serve_connection(tls, echo);
+                        let _ = tokio::time::timeout(serve_for, serving).await;
                     } else {
                         let _ = hyper::server::conn::http1::Builder::new()
                             .serve_connection(tls, echo)
@@ -727,6 +807,106 @@ mod tests {
                 format!("{version} /v1/chat/completions {{\"rewritten\":true}}").as_bytes()
             );
         }
+    }
+
+    async fn get_at_once(
+        upstream: &Upstream,
+        path: &str,
+        count: usize,
+    ) -> Vec<Result<String, String>> {
+        let gets = (0..count).map(|_| async {
+            let response = upstream
+                .send(
+                    Method::GET,
+                    path,
+                    KeyStyle::BEARER,
+                    HeaderMap::new(),
+                    crate::transport::body::full(Bytes::new()),
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            Ok(String::from_utf8(body.to_vec()).unwrap())
+        });
+        futures_util::future::join_all(gets).await
+    }
+
+    /// Requests that come at once, before any connection is open, wait for the one HTTP/2
+    /// connection the first opens; when ALPN says HTTP/1.1 instead, each then opens its own.
+    #[tokio::test]
+    async fn a_burst_waits_for_one_http2_connection_and_not_for_http1() {
+        let (url, connections) = tls_upstream(b"h2").await;
+        let upstream = test_upstream(&url);
+        let seen = get_at_once(&upstream, "/v1/models", 20).await;
+        assert_eq!(seen, vec![Ok("HTTP/2.0 /v1/models".to_string()); 20]);
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+        let (url, connections) = tls_upstream(b"http/1.1").await;
+        let upstream = test_upstream(&url);
+        let seen = get_at_once(&upstream, "/v1/models", 20).await;
+        assert_eq!(seen, vec![Ok("HTTP/1.1 /v1/models".to_string()); 20]);
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 20);
+    }
+
+    /// Past the streams its HTTP/2 connection's peer allows at once, a request goes on
+    /// another connection rather than wait for one of them to end: here the third of three
+    /// held until all three have come.
+    #[tokio::test]
+    async fn streams_past_the_peers_limit_go_on_another_connection() {
+        let held = Arc::new(tokio::sync::Barrier::new(3));
+        let serve_for = Duration::from_secs(3600);
+        let (url, connections) = tls_upstream_holding(b"h2", 2, held, serve_for).await;
+        let upstream = test_upstream(&url);
+        // The peer's limit comes in its SETTINGS: known once it has answered.
+        assert!(get_at_once(&upstream, "/v1/models", 1).await[0].is_ok());
+        let seen = tokio::time::timeout(
+            Duration::from_secs(5),
+            get_at_once(&upstream, "/v1/held", 3),
+        )
+        .await
+        .expect("the third request waited");
+        assert_eq!(seen, vec![Ok("HTTP/2.0 /v1/held".to_string()); 3]);
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    /// An HTTP/2 connection its peer closed is not used again.
+    #[tokio::test]
+    async fn a_closed_http2_connection_is_replaced() {
+        let held = Arc::new(tokio::sync::Barrier::new(1));
+        let serve_for = Duration::from_millis(300);
+        let (url, connections) = tls_upstream_holding(b"h2", 100, held, serve_for).await;
+        let upstream = test_upstream(&url);
+        for _ in 0..2 {
+            let seen = get_at_once(&upstream, "/v1/models", 1).await;
+            assert_eq!(seen, [Ok("HTTP/2.0 /v1/models".to_string())]);
+            tokio::time::sleep(serve_for * 2).await;
+        }
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    /// A burst whose first connection fails fails with it, each request with the cause,
+    /// rather than each trying in turn.
+    #[tokio::test]
+    async fn a_burst_waiting_on_a_failed_connection_fails_with_it() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "https://localhost:{}",
+            listener.local_addr().unwrap().port()
+        );
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                // Closed at once: the TLS handshake fails.
+                drop(listener.accept().await.unwrap());
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        let upstream = test_upstream(&url);
+        let seen = get_at_once(&upstream, "/v1/models", 20).await;
+        assert!(seen.iter().all(|result| result == &seen[0]), "{seen:?}");
+        assert!(seen[0].as_ref().is_err_and(|e| !e.is_empty()), "{seen:?}");
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     #[tokio::test]
