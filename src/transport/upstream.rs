@@ -383,8 +383,8 @@ impl Upstream {
 
     /// A connection for a request that found none: its own once the upstream is known to
     /// speak HTTP/1.1, else an HTTP/2 one with a stream to spare, which the request before it
-    /// in turn may have opened, or a new one. One waiting on an attempt that failed fails with it, rather than each of a
-    /// burst in turn waiting out the connect timeout.
+    /// in turn may have opened, or a new one. One waiting on an attempt that failed fails
+    /// with it, rather than each of a burst in turn waiting out the connect timeout.
     async fn connect_in_turn(&self, pool: &WorkerPool) -> Result<Sender, BoxError> {
         if pool.http1.load(Ordering::Relaxed) {
             return self.connect(pool).await;
