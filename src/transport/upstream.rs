@@ -873,7 +873,8 @@ mod tests {
     #[tokio::test]
     async fn a_closed_http2_connection_is_replaced() {
         let held = Arc::new(tokio::sync::Barrier::new(1));
-        let serve_for = Duration::from_millis(300);
+        // Long enough for the first exchange on a loaded machine, which the close must not cut.
+        let serve_for = Duration::from_secs(1);
         let (url, connections) = tls_upstream_holding(b"h2", 100, held, serve_for).await;
         let upstream = test_upstream(&url);
         for _ in 0..2 {
