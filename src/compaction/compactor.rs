@@ -14,6 +14,7 @@ use crate::compaction::cache::{scope, PrefixKeys, ScopeHeaders, SummaryCache};
 use crate::compaction::forms::{went, without_waiting, Form, On, OnHand, SharedSummary};
 use crate::compaction::horizon::{Horizon, Records};
 use crate::compaction::limits::{summary_room, Tier};
+use crate::compaction::pace::{Pace, Paces};
 use crate::compaction::plan::Mode;
 use crate::compaction::recall;
 use crate::compaction::redis::RedisStore;
@@ -41,6 +42,7 @@ pub struct Compactor {
     /// The summarizer model's window and encoding.
     catalog: Arc<ModelCatalog>,
     prefix_keys: PrefixKeys,
+    paces: Paces,
 }
 
 impl Compactor {
@@ -77,6 +79,7 @@ impl Compactor {
             in_flight: Arc::default(),
             catalog,
             prefix_keys: PrefixKeys::default(),
+            paces: Paces::default(),
         })
     }
 
@@ -287,6 +290,7 @@ async fn lookup<'r>(
         pending,
         horizons: HashMap::new(),
         carried: None,
+        pace: Pace::default(),
     };
     let summarizer_info = compactor.catalog.resolve(&summarizer_model);
     let api = compactor.maker.summarizer.api_for(job.api);
@@ -397,6 +401,10 @@ async fn carried_out(
     mut on_hand: OnHand,
 ) -> Result<Rewrite, ProxyError> {
     let split = job.split;
+    let session = (lookup.source.caller, lookup.source.conversation.clone());
+    on_hand.pace = compactor.paces.seen(&session, job.count.total, |key| {
+        compactor.in_flight.running(key)
+    });
     // Only a request that goes now needs the cuts on record; one made ahead does not.
     let starts: Vec<usize> = std::iter::once(split.head)
         .chain(on_hand.cached.iter().map(|(end, _)| *end))
@@ -416,10 +424,9 @@ async fn carried_out(
     if job.mode == Mode::Auto {
         let choice = without_waiting(on);
         if let Some(end) = choice.make {
-            drop(start_summary(
-                compactor,
-                lookup.span(on_hand.longest_before(end), end).ahead(),
-            ));
+            let span = lookup.span(on_hand.longest_before(end), end).ahead();
+            compactor.paces.started(&session, on_hand.pace, span.key);
+            drop(start_summary(compactor, span));
         }
         if let Some((form, cache)) = choice.went {
             record_horizon(compactor, job, (lookup, &on_hand), &form).await;
@@ -485,14 +492,21 @@ async fn carried_out(
 /// summary comes back ([`Compactor::forwarded`]).
 pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) -> Option<SessionMark> {
     let prefix = prefix(compactor, &job);
-    let conversation = || recall::conversation_id(job.messages, job.split.head);
-    let mark =
-        session_route(compactor, &job, prefix.caller, conversation).map(|route| SessionMark {
+    let session = (
+        prefix.caller,
+        recall::conversation_id(job.messages, job.split.head),
+    );
+    let mark = session_route(compactor, &job, prefix.caller, || session.1.clone()).map(|route| {
+        SessionMark {
             session: route.session,
             keys: prefix.keys.clone(),
             kept_from: 0,
             items: job.messages.len(),
-        });
+        }
+    });
+    let pace = compactor.paces.seen(&session, job.count.total, |key| {
+        compactor.in_flight.running(key)
+    });
     // The step is being made already (the common case in the precompute band): nothing to
     // copy, nothing to start.
     if compactor
@@ -547,7 +561,9 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) -> Option<
         // Made for when the trigger fires: by then it brings the prompt to the target.
         if !ready {
             let base = on_hand.longest_before(split.ahead);
-            let _ = start_summary(&compactor, lookup.span(base, split.ahead).ahead()).await;
+            let span = lookup.span(base, split.ahead).ahead();
+            compactor.paces.started(&session, pace, span.key);
+            let _ = start_summary(&compactor, span).await;
         }
     });
     mark

@@ -11,6 +11,7 @@ use futures_util::future::{BoxFuture, Shared};
 
 use crate::compaction::horizon::{advance_horizon, cuts_before, saving, Horizon};
 use crate::compaction::limits::{Tier, SUMMARY_FRAMING_TOKENS};
+use crate::compaction::pace::Pace;
 use crate::compaction::recall;
 use crate::compaction::rewrite::{
     as_sent, Action, ArchiveScope, CacheOutcome, CompactionJob, Rewrite,
@@ -36,6 +37,8 @@ pub(super) struct OnHand {
     pub(super) horizons: HashMap<usize, Horizon>,
     /// The cut horizon of the latest kept part on record, which a step made now keeps.
     pub(super) carried: Option<Horizon>,
+    /// How the conversation's summaries have kept up with it.
+    pub(super) pace: Pace,
 }
 
 impl OnHand {
@@ -216,7 +219,8 @@ fn recall_tokens(job: &CompactionJob<'_>, conversation: &str, end: usize) -> u64
 /// request waits while something does (rule 10). What the request before it sent stays
 /// (rule 8): the form in use is the latest kept part with a recorded cut horizon, and it
 /// goes unchanged while it keeps the prompt under every trigger. Past the precompute line
-/// the next step is made ahead. Over the trigger the next step is taken when one on hand
+/// the next step is made ahead, and before it when the session's pace says that made a
+/// request later it would come too late (`Pace::summary_due`). Over the trigger the next step is taken when one on hand
 /// brings the prompt down to the target in one step (`Form::stepped`: to its floor); else,
 /// while the plan's summary is made, the form in use cuts the middle's tool outputs in one
 /// step when that brings the prompt down to the target (D16), and goes on as it is when not.
@@ -252,7 +256,10 @@ fn chosen(on: On<'_, '_>, to_make: &Cell<Option<usize>>) -> Option<(Form, CacheO
     };
     // Past the precompute line, counted on what is forwarded, the next step is made unless
     // one on hand or in the making would take over: a summary that ends later but would
-    // itself leave the prompt past the line covers too little, and is extended.
+    // itself leave the prompt past the line covers too little, and is extended. Under the
+    // line it is made when the session's pace says that, started a request later, it would
+    // come with no request to spare before the hard limit (`Pace::summary_due`).
+    let hard = job.limits.hard(job.settings);
     let make_ahead_from = |form: &Form| {
         let ready = on_hand
             .pending
@@ -262,7 +269,12 @@ fn chosen(on: On<'_, '_>, to_make: &Cell<Option<usize>>) -> Option<(Form, CacheO
                 *end > form.end
                     && Form::fresh(on, Some(summary.clone()), *end).tier < Tier::Precompute
             });
-        if form.tier == Tier::Precompute && !ready {
+        let due = match form.tier {
+            Tier::Precompute => true,
+            Tier::Settled => on_hand.pace.summary_due(form.tokens, hard),
+            Tier::Soft | Tier::Hard => false,
+        };
+        if due && !ready {
             make(split.ahead);
         }
     };
@@ -489,6 +501,7 @@ mod tests {
             pending: None,
             horizons: HashMap::new(),
             carried: None,
+            pace: Pace::default(),
         }
     }
 
@@ -606,6 +619,37 @@ mod tests {
         assert_eq!((rewrite.kept_from, rewrite.summarized), (3, 2));
         // Recall is not offered: nothing is named archived.
         assert_eq!(rewrite.archive, None);
+    }
+
+    #[test]
+    fn a_step_under_the_precompute_line_starts_the_next_summary_when_the_pace_says_it_is_due() {
+        let mut f = fixture();
+        // Items 3 and 4 may be summarized once the step at 3 is taken.
+        f.split.ahead = 5;
+        let job = job(&f, false);
+        let archive = archive();
+        // A session growing 2,000 a request whose last summary took 5 requests: from the
+        // step (some 640 tokens) 4 requests fit under the hard limit (10,000) with half a
+        // request to spare, so a summary started at the next request would come too late.
+        let paces = crate::compaction::pace::Paces::default();
+        let session = ([3; 32], "c0ffee".to_string());
+        let first = paces.seen(&session, 1_000, |_| false);
+        paces.started(&session, first, [9; 32]);
+        for tokens in [3_000, 5_000, 7_000, 9_000] {
+            paces.seen(&session, tokens, |_| true);
+        }
+        let pace = paces.seen(&session, 11_000, |_| false);
+        for (pace, make) in [(Pace::default(), None), (pace, Some(5))] {
+            let mut hand = on_hand(vec![(3, summary(50))]);
+            hand.pace = pace;
+            let choice = without_waiting(on(&job, &hand, &archive));
+            let (form, cache) = choice.went.expect("a form");
+            assert_eq!(
+                (form.end, form.tier, cache),
+                (3, Tier::Settled, CacheOutcome::Hit)
+            );
+            assert_eq!(choice.make, make, "{pace:?}");
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod forms;
 mod horizon;
 mod identifiers;
 pub mod limits;
+mod pace;
 pub mod plan;
 pub mod recall;
 pub mod redis;

@@ -52,6 +52,13 @@ impl InFlight {
             .find_map(|&end| Some((end, in_flight.get(&keys[end - 1])?.clone())))
     }
 
+    /// Whether the summary of `key` is being made in this replica.
+    pub fn running(&self, key: &Key) -> bool {
+        self.0
+            .lock()
+            .is_ok_and(|in_flight| in_flight.contains_key(key))
+    }
+
     /// The one job for `key`, started now with what `make` makes unless already running. The
     /// job runs on its own task, so a client that goes away strands nobody.
     pub fn start<Made>(self: &Arc<Self>, key: Key, make: impl FnOnce() -> Made) -> SharedSummary
