@@ -78,10 +78,13 @@ pub fn scope(caller: &Key, summarizer_model: &str, settings: &Key) -> Key {
 pub struct PrefixKeys {
     made: CountCache<Key>,
     secret: [u8; SECRET_BYTES],
+    /// For keys found by identity: a second secret, so that they and the keys found by what
+    /// blake3 hashes are kept by two different hashes.
+    identity_secret: [u8; SECRET_BYTES],
 }
 
-/// Prefix keys kept: one per item of a session's prefix, so a few hundred sessions' worth,
-/// about 5 MB once the first is kept.
+/// Prefix keys kept: one or two per item of a session's prefix (found by its view, and by
+/// its identity), so a hundred sessions' worth or more, about 5 MB once the first is kept.
 const PREFIX_KEYS_KEPT: usize = 50_000;
 
 impl Default for PrefixKeys {
@@ -89,17 +92,34 @@ impl Default for PrefixKeys {
         PrefixKeys {
             made: CountCache::new(PREFIX_KEYS_KEPT),
             secret: random_secret(),
+            identity_secret: random_secret(),
         }
     }
 }
 
 impl PrefixKeys {
-    /// `prefix_keys(scope, messages)`, each key found when made before.
-    pub fn keys(&self, scope: &Key, messages: &[Value]) -> Vec<Key> {
+    /// `prefix_keys(scope, messages)`, each key found when made before: by the key before it
+    /// and the message's identity by its bytes as sent (`identities`, one per message, or
+    /// none), else by the bytes blake3 hashes. Writing those for every message of an agent's
+    /// session took 1.3M of its compacted request's 25M instructions
+    /// (`bench/instruction_budget.sh`); messages alike in their bytes are alike in their
+    /// views, so a key found by identity is the key their views make.
+    pub fn keys(&self, scope: &Key, messages: &[Value], identities: &[u128]) -> Vec<Key> {
         let mut previous = *scope;
         messages
             .iter()
-            .map(|message| {
+            .enumerate()
+            .map(|(at, message)| {
+                let known = identities.get(at).map(|identity| {
+                    let mut after = [0u8; 48];
+                    after[..32].copy_from_slice(&previous);
+                    after[32..].copy_from_slice(&identity.to_le_bytes());
+                    xxh3::xxh3_128_with_secret(&after, &self.identity_secret)
+                });
+                if let Some(key) = known.and_then(|known| self.made.get(known)) {
+                    previous = key;
+                    return key;
+                }
                 let written = trimmed_canonical(&previous, message);
                 let fast = xxh3::xxh3_128_with_secret(&written, &self.secret);
                 previous = self.made.get(fast).unwrap_or_else(|| {
@@ -107,6 +127,9 @@ impl PrefixKeys {
                     self.made.insert(fast, key);
                     key
                 });
+                if let Some(known) = known {
+                    self.made.insert(known, previous);
+                }
                 previous
             })
             .collect()
@@ -441,11 +464,21 @@ mod tests {
         assert_ne!(scope(&k1, "gpt-4o-mini", &[1; 32]), s1);
         // Kept or made afresh, the same keys.
         let kept = PrefixKeys::default();
-        assert_eq!(kept.keys(&s1, &messages), a);
-        assert_eq!(kept.keys(&s1, &messages), a);
+        assert_eq!(kept.keys(&s1, &messages, &[]), a);
+        assert_eq!(kept.keys(&s1, &messages, &[]), a);
         assert_eq!(
-            kept.keys(&s2, &messages[..1]),
+            kept.keys(&s2, &messages[..1], &[]),
             prefix_keys(&s2, &messages[..1])
+        );
+        // Found by identity, the same keys: made once by the views, then found without them.
+        let identities = [7, 8];
+        assert_eq!(kept.keys(&s1, &messages, &identities), a);
+        let other = [json!("not read"), json!("not read")];
+        assert_eq!(kept.keys(&s1, &other, &identities), a);
+        // An identity after another key is another item.
+        assert_eq!(
+            kept.keys(&s2, &messages, &identities),
+            prefix_keys(&s2, &messages)
         );
     }
 }

@@ -212,9 +212,16 @@ fn prefix(compactor: &Compactor, job: &CompactionJob<'_>) -> Prefix {
             .summarizer
             .settings_key(summary_tokens, &job.settings.tools),
     );
-    let keys = compactor
-        .prefix_keys
-        .keys(&scope, &job.messages[..job.split.ahead]);
+    let ahead = job.split.ahead;
+    let identities = job
+        .identities
+        .get(..ahead)
+        .filter(|_| job.identities.len() == job.messages.len());
+    let keys = compactor.prefix_keys.keys(
+        &scope,
+        &job.messages[..ahead],
+        identities.unwrap_or_default(),
+    );
     Prefix {
         caller,
         summarizer_model,
@@ -522,6 +529,7 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) -> Option<
     let messages: Vec<Value> = job.messages[..job.split.ahead].to_vec();
     let count = job.count.clone();
     let items = job.items.to_vec();
+    let identities = job.identities[..job.split.ahead.min(job.identities.len())].to_vec();
     let split = job.split.clone();
     let model = job.model.to_string();
     let info = job.info.clone();
@@ -536,6 +544,7 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) -> Option<
             messages: &messages,
             count: &count,
             items: &items,
+            identities: &identities,
             split: &split,
             model: &model,
             info: &info,

@@ -457,6 +457,7 @@ mod tests {
 
     fn job(f: &Fixture, recall: bool) -> CompactionJob<'_> {
         CompactionJob {
+            identities: &[],
             messages: &f.messages,
             count: &f.count,
             items: &f.items,

@@ -204,6 +204,9 @@ pub struct CompactionJob<'a> {
     pub count: &'a PromptCount,
     /// What the planner read of each item (its kind and tokens), which cuts are chosen by.
     pub items: &'a [Item],
+    /// Each item's identity by its bytes as sent, when the raw stage counted them (else
+    /// empty): what its prefix key is kept by.
+    pub identities: &'a [u128],
     pub split: &'a Split,
     pub model: &'a str,
     pub info: &'a ModelInfo,

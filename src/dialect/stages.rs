@@ -209,6 +209,9 @@ pub struct Prepared {
     /// What the request reserves for the reply, when it says.
     pub requested_completion_tokens: Option<u64>,
     pub choices: u64,
+    /// Each item's identity by its bytes as sent (`RawCount::identities`), when the raw stage
+    /// counted them; else empty.
+    pub identities: Vec<u128>,
 }
 
 impl Prepared {
@@ -441,6 +444,7 @@ pub async fn scan_raw(
         metas: raw.metas,
         requested_completion_tokens: (stage.reserve)(request.max_tokens, request.extra),
         choices: 1,
+        identities: raw.identities,
     };
     let input = prepared.plan_input(counting.config, settings, mode);
     let decision = prepared.decide(&input);

@@ -265,6 +265,7 @@ async fn compacted<D: Dialect>(
         messages: &conversation,
         count: &prepared.count,
         items: &prepared.metas,
+        identities: &prepared.identities,
         split,
         model,
         info: &prepared.info,

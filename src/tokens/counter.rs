@@ -48,6 +48,9 @@ pub struct RawCount {
     pub count: PromptCount,
     /// What planning needs of each item.
     pub metas: Vec<Item>,
+    /// Each item known by its bytes as sent and the dialect that reads them (the key its
+    /// count is kept by): items alike in these are alike in every view of them.
+    pub identities: Vec<u128>,
 }
 
 /// How a dialect reads its raw items: a seed that keeps its items' counts apart from other
@@ -226,9 +229,11 @@ impl TokenCounter {
         // on every call for messages over 240 bytes.
         let seed = u128::from(items.seed | encoding as u64);
         let mut metas = Vec::with_capacity(raw.len());
+        let mut identities = Vec::with_capacity(raw.len());
         let mut misses = Vec::new();
         for (index, bytes) in raw.iter().enumerate() {
             let key = xxh3::xxh3_128_with_secret(bytes, &self.raw_message_secret) ^ seed;
+            identities.push(key);
             match self.raw_messages.get(key) {
                 Some(meta) => metas.push(meta),
                 None => {
@@ -262,7 +267,11 @@ impl TokenCounter {
         for (meta, &tokens) in metas.iter_mut().zip(&count.per_message) {
             meta.tokens = tokens;
         }
-        Some(RawCount { count, metas })
+        Some(RawCount {
+            count,
+            metas,
+            identities,
+        })
     }
 
     /// The tokens of a request's raw parts other than its items, each part as `count` counts

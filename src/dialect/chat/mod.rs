@@ -198,6 +198,7 @@ pub async fn counted(
         metas,
         requested_completion_tokens: requested_completion_tokens(body),
         choices: body.get("n").and_then(Value::as_u64).unwrap_or(1),
+        identities: Vec::new(),
     }
 }
 
@@ -225,6 +226,7 @@ async fn prepared_raw(
         metas: raw.metas,
         requested_completion_tokens: request.max_completion_tokens.or(request.max_tokens),
         choices: request.n.unwrap_or(1),
+        identities: raw.identities,
     })
 }
 

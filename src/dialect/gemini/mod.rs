@@ -359,6 +359,7 @@ async fn counted(
         metas,
         requested_completion_tokens: request.config.max_output_tokens,
         choices: request.config.candidate_count.unwrap_or(1),
+        identities: Vec::new(),
     }
 }
 

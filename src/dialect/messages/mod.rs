@@ -323,6 +323,7 @@ async fn counted(
         metas,
         requested_completion_tokens: requested_completion_tokens(body),
         choices: 1,
+        identities: Vec::new(),
     }
 }
 

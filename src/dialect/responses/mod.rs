@@ -321,6 +321,7 @@ pub async fn counted(
             .get("max_output_tokens")
             .and_then(Value::as_u64),
         choices: 1,
+        identities: Vec::new(),
     }
 }
 
