@@ -220,10 +220,11 @@ fn recall_tokens(job: &CompactionJob<'_>, conversation: &str, end: usize) -> u64
 /// (rule 8): the form in use is the latest kept part with a recorded cut horizon, and it
 /// goes unchanged while it keeps the prompt under every trigger. Past the precompute line
 /// the next step is made ahead, and before it when the session's pace says that made a
-/// request later it would come too late (`Pace::summary_due`). Over the trigger the next step is taken when one on hand
-/// brings the prompt down to the target in one step (`Form::stepped`: to its floor); else,
-/// while the plan's summary is made, the form in use cuts the middle's tool outputs in one
-/// step when that brings the prompt down to the target (D16), and goes on as it is when not.
+/// request later it would come too late (`Pace::summary_due`). Over the trigger the next
+/// step is taken when one on hand brings the prompt down to the target in one step
+/// (`Form::stepped`: to its floor); else, while the plan's summary is made, the form in use
+/// cuts the middle's tool outputs in one step when that brings the prompt down to the
+/// target (D16), and goes on as it is when not.
 /// Over the hard limit, with no step on hand that fits, the form in use cuts the middle's
 /// whole tool outputs, in one step. Either way the summary takes over at the next trigger.
 pub(super) fn without_waiting(on: On<'_, '_>) -> Choice {
