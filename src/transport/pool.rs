@@ -106,23 +106,44 @@ struct Http2Connection {
     /// The streams its peer allows at once, read from the connection: hyper reads the peer's
     /// SETTINGS on a task of its own, so the connection's task may not have run since.
     limit: PeerLimit,
-    streams: Arc<AtomicUsize>,
+    streams: Arc<Streams>,
+}
+
+/// The requests' streams open on an HTTP/2 connection, and since when it has had none.
+struct Streams {
+    open: AtomicUsize,
+    idle_since: Mutex<Instant>,
 }
 
 /// A request's stream on an HTTP/2 connection, counted against the peer's limit until the
 /// request fails or its response body is dropped.
-pub(super) struct Stream(Arc<AtomicUsize>);
+pub(super) struct Stream(Arc<Streams>);
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        if self.0.open.fetch_sub(1, Ordering::Relaxed) == 1 {
+            if let Ok(mut since) = self.0.idle_since.lock() {
+                *since = Instant::now();
+            }
+        }
     }
 }
 
 impl Http2Connection {
     fn open_stream(&self) -> (http2::SendRequest<ProxyBody>, Stream) {
-        self.streams.fetch_add(1, Ordering::Relaxed);
+        self.streams.open.fetch_add(1, Ordering::Relaxed);
         (self.sender.clone(), Stream(self.streams.clone()))
+    }
+
+    /// Whether it has carried no stream for `timeout`: streams are opened only under the
+    /// pool's lock, so none opens while the sweep, holding it, looks.
+    fn idle_for(&self, timeout: Duration) -> bool {
+        self.streams.open.load(Ordering::Relaxed) == 0
+            && self
+                .streams
+                .idle_since
+                .lock()
+                .is_ok_and(|since| since.elapsed() >= timeout)
     }
 }
 
@@ -187,30 +208,33 @@ impl WorkerPool {
         connections.retain(|connection| !connection.sender.is_closed());
         connections
             .iter()
-            .find(|c| c.streams.load(Ordering::Relaxed) < (c.limit)())
+            .find(|c| c.streams.open.load(Ordering::Relaxed) < (c.limit)())
             .map(Http2Connection::open_stream)
     }
 
     /// Shares a new HTTP/2 connection and opens its first stream.
     pub(super) fn add_http2(
-        &self,
+        self: &Arc<Self>,
         sender: http2::SendRequest<ProxyBody>,
         limit: PeerLimit,
     ) -> (http2::SendRequest<ProxyBody>, Stream) {
         let connection = Http2Connection {
             sender,
             limit,
-            streams: Arc::default(),
+            streams: Arc::new(Streams {
+                open: AtomicUsize::new(0),
+                idle_since: Mutex::new(Instant::now()),
+            }),
         };
         let stream = connection.open_stream();
         if let Ok(mut connections) = self.http2.lock() {
             connections.push(connection);
         }
+        self.sweep_from_now();
         stream
     }
 
-    /// Keeps a connection whose exchange ended for the next request, and starts the sweep
-    /// of connections idle too long the first time.
+    /// Keeps a connection whose exchange ended for the next request.
     pub(super) fn put(self: &Arc<Self>, sender: http1::SendRequest<ProxyBody>) {
         if self.idle_timeout.is_zero() || sender.is_closed() {
             return;
@@ -223,14 +247,23 @@ impl WorkerPool {
                 });
             }
         }
-        if !self.sweeping.swap(true, Ordering::Relaxed) {
+        self.sweep_from_now();
+    }
+
+    /// Starts the sweep of connections idle too long, the first time a connection is kept;
+    /// with no idle timeout, HTTP/1.1 connections are not kept and HTTP/2 ones not swept.
+    fn sweep_from_now(self: &Arc<Self>) {
+        if !self.idle_timeout.is_zero() && !self.sweeping.swap(true, Ordering::Relaxed) {
             tokio::spawn(sweep(Arc::downgrade(self), self.idle_timeout));
         }
     }
 }
 
-/// Closes connections idle for `timeout` (dropping the sender ends hyper's connection task,
-/// which closes the socket), looking a few times per timeout, until the pool is gone.
+/// Closes connections idle for `timeout`, HTTP/1.1 ones kept and HTTP/2 ones with no stream
+/// open (dropping the pool's sender ends hyper's connection task once no request holds
+/// another, which closes the socket), looking a few times per timeout, until the pool is
+/// gone. An HTTP/2 connection opened past a peer's limit for a burst otherwise stayed open
+/// for as long as its peer allowed.
 async fn sweep(pool: Weak<WorkerPool>, timeout: Duration) {
     loop {
         tokio::time::sleep(timeout / 4).await;
@@ -239,6 +272,9 @@ async fn sweep(pool: Weak<WorkerPool>, timeout: Duration) {
         };
         if let Ok(mut idle) = pool.idle.lock() {
             idle.retain(|connection| connection.since.elapsed() < timeout);
+        };
+        if let Ok(mut http2) = pool.http2.lock() {
+            http2.retain(|connection| !connection.idle_for(timeout));
         };
     }
 }

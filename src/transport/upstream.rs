@@ -385,7 +385,7 @@ impl Upstream {
     /// speak HTTP/1.1, else an HTTP/2 one with a stream to spare, which the request before it
     /// in turn may have opened, or a new one. One waiting on an attempt that failed fails
     /// with it, rather than each of a burst in turn waiting out the connect timeout.
-    async fn connect_in_turn(&self, pool: &WorkerPool) -> Result<Sender, BoxError> {
+    async fn connect_in_turn(&self, pool: &Arc<WorkerPool>) -> Result<Sender, BoxError> {
         if pool.http1.load(Ordering::Relaxed) {
             return self.connect(pool).await;
         }
@@ -415,7 +415,7 @@ impl Upstream {
 
     /// A new connection: HTTP/2 when ALPN chose it (then shared by the worker's requests),
     /// else HTTP/1.1. Its task runs on this worker's event loop.
-    async fn connect(&self, pool: &WorkerPool) -> Result<Sender, BoxError> {
+    async fn connect(&self, pool: &Arc<WorkerPool>) -> Result<Sender, BoxError> {
         let mut connector = self.connector.clone();
         std::future::poll_fn(|cx| connector.poll_ready(cx)).await?;
         let stream = connector.call(self.origin.clone()).await?;
@@ -651,9 +651,26 @@ mod tests {
 
     use hyper_util::rt::TokioIo;
 
+    /// The connections a test upstream accepted, and those of them that ended.
+    #[derive(Default)]
+    struct Seen {
+        opened: std::sync::atomic::AtomicUsize,
+        ended: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Seen {
+        fn opened(&self) -> usize {
+            self.opened.load(std::sync::atomic::Ordering::SeqCst)
+        }
+
+        fn ended(&self) -> usize {
+            self.ended.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
     /// An HTTPS upstream with the test CA's certificate for localhost, offering only `alpn`;
     /// it answers with the version and path it saw, and counts connections.
-    async fn tls_upstream(alpn: &[u8]) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    async fn tls_upstream(alpn: &[u8]) -> (String, Arc<Seen>) {
         let held = Arc::new(tokio::sync::Barrier::new(1));
         tls_upstream_holding(alpn, u32::MAX, held, Duration::from_secs(3600)).await
     }
@@ -666,10 +683,10 @@ mod tests {
         streams: u32,
         held: Arc<tokio::sync::Barrier>,
         serve_for: Duration,
-    ) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    ) -> (String, Arc<Seen>) {
         use hyper::service::service_fn;
         use rustls::pki_types::PrivateKeyDer;
-        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::atomic::Ordering;
 
         let certs = CertificateDer::pem_file_iter("tests/tls/localhost.pem")
             .unwrap()
@@ -691,14 +708,15 @@ mod tests {
             "https://localhost:{}",
             listener.local_addr().unwrap().port()
         );
-        let connections = Arc::new(AtomicUsize::new(0));
-        let counter = connections.clone();
+        let seen = Arc::new(Seen::default());
+        let counter = seen.clone();
         tokio::spawn(async move {
             loop {
                 let (tcp, _) = listener.accept().await.unwrap();
-                counter.fetch_add(1, Ordering::SeqCst);
+                counter.opened.fetch_add(1, Ordering::SeqCst);
                 let acceptor = acceptor.clone();
                 let held = held.clone();
+                let counter = counter.clone();
                 tokio::spawn(async move {
                     let tls = TokioIo::new(acceptor.accept(tcp).await.unwrap());
                     let echo = service_fn(|request: Request<hyper::body::Incoming>| {
@@ -735,10 +753,11 @@ mod tests {
                             .serve_connection(tls, echo)
                             .await;
                     }
+                    counter.ended.fetch_add(1, Ordering::SeqCst);
                 });
             }
         });
-        (url, connections)
+        (url, seen)
     }
 
     fn connections() -> Connections {
@@ -780,7 +799,7 @@ mod tests {
     async fn https_upstreams_speak_http2_when_alpn_picks_it_and_keep_one_connection() {
         let (url, connections) = tls_upstream(b"h2").await;
         assert_eq!(get_twice(&url).await, ["HTTP/2.0 /v1/models"; 2]);
-        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(connections.opened(), 1);
     }
 
     /// A client's Content-Length no longer describes a rewritten body; each hop states its own.
@@ -839,13 +858,13 @@ mod tests {
         let upstream = test_upstream(&url);
         let seen = get_at_once(&upstream, "/v1/models", 20).await;
         assert_eq!(seen, vec![Ok("HTTP/2.0 /v1/models".to_string()); 20]);
-        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(connections.opened(), 1);
 
         let (url, connections) = tls_upstream(b"http/1.1").await;
         let upstream = test_upstream(&url);
         let seen = get_at_once(&upstream, "/v1/models", 20).await;
         assert_eq!(seen, vec![Ok("HTTP/1.1 /v1/models".to_string()); 20]);
-        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 20);
+        assert_eq!(connections.opened(), 20);
     }
 
     /// Past the streams its HTTP/2 connection's peer allows at once, a request goes on
@@ -866,7 +885,7 @@ mod tests {
         .await
         .expect("the third request waited");
         assert_eq!(seen, vec![Ok("HTTP/2.0 /v1/held".to_string()); 3]);
-        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(connections.opened(), 2);
     }
 
     /// An HTTP/2 connection its peer closed is not used again.
@@ -882,7 +901,43 @@ mod tests {
             assert_eq!(seen, [Ok("HTTP/2.0 /v1/models".to_string())]);
             tokio::time::sleep(serve_for * 2).await;
         }
-        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(connections.opened(), 2);
+    }
+
+    /// An HTTP/2 connection with no stream open for the idle timeout is closed, as an idle
+    /// HTTP/1.1 one is, and the next request opens another; one carrying a stream is kept
+    /// however long the stream lasts.
+    #[tokio::test]
+    async fn an_idle_http2_connection_is_closed_and_a_busy_one_is_not() {
+        let held = Arc::new(tokio::sync::Barrier::new(2));
+        let serve_for = Duration::from_secs(3600);
+        let (url, seen) = tls_upstream_holding(b"h2", 100, held.clone(), serve_for).await;
+        let idle_timeout = Duration::from_millis(200);
+        let pools = Connections {
+            idle_timeout,
+            ..connections()
+        };
+        let tls = tls_config(Some(Path::new("tests/tls/ca.pem"))).unwrap();
+        let upstream = Upstream::with_tls(&url, "", Duration::from_secs(5), &pools, tls).unwrap();
+        let released = async {
+            tokio::time::sleep(idle_timeout * 5).await;
+            held.wait().await;
+        };
+        let (got, ()) = tokio::join!(get_at_once(&upstream, "/v1/held", 1), released);
+        assert_eq!(got, [Ok("HTTP/2.0 /v1/held".to_string())]);
+        assert_eq!(
+            (seen.opened(), seen.ended()),
+            (1, 0),
+            "held past the timeout"
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while seen.ended() == 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(idle_timeout).await;
+        }
+        assert_eq!((seen.opened(), seen.ended()), (1, 1), "closed once idle");
+        let again = get_at_once(&upstream, "/v1/models", 1).await;
+        assert_eq!(again, [Ok("HTTP/2.0 /v1/models".to_string())]);
+        assert_eq!(seen.opened(), 2);
     }
 
     /// A burst whose first connection fails fails with it, each request with the cause,
@@ -914,7 +969,7 @@ mod tests {
     async fn https_upstreams_speak_http1_over_tls_and_reuse_the_connection() {
         let (url, connections) = tls_upstream(b"http/1.1").await;
         assert_eq!(get_twice(&url).await, ["HTTP/1.1 /v1/models"; 2]);
-        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(connections.opened(), 1);
     }
 
     #[test]
