@@ -288,7 +288,7 @@ impl Upstream {
         let unusable_target =
             |e: &dyn std::fmt::Display| ProxyError::UpstreamUnreachable(e.to_string());
         let mut reused = true;
-        let (response, sender, stream) = loop {
+        let (response, held) = loop {
             let sender = match pool.idle_http1().await {
                 Some(sender) => Sender::Http1(sender),
                 None => match pool.live_http2() {
@@ -312,7 +312,7 @@ impl Upstream {
                         .headers_mut()
                         .insert(header::HOST, self.host.clone());
                     let sent = sender.try_send_request(request).await;
-                    sent.map(|response| (response, Some(sender), None))
+                    sent.map(|response| (response, Held::Connection(sender, pool.clone())))
                 }
                 Sender::Http2(mut sender, stream) => {
                     request.headers_mut().remove(header::HOST);
@@ -321,7 +321,7 @@ impl Upstream {
                     sender
                         .try_send_request(request)
                         .await
-                        .map(|response| (response, None, Some(stream)))
+                        .map(|response| (response, Held::Stream { _open: stream }))
                 }
             };
             match sent {
@@ -338,7 +338,7 @@ impl Upstream {
                 Err(failed) => return Err(self.send_failed(pool, failed.into_error())),
             }
         };
-        self.relayable(pool, response, sender, stream).await
+        self.relayable(pool, response, held).await
     }
 
     /// The reply as condenser relays it: refused when HTTP forbids passing it on (its head,
@@ -348,8 +348,7 @@ impl Upstream {
         &self,
         pool: &Arc<WorkerPool>,
         response: Response<Incoming>,
-        sender: Option<http1::SendRequest<ProxyBody>>,
-        stream: Option<Stream>,
+        held: Held,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let (mut head, mut body) = response.into_parts();
         if let Some(why) = broken_head(&head) {
@@ -367,8 +366,7 @@ impl Upstream {
         let mut body = UpstreamBody {
             first,
             rest: body,
-            sender: sender.map(|sender| (sender, pool.clone())),
-            _stream: stream,
+            held,
         };
         body.give_back_when_done();
         let failures = pool.clone();
@@ -511,15 +509,26 @@ impl Upstream {
 struct UpstreamBody {
     first: Option<Frame<Bytes>>,
     rest: Incoming,
-    sender: Option<(http1::SendRequest<ProxyBody>, Arc<WorkerPool>)>,
-    /// Counted on its HTTP/2 connection while the body lives.
-    _stream: Option<Stream>,
+    held: Held,
+}
+
+/// What a reply holds of its connection while its body is read.
+enum Held {
+    /// An HTTP/1.1 connection of its own, given back to its pool once the body has ended.
+    Connection(http1::SendRequest<ProxyBody>, Arc<WorkerPool>),
+    /// A stream of a shared HTTP/2 connection, counted against its peer's limit while the
+    /// body lives (until dropped).
+    Stream { _open: Stream },
+    /// Nothing: the connection went back to its pool.
+    GivenBack,
 }
 
 impl UpstreamBody {
     fn give_back_when_done(&mut self) {
-        if self.rest.is_end_stream() {
-            if let Some((sender, pool)) = self.sender.take() {
+        if self.rest.is_end_stream() && matches!(self.held, Held::Connection(..)) {
+            if let Held::Connection(sender, pool) =
+                std::mem::replace(&mut self.held, Held::GivenBack)
+            {
                 pool.put(sender);
             }
         }
