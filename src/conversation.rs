@@ -3,9 +3,88 @@
 //! never split. A dialect maps its own request onto this (chat messages, Responses input
 //! items, Anthropic messages); the planner and the compactor see nothing else.
 
+use std::borrow::Cow;
+#[cfg(test)]
+use std::ops::Index;
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use serde_json::Value;
+
+/// The conversation as chat messages, one per item: what compaction hashes into cache keys
+/// when an item's identity is new, and what the summarizer and the archive read. A dialect
+/// whose items are not chat messages makes each view the first time it is read: a compacted
+/// request whose keys are found by its items' identities reads a handful (building all 181
+/// of an agent's took 3.2M of its 24.1M instructions, `bench/instruction_budget.sh`).
+pub struct Views<'a>(Source<'a>);
+
+enum Source<'a> {
+    Made(Cow<'a, [Value]>),
+    Lazy {
+        made: Box<[OnceLock<Value>]>,
+        view: Box<dyn Fn(usize) -> Value + Send + Sync + 'a>,
+    },
+}
+
+impl<'a> Views<'a> {
+    /// Views made already: chat's own messages, or a copy.
+    pub fn made(views: impl Into<Cow<'a, [Value]>>) -> Views<'a> {
+        Views(Source::Made(views.into()))
+    }
+
+    /// `len` views, the one of item `index` made by `view(index)` when first read.
+    pub fn lazy(len: usize, view: impl Fn(usize) -> Value + Send + Sync + 'a) -> Views<'a> {
+        Views(Source::Lazy {
+            made: (0..len).map(|_| OnceLock::new()).collect(),
+            view: Box::new(view),
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            Source::Made(views) => views.len(),
+            Source::Lazy { made, .. } => made.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn get(&self, index: usize) -> Option<&Value> {
+        match &self.0 {
+            Source::Made(views) => views.get(index),
+            Source::Lazy { made, view } => Some(made.get(index)?.get_or_init(|| view(index))),
+        }
+    }
+
+    /// The views of the items in `range`, as far as the conversation goes.
+    pub fn range(&self, range: Range<usize>) -> impl Iterator<Item = &Value> + '_ {
+        let end = range.end.min(self.len());
+        (range.start.min(end)..end).filter_map(|index| self.get(index))
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Value> + '_ {
+        self.range(0..self.len())
+    }
+
+    pub fn to_vec(&self) -> Vec<Value> {
+        self.iter().cloned().collect()
+    }
+}
+
+/// As a slice is indexed, in tests: out of range, it panics.
+#[cfg(test)]
+impl Index<usize> for Views<'_> {
+    type Output = Value;
+
+    fn index(&self, index: usize) -> &Value {
+        match self.get(index) {
+            Some(view) => view,
+            None => panic!("item {index} of a conversation of {}", self.len()),
+        }
+    }
+}
 
 /// The role names of OpenAI's chat messages and Responses input messages.
 pub const VALID_ROLES: &[&str] = &[
@@ -137,7 +216,7 @@ impl Item {
 /// messages' `tool_calls`. An output naming its call (`tool_call_id`) answers that call; one
 /// that does not (a Messages or Gemini turn answering every call before it) answers every
 /// call of its unit.
-pub fn answered_tools<'v>(view: &'v [Value], items: &[Item]) -> Vec<Vec<&'v str>> {
+pub fn answered_tools<'v>(view: &'v Views<'_>, items: &[Item]) -> Vec<Vec<&'v str>> {
     let mut calls: Vec<(&str, &str)> = Vec::new();
     let mut previous = None;
     let mut answered = Vec::with_capacity(view.len());

@@ -14,6 +14,7 @@ use crate::canonical::{hash_with_seed, trimmed_canonical};
 use crate::compaction::redis::RedisStore;
 use crate::compaction::summary::{Key, Summary};
 use crate::config::{CacheConfig, ConfigError};
+use crate::conversation::Views;
 use crate::tokens::count_cache::{random_secret, CountCache, SECRET_BYTES};
 
 /// The request headers that say who the caller is (`cache.scope_headers`), in configured order;
@@ -104,12 +105,16 @@ impl PrefixKeys {
     /// session took 1.3M of its compacted request's 25M instructions
     /// (`bench/instruction_budget.sh`); messages alike in their bytes are alike in their
     /// views, so a key found by identity is the key their views make.
-    pub fn keys(&self, scope: &Key, messages: &[Value], identities: &[u128]) -> Vec<Key> {
+    /// The view of a message is read only when its key is not found by identity.
+    pub fn keys(
+        &self,
+        scope: &Key,
+        (messages, ahead): (&Views<'_>, usize),
+        identities: &[u128],
+    ) -> Vec<Key> {
         let mut previous = *scope;
-        messages
-            .iter()
-            .enumerate()
-            .map(|(at, message)| {
+        (0..ahead.min(messages.len()))
+            .map(|at| {
                 let known = identities.get(at).map(|identity| {
                     let mut after = [0u8; 48];
                     after[..32].copy_from_slice(&previous);
@@ -120,7 +125,9 @@ impl PrefixKeys {
                     previous = key;
                     return key;
                 }
-                let written = trimmed_canonical(&previous, message);
+                // `at` is within the conversation.
+                let view = messages.get(at).unwrap_or(&Value::Null);
+                let written = trimmed_canonical(&previous, view);
                 let fast = xxh3::xxh3_128_with_secret(&written, &self.secret);
                 previous = self.made.get(fast).unwrap_or_else(|| {
                     let key = *blake3::hash(&written).as_bytes();
@@ -137,10 +144,10 @@ impl PrefixKeys {
 }
 
 /// `keys[i] = h_i = blake3(h_{i-1} ‖ canonical(message_i))`, `h_{-1}` the scope.
-pub fn prefix_keys(scope: &Key, messages: &[Value]) -> Vec<Key> {
+pub fn prefix_keys<'v>(scope: &Key, messages: impl IntoIterator<Item = &'v Value>) -> Vec<Key> {
     let mut previous = *scope;
     messages
-        .iter()
+        .into_iter()
         .map(|message| {
             previous = hash_with_seed(&previous, message);
             previous
@@ -464,20 +471,22 @@ mod tests {
         assert_ne!(scope(&k1, "gpt-4o-mini", &[1; 32]), s1);
         // Kept or made afresh, the same keys.
         let kept = PrefixKeys::default();
-        assert_eq!(kept.keys(&s1, &messages, &[]), a);
-        assert_eq!(kept.keys(&s1, &messages, &[]), a);
+        let views = Views::made(&messages[..]);
+        assert_eq!(kept.keys(&s1, (&views, 2), &[]), a);
+        assert_eq!(kept.keys(&s1, (&views, 2), &[]), a);
         assert_eq!(
-            kept.keys(&s2, &messages[..1], &[]),
+            kept.keys(&s2, (&views, 1), &[]),
             prefix_keys(&s2, &messages[..1])
         );
-        // Found by identity, the same keys: made once by the views, then found without them.
+        // Found by identity, the same keys: made once by the views, then found without
+        // reading them.
         let identities = [7, 8];
-        assert_eq!(kept.keys(&s1, &messages, &identities), a);
-        let other = [json!("not read"), json!("not read")];
-        assert_eq!(kept.keys(&s1, &other, &identities), a);
+        assert_eq!(kept.keys(&s1, (&views, 2), &identities), a);
+        let unread = Views::lazy(2, |at| panic!("view {at} read, its key known by identity"));
+        assert_eq!(kept.keys(&s1, (&unread, 2), &identities), a);
         // An identity after another key is another item.
         assert_eq!(
-            kept.keys(&s2, &messages, &identities),
+            kept.keys(&s2, (&views, 2), &identities),
             prefix_keys(&s2, &messages)
         );
     }

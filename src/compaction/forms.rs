@@ -373,7 +373,7 @@ mod tests {
     use crate::compaction::limits::Limits;
     use crate::compaction::plan::{Mode, Split};
     use crate::config::{Config, ContextConfig};
-    use crate::conversation::{Item, Kind, Role};
+    use crate::conversation::{Item, Kind, Role, Views};
     use crate::tokens::catalog::{ModelCatalog, ModelInfo};
     use crate::tokens::counter::PromptCount;
     use crate::transport::upstream::{Connections, Upstream};
@@ -384,7 +384,7 @@ mod tests {
     /// output of 1,000 at index 3, its request's other parts counting 10; planned to keep the
     /// items from 3 on after a summary, the last one recent.
     struct Fixture {
-        messages: Vec<Value>,
+        messages: Views<'static>,
         count: PromptCount,
         items: Vec<Item>,
         split: Split,
@@ -415,9 +415,11 @@ mod tests {
             &connections,
         );
         Fixture {
-            messages: (0..6)
-                .map(|i| json!({"role": "user", "content": i}))
-                .collect(),
+            messages: Views::made(
+                (0..6)
+                    .map(|i| json!({"role": "user", "content": i}))
+                    .collect::<Vec<Value>>(),
+            ),
             count: PromptCount {
                 per_message: tokens.to_vec(),
                 fixed: 10,

@@ -5,12 +5,10 @@
 
 use std::collections::HashMap;
 
-use serde_json::Value;
-
 use crate::compaction::cache::{prefix_keys, SummaryCache};
 use crate::compaction::shorten::{Shorten, CLEARED_OUTPUT_TOKENS, SHORTENED_OUTPUT_TOKENS};
 use crate::compaction::summary::Key;
-use crate::conversation::{Item, ToolCut};
+use crate::conversation::{Item, ToolCut, Views};
 
 /// Where a session's cuts reach in a kept part: every output before `all` cut, the outputs of
 /// tools cut first (`ToolCut::First`) before `first` cut, and every output before `cleared`
@@ -201,7 +199,9 @@ fn horizon_prefix(anchor: &Key, records: &Records<'_>, horizon: usize) -> Option
             None => {
                 let made = records.keys.len();
                 let from = records.keys.last().unwrap_or(&records.scope);
-                *prefix_keys(from, records.messages.get(made..horizon)?).last()?
+                let beyond = (horizon <= records.messages.len())
+                    .then(|| records.messages.range(made..horizon))?;
+                *prefix_keys(from, beyond).last()?
             }
         },
     };
@@ -222,7 +222,7 @@ pub(super) struct Records<'r> {
     pub(super) scope: Key,
     /// The conversation's prefix keys, up to the plan's furthest summary end.
     pub(super) keys: &'r [Key],
-    pub(super) messages: &'r [Value],
+    pub(super) messages: &'r Views<'r>,
     /// What the request's parts besides its conversation cost (`PromptCount::fixed`).
     pub(super) fixed: u32,
 }
@@ -353,12 +353,13 @@ mod tests {
             .collect();
         let all_keys = prefix_keys(&scope, &messages);
         let cache = SummaryCache::new(&Default::default(), None);
+        let views = Views::made(&messages);
         let records = |keys| Records {
             cache: &cache,
             caller: [1; 32],
             scope,
             keys,
-            messages: &messages,
+            messages: &views,
             fixed: 0,
         };
         let anchor = [9; 32];
@@ -379,12 +380,13 @@ mod tests {
             .collect();
         let keys = prefix_keys(&scope, &messages);
         let cache = SummaryCache::new(&Default::default(), None);
+        let views = Views::made(&messages);
         let records = Records {
             cache: &cache,
             caller: [1; 32],
             scope,
             keys: &keys,
-            messages: &messages,
+            messages: &views,
             fixed: 10,
         };
         let horizon = Horizon {
@@ -401,6 +403,7 @@ mod tests {
             .map(|i| json!({"role": "user", "content": i + 1}))
             .collect();
         let other_keys = prefix_keys(&scope, &other);
+        let other = Views::made(&other);
         let elsewhere = Records {
             keys: &other_keys,
             messages: &other,

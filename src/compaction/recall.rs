@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use crate::compaction::cache::prefix_keys;
 use crate::compaction::shorten::cut_middle;
 use crate::compaction::summary::{hex, Key};
+use crate::conversation::Views;
 use crate::tokens::encoding::Encoding;
 use crate::tokens::memo::Memo;
 use crate::tokens::rules::{count_text, count_tools};
@@ -86,9 +87,8 @@ fn counted_tool_tokens(encoding: Encoding) -> u32 {
 /// A conversation's id in its caller's archive, from its head and first item after it (or
 /// all of it, when shorter): the same on every turn of the conversation and on every
 /// replica.
-pub fn conversation_id(messages: &[Value], head: usize) -> String {
-    let first = &messages[..(head + 1).min(messages.len())];
-    let key = prefix_keys(&CONVERSATION_SEED, first)
+pub fn conversation_id(messages: &Views<'_>, head: usize) -> String {
+    let key = prefix_keys(&CONVERSATION_SEED, messages.range(0..head + 1))
         .last()
         .copied()
         .unwrap_or(CONVERSATION_SEED);
@@ -535,14 +535,20 @@ mod tests {
     fn references_name_the_conversation_and_position_and_the_note_names_the_range() {
         let system = json!({"role": "system", "content": "rules"});
         let task = |text: &str| json!({"role": "user", "content": text});
-        let id = conversation_id(&[system.clone(), task("fix the build"), task("later")], 1);
+        let id = conversation_id(
+            &Views::made(vec![system.clone(), task("fix the build"), task("later")]),
+            1,
+        );
         assert_eq!(id.len(), 8);
         // Its head and first item name it; what follows does not.
         assert_eq!(
             id,
-            conversation_id(&[system.clone(), task("fix the build")], 1)
+            conversation_id(&Views::made(vec![system.clone(), task("fix the build")]), 1)
         );
-        assert_ne!(id, conversation_id(&[system, task("write the docs")], 1));
+        assert_ne!(
+            id,
+            conversation_id(&Views::made(vec![system, task("write the docs")]), 1)
+        );
         assert_eq!(reference(&id, 7), format!("ctx:{id}.7"));
         let note = archived_note(&id, 1..12, "messages");
         assert!(

@@ -16,7 +16,7 @@ use crate::compaction::shorten::{cut_item_texts, Shorten};
 use crate::compaction::summary::{Key, Summary};
 use crate::compaction::summary_api::SummaryEndpoint;
 use crate::config::ContextConfig;
-use crate::conversation::Item;
+use crate::conversation::{Item, Views};
 use crate::tokens::catalog::ModelInfo;
 use crate::tokens::counter::PromptCount;
 use crate::tokens::encoding::Encoding;
@@ -200,7 +200,7 @@ impl Rewrite {
 pub struct CompactionJob<'a> {
     /// The conversation; at least its messages up to the plan's furthest summary end
     /// (`split.ahead`), all that keys and summaries are made of. Its length is the count's.
-    pub messages: &'a [Value],
+    pub messages: &'a Views<'a>,
     pub count: &'a PromptCount,
     /// What the planner read of each item (its kind and tokens), which cuts are chosen by.
     pub items: &'a [Item],

@@ -15,7 +15,7 @@ use crate::compaction::plan::{self, Decision, Mode, Split};
 use crate::compaction::rewrite::{Action, Rewrite};
 use crate::compaction::summary_api::{SummaryApi, SummaryEndpoint};
 use crate::config::{tool_cut, Config, ContextConfig, RecallConfig, ToolPolicy};
-use crate::conversation::{answered_tools, Item, Kind, ToolCut};
+use crate::conversation::{answered_tools, Item, Kind, ToolCut, Views};
 use crate::dialect::recall::RecallWire;
 use crate::dialect::request::{
     laid_out, object_start, read_fields, spliced, Counted, Layout, RawFields, SentRanges, Splice,
@@ -133,7 +133,7 @@ pub trait Dialect {
 
     /// The conversation as chat messages, one per counted item: what compaction hashes into
     /// cache keys and what the summarizer reads.
-    fn conversation(request: &Self::Request) -> Cow<'_, [Value]>;
+    fn conversation(request: &Self::Request) -> Views<'_>;
 
     /// Writes a compaction into the request: the head, the pinned task, the summary, the
     /// kept items, tool outputs cut as planned (in the request model's `encoding`).
@@ -244,7 +244,7 @@ impl Prepared {
     /// Marks each tool output with its tool's policy (`[[context.tools]]`), the tools it
     /// answers read off the conversation `view`; says whether any output took one, so that a
     /// plan made without them is made again.
-    pub fn apply_tool_policies(&mut self, view: &[Value], policies: &[ToolPolicy]) -> bool {
+    pub fn apply_tool_policies(&mut self, view: &Views<'_>, policies: &[ToolPolicy]) -> bool {
         if policies.is_empty() {
             return false;
         }

@@ -466,7 +466,8 @@ type ConversationOf = fn(&Bytes) -> Option<Vec<Value>>;
 /// The conversation of a request in dialect `D`, as compaction read it.
 fn conversation_of<D: Dialect>(bytes: &Bytes) -> Option<Vec<Value>> {
     let request = D::parse(bytes, D::PATH).ok()?;
-    Some(D::conversation(&request).into_owned())
+    let conversation = D::conversation(&request).to_vec();
+    Some(conversation)
 }
 
 async fn read_reply(body: ProxyBody, headers: &HeaderMap) -> Result<Bytes, ProxyError> {

@@ -23,7 +23,7 @@ use crate::compaction::rewrite::Rewrite;
 use crate::compaction::shorten::cut_item_texts;
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::ContextConfig;
-use crate::conversation::{content_text, Item};
+use crate::conversation::{content_text, Item, Views};
 use crate::dialect::openai;
 use crate::dialect::recall::RecallWire;
 use crate::dialect::request::{
@@ -90,8 +90,8 @@ impl Dialect for Chat {
         counted(request, catalog, counter)
     }
 
-    fn conversation(request: &Self::Request) -> Cow<'_, [Value]> {
-        Cow::Borrowed(messages(request))
+    fn conversation(request: &Self::Request) -> Views<'_> {
+        Views::made(messages(request))
     }
 
     fn rewrite(

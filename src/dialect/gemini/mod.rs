@@ -25,6 +25,7 @@ use crate::compaction::plan::Split;
 use crate::compaction::rewrite::Rewrite;
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::ContextConfig;
+use crate::conversation::Views;
 use crate::dialect::recall::RecallWire;
 use crate::dialect::request::rewrite_conversation;
 use crate::dialect::stages::{Dialect, Prepared};
@@ -39,7 +40,7 @@ use crate::transport::upstream::KeyStyle;
 use crate::transport::usage::UsageReader;
 use error::error_response;
 use rewrite::compacted_contents;
-use view::{as_chat, check_contents, contents, item};
+use view::{as_chat, chat_message, check_contents, contents, item};
 
 /// The API versions whose paths it serves: all of `/v1beta/`, and under `/v1/` (OpenAI's
 /// otherwise) a model's own methods.
@@ -70,13 +71,11 @@ const MODEL_METHODS: [&str; 16] = [
 /// Google's Gemini API.
 pub struct Gemini;
 
-/// A Gemini request, its model from the path, with its turns as chat messages for counting
-/// and compaction.
+/// A Gemini request, its model from the path; its turns are seen as chat messages
+/// (`conversation`) when read.
 pub struct GeminiRequest {
     model: String,
     body: Map<String, Value>,
-    /// One per entry of `body.contents`, same order.
-    chat: Vec<Value>,
     config: GenerationConfig,
 }
 
@@ -172,11 +171,9 @@ impl Dialect for Gemini {
                 .and_then(Value::as_str)
                 .map_or("", |model| model.trim_start_matches("models/")),
         };
-        let chat = as_chat(contents(&body));
         Ok(GeminiRequest {
             model: model.to_string(),
             body,
-            chat,
             config,
         })
     }
@@ -197,8 +194,9 @@ impl Dialect for Gemini {
         counted(request, catalog, counter)
     }
 
-    fn conversation(request: &Self::Request) -> Cow<'_, [Value]> {
-        Cow::Borrowed(&request.chat)
+    fn conversation(request: &Self::Request) -> Views<'_> {
+        let turns = contents(&request.body);
+        Views::lazy(turns.len(), |index| chat_message(&turns[index]))
     }
 
     fn rewrite(
@@ -213,7 +211,6 @@ impl Dialect for Gemini {
         rewrite_conversation(&mut request.body, "contents", |body, sent| {
             compacted_contents(body, sent, rewrite, summary, summary_role, encoding)
         });
-        request.chat = as_chat(contents(&request.body));
     }
 
     // Gemini's replies always carry `usageMetadata`: the default `outgoing_body` asks for none.
@@ -346,7 +343,12 @@ async fn counted(
         fixed_tokens(encoding, instruction, tools, tool_config)
     });
     let count = counter
-        .count_messages(&request.chat, fixed, &request.model, &info)
+        .count_messages(
+            &as_chat(contents(&request.body)),
+            fixed,
+            &request.model,
+            &info,
+        )
         .await;
     let metas = contents(body)
         .iter()

@@ -11,7 +11,6 @@ pub mod summary;
 pub mod usage;
 mod view;
 
-use std::borrow::Cow;
 use std::future::Future;
 
 use hyper::Response;
@@ -21,6 +20,7 @@ use crate::compaction::plan::Split;
 use crate::compaction::rewrite::Rewrite;
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::{ContextConfig, SummaryRole};
+use crate::conversation::Views;
 use crate::dialect::recall::RecallWire;
 use crate::dialect::request::{
     array, object_with_model, rewrite_conversation, Origins, RawFields, SentRanges, Splice,
@@ -48,12 +48,9 @@ pub const VERSION_HEADER: &str = "anthropic-version";
 /// Anthropic Messages.
 pub struct Messages;
 
-/// A Messages request, with its messages as chat messages for counting and compaction.
+/// A Messages request; its messages are seen as chat messages (`conversation`) when read.
 pub struct MessagesRequest {
     body: Map<String, Value>,
-    /// One per entry of `body.messages`, same order; None once rewritten, when nothing on the
-    /// proxy's path reads them again (`conversation` makes them if asked).
-    chat: Option<Vec<Value>>,
     /// Where its sent items stand in the body and, once rewritten, each item's origin
     /// (`compacted_messages`): what its body is spliced from.
     origins: Origins,
@@ -102,11 +99,8 @@ impl Dialect for Messages {
     }
 
     fn parse(bytes: &[u8], _path: &str) -> Result<Self::Request, ProxyError> {
-        let body = parse_request(bytes)?;
-        let chat = Some(as_chat(messages(&body)));
         Ok(MessagesRequest {
-            body,
-            chat,
+            body: parse_request(bytes)?,
             origins: Origins::default(),
         })
     }
@@ -131,11 +125,9 @@ impl Dialect for Messages {
         counted(request, catalog, counter)
     }
 
-    fn conversation(request: &Self::Request) -> Cow<'_, [Value]> {
-        match &request.chat {
-            Some(chat) => Cow::Borrowed(chat),
-            None => Cow::Owned(as_chat(messages(&request.body))),
-        }
+    fn conversation(request: &Self::Request) -> Views<'_> {
+        let messages = messages(&request.body);
+        Views::lazy(messages.len(), |index| chat_message(&messages[index]))
     }
 
     fn rewrite(
@@ -158,9 +150,6 @@ impl Dialect for Messages {
         if summary_role == SummaryRole::System {
             request.origins.changed("system");
         }
-        // Made again only if asked: rebuilding them took a twelfth of a compacted agent
-        // request's instructions, for nothing the proxy reads.
-        request.chat = None;
     }
 
     fn raw_items(request: &mut Self::Request, sent: SentRanges) {
@@ -310,7 +299,7 @@ async fn counted(
         fixed_tokens(encoding, system, tools, tool_choice)
     });
     let count = counter
-        .count_messages(&Messages::conversation(request), fixed, model, &info)
+        .count_messages(&as_chat(messages(body)), fixed, model, &info)
         .await;
     let metas = messages(body)
         .iter()

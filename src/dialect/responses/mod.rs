@@ -21,7 +21,7 @@ use crate::compaction::rewrite::Rewrite;
 use crate::compaction::shorten::cut_item_texts;
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::{ContextConfig, SummaryRole};
-use crate::conversation::{units, Item};
+use crate::conversation::{units, Item, Views};
 use crate::dialect::openai;
 use crate::dialect::recall::RecallWire;
 use crate::dialect::request::{object_with_model, Origins, RawFields, SentRanges, Splice};
@@ -35,23 +35,19 @@ use crate::tokens::rules::{count_text, count_tools, REPLY_PRIMING};
 use crate::transport::body::ProxyBody;
 use crate::transport::upstream::KeyStyle;
 use crate::transport::usage::UsageReader;
-use view::{call_id, input_items, is_tool_call, is_tool_output, item_type, item_view};
+use view::{
+    call_id, chat_view, input_items, is_tool_call, is_tool_output, item_meta, item_type, item_view,
+};
 
 pub const RESPONSES: &str = "/v1/responses";
 
 /// The OpenAI Responses API.
 pub struct Responses;
 
-/// A Responses request, with its input items as the neutral model sees them.
+/// A Responses request; its input items are seen as chat messages (`conversation`) when
+/// read.
 pub struct ResponsesRequest {
     body: Map<String, Value>,
-    /// Each input item as a chat message: what is counted, hashed into cache keys and read
-    /// by the summarizer. None once rewritten, when nothing on the proxy's path reads them
-    /// again (`views` makes them if asked).
-    messages: Option<Vec<Value>>,
-    /// Each input item's role and kind; counting fills in the tokens. Empty once rewritten,
-    /// as `messages` is None.
-    items: Vec<Item>,
     /// Set when the request must go as it came.
     as_sent: Option<ForwardReason>,
     /// Where its sent items stand in the body and, once rewritten, each item's origin
@@ -103,8 +99,9 @@ impl Dialect for Responses {
         counted(request, catalog, counter)
     }
 
-    fn conversation(request: &Self::Request) -> Cow<'_, [Value]> {
-        views(request).0
+    fn conversation(request: &Self::Request) -> Views<'_> {
+        let items = input_items(&request.body);
+        Views::lazy(items.len(), move |index| chat_view(&items[index]))
     }
 
     fn rewrite(
@@ -122,10 +119,6 @@ impl Dialect for Responses {
         let (compacted, origins) =
             compacted_input(items, split, rewrite, settings.summary_role, encoding);
         request.origins.of_items = Some(origins);
-        // Made again only if asked: rebuilding them took a ninth of a compacted agent
-        // request's instructions, for nothing the proxy reads.
-        request.messages = None;
-        request.items = Vec::new();
         request.body.insert("input".into(), Value::Array(compacted));
     }
 
@@ -191,8 +184,7 @@ pub fn parse_request(bytes: &[u8]) -> Result<ResponsesRequest, ProxyError> {
             ))
         }
     }
-    let (messages, items): (Vec<Value>, Vec<Item>) =
-        input_items(&body).iter().map(item_view).unzip();
+    let items: Vec<Item> = input_items(&body).iter().map(item_meta).collect();
     let stateful = ["previous_response_id", "conversation"]
         .iter()
         .any(|field| body.get(*field).is_some_and(|v| !v.is_null()));
@@ -205,24 +197,9 @@ pub fn parse_request(bytes: &[u8]) -> Result<ResponsesRequest, ProxyError> {
     };
     Ok(ResponsesRequest {
         body,
-        messages: Some(messages),
-        items,
         as_sent,
         origins: Origins::default(),
     })
-}
-
-/// Each input item as a chat message, and its role and kind: as parsed, else (once
-/// rewritten) made from the body.
-fn views(request: &ResponsesRequest) -> (Cow<'_, [Value]>, Cow<'_, [Item]>) {
-    match &request.messages {
-        Some(messages) => (Cow::Borrowed(messages), Cow::Borrowed(&request.items)),
-        None => {
-            let (messages, items): (Vec<Value>, Vec<Item>) =
-                input_items(&request.body).iter().map(item_view).unzip();
-            (Cow::Owned(messages), Cow::Owned(items))
-        }
-    }
 }
 
 /// Whether every tool output's call comes before it, in the same unit, so that no
@@ -300,17 +277,21 @@ pub async fn counted(
     let body = &request.body;
     let parts = ["instructions", "tools", "tool_choice", "text"].map(|field| body.get(field));
     let fixed = counter.count_parts(info.encoding, &parts, || fixed_tokens(body, info.encoding));
-    let (messages, items) = views(request);
+    let input = input_items(body);
+    let messages: Vec<Value> = input.iter().map(chat_view).collect();
     let mut count = counter.count_messages(&messages, fixed, model, &info).await;
     if request.as_sent == Some(ForwardReason::Stateful) {
         // Upstream's usage includes the history it holds, which this count cannot see:
         // nothing to learn the ratio from.
         count.raw_total = 0;
     }
-    let metas = items
+    let metas = input
         .iter()
         .zip(&count.per_message)
-        .map(|(item, &tokens)| Item { tokens, ..*item })
+        .map(|(item, &tokens)| Item {
+            tokens,
+            ..item_meta(item)
+        })
         .collect();
     Prepared {
         info,
@@ -377,11 +358,10 @@ mod tests {
     use crate::conversation::{Kind, Role};
 
     fn kinds(body: &str) -> Vec<(Role, Kind)> {
-        parse_request(body.as_bytes())
-            .unwrap()
-            .items
+        let request = parse_request(body.as_bytes()).unwrap();
+        input_items(&request.body)
             .iter()
-            .map(|item| (item.role, item.kind))
+            .map(|item| (item_meta(item).role, item_meta(item).kind))
             .collect()
     }
 

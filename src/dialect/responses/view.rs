@@ -39,21 +39,40 @@ pub(super) fn call_id(item: &Value) -> Option<&str> {
     item.get("call_id").and_then(Value::as_str)
 }
 
-/// One input item as a chat message, and its role and kind. The chat message carries only
-/// what the model reads (no item ids or statuses), so it is counted the way chat is.
+/// One input item as a chat message, and its role and kind: what the raw stage counts.
 pub(super) fn item_view(item: &Value) -> (Value, Item) {
+    (chat_view(item), item_meta(item))
+}
+
+/// One input item's role and kind, with no chat message made.
+pub(super) fn item_meta(item: &Value) -> Item {
     let kind = item_type(item);
-    let (message, role, kind) = match kind {
+    let (role, kind) = match kind {
         "message" => {
-            let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
-            let message = json!({"role": role, "content": chat_content(item.get("content"))});
-            let role = Role::parse(role);
+            let role = Role::parse(item.get("role").and_then(Value::as_str).unwrap_or("user"));
             let kind = if role == Role::Other {
                 Kind::Other
             } else {
                 Kind::Message
             };
-            (message, role, kind)
+            (role, kind)
+        }
+        "reasoning" => (Role::Assistant, Kind::Reasoning),
+        _ if is_tool_call(kind, item) => (Role::Assistant, Kind::ToolCall),
+        _ if is_tool_output(kind) => (Role::Tool, Kind::ToolResult),
+        _ => (Role::Other, Kind::Other),
+    };
+    Item::new(role, kind, 0)
+}
+
+/// One input item as a chat message. It carries only what the model reads (no item ids or
+/// statuses), so it is counted the way chat is.
+pub(super) fn chat_view(item: &Value) -> Value {
+    let kind = item_type(item);
+    match kind {
+        "message" => {
+            let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
+            json!({"role": role, "content": chat_content(item.get("content"))})
         }
         "reasoning" => {
             let summary: Vec<&str> = item
@@ -71,7 +90,7 @@ pub(super) fn item_view(item: &Value) -> (Value, Item) {
             if let Some(encrypted) = item.get("encrypted_content").filter(|v| !v.is_null()) {
                 message["encrypted_content"] = encrypted.clone();
             }
-            (message, Role::Assistant, Kind::Reasoning)
+            message
         }
         _ if is_tool_call(kind, item) => {
             let text = |field: &str| item.get(field).and_then(Value::as_str);
@@ -80,15 +99,14 @@ pub(super) fn item_view(item: &Value) -> (Value, Item) {
                 "custom_tool_call" => text("input").unwrap_or("").to_string(),
                 _ => item.to_string(),
             };
-            let message = json!({
+            json!({
                 "role": "assistant",
                 "tool_calls": [{
                     "id": call_id(item).unwrap_or(""),
                     "type": "function",
                     "function": {"name": text("name").unwrap_or(kind), "arguments": arguments},
                 }],
-            });
-            (message, Role::Assistant, Kind::ToolCall)
+            })
         }
         _ if is_tool_output(kind) => {
             let content = match item.get("output") {
@@ -97,19 +115,14 @@ pub(super) fn item_view(item: &Value) -> (Value, Item) {
                 Some(other) => Value::String(other.to_string()),
                 None => Value::String(String::new()),
             };
-            let message = json!({
+            json!({
                 "role": "tool",
                 "tool_call_id": call_id(item).unwrap_or(""),
                 "content": content,
-            });
-            (message, Role::Tool, Kind::ToolResult)
+            })
         }
-        _ => {
-            let message = json!({"role": "assistant", "content": format!("[{kind}] {item}")});
-            (message, Role::Other, Kind::Other)
-        }
-    };
-    (message, Item::new(role, kind, 0))
+        _ => json!({"role": "assistant", "content": format!("[{kind}] {item}")}),
+    }
 }
 
 /// Message content as chat writes it: a string as it is, parts with their text as text
