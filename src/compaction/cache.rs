@@ -428,6 +428,33 @@ mod tests {
         assert!(cache.archive_get(&alice, &[]).await.is_empty());
     }
 
+    /// A compacted request archives every output it cuts, nearly all archived before: those
+    /// are not written out again, so their views are never made (`archive_cleared`).
+    #[tokio::test]
+    async fn an_item_archived_before_is_not_written_out_again() {
+        struct Counted<'a>(&'a std::sync::atomic::AtomicUsize, &'a str);
+        impl Display for Counted<'_> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                f.write_str(self.1)
+            }
+        }
+        let cache = SummaryCache::new(&CacheConfig::default(), None);
+        let caller = [3; 32];
+        let written = std::sync::atomic::AtomicUsize::new(0);
+        let put = |reference: &str, text| (reference.to_string(), Counted(&written, text));
+        cache.archive_put(&caller, &[put("ctx:a", "first")]).await;
+        cache
+            .archive_put(&caller, &[put("ctx:a", "again"), put("ctx:b", "second")])
+            .await;
+        assert_eq!(written.load(std::sync::atomic::Ordering::Relaxed), 2);
+        let asked = ["ctx:a", "ctx:b"].map(String::from);
+        assert_eq!(
+            texts(cache.archive_get(&caller, &asked).await),
+            [Some("first".into()), Some("second".into())]
+        );
+    }
+
     #[tokio::test]
     async fn archiving_never_fails_when_redis_is_unreachable() {
         let config = CacheConfig {
