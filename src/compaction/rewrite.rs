@@ -174,6 +174,15 @@ impl Rewrite {
         cut_at
     }
 
+    /// The conversation's items a dialect's rewrite reads or changes, besides moving them:
+    /// the first kept (which the summary may join), the pinned task's, and the outputs it
+    /// cuts. Every other item goes as it was sent.
+    pub fn items_read(&self) -> impl Iterator<Item = usize> + '_ {
+        std::iter::once(self.kept_from)
+            .chain(self.pinned.clone().unwrap_or_default())
+            .chain(self.cuts.iter().map(|cut| cut.index))
+    }
+
     /// The reference a cleared output's stub names, when the request offers recall.
     pub fn cleared_reference(&self, index: usize) -> Option<String> {
         let archive = self.archive.as_ref()?;

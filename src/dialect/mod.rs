@@ -341,14 +341,14 @@ pub mod splice_cases {
         kept_from: usize,
         cut: usize,
     ) -> (Value, Value, bool) {
-        let sent = serde_json::to_vec_pretty(body).unwrap();
-        let mut request = D::parse(&sent, D::PATH).unwrap();
+        let sent = Bytes::from(serde_json::to_vec_pretty(body).unwrap());
+        // Parsed whole, as the full path parses it, for the tree; and as its raw stage planned
+        // it, its items left as sent, for the splice.
+        let mut whole = D::parse(&sent, D::PATH).unwrap();
         let stage = D::RAW_STAGE.unwrap();
         let raw = read_fields(&sent, &stage.fields).unwrap();
-        D::raw_items(
-            &mut request,
-            SentRanges::of(&sent, (&raw.items, &raw.parts), &stage.fields),
-        );
+        let ranges = SentRanges::of(&sent, (&raw.items, &raw.parts), &stage.fields);
+        let mut request = D::parse_planned(&sent, D::PATH, ranges).unwrap();
         let split = Split {
             head: 0,
             tail_start: kept_from,
@@ -381,9 +381,10 @@ pub mod splice_cases {
         let wire =
             write_compaction::<D>(&mut request, &split, &rewrite, &settings, Encoding::O200k);
         assert!(wire.is_some(), "recall offered");
-        let tree = Value::Object(D::body_mut(&mut request).clone());
+        write_compaction::<D>(&mut whole, &split, &rewrite, &settings, Encoding::O200k);
+        let tree = Value::Object(D::body_mut(&mut whole).clone());
         assert!(D::splice(&request).is_some(), "spliced");
-        let (out, _, layout) = D::outgoing_body(request, Bytes::from(sent), true).unwrap();
+        let (out, _, layout) = D::outgoing_body(request, sent, true).unwrap();
         // Read where it was written, the body counts as it does read afresh.
         let layout = layout.expect("laid out");
         assert!(

@@ -4,7 +4,9 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::ops::Range;
+use std::sync::OnceLock;
 
+use bytes::Bytes;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -130,6 +132,9 @@ pub struct Origins {
     pub ranges: Vec<Range<usize>>,
     fields: Vec<SentField>,
     pub of_items: Option<Vec<Option<usize>>>,
+    /// For a request parsed with its items left out of the tree (`Origins::planned`): the
+    /// bytes sent, and each item parsed the first time it is read.
+    unparsed: Option<(Bytes, Box<[OnceLock<Value>]>)>,
 }
 
 impl Origins {
@@ -148,6 +153,74 @@ impl Origins {
             ranges: sent.items,
             fields,
             of_items: None,
+            unparsed: None,
+        }
+    }
+
+    /// The sent ranges of `body`, parsed from `bytes` with its items left out of the tree
+    /// (`with_items_left_out`): each is parsed when first read (`item`), or put into the tree
+    /// for a rewrite to change (`parse_into`).
+    pub fn planned(body: &Map<String, Value>, sent: SentRanges, bytes: Bytes) -> Origins {
+        let parsed = sent.items.iter().map(|_| OnceLock::new()).collect();
+        Origins {
+            unparsed: Some((bytes, parsed)),
+            ..Origins::sent(body, sent)
+        }
+    }
+
+    /// Item `index` of the conversation `items` (the tree's): itself, or the sent item whose
+    /// place it holds when that was left out of the tree.
+    pub fn item<'a>(&'a self, items: &'a [Value], index: usize) -> Option<&'a Value> {
+        let item = items.get(index)?;
+        let Some((bytes, parsed)) = self.unparsed.as_ref().filter(|_| item.is_null()) else {
+            return Some(item);
+        };
+        let sent = match &self.of_items {
+            Some(origins) => match origins.get(index).copied().flatten() {
+                Some(sent) => sent,
+                None => return Some(item),
+            },
+            None => index,
+        };
+        let range = self.ranges.get(sent)?.clone();
+        Some(parsed.get(sent)?.get_or_init(|| parse_sent(bytes, range)))
+    }
+
+    /// Puts into `items` (the tree's, before any rewrite) the sent items at `indices` left
+    /// out of it: those a rewrite reads or changes.
+    pub fn parse_into(&self, items: &mut [Value], indices: impl IntoIterator<Item = usize>) {
+        let Some((bytes, parsed)) = &self.unparsed else {
+            return;
+        };
+        for index in indices {
+            let (Some(item), Some(range), Some(cell)) = (
+                items.get_mut(index),
+                self.ranges.get(index),
+                parsed.get(index),
+            ) else {
+                continue;
+            };
+            if item.is_null() {
+                *item = match cell.get() {
+                    Some(value) => value.clone(),
+                    None => parse_sent(bytes, range.clone()),
+                };
+            }
+        }
+    }
+
+    /// Puts every sent item left out of the rewritten tree `items` into it: before the tree
+    /// is written out whole.
+    pub fn parse_all_into(&self, items: &mut [Value]) {
+        if self.unparsed.is_none() {
+            return;
+        }
+        for index in 0..items.len() {
+            if items[index].is_null() {
+                if let Some(item) = self.item(items, index).cloned() {
+                    items[index] = item;
+                }
+            }
         }
     }
 
@@ -168,6 +241,31 @@ impl Origins {
             fields: &self.fields,
         })
     }
+}
+
+/// A sent item parsed from its bytes, which the raw stage read as JSON.
+fn parse_sent(bytes: &[u8], range: Range<usize>) -> Value {
+    bytes
+        .get(range)
+        .and_then(|item| serde_json::from_slice(item).ok())
+        .unwrap_or(Value::Null)
+}
+
+/// `bytes` with each item at `items` (in order, apart) written as `null`: the body a request
+/// planned by its raw stage is parsed from, its items left as sent. Their tree took 8.6M of
+/// a compacted agent request's 20.4M instructions (`bench/instruction_budget.sh`), and a
+/// rewrite reads only a few: the first kept, the pinned task and the outputs it cuts.
+pub fn with_items_left_out(bytes: &[u8], items: &[Range<usize>]) -> Option<Vec<u8>> {
+    let left: usize = items.iter().map(|item| item.len()).sum();
+    let mut out = Vec::with_capacity(bytes.len() - left.min(bytes.len()) + 4 * items.len());
+    let mut at = 0;
+    for item in items {
+        out.extend_from_slice(bytes.get(at..item.start)?);
+        out.extend_from_slice(b"null");
+        at = item.end;
+    }
+    out.extend_from_slice(bytes.get(at..)?);
+    Some(out)
 }
 
 /// Where a spliced body's top-level values, and its conversation's items, stand in it: what

@@ -157,10 +157,21 @@ pub trait Dialect {
         None
     }
 
-    /// Where the raw first stage found the conversation's items and the fields it read in the
-    /// body (`Planned`), for a rewrite to copy what it left unchanged from (`splice`). Unless a
-    /// dialect says otherwise, not kept.
-    fn raw_items(_request: &mut Self::Request, _sent: SentRanges) {}
+    /// The request its raw first stage planned, which found the conversation's items and the
+    /// fields it read at `sent` (`Planned`). A dialect that splices its rewrites keeps them,
+    /// for a rewrite to copy what it left unchanged from (`splice`), and may leave the items
+    /// out of its tree until read. Unless a dialect says otherwise, parsed in full.
+    fn parse_planned(
+        bytes: &Bytes,
+        path: &str,
+        _sent: SentRanges,
+    ) -> Result<Self::Request, ProxyError> {
+        Self::parse(bytes, path)
+    }
+
+    /// Puts into the request's tree every item `parse_planned` left out of it: before the
+    /// tree is written out whole. Unless a dialect says otherwise, none was left out.
+    fn made_whole(_request: &mut Self::Request) {}
 
     /// A rewritten request's JSON object and, when its raw items were kept, which of its
     /// conversation's items are sent ones unchanged: what `outgoing_body` copies from the
@@ -187,6 +198,7 @@ pub trait Dialect {
         {
             return Ok((Bytes::from(body), false, Some(layout)));
         }
+        Self::made_whole(&mut request);
         let body = serde_json::to_vec(Self::body_mut(&mut request)).map_err(ProxyError::Rewrite)?;
         Ok((Bytes::from(body), false, None))
     }

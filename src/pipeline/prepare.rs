@@ -137,18 +137,21 @@ async fn prepare_in_full<'s, D: Dialect>(
     planned: Option<Planned>,
 ) -> Result<Outgoing<'s>, ProxyError> {
     let settings = all_settings.context;
-    let mut request = D::parse(&bytes, path)?;
-    let model = D::model(&request).to_string();
-    let upstream = upstream_for::<D>(state, &model)?;
-    let (mut prepared, decision) = match planned {
+    let (mut request, planned) = match planned {
         Some(Planned {
             prepared,
             decision,
             sent,
-        }) => {
-            D::raw_items(&mut request, sent);
-            (prepared, Some(decision))
-        }
+        }) => (
+            D::parse_planned(&bytes, path, sent)?,
+            Some((prepared, decision)),
+        ),
+        None => (D::parse(&bytes, path)?, None),
+    };
+    let model = D::model(&request).to_string();
+    let upstream = upstream_for::<D>(state, &model)?;
+    let (mut prepared, decision) = match planned {
+        Some((prepared, decision)) => (prepared, Some(decision)),
         None => (
             D::count(&request, &state.catalog, &state.counter).await,
             None,

@@ -13,6 +13,7 @@ mod view;
 
 use std::future::Future;
 
+use bytes::Bytes;
 use hyper::Response;
 use serde_json::{json, Map, Value};
 
@@ -23,7 +24,8 @@ use crate::config::{ContextConfig, SummaryRole};
 use crate::conversation::Views;
 use crate::dialect::recall::RecallWire;
 use crate::dialect::request::{
-    array, object_with_model, rewrite_conversation, Origins, RawFields, SentRanges, Splice,
+    array, object_with_model, rewrite_conversation, with_items_left_out, Origins, RawFields,
+    SentRanges, Splice,
 };
 use crate::dialect::stages::{Dialect, Prepared, RawStage};
 use crate::error::ProxyError;
@@ -37,7 +39,7 @@ use crate::transport::upstream::KeyStyle;
 use crate::transport::usage::UsageReader;
 use error::error_response;
 use rewrite::compacted_messages;
-use view::{as_chat, chat_message, item, messages};
+use view::{chat_message, item, messages};
 
 pub const MESSAGES: &str = "/v1/messages";
 
@@ -127,7 +129,10 @@ impl Dialect for Messages {
 
     fn conversation(request: &Self::Request) -> Views<'_> {
         let messages = messages(&request.body);
-        Views::lazy(messages.len(), |index| chat_message(&messages[index]))
+        Views::lazy(messages.len(), |index| {
+            let message = request.origins.item(messages, index);
+            chat_message(message.unwrap_or(&Value::Null))
+        })
     }
 
     fn rewrite(
@@ -140,7 +145,9 @@ impl Dialect for Messages {
         let summary = rewrite.summary_text(split.head, "messages");
         let summary_role = settings.summary_role;
         let mut origins = None;
-        rewrite_conversation(&mut request.body, "messages", |body, sent| {
+        let sent_items = &request.origins;
+        rewrite_conversation(&mut request.body, "messages", |body, mut sent| {
+            sent_items.parse_into(&mut sent, rewrite.items_read());
             let (messages, from) =
                 compacted_messages(body, sent, split, rewrite, summary, summary_role, encoding);
             origins = Some(from);
@@ -152,8 +159,27 @@ impl Dialect for Messages {
         }
     }
 
-    fn raw_items(request: &mut Self::Request, sent: SentRanges) {
-        request.origins = Origins::sent(&request.body, sent);
+    /// Its messages left out of the tree, each parsed when read: a compacted request reads
+    /// only the few its rewrite changes, and copies the rest as sent (`splice`).
+    fn parse_planned(
+        bytes: &Bytes,
+        _path: &str,
+        sent: SentRanges,
+    ) -> Result<Self::Request, ProxyError> {
+        let Some(left_out) = with_items_left_out(bytes, &sent.items) else {
+            let body = parse_request(bytes)?;
+            let origins = Origins::sent(&body, sent);
+            return Ok(MessagesRequest { body, origins });
+        };
+        let body = parse_request(&left_out)?;
+        let origins = Origins::planned(&body, sent, bytes.clone());
+        Ok(MessagesRequest { body, origins })
+    }
+
+    fn made_whole(request: &mut Self::Request) {
+        if let Some(Value::Array(messages)) = request.body.get_mut("messages") {
+            request.origins.parse_all_into(messages);
+        }
     }
 
     fn splice(request: &Self::Request) -> Option<(&Map<String, Value>, Splice<'_>)> {
@@ -298,10 +324,14 @@ async fn counted(
     let fixed = counter.count_parts(encoding, &[system, tools, tool_choice], || {
         fixed_tokens(encoding, system, tools, tool_choice)
     });
-    let count = counter
-        .count_messages(&as_chat(messages(body)), fixed, model, &info)
-        .await;
-    let metas = messages(body)
+    // Each message as sent, whether in the tree or left out of it.
+    let sent = messages(body);
+    let sent: Vec<&Value> = (0..sent.len())
+        .filter_map(|index| request.origins.item(sent, index))
+        .collect();
+    let chat: Vec<Value> = sent.iter().map(|message| chat_message(message)).collect();
+    let count = counter.count_messages(&chat, fixed, model, &info).await;
+    let metas = sent
         .iter()
         .zip(&count.per_message)
         .map(|(message, &tokens)| item(message, tokens))
@@ -561,9 +591,13 @@ mod tests {
             let sent_body = serde_json::to_vec_pretty(&json!({"model": "claude-sonnet-4-5",
                 "max_tokens": 500, "system": "rules", "messages": sent,
                 "tools": [{"name": "Read", "input_schema": {"type": "object"}}]})).unwrap();
-            let mut request = Messages::parse(&sent_body, MESSAGES).unwrap();
+            // Parsed whole, as the full path parses it; and as its raw stage planned it, its
+            // messages left as sent until read.
+            let mut whole = Messages::parse(&sent_body, MESSAGES).unwrap();
             let raw = read_fields(&sent_body, &RAW_STAGE.fields).unwrap();
-            Messages::raw_items(&mut request, SentRanges::of(&sent_body, (&raw.items, &raw.parts), &RAW_STAGE.fields));
+            let ranges = SentRanges::of(&sent_body, (&raw.items, &raw.parts), &RAW_STAGE.fields);
+            let mut request =
+                Messages::parse_planned(&Bytes::from(sent_body.clone()), MESSAGES, ranges).unwrap();
             let mut settings = ContextConfig { keep_recent_messages: keep, ..Default::default() };
             settings.summary_role = if role_system { SummaryRole::System } else { SummaryRole::User };
             let Some(split) = forced_split::<Messages>(&request, window, &settings) else {
@@ -590,7 +624,8 @@ mod tests {
                 }),
             };
             write_compaction::<Messages>(&mut request, &split, &rewrite, &settings, Encoding::O200k);
-            let out = messages(&request.body);
+            write_compaction::<Messages>(&mut whole, &split, &rewrite, &settings, Encoding::O200k);
+            let out = messages(&whole.body);
             prop_assert!(!out.is_empty());
             prop_assert!(is_user(&out[0]), "first turn is not the user's");
             for pair in out.windows(2) {
@@ -607,13 +642,15 @@ mod tests {
                     prop_assert!(calls.contains(&id), "orphan tool result {}", id);
                 }
             }
-            let text = serde_json::to_string(&request.body).unwrap();
+            let text = serde_json::to_string(&whole.body).unwrap();
             prop_assert_eq!(text.contains("the story so far"), with_summary);
             prop_assert_eq!(text.contains("condenser_recall"), with_recall);
-            prop_assert_eq!(Messages::conversation(&request).len(), out.len());
+            // The views of the messages left as sent are those of the whole tree's.
+            let views = Messages::conversation(&request).to_vec();
+            prop_assert_eq!(views, Messages::conversation(&whole).to_vec());
             // The body sent, its unchanged messages copied from the bytes that came, reads
             // as the rewritten tree written out.
-            let tree = Value::Object(request.body.clone());
+            let tree = Value::Object(whole.body.clone());
             prop_assert!(Messages::splice(&request).is_some());
             let copies = request.origins.of_items.iter().flatten().any(Option::is_some);
             let (body, _, layout) =

@@ -50,14 +50,10 @@ pub(super) fn item(message: &Value, tokens: u32) -> Item {
     Item::new(role, kind, tokens)
 }
 
-/// Each message as a chat message: text as text, images as image parts, `tool_use` as
+/// A message as a chat message: text as text, images as image parts, `tool_use` as
 /// `tool_calls`, `tool_result` as text naming its call. Thinking blocks are left out:
 /// Anthropic drops earlier turns' thinking from the context, and the summarizer is not to
 /// restate it. Other blocks are kept whole, counted as their JSON.
-pub(super) fn as_chat(messages: &[Value]) -> Vec<Value> {
-    messages.iter().map(chat_message).collect()
-}
-
 pub(super) fn chat_message(message: &Value) -> Value {
     let role = role(message);
     let Some(Value::Array(content)) = message.get("content") else {

@@ -14,6 +14,7 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::future::Future;
 
+use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use crate::compaction::plan::{ForwardReason, Split};
@@ -24,7 +25,9 @@ use crate::config::{ContextConfig, SummaryRole};
 use crate::conversation::{units, Item, Views};
 use crate::dialect::openai;
 use crate::dialect::recall::RecallWire;
-use crate::dialect::request::{object_with_model, Origins, RawFields, SentRanges, Splice};
+use crate::dialect::request::{
+    object_with_model, with_items_left_out, Origins, RawFields, SentRanges, Splice,
+};
 use crate::dialect::stages::{Dialect, Prepared, RawStage};
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
@@ -101,7 +104,9 @@ impl Dialect for Responses {
 
     fn conversation(request: &Self::Request) -> Views<'_> {
         let items = input_items(&request.body);
-        Views::lazy(items.len(), move |index| chat_view(&items[index]))
+        Views::lazy(items.len(), move |index| {
+            chat_view(request.origins.item(&items, index).unwrap_or(&Value::Null))
+        })
     }
 
     fn rewrite(
@@ -113,7 +118,11 @@ impl Dialect for Responses {
     ) {
         // Taken out of the body, so that the kept items are moved, not copied.
         let items = match request.body.get_mut("input") {
-            Some(Value::Array(items)) => Cow::Owned(std::mem::take(items)),
+            Some(Value::Array(items)) => {
+                let mut items = std::mem::take(items);
+                request.origins.parse_into(&mut items, rewrite.items_read());
+                Cow::Owned(items)
+            }
             _ => input_items(&request.body),
         };
         let (compacted, origins) =
@@ -126,8 +135,39 @@ impl Dialect for Responses {
         request.as_sent
     }
 
-    fn raw_items(request: &mut Self::Request, sent: SentRanges) {
-        request.origins = Origins::sent(&request.body, sent);
+    /// Its input items left out of the tree, each parsed when read: a compacted request
+    /// reads only the few its rewrite changes (and, to check its tool outputs travel with
+    /// their calls, each item's type and call), and copies the rest as sent (`splice`).
+    fn parse_planned(
+        bytes: &Bytes,
+        _path: &str,
+        sent: SentRanges,
+    ) -> Result<Self::Request, ProxyError> {
+        let Some(left_out) = with_items_left_out(bytes, &sent.items) else {
+            let mut request = parse_request(bytes)?;
+            request.origins = Origins::sent(&request.body, sent);
+            return Ok(request);
+        };
+        let body = checked_body(&left_out)?;
+        let origins = Origins::planned(&body, sent, bytes.clone());
+        let as_sent = {
+            let placed = input_items(&body);
+            let items: Vec<&Value> = (0..placed.len())
+                .filter_map(|index| origins.item(&placed, index))
+                .collect();
+            forwarded_as_sent(&body, &items)
+        };
+        Ok(ResponsesRequest {
+            body,
+            as_sent,
+            origins,
+        })
+    }
+
+    fn made_whole(request: &mut Self::Request) {
+        if let Some(Value::Array(items)) = request.body.get_mut("input") {
+            request.origins.parse_all_into(items);
+        }
     }
 
     fn splice(request: &Self::Request) -> Option<(&Map<String, Value>, Splice<'_>)> {
@@ -173,28 +213,9 @@ const RAW_STAGE: RawStage = RawStage {
 /// list); everything else is left for upstream to judge. An item of a type or role condenser
 /// does not know is carried as an opaque item, counted and kept in order.
 pub fn parse_request(bytes: &[u8]) -> Result<ResponsesRequest, ProxyError> {
-    let body = object_with_model(bytes, "you must provide a model parameter")?;
-    match body.get("input") {
-        None | Some(Value::Null | Value::String(_)) => {}
-        Some(Value::Array(_)) => {}
-        Some(_) => {
-            return Err(ProxyError::invalid(
-                "input must be a string or an array of input items",
-                Some("input"),
-            ))
-        }
-    }
-    let items: Vec<Item> = input_items(&body).iter().map(item_meta).collect();
-    let stateful = ["previous_response_id", "conversation"]
-        .iter()
-        .any(|field| body.get(*field).is_some_and(|v| !v.is_null()));
-    let as_sent = if stateful {
-        Some(ForwardReason::Stateful)
-    } else if !pairs_travel_together(&input_items(&body), &items) {
-        Some(ForwardReason::UnpairedToolMessage)
-    } else {
-        None
-    };
+    let body = checked_body(bytes)?;
+    let items = input_items(&body);
+    let as_sent = forwarded_as_sent(&body, &items.iter().collect::<Vec<_>>());
     Ok(ResponsesRequest {
         body,
         as_sent,
@@ -202,9 +223,38 @@ pub fn parse_request(bytes: &[u8]) -> Result<ResponsesRequest, ProxyError> {
     })
 }
 
+/// The body, checked.
+fn checked_body(bytes: &[u8]) -> Result<Map<String, Value>, ProxyError> {
+    let body = object_with_model(bytes, "you must provide a model parameter")?;
+    match body.get("input") {
+        None | Some(Value::Null | Value::String(_)) => Ok(body),
+        Some(Value::Array(_)) => Ok(body),
+        Some(_) => Err(ProxyError::invalid(
+            "input must be a string or an array of input items",
+            Some("input"),
+        )),
+    }
+}
+
+/// Why a request whose input is `items` goes as it came, if it must: its history is held
+/// upstream, or a tool output could be parted from its call.
+fn forwarded_as_sent(body: &Map<String, Value>, items: &[&Value]) -> Option<ForwardReason> {
+    let metas: Vec<Item> = items.iter().map(|item| item_meta(item)).collect();
+    let stateful = ["previous_response_id", "conversation"]
+        .iter()
+        .any(|field| body.get(*field).is_some_and(|v| !v.is_null()));
+    if stateful {
+        Some(ForwardReason::Stateful)
+    } else if !pairs_travel_together(items, &metas) {
+        Some(ForwardReason::UnpairedToolMessage)
+    } else {
+        None
+    }
+}
+
 /// Whether every tool output's call comes before it, in the same unit, so that no
 /// compaction can part them. Otherwise the request goes as sent, for upstream to judge.
-fn pairs_travel_together(items: &[Value], metas: &[Item]) -> bool {
+fn pairs_travel_together(items: &[&Value], metas: &[Item]) -> bool {
     let Some(starts) = units(metas) else {
         return false;
     };
@@ -277,8 +327,12 @@ pub async fn counted(
     let body = &request.body;
     let parts = ["instructions", "tools", "tool_choice", "text"].map(|field| body.get(field));
     let fixed = counter.count_parts(info.encoding, &parts, || fixed_tokens(body, info.encoding));
-    let input = input_items(body);
-    let messages: Vec<Value> = input.iter().map(chat_view).collect();
+    // Each item as sent, whether in the tree or left out of it.
+    let placed = input_items(body);
+    let input: Vec<&Value> = (0..placed.len())
+        .filter_map(|index| request.origins.item(&placed, index))
+        .collect();
+    let messages: Vec<Value> = input.iter().map(|item| chat_view(item)).collect();
     let mut count = counter.count_messages(&messages, fixed, model, &info).await;
     if request.as_sent == Some(ForwardReason::Stateful) {
         // Upstream's usage includes the history it holds, which this count cannot see:
