@@ -6,6 +6,7 @@
 
 use std::sync::{Arc, LazyLock};
 
+use serde_json::Value;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::tokens::count_cache::{random_secret, CountCache, SECRET_BYTES};
@@ -198,6 +199,50 @@ impl KeptCuts {
     }
 }
 
+/// Items cut, kept by a hash of the item's bytes as sent and all else its cut depends on:
+/// an agent resends each output whole on every turn, and a compacted request cuts most of
+/// them again, each the same way. Found here, an output is neither parsed nor cut again:
+/// parsing them took 6.7M of a compacted agent request's 19.4M instructions
+/// (`bench/instruction_budget.sh`).
+static KEPT_ITEMS: LazyLock<(Secret, CountCache<Value>)> =
+    LazyLock::new(|| (random_secret(), CountCache::new(KEPT_ITEMS_CAPACITY)));
+
+/// How many cut items are kept: an agent's session cuts a hundred or so, each a few KB once
+/// cut.
+const KEPT_ITEMS_CAPACITY: usize = 16_384;
+
+type Secret = [u8; SECRET_BYTES];
+
+/// The item sent as `sent` (in a dialect told apart by `seed`), cut as `cut_item_texts`
+/// cuts it (its texts found by `texts`): kept from when it was cut before, else `parsed`
+/// and cut.
+pub fn cut_sent_item(
+    (encoding, seed): (Encoding, u64),
+    sent: &[u8],
+    (cut, reference): (&Shorten, Option<&str>),
+    parsed: impl FnOnce() -> Value,
+    texts: fn(&mut Value) -> Vec<&mut String>,
+) -> Value {
+    let (secret, kept) = &*KEPT_ITEMS;
+    let mut hasher = Xxh3::with_secret(*secret);
+    hasher.update(&[encoding as u8]);
+    hasher.update(&seed.to_le_bytes());
+    hasher.update(&cut.tokens.to_le_bytes());
+    hasher.update(&cut.keep_tokens.to_le_bytes());
+    match reference {
+        Some(reference) => write_text(&mut hasher, reference),
+        None => hasher.update(&u64::MAX.to_le_bytes()),
+    }
+    hasher.update(sent);
+    let key = hasher.digest128();
+    kept.get(key).unwrap_or_else(|| {
+        let mut item = parsed();
+        cut_item_texts(encoding, texts(&mut item), cut, reference);
+        kept.insert(key, item.clone());
+        item
+    })
+}
+
 fn write_text(hasher: &mut Xxh3, text: &str) {
     hasher.update(&(text.len() as u64).to_le_bytes());
     hasher.update(text.as_bytes());
@@ -276,6 +321,56 @@ mod tests {
             .and_then(|n| n.parse().ok())
             .unwrap_or(0);
         assert!(removed > 0 && removed < total, "{removed} of {total}");
+    }
+
+    /// An output cut once is found by its bytes and its cut, not parsed or cut again; any
+    /// other cut of it, or another output, is made afresh.
+    #[test]
+    fn an_item_cut_before_is_found_by_its_bytes_and_cut() {
+        fn texts(item: &mut Value) -> Vec<&mut String> {
+            match item.get_mut("output") {
+                Some(Value::String(output)) => vec![output],
+                _ => Vec::new(),
+            }
+        }
+        let item = serde_json::json!({"call_id": "c", "output": log(300)});
+        let sent = serde_json::to_vec(&item).unwrap();
+        let cut = Shorten {
+            index: 5,
+            tokens: 3_000,
+            keep_tokens: 200,
+        };
+        let seed = (Encoding::O200k, 0x5eed);
+        let made = cut_sent_item(seed, &sent, (&cut, Some("ctx:1.5")), || item.clone(), texts);
+        assert_ne!(made, item);
+        assert_eq!(made["call_id"], "c");
+        let never = || -> Value { panic!("parsed though cut before") };
+        assert_eq!(
+            cut_sent_item(seed, &sent, (&cut, Some("ctx:1.5")), never, texts),
+            made
+        );
+        let other_reference = cut_sent_item(seed, &sent, (&cut, None), || item.clone(), texts);
+        assert_ne!(other_reference, made);
+        let wider = Shorten {
+            keep_tokens: 400,
+            ..cut
+        };
+        let other_cut = cut_sent_item(
+            seed,
+            &sent,
+            (&wider, Some("ctx:1.5")),
+            || item.clone(),
+            texts,
+        );
+        assert_ne!(other_cut, made);
+        let other_dialect = (Encoding::O200k, 0x0d1a);
+        let called = std::cell::Cell::new(false);
+        let parsed = || {
+            called.set(true);
+            item.clone()
+        };
+        cut_sent_item(other_dialect, &sent, (&cut, Some("ctx:1.5")), parsed, texts);
+        assert!(called.get(), "another dialect's item is cut afresh");
     }
 
     #[test]

@@ -12,7 +12,10 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use crate::compaction::rewrite::Rewrite;
+use crate::compaction::shorten::{cut_item_texts, cut_sent_item};
 use crate::error::ProxyError;
+use crate::tokens::encoding::Encoding;
 
 /// The body as a JSON object with a string `model`; `missing_model` is the dialect's words
 /// for a body without one.
@@ -209,6 +212,61 @@ impl Origins {
         }
     }
 
+    /// Cuts the outputs `rewrite` cuts among `items` (the tree's, before the rewrite), those
+    /// it keeps (from `rewrite.kept_from` on), each one's texts found by `texts` in a dialect
+    /// told apart by `seed`. An item left out of the tree is cut from its bytes as sent
+    /// (`cut_sent_item`): found already cut when it was cut before, neither parsed nor cut
+    /// again. Returns the indices cut, which the dialect's rewrite takes as they are
+    /// (`changed_items`).
+    pub fn cut_outputs(
+        &self,
+        items: &mut [Value],
+        rewrite: &Rewrite,
+        (encoding, seed): (Encoding, u64),
+        texts: fn(&mut Value) -> Vec<&mut String>,
+    ) -> Vec<usize> {
+        let mut cut_at = Vec::new();
+        for cut in rewrite
+            .cuts
+            .iter()
+            .filter(|cut| cut.index >= rewrite.kept_from)
+        {
+            let Some(item) = items.get_mut(cut.index) else {
+                continue;
+            };
+            let reference = rewrite.cleared_reference(cut.index);
+            let left_out = self.unparsed.as_ref().filter(|_| item.is_null());
+            let sent = left_out.and_then(|(bytes, parsed)| {
+                let range = self.ranges.get(cut.index)?;
+                Some((
+                    bytes,
+                    bytes.get(range.clone())?,
+                    parsed.get(cut.index)?,
+                    range,
+                ))
+            });
+            match sent {
+                Some((bytes, sent, parsed, range)) => {
+                    let whole = || match parsed.get() {
+                        Some(item) => item.clone(),
+                        None => parse_sent(bytes, range.clone()),
+                    };
+                    let cut = (cut, reference.as_deref());
+                    *item = cut_sent_item((encoding, seed), sent, cut, whole, texts);
+                }
+                None => {
+                    let texts = texts(item);
+                    if texts.is_empty() {
+                        continue;
+                    }
+                    cut_item_texts(encoding, texts, cut, reference.as_deref());
+                }
+            }
+            cut_at.push(cut.index);
+        }
+        cut_at
+    }
+
     /// Puts every sent item left out of the rewritten tree `items` into it: before the tree
     /// is written out whole.
     pub fn parse_all_into(&self, items: &mut [Value]) {
@@ -240,6 +298,16 @@ impl Origins {
             ranges: &self.ranges,
             fields: &self.fields,
         })
+    }
+}
+
+/// Marks changed, in a rewrite's `origins`, the sent items at `cut` (`Origins::cut_outputs`):
+/// written out, not copied as sent.
+pub fn changed_items(origins: &mut [Option<usize>], cut: &[usize]) {
+    for origin in origins {
+        if origin.is_some_and(|sent| cut.contains(&sent)) {
+            *origin = None;
+        }
     }
 }
 

@@ -24,8 +24,8 @@ use crate::config::{ContextConfig, SummaryRole};
 use crate::conversation::Views;
 use crate::dialect::recall::RecallWire;
 use crate::dialect::request::{
-    array, object_with_model, rewrite_conversation, with_items_left_out, Origins, RawFields,
-    SentRanges, Splice,
+    array, changed_items, object_with_model, rewrite_conversation, with_items_left_out, Origins,
+    RawFields, SentRanges, Splice,
 };
 use crate::dialect::stages::{Dialect, Prepared, RawStage};
 use crate::error::ProxyError;
@@ -38,7 +38,7 @@ use crate::transport::body::ProxyBody;
 use crate::transport::upstream::KeyStyle;
 use crate::transport::usage::UsageReader;
 use error::error_response;
-use rewrite::compacted_messages;
+use rewrite::{compacted_messages, tool_result_texts};
 use view::{chat_message, item, messages};
 
 pub const MESSAGES: &str = "/v1/messages";
@@ -147,9 +147,12 @@ impl Dialect for Messages {
         let mut origins = None;
         let sent_items = &request.origins;
         rewrite_conversation(&mut request.body, "messages", |body, mut sent| {
+            let seed = (encoding, RAW_STAGE.items.seed);
+            let cut = sent_items.cut_outputs(&mut sent, rewrite, seed, tool_result_texts);
             sent_items.parse_into(&mut sent, rewrite.items_read());
-            let (messages, from) =
-                compacted_messages(body, sent, split, rewrite, summary, summary_role, encoding);
+            let (messages, mut from) =
+                compacted_messages(body, sent, split, rewrite, summary, summary_role);
+            changed_items(&mut from, &cut);
             origins = Some(from);
             messages
         });

@@ -7,13 +7,13 @@ use crate::compaction::plan::Split;
 use crate::compaction::rewrite::Rewrite;
 use crate::config::SummaryRole;
 use crate::dialect::messages::view::{block_type, is_user};
-use crate::tokens::encoding::Encoding;
 
 /// The messages a compaction leaves, starting with a user turn: the pinned task first when
 /// there is one, the summary after its content (or in `system`, when so configured); else
 /// the summary merged into the first kept user turn, or in a user turn of its own before a
 /// kept assistant turn, or in `system` when so configured (and the kept part starts with a
-/// user turn); then the kept messages, tool results cut as planned. With them, each one's
+/// user turn); then the kept messages, their tool results cut already
+/// (`Origins::cut_outputs`). With them, each one's
 /// origin: the sent message it is unchanged from, or None for one made or changed here (what
 /// `spliced` writes out).
 pub(super) fn compacted_messages(
@@ -23,16 +23,12 @@ pub(super) fn compacted_messages(
     rewrite: &Rewrite,
     summary: Option<String>,
     summary_role: SummaryRole,
-    encoding: Encoding,
 ) -> (Vec<Value>, Vec<Option<usize>>) {
     // Each step below on the messages is taken on their origins too.
     let mut sent_origins: Vec<Option<usize>> = (0..sent.len()).map(Some).collect();
     let kept_from = rewrite.kept_from.min(sent.len());
     let mut kept = sent.split_off(kept_from);
     let mut kept_origins = sent_origins.split_off(kept_from);
-    for at in rewrite.cut_kept_outputs(&mut kept, kept_from, encoding, tool_result_texts) {
-        kept_origins[at] = None;
-    }
     if let Some(task) = rewrite.pinned.clone() {
         let mut pinned: Vec<Value> = sent.drain(task.clone()).collect();
         let mut pinned_origins: Vec<Option<usize>> = sent_origins.drain(task).collect();
@@ -171,6 +167,7 @@ mod tests {
     use super::*;
     use crate::compaction::shorten::cut_item_texts;
     use crate::dialect::messages::view::chat_message;
+    use crate::tokens::encoding::Encoding;
     use crate::tokens::rules::count_text;
 
     #[test]

@@ -10,7 +10,6 @@ pub mod summary;
 pub mod usage;
 mod view;
 
-use std::borrow::Cow;
 use std::collections::HashSet;
 use std::future::Future;
 
@@ -19,14 +18,13 @@ use serde_json::{json, Map, Value};
 
 use crate::compaction::plan::{ForwardReason, Split};
 use crate::compaction::rewrite::Rewrite;
-use crate::compaction::shorten::cut_item_texts;
 use crate::compaction::summary_api::SummaryApi;
 use crate::config::{ContextConfig, SummaryRole};
 use crate::conversation::{units, Item, Views};
 use crate::dialect::openai;
 use crate::dialect::recall::RecallWire;
 use crate::dialect::request::{
-    object_with_model, with_items_left_out, Origins, RawFields, SentRanges, Splice,
+    changed_items, object_with_model, with_items_left_out, Origins, RawFields, SentRanges, Splice,
 };
 use crate::dialect::stages::{Dialect, Prepared, RawStage};
 use crate::error::ProxyError;
@@ -38,9 +36,7 @@ use crate::tokens::rules::{count_text, count_tools, REPLY_PRIMING};
 use crate::transport::body::ProxyBody;
 use crate::transport::upstream::KeyStyle;
 use crate::transport::usage::UsageReader;
-use view::{
-    call_id, chat_view, input_items, is_tool_call, is_tool_output, item_meta, item_type, item_view,
-};
+use view::{chat_view, input_items, item_meta, item_view, Head};
 
 pub const RESPONSES: &str = "/v1/responses";
 
@@ -117,16 +113,18 @@ impl Dialect for Responses {
         encoding: Encoding,
     ) {
         // Taken out of the body, so that the kept items are moved, not copied.
-        let items = match request.body.get_mut("input") {
-            Some(Value::Array(items)) => {
-                let mut items = std::mem::take(items);
-                request.origins.parse_into(&mut items, rewrite.items_read());
-                Cow::Owned(items)
-            }
-            _ => input_items(&request.body),
+        let mut items = match request.body.get_mut("input") {
+            Some(Value::Array(items)) => std::mem::take(items),
+            _ => input_items(&request.body).into_owned(),
         };
-        let (compacted, origins) =
-            compacted_input(items, split, rewrite, settings.summary_role, encoding);
+        let seed = (encoding, RAW_STAGE.items.seed);
+        let cut = request
+            .origins
+            .cut_outputs(&mut items, rewrite, seed, output_texts);
+        request.origins.parse_into(&mut items, rewrite.items_read());
+        let (compacted, mut origins) =
+            compacted_input(items, split, rewrite, settings.summary_role);
+        changed_items(&mut origins, &cut);
         request.origins.of_items = Some(origins);
         request.body.insert("input".into(), Value::Array(compacted));
     }
@@ -152,10 +150,15 @@ impl Dialect for Responses {
         let origins = Origins::planned(&body, sent, bytes.clone());
         let as_sent = {
             let placed = input_items(&body);
-            let items: Vec<&Value> = (0..placed.len())
-                .filter_map(|index| origins.item(&placed, index))
+            let heads: Vec<Head> = (0..placed.len())
+                .filter_map(|index| {
+                    let read = bytes
+                        .get(origins.ranges.get(index)?.clone())
+                        .and_then(Head::read);
+                    read.or_else(|| Some(Head::of(origins.item(&placed, index)?)))
+                })
                 .collect();
-            forwarded_as_sent(&body, &items)
+            forwarded_as_sent(&body, &heads)
         };
         Ok(ResponsesRequest {
             body,
@@ -215,7 +218,8 @@ const RAW_STAGE: RawStage = RawStage {
 pub fn parse_request(bytes: &[u8]) -> Result<ResponsesRequest, ProxyError> {
     let body = checked_body(bytes)?;
     let items = input_items(&body);
-    let as_sent = forwarded_as_sent(&body, &items.iter().collect::<Vec<_>>());
+    let heads: Vec<Head> = items.iter().map(Head::of).collect();
+    let as_sent = forwarded_as_sent(&body, &heads);
     Ok(ResponsesRequest {
         body,
         as_sent,
@@ -236,16 +240,16 @@ fn checked_body(bytes: &[u8]) -> Result<Map<String, Value>, ProxyError> {
     }
 }
 
-/// Why a request whose input is `items` goes as it came, if it must: its history is held
-/// upstream, or a tool output could be parted from its call.
-fn forwarded_as_sent(body: &Map<String, Value>, items: &[&Value]) -> Option<ForwardReason> {
-    let metas: Vec<Item> = items.iter().map(|item| item_meta(item)).collect();
+/// Why a request whose input items are read as `heads` goes as it came, if it must: its
+/// history is held upstream, or a tool output could be parted from its call.
+fn forwarded_as_sent(body: &Map<String, Value>, heads: &[Head]) -> Option<ForwardReason> {
+    let metas: Vec<Item> = heads.iter().map(Head::meta).collect();
     let stateful = ["previous_response_id", "conversation"]
         .iter()
         .any(|field| body.get(*field).is_some_and(|v| !v.is_null()));
     if stateful {
         Some(ForwardReason::Stateful)
-    } else if !pairs_travel_together(items, &metas) {
+    } else if !pairs_travel_together(heads, &metas) {
         Some(ForwardReason::UnpairedToolMessage)
     } else {
         None
@@ -254,25 +258,22 @@ fn forwarded_as_sent(body: &Map<String, Value>, items: &[&Value]) -> Option<Forw
 
 /// Whether every tool output's call comes before it, in the same unit, so that no
 /// compaction can part them. Otherwise the request goes as sent, for upstream to judge.
-fn pairs_travel_together(items: &[&Value], metas: &[Item]) -> bool {
+fn pairs_travel_together(heads: &[Head], metas: &[Item]) -> bool {
     let Some(starts) = units(metas) else {
         return false;
     };
     let mut unit_start = 0;
     let mut calls_in_unit: HashSet<&str> = HashSet::new();
-    for (i, item) in items.iter().enumerate() {
+    for (i, head) in heads.iter().enumerate() {
         if starts.get(unit_start) == Some(&i) {
             unit_start += 1;
             calls_in_unit.clear();
         }
-        let kind = item_type(item);
-        if is_tool_call(kind, item) {
-            if let Some(id) = call_id(item) {
+        if head.is_call() {
+            if let Some(id) = head.call_id() {
                 calls_in_unit.insert(id);
             }
-        } else if is_tool_output(kind)
-            && !call_id(item).is_some_and(|id| calls_in_unit.contains(id))
-        {
+        } else if head.is_output() && !head.call_id().is_some_and(|id| calls_in_unit.contains(id)) {
             return false;
         }
     }
@@ -361,16 +362,14 @@ pub async fn counted(
 }
 
 /// The input a compaction leaves: the head, the pinned task, the summary as one message of
-/// role `developer` (`user` when so configured), then the kept items, string tool outputs
-/// cut as planned. Items given owned are moved into it, not copied.
-fn compacted_input<'a>(
-    items: impl Into<Cow<'a, [Value]>>,
+/// role `developer` (`user` when so configured), then the kept items, their string tool
+/// outputs cut already (`Origins::cut_outputs`). The items are moved into it, not copied.
+fn compacted_input(
+    mut items: Vec<Value>,
     split: &Split,
     rewrite: &Rewrite,
     summary_role: SummaryRole,
-    encoding: Encoding,
 ) -> (Vec<Value>, Vec<Option<usize>>) {
-    let mut items = items.into().into_owned();
     let kept = items.split_off(rewrite.kept_from.min(items.len()));
     let pinned = rewrite.pinned.clone().unwrap_or_default();
     let mut out = Vec::with_capacity(split.head + 2 + kept.len());
@@ -391,25 +390,24 @@ fn compacted_input<'a>(
         }));
         origins.push(None);
     }
-    for (offset, mut item) in kept.into_iter().enumerate() {
-        let index = rewrite.kept_from + offset;
-        let cut = rewrite.cuts.iter().find(|cut| cut.index == index);
-        let mut origin = Some(index);
-        if let (Some(cut), Some(Value::String(output))) = (cut, item.get_mut("output")) {
-            let reference = rewrite.cleared_reference(index);
-            cut_item_texts(encoding, vec![output], cut, reference.as_deref());
-            origin = None;
-        }
-        out.push(item);
-        origins.push(origin);
-    }
+    origins.extend((rewrite.kept_from..).take(kept.len()).map(Some));
+    out.extend(kept);
     (out, origins)
+}
+
+/// A tool output's text, when a string: what a planned cut shortens.
+fn output_texts(item: &mut Value) -> Vec<&mut String> {
+    match item.get_mut("output") {
+        Some(Value::String(output)) => vec![output],
+        _ => Vec::new(),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::conversation::{Kind, Role};
+    use crate::dialect::request::read_fields;
 
     fn kinds(body: &str) -> Vec<(Role, Kind)> {
         let request = parse_request(body.as_bytes()).unwrap();
@@ -417,6 +415,41 @@ mod tests {
             .iter()
             .map(|item| (item_meta(item).role, item_meta(item).kind))
             .collect()
+    }
+
+    /// A planned request's pairing check reads each item's head from its bytes: it reads as
+    /// the tree does, and what it cannot read is left to the tree.
+    #[test]
+    fn an_items_head_reads_from_its_bytes_as_from_its_tree() {
+        let items = [
+            json!({"role": "developer", "content": "rules"}),
+            json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}),
+            json!({"type": "message", "role": "critic", "content": "x"}),
+            json!({"type": "message", "role": null, "content": "x"}),
+            json!({"type": "message", "content": "x"}),
+            json!({"type": 7, "role": "user", "content": "x"}),
+            json!({"role": 7, "content": "x"}),
+            json!({"type": "reasoning", "summary": [], "encrypted_content": "gAAA"}),
+            json!({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}),
+            json!({"type": "function_call", "call_id": null, "name": "f"}),
+            json!({"type": "function_call", "name": "f"}),
+            json!({"type": "function_call_output", "call_id": 7, "output": "ok"}),
+            json!({"type": "custom_tool_call_output", "call_id": "c2", "output": "y"}),
+            json!({"type": "web_search_call", "id": "ws_1", "status": "completed"}),
+            json!({}),
+        ];
+        for item in &items {
+            let bytes = serde_json::to_vec(item).unwrap();
+            let (read, of) = (Head::read(&bytes).unwrap(), Head::of(item));
+            assert_eq!(read.meta(), of.meta(), "{item}");
+            assert_eq!(read.is_call(), of.is_call(), "{item}");
+            assert_eq!(read.is_output(), of.is_output(), "{item}");
+            assert_eq!(read.call_id(), of.call_id(), "{item}");
+        }
+        let escaped = br#"{"type": "function_call_output", "call_id": "c\u0031", "output": "x"}"#;
+        assert_eq!(Head::read(escaped).unwrap().call_id(), Some("c1"));
+        assert!(Head::read(br#""a string item""#).is_none());
+        assert!(Head::read(br#"{"type": "message", "type": "reasoning"}"#).is_none());
     }
 
     #[test]
@@ -452,10 +485,16 @@ mod tests {
 
     #[test]
     fn outputs_apart_from_their_calls_send_the_request_as_it_came() {
+        // Parsed whole, and as its raw stage planned it (each item's head read from its
+        // bytes): the same verdict.
         let as_sent = |input: &str| {
-            parse_request(format!(r#"{{"model":"m","input":{input}}}"#).as_bytes())
-                .unwrap()
-                .as_sent
+            let body = Bytes::from(format!(r#"{{"model":"m","input":{input}}}"#));
+            let whole = parse_request(&body).unwrap().as_sent;
+            let raw = read_fields(&body, &RAW_STAGE.fields).unwrap();
+            let ranges = SentRanges::of(&body, (&raw.items, &raw.parts), &RAW_STAGE.fields);
+            let planned = Responses::parse_planned(&body, RESPONSES, ranges).unwrap();
+            assert_eq!(planned.as_sent, whole, "{input}");
+            whole
         };
         let call = |id: &str| {
             format!(r#"{{"type":"function_call","call_id":"{id}","name":"f","arguments":"{{}}"}}"#)
@@ -566,7 +605,11 @@ mod tests {
             (SummaryRole::System, "developer"),
             (SummaryRole::User, "user"),
         ] {
-            let (out, _) = compacted_input(&items, &split, &rewrite, role, Encoding::O200k);
+            let mut cut = items.clone();
+            let seed = (Encoding::O200k, RAW_STAGE.items.seed);
+            let at = Origins::default().cut_outputs(&mut cut, &rewrite, seed, output_texts);
+            assert_eq!(at, [3]);
+            let (out, _) = compacted_input(cut, &split, &rewrite, role);
             assert_eq!(out.len(), 5);
             assert_eq!(out[0], items[0]);
             assert_eq!(out[1]["role"], expected);

@@ -3,7 +3,10 @@
 
 use std::borrow::Cow;
 
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
+
+use crate::dialect::request::present;
 
 use crate::conversation::{view_content, Item, Kind, Role};
 
@@ -46,23 +49,88 @@ pub(super) fn item_view(item: &Value) -> (Value, Item) {
 
 /// One input item's role and kind, with no chat message made.
 pub(super) fn item_meta(item: &Value) -> Item {
-    let kind = item_type(item);
-    let (role, kind) = match kind {
-        "message" => {
-            let role = Role::parse(item.get("role").and_then(Value::as_str).unwrap_or("user"));
-            let kind = if role == Role::Other {
-                Kind::Other
-            } else {
-                Kind::Message
-            };
-            (role, kind)
+    Head::of(item).meta()
+}
+
+/// What an input item's role and kind, and its pairing with a call, are read from: its type
+/// (`item_type`), role and call id.
+pub(super) struct Head<'a> {
+    kind: Cow<'a, str>,
+    role: Option<Cow<'a, str>>,
+    /// Present (a client-side call or output), and its id when a string.
+    call_id: Option<Option<Cow<'a, str>>>,
+}
+
+impl<'a> Head<'a> {
+    pub(super) fn of(item: &'a Value) -> Head<'a> {
+        Head {
+            kind: Cow::Borrowed(item_type(item)),
+            role: item.get("role").and_then(Value::as_str).map(Cow::Borrowed),
+            call_id: item.get("call_id").map(|id| id.as_str().map(Cow::Borrowed)),
         }
-        "reasoning" => (Role::Assistant, Kind::Reasoning),
-        _ if is_tool_call(kind, item) => (Role::Assistant, Kind::ToolCall),
-        _ if is_tool_output(kind) => (Role::Tool, Kind::ToolResult),
-        _ => (Role::Other, Kind::Other),
-    };
-    Item::new(role, kind, 0)
+    }
+
+    /// Read from an item's bytes as sent, without its tree: a planned request's pairing
+    /// check reads every item's head, and its items' trees took 8.6M instructions of an
+    /// agent-sized request (`bench/instruction_budget.sh`). None when a field read is not
+    /// what `of` reads it as (the caller parses the item then).
+    pub(super) fn read(bytes: &'a [u8]) -> Option<Head<'a>> {
+        #[derive(serde::Deserialize)]
+        struct Fields<'a> {
+            #[serde(rename = "type", default, deserialize_with = "present", borrow)]
+            kind: Option<&'a RawValue>,
+            #[serde(default, deserialize_with = "present", borrow)]
+            role: Option<&'a RawValue>,
+            #[serde(default, deserialize_with = "present", borrow)]
+            call_id: Option<&'a RawValue>,
+        }
+        let fields: Fields<'a> = serde_json::from_slice(bytes).ok()?;
+        // As `Value::as_str` reads a field: a string, else none.
+        let text = |raw: &'a RawValue| serde_json::from_str::<Cow<'a, str>>(raw.get()).ok();
+        let role = fields.role.and_then(text);
+        let kind = match (fields.kind.and_then(text), fields.role) {
+            (Some(kind), _) => kind,
+            (None, Some(_)) => Cow::Borrowed("message"),
+            (None, None) => Cow::Borrowed(""),
+        };
+        Some(Head {
+            kind,
+            role,
+            call_id: fields.call_id.map(text),
+        })
+    }
+
+    pub(super) fn meta(&self) -> Item {
+        let (role, kind) = match &*self.kind {
+            "message" => {
+                let role = Role::parse(self.role.as_deref().unwrap_or("user"));
+                let kind = if role == Role::Other {
+                    Kind::Other
+                } else {
+                    Kind::Message
+                };
+                (role, kind)
+            }
+            "reasoning" => (Role::Assistant, Kind::Reasoning),
+            _ if self.is_call() => (Role::Assistant, Kind::ToolCall),
+            _ if is_tool_output(&self.kind) => (Role::Tool, Kind::ToolResult),
+            _ => (Role::Other, Kind::Other),
+        };
+        Item::new(role, kind, 0)
+    }
+
+    /// A client-side tool call (`is_tool_call`).
+    pub(super) fn is_call(&self) -> bool {
+        self.kind.ends_with("_call") && self.call_id.is_some()
+    }
+
+    pub(super) fn is_output(&self) -> bool {
+        is_tool_output(&self.kind)
+    }
+
+    pub(super) fn call_id(&self) -> Option<&str> {
+        self.call_id.as_ref()?.as_deref()
+    }
 }
 
 /// One input item as a chat message. It carries only what the model reads (no item ids or
