@@ -201,28 +201,34 @@ impl KeptCuts {
 
 /// Items cut, kept by a hash of the item's bytes as sent and all else its cut depends on:
 /// an agent resends each output whole on every turn, and a compacted request cuts most of
-/// them again, each the same way. Found here, an output is neither parsed nor cut again:
-/// parsing them took 6.7M of a compacted agent request's 19.4M instructions
-/// (`bench/instruction_budget.sh`).
-static KEPT_ITEMS: LazyLock<(Secret, CountCache<Value>)> =
+/// them again, each the same way. Found here, an output is neither parsed, cut nor written
+/// out again: parsing them took 6.7M of a compacted agent request's 19.4M instructions, and
+/// writing them out 2.2M (`bench/instruction_budget.sh`).
+static KEPT_ITEMS: LazyLock<(Secret, CountCache<Arc<CutItem>>)> =
     LazyLock::new(|| (random_secret(), CountCache::new(KEPT_ITEMS_CAPACITY)));
 
 /// How many cut items are kept: an agent's session cuts a hundred or so, each a few KB once
-/// cut.
+/// cut (as many as `KEPT_CUTS` keeps cut texts).
 const KEPT_ITEMS_CAPACITY: usize = 16_384;
 
 type Secret = [u8; SECRET_BYTES];
 
+/// An item cut, and written out as JSON.
+pub struct CutItem {
+    pub item: Value,
+    pub written: Box<[u8]>,
+}
+
 /// The item sent as `sent` (in a dialect told apart by `seed`), cut as `cut_item_texts`
-/// cuts it (its texts found by `texts`): kept from when it was cut before, else `parsed`
-/// and cut.
+/// cuts it (its texts found by `texts`): kept from when it was cut before, else `parsed`,
+/// cut and written out.
 pub fn cut_sent_item(
     (encoding, seed): (Encoding, u64),
     sent: &[u8],
     (cut, reference): (&Shorten, Option<&str>),
     parsed: impl FnOnce() -> Value,
     texts: fn(&mut Value) -> Vec<&mut String>,
-) -> Value {
+) -> Arc<CutItem> {
     let (secret, kept) = &*KEPT_ITEMS;
     let mut hasher = Xxh3::with_secret(*secret);
     hasher.update(&[encoding as u8]);
@@ -238,8 +244,10 @@ pub fn cut_sent_item(
     kept.get(key).unwrap_or_else(|| {
         let mut item = parsed();
         cut_item_texts(encoding, texts(&mut item), cut, reference);
-        kept.insert(key, item.clone());
-        item
+        let written = serde_json::to_vec(&item).unwrap_or_default().into();
+        let made = Arc::new(CutItem { item, written });
+        kept.insert(key, made.clone());
+        made
     })
 }
 
@@ -342,15 +350,14 @@ mod tests {
         };
         let seed = (Encoding::O200k, 0x5eed);
         let made = cut_sent_item(seed, &sent, (&cut, Some("ctx:1.5")), || item.clone(), texts);
-        assert_ne!(made, item);
-        assert_eq!(made["call_id"], "c");
+        assert_ne!(made.item, item);
+        assert_eq!(made.item["call_id"], "c");
+        assert_eq!(made.written, serde_json::to_vec(&made.item).unwrap().into());
         let never = || -> Value { panic!("parsed though cut before") };
-        assert_eq!(
-            cut_sent_item(seed, &sent, (&cut, Some("ctx:1.5")), never, texts),
-            made
-        );
+        let again = cut_sent_item(seed, &sent, (&cut, Some("ctx:1.5")), never, texts);
+        assert!(Arc::ptr_eq(&again, &made));
         let other_reference = cut_sent_item(seed, &sent, (&cut, None), || item.clone(), texts);
-        assert_ne!(other_reference, made);
+        assert_ne!(other_reference.item, made.item);
         let wider = Shorten {
             keep_tokens: 400,
             ..cut
@@ -362,7 +369,7 @@ mod tests {
             || item.clone(),
             texts,
         );
-        assert_ne!(other_cut, made);
+        assert_ne!(other_cut.item, made.item);
         let other_dialect = (Encoding::O200k, 0x0d1a);
         let called = std::cell::Cell::new(false);
         let parsed = || {

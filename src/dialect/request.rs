@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::ops::Range;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
@@ -13,7 +13,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::compaction::rewrite::Rewrite;
-use crate::compaction::shorten::{cut_item_texts, cut_sent_item};
+use crate::compaction::shorten::{cut_item_texts, cut_sent_item, CutItem};
 use crate::error::ProxyError;
 use crate::tokens::encoding::Encoding;
 
@@ -117,6 +117,8 @@ pub struct Splice<'a> {
     pub origins: &'a [Option<usize>],
     pub ranges: &'a [Range<usize>],
     pub fields: &'a [SentField],
+    /// The sent items cut from their bytes, by index, written as their cut.
+    pub cut: &'a [(usize, Arc<CutItem>)],
 }
 
 /// A top-level field as sent that no rewrite has changed, save for elements appended to its
@@ -138,6 +140,9 @@ pub struct Origins {
     /// For a request parsed with its items left out of the tree (`Origins::planned`): the
     /// bytes sent, and each item parsed the first time it is read.
     unparsed: Option<(Bytes, Box<[OnceLock<Value>]>)>,
+    /// The sent items cut from their bytes (`cut_outputs`), by index, each with the bytes it
+    /// is written as while its origin says it goes as it came.
+    cut: Vec<(usize, Arc<CutItem>)>,
 }
 
 impl Origins {
@@ -157,6 +162,7 @@ impl Origins {
             fields,
             of_items: None,
             unparsed: None,
+            cut: Vec::new(),
         }
     }
 
@@ -215,17 +221,17 @@ impl Origins {
     /// Cuts the outputs `rewrite` cuts among `items` (the tree's, before the rewrite), those
     /// it keeps (from `rewrite.kept_from` on), each one's texts found by `texts` in a dialect
     /// told apart by `seed`. An item left out of the tree is cut from its bytes as sent
-    /// (`cut_sent_item`): found already cut when it was cut before, neither parsed nor cut
-    /// again. Returns the indices cut, which the dialect's rewrite takes as they are
-    /// (`changed_items`).
+    /// (`cut_sent_item`): found already cut, and written out, when it was cut before, and
+    /// spliced as those bytes while its origin says it goes as it came. Returns the indices of
+    /// the others it cut, which the rewrite's origins mark changed (`changed_items`).
     pub fn cut_outputs(
-        &self,
+        &mut self,
         items: &mut [Value],
         rewrite: &Rewrite,
         (encoding, seed): (Encoding, u64),
         texts: fn(&mut Value) -> Vec<&mut String>,
     ) -> Vec<usize> {
-        let mut cut_at = Vec::new();
+        let mut changed = Vec::new();
         for cut in rewrite
             .cuts
             .iter()
@@ -251,8 +257,10 @@ impl Origins {
                         Some(item) => item.clone(),
                         None => parse_sent(bytes, range.clone()),
                     };
-                    let cut = (cut, reference.as_deref());
-                    *item = cut_sent_item((encoding, seed), sent, cut, whole, texts);
+                    let shorten = (cut, reference.as_deref());
+                    let made = cut_sent_item((encoding, seed), sent, shorten, whole, texts);
+                    *item = made.item.clone();
+                    self.cut.push((cut.index, made));
                 }
                 None => {
                     let texts = texts(item);
@@ -260,11 +268,12 @@ impl Origins {
                         continue;
                     }
                     cut_item_texts(encoding, texts, cut, reference.as_deref());
+                    changed.push(cut.index);
                 }
             }
-            cut_at.push(cut.index);
         }
-        cut_at
+        self.cut.sort_by_key(|(index, _)| *index);
+        changed
     }
 
     /// Puts every sent item left out of the rewritten tree `items` into it: before the tree
@@ -297,6 +306,7 @@ impl Origins {
             origins,
             ranges: &self.ranges,
             fields: &self.fields,
+            cut: &self.cut,
         })
     }
 }
@@ -390,9 +400,12 @@ pub fn spliced(
             }
             let item_start = out.len();
             match origin {
-                Some(sent) => {
-                    out.extend_from_slice(original.get(splice.ranges.get(*sent)?.clone())?)
-                }
+                Some(sent) => match splice.cut.binary_search_by_key(sent, |(index, _)| *index) {
+                    Ok(at) => out.extend_from_slice(&splice.cut[at].1.written),
+                    Err(_) => {
+                        out.extend_from_slice(original.get(splice.ranges.get(*sent)?.clone())?)
+                    }
+                },
                 None => serde_json::to_writer(&mut out, item).ok()?,
             }
             layout.items.push(item_start..out.len());

@@ -145,7 +145,7 @@ impl Dialect for Messages {
         let summary = rewrite.summary_text(split.head, "messages");
         let summary_role = settings.summary_role;
         let mut origins = None;
-        let sent_items = &request.origins;
+        let sent_items = &mut request.origins;
         rewrite_conversation(&mut request.body, "messages", |body, mut sent| {
             let seed = (encoding, RAW_STAGE.items.seed);
             let cut = sent_items.cut_outputs(&mut sent, rewrite, seed, tool_result_texts);
@@ -655,7 +655,10 @@ mod tests {
             // as the rewritten tree written out.
             let tree = Value::Object(whole.body.clone());
             prop_assert!(Messages::splice(&request).is_some());
-            let copies = request.origins.of_items.iter().flatten().any(Option::is_some);
+            // Copied as sent: any message that goes as it came, but for an output cut, which
+            // goes as its cut was written.
+            let cut = |sent: usize| sent >= kept_from && rewrite.cuts.iter().any(|c| c.index == sent);
+            let copies = request.origins.of_items.iter().flatten().flatten().any(|&sent| !cut(sent));
             let (body, _, layout) =
                 Messages::outgoing_body(request, Bytes::from(sent_body.clone()), true).unwrap();
             prop_assert_eq!(&serde_json::from_slice::<Value>(&body).unwrap(), &tree);
