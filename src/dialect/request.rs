@@ -276,9 +276,12 @@ impl Origins {
         changed
     }
 
-    /// Puts every sent item left out of the rewritten tree `items` into it: before the tree
-    /// is written out whole.
-    pub fn parse_all_into(&self, items: &mut [Value]) {
+    /// Puts every sent item left out of the rewritten tree `body` (its conversation at
+    /// `field`) into it: before the tree is written out whole.
+    pub fn parse_all_into(&self, body: &mut Map<String, Value>, field: &str) {
+        let Some(Value::Array(items)) = body.get_mut(field) else {
+            return;
+        };
         if self.unparsed.is_none() {
             return;
         }
@@ -311,6 +314,28 @@ impl Origins {
     }
 }
 
+/// A request its raw stage planned (its items and fields at `sent`): its body as `read`
+/// reads it, with its items left out of the tree (`with_items_left_out`) unless they cannot
+/// be, and where each stands (`Origins`).
+pub fn planned_body(
+    bytes: &Bytes,
+    sent: SentRanges,
+    read: impl Fn(&[u8]) -> Result<Map<String, Value>, ProxyError>,
+) -> Result<(Map<String, Value>, Origins), ProxyError> {
+    match with_items_left_out(bytes, &sent.items) {
+        Some(left_out) => {
+            let body = read(&left_out)?;
+            let origins = Origins::planned(&body, sent, bytes.clone());
+            Ok((body, origins))
+        }
+        None => {
+            let body = read(bytes)?;
+            let origins = Origins::sent(&body, sent);
+            Ok((body, origins))
+        }
+    }
+}
+
 /// Marks changed, in a rewrite's `origins`, the sent items at `cut` (`Origins::cut_outputs`):
 /// written out, not copied as sent.
 pub fn changed_items(origins: &mut [Option<usize>], cut: &[usize]) {
@@ -333,7 +358,7 @@ fn parse_sent(bytes: &[u8], range: Range<usize>) -> Value {
 /// planned by its raw stage is parsed from, its items left as sent. Their tree took 8.6M of
 /// a compacted agent request's 20.4M instructions (`bench/instruction_budget.sh`), and a
 /// rewrite reads only a few: the first kept, the pinned task and the outputs it cuts.
-pub fn with_items_left_out(bytes: &[u8], items: &[Range<usize>]) -> Option<Vec<u8>> {
+fn with_items_left_out(bytes: &[u8], items: &[Range<usize>]) -> Option<Vec<u8>> {
     let left: usize = items.iter().map(|item| item.len()).sum();
     let mut out = Vec::with_capacity(bytes.len() - left.min(bytes.len()) + 4 * items.len());
     let mut at = 0;

@@ -24,7 +24,7 @@ use crate::config::{ContextConfig, SummaryRole};
 use crate::conversation::Views;
 use crate::dialect::recall::RecallWire;
 use crate::dialect::request::{
-    array, changed_items, object_with_model, rewrite_conversation, with_items_left_out, Origins,
+    array, changed_items, object_with_model, planned_body, rewrite_conversation, Origins,
     RawFields, SentRanges, Splice,
 };
 use crate::dialect::stages::{Dialect, Prepared, RawStage};
@@ -169,20 +169,14 @@ impl Dialect for Messages {
         _path: &str,
         sent: SentRanges,
     ) -> Result<Self::Request, ProxyError> {
-        let Some(left_out) = with_items_left_out(bytes, &sent.items) else {
-            let body = parse_request(bytes)?;
-            let origins = Origins::sent(&body, sent);
-            return Ok(MessagesRequest { body, origins });
-        };
-        let body = parse_request(&left_out)?;
-        let origins = Origins::planned(&body, sent, bytes.clone());
+        let (body, origins) = planned_body(bytes, sent, parse_request)?;
         Ok(MessagesRequest { body, origins })
     }
 
     fn made_whole(request: &mut Self::Request) {
-        if let Some(Value::Array(messages)) = request.body.get_mut("messages") {
-            request.origins.parse_all_into(messages);
-        }
+        request
+            .origins
+            .parse_all_into(&mut request.body, "messages");
     }
 
     fn splice(request: &Self::Request) -> Option<(&Map<String, Value>, Splice<'_>)> {

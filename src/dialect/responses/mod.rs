@@ -24,7 +24,7 @@ use crate::conversation::{units, Item, Views};
 use crate::dialect::openai;
 use crate::dialect::recall::RecallWire;
 use crate::dialect::request::{
-    changed_items, object_with_model, with_items_left_out, Origins, RawFields, SentRanges, Splice,
+    changed_items, object_with_model, planned_body, Origins, RawFields, SentRanges, Splice,
 };
 use crate::dialect::stages::{Dialect, Prepared, RawStage};
 use crate::error::ProxyError;
@@ -141,13 +141,7 @@ impl Dialect for Responses {
         _path: &str,
         sent: SentRanges,
     ) -> Result<Self::Request, ProxyError> {
-        let Some(left_out) = with_items_left_out(bytes, &sent.items) else {
-            let mut request = parse_request(bytes)?;
-            request.origins = Origins::sent(&request.body, sent);
-            return Ok(request);
-        };
-        let body = checked_body(&left_out)?;
-        let origins = Origins::planned(&body, sent, bytes.clone());
+        let (body, origins) = planned_body(bytes, sent, checked_body)?;
         let as_sent = {
             let placed = input_items(&body);
             let heads: Vec<Head> = (0..placed.len())
@@ -168,9 +162,7 @@ impl Dialect for Responses {
     }
 
     fn made_whole(request: &mut Self::Request) {
-        if let Some(Value::Array(items)) = request.body.get_mut("input") {
-            request.origins.parse_all_into(items);
-        }
+        request.origins.parse_all_into(&mut request.body, "input");
     }
 
     fn splice(request: &Self::Request) -> Option<(&Map<String, Value>, Splice<'_>)> {
