@@ -199,7 +199,8 @@ impl KeptCuts {
     }
 }
 
-/// Items cut, kept by a hash of the item's bytes as sent and all else its cut depends on:
+/// Items cut, kept by the item's identity (the raw stage's hash of its bytes as sent) and all
+/// else its cut depends on:
 /// an agent resends each output whole on every turn, and a compacted request cuts most of
 /// them again, each the same way. Found here, an output is neither parsed, cut nor written
 /// out again: parsing them took 6.7M of a compacted agent request's 19.4M instructions, and
@@ -219,16 +220,26 @@ pub struct CutItem {
     pub written: Box<[u8]>,
 }
 
-/// The item sent as `sent` (in a dialect told apart by `seed`), cut as `cut_item_texts`
-/// cuts it (its texts found by `texts`): kept from when it was cut before, else `parsed`,
-/// cut and written out.
+/// The item known as `sent` (its identity by its bytes as sent, in a dialect told apart by
+/// `seed`), cut as `cut_item_texts` cuts it (its texts found by `texts`): kept from when it
+/// was cut before, else `parsed`, cut and written out. An item of no known identity is cut
+/// afresh and not kept.
 pub fn cut_sent_item(
     (encoding, seed): (Encoding, u64),
-    sent: &[u8],
+    sent: Option<u128>,
     (cut, reference): (&Shorten, Option<&str>),
     parsed: impl FnOnce() -> Value,
     texts: fn(&mut Value) -> Vec<&mut String>,
 ) -> Arc<CutItem> {
+    let made = || {
+        let mut item = parsed();
+        cut_item_texts(encoding, texts(&mut item), cut, reference);
+        let written = serde_json::to_vec(&item).unwrap_or_default().into();
+        Arc::new(CutItem { item, written })
+    };
+    let Some(sent) = sent else {
+        return made();
+    };
     let (secret, kept) = &*KEPT_ITEMS;
     let mut hasher = Xxh3::with_secret(*secret);
     hasher.update(&[encoding as u8]);
@@ -239,13 +250,10 @@ pub fn cut_sent_item(
         Some(reference) => write_text(&mut hasher, reference),
         None => hasher.update(&u64::MAX.to_le_bytes()),
     }
-    hasher.update(sent);
+    hasher.update(&sent.to_le_bytes());
     let key = hasher.digest128();
     kept.get(key).unwrap_or_else(|| {
-        let mut item = parsed();
-        cut_item_texts(encoding, texts(&mut item), cut, reference);
-        let written = serde_json::to_vec(&item).unwrap_or_default().into();
-        let made = Arc::new(CutItem { item, written });
+        let made = made();
         kept.insert(key, made.clone());
         made
     })
@@ -331,10 +339,10 @@ mod tests {
         assert!(removed > 0 && removed < total, "{removed} of {total}");
     }
 
-    /// An output cut once is found by its bytes and its cut, not parsed or cut again; any
-    /// other cut of it, or another output, is made afresh.
+    /// An output cut once is found by its identity and its cut, not parsed or cut again; any
+    /// other cut of it, another output, or one of no known identity, is made afresh.
     #[test]
-    fn an_item_cut_before_is_found_by_its_bytes_and_cut() {
+    fn an_item_cut_before_is_found_by_its_identity_and_cut() {
         fn texts(item: &mut Value) -> Vec<&mut String> {
             match item.get_mut("output") {
                 Some(Value::String(output)) => vec![output],
@@ -342,21 +350,23 @@ mod tests {
             }
         }
         let item = serde_json::json!({"call_id": "c", "output": log(300)});
-        let sent = serde_json::to_vec(&item).unwrap();
+        let sent = Some(xxhash_rust::xxh3::xxh3_128(
+            &serde_json::to_vec(&item).unwrap(),
+        ));
         let cut = Shorten {
             index: 5,
             tokens: 3_000,
             keep_tokens: 200,
         };
         let seed = (Encoding::O200k, 0x5eed);
-        let made = cut_sent_item(seed, &sent, (&cut, Some("ctx:1.5")), || item.clone(), texts);
+        let made = cut_sent_item(seed, sent, (&cut, Some("ctx:1.5")), || item.clone(), texts);
         assert_ne!(made.item, item);
         assert_eq!(made.item["call_id"], "c");
         assert_eq!(made.written, serde_json::to_vec(&made.item).unwrap().into());
         let never = || -> Value { panic!("parsed though cut before") };
-        let again = cut_sent_item(seed, &sent, (&cut, Some("ctx:1.5")), never, texts);
+        let again = cut_sent_item(seed, sent, (&cut, Some("ctx:1.5")), never, texts);
         assert!(Arc::ptr_eq(&again, &made));
-        let other_reference = cut_sent_item(seed, &sent, (&cut, None), || item.clone(), texts);
+        let other_reference = cut_sent_item(seed, sent, (&cut, None), || item.clone(), texts);
         assert_ne!(other_reference.item, made.item);
         let wider = Shorten {
             keep_tokens: 400,
@@ -364,7 +374,7 @@ mod tests {
         };
         let other_cut = cut_sent_item(
             seed,
-            &sent,
+            sent,
             (&wider, Some("ctx:1.5")),
             || item.clone(),
             texts,
@@ -376,8 +386,14 @@ mod tests {
             called.set(true);
             item.clone()
         };
-        cut_sent_item(other_dialect, &sent, (&cut, Some("ctx:1.5")), parsed, texts);
+        cut_sent_item(other_dialect, sent, (&cut, Some("ctx:1.5")), parsed, texts);
         assert!(called.get(), "another dialect's item is cut afresh");
+        for _ in 0..2 {
+            called.set(false);
+            let unknown = cut_sent_item(seed, None, (&cut, Some("ctx:1.5")), parsed, texts);
+            assert!(called.get(), "an item of no known identity is cut afresh");
+            assert_eq!(unknown.item, made.item);
+        }
     }
 
     #[test]

@@ -82,6 +82,9 @@ pub fn rewrite_conversation(
 pub struct SentRanges {
     pub items: Vec<Range<usize>>,
     pub fields: Vec<(&'static str, Range<usize>)>,
+    /// Each item's identity by its bytes as sent (`Prepared::identities`), when the raw stage
+    /// counted them; else empty.
+    pub identities: Vec<u128>,
 }
 
 impl SentRanges {
@@ -99,6 +102,7 @@ impl SentRanges {
                 .zip(parts)
                 .filter_map(|(name, part)| Some((*name, range_in(bytes, (*part)?))))
                 .collect(),
+            identities: Vec::new(),
         }
     }
 }
@@ -135,6 +139,8 @@ pub struct SentField {
 #[derive(Default)]
 pub struct Origins {
     pub ranges: Vec<Range<usize>>,
+    /// Each sent item's identity (`SentRanges::identities`), when known.
+    identities: Vec<u128>,
     fields: Vec<SentField>,
     pub of_items: Option<Vec<Option<usize>>>,
     /// For a request parsed with its items left out of the tree (`Origins::planned`): the
@@ -159,6 +165,7 @@ impl Origins {
             .collect();
         Origins {
             ranges: sent.items,
+            identities: sent.identities,
             fields,
             of_items: None,
             unparsed: None,
@@ -175,6 +182,11 @@ impl Origins {
             unparsed: Some((bytes, parsed)),
             ..Origins::sent(body, sent)
         }
+    }
+
+    /// Sent item `index`'s identity by its bytes, when the raw stage counted it.
+    pub fn identity(&self, index: usize) -> Option<u128> {
+        self.identities.get(index).copied()
     }
 
     /// Item `index` of the conversation `items` (the tree's): itself, or the sent item whose
@@ -243,22 +255,17 @@ impl Origins {
             let reference = rewrite.cleared_reference(cut.index);
             let left_out = self.unparsed.as_ref().filter(|_| item.is_null());
             let sent = left_out.and_then(|(bytes, parsed)| {
-                let range = self.ranges.get(cut.index)?;
-                Some((
-                    bytes,
-                    bytes.get(range.clone())?,
-                    parsed.get(cut.index)?,
-                    range,
-                ))
+                Some((bytes, parsed.get(cut.index)?, self.ranges.get(cut.index)?))
             });
             match sent {
-                Some((bytes, sent, parsed, range)) => {
+                Some((bytes, parsed, range)) => {
                     let whole = || match parsed.get() {
                         Some(item) => item.clone(),
                         None => parse_sent(bytes, range.clone()),
                     };
                     let shorten = (cut, reference.as_deref());
-                    let made = cut_sent_item((encoding, seed), sent, shorten, whole, texts);
+                    let identity = self.identity(cut.index);
+                    let made = cut_sent_item((encoding, seed), identity, shorten, whole, texts);
                     *item = made.item.clone();
                     self.cut.push((cut.index, made));
                 }

@@ -461,7 +461,10 @@ pub async fn scan_raw(
     let input = prepared.plan_input(counting.config, settings, mode);
     let decision = prepared.decide(&input);
     if !matches!(decision, Decision::Forward(_)) {
-        let sent = SentRanges::of(bytes, (&request.items, &request.parts), &stage.fields);
+        let sent = SentRanges {
+            identities: prepared.identities.clone(),
+            ..SentRanges::of(bytes, (&request.items, &request.parts), &stage.fields)
+        };
         return Err(Some(Planned {
             prepared,
             decision,

@@ -100,6 +100,28 @@ impl<'a> Head<'a> {
         })
     }
 
+    /// Itself, holding what it borrowed: to be kept past the request it was read from.
+    pub(super) fn into_owned(self) -> Head<'static> {
+        let owned = |text: Cow<'_, str>| Cow::Owned(text.into_owned());
+        Head {
+            kind: owned(self.kind),
+            role: self.role.map(owned),
+            call_id: self.call_id.map(|id| id.map(owned)),
+        }
+    }
+
+    /// Itself, borrowed from where it is kept.
+    pub(super) fn borrowed(&self) -> Head<'_> {
+        Head {
+            kind: Cow::Borrowed(&self.kind),
+            role: self.role.as_deref().map(Cow::Borrowed),
+            call_id: self
+                .call_id
+                .as_ref()
+                .map(|id| id.as_deref().map(Cow::Borrowed)),
+        }
+    }
+
     pub(super) fn meta(&self) -> Item {
         let (role, kind) = match &*self.kind {
             "message" => {
