@@ -33,6 +33,10 @@ os.makedirs(out, exist_ok=True)
 task = "Ticket KX-7731-QZ: the nightly build fails. Find out why."
 for rounds in range(first, last + 1):
     rng.seed(7)
+    # Drawn first, so that it is the same in every body of a session, as a real agent's
+    # system prompt is (drawn after the rounds, it differed from one body to the next until
+    # round twenty-six, and each request counted it afresh).
+    system = text(2500)
     if api == "messages":
         messages = [{"role": "user", "content": [{"type": "text", "text": task}]},
                     {"role": "system", "content": [{"type": "text", "text": "# Environment\n" + text(300)}]}]
@@ -43,10 +47,10 @@ for rounds in range(first, last + 1):
             messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{r}", "content": output(r)}]})
         messages[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
         body = {"model": model, "messages": messages,
-                "system": [{"type": "text", "text": text(2500), "cache_control": {"type": "ephemeral"}}],
+                "system": [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
                 "tools": tools, "max_tokens": 32000, "stream": False}
     else:
-        items = [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": text(2500)}]},
+        items = [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": system}]},
                  {"type": "message", "role": "user", "content": [{"type": "input_text", "text": task}]}]
         for r in range(rounds):
             items.append({"type": "reasoning", "id": f"rs_{r}", "summary": [], "encrypted_content": "gAAAA" + "x" * 400})

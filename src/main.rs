@@ -14,6 +14,7 @@ use condenser::compaction::plan::Mode;
 use condenser::config::{Config, Overrides};
 use condenser::dialect::{self, Api, DIALECTS};
 use condenser::server::admission::raise_open_files_limit;
+use condenser::server::allocator::keep_freed_memory;
 use condenser::server::serve::{shutdown_signal, Server};
 
 // Many small allocations per request (JSON values, headers, buffers): mimalloc serves them
@@ -214,6 +215,7 @@ async fn main() -> ExitCode {
 }
 
 async fn serve(config: Config) -> ExitCode {
+    keep_freed_memory();
     match raise_open_files_limit() {
         Ok(files) => tracing::info!(files, "open files allowed"),
         Err(e) => tracing::warn!(error = %e, "could not raise the open-files limit"),

@@ -2,6 +2,7 @@
 //! condenser does not compact. The top of the house; nothing below imports it.
 
 pub mod admission;
+pub mod allocator;
 pub mod clean_path;
 pub mod passthrough;
 pub mod routes;
