@@ -137,7 +137,8 @@ impl Dialect for Responses {
 
     /// Its input items left out of the tree, each parsed when read: a compacted request
     /// reads only the few its rewrite changes (and, to check its tool outputs travel with
-    /// their calls, each item's type and call), and copies the rest as sent (`splice`).
+    /// their calls, each new item's type and call: `sent_head`), and copies the rest as sent
+    /// (`splice`).
     fn parse_planned(
         bytes: &Bytes,
         _path: &str,
@@ -179,8 +180,9 @@ impl Dialect for Responses {
 static HEADS: LazyLock<CountCache<Arc<Head<'static>>>> =
     LazyLock::new(|| CountCache::new(HEADS_KEPT));
 
-/// As many heads as a hundred agent sessions of 200 rounds hold, a few dozen bytes each.
-const HEADS_KEPT: usize = 65_536;
+/// The heads of some fifty agent sessions of 200 rounds (three items a round), about 200 bytes
+/// each with their entry: 6.5 MB when full.
+const HEADS_KEPT: usize = 32_768;
 
 /// Sent item `index`'s head: kept from a request before when its identity is known, else read
 /// from its bytes, or from its tree when they cannot be read as the tree reads them.
