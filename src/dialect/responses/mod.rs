@@ -513,6 +513,19 @@ mod tests {
         );
     }
 
+    /// Why `body`, parsed as its raw stage plans it (its items known by `identities`, when
+    /// given), goes as it came, if it must.
+    fn planned_verdict(body: &Bytes, identities: &[u128]) -> Option<ForwardReason> {
+        let raw = read_fields(body, &RAW_STAGE.fields).unwrap();
+        let ranges = SentRanges {
+            identities: identities.to_vec(),
+            ..SentRanges::of(body, (&raw.items, &raw.parts), &RAW_STAGE.fields)
+        };
+        Responses::parse_planned(body, RESPONSES, ranges)
+            .unwrap()
+            .as_sent
+    }
+
     #[test]
     fn outputs_apart_from_their_calls_send_the_request_as_it_came() {
         // Parsed whole, and as its raw stage planned it (each item's head read from its
@@ -520,10 +533,7 @@ mod tests {
         let as_sent = |input: &str| {
             let body = Bytes::from(format!(r#"{{"model":"m","input":{input}}}"#));
             let whole = parse_request(&body).unwrap().as_sent;
-            let raw = read_fields(&body, &RAW_STAGE.fields).unwrap();
-            let ranges = SentRanges::of(&body, (&raw.items, &raw.parts), &RAW_STAGE.fields);
-            let planned = Responses::parse_planned(&body, RESPONSES, ranges).unwrap();
-            assert_eq!(planned.as_sent, whole, "{input}");
+            assert_eq!(planned_verdict(&body, &[]), whole, "{input}");
             whole
         };
         let call = |id: &str| {
@@ -570,14 +580,7 @@ mod tests {
     fn heads_are_kept_by_identity() {
         let planned = |input: &str, identities: &[u128]| {
             let body = Bytes::from(format!(r#"{{"model":"m","input":{input}}}"#));
-            let raw = read_fields(&body, &RAW_STAGE.fields).unwrap();
-            let ranges = SentRanges {
-                identities: identities.to_vec(),
-                ..SentRanges::of(&body, (&raw.items, &raw.parts), &RAW_STAGE.fields)
-            };
-            Responses::parse_planned(&body, RESPONSES, ranges)
-                .unwrap()
-                .as_sent
+            planned_verdict(&body, identities)
         };
         let user = r#"{"role":"user","content":"go"}"#;
         let call = r#"{"type":"function_call","call_id":"a","name":"f","arguments":"{}"}"#;
