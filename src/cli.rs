@@ -266,12 +266,13 @@ pub async fn plan(
         return Ok(out);
     };
     // As the proxy decides it: in a window too small for the tool beside a summary, no recall.
+    let limits = Limits::new(&input);
     let room = summary_room(
-        &Limits::new(&input),
+        &limits,
         config.summarizer.max_summary_tokens,
         recall.enabled,
     );
-    write_split(&mut out, split, roles, room.summary_tokens);
+    write_split(&mut out, split, roles, (room.summary_tokens, &limits));
     let trimmed = trimmed_tokens(config, &counted, split, (settings, room.recall)).await?;
     let _ = writeln!(
         out,
@@ -376,7 +377,14 @@ fn write_decision<'d>(out: &mut String, decision: &'d Decision) -> Option<&'d Sp
 }
 
 /// What a split keeps, summarizes and shortens.
-fn write_split(out: &mut String, split: &Split, roles: &[String], summary_tokens: u32) {
+/// The forwarded estimate is told as the provider counts, as the proxy's header is; the
+/// outputs' sizes are the encoding's, which a cut is made to.
+fn write_split(
+    out: &mut String,
+    split: &Split,
+    roles: &[String],
+    (summary_tokens, limits): (u32, &Limits),
+) {
     if split.head > 0 {
         let _ = writeln!(
             out,
@@ -416,6 +424,7 @@ fn write_split(out: &mut String, split: &Split, roles: &[String], summary_tokens
     let _ = writeln!(
         out,
         "forwarded ≤ {} tokens with a summary of at most {} tokens",
-        split.estimated_tokens, summary_tokens
+        limits.provider_tokens(split.estimated_tokens),
+        summary_tokens
     );
 }

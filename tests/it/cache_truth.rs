@@ -229,6 +229,24 @@ async fn session_on(window: u64, pace: Pace, shared: Option<&Redis>) -> CacheFig
         "avoidable cache breaks"
     );
     assert!(figures.summary_steps > 0, "the session was summarized");
+    // How the proxies found each request's form: a step to a new summary only at the steps
+    // the judge saw (and the first, which it counts with the tools' arrival), never near
+    // the request rate, which is a form in use not found from one request to the next.
+    let mut found = [0.0; 2];
+    for proxy in &proxies {
+        let metrics = proxy.metrics().await;
+        for (count, outcome) in found.iter_mut().zip(["stepped", "kept"]) {
+            let series = format!("condenser_forms_total{{outcome=\"{outcome}\"}}");
+            *count += metric(&metrics, &series).unwrap_or_else(|| panic!("{series}"));
+        }
+    }
+    let [stepped, kept] = found;
+    let steps = (figures.summary_steps + figures.tool_arrivals) as f64;
+    assert!(
+        stepped <= steps,
+        "{stepped} requests stepped, {steps} steps"
+    );
+    assert!(kept > stepped, "{kept} requests kept the form in use");
     figures
 }
 
