@@ -19,6 +19,7 @@ use crate::compaction::rewrite::{
 use crate::compaction::shorten::Shorten;
 use crate::compaction::stand_in::stand_in;
 use crate::compaction::summary::Summary;
+use crate::conversation::{Item, Kind, Role};
 use crate::error::SummarizeError;
 use crate::tokens::rules::count_text;
 
@@ -422,6 +423,15 @@ fn chosen(on: On<'_, '_>, to_make: &Cell<Option<usize>>) -> Option<(Form, CacheO
     Some((stand_in, CacheOutcome::Stale, Found::StandIn))
 }
 
+/// Whether `item` is part of an agent's round, which a stand-in may fold.
+fn in_a_round(item: &Item) -> bool {
+    match item.kind {
+        Kind::ToolCall | Kind::ToolResult | Kind::Reasoning => true,
+        Kind::Message => item.role == Role::Assistant,
+        Kind::Other => false,
+    }
+}
+
 /// The oldest middle rounds after `current`'s summary (or the head) folded into a stand-in
 /// (`stand_in`), in one step: at the first summary end where the prompt, its middle's
 /// outputs cut, reaches the target, else at the last before the recent part. A stand-in
@@ -436,11 +446,18 @@ fn folded(on: On<'_, '_>, current: &Form) -> Option<Form> {
     } else {
         split.head
     };
+    // Only an agent's rounds are folded: its calls, their outputs, its reasoning and its own
+    // words. A person's messages (a chat's whole history) wait for the model's summary, which
+    // says what they meant; a list of their first words would not.
+    let pinned = split.pinned_before(split.recent_start).unwrap_or_default();
+    let rounds_end = (from..split.recent_start)
+        .find(|&index| !pinned.contains(&index) && !in_a_round(&job.items[index]))
+        .unwrap_or(split.recent_start);
     let ends: Vec<usize> = split
         .summary_ends
         .iter()
         .copied()
-        .filter(|&end| end > current.end && end <= split.recent_start)
+        .filter(|&end| end > current.end && end <= rounds_end)
         .collect();
     let fold = |end: usize| {
         let summary = stand_in(
@@ -825,9 +842,11 @@ mod tests {
     fn over_the_trigger_where_cutting_cannot_bring_it_to_the_target_the_oldest_rounds_are_folded_into_a_stand_in(
     ) {
         let mut f = fixture();
-        // A user's message of 500 in the middle, which no cut touches: cutting the output
+        // The model's message of 500 in the middle, which no cut touches: cutting the output
         // (1,000) brings the prompt (1,910) under the trigger (1,400), not to the target (900).
-        f.items[2] = Item::new(Role::User, Kind::Message, 500);
+        f.items[2] = Item::new(Role::Assistant, Kind::Message, 500);
+        // The opening prompt, pinned: what follows is the agent's.
+        f.split.task = Some(1..2);
         f.count.per_message[2] = 500;
         f.count.total = 1_910;
         f.count.raw_total = 1_910;
@@ -871,9 +890,29 @@ mod tests {
     }
 
     #[test]
+    fn a_persons_messages_are_not_folded_they_wait_for_the_models_summary() {
+        let mut f = fixture();
+        // A user's message of 500 in the middle, not the task: a chat's history.
+        f.items[2] = Item::new(Role::User, Kind::Message, 500);
+        f.count.per_message[2] = 500;
+        f.count.total = 1_910;
+        f.count.raw_total = 1_910;
+        let job = job(&f, true);
+        let hand = on_hand(Vec::new());
+        let archive = archive();
+        let (form, _, found) = without_waiting(on(&job, &hand, &archive))
+            .went
+            .expect("a form");
+        assert_eq!((found, form.end), (Found::AsSent, 1));
+        assert!(!form.stands_in());
+    }
+
+    #[test]
     fn a_stand_in_on_record_is_kept_and_the_models_summary_replaces_it_at_the_next_step() {
         let mut f = fixture();
-        f.items[2] = Item::new(Role::User, Kind::Message, 500);
+        f.items[2] = Item::new(Role::Assistant, Kind::Message, 500);
+        // The opening prompt, pinned: what follows is the agent's.
+        f.split.task = Some(1..2);
         f.count.per_message[2] = 500;
         f.count.total = 1_910;
         f.count.raw_total = 1_910;
