@@ -247,7 +247,12 @@ struct Run {
 
 /// The session sent to the live proxy request after request, each after the reply to the
 /// one before; every request judged (`cache_figures`) against the thresholds of the first.
-async fn live(recording: &Recording, bodies: &[String], summarizer: Duration) -> Run {
+async fn live(
+    recording: &Recording,
+    bodies: &[String],
+    summarizer: Duration,
+    counting: &(ModelCatalog, TokenCounter),
+) -> Run {
     let api = recording.api;
     let upstream = scripted(api, summarizer).await;
     let first: Value = serde_json::from_str(&bodies[0]).unwrap();
@@ -278,16 +283,13 @@ async fn live(recording: &Recording, bodies: &[String], summarizer: Duration) ->
         });
         response.bytes().await.unwrap();
     }
+    eprintln!("TIMING sent cpu {}", cpu());
     let recorded = upstream.recorded();
     let forwarded: Vec<&Recorded> = recorded
         .iter()
         .filter(|r| !is_summarizer_call(r))
         .collect();
     assert_eq!(forwarded.len(), bodies.len(), "each request forwarded once");
-    let counting = (
-        ModelCatalog::new(config.models.clone(), config.tokens.clone()),
-        TokenCounter::new(config.tokens.unknown_model_margin),
-    );
     let limits = thresholds(recording, &first, &config);
     let (order, conversation) = (api.cache_order(), api.conversation());
     let mut sent = Vec::new();
@@ -300,7 +302,8 @@ async fn live(recording: &Recording, bodies: &[String], summarizer: Duration) ->
             told.forwarded,
             limits.hard_limit
         );
-        let scale = told.received as f64 / api.raw_count(body.as_bytes(), &counting).await as f64;
+        let scale =
+            told.forwarded as f64 / api.raw_count(&upstream.body, counting).await as f64;
         let floor = floor_of(&forwarded, conversation, RECENT);
         let items = unmarked(&client[conversation]);
         sent.push(Sent {
@@ -309,7 +312,7 @@ async fn live(recording: &Recording, bodies: &[String], summarizer: Duration) ->
             forwarded: cached_order(&forwarded, order),
             received_tokens: told.received,
             forwarded_tokens: told.forwarded,
-            floor_tokens: (api.raw_count(&floor, &counting).await as f64 * scale) as u64,
+            floor_tokens: (api.raw_count(&floor, counting).await as f64 * scale) as u64,
             scale,
         });
     }
@@ -414,10 +417,20 @@ async fn agrees_with_replay(recording: Recording) {
     assert!(bodies.len() > 100, "{} requests", bodies.len());
     let first: Value = serde_json::from_str(&bodies[0]).unwrap();
     let limits = thresholds(&recording, &first, &config_for(""));
+    let t = std::time::Instant::now();
     let (rows, replay_steps) = replayed(&recording, &bodies).await;
+    eprintln!("TIMING replay {:?} cpu {}", t.elapsed(), cpu());
     let replay_breaks = replay_avoidable(&rows, limits);
-    let instant = live(&recording, &bodies, Duration::ZERO).await;
-    let slow = live(&recording, &bodies, SLOW_SUMMARY).await;
+    // Counts as condenser makes them before it scales them, kept across both runs.
+    let unscaled = config_for("");
+    let counting = (
+        ModelCatalog::new(unscaled.models, unscaled.tokens.clone()),
+        TokenCounter::new(unscaled.tokens.unknown_model_margin),
+    );
+    let instant = live(&recording, &bodies, Duration::ZERO, &counting).await;
+    eprintln!("TIMING instant {:?} cpu {}", t.elapsed(), cpu());
+    let slow = live(&recording, &bodies, SLOW_SUMMARY, &counting).await;
+    eprintln!("TIMING slow {:?} cpu {}", t.elapsed(), cpu());
     for (pace, run) in [("instant", &instant), ("slow", &slow)] {
         let figures = &run.figures;
         eprintln!(
@@ -476,4 +489,11 @@ async fn claude_code_2_1_332_live_agrees_with_replay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gemini_cli_0_61_live_agrees_with_replay() {
     agrees_with_replay(GEMINI_CLI_0_61).await;
+}
+
+fn cpu() -> String {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap().split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    format!("{:.1}s", ticks as f64 / 100.0)
 }
