@@ -395,10 +395,15 @@ fn judge(
     recount: impl Fn(&[u8]) -> u64,
     (limits, recent): (Thresholds, usize),
 ) -> Figures {
+    // Where the loop ended early, its last request's last items say why.
     assert!(
         exchanges.len() > ROUNDS,
-        "{} loop requests",
-        exchanges.len()
+        "{} loop requests, the last ending {}",
+        exchanges.len(),
+        exchanges.last().map_or(String::new(), |last| {
+            let items = conversation(&last.body);
+            Value::from(items[items.len().saturating_sub(2)..].to_vec()).to_string()
+        })
     );
     assert_eq!(told.len(), exchanges.len(), "one answer per request");
     let (cache_order, limit) = (session.cache_order, limits.hard_limit);
@@ -448,8 +453,15 @@ fn judge(
             items_of(&client, conversation),
             items_of(&exchange.body, conversation),
         );
-        let newest = sent.last().filter(|item| !said_by_the_client(item));
-        if newest.is_some() && newest != forwarded.last() {
+        // The newest item but the system messages a client adds after it.
+        let newest = |items: &[Value]| {
+            items
+                .iter()
+                .rfind(|item| !matches!(item["role"].as_str(), Some("system" | "developer")))
+                .cloned()
+        };
+        let output = newest(&sent).filter(|item| !said_by_the_client(item));
+        if output.is_some() && output != newest(&forwarded) {
             newest_cut.push(at);
         }
         let tail = |items: &[Value]| items[items.len().saturating_sub(recent)..].to_vec();
@@ -578,11 +590,13 @@ const CLAUDE_CURRENT_WINDOW: u64 = 168_000;
 /// resends the whole history, some turns otherwise than they were sent live.
 const CLAUDE_2_0_77_RESUMES: usize = 3;
 
-/// The round a Messages request answers: one past the tool call its last turn answers.
+/// The round a Messages request answers: one past the tool call its last turn answers (its
+/// last but the system messages the current Claude Code adds after it, as "The user hasn't
+/// heard from you in a while").
 fn messages_round(body: &Value) -> usize {
     let last = body["messages"]
         .as_array()
-        .and_then(|messages| messages.last());
+        .and_then(|messages| messages.iter().rfind(|turn| turn["role"] != "system"));
     let blocks = last.and_then(|turn| turn["content"].as_array());
     round_after(blocks.and_then(|blocks| blocks.iter().find_map(|b| b["tool_use_id"].as_str())))
 }
