@@ -289,8 +289,10 @@ fn write_limits(
     settings: &ContextConfig,
 ) {
     let limits = Limits::new(input);
-    let tokens = total_tokens(input);
     let fired = triggers(input, &limits);
+    // Planned in the encoding's tokens, told as the provider counts, as the window is.
+    let told = |tokens: u64| limits.provider_tokens(tokens);
+    let tokens = told(total_tokens(input));
     let _ = writeln!(
         out,
         "model {model}: {} ({}), window {} tokens, {} usable after the response reserve",
@@ -301,7 +303,7 @@ fn write_limits(
             "estimate"
         },
         prepared.info.context_window,
-        limits.usable
+        limits.provider_usable()
     );
     let _ = writeln!(
         out,
@@ -321,8 +323,8 @@ fn write_limits(
             let _ = writeln!(out, "{name:<18} off");
         }
     };
-    row("precompute_ratio", tokens, limits.precompute, true);
-    row("trigger_ratio", tokens, limits.trigger, true);
+    row("precompute_ratio", tokens, told(limits.precompute), true);
+    row("trigger_ratio", tokens, told(limits.trigger), true);
     row(
         "max_prompt_tokens",
         tokens,
@@ -335,7 +337,7 @@ fn write_limits(
         settings.max_messages as u64,
         settings.max_messages > 0,
     );
-    let _ = writeln!(out, "target (compacted) {} tokens", limits.target);
+    let _ = writeln!(out, "target (compacted) {} tokens", told(limits.target));
     if !fired.is_empty() {
         let names: Vec<&str> = fired.iter().map(|t| t.name()).collect();
         let _ = writeln!(out, "fired: {}", names.join(", "));

@@ -11,8 +11,8 @@ use hyper::header::HeaderMap;
 use serde_json::Value;
 
 use crate::compaction::cache::{scope, PrefixKeys, ScopeHeaders, SummaryCache};
-use crate::compaction::forms::{went, without_waiting, Form, On, OnHand, SharedSummary};
-use crate::compaction::horizon::{Horizon, Records};
+use crate::compaction::forms::{went, without_waiting, Form, Found, On, OnHand, SharedSummary};
+use crate::compaction::horizon::{Horizon, Records, StandInRecord};
 use crate::compaction::limits::{summary_room, Tier};
 use crate::compaction::pace::{Pace, Paces};
 use crate::compaction::plan::Mode;
@@ -23,6 +23,7 @@ use crate::compaction::rewrite::{Action, CacheOutcome};
 use crate::compaction::session::{SessionMark, SessionRoute, Sessions};
 use crate::compaction::shorten::Shorten;
 use crate::compaction::single_flight::InFlight;
+use crate::compaction::stand_in::stand_in;
 use crate::compaction::summarizer::Summarizer;
 use crate::compaction::summary::{Key, Summary};
 use crate::compaction::summary_api::SummaryEndpoint;
@@ -37,6 +38,7 @@ use crate::transport::upstream::Connections;
 
 pub struct Compactor {
     scope_headers: ScopeHeaders,
+    forms: FormCounts,
     maker: SummaryMaker,
     in_flight: Arc<InFlight>,
     /// The summarizer model's window and encoding.
@@ -51,7 +53,7 @@ impl Compactor {
         catalog: Arc<ModelCatalog>,
         cache_errors: prometheus::IntCounter,
         summarize_seconds: prometheus::Histogram,
-        summarizer_health: SummarizerHealth,
+        (summarizer_health, forms): (SummarizerHealth, &prometheus::IntCounterVec),
         connections: &Connections,
         configured_summary_api: Option<SummaryEndpoint>,
     ) -> Result<Compactor, ConfigError> {
@@ -75,6 +77,7 @@ impl Compactor {
         };
         Ok(Compactor {
             scope_headers: ScopeHeaders::new(&config.cache, connections.key_headers)?,
+            forms: FormCounts::new(forms),
             maker,
             in_flight: Arc::default(),
             catalog,
@@ -119,6 +122,26 @@ impl Compactor {
     }
 }
 
+/// `condenser_forms_total`: a series per way a form is found (`Found`), shown from start-up.
+struct FormCounts(Vec<prometheus::IntCounter>);
+
+impl FormCounts {
+    fn new(vec: &prometheus::IntCounterVec) -> FormCounts {
+        FormCounts(
+            Found::ALL
+                .iter()
+                .map(|found| vec.with_label_values(&[found.name()]))
+                .collect(),
+        )
+    }
+
+    fn count(&self, found: Found) {
+        if let Some(counter) = self.0.get(found as usize) {
+            counter.inc();
+        }
+    }
+}
+
 /// The request's prefix keys and what its summaries are made from.
 struct Lookup<'r> {
     /// What every prefix key descends from.
@@ -154,6 +177,73 @@ impl Lookup<'_> {
     /// The key of the summary of messages up to `end`.
     fn key(&self, end: usize) -> Key {
         self.keys[end - 1]
+    }
+
+    /// The key a stand-in of messages up to `end` is kept under, apart from the model's
+    /// summary of the same messages, which replaces it.
+    fn stand_in_key(&self, end: usize) -> Option<Key> {
+        let key = self.keys.get(end.checked_sub(1)?)?;
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(b"condenser stand-in text v1");
+        hasher.update(key);
+        Some(*hasher.finalize().as_bytes())
+    }
+
+    /// The text of the stand-in `record` names: as kept, else written again from the
+    /// items, which make the same text (`stand_in`); None when the model's summary it
+    /// extended is no longer on hand.
+    async fn stand_in(
+        &self,
+        compactor: &Compactor,
+        job: &CompactionJob<'_>,
+        on_hand: &OnHand,
+        record: StandInRecord,
+    ) -> Option<Arc<Summary>> {
+        let key = self.stand_in_key(record.end)?;
+        let cache = &compactor.maker.cache;
+        if let Some(summary) = cache.get(&key).await.filter(|summary| summary.stand_in) {
+            return Some(summary);
+        }
+        let base = match record.from > job.split.head {
+            true => Some(on_hand.exact(record.from)?),
+            false => None,
+        };
+        let summary = Arc::new(stand_in(
+            job.messages,
+            (job.split.head, record.from..record.end),
+            job.split.pinned_before(record.end),
+            base.as_deref(),
+            (&self.source.conversation, job.info.encoding),
+        ));
+        cache.put(key, summary.clone()).await;
+        Some(summary)
+    }
+
+    /// Keeps a stand-in a request went with, and archives the items it folded, for recall.
+    async fn keep_stand_in(
+        &self,
+        compactor: &Compactor,
+        job: &CompactionJob<'_>,
+        went: StandInRecord,
+        summary: &Arc<Summary>,
+    ) {
+        let Some(key) = self.stand_in_key(went.end) else {
+            return;
+        };
+        let cache = &compactor.maker.cache;
+        cache.put(key, summary.clone()).await;
+        if compactor.maker.stand_in {
+            return;
+        }
+        let pinned = job.split.pinned_before(went.end).unwrap_or_default();
+        let folded: Vec<(String, ViewText)> = (went.from..went.end)
+            .filter(|index| !pinned.contains(index))
+            .map(|index| {
+                let reference = recall::reference(&self.source.conversation, index);
+                (reference, ViewText(self.messages, index))
+            })
+            .collect();
+        cache.archive_put(&self.source.caller, &folded).await;
     }
 
     /// The job that makes the summary of messages up to `end`, from `base` if given.
@@ -318,6 +408,7 @@ async fn lookup<'r>(
         pending,
         horizons: HashMap::new(),
         carried: None,
+        stand_in: None,
         pace: Pace::default(),
     };
     let summarizer_info = compactor.catalog.resolve(&summarizer_model);
@@ -378,6 +469,19 @@ async fn record_horizon(
     (lookup, on_hand): (&Lookup<'_>, &OnHand),
     form: &Form,
 ) {
+    if let Some(went) = form.stand_in_record() {
+        if on_hand.stand_in.as_ref().map(|(record, _)| record) == Some(&went) {
+            return;
+        }
+        if let Some(summary) = &form.summary {
+            lookup.keep_stand_in(compactor, job, went, summary).await;
+        }
+        lookup
+            .records(compactor, job)
+            .record_stand_in(job.split.head, went)
+            .await;
+        return;
+    }
     // A request as sent has nothing to keep; one already on record, nothing to add.
     let unchanged = form.summary.is_none() && form.horizon == Horizon::at(form.end);
     if unchanged || on_hand.horizons.get(&form.end) == Some(&form.horizon) {
@@ -430,19 +534,37 @@ async fn carried_out(
 ) -> Result<Rewrite, ProxyError> {
     let split = job.split;
     let session = (lookup.source.caller, lookup.source.conversation.clone());
-    on_hand.pace = compactor.paces.seen(&session, job.count.total, |key| {
+    on_hand.pace = compactor.paces.seen(&session, job.count.raw_total, |key| {
         compactor.in_flight.running(key)
     });
     // Only a request that goes now needs the cuts on record; one made ahead does not.
     let starts: Vec<usize> = std::iter::once(split.head)
         .chain(on_hand.cached.iter().map(|(end, _)| *end))
         .collect();
-    on_hand.horizons = lookup.records(compactor, job).recorded(&starts).await;
+    let (horizons, stand_in) = lookup
+        .records(compactor, job)
+        .recorded(&starts, split.head)
+        .await;
+    on_hand.horizons = horizons;
+    on_hand.stand_in = match stand_in {
+        Some(record) => lookup
+            .stand_in(compactor, job, &on_hand, record)
+            .await
+            .map(|summary| (record, summary)),
+        None => None,
+    };
     on_hand.carried = on_hand
         .horizons
         .iter()
-        .max_by_key(|(start, _)| **start)
-        .map(|(_, horizon)| *horizon);
+        .map(|(start, horizon)| (*start, *horizon))
+        .chain(
+            on_hand
+                .stand_in
+                .as_ref()
+                .map(|(record, _)| (record.end, record.horizon)),
+        )
+        .max_by_key(|(start, _)| *start)
+        .map(|(_, horizon)| horizon);
     let archive = lookup.archive();
     let on = On {
         job,
@@ -457,7 +579,8 @@ async fn carried_out(
             let span = || lookup.span(on_hand.longest_before(end), end).ahead();
             drop(start_summary(compactor, key, span));
         }
-        if let Some((form, cache)) = choice.went {
+        if let Some((form, cache, found)) = choice.went {
+            compactor.forms.count(found);
             record_horizon(compactor, job, (lookup, &on_hand), &form).await;
             return Ok(went(on, form, cache, Duration::ZERO));
         }
@@ -465,6 +588,7 @@ async fn carried_out(
     if split.summarized() == 0 {
         // Only tool outputs to cut, and not even all of them fit: nothing for the
         // summarizer to do either.
+        compactor.forms.count(Found::Cut);
         return Ok(trimmed(job, Duration::ZERO));
     }
     let wanted = split.tail_start;
@@ -496,8 +620,10 @@ async fn carried_out(
                     summary_tokens = form.summary.as_ref().map(|s| s.tokens),
                     "summary too large for the window; trimming instead"
                 );
+                compactor.forms.count(Found::Cut);
                 return Ok(trimmed(job, waited));
             }
+            compactor.forms.count(Found::Stepped);
             record_horizon(compactor, job, (lookup, &on_hand), &form).await;
             Ok(went(on, form, cache, waited))
         }
@@ -509,9 +635,15 @@ async fn carried_out(
                 tracing::warn!(%error, on_failure = ?job.settings.on_failure, "summarizer failed");
             }
             match job.settings.on_failure {
-                OnFailure::Forward => Ok(as_sent(CacheOutcome::None, waited)),
+                OnFailure::Forward => {
+                    compactor.forms.count(Found::AsSent);
+                    Ok(as_sent(CacheOutcome::None, waited))
+                }
                 OnFailure::Error => Err(ProxyError::SummarizerFailed(error)),
-                OnFailure::Trim => Ok(trimmed(job, waited)),
+                OnFailure::Trim => {
+                    compactor.forms.count(Found::Cut);
+                    Ok(trimmed(job, waited))
+                }
             }
         }
     }
@@ -534,7 +666,7 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) -> Option<
             items: job.messages.len(),
         }
     });
-    let pace = compactor.paces.seen(&session, job.count.total, |key| {
+    let pace = compactor.paces.seen(&session, job.count.raw_total, |key| {
         compactor.in_flight.running(key)
     });
     // The step is being made already (the common case in the precompute band): nothing to

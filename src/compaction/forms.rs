@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures_util::future::{BoxFuture, Shared};
 
-use crate::compaction::horizon::{advance_horizon, cuts_before, saving, Horizon};
+use crate::compaction::horizon::{advance_horizon, cuts_before, saving, Horizon, StandInRecord};
 use crate::compaction::limits::{Tier, SUMMARY_FRAMING_TOKENS};
 use crate::compaction::pace::Pace;
 use crate::compaction::recall;
@@ -17,6 +17,7 @@ use crate::compaction::rewrite::{
     as_sent, Action, ArchiveScope, CacheOutcome, CompactionJob, Rewrite,
 };
 use crate::compaction::shorten::Shorten;
+use crate::compaction::stand_in::stand_in;
 use crate::compaction::summary::Summary;
 use crate::error::SummarizeError;
 use crate::tokens::rules::count_text;
@@ -37,6 +38,8 @@ pub(super) struct OnHand {
     pub(super) horizons: HashMap<usize, Horizon>,
     /// The cut horizon of the latest kept part on record, which a step made now keeps.
     pub(super) carried: Option<Horizon>,
+    /// The stand-in the conversation went with, as recorded, and its text.
+    pub(super) stand_in: Option<(StandInRecord, Arc<Summary>)>,
     /// How the conversation's summaries have kept up with it.
     pub(super) pace: Pace,
 }
@@ -66,6 +69,9 @@ pub(super) struct Form {
     /// Its estimated prompt, and where that stands.
     tokens: u64,
     pub(super) tier: Tier,
+    /// For a stand-in: where its fold starts (the end of the model's summary it extends, or
+    /// the head).
+    folded_from: Option<usize>,
 }
 
 /// A request and what its conversation has on hand.
@@ -97,6 +103,7 @@ impl Form {
             horizon,
             tokens,
             tier: job.limits.tier(job.settings, tokens, messages),
+            folded_from: None,
         }
     }
 
@@ -105,6 +112,32 @@ impl Form {
     fn recorded(on: On<'_, '_>, summary: Option<Arc<Summary>>, end: usize) -> Option<Form> {
         let horizon = *on.on_hand.horizons.get(&end)?;
         Some(Form::at(on, summary, end, horizon))
+    }
+
+    /// The stand-in the conversation went with, with its horizon, if any.
+    fn recorded_stand_in(on: On<'_, '_>) -> Option<Form> {
+        let (record, summary) = on.on_hand.stand_in.as_ref()?;
+        let form = Form::at(on, Some(summary.clone()), record.end, record.horizon);
+        Some(Form {
+            folded_from: Some(record.from),
+            ..form
+        })
+    }
+
+    /// Whether its summary is a stand-in.
+    pub(super) fn stands_in(&self) -> bool {
+        self.summary
+            .as_ref()
+            .is_some_and(|summary| summary.stand_in)
+    }
+
+    /// What a stand-in form records: where its fold started, where it ends, its horizon.
+    pub(super) fn stand_in_record(&self) -> Option<StandInRecord> {
+        Some(StandInRecord {
+            from: self.folded_from?,
+            end: self.end,
+            horizon: self.horizon,
+        })
     }
 
     /// Taken up now for the first time: the middle's outputs cut, oldest first (`stepped`).
@@ -134,10 +167,13 @@ impl Form {
             job.items,
             self.horizon,
             self.tokens,
-            (0, job.limits.hard(job.settings)),
+            (0, job.limits.hard()),
             job.split.recent_start,
         );
-        Form::at(on, self.summary, self.end, horizon)
+        Form {
+            folded_from: self.folded_from,
+            ..Form::at(on, self.summary, self.end, horizon)
+        }
     }
 
     /// Whether this form's prompt is at or under the target (and so under every trigger).
@@ -182,7 +218,7 @@ fn estimate(
         } else {
             0
         };
-        return (job.count.total + tool - cuts, items);
+        return (job.count.raw_total + tool - cuts, items);
     };
     let pinned = job.split.pinned_before(end).unwrap_or_default();
     let head: u64 = job.count.per_message[..job.split.head]
@@ -217,16 +253,18 @@ fn recall_tokens(job: &CompactionJob<'_>, conversation: &str, end: usize) -> u64
 
 /// How the request may go now, with what is on hand, if anything fits the hard limit; no
 /// request waits while something does (rule 10). What the request before it sent stays
-/// (rule 8): the form in use is the latest kept part with a recorded cut horizon, and it
-/// goes unchanged while it keeps the prompt under every trigger. Past the precompute line
-/// the next step is made ahead, and before it when the session's pace says that made a
-/// request later it would come too late (`Pace::summary_due`). Over the trigger the next
-/// step is taken when one on hand brings the prompt down to the target in one step
-/// (`Form::stepped`: to its floor); else, while the plan's summary is made, the form in use
-/// cuts the middle's tool outputs in one step when that brings the prompt down to the
-/// target (D16), and goes on as it is when not.
+/// (rule 8): the form in use is the latest kept part with a recorded cut horizon (a stand-in
+/// one among them), and it goes unchanged while it keeps the prompt under every trigger.
+/// Past the precompute line the next step is made ahead, and before it when the session's
+/// pace says that made a request later it would come too late (`Pace::summary_due`). Over
+/// the trigger the next step is taken when one on hand brings the prompt down to the target
+/// in one step (`Form::stepped`: to its floor); else, while the plan's summary is made, the
+/// form in use cuts the middle's tool outputs in one step when that brings the prompt down
+/// to the target (D16), and when it does not, the oldest middle rounds are folded into a
+/// stand-in, in one step down to the target (`folded`).
 /// Over the hard limit, with no step on hand that fits, the form in use cuts the middle's
-/// whole tool outputs, in one step. Either way the summary takes over at the next trigger.
+/// whole tool outputs, in one step, or folds into a stand-in. Either way the model's summary
+/// takes over at the next trigger.
 pub(super) fn without_waiting(on: On<'_, '_>) -> Choice {
     let make = Cell::new(None);
     let went = chosen(on, &make);
@@ -239,12 +277,45 @@ pub(super) fn without_waiting(on: On<'_, '_>) -> Choice {
 /// What a request that need not wait goes with, and the summary the compactor starts
 /// meanwhile: made for `make`, extending the longest on hand that ends before it.
 pub(super) struct Choice {
-    pub(super) went: Option<(Form, CacheOutcome)>,
+    pub(super) went: Option<(Form, CacheOutcome, Found)>,
     pub(super) make: Option<usize>,
 }
 
+/// How a compacted request found the form it went with (`condenser_forms_total`): the form
+/// in use, kept; a step to a model's summary; the form in use with more outputs cut; a
+/// stand-in folded; or nothing on record, the request as sent. `Stepped` near the request
+/// rate means the form in use is not found from one request to the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    Kept,
+    Stepped,
+    Cut,
+    StandIn,
+    AsSent,
+}
+
+impl Found {
+    pub const ALL: [Found; 5] = [
+        Found::Kept,
+        Found::Stepped,
+        Found::Cut,
+        Found::StandIn,
+        Found::AsSent,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Found::Kept => "kept",
+            Found::Stepped => "stepped",
+            Found::Cut => "cut",
+            Found::StandIn => "stand_in",
+            Found::AsSent => "as_sent",
+        }
+    }
+}
+
 /// The form `without_waiting` chooses, the end of the summary to make set in `to_make`.
-fn chosen(on: On<'_, '_>, to_make: &Cell<Option<usize>>) -> Option<(Form, CacheOutcome)> {
+fn chosen(on: On<'_, '_>, to_make: &Cell<Option<usize>>) -> Option<(Form, CacheOutcome, Found)> {
     let (job, on_hand) = (on.job, on.on_hand);
     let split = job.split;
     // The summary to make for `end`, extending the longest on hand that ends before it;
@@ -260,7 +331,7 @@ fn chosen(on: On<'_, '_>, to_make: &Cell<Option<usize>>) -> Option<(Form, CacheO
     // itself leave the prompt past the line covers too little, and is extended. Under the
     // line it is made when the session's pace says that, started a request later, it would
     // come with no request to spare before the hard limit (`Pace::summary_due`).
-    let hard = job.limits.hard(job.settings);
+    let hard = job.limits.hard();
     let make_ahead_from = |form: &Form| {
         let ready = on_hand
             .pending
@@ -279,52 +350,117 @@ fn chosen(on: On<'_, '_>, to_make: &Cell<Option<usize>>) -> Option<(Form, CacheO
             make(split.ahead);
         }
     };
-    let in_use = on_hand
+    // The latest kept part on record; a stand-in only where it ends later than the model's
+    // summary on record, which replaces it at the same end.
+    let summarized = on_hand
         .cached
         .iter()
         .rev()
-        .find_map(|(end, summary)| Form::recorded(on, Some(summary.clone()), *end))
-        .or_else(|| Form::recorded(on, None, split.head));
+        .find_map(|(end, summary)| Form::recorded(on, Some(summary.clone()), *end));
+    let in_use = match (summarized, Form::recorded_stand_in(on)) {
+        (Some(summarized), Some(stand_in)) if stand_in.end > summarized.end => Some(stand_in),
+        (summarized, stand_in) => summarized.or(stand_in),
+    }
+    .or_else(|| Form::recorded(on, None, split.head));
     if let Some(form) = in_use.as_ref().filter(|form| form.tier <= Tier::Precompute) {
         make_ahead_from(form);
-        return Some((form.clone(), CacheOutcome::Hit));
+        return Some((form.clone(), CacheOutcome::Hit, Found::Kept));
     }
-    // The next steps on hand: summaries ending after the one in use, shortest first, each
-    // with its outputs cut afresh.
-    let after = in_use.as_ref().map(|form| form.end);
+    // The next steps on hand: the model's summaries ending after the one in use (or where a
+    // stand-in in use ends), shortest first, each with its outputs cut afresh.
+    let after = in_use.as_ref().map(|form| (form.end, form.stands_in()));
     let steps: Vec<Form> = on_hand
         .cached
         .iter()
-        .filter(|(end, _)| after.is_none_or(|after| *end > after))
+        .filter(|(end, _)| {
+            after.is_none_or(|(after, stand_in)| *end > after || (stand_in && *end == after))
+        })
         .map(|(end, summary)| Form::fresh(on, Some(summary.clone()), *end))
         .collect();
     if let Some(step) = steps.iter().find(|form| form.tier <= Tier::Precompute) {
         make_ahead_from(step);
-        return Some((step.clone(), CacheOutcome::Hit));
+        return Some((step.clone(), CacheOutcome::Hit, Found::Stepped));
     }
+    let kept = if in_use.is_some() {
+        Found::Kept
+    } else {
+        Found::AsSent
+    };
     let as_sent = Form::at(on, None, split.head, Horizon::at(split.head));
     let current = in_use.unwrap_or(as_sent);
     if current.tier < Tier::Hard {
         make(split.tail_start);
+        if current.tier < Tier::Soft {
+            return Some((current, CacheOutcome::Stale, kept));
+        }
         // Over the trigger with the summary still being made: the middle's outputs cut now,
         // in one step, when that brings the prompt down to the target, rather than the
         // prompt going on past the trigger to the hard limit while the summarizer catches
-        // up (D16). A cut that lands short of the target would leave the summary's step
-        // due a few turns on: two breaks where one would do.
-        let cut = (current.tier == Tier::Soft)
-            .then(|| current.clone().stepped(on))
-            .filter(|cut| cut.reaches_the_target(on));
-        return Some((cut.unwrap_or(current), CacheOutcome::Stale));
+        // up (D16); when it does not, the oldest middle rounds folded into a stand-in, in
+        // one step down to the target (rule 10). A cut that lands short of the target would
+        // leave the summary's step due a few turns on: two breaks where one would do.
+        let cut = current.clone().stepped(on);
+        if cut.reaches_the_target(on) {
+            return Some((cut, CacheOutcome::Stale, Found::Cut));
+        }
+        return Some(match folded(on, &current) {
+            Some(stand_in) => (stand_in, CacheOutcome::Stale, Found::StandIn),
+            None => (current, CacheOutcome::Stale, kept),
+        });
     }
     // Over the hard limit: the longest step on hand that fits, else the form in use with
-    // more of its outputs cut.
-    let instant = steps
-        .into_iter()
-        .rev()
-        .find(|form| form.tier < Tier::Hard)
-        .or_else(|| Some(current.stepped(on)).filter(|form| form.tier < Tier::Hard))?;
+    // more of its outputs cut, else a stand-in folded.
     make(split.tail_start);
-    Some((instant, CacheOutcome::Stale))
+    if let Some(step) = steps.into_iter().rev().find(|form| form.tier < Tier::Hard) {
+        return Some((step, CacheOutcome::Stale, Found::Stepped));
+    }
+    let cut = current.clone().stepped(on);
+    if cut.tier < Tier::Hard {
+        return Some((cut, CacheOutcome::Stale, Found::Cut));
+    }
+    let stand_in = folded(on, &current).filter(|form| form.tier < Tier::Hard)?;
+    Some((stand_in, CacheOutcome::Stale, Found::StandIn))
+}
+
+/// The oldest middle rounds after `current`'s summary (or the head) folded into a stand-in
+/// (`stand_in`), in one step: at the first summary end where the prompt, its middle's
+/// outputs cut, reaches the target, else at the last before the recent part. A stand-in
+/// extends the model's summary in use; one in use is written afresh, from the head. None
+/// when there is nothing to fold, or folding lowers nothing.
+fn folded(on: On<'_, '_>, current: &Form) -> Option<Form> {
+    let job = on.job;
+    let split = job.split;
+    let base = current.summary.as_ref().filter(|summary| !summary.stand_in);
+    let from = if base.is_some() {
+        current.end
+    } else {
+        split.head
+    };
+    let ends: Vec<usize> = split
+        .summary_ends
+        .iter()
+        .copied()
+        .filter(|&end| end > current.end && end <= split.recent_start)
+        .collect();
+    let fold = |end: usize| {
+        let summary = stand_in(
+            job.messages,
+            (split.head, from..end),
+            split.pinned_before(end),
+            base.map(|summary| &**summary),
+            (&on.archive.conversation, job.info.encoding),
+        );
+        Form {
+            folded_from: Some(from),
+            ..Form::fresh(on, Some(Arc::new(summary)), end)
+        }
+    };
+    // The first end that reaches the target, found by halves: the prompt falls as the fold
+    // grows (each round's line is a small part of the round), and each fold is written and
+    // counted whole.
+    let reaching = ends.partition_point(|&end| !fold(end).reaches_the_target(on));
+    let end = *ends.get(reaching).or(ends.last())?;
+    Some(fold(end)).filter(|form| form.tokens < current.tokens)
 }
 
 /// The rewrite a form makes: with its summary, or cut only, or as sent when it changes
@@ -425,6 +561,7 @@ mod tests {
                 fixed: 10,
                 total: 1_510,
                 raw_total: 1_510,
+                scale: 1.0,
             },
             items,
             split: Split {
@@ -455,6 +592,9 @@ mod tests {
             target: 900,
             message_target: 0,
             message_precompute: 0,
+            prompt_cap: 0,
+            scale: 1.0,
+            window_target: 900,
         }
     }
 
@@ -484,6 +624,7 @@ mod tests {
             messages: 2,
             model: "m".into(),
             created_at: 0,
+            stand_in: false,
         })
     }
 
@@ -505,6 +646,7 @@ mod tests {
             pending: None,
             horizons: HashMap::new(),
             carried: None,
+            stand_in: None,
             pace: Pace::default(),
         }
     }
@@ -615,7 +757,7 @@ mod tests {
         let archive = archive();
         let on = on(&job, &hand, &archive);
         let choice = without_waiting(on);
-        let (form, cache) = choice.went.expect("a form");
+        let (form, cache, _) = choice.went.expect("a form");
         assert_eq!((form.end, cache), (3, CacheOutcome::Hit));
         assert_eq!(choice.make, None);
         let rewrite = went(on, form, cache, Duration::ZERO);
@@ -647,7 +789,7 @@ mod tests {
             let mut hand = on_hand(vec![(3, summary(50))]);
             hand.pace = pace;
             let choice = without_waiting(on(&job, &hand, &archive));
-            let (form, cache) = choice.went.expect("a form");
+            let (form, cache, _) = choice.went.expect("a form");
             assert_eq!(
                 (form.end, form.tier, cache),
                 (3, Tier::Settled, CacheOutcome::Hit)
@@ -665,7 +807,7 @@ mod tests {
         let on = on(&job, &hand, &archive);
         let choice = without_waiting(on);
         assert_eq!(choice.make, Some(3));
-        let (form, cache) = choice.went.expect("a form");
+        let (form, cache, _) = choice.went.expect("a form");
         // Cutting the middle's one output (1,000 tokens) brings the prompt down to the
         // target: it goes so now, from the head, rather than past the trigger as sent.
         assert_eq!((form.end, cache), (1, CacheOutcome::Stale));
@@ -680,7 +822,8 @@ mod tests {
     }
 
     #[test]
-    fn over_the_trigger_where_cutting_cannot_bring_it_to_the_target_it_goes_as_sent_meanwhile() {
+    fn over_the_trigger_where_cutting_cannot_bring_it_to_the_target_the_oldest_rounds_are_folded_into_a_stand_in(
+    ) {
         let mut f = fixture();
         // A user's message of 500 in the middle, which no cut touches: cutting the output
         // (1,000) brings the prompt (1,910) under the trigger (1,400), not to the target (900).
@@ -700,13 +843,61 @@ mod tests {
         );
         assert!(!cut.reaches_the_target(on));
         let choice = without_waiting(on);
-        assert_eq!(choice.make, Some(3));
-        let (form, cache) = choice.went.expect("a form");
-        assert_eq!((form.end, cache), (1, CacheOutcome::Stale));
-        let rewrite = went(on, form, cache, Duration::ZERO);
         assert_eq!(
-            (rewrite.action, rewrite.cache),
-            (Action::Forwarded, CacheOutcome::Deferred)
+            choice.make,
+            Some(3),
+            "the model's summary is made meanwhile"
         );
+        let (form, cache, found) = choice.went.expect("a form");
+        assert_eq!(found, Found::StandIn);
+        assert!(form.stands_in() && form.reaches_the_target(on));
+        assert_eq!(
+            form.stand_in_record(),
+            Some(StandInRecord {
+                from: 1,
+                end: 3,
+                horizon: form.horizon
+            })
+        );
+        let rewrite = went(on, form, cache, Duration::ZERO);
+        assert_eq!(rewrite.action, Action::Summarized);
+        let text = rewrite.summary_text(1, "messages").expect("a summary");
+        assert!(
+            text.starts_with("[Context summary: 2 earlier messages, a stand-in"),
+            "{text}"
+        );
+        let cut: Vec<usize> = rewrite.cuts.iter().map(|cut| cut.index).collect();
+        assert_eq!(cut, [3], "the middle's output cut, the recent part whole");
+    }
+
+    #[test]
+    fn a_stand_in_on_record_is_kept_and_the_models_summary_replaces_it_at_the_next_step() {
+        let mut f = fixture();
+        f.items[2] = Item::new(Role::User, Kind::Message, 500);
+        f.count.per_message[2] = 500;
+        f.count.total = 1_910;
+        f.count.raw_total = 1_910;
+        let job = job(&f, true);
+        let archive = archive();
+        let first = on_hand(Vec::new());
+        let (went_with, _, _) = without_waiting(on(&job, &first, &archive))
+            .went
+            .expect("a form");
+        let record = went_with.stand_in_record().expect("a stand-in");
+        let mut hand = on_hand(Vec::new());
+        hand.stand_in = Some((record, went_with.summary.clone().expect("its text")));
+        let (kept, cache, found) = without_waiting(on(&job, &hand, &archive))
+            .went
+            .expect("a form");
+        assert_eq!((found, cache), (Found::Kept, CacheOutcome::Hit));
+        assert_eq!((kept.end, kept.horizon), (3, went_with.horizon));
+        // The model's summary of the same items, on hand: the form in use stays while under
+        // every trigger; it is the next step, taken when the trigger fires again.
+        hand.cached = vec![(3, Arc::new(Summary::story_so_far(2)))];
+        let (kept, _, found) = without_waiting(on(&job, &hand, &archive))
+            .went
+            .expect("a form");
+        assert_eq!(found, Found::Kept);
+        assert!(kept.stands_in());
     }
 }

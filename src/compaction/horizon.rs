@@ -152,6 +152,10 @@ pub(super) fn advance_horizon(
 /// cache, so requests that differ in them share no cached prefix, and an agent's side
 /// requests over the same conversation (without tools, another system) must not move the
 /// cuts of its loop.
+///
+/// `fixed` is the encoding's count of those parts (`PromptCount::fixed`), a function of
+/// their bytes: a count scaled by a learned ratio moved with every reply, and a session
+/// whose anchor moved found no record and cut its middle again at every turn (issue 54).
 fn anchor(scope: &Key, keys: &[Key], start: usize, fixed: u32) -> Key {
     let prefix = start
         .checked_sub(1)
@@ -161,6 +165,25 @@ fn anchor(scope: &Key, keys: &[Key], start: usize, fixed: u32) -> Key {
     hasher.update(prefix);
     hasher.update(&fixed.to_le_bytes());
     *hasher.finalize().as_bytes()
+}
+
+/// Where a conversation records the stand-in in use (`stand_in`): one record a
+/// conversation, anchored on its head as its kept parts are on their starts, naming where
+/// the stand-in ends, what it extends, and its cut horizon.
+fn stand_in_anchor(scope: &Key, keys: &[Key], head: usize, fixed: u32) -> Key {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(b"condenser stand-in v1");
+    hasher.update(&anchor(scope, keys, head, fixed));
+    *hasher.finalize().as_bytes()
+}
+
+/// The stand-in a conversation went with: the items `from..end` folded into it (after the
+/// model's summary ending at `from`, or the head), and the cut horizon of the items after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct StandInRecord {
+    pub(super) from: usize,
+    pub(super) end: usize,
+    pub(super) horizon: Horizon,
 }
 
 /// What a horizon record says: the horizon (where every output is cut, and where those of
@@ -173,6 +196,16 @@ fn horizon_record(horizon: Horizon, prefix: &Key) -> String {
         horizon.first,
         horizon.cleared,
         blake3::Hash::from_bytes(*prefix).to_hex()
+    )
+}
+
+/// What a stand-in record says: where its fold starts and ends, then its horizon's record.
+fn stand_in_record(went: &StandInRecord, prefix: &Key) -> String {
+    format!(
+        "{} {} {}",
+        went.from,
+        went.end,
+        horizon_record(went.horizon, prefix)
     )
 }
 
@@ -229,14 +262,26 @@ pub(super) struct Records<'r> {
 
 impl Records<'_> {
     /// The cut horizons recorded for the kept parts starting at `starts`, kept where the
-    /// request's items up to the horizon are those the record was made on.
-    pub(super) async fn recorded(&self, starts: &[usize]) -> HashMap<usize, Horizon> {
-        let anchors: Vec<Key> = starts
+    /// request's items up to the horizon are those the record was made on; and the stand-in
+    /// the conversation after `head` went with, kept where its items up to its end and its
+    /// horizon are those it was made on. One look-up for all.
+    pub(super) async fn recorded(
+        &self,
+        starts: &[usize],
+        head: usize,
+    ) -> (HashMap<usize, Horizon>, Option<StandInRecord>) {
+        let mut anchors: Vec<Key> = starts
             .iter()
             .map(|&start| anchor(&self.scope, self.keys, start, self.fixed))
             .collect();
-        let records = self.cache.horizons(&self.caller, &anchors).await;
-        starts
+        let stand_in = stand_in_anchor(&self.scope, self.keys, head, self.fixed);
+        anchors.push(stand_in);
+        let mut records = self.cache.horizons(&self.caller, &anchors).await;
+        let stand_in = records
+            .pop()
+            .flatten()
+            .and_then(|record| self.stand_in_found(&stand_in, &record, head));
+        let horizons = starts
             .iter()
             .zip(&anchors)
             .zip(records)
@@ -249,7 +294,44 @@ impl Records<'_> {
                     && *record == *horizon_record(horizon, &prefix))
                 .then_some((start, horizon))
             })
-            .collect()
+            .collect();
+        (horizons, stand_in)
+    }
+
+    /// The stand-in `record` names, if this request's items up to its reach are those it
+    /// was made on.
+    fn stand_in_found(&self, anchor: &Key, record: &str, head: usize) -> Option<StandInRecord> {
+        let (from, rest) = record.split_once(' ')?;
+        let (end, rest) = rest.split_once(' ')?;
+        let found = StandInRecord {
+            from: from.parse().ok()?,
+            end: end.parse().ok()?,
+            horizon: recorded_horizon(rest)?,
+        };
+        let marks = [
+            found.horizon.all,
+            found.horizon.first,
+            found.horizon.cleared,
+        ];
+        let reach = found.horizon.reach().max(found.end);
+        let prefix = horizon_prefix(anchor, self, reach)?;
+        (head <= found.from
+            && found.from < found.end
+            && marks.iter().all(|&mark| mark >= found.end)
+            && record == stand_in_record(&found, &prefix))
+        .then_some(found)
+    }
+
+    /// Records the stand-in `went` with, in place of the one recorded before.
+    pub(super) async fn record_stand_in(&self, head: usize, went: StandInRecord) {
+        let anchor = stand_in_anchor(&self.scope, self.keys, head, self.fixed);
+        let reach = went.horizon.reach().max(went.end);
+        let Some(prefix) = horizon_prefix(&anchor, self, reach) else {
+            return;
+        };
+        self.cache
+            .horizon_put(&self.caller, &anchor, &stand_in_record(&went, &prefix))
+            .await;
     }
 
     /// Records `horizon` for the kept part starting at `start`.
@@ -395,7 +477,8 @@ mod tests {
             cleared: 2,
         };
         records.record(2, horizon).await;
-        let found = records.recorded(&[1, 2]).await;
+        let (found, stand_in) = records.recorded(&[1, 2], 0).await;
+        assert_eq!(stand_in, None);
         assert_eq!(found.get(&2), Some(&horizon));
         assert_eq!(found.get(&1), None);
         // Another conversation's items up to the horizon: the record is not its.
@@ -409,6 +492,6 @@ mod tests {
             messages: &other,
             ..records
         };
-        assert!(elsewhere.recorded(&[2]).await.is_empty());
+        assert!(elsewhere.recorded(&[2], 0).await.0.is_empty());
     }
 }

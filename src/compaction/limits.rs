@@ -53,8 +53,12 @@ impl SummaryRoom {
 /// did. Recall's tool and line cost 160 tokens whatever the window: they are offered
 /// (`recall` on) only where that half is at least as large, so they never take more room
 /// than a summary could.
+///
+/// The half is of the target as the window sets it, before the scale: what the summarizer is
+/// asked for goes into the summary cache's keys (`Summarizer::settings_key`), which are
+/// functions of bytes and settings alone, never of a learned ratio (rule 8).
 pub fn summary_room(limits: &Limits, max_summary_tokens: u32, recall: bool) -> SummaryRoom {
-    let half = u32::try_from(limits.target / 2).unwrap_or(u32::MAX);
+    let half = u32::try_from(limits.window_target / 2).unwrap_or(u32::MAX);
     SummaryRoom {
         summary_tokens: max_summary_tokens.min(half),
         recall: recall && half >= RECALL_RESERVE_TOKENS,
@@ -73,6 +77,9 @@ pub struct PlanInput<'a> {
     pub mode: Mode,
     /// Room to leave for the summary message.
     pub summary_tokens: u32,
+    /// What the provider counts for each of the encoding's tokens (`PromptCount::scale`):
+    /// the window is measured in the encoding's tokens by it, not the items scaled.
+    pub scale: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,11 +101,20 @@ impl Trigger {
     }
 }
 
-/// The thresholds a request is measured against, in tokens.
+/// The thresholds a request is measured against, in the encoding's tokens: the window and
+/// the operator's caps, which are the provider's, divided by the request's scale. Counts are
+/// functions of the bytes alone (`PromptCount`), so a learned ratio that moves moves only
+/// these lines: it may bring the next step sooner, and never changes what a step made.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Limits {
     /// Context window less the room reserved for the response.
     pub usable: u64,
+    /// The operator's `max_prompt_tokens` (0: off).
+    pub prompt_cap: u64,
+    /// What the provider counts for each of the encoding's tokens.
+    pub scale: f64,
+    /// `target` as the window sets it, in the provider's tokens, before the scale.
+    pub window_target: u64,
     pub trigger: u64,
     pub precompute: u64,
     /// What a compacted prompt aims under.
@@ -118,17 +134,27 @@ impl Limits {
             .requested_completion_tokens
             .unwrap_or(s.response_reserve_tokens)
             .min(input.context_window / 2);
-        let usable = input.context_window.saturating_sub(reserve).max(1);
+        let scale = if input.scale > 0.0 { input.scale } else { 1.0 };
+        let encoded = |provider: u64| (provider as f64 / scale) as u64;
+        let provider_usable = input.context_window.saturating_sub(reserve).max(1);
+        let target_of = |usable: u64, cap: u64| {
+            let target = (usable as f64 * s.target_ratio) as u64;
+            match cap {
+                0 => target,
+                cap => target.min((cap as f64 * s.target_ratio) as u64),
+            }
+        };
+        let usable = encoded(provider_usable).max(1);
+        let prompt_cap = encoded(s.max_prompt_tokens);
         let share = |ratio: f64| (usable as f64 * ratio) as u64;
-        let mut target = share(s.target_ratio);
-        if s.max_prompt_tokens > 0 {
-            target = target.min((s.max_prompt_tokens as f64 * s.target_ratio) as u64);
-        }
         Limits {
             usable,
+            prompt_cap,
+            scale,
+            window_target: target_of(provider_usable, s.max_prompt_tokens),
             trigger: share(s.trigger_ratio),
             precompute: share(s.precompute_ratio),
-            target,
+            target: target_of(usable, prompt_cap),
             message_target: (s.max_messages as f64 * s.target_ratio) as usize,
             message_precompute: (s.max_messages as f64 * s.precompute_ratio) as usize,
         }
@@ -160,7 +186,7 @@ impl Limits {
         if settings.max_messages > 0 && items > settings.max_messages {
             fired.push(Trigger::Messages);
         }
-        if settings.max_prompt_tokens > 0 && tokens > settings.max_prompt_tokens {
+        if self.prompt_cap > 0 && tokens > self.prompt_cap {
             fired.push(Trigger::PromptTokens);
         }
         fired
@@ -195,11 +221,21 @@ impl Limits {
 
     /// The most tokens a forwarded prompt may count: the window less the reserve, and the
     /// operator's `max_prompt_tokens` when set.
-    pub fn hard(&self, settings: &ContextConfig) -> u64 {
-        match settings.max_prompt_tokens {
+    pub fn hard(&self) -> u64 {
+        match self.prompt_cap {
             0 => self.usable,
             cap => self.usable.min(cap),
         }
+    }
+
+    /// What is usable as the provider counts: what upstream should accept.
+    pub fn provider_usable(&self) -> u64 {
+        self.provider_tokens(self.usable)
+    }
+
+    /// `tokens` of the encoding's as the provider counts them: what the client is told.
+    pub fn provider_tokens(&self, tokens: u64) -> u64 {
+        crate::tokens::counter::scaled_tokens(tokens, self.scale)
     }
 
     /// Whether a prompt of `tokens` in `items` items is past a precompute line, of tokens or

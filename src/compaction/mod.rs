@@ -17,6 +17,7 @@ pub mod rewrite;
 pub mod session;
 pub mod shorten;
 mod single_flight;
+mod stand_in;
 pub mod summarizer;
 pub mod summary;
 pub mod summary_api;

@@ -205,8 +205,8 @@ pub fn plan(input: &PlanInput) -> Decision {
         Err(_) if fired.is_empty() => return Decision::Forward(ForwardReason::UnderTriggers),
         Err(shortfall) => {
             return Decision::Reject {
-                tokens,
-                limit: limits.usable,
+                tokens: limits.provider_tokens(tokens),
+                limit: limits.provider_tokens(limits.usable),
                 shortfall,
             }
         }
@@ -256,15 +256,18 @@ fn split(input: &PlanInput, limits: &Limits, units: &[usize]) -> Result<Split, S
     } else {
         0
     };
+    // Told as the provider counts, as the window is.
+    let told = |tokens: u64| limits.provider_tokens(tokens);
     Err(Shortfall {
         window: input.context_window,
-        usable: limits.usable,
-        head: splitter.fixed,
-        task: splitter.task_tokens,
-        last_turn: last
-            .estimated_tokens
-            .saturating_sub(splitter.fixed + splitter.task_tokens + summary),
-        summary,
+        usable: told(limits.usable),
+        head: told(splitter.fixed),
+        task: told(splitter.task_tokens),
+        last_turn: told(
+            last.estimated_tokens
+                .saturating_sub(splitter.fixed + splitter.task_tokens + summary),
+        ),
+        summary: told(summary),
     })
 }
 
@@ -401,7 +404,7 @@ impl<'a> Splitter<'a> {
                 self.input.messages,
                 Horizon::at(start),
                 split.estimated_tokens,
-                (self.limits.target, self.limits.hard(self.input.settings)),
+                (self.limits.target, self.limits.hard()),
                 recent,
             );
             split.shorten = cuts_before(self.input.messages, start, horizon);
@@ -414,7 +417,7 @@ impl<'a> Splitter<'a> {
         } else {
             0
         };
-        let hard = self.limits.hard(self.input.settings);
+        let hard = self.limits.hard();
         if split.estimated_tokens + recall_room > hard {
             let over = split.estimated_tokens + recall_room - hard;
             let shortened = shorten_recent(self.input.messages, recent, over);
@@ -513,6 +516,7 @@ mod tests {
             settings,
             mode: Mode::Auto,
             summary_tokens: 500,
+            scale: 1.0,
         }
     }
 
@@ -902,6 +906,25 @@ mod tests {
     }
 
     #[test]
+    fn a_learned_scale_lowers_the_lines_and_leaves_the_summarys_room_as_the_window_sets_it() {
+        let s = settings();
+        let m = chat(3, 100);
+        let exact = Limits::new(&input(&m, &s));
+        let scaled = Limits::new(&PlanInput {
+            scale: 1.35,
+            ..input(&m, &s)
+        });
+        assert_eq!(scaled.usable, (exact.usable as f64 / 1.35) as u64);
+        assert!(scaled.trigger < exact.trigger && scaled.target < exact.target);
+        assert!(scaled.provider_usable().abs_diff(exact.usable) <= 2);
+        // The room is in the summary cache's keys: it moves with the window, never the ratio.
+        assert_eq!(
+            summary_room(&exact, 5_000, true),
+            summary_room(&scaled, 5_000, true)
+        );
+    }
+
+    #[test]
     fn a_request_that_offers_recall_keeps_a_rounds_room_a_small_one_a_sixteenth() {
         let limits = |usable| Limits {
             usable,
@@ -910,6 +933,9 @@ mod tests {
             target: usable / 2,
             message_target: 0,
             message_precompute: 0,
+            prompt_cap: 0,
+            scale: 1.0,
+            window_target: usable / 2,
         };
         let large = limits(48_000).with_recall_round();
         assert_eq!(large.usable, 48_000 - RECALL_ROUND_TOKENS);

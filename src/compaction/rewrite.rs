@@ -22,6 +22,10 @@ use crate::tokens::counter::PromptCount;
 use crate::tokens::encoding::Encoding;
 use crate::transport::upstream::Upstream;
 
+/// What a stand-in's summary line adds (`stand_in`): the model then reads its lines as a list
+/// of what was done, not as a summary of it.
+pub const STAND_IN_NOTE: &str = ", a stand-in until the summary is made";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
     Summarized,
@@ -132,8 +136,9 @@ impl Rewrite {
     /// a line naming the references of the items it replaces.
     pub fn summary_text(&self, head: usize, unit: &str) -> Option<String> {
         let summary = self.summary.as_ref()?;
+        let stand_in = if summary.stand_in { STAND_IN_NOTE } else { "" };
         let mut text = format!(
-            "[Context summary: {} earlier {unit}]\n\n{}",
+            "[Context summary: {} earlier {unit}{stand_in}]\n\n{}",
             self.kept_from - head,
             summary.text
         );
@@ -279,6 +284,7 @@ mod tests {
             messages: 3,
             model: "m".into(),
             created_at: 0,
+            stand_in: false,
         })
     }
 

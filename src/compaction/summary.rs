@@ -17,6 +17,10 @@ pub struct Summary {
     pub tokens: u32,
     pub model: String,
     pub created_at: u64,
+    /// Written without a model (`stand_in`), in place of the model's summary until the next
+    /// step.
+    #[serde(default)]
+    pub stand_in: bool,
 }
 
 #[cfg(test)]
@@ -30,6 +34,7 @@ impl Summary {
             tokens: 5,
             model: "m".into(),
             created_at: 0,
+            stand_in: false,
         }
     }
 }

@@ -142,6 +142,7 @@ impl SummaryMaker {
             messages: job.end - source.head,
             model: source.model.clone(),
             created_at: unix_now(),
+            stand_in: false,
         });
         self.cache.put(job.key, summary.clone()).await;
         // A would-be summary is no news, and nothing it replaces is ever recalled.
@@ -261,6 +262,7 @@ mod tests {
             tokens: 3,
             model: "summarizer-model".into(),
             created_at: 0,
+            stand_in: false,
         })
     }
 

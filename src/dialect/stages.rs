@@ -23,7 +23,7 @@ use crate::dialect::request::{
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
 use crate::tokens::catalog::{ModelCatalog, ModelInfo};
-use crate::tokens::counter::{PromptCount, RawCount, RawItems, TokenCounter};
+use crate::tokens::counter::{scaled_tokens, PromptCount, RawCount, RawItems, TokenCounter};
 use crate::tokens::encoding::Encoding;
 use crate::tokens::rules::REPLY_PRIMING;
 use crate::transport::body::ProxyBody;
@@ -241,6 +241,7 @@ impl Prepared {
             settings: settings.context,
             mode,
             summary_tokens: 0,
+            scale: self.count.scale,
         };
         // The summary's room is a share of the limits, which the rest of the input sets;
         // recall's tool and line take room beside it when the request's profile offers recall.
@@ -282,7 +283,7 @@ impl Prepared {
     /// What `auto` would do with this request, as its plan says before anything is made.
     pub fn would(&self, config: &Config, settings: Settings<'_>) -> Would {
         let decision = self.decide(&self.plan_input(config, settings, Mode::Auto));
-        Would::of(&decision, self.count.total)
+        Would::of(&decision, &self.count)
     }
 }
 
@@ -297,7 +298,9 @@ pub struct Would {
 }
 
 impl Would {
-    pub fn of(decision: &Decision, received_tokens: u64) -> Would {
+    /// From the plan's `decision` for a request of `count`: the plan's estimate is the
+    /// encoding's, told as the provider counts (`count.scale`).
+    pub fn of(decision: &Decision, count: &PromptCount) -> Would {
         match decision {
             Decision::Compact { split, .. } => Would {
                 action: if split.summarized() > 0 {
@@ -305,12 +308,12 @@ impl Would {
                 } else {
                     Action::Trimmed
                 },
-                forwarded_tokens: split.estimated_tokens,
+                forwarded_tokens: scaled_tokens(split.estimated_tokens, count.scale),
             },
             // A rejection is upstream's to make as well, on the request as sent.
             Decision::Forward(_) | Decision::Precompute(_) | Decision::Reject { .. } => Would {
                 action: Action::Forwarded,
-                forwarded_tokens: received_tokens,
+                forwarded_tokens: count.total,
             },
         }
     }
@@ -473,7 +476,7 @@ pub async fn scan_raw(
     }
     Ok(Ready {
         model: counted.model.into_owned(),
-        usable: Limits::new(&input).usable,
+        usable: Limits::new(&input).provider_usable(),
         prepared,
         body: bytes.clone(),
         inject_usage: false,
@@ -535,6 +538,7 @@ pub(crate) fn forced_split<D: Dialect>(
         settings,
         mode: Mode::Force,
         summary_tokens: 200,
+        scale: prepared.count.scale,
     };
     match plan::plan(&input) {
         Decision::Compact { split, .. } => Some(split),

@@ -85,6 +85,8 @@ pub struct Metrics {
     /// By label index.
     models: Box<[ModelSeries]>,
     pub compactions: IntCounterVec,
+    /// How each compacted request found its form, by outcome (`compaction::forms::Found`).
+    pub forms: IntCounterVec,
     /// Requests retried compacted after upstream's `context_length_exceeded`, by model.
     pub reactive_retries: IntCounterVec,
     /// Recall calls, by route and outcome (`RECALL_OUTCOMES`).
@@ -225,6 +227,11 @@ impl Metrics {
                 "condenser_compactions_total",
                 "Chat requests compacted, by action (summarized, trimmed) and summary cache outcome.",
                 &["action", "cache"],
+            )?,
+            forms: counters(
+                "condenser_forms_total",
+                "Compacted requests by how they found the form they went with: kept (the form in use), stepped (to a new summary), cut (more of the middle's outputs cut), stand_in (rounds folded into a stand-in summary), as_sent. stepped near the request rate means the form in use is not found.",
+                &["outcome"],
             )?,
             reactive_retries,
             recalls: with_every_recall_series(counters(

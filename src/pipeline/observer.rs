@@ -40,7 +40,8 @@ impl Observer {
             catalog,
             metrics.cache_errors.clone(),
             metrics.summarize_seconds.clone(),
-            metrics.summarizer_health.clone(),
+            // Would-be forms are not the gateway's: counted apart, never shown.
+            (metrics.summarizer_health.clone(), &would_be_forms()?),
             connections,
             crate::dialect::summary_api_named(&config.summarizer.api)?,
         )?
@@ -254,6 +255,15 @@ fn session_key(caller: &[u8; 32], model: &str, client: &Prompt) -> u64 {
         hasher.update(&unit.hash.to_le_bytes());
     }
     hasher.digest()
+}
+
+/// A `condenser_forms_total` of observe mode's own, registered nowhere.
+fn would_be_forms() -> Result<prometheus::IntCounterVec, ConfigError> {
+    prometheus::IntCounterVec::new(
+        prometheus::Opts::new("would_be_forms", "unshown"),
+        &["outcome"],
+    )
+    .map_err(|error| ConfigError::Invalid(error.to_string()))
 }
 
 #[cfg(test)]

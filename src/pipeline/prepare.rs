@@ -207,7 +207,7 @@ async fn prepare_in_full<'s, D: Dialect>(
             compacted::<D>(&mut request, job, precompute).await?
         }
     };
-    let usable = Limits::new(&input).usable;
+    let usable = Limits::new(&input).provider_usable();
     let would = would(state, &prepared, all_settings, mode);
     let (body, inject_usage, layout) = D::outgoing_body(request, bytes, rewritten)?;
     // Only a rewrite changes the prompt.

@@ -78,7 +78,7 @@ impl AppState {
             catalog.clone(),
             metrics.cache_errors.clone(),
             metrics.summarize_seconds.clone(),
-            metrics.summarizer_health.clone(),
+            (metrics.summarizer_health.clone(), &metrics.forms),
             &connections,
             summary_api_named(&config.summarizer.api)?,
         )?);

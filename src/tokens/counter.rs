@@ -31,16 +31,25 @@ const PARTS_SEED: u8 = 0xf1;
 const RAW_EXTRAS_SEED: u64 = 0x6578_7472_6173_0000;
 const LEARNED_MODELS_MAX: usize = 1_000;
 
-/// A request's prompt tokens. For models whose tokenizer is not known exactly, every figure
-/// is already scaled by the learned ratio (or the safety margin).
+/// A request's prompt tokens. Each item's count and `fixed` are the encoding's, functions of
+/// the bytes alone, whatever the model: they are what plans are made of, and what a cut is
+/// made to, so that a form a session went with reads the same on the next request however
+/// the learned ratio moved (rule 8). Only `total`, the provider's count as condenser
+/// estimates it, is scaled, by `scale`: for models whose tokenizer is not known exactly, the
+/// learned ratio (or the safety margin). The planner takes the scale out of the window
+/// instead (`Limits`): a learned figure moves where the steps fall, never what a step made.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PromptCount {
     pub per_message: Vec<u32>,
     /// Reply priming, tools, tool_choice and response_format.
     pub fixed: u32,
+    /// The prompt as the provider would count it: `raw_total` scaled.
     pub total: u64,
     /// The unscaled sum, what the learned ratio is measured against.
     pub raw_total: u64,
+    /// What a count of the encoding's is multiplied by to estimate the provider's: 1 where
+    /// the tokenizer is exact (and no overflow was seen).
+    pub scale: f64,
 }
 
 /// A conversation counted from its items' raw JSON.
@@ -264,9 +273,6 @@ impl TokenCounter {
             model_name,
             model,
         );
-        for (meta, &tokens) in metas.iter_mut().zip(&count.per_message) {
-            meta.tokens = tokens;
-        }
         Some(RawCount {
             count,
             metas,
@@ -342,7 +348,7 @@ impl TokenCounter {
         })
     }
 
-    /// Raw counts as they stand for exact tokenizers, else scaled.
+    /// The counts as they stand, and their total scaled to the provider's count.
     fn scaled(
         &self,
         per_message: Vec<u32>,
@@ -352,22 +358,12 @@ impl TokenCounter {
     ) -> PromptCount {
         let raw_total = per_message.iter().map(|&t| u64::from(t)).sum::<u64>() + u64::from(fixed);
         let scale = self.scale(model_name, model);
-        if scale == 1.0 {
-            return PromptCount {
-                per_message,
-                fixed,
-                total: raw_total,
-                raw_total,
-            };
-        }
-        let scaled = |t: u32| (f64::from(t) * scale).ceil() as u32;
-        let per_message: Vec<u32> = per_message.into_iter().map(scaled).collect();
-        let fixed = scaled(fixed);
         PromptCount {
-            total: per_message.iter().map(|&t| u64::from(t)).sum::<u64>() + u64::from(fixed),
             per_message,
             fixed,
+            total: scaled_tokens(raw_total, scale),
             raw_total,
+            scale,
         }
     }
 
@@ -442,6 +438,14 @@ impl TokenCounter {
         self.learned
             .read_or_keep(&name, || AtomicU64::new(sample.to_bits()), first)
     }
+}
+
+/// `tokens` of the encoding's as the provider counts them, by `scale`.
+pub fn scaled_tokens(tokens: u64, scale: f64) -> u64 {
+    if scale == 1.0 {
+        return tokens;
+    }
+    (tokens as f64 * scale).ceil() as u64
 }
 
 /// Moves a learned ratio a fifth of the way to `sample`, as one atomic step so concurrent
@@ -604,6 +608,37 @@ mod tests {
         };
         assert_eq!(counter.scale("Claude-X", &unknown), observed[3]);
         assert_eq!(counter.scale("other-model", &unknown), 1.1);
+    }
+
+    #[tokio::test]
+    async fn a_learned_ratio_scales_the_total_and_never_an_items_count() {
+        let counter = TokenCounter::new(0.1);
+        let estimated = ModelInfo {
+            encoding: Encoding::O200k,
+            context_window: 100_000,
+            exact: false,
+            family: None,
+            price: None,
+        };
+        let messages = [
+            serde_json::json!({"role": "user", "content": "the rows of turn 7, one to a hundred"}),
+            serde_json::json!({"role": "tool", "tool_call_id": "a", "content": "row 1\nrow 2\n".repeat(40)}),
+        ];
+        let before = counter
+            .count_messages(&messages, 30, "claude-x", &estimated)
+            .await;
+        counter.observe_usage("claude-x", 100, 135);
+        let after = counter
+            .count_messages(&messages, 30, "claude-x", &estimated)
+            .await;
+        // What plans and cuts are made of is the bytes' count, whatever was learned.
+        assert_eq!(
+            (&before.per_message, before.fixed, before.raw_total),
+            (&after.per_message, after.fixed, after.raw_total)
+        );
+        assert_eq!((before.scale, after.scale), (1.1, 1.35));
+        assert_eq!(after.total, (after.raw_total as f64 * 1.35).ceil() as u64);
+        assert!(after.total > before.total);
     }
 
     #[test]

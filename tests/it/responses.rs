@@ -496,6 +496,7 @@ proptest! {
                     tokens: 2,
                     model: "gpt-4o-mini".into(),
                     created_at: 0,
+                    stand_in: false,
                 })),
                 kept_from,
                 pinned: split.pinned_before(kept_from),

@@ -656,6 +656,7 @@ mod tests {
                 tokens: 4,
                 model: "m".into(),
                 created_at: 0,
+                stand_in: false,
             })),
             kept_from: 2,
             pinned: None,
