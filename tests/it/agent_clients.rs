@@ -354,7 +354,11 @@ pub(crate) fn items_of(body: &Value, field: &str) -> Vec<Value> {
 
 /// `body` with only the items of its conversation `field` that `keep` picks (by index and
 /// item), serialized: to count a part of a request as condenser counts the whole.
-pub(crate) fn with_items(body: &Value, field: &str, keep: impl Fn(usize, &Value) -> bool) -> Vec<u8> {
+pub(crate) fn with_items(
+    body: &Value,
+    field: &str,
+    keep: impl Fn(usize, &Value) -> bool,
+) -> Vec<u8> {
     let mut part = body.clone();
     let items = items_of(body, field);
     part[field] = items

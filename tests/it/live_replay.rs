@@ -201,7 +201,10 @@ fn messages_stream(
     let message = json!({"id": "msg_live", "type": "message", "role": "assistant",
         "model": model, "content": [], "stop_reason": null, "stop_sequence": null, "usage": usage});
     let events = [
-        ("message_start", json!({"type": "message_start", "message": message})),
+        (
+            "message_start",
+            json!({"type": "message_start", "message": message}),
+        ),
         (
             "content_block_start",
             json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
@@ -283,12 +286,8 @@ async fn live(
         });
         response.bytes().await.unwrap();
     }
-    eprintln!("TIMING sent cpu {}", cpu());
     let recorded = upstream.recorded();
-    let forwarded: Vec<&Recorded> = recorded
-        .iter()
-        .filter(|r| !is_summarizer_call(r))
-        .collect();
+    let forwarded: Vec<&Recorded> = recorded.iter().filter(|r| !is_summarizer_call(r)).collect();
     assert_eq!(forwarded.len(), bodies.len(), "each request forwarded once");
     let limits = thresholds(recording, &first, &config);
     let (order, conversation) = (api.cache_order(), api.conversation());
@@ -302,8 +301,7 @@ async fn live(
             told.forwarded,
             limits.hard_limit
         );
-        let scale =
-            told.forwarded as f64 / api.raw_count(&upstream.body, counting).await as f64;
+        let scale = told.forwarded as f64 / api.raw_count(&upstream.body, counting).await as f64;
         let floor = floor_of(&forwarded, conversation, RECENT);
         let items = unmarked(&client[conversation]);
         sent.push(Sent {
@@ -417,9 +415,7 @@ async fn agrees_with_replay(recording: Recording) {
     assert!(bodies.len() > 100, "{} requests", bodies.len());
     let first: Value = serde_json::from_str(&bodies[0]).unwrap();
     let limits = thresholds(&recording, &first, &config_for(""));
-    let t = std::time::Instant::now();
     let (rows, replay_steps) = replayed(&recording, &bodies).await;
-    eprintln!("TIMING replay {:?} cpu {}", t.elapsed(), cpu());
     let replay_breaks = replay_avoidable(&rows, limits);
     // Counts as condenser makes them before it scales them, kept across both runs.
     let unscaled = config_for("");
@@ -428,9 +424,7 @@ async fn agrees_with_replay(recording: Recording) {
         TokenCounter::new(unscaled.tokens.unknown_model_margin),
     );
     let instant = live(&recording, &bodies, Duration::ZERO, &counting).await;
-    eprintln!("TIMING instant {:?} cpu {}", t.elapsed(), cpu());
     let slow = live(&recording, &bodies, SLOW_SUMMARY, &counting).await;
-    eprintln!("TIMING slow {:?} cpu {}", t.elapsed(), cpu());
     for (pace, run) in [("instant", &instant), ("slow", &slow)] {
         let figures = &run.figures;
         eprintln!(
@@ -458,7 +452,11 @@ async fn agrees_with_replay(recording: Recording) {
         recording.file,
         rows.iter().filter(|r| r.cache_break == "cut_step").count(),
     );
-    assert_eq!(replay_breaks, Vec::<usize>::new(), "replay's avoidable breaks");
+    assert_eq!(
+        replay_breaks,
+        Vec::<usize>::new(),
+        "replay's avoidable breaks"
+    );
     assert_eq!(
         instant.figures.avoidable,
         Vec::new(),
@@ -489,11 +487,4 @@ async fn claude_code_2_1_332_live_agrees_with_replay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gemini_cli_0_61_live_agrees_with_replay() {
     agrees_with_replay(GEMINI_CLI_0_61).await;
-}
-
-fn cpu() -> String {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-    let fields: Vec<&str> = stat.rsplit(')').next().unwrap().split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    format!("{:.1}s", ticks as f64 / 100.0)
 }

@@ -143,8 +143,7 @@ fn cuts_reread(sent: &[Sent]) -> Vec<(usize, String)> {
     let mut reread = Vec::new();
     for (i, request) in sent.iter().enumerate() {
         let client_changed = i > 0 && !extends(&sent[i - 1].client, &request.client);
-        let client: serde_json::Value =
-            serde_json::from_slice(&request.client).unwrap_or_default();
+        let client: serde_json::Value = serde_json::from_slice(&request.client).unwrap_or_default();
         let client: HashMap<String, &str> = texts(&client)
             .into_iter()
             .filter_map(|text| Some((output_key(text)?, text)))
@@ -275,7 +274,11 @@ pub fn cache_figures(sent: &[Sent], limits: Thresholds) -> CacheFigures {
                 // `is_landing` reads this opening.
                 "at byte {common}, {grown} tokens grown, {} forwarded, aim {aim}{}: …{context}…",
                 now.forwarded_tokens,
-                if rolling { ", right after a cut step" } else { "" }
+                if rolling {
+                    ", right after a cut step"
+                } else {
+                    ""
+                }
             ),
         ));
     }
@@ -332,11 +335,9 @@ mod tests {
             conversation.push(json!({"role": "user",
                 "content": format!("[Context summary: {summary}] The agent read logs.")}));
         }
-        conversation.extend(
-            outputs
-                .iter()
-                .map(|text| json!({"role": "user", "content": [{"type": "tool_result", "content": text}]})),
-        );
+        conversation.extend(outputs.iter().map(
+            |text| json!({"role": "user", "content": [{"type": "tool_result", "content": text}]}),
+        ));
         serde_json::to_vec(&json!([[{"name": "Read"}], "You are an agent.", conversation])).unwrap()
     }
 
@@ -386,16 +387,29 @@ mod tests {
         // before, and reads otherwise now.
         let sent = [
             request(8, &cuts(0..1), None, 1.0),
-            request(9, &[(0, 905), (1, 900), (2, 900), (3, 900), (4, 900)], None, 1.0),
+            request(
+                9,
+                &[(0, 905), (1, 900), (2, 900), (3, 900), (4, 900)],
+                None,
+                1.0,
+            ),
         ];
         let figures = cache_figures(&sent, LIMITS);
         assert_eq!(figures.avoidable.len(), 1, "{figures:?}");
-        assert!(figures.avoidable[0].1.starts_with("an output cut before reads differently"));
+        assert!(figures.avoidable[0]
+            .1
+            .starts_with("an output cut before reads differently"));
         // And whole again, as sent.
-        let sent = [request(5, &cuts(0..1), None, 1.0), request(6, &[], None, 1.0)];
+        let sent = [
+            request(5, &cuts(0..1), None, 1.0),
+            request(6, &[], None, 1.0),
+        ];
         let figures = cache_figures(&sent, LIMITS);
         assert!(
-            figures.avoidable.iter().any(|(_, what)| what.starts_with("an output cut before")),
+            figures
+                .avoidable
+                .iter()
+                .any(|(_, what)| what.starts_with("an output cut before")),
             "{figures:?}"
         );
     }
@@ -413,7 +427,10 @@ mod tests {
         assert_eq!(figures.cut_steps, 1);
         // A ratio that moved up makes the same step due a round sooner: 6,500 tokens counted
         // at 1.0 are 7,800 at 1.2, and grow to 9,000.
-        let sent = [request(6, &[], None, 1.0), request(7, &cuts(0..4), None, 1.2)];
+        let sent = [
+            request(6, &[], None, 1.0),
+            request(7, &cuts(0..4), None, 1.2),
+        ];
         let figures = cache_figures(&sent, LIMITS);
         assert!(figures.avoidable.is_empty(), "{figures:?}");
         assert_eq!(figures.cut_steps, 1);
@@ -475,11 +492,23 @@ mod tests {
         let pairs = 7;
         for (name, sent, at_least) in [
             ("near the target", rolling(&|_| 1.0, (0, 0), false), pairs),
-            ("at a floor just under the trigger", rolling(&|_| 1.0, (3_000, 0), true), pairs - 1),
-            ("at a floor over the trigger", rolling(&|_| 1.0, (4_500, 0), true), pairs),
+            (
+                "at a floor just under the trigger",
+                rolling(&|_| 1.0, (3_000, 0), true),
+                pairs - 1,
+            ),
+            (
+                "at a floor over the trigger",
+                rolling(&|_| 1.0, (4_500, 0), true),
+                pairs,
+            ),
             (
                 "with a ratio that moves",
-                rolling(&|sent| if sent % 2 == 0 { 1.30 } else { 1.33 }, (0, 60_000), true),
+                rolling(
+                    &|sent| if sent % 2 == 0 { 1.30 } else { 1.33 },
+                    (0, 60_000),
+                    true,
+                ),
                 pairs - 1,
             ),
         ] {

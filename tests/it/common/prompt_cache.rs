@@ -277,7 +277,10 @@ mod tests {
             cache.prompt(&body).prompt_tokens as f64 / exact.prompt(&body).prompt_tokens as f64
         };
         let (first, second) = (ratio(prose), ratio(&rows));
-        assert!(first > 1.04 && first < second && second < 1.36, "{first} {second}");
+        assert!(
+            first > 1.04 && first < second && second < 1.36,
+            "{first} {second}"
+        );
     }
 
     #[test]
@@ -286,19 +289,27 @@ mod tests {
         let first = cache.prompt(&claude(&["one two three", "four"]));
         assert_eq!(first.cached_tokens, 0);
         // Another session's request in between does not move this one's.
-        let other = json!({"model": "claude-haiku-4-5", "messages": [{"role": "user", "content": "hi"}]});
+        let other =
+            json!({"model": "claude-haiku-4-5", "messages": [{"role": "user", "content": "hi"}]});
         cache.prompt(&other);
         let second = cache.prompt(&claude(&["one two three", "four", "five six"]));
-        assert!(second.cached_tokens >= first.prompt_tokens - 2, "{first:?} {second:?}");
+        assert!(
+            second.cached_tokens >= first.prompt_tokens - 2,
+            "{first:?} {second:?}"
+        );
         assert!(second.cached_tokens < second.prompt_tokens);
         // A change in the middle caches only what comes before it.
         let third = cache.prompt(&claude(&["one two three", "FOUR", "five six"]));
         assert!(third.cached_tokens < second.cached_tokens, "{third:?}");
         let usage = third.anthropic_usage(true, 1);
-        let sum = ["input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"]
-            .iter()
-            .map(|field| usage[field].as_u64().unwrap())
-            .sum::<u64>();
+        let sum = [
+            "input_tokens",
+            "cache_creation_input_tokens",
+            "cache_read_input_tokens",
+        ]
+        .iter()
+        .map(|field| usage[field].as_u64().unwrap())
+        .sum::<u64>();
         assert_eq!(sum, third.prompt_tokens);
     }
 }
