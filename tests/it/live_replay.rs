@@ -241,13 +241,6 @@ struct Told {
     forwarded: u64,
 }
 
-/// What one run showed, for the log and the comparison with replay.
-#[derive(Debug)]
-struct Run {
-    figures: CacheFigures,
-    summaries: usize,
-}
-
 /// The session sent to the live proxy request after request, each after the reply to the
 /// one before; every request judged (`cache_figures`) against the thresholds of the first.
 async fn live(
@@ -255,7 +248,7 @@ async fn live(
     bodies: &[String],
     summarizer: Duration,
     counting: &(ModelCatalog, TokenCounter),
-) -> Run {
+) -> CacheFigures {
     let api = recording.api;
     let upstream = scripted(api, summarizer).await;
     let first: Value = serde_json::from_str(&bodies[0]).unwrap();
@@ -314,10 +307,27 @@ async fn live(
             scale,
         });
     }
-    Run {
-        figures: cache_figures(&sent, limits),
-        summaries: upstream.summarizer_calls().len(),
+    let figures = cache_figures(&sent, limits);
+    let summaries = upstream.summarizer_calls().len();
+    eprintln!(
+        "{} live, summarizer {summarizer:?}: {} requests, {summaries} summaries made, {} summary \
+         steps, {} cut steps, {} client changes, {} avoidable breaks, prefix reuse {:.3}, billed \
+         {:.0} against {:.0} sent whole ({:.2})",
+        recording.file,
+        figures.pairs + 1,
+        figures.summary_steps,
+        figures.cut_steps,
+        figures.client_changes,
+        figures.avoidable.len(),
+        figures.reuse,
+        figures.billed,
+        figures.billed_whole,
+        figures.billed / figures.billed_whole,
+    );
+    for (at, what) in figures.avoidable.iter().take(5) {
+        eprintln!("  avoidable break at request {at}: {what}");
     }
+    figures
 }
 
 /// The thresholds condenser measures the session's requests against: the window less the
@@ -417,6 +427,11 @@ async fn agrees_with_replay(recording: Recording) {
     let limits = thresholds(&recording, &first, &config_for(""));
     let (rows, replay_steps) = replayed(&recording, &bodies).await;
     let replay_breaks = replay_avoidable(&rows, limits);
+    eprintln!(
+        "{} replayed: {replay_steps} summary steps, {} cut steps, avoidable at {replay_breaks:?}",
+        recording.file,
+        rows.iter().filter(|r| r.cache_break == "cut_step").count(),
+    );
     // Counts as condenser makes them before it scales them, kept across both runs.
     let unscaled = config_for("");
     let counting = (
@@ -425,50 +440,23 @@ async fn agrees_with_replay(recording: Recording) {
     );
     let instant = live(&recording, &bodies, Duration::ZERO, &counting).await;
     let slow = live(&recording, &bodies, SLOW_SUMMARY, &counting).await;
-    for (pace, run) in [("instant", &instant), ("slow", &slow)] {
-        let figures = &run.figures;
-        eprintln!(
-            "{} live, summarizer {pace}: {} requests, {} summaries made, {} summary steps, {} cut \
-             steps, {} client changes, {} avoidable breaks, prefix reuse {:.3}, billed {:.0} \
-             against {:.0} sent whole ({:.2})",
-            recording.file,
-            figures.pairs + 1,
-            run.summaries,
-            figures.summary_steps,
-            figures.cut_steps,
-            figures.client_changes,
-            figures.avoidable.len(),
-            figures.reuse,
-            figures.billed,
-            figures.billed_whole,
-            figures.billed / figures.billed_whole,
-        );
-        for (at, what) in figures.avoidable.iter().take(5) {
-            eprintln!("  avoidable break at request {at}: {what}");
-        }
-    }
-    eprintln!(
-        "{} replayed: {replay_steps} summary steps, {} cut steps, avoidable at {replay_breaks:?}",
-        recording.file,
-        rows.iter().filter(|r| r.cache_break == "cut_step").count(),
-    );
     assert_eq!(
         replay_breaks,
         Vec::<usize>::new(),
         "replay's avoidable breaks"
     );
     assert_eq!(
-        instant.figures.avoidable,
+        instant.avoidable,
         Vec::new(),
         "live avoidable breaks, the summarizer instant"
     );
     assert!(
-        instant.figures.summary_steps.abs_diff(replay_steps) <= 1,
+        instant.summary_steps.abs_diff(replay_steps) <= 1,
         "live took {} summary steps, replay {replay_steps}",
-        instant.figures.summary_steps
+        instant.summary_steps
     );
     assert_eq!(
-        slow.figures.avoidable,
+        slow.avoidable,
         Vec::new(),
         "live avoidable breaks, the summarizer slow"
     );
