@@ -150,6 +150,8 @@ async fn session_on(window: u64, pace: Pace, shared: Option<&Redis>) -> CacheFig
             received_tokens: Condensed::of(&response).prompt_tokens.unwrap(),
             forwarded_tokens: Condensed::of(&response).forwarded_tokens.unwrap(),
             floor_tokens: 0,
+            // gpt-4o's tokenizer is exact: nothing is scaled.
+            scale: 1.0,
         });
         response.bytes().await.unwrap();
         messages.extend(round(r));

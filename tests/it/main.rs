@@ -20,6 +20,7 @@ mod gateway;
 mod gemini;
 mod hostile_upstream;
 mod key_routing;
+mod live_replay;
 mod messages;
 mod metrics;
 mod observe;

@@ -25,9 +25,11 @@ const GEMINI_LOOP: &str = "/v1beta/models/gemini-3.1-pro-preview-customtools:str
 /// Small enough that condenser compacts between the rounds at which Gemini CLI masks.
 const GEMINI_WINDOW: u64 = 60_000;
 
-/// The log a `read_file` call reads, by its path's round.
+/// The round of the log a `read_file` call reads (by its path), or a `run_shell_command`
+/// call (by the path its command reads).
 fn call_round(part: &Value) -> Option<usize> {
-    let path = part["functionCall"]["args"]["file_path"].as_str()?;
+    let args = &part["functionCall"]["args"];
+    let path = args["file_path"].as_str().or(args["command"].as_str())?;
     let name = path.rsplit('/').next()?;
     name.strip_prefix("log-")?.get(..3)?.parse().ok()
 }
@@ -71,19 +73,28 @@ fn unsigned_calls(body: &Value) -> Vec<String> {
 /// tells Gemini CLI's router the task is complex (so its default model answers); summarizes
 /// slowly and keeps nothing.
 async fn scripted_gemini(reader: Arc<Reader>, rounds: usize, pace: Pace) -> MockUpstream {
+    let cache = PromptCache::provider();
     MockUpstream::start(handler(move |r| {
-        let reader = reader.clone();
+        let (reader, cache) = (reader.clone(), cache.clone());
         async move {
             let body: Value = serde_json::from_slice(&r.body).unwrap_or_default();
             let path = r.path_and_query.split('?').next().unwrap_or("");
-            let usage = json!({"promptTokenCount": r.body.len() / 4, "candidatesTokenCount": 20,
-                "thoughtsTokenCount": 30});
-            if is_summarizer_call(&r) {
+            // The model is in the path: `/v1beta/models/{model}:{method}`.
+            let model = path.rsplit('/').next().and_then(|m| m.split(':').next()).unwrap_or("");
+            if path.ends_with(":countTokens") {
+                let counted = PromptCache::provider().prompt_of("", model, &body);
+                return json_response(200, &json!({"totalTokens": counted.prompt_tokens}));
+            }
+            // Usage as Gemini reports it (`PromptCache::provider`), each conversation (the
+            // loop, the router's, the summarizer's) against its own previous request.
+            let summarizing = is_summarizer_call(&r);
+            let session = if summarizing { format!("summarizer {model}") } else { model.to_string() };
+            let counted = cache.prompt_of(&session, model, &body);
+            let mut usage = counted.gemini_usage(20);
+            usage["thoughtsTokenCount"] = json!(30);
+            if summarizing {
                 tokio::time::sleep(pace.summarizer).await;
                 return json_response(200, &gemini_reply(json!([{"text": LOSSY_SUMMARY}]), usage));
-            }
-            if path.ends_with(":countTokens") {
-                return json_response(200, &json!({"totalTokens": r.body.len() / 4}));
             }
             if !path.ends_with(":streamGenerateContent") {
                 let choice = json!({"complexity_reasoning": "a multi-step investigation", "complexity_score": 90});
@@ -96,17 +107,23 @@ async fn scripted_gemini(reader: Arc<Reader>, rounds: usize, pace: Pace) -> Mock
             }
             tokio::time::sleep(pace.model).await;
             let round = gemini_round(&body);
-            let reads = body["tools"].to_string().contains("\"read_file\"");
+            let tools = body["tools"].to_string();
+            let reads = tools.contains("\"read_file\"");
+            let shell = tools.contains("\"run_shell_command\"");
             let answer = match reader.play(&body, round, rounds, reads) {
                 Move::Recall { id, arguments } => {
                     json!({"functionCall": {"id": id, "name": "condenser_recall", "args": arguments}})
                 }
+                Move::Read(log) if shell && by_shell(round) => json!({"functionCall": {"name": "run_shell_command",
+                    "args": {"command": shell_read(round, &reader.path(&log)),
+                        "description": "List the rows, then read the next log"}},
+                    "thoughtSignature": signature(round)}),
                 Move::Read(log) => json!({"functionCall": {"name": "read_file", "args": {"file_path": reader.path(&log)}},
                     "thoughtSignature": signature(round)}),
                 Move::Say(text) => json!({"text": text}),
             };
             let thought = gemini_reply(json!([{"text": "Reading the next log.", "thought": true}]),
-                json!({"promptTokenCount": r.body.len() / 4}));
+                json!({"promptTokenCount": counted.prompt_tokens}));
             gemini_sse(&[thought, gemini_reply(json!([answer]), usage)])
         }
     }))
@@ -193,7 +210,6 @@ async fn gemini_cli_session(pace: Pace) {
     let (exchanges, _) = stack.judged::<Gemini>(&Session {
         client: format!("Gemini CLI 0.61.0 at {pace:?}"),
         pace,
-        rewrites_history: true,
         path: GEMINI_LOOP,
         model: GEMINI_CLI_MODEL,
         round_of: gemini_round,

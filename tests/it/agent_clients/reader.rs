@@ -289,7 +289,12 @@ impl Reader {
         if asked {
             return self.answer(body, continued, offered);
         }
-        let newest = sent.last().unwrap_or(&Value::Null);
+        // The newest item but the system messages a client adds after it (the current
+        // Claude Code's "The user hasn't heard from you in a while").
+        let newest = sent
+            .iter()
+            .rfind(|item| !matches!(item["role"].as_str(), Some("system" | "developer")))
+            .unwrap_or(&Value::Null);
         let answers_a_tool = !said_by_the_client(newest);
         // The task's first request: no tool output yet.
         let fresh = !sent.iter().any(is_tool_output);
