@@ -26,6 +26,7 @@
 #   PASS_THROUGH 0 to skip part 1
 #   COMPACTION   0 to skip part 2
 #   PACE         seconds between a session's requests (default 0.1)
+#   KEEP_DIR     keep each compaction run's bodies and times there (to bill them again)
 #   SESSIONS     FILE:WINDOW pairs (default both Claude Code sessions, in the windows they were
 #                recorded with)
 set -euo pipefail
@@ -222,11 +223,13 @@ start_target() {
         PID=$!
         health=$URL/health/liveliness
         ;;
-    headroom)
+    headroom | headroom-token)
         # Its defaults, but for the rate limit (60 requests a minute), which a load test
-        # cannot pass.
+        # cannot pass; headroom-token is its mode that compresses most (prior turns rewritten).
+        local mode_flag=()
+        [ "$name" = headroom ] || mode_flag=(--mode token)
         HEADROOM_BEACON=off LITELLM_LOCAL_MODEL_COST_MAP=True \
-            "$PEERS_DIR/headroom/bin/headroom" proxy --host 127.0.0.1 --port "$port" --no-rate-limit \
+            "$PEERS_DIR/headroom/bin/headroom" proxy --host 127.0.0.1 --port "$port" --no-rate-limit "${mode_flag[@]}" \
             --openai-api-url "http://127.0.0.1:$UP_PORT" --anthropic-api-url "http://127.0.0.1:$UP_PORT" \
             >"$dir/out.log" 2>&1 &
         PID=$!
@@ -340,6 +343,7 @@ for name in "${TARGETS[@]}"; do
             served=$((served + W_N))
             R[$name,$stream,$c,p50]=$W_P50 R[$name,$stream,$c,p99]=$W_P99 R[$name,$stream,$c,rps]=$W_RPS
             R[$name,$stream,$c,bad]=$W_BAD
+            [ "$W_N" -gt 0 ] || R[$name,$stream,$c,none]=1
             log "$name stream=$stream c=$c: $W_RPS req/s, p50 $W_P50 ms, p99 $W_P99 ms, errors $W_BAD"
         done
     done
@@ -360,6 +364,7 @@ stop_upstream
 
 added() { # $1 = target, $2 = stream, $3 = c, $4 = p50|p99: its latency minus the upstream's
     local v=${R[$1,$2,$3,$4]:-} u=${R[upstream,$2,$3,$4]:-}
+    [ -z "${R[$1,$2,$3,none]:-}" ] || { echo "none answered in ${DURATION}s"; return; }
     [ -n "$v" ] && [ -n "$u" ] || { echo "-"; return; }
     awk -v v="$v" -v u="$u" 'BEGIN { printf "%+.3f", v - u }'
 }
@@ -404,6 +409,7 @@ COMPACTING=(upstream condenser)
 for peer in headroom litellm; do
     case " $PEERS " in *" $peer "*) [ -n "${WHY[$peer]:-}" ] || COMPACTING+=("$peer") ;; esac
 done
+case " ${COMPACTING[*]} " in *" headroom "*) COMPACTING+=(headroom-token) ;; esac
 echo
 echo "## Compaction: recorded sessions, one request at a time (pace ${PACE}s), billed with a prompt cache"
 echo
@@ -439,6 +445,7 @@ print(b["requests"], b["upstream_requests"], b["billed"], b["over_window"], b["i
         [ "$name" = upstream ] && BASE[billed]=$billed BASE[p50]=$p50
         ratio=$(awk -v b="$billed" -v s="${BASE[billed]:-0}" 'BEGIN { if (s > 0) printf "%.2f", b / s; else print "-" }')
         add=$([ "$name" = upstream ] && echo "(${p50} abs.)" || awk -v p="$p50" -v u="${BASE[p50]:-0}" 'BEGIN { printf "%+.2f", p - u }')
+        [ -z "${KEEP_DIR:-}" ] || { mkdir -p "$KEEP_DIR" && cp -r "$run" "$KEEP_DIR/"; }
         printf '| %-22s | %-10s | %-9s | %-13s | %-8s | %-14s | %-14s | %s |\n' "${session%.jsonl.zst}" "$name" \
             "$requests ($upstream_requests up)" "$billed" "$ratio" "$over of $upstream_requests" "$add" \
             "$((invalid + failed))$([ "$((invalid + failed))" = 0 ] || echo " (${first//_/ })")"
