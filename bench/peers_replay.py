@@ -7,7 +7,7 @@ what its upstream (bench/peers_upstream.py with BODIES set) received of it, judg
 
 Each request the upstream received (the summarizer's calls too) is billed as Anthropic bills a
 prompt cache: a token read from the cache at 0.1 of an input token, a token written to it at
-1.25. What is read is the longest prefix the request shares with an earlier one of the run (a
+1.25. What is read is the longest prefix the request shares with one of the 8 before it (a
 provider keeps a cached prefix for minutes and a run lasts less, so a summarizer's call in
 between does not evict the conversation's), measured on the prompt as the model reads it:
 tools, system, messages, in that order, `cache_control` marks left out (moving a mark does not
@@ -69,10 +69,15 @@ def prompt_text(body):
 
 
 def common_prefix(a, b):
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:  # the longest k with a[:k] == b[:k], by halves: slices compare in C
+    """The length of the longest common prefix: 64 KiB blocks compared whole (in C) until one
+    differs, then that block by halves."""
+    end, at, block = min(len(a), len(b)), 0, 1 << 16
+    while at + block <= end and a[at:at + block] == b[at:at + block]:
+        at += block
+    lo, hi = at, min(at + block, end)
+    while lo < hi:
         mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
+        if a[at:mid] == b[at:mid]:
             lo = mid
         else:
             hi = mid - 1
@@ -127,7 +132,7 @@ def bill(bodies, sent, window, condenser):
         except (ValueError, AttributeError) as e:
             why, text = f"not a Messages body: {e}", ""
         cached_chars = max((common_prefix(text, earlier) for earlier in seen), default=0)
-        seen.append(text)
+        seen = (seen + [text])[-8:]
         counted = tokens(path, condenser)
         counted_by.add("condenser count" if counted is not None else "characters / 4")
         total = counted if counted is not None else len(text) / 4
