@@ -666,3 +666,100 @@ async fn the_server_asks_for_no_huge_pages() {
         "mappings advised for huge pages: {advised:?}"
     );
 }
+
+/// An HTTPS upstream on port 0 with the test CA's certificate for localhost, offering
+/// `offered` by ALPN, as a provider's API does; it answers a chat completion and sends, for
+/// each request, the protocol ALPN settled on and the HTTP version the request came in.
+async fn tls_upstream(offered: &[&[u8]]) -> (String, mpsc::UnboundedReceiver<(String, String)>) {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    let certs = CertificateDer::pem_file_iter("tests/tls/localhost.pem")
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file("tests/tls/localhost.key").unwrap();
+    let mut config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    config.alpn_protocols = offered.iter().map(|p| p.to_vec()).collect();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "https://localhost:{}",
+        listener.local_addr().unwrap().port()
+    );
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, tx) = (acceptor.clone(), tx.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let alpn = tls
+                    .get_ref()
+                    .1
+                    .alpn_protocol()
+                    .map(|p| String::from_utf8_lossy(p).into_owned())
+                    .unwrap_or_else(|| "none".into());
+                let answer = hyper::service::service_fn(move |request: hyper::Request<_>| {
+                    let _ = tx.send((alpn.clone(), format!("{:?}", request.version())));
+                    async move {
+                        let _ = http_body_util::BodyExt::collect(request.into_body()).await;
+                        Ok::<_, std::convert::Infallible>(json_response(
+                            200,
+                            &completion("hello over TLS", 10, 3),
+                        ))
+                    }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), answer)
+                .await;
+            });
+        }
+    });
+    (url, rx)
+}
+
+/// condenser, as shipped and run, speaks HTTP/2 to a TLS upstream that offers it by ALPN
+/// beside HTTP/1.1, as providers' APIs do (the spec: HTTP/2 by default where offered); and
+/// HTTP/1.1 to one that offers only that.
+#[tokio::test]
+async fn the_binary_speaks_http2_to_a_tls_upstream_that_offers_it_by_alpn() {
+    let ca = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tls/ca.pem");
+    for (offered, alpn, version) in [
+        (&[&b"h2"[..], b"http/1.1"][..], "h2", "HTTP/2.0"),
+        (&[&b"http/1.1"[..]][..], "http/1.1", "HTTP/1.1"),
+    ] {
+        let (upstream, mut seen) = tls_upstream(offered).await;
+        let dir = tempfile::tempdir().unwrap();
+        let mut command = Command::new(BIN);
+        command.env("SSL_CERT_FILE", ca);
+        let (mut child, addr, _logs) = serve_as(command, "", &upstream, &dir).await;
+        let body = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]});
+        let response = client()
+            .post(format!("http://{addr}/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let answer: Value = response.json().await.unwrap();
+        assert_eq!(answer["choices"][0]["message"]["content"], "hello over TLS");
+        let (settled, arrived) = within("the upstream's request", seen.recv()).await.unwrap();
+        assert_eq!(
+            (settled.as_str(), arrived.as_str()),
+            (alpn, version),
+            "offered {offered:?}"
+        );
+        child.kill().await.unwrap();
+    }
+}
