@@ -58,7 +58,7 @@ impl ReactiveRetry {
     fn for_request(mode: Mode, outgoing: &Outgoing) -> ReactiveRetry {
         ReactiveRetry {
             armed: !matches!(mode, Mode::Off | Mode::Observe)
-                && (!outgoing.info.exact || outgoing.forwarded_tokens > outgoing.usable / 2),
+                && (!outgoing.info.exact || outgoing.forwarded_tokens > outgoing.limits.usable / 2),
         }
     }
 
@@ -133,7 +133,7 @@ pub(super) async fn send<'s, D: Dialect>(
         let factor = state.counter.observe_overflow(
             &outgoing.model,
             outgoing.forwarded_tokens,
-            outgoing.usable,
+            outgoing.limits.usable,
         );
         let compacted = prepare_forced::<D>(
             state,
@@ -211,7 +211,10 @@ async fn serve_offered<'s, D: Dialect>(
         (outgoing.body.clone(), original.bytes.clone()),
         (original.settings.recall, outgoing.info.encoding),
         (
-            outgoing.usable.saturating_sub(outgoing.forwarded_tokens),
+            outgoing
+                .limits
+                .usable
+                .saturating_sub(outgoing.forwarded_tokens),
             match outgoing.forwarded_raw {
                 0 => 1.0,
                 raw => outgoing.forwarded_tokens as f64 / raw as f64,
