@@ -215,10 +215,13 @@ async fn main() -> ExitCode {
                     Ok(replay) => match html {
                         None => Ok(replay.table),
                         Some(out) => {
-                            let title = format!(
-                                "condenser replay of {}",
-                                file.as_deref().unwrap_or("standard input")
-                            );
+                            // The file's name, not where it lies on this machine.
+                            let name = file
+                                .as_deref()
+                                .map(std::path::Path::new)
+                                .and_then(std::path::Path::file_name)
+                                .map_or("standard input".into(), |name| name.to_string_lossy());
+                            let title = format!("condenser replay of {name}");
                             if let Err(e) = std::fs::write(&out, replay.html(&title)) {
                                 return fail(format!("cannot write {}: {e}", out.display()));
                             }
