@@ -4,6 +4,7 @@
 mod check;
 mod input;
 mod replay;
+pub mod report;
 
 use std::fmt::Write as _;
 use std::future::Future;
@@ -28,8 +29,8 @@ use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::TokenCounter;
 pub use check::check_config;
 use input::{body_with_model, settings_named};
-pub use input::{load_config, CommandError};
-pub use replay::{replay, ReplayOptions};
+pub use input::{decoded_input, load_config, CommandError};
+pub use replay::{replay, Replay, ReplayOptions};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {

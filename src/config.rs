@@ -20,6 +20,7 @@ pub use error::ConfigError;
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub server: ServerConfig,
+    pub admin: AdminConfig,
     pub upstream: UpstreamConfig,
     pub routes: Vec<RouteConfig>,
     pub context: ContextConfig,
@@ -68,6 +69,59 @@ impl Default for ServerConfig {
             header_read_timeout_secs: 30,
             max_event_bytes: 64 * 1024 * 1024,
         }
+    }
+}
+
+/// The optional second listener: `GET /sessions`, the recent sessions drawn as `condenser
+/// replay --html` draws one. Never on the proxy's port: its page is the operator's.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Its address; empty: no second listener, and nothing recorded for it.
+    pub listen: String,
+    /// The sessions it keeps, the least recently seen let go first.
+    pub sessions: usize,
+    /// The requests it keeps of each session, its oldest let go first.
+    pub requests: usize,
+    /// Whether its page shows what the model was sent (prompt text); off, only counts.
+    pub prompt_text: bool,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            listen: String::new(),
+            sessions: 20,
+            requests: 500,
+            prompt_text: false,
+        }
+    }
+}
+
+impl AdminConfig {
+    /// Its address parses, and is not the proxy's port: the page would otherwise answer
+    /// on the port clients are given.
+    fn validate(&self, server: &ServerConfig) -> Result<(), ConfigError> {
+        if self.listen.is_empty() {
+            return Ok(());
+        }
+        let admin = self
+            .listen
+            .parse::<SocketAddr>()
+            .map_err(|e| ConfigError::Invalid(format!("admin.listen {:?}: {e}", self.listen)))?;
+        let proxy = server.listen.parse::<SocketAddr>().ok();
+        if proxy.is_some_and(|proxy| proxy.port() == admin.port() && admin.port() != 0) {
+            return Err(ConfigError::Invalid(format!(
+                "admin.listen {:?} is the proxy's port (server.listen {:?}): give the admin listener a port of its own",
+                self.listen, server.listen
+            )));
+        }
+        if self.sessions == 0 || self.requests == 0 {
+            return Err(ConfigError::Invalid(
+                "admin.sessions and admin.requests must be at least 1".into(),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -299,6 +353,7 @@ impl Config {
         self.server.listen.parse::<SocketAddr>().map_err(|e| {
             ConfigError::Invalid(format!("server.listen {:?}: {e}", self.server.listen))
         })?;
+        self.admin.validate(&self.server)?;
         validate_url("upstream.base_url", &self.upstream.base_url)?;
         for (i, route) in self.routes.iter().enumerate() {
             validate_url(&format!("routes[{i}].base_url"), &route.base_url)?;
@@ -452,6 +507,25 @@ mod tests {
             let error = Config::from_toml(toml, "t").unwrap_err().to_string();
             assert!(error.contains(names), "{error}");
         }
+    }
+
+    #[test]
+    fn the_admin_listener_never_takes_the_proxys_port() {
+        let admin = |toml: &str| Config::from_toml(toml, "t").map_err(|e| e.to_string());
+        let same =
+            admin("[server]\nlisten = \"127.0.0.1:8080\"\n[admin]\nlisten = \"0.0.0.0:8080\"\n");
+        assert!(
+            same.as_ref()
+                .is_err_and(|e| e.contains("admin.listen") && e.contains("proxy's port")),
+            "{same:?}"
+        );
+        assert!(admin("[admin]\nlisten = \"127.0.0.1:9090\"\n").is_ok());
+        assert!(admin("[admin]\nlisten = \"here\"\n").is_err_and(|e| e.contains("admin.listen")));
+        assert!(Config::default().admin.listen.is_empty());
+        // --listen overrides the file before it is checked.
+        let mut config = admin("[admin]\nlisten = \"127.0.0.1:9090\"\n").unwrap();
+        config.server.listen = "127.0.0.1:9090".into();
+        assert!(config.validate().is_err());
     }
 
     #[test]

@@ -93,8 +93,13 @@ enum Command {
         /// A [profiles.NAME], as the x-condenser-profile header.
         #[arg(long)]
         profile: Option<String>,
-        /// A JSON Lines file of the session's request bodies, in order, or - for stdin.
+        /// A JSON Lines file of the session's request bodies, in order (zstd-compressed
+        /// or not), or - for stdin.
         file: Option<String>,
+        /// Also write the session as one self-contained HTML page: a chart of each
+        /// conversation, the bill by tier, and what the model was sent.
+        #[arg(long, value_name = "OUT")]
+        html: Option<PathBuf>,
     },
 }
 
@@ -108,18 +113,23 @@ fn api_named() -> impl TypedValueParser<Value = Api> {
     })
 }
 
-/// The request body from `file`, or standard input; an error names which it could not read.
+/// The request body from `file`, or standard input, zstd-compressed or not; an error names
+/// which it could not read.
 fn read_input(file: Option<&str>) -> Result<String, String> {
-    match file {
+    let (bytes, name) = match file {
         None | Some("-") => {
-            let mut text = String::new();
+            let mut bytes = Vec::new();
             std::io::stdin()
-                .read_to_string(&mut text)
+                .read_to_end(&mut bytes)
                 .map_err(|e| format!("cannot read the request from standard input: {e}"))?;
-            Ok(text)
+            (bytes, "standard input")
         }
-        Some(path) => std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}")),
-    }
+        Some(path) => (
+            std::fs::read(path).map_err(|e| format!("cannot read {path}: {e}"))?,
+            path,
+        ),
+    };
+    cli::decoded_input(bytes).map_err(|e| format!("cannot read {name}: {e}"))
 }
 
 fn fail(message: impl std::fmt::Display) -> ExitCode {
@@ -193,6 +203,7 @@ async fn main() -> ExitCode {
             api,
             profile,
             file,
+            html,
         }) => match read_input(file.as_deref()) {
             Ok(input) => {
                 let options = ReplayOptions {
@@ -200,7 +211,25 @@ async fn main() -> ExitCode {
                     api,
                     profile: profile.as_deref(),
                 };
-                cli::replay(&config, &input, options).await
+                match cli::replay(&config, &input, options).await {
+                    Ok(replay) => match html {
+                        None => Ok(replay.table),
+                        Some(out) => {
+                            // The file's name, not where it lies on this machine.
+                            let name = file
+                                .as_deref()
+                                .map(std::path::Path::new)
+                                .and_then(std::path::Path::file_name)
+                                .map_or("standard input".into(), |name| name.to_string_lossy());
+                            let title = format!("condenser replay of {name}");
+                            if let Err(e) = std::fs::write(&out, replay.html(&title)) {
+                                return fail(format!("cannot write {}: {e}", out.display()));
+                            }
+                            Ok(replay.table)
+                        }
+                    },
+                    Err(e) => Err(e),
+                }
             }
             Err(e) => return fail(e),
         },

@@ -49,6 +49,26 @@ fn list_or_none(names: &[String]) -> String {
     }
 }
 
+/// How a zstd frame starts (RFC 8878 §3.1.1).
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+
+/// The text of a command's input: zstd-compressed (a recorded session as
+/// tests/fixtures/sessions keeps them) is decoded, whatever the file is called; anything
+/// else is read as UTF-8.
+pub fn decoded_input(bytes: Vec<u8>) -> Result<String, String> {
+    let bytes = if bytes.starts_with(&ZSTD_MAGIC) {
+        let mut decoder = ruzstd::decoding::StreamingDecoder::new(&bytes[..])
+            .map_err(|e| format!("it looks zstd-compressed, and does not decode: {e}"))?;
+        let mut text = Vec::new();
+        std::io::Read::read_to_end(&mut decoder, &mut text)
+            .map_err(|e| format!("it looks zstd-compressed, and does not decode: {e}"))?;
+        text
+    } else {
+        bytes
+    };
+    String::from_utf8(bytes).map_err(|e| format!("it is not UTF-8 text: {e}"))
+}
+
 /// The request body `input`, its model replaced by `model` when given.
 pub(super) fn body_with_model(input: &str, model: Option<&str>) -> Result<Value, ProxyError> {
     let mut body: Value = serde_json::from_str(input).map_err(ProxyError::InvalidJson)?;

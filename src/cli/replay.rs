@@ -9,12 +9,15 @@ use hyper::header::HeaderMap;
 use serde_json::Value;
 
 use super::input::{body_with_model, settings_named, CommandError};
+use super::report::{self, SessionView};
 use crate::config::Config;
 use crate::dialect::stages::{Dialect, Settings};
 use crate::dialect::{detect_api, with_dialect, Api, WithDialect};
 use crate::error::ProxyError;
 use crate::pipeline::observer::CacheBreak;
-use crate::pipeline::observing::{observe, Observed};
+use crate::pipeline::observing::observe;
+use crate::pipeline::sent::sent_parts;
+use crate::pipeline::sessions::Record;
 use crate::pipeline::state::AppState;
 
 pub struct ReplayOptions<'a> {
@@ -25,6 +28,37 @@ pub struct ReplayOptions<'a> {
     pub profile: Option<&'a str>,
 }
 
+/// A replayed session: the table `condenser replay` prints, and each request's record,
+/// which `--html` draws.
+pub struct Replay {
+    pub table: String,
+    /// In the file's order, each with its line number.
+    pub records: Vec<(usize, Record)>,
+}
+
+impl Replay {
+    /// The page `--html` writes: one chart for each session the file holds (a client's side
+    /// requests interleaved with its main conversation are sessions of their own), in the
+    /// order each first appears.
+    pub fn html(&self, title: &str) -> String {
+        let mut sessions: Vec<SessionView<'_>> = Vec::new();
+        let mut keys: Vec<u64> = Vec::new();
+        for (line, record) in &self.records {
+            match keys.iter().position(|key| *key == record.session) {
+                Some(at) => sessions[at].records.push((*line, record)),
+                None => {
+                    keys.push(record.session);
+                    sessions.push(SessionView {
+                        records: vec![(*line, record)],
+                        dropped: 0,
+                    });
+                }
+            }
+        }
+        report::page(title, &sessions)
+    }
+}
+
 /// What condenser would have done with a recorded session, calling nothing: `input` holds
 /// one request body a line (JSON Lines, as a logging proxy records them), in the order they
 /// were sent. Each goes through observe mode's steps (`observing::observe`), its would-be
@@ -33,29 +67,32 @@ pub async fn replay(
     config: &Config,
     input: &str,
     options: ReplayOptions<'_>,
-) -> Result<String, CommandError> {
+) -> Result<Replay, CommandError> {
     let (context, recall) = settings_named(config, options.profile)?;
     let settings = Settings {
         context: &context,
         recall,
     };
     let state = Arc::new(AppState::new(config.clone())?);
-    let mut rows = Vec::new();
+    let mut records = Vec::new();
     let lines = input
         .lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty());
     for (at, line) in lines {
-        let observed = replayed(&state, line, &options, settings)
+        let record = replayed(&state, line, &options, settings)
             .await
             .map_err(|error| CommandError::Line {
                 line: at + 1,
                 error: Box::new(error),
             })?;
         state.observer.settled().await;
-        rows.push(observed);
+        records.push((at + 1, record));
     }
-    Ok(replay_table(&rows))
+    Ok(Replay {
+        table: replay_table(&records),
+        records,
+    })
 }
 
 async fn replayed(
@@ -63,7 +100,7 @@ async fn replayed(
     line: &str,
     options: &ReplayOptions<'_>,
     settings: Settings<'_>,
-) -> Result<Observed, CommandError> {
+) -> Result<Record, CommandError> {
     let body = body_with_model(line, options.model)?;
     let api = options.api.unwrap_or_else(|| detect_api(&body));
     let model = body
@@ -80,7 +117,7 @@ async fn replayed(
 }
 
 /// `observing::observe`, in the dialect `with_dialect` picks, as a caller with no scope
-/// header.
+/// header; its record with what the model would have been sent.
 struct ObserveAs<'a> {
     state: &'a Arc<AppState>,
     /// The model its path names, for an API that names it there.
@@ -90,17 +127,19 @@ struct ObserveAs<'a> {
 }
 
 impl WithDialect for ObserveAs<'_> {
-    type Output = Result<Observed, ProxyError>;
+    type Output = Result<Record, ProxyError>;
 
     async fn with<D: Dialect + 'static>(self) -> Self::Output {
         let path = D::path_for(&self.path_model);
-        observe::<D>(
+        let observed = observe::<D>(
             self.state,
-            (self.body, &path),
+            (self.body.clone(), &path),
             &HeaderMap::new(),
             self.settings,
         )
-        .await
+        .await?;
+        let sent = sent_parts::<D>(&self.body, &observed.forwarded);
+        Ok(observed.record(sent))
     }
 }
 
@@ -113,7 +152,7 @@ fn bill(tokens: u64, cached: u64) -> f64 {
 }
 
 /// One line per request, then the session's totals against the session as sent.
-fn replay_table(rows: &[Observed]) -> String {
+fn replay_table(rows: &[(usize, Record)]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -123,9 +162,8 @@ fn replay_table(rows: &[Observed]) -> String {
     let (mut sent, mut forwarded) = (0u64, 0u64);
     let (mut billed_as_sent, mut billed) = (0.0, 0.0);
     let mut breaks = [0usize; 3];
-    for (i, row) in rows.iter().enumerate() {
-        let judged = &row.judged;
-        let why = match judged.cache_break {
+    for (i, (_, row)) in rows.iter().enumerate() {
+        let why = match row.cache_break {
             None if i == 0 => "(first request)",
             None => "",
             Some(cache_break) => cache_break.name(),
@@ -138,13 +176,13 @@ fn replay_table(rows: &[Observed]) -> String {
             row.forwarded_tokens,
             row.action.name(),
             row.summarized,
-            judged.cached_tokens,
+            row.cached_tokens,
         );
         sent += row.received_tokens;
         forwarded += row.forwarded_tokens;
-        billed_as_sent += bill(row.received_tokens, judged.client_cached_tokens);
-        billed += bill(row.forwarded_tokens, judged.cached_tokens);
-        if let Some(cache_break) = judged.cache_break {
+        billed_as_sent += bill(row.received_tokens, row.client_cached_tokens);
+        billed += bill(row.forwarded_tokens, row.cached_tokens);
+        if let Some(cache_break) = row.cache_break {
             breaks[cache_break as usize] += 1;
         }
     }

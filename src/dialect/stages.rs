@@ -337,8 +337,9 @@ pub struct Ready {
     pub body: Bytes,
     /// Usage was asked of upstream on the client's behalf, and is kept from it.
     pub inject_usage: bool,
-    /// The window less the reserve, as planned: what upstream should have accepted.
-    pub usable: u64,
+    /// The request's limits, as planned: its usable window (what upstream should have
+    /// accepted), trigger and target.
+    pub limits: Limits,
 }
 
 /// What counting and planning read of the gateway: the config, the model catalog and the
@@ -476,7 +477,7 @@ pub async fn scan_raw(
     }
     Ok(Ready {
         model: counted.model.into_owned(),
-        usable: Limits::new(&input).provider_usable(),
+        limits: Limits::new(&input),
         prepared,
         body: bytes.clone(),
         inject_usage: false,

@@ -12,6 +12,8 @@ mod prepare;
 pub mod recall;
 mod relay;
 mod send;
+pub mod sent;
+pub mod sessions;
 pub mod state;
 
 use std::sync::Arc;
@@ -77,6 +79,14 @@ pub async fn handle<D: Dialect + 'static>(
             (settings.context.clone(), settings.recall),
         )
     });
+    // With the admin listener on, a request forwarded (not observed) is recorded for its page.
+    let recorded = (mode != Mode::Observe && state.recent.is_some()).then(|| {
+        (
+            original.clone(),
+            observing::Forwarded::of(&outgoing),
+            caller.as_ref().unwrap_or(&parts.headers).clone(),
+        )
+    });
     let original = Original {
         bytes: original,
         headers: parts.headers,
@@ -92,6 +102,9 @@ pub async fn handle<D: Dialect + 'static>(
     let mut answer = send::send::<D>(state, outgoing, original).await?;
     if let Some((request, caller, settings)) = observed {
         observing::spawn::<D>(state.clone(), request, caller, settings);
+    }
+    if let Some((received, forwarded, caller)) = recorded {
+        observing::record::<D>(state.clone(), received, forwarded, caller);
     }
     let model_label = relay::decorate(worker, &mut answer);
     let timing = Timing {

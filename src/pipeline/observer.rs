@@ -85,6 +85,7 @@ impl Observer {
             }
         });
         let judged = Judged {
+            session: key,
             cached_tokens: share(forwarded_tokens, cached_bytes, &forwarded),
             client_cached_tokens: share(received_tokens, client_cached_bytes, &client),
             cache_break,
@@ -101,6 +102,9 @@ impl Observer {
 /// A would-be request against the one before it in its session.
 #[derive(Debug, Clone, Copy)]
 pub struct Judged {
+    /// The session it belongs to (its caller, model and first item): the key a report
+    /// groups requests by.
+    pub session: u64,
     /// Of the would-be prompt, the share that repeats the would-be request before it.
     pub cached_tokens: u64,
     /// Of the prompt as sent, the share that repeats the request the client sent before it.
@@ -143,9 +147,16 @@ struct Session {
 /// one of its items): its hash and length, JSON whitespace and `cache_control` marks left
 /// out, as a provider caches the prompt they render and not the bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Unit {
+pub(super) struct Unit {
     hash: u64,
     bytes: u64,
+}
+
+impl Unit {
+    /// What the provider's cache compares it by.
+    pub(super) fn hash(&self) -> u64 {
+        self.hash
+    }
 }
 
 /// A prompt in its provider's cache order: its units, the first `parts` of them the fields
@@ -173,7 +184,7 @@ pub fn units<D: Dialect>(body: &[u8]) -> Option<Prompt> {
     Some(Prompt { units, parts })
 }
 
-fn unit(raw: &RawValue) -> Unit {
+pub(super) fn unit(raw: &RawValue) -> Unit {
     let text = raw.get();
     if memchr::memmem::find(text.as_bytes(), b"\"cache_control\"").is_some() {
         if let Ok(mut value) = serde_json::from_str::<Value>(text) {

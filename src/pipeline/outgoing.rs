@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::compaction::limits::Limits;
 use crate::compaction::rewrite::{Action, CacheOutcome};
 use crate::dialect::stages::{Dialect, Prepared, Would};
 use crate::error::ProxyError;
@@ -50,8 +51,9 @@ pub struct Outgoing<'s> {
     pub forwarded_tokens: u64,
     /// The unscaled count of what was forwarded, for the learned ratio.
     pub forwarded_raw: u64,
-    /// The window less the reserve, as planned: what upstream should have accepted.
-    pub usable: u64,
+    /// As planned: the window less the reserve (`usable`, what upstream should have
+    /// accepted), the trigger and the target.
+    pub limits: Limits,
     pub outcome: Outcome,
     /// Under observe: what `auto` would do, by the plan.
     pub would: Option<Would>,
@@ -78,7 +80,7 @@ impl<'s> Outgoing<'s> {
         prepared: Prepared,
         (body, inject_usage): (Bytes, bool),
         (forwarded_tokens, forwarded_raw): (u64, u64),
-        usable: u64,
+        limits: Limits,
         outcome: Outcome,
     ) -> Outgoing<'s> {
         Outgoing {
@@ -90,7 +92,7 @@ impl<'s> Outgoing<'s> {
             received_tokens: prepared.count.total,
             forwarded_tokens,
             forwarded_raw,
-            usable,
+            limits,
             outcome,
             would: None,
         }

@@ -109,7 +109,7 @@ fn as_sent<'s, D: Dialect>(
         prepared,
         body,
         inject_usage,
-        usable,
+        limits,
     } = ready;
     let counted = (prepared.count.total, prepared.count.raw_total);
     let would = would(state, &prepared, settings, mode);
@@ -119,7 +119,7 @@ fn as_sent<'s, D: Dialect>(
         prepared,
         (body, inject_usage),
         counted,
-        usable,
+        limits,
         Outcome::FORWARDED,
     );
     outgoing.would = would;
@@ -207,7 +207,7 @@ async fn prepare_in_full<'s, D: Dialect>(
             compacted::<D>(&mut request, job, precompute).await?
         }
     };
-    let usable = Limits::new(&input).provider_usable();
+    let limits = Limits::new(&input);
     let would = would(state, &prepared, all_settings, mode);
     let (body, inject_usage, layout) = D::outgoing_body(request, bytes, rewritten)?;
     // Only a rewrite changes the prompt.
@@ -222,7 +222,7 @@ async fn prepare_in_full<'s, D: Dialect>(
         compactor.forwarded(mark, body.clone(), forwarded.0);
     }
     let body = (body, inject_usage);
-    let mut outgoing = Outgoing::new(upstream, model, prepared, body, forwarded, usable, outcome);
+    let mut outgoing = Outgoing::new(upstream, model, prepared, body, forwarded, limits, outcome);
     outgoing.would = would;
     Ok(outgoing)
 }

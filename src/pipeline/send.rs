@@ -58,7 +58,8 @@ impl ReactiveRetry {
     fn for_request(mode: Mode, outgoing: &Outgoing) -> ReactiveRetry {
         ReactiveRetry {
             armed: !matches!(mode, Mode::Off | Mode::Observe)
-                && (!outgoing.info.exact || outgoing.forwarded_tokens > outgoing.usable / 2),
+                && (!outgoing.info.exact
+                    || outgoing.forwarded_tokens > outgoing.limits.provider_usable() / 2),
         }
     }
 
@@ -133,7 +134,7 @@ pub(super) async fn send<'s, D: Dialect>(
         let factor = state.counter.observe_overflow(
             &outgoing.model,
             outgoing.forwarded_tokens,
-            outgoing.usable,
+            outgoing.limits.provider_usable(),
         );
         let compacted = prepare_forced::<D>(
             state,
@@ -211,7 +212,10 @@ async fn serve_offered<'s, D: Dialect>(
         (outgoing.body.clone(), original.bytes.clone()),
         (original.settings.recall, outgoing.info.encoding),
         (
-            outgoing.usable.saturating_sub(outgoing.forwarded_tokens),
+            outgoing
+                .limits
+                .provider_usable()
+                .saturating_sub(outgoing.forwarded_tokens),
             match outgoing.forwarded_raw {
                 0 => 1.0,
                 raw => outgoing.forwarded_tokens as f64 / raw as f64,

@@ -10,6 +10,7 @@ use crate::config::{Config, ConfigError};
 use crate::dialect::{self, check_apis, summary_api_named, DIALECTS};
 use crate::observe::metrics::{Metrics, MetricsError};
 use crate::pipeline::observer::Observer;
+use crate::pipeline::sessions::RecentSessions;
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::counter::TokenCounter;
 use crate::transport::events::EventBound;
@@ -39,6 +40,8 @@ pub struct AppState {
     pub events: EventBound,
     /// Observe mode's compactor and sessions.
     pub observer: Observer,
+    /// The recent sessions the admin listener shows; none unless `[admin] listen` is set.
+    pub recent: Option<RecentSessions>,
     /// False once shutdown begins, so load balancers stop sending new work.
     pub ready: AtomicBool,
 }
@@ -83,8 +86,11 @@ impl AppState {
             summary_api_named(&config.summarizer.api)?,
         )?);
         let observer = Observer::new(&config, catalog.clone(), &metrics, &connections)?;
+        let recent = (!config.admin.listen.is_empty())
+            .then(|| RecentSessions::new(config.admin.sessions, config.admin.requests));
         Ok(AppState {
             observer,
+            recent,
             config,
             upstreams,
             catalog,

@@ -30,6 +30,7 @@ use crate::config::Config;
 use crate::error::ProxyError;
 use crate::observe::metrics::Route;
 use crate::pipeline::state::{AppState, StartError, Worker};
+use crate::server::admin;
 use crate::server::admission::{self, Admission, Admitted};
 use crate::server::routes;
 use crate::transport::body::ProxyBody;
@@ -55,6 +56,8 @@ pub struct Server {
     /// One per worker: clones of one listening socket.
     listeners: Vec<std::net::TcpListener>,
     local_addr: SocketAddr,
+    /// The admin listener (`[admin] listen`), when set, and its address.
+    admin: Option<(std::net::TcpListener, SocketAddr)>,
     state: Arc<AppState>,
     /// Shared by every worker: the client connections the open-files limit allows.
     admission: Arc<Admission>,
@@ -67,11 +70,33 @@ impl Server {
         let state = Arc::new(AppState::new(config)?);
         let (listeners, local_addr) =
             bind_listeners(&addr, workers).map_err(|source| StartError::Bind { addr, source })?;
+        let admin = match state.config.admin.listen.as_str() {
+            "" => None,
+            admin => {
+                let (mut listeners, admin_addr) =
+                    bind_listeners(admin, 1).map_err(|source| StartError::Bind {
+                        addr: admin.to_string(),
+                        source,
+                    })?;
+                // Port 0 on both picks two free ports; one named that the proxy took is refused.
+                if admin_addr == local_addr {
+                    return Err(StartError::Bind {
+                        addr: admin.to_string(),
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::AddrInUse,
+                            "the admin listener cannot share the proxy's port",
+                        ),
+                    });
+                }
+                listeners.pop().map(|listener| (listener, admin_addr))
+            }
+        };
         let admission = Arc::new(Admission::from_limit());
         tracing::debug!(connections = admission.most(), "client connections allowed");
         Ok(Server {
             listeners,
             local_addr,
+            admin,
             state,
             admission,
         })
@@ -79,6 +104,11 @@ impl Server {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The admin listener's address, when `[admin] listen` is set.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().map(|(_, addr)| *addr)
     }
 
     pub fn state(&self) -> Arc<AppState> {
@@ -92,9 +122,14 @@ impl Server {
             listeners,
             state,
             admission,
+            admin,
             ..
         } = self;
         let (stop, stopped) = watch::channel(false);
+        if let Some((listener, addr)) = admin {
+            tracing::info!(%addr, "admin page listening: GET /sessions");
+            tokio::spawn(admin::serve(listener, state.clone(), stopped.clone()));
+        }
         let barrier = DrainBarrier::new(
             listeners.len(),
             Duration::from_secs(state.config.server.shutdown_grace_secs),

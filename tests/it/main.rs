@@ -6,12 +6,14 @@
 
 mod common;
 
+mod admin;
 mod agent_clients;
 mod agent_sessions;
 mod architecture;
 mod artifacts;
 mod bill;
 mod binary;
+mod browser;
 mod cache_truth;
 mod clean_paths;
 mod compaction;

@@ -79,7 +79,7 @@ async fn replay(bodies: impl Iterator<Item = Value>) -> String {
 }
 
 /// One request's row: sent, forwarded, action, summarized, cached, and the break's reason.
-struct Row {
+pub struct Row {
     sent: u64,
     forwarded: u64,
     action: String,
@@ -87,7 +87,7 @@ struct Row {
     cache_break: String,
 }
 
-fn rows(table: &str) -> Vec<Row> {
+pub fn rows(table: &str) -> Vec<Row> {
     table
         .lines()
         .skip(1)
@@ -172,4 +172,212 @@ async fn replay_prints_a_claude_code_sessions_table() {
 #[tokio::test]
 async fn replay_prints_a_codex_sessions_table() {
     assert_table(&replay((1..=ROUNDS).map(codex_body)).await);
+}
+
+/// The config of the recordings in tests/fixtures/sessions (their README): each model's
+/// window in the recording, its settings, and Claude Opus's price, so that its page shows
+/// money.
+const RECORDED: &str = "[upstream]\nbase_url = \"http://127.0.0.1:9\"\n\
+    [context]\ntrigger_ratio = 0.8\ntarget_ratio = 0.5\nprecompute_ratio = 0.6\n\
+    keep_recent_messages = 6\non_failure = \"trim\"\n\
+    [models.\"claude-sonnet-4-5-20250929\"]\ncontext_window = 80000\n\
+    [models.\"claude-opus-5-5\"]\ncontext_window = 168000\n\
+    price = { input = 5.0, cache_read = 0.5, cache_write = 6.25, output = 25.0 }\n\
+    [models.\"gemini-3.1-pro-preview\"]\ncontext_window = 60000\n";
+
+pub fn recorded_session(name: &str) -> String {
+    format!(
+        "{}/tests/fixtures/sessions/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+/// `condenser replay FILE --html OUT` under `config`, with `args` besides: the table it
+/// prints, and the page it writes.
+pub async fn replay_html(config: &str, file: &str, args: &[&str]) -> (String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("config.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let out = dir.path().join("out.html");
+    let mut all = vec![
+        "--config",
+        config_path.to_str().unwrap(),
+        "replay",
+        file,
+        "--html",
+        out.to_str().unwrap(),
+    ];
+    all.extend_from_slice(args);
+    let table = condenser_cli(&all, b"").await;
+    (table, std::fs::read_to_string(&out).unwrap())
+}
+
+/// Of a page, each point's request and each step's (kind, request), as the page says.
+pub struct Drawn {
+    pub sessions: usize,
+    pub points: Vec<usize>,
+    pub steps: Vec<(String, usize)>,
+}
+
+pub fn drawn(html: &str) -> Drawn {
+    let point = regex::Regex::new(r#"<circle class="point" data-request="(\d+)""#).unwrap();
+    let step =
+        regex::Regex::new(r#"<g class="step" data-step="(\w+)" data-request="(\d+)""#).unwrap();
+    Drawn {
+        sessions: html.matches("<section class=\"session\"").count(),
+        points: point
+            .captures_iter(html)
+            .map(|c| c[1].parse().unwrap())
+            .collect(),
+        steps: step
+            .captures_iter(html)
+            .map(|c| (c[1].to_string(), c[2].parse().unwrap()))
+            .collect(),
+    }
+}
+
+/// A page that loads nothing: no script, no element that fetches (a request's text is
+/// escaped, so its quotes and brackets cannot make one), links only within the page, and a
+/// style that imports nothing.
+pub fn assert_offline(html: &str) {
+    for fetches in [
+        "<script", "<link", "<img", "<iframe", "<object", "<embed", " src=\"",
+    ] {
+        assert!(!html.contains(fetches), "{fetches}");
+    }
+    let links = regex::Regex::new(r#"href="([^"]*)""#).unwrap();
+    for link in links.captures_iter(html) {
+        assert!(
+            link[1].starts_with('#'),
+            "a link out of the page: {}",
+            &link[1]
+        );
+    }
+    let style = html
+        .split("<style>")
+        .nth(1)
+        .and_then(|s| s.split("</style>").next())
+        .unwrap();
+    assert!(!style.contains("url(") && !style.contains("@import"));
+}
+
+/// Where replay's table puts a cache break: its kind and request number.
+pub fn table_steps(table: &str) -> Vec<(String, usize)> {
+    rows(table)
+        .iter()
+        .enumerate()
+        .filter(|(_, row)| !row.cache_break.is_empty() && !row.cache_break.starts_with('('))
+        .map(|(i, row)| (row.cache_break.clone(), i + 1))
+        .collect()
+}
+
+/// The table and page of the recorded Claude Code 2.1.332 session, replayed once for the
+/// tests that read them (a replay of its 111 requests takes some 25 s of a debug build).
+pub async fn recorded_claude_code_page() -> &'static (String, String) {
+    static PAGE: tokio::sync::OnceCell<(String, String)> = tokio::sync::OnceCell::const_new();
+    PAGE.get_or_init(|| async {
+        let file = recorded_session("claude-code-2.1.332.jsonl.zst");
+        replay_html(RECORDED, &file, &[]).await
+    })
+    .await
+}
+
+#[tokio::test]
+async fn replay_draws_a_recorded_session_read_from_zstd_as_one_offline_page() {
+    let (table, html) = recorded_claude_code_page().await;
+    let requests = rows(table).len();
+    assert!(requests >= 110, "{table}");
+    let page = drawn(html);
+    assert_eq!(page.sessions, 1);
+    assert_eq!(page.points, (1..=requests).collect::<Vec<_>>());
+    let steps = table_steps(table);
+    assert!(
+        steps.iter().any(|(kind, _)| kind == "summary_step"),
+        "{table}"
+    );
+    assert_eq!(page.steps, steps);
+    // Offline and small, under 1 MB.
+    assert_offline(html);
+    assert!(html.len() < 1_000_000, "{} bytes", html.len());
+    // What the model was sent, collapsed, for every request: the summarized ones with their
+    // summary, the task pinned, the recent part.
+    assert_eq!(html.matches("<details class=\"request\"").count(), requests);
+    assert!(!html.contains("<details open"));
+    for part in ["summary", "task", "recent part"] {
+        assert!(html.contains(&format!("data-part=\"{part}\"")), "{part}");
+    }
+    assert!(
+        html.contains("KX-7731-QZ"),
+        "the task's id is in the pinned task"
+    );
+    // The bill by tier, in money (Opus is priced in the config).
+    for tier in ["cached", "written", "uncached", "output"] {
+        assert!(html.contains(&format!("data-tier=\"{tier}\"")), "{tier}");
+    }
+    assert!(html.contains("in money"));
+}
+
+#[tokio::test]
+async fn replay_draws_a_session_of_each_api() {
+    let config = Fixture::config("http://127.0.0.1:9").to_toml();
+    for fixture in Fixture::all() {
+        let rounds = fixture.agent_rounds();
+        let lines: String = (1..=rounds)
+            .map(|r| {
+                let body = fixture.agent_body(&fixture.agent_conversation_of(r));
+                format!("{body}\n")
+            })
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("session.jsonl");
+        std::fs::write(&file, lines).unwrap();
+        let (table, html) = replay_html(
+            &config,
+            file.to_str().unwrap(),
+            &["--model", fixture.model(), "--api", fixture.name()],
+        )
+        .await;
+        let page = drawn(&html);
+        assert_eq!(page.points.len(), rounds, "{}: {table}", fixture.name());
+        assert_eq!(page.steps, table_steps(&table), "{}", fixture.name());
+        assert!(!page.steps.is_empty(), "{}: {table}", fixture.name());
+        assert!(
+            html.contains("data-part=\"summary\""),
+            "{}: a summary is shown",
+            fixture.name()
+        );
+    }
+}
+
+#[tokio::test]
+async fn replay_draws_interleaved_conversations_one_chart_each() {
+    // A main conversation, and side requests of another model between its turns, as Claude
+    // Code's Haiku calls come: each its own session.
+    let lines: String = (1..=ROUNDS)
+        .flat_map(|r| {
+            let mut side = claude_code_body(r.min(3));
+            side["model"] = json!("gpt-5-codex");
+            [claude_code_body(r), side]
+        })
+        .map(|body| format!("{body}\n"))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("interleaved.jsonl");
+    std::fs::write(&file, lines).unwrap();
+    let config = "[upstream]\nbase_url = \"http://127.0.0.1:9\"\n\
+         [models.\"claude-sonnet-4-5\"]\ncontext_window = 30000\n\
+         [models.\"gpt-5-codex\"]\ncontext_window = 30000\n";
+    let (table, html) = replay_html(config, file.to_str().unwrap(), &[]).await;
+    let page = drawn(&html);
+    assert_eq!(page.sessions, 2, "{table}");
+    // The main conversation's points are the odd lines, in order; the side's the even ones.
+    let odd: Vec<usize> = (0..ROUNDS).map(|i| 2 * i + 1).collect();
+    let even: Vec<usize> = (0..ROUNDS).map(|i| 2 * i + 2).collect();
+    assert_eq!(page.points, [odd, even].concat());
+    assert!(
+        page.steps.iter().all(|(_, line)| line % 2 == 1),
+        "{:?}",
+        page.steps
+    );
+    assert!(!page.steps.is_empty());
 }

@@ -360,7 +360,7 @@ async fn scan(
     };
     Ok(Ready {
         model: request.model.into_owned(),
-        usable: Limits::new(&input).usable,
+        limits: Limits::new(&input),
         prepared,
         body,
         inject_usage: usage != UsageRequest::None,

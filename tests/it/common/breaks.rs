@@ -177,14 +177,6 @@ fn cuts_reread(sent: &[Sent]) -> Vec<(usize, String)> {
     reread
 }
 
-/// Whether an avoidable break is a step that landed above its aim (rather than a change
-/// between steps, or an output cut before reading differently): what a step taken while the
-/// summary on hand is stale does, its middle cut and cleared but not gone (issue 36 leaves
-/// it open at a pace where the model outruns the summarizer).
-pub fn is_landing(what: &str) -> bool {
-    what.starts_with("at byte ")
-}
-
 /// Judges every request against the one before it, as rule 8 and rule 10 say.
 pub fn cache_figures(sent: &[Sent], limits: Thresholds) -> CacheFigures {
     let mut figures = CacheFigures::default();
@@ -271,7 +263,6 @@ pub fn cache_figures(sent: &[Sent], limits: Thresholds) -> CacheFigures {
         figures.avoidable.push((
             i + 1,
             format!(
-                // `is_landing` reads this opening.
                 "at byte {common}, {grown} tokens grown, {} forwarded, aim {aim}{}: …{context}…",
                 now.forwarded_tokens,
                 if rolling {

@@ -6,7 +6,7 @@ mod gemini;
 mod logs;
 mod prompt_cache;
 
-pub use breaks::{cache_figures, is_landing, texts, CacheFigures, Sent, Thresholds};
+pub use breaks::{cache_figures, texts, CacheFigures, Sent, Thresholds};
 pub use dialects::*;
 pub use gemini::*;
 pub use logs::captured_logs;
@@ -162,6 +162,8 @@ pub fn completion(text: &str, prompt_tokens: u64, completion_tokens: u64) -> Val
 
 pub struct Proxy {
     pub addr: SocketAddr,
+    /// The admin listener's, when `[admin] listen` is set.
+    pub admin: Option<SocketAddr>,
     pub state: Arc<AppState>,
     shutdown: Option<oneshot::Sender<()>>,
     pub served: tokio::task::JoinHandle<()>,
@@ -172,6 +174,7 @@ impl Proxy {
         config.server.listen = "127.0.0.1:0".into();
         let server = Server::bind(config).await.unwrap();
         let addr = server.local_addr();
+        let admin = server.admin_addr();
         let state = server.state();
         let (tx, rx) = oneshot::channel();
         let served = tokio::spawn(server.serve(async {
@@ -179,6 +182,7 @@ impl Proxy {
         }));
         Proxy {
             addr,
+            admin,
             state,
             shutdown: Some(tx),
             served,
