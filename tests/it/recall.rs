@@ -290,6 +290,25 @@ async fn a_reply_condenser_cannot_read_after_offering_recall_is_an_error_in_the_
     }
 }
 
+/// Issue 55, 9 and 10: after recall was offered, a stream event over `max_event_bytes` was
+/// relayed unread, and a recall call in it with it. Now the stream ends there with an error in
+/// the dialect's shape, and nothing of the call.
+#[tokio::test]
+async fn an_event_over_the_bound_after_offering_recall_ends_the_stream_with_an_error() {
+    for api in Fixture::all() {
+        let upstream = scripted_model(api, Script::AllRefs).await;
+        let mut config = recall_config(&upstream.url());
+        config.server.max_event_bytes = 64;
+        let proxy = Proxy::start(config).await;
+        let response = ask(&proxy, api, true).await;
+        assert_eq!(response.status(), 200, "{api:?}");
+        let raw = stream_text(response).await;
+        assert!(!raw.contains(TOOL), "{api:?}: the call was relayed: {raw}");
+        assert!(raw.contains("max_event_bytes"), "{api:?}: {raw}");
+        assert_eq!(model_requests(&upstream).len(), 1, "{api:?}");
+    }
+}
+
 /// Issue 55, 9: `?alt=sse&alt=json` had condenser offer recall for the stream it saw while an
 /// upstream that reads the last `alt` answered one JSON array, relayed with the call in it. A
 /// Gemini query that repeats `alt` is refused, in Google's shape, before anything is sent.
