@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """An upstream that answers every POST with one SSE stream: a single chat-completion event
-of SIZE bytes written in 16 KiB chunks, then `data: [DONE]`. For bench/big_event.sh.
+of SIZE bytes written in 16 KiB chunks, then `data: [DONE]`; with `open`, the event is never
+ended (no blank line, no `[DONE]`) before the stream ends. For bench/big_event.sh and
+bench/stream_memory.sh.
 
-usage: big_event_upstream.py PORT SIZE
+usage: big_event_upstream.py PORT SIZE [open]
 """
 import socket
 import sys
@@ -11,13 +13,13 @@ import threading
 CHUNK = 16 * 1024
 
 
-def event(size):
+def event(size, ended):
     head = b'data: {"choices":[{"index":0,"delta":{"content":"'
-    tail = b'"}}]}\n\n'
+    tail = b'"}}]}\n\n' if ended else b""
     return head + b"x" * (size - len(head) - len(tail)) + tail
 
 
-def serve(conn, body):
+def serve(conn, body, ended):
     with conn:
         buf = b""
         while b"\r\n\r\n" not in buf:
@@ -40,13 +42,16 @@ def serve(conn, body):
         for at in range(0, len(body), CHUNK):
             piece = body[at : at + CHUNK]
             conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
-        done = b"data: [DONE]\n\n"
-        conn.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+        done = b"data: [DONE]\n\n" if ended else b""
+        if done:
+            conn.sendall(b"%x\r\n%s\r\n" % (len(done), done))
+        conn.sendall(b"0\r\n\r\n")
 
 
 def main():
     port, size = int(sys.argv[1]), int(sys.argv[2])
-    body = event(size)
+    ended = sys.argv[3:] != ["open"]
+    body = event(size, ended)
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
@@ -54,7 +59,7 @@ def main():
     while True:
         conn, _ = listener.accept()
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=serve, args=(conn, body), daemon=True).start()
+        threading.Thread(target=serve, args=(conn, body, ended), daemon=True).start()
 
 
 if __name__ == "__main__":

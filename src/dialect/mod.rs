@@ -45,6 +45,8 @@ pub struct Wire {
     pub serves: fn(&str) -> bool,
     /// The model a path of its API names, if it names one there.
     pub model_in_path: fn(&str) -> Option<&str>,
+    /// Why a query is refused in its API (`Dialect::refused_query`).
+    pub refused_query: fn(Option<&str>) -> Option<String>,
     /// Its `route` label in metrics and in the log.
     pub route: Route,
     pub key_style: KeyStyle,
@@ -63,6 +65,7 @@ impl Wire {
             compacts: D::compacts,
             serves: D::serves,
             model_in_path: D::model_in_path,
+            refused_query: D::refused_query,
             route: D::ROUTE,
             key_style: D::KEY_STYLE,
             summary: D::SUMMARY_ENDPOINT,
@@ -200,6 +203,11 @@ impl PassThroughApi {
             Some(wire) => wire.name == name,
             None => named(name).is_some_and(|wire| wire.key_style == self.key_style),
         }
+    }
+
+    /// Why a request with this query is refused in the path's API, when it is.
+    pub fn refused_query(&self, query: Option<&str>) -> Option<String> {
+        self.path_of.and_then(|wire| (wire.refused_query)(query))
     }
 
     /// How a configured key goes with it.

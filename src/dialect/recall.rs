@@ -12,6 +12,8 @@ mod wire;
 use bytes::{Bytes, BytesMut};
 use serde_json::{Map, Value};
 
+use crate::transport::events;
+
 pub use policy::RecallPolicy;
 pub use wire::{
     append_text, names_the_tool, parameters, slot, text_of, unflagged_result, Answered, ClientView,
@@ -48,28 +50,27 @@ impl Stitched {
 
     /// One whole SSE event of the current round (its lines and the blank line that ends
     /// it): what the client gets of it now, or `None` when it is held back or dropped.
-    pub fn event(&mut self, event: &[u8]) -> Option<Bytes> {
-        let Some(mut data) = event_json(event).filter(Value::is_object) else {
-            if self.events.is_end(event) {
-                self.closing.push((Bytes::copy_from_slice(event), None));
+    pub fn event(&mut self, event: Bytes) -> Option<Bytes> {
+        let Some(mut data) = event_json(&event).filter(Value::is_object) else {
+            if self.events.is_end(&event) {
+                self.closing.push((event, None));
                 return None;
             }
-            return Some(Bytes::copy_from_slice(event));
+            return Some(event);
         };
         self.events.gather(&mut self.round, &data);
         match self.events.kind(&data) {
             Kind::Opening if self.view.continued => None,
             Kind::Closing => {
-                self.closing
-                    .push((Bytes::copy_from_slice(event), Some(data)));
+                self.closing.push((event, Some(data)));
                 None
             }
             Kind::Opening | Kind::Body => {
                 let pinned = self.pin(&mut data);
                 match self.events.relay(&mut data, &mut self.view) {
                     Relayed::Dropped => None,
-                    Relayed::AsItCame if !pinned => Some(Bytes::copy_from_slice(event)),
-                    Relayed::AsItCame | Relayed::Changed => Some(rewrite_event(event, &data)),
+                    Relayed::AsItCame if !pinned => Some(event),
+                    Relayed::AsItCame | Relayed::Changed => Some(rewrite_event(&event, &data)),
                 }
             }
         }
@@ -154,29 +155,26 @@ pub fn continuation_failed(reason: &str) -> String {
     format!("upstream failed while condenser continued the reply: {reason}")
 }
 
-/// The JSON an SSE event carries: its `data:` lines joined, parsed. `None` for an event
-/// without JSON data (a comment, `[DONE]`).
+/// The JSON an SSE event carries: its `data:` lines joined as the spec joins them, parsed.
+/// `None` for an event without JSON data (a comment, `[DONE]`).
 pub fn event_json(event: &[u8]) -> Option<Value> {
-    let text = std::str::from_utf8(event).ok()?;
-    let data: Vec<&str> = crate::transport::usage::event_data(text).collect();
-    serde_json::from_str(&data.join("\n")).ok()
+    serde_json::from_slice(&events::data(event)?).ok()
 }
 
-/// `event` with its data replaced by `data`: its other lines (`event:`, `id:`) as upstream
-/// wrote them.
+/// `event` with its data replaced by `data`: its other fields (`event:`, `id:`) and comments
+/// as upstream wrote them, each line ended by LF.
 pub fn rewrite_event(event: &[u8], data: &Value) -> Bytes {
-    let text = String::from_utf8_lossy(event);
-    let mut out = String::with_capacity(event.len() + 16);
-    for line in text
-        .lines()
-        .filter(|l| !l.is_empty() && !l.starts_with("data:"))
-    {
-        out.push_str(line);
-        out.push('\n');
+    let mut out = Vec::with_capacity(event.len() + 16);
+    for line in events::lines(event).filter(|line| {
+        !line.is_empty() && events::field(line).is_none_or(|(name, _)| name != b"data")
+    }) {
+        out.extend_from_slice(line);
+        out.push(b'\n');
     }
-    out.push_str("data: ");
-    out.push_str(&data.to_string());
-    out.push_str("\n\n");
+    out.extend_from_slice(b"data: ");
+    // Writing a Value into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut out, data);
+    out.extend_from_slice(b"\n\n");
     Bytes::from(out)
 }
 

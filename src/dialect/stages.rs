@@ -145,6 +145,12 @@ pub trait Dialect {
         encoding: Encoding,
     );
 
+    /// Why a request with this query is refused (400), when it is: a query condenser and
+    /// upstream could read differently.
+    fn refused_query(_query: Option<&str>) -> Option<String> {
+        None
+    }
+
     /// Whether the reply to a request at `path`?`query` comes in a framing recall can read
     /// (each dialect's whole JSON body or SSE stream): where not, recall is not offered.
     fn recall_reads_reply(_path: &str, _query: Option<&str>) -> bool {

@@ -39,6 +39,9 @@ pub async fn handle<D: Dialect + 'static>(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let state = &worker.state;
     let (parts, body) = request.into_parts();
+    if let Some(why) = D::refused_query(parts.uri.query()) {
+        return Err(ProxyError::invalid(why, None));
+    }
     let bytes = read_body(body, &parts.headers, state.config.server.max_body_bytes).await?;
     let work_started = Instant::now();
     let directives = Directives::of(&parts.headers);

@@ -32,8 +32,9 @@ use crate::error::ProxyError;
 use crate::pipeline::state::AppState;
 use crate::tokens::encoding::Encoding;
 use crate::tokens::rules::count_text;
-use crate::transport::body::{full, read_body, BoxError, ProxyBody};
+use crate::transport::body::{full, read_body, BoxError, Gathered, ProxyBody};
 use crate::transport::events::{EventBound, EventReader, Piece};
+use crate::transport::headers::{content_coded, media_type_is};
 use crate::transport::upstream::{KeyStyle, Upstream};
 
 /// A whole reply is read to find its recall calls; a larger one is no completion.
@@ -154,8 +155,11 @@ impl Recall {
     }
 
     /// Upstream's reply with every recall call in it served: a whole reply read, served and
-    /// written out again; a streamed one relayed as it comes. Anything else (an error, a
-    /// reply of another kind) is relayed as it came.
+    /// written out again; a streamed one relayed as it comes. An error is relayed as it came.
+    /// A success condenser cannot read for recall calls (in a content coding, of another
+    /// media type, not a JSON object, or a stream event over the bound) is an error in the
+    /// dialect's shape, never relayed: the client would see the call of a tool it never
+    /// offered.
     pub(super) async fn serve(
         self,
         response: Response<ProxyBody>,
@@ -163,17 +167,18 @@ impl Recall {
         if !response.status().is_success() {
             return Ok(response);
         }
-        let content_type = response
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default();
-        if content_type.starts_with("text/event-stream") {
+        let headers = response.headers();
+        if content_coded(headers) {
+            return Err(unreadable(
+                "it came in a content coding it was not asked for",
+            ));
+        }
+        if media_type_is(headers, "text/event-stream") {
             Ok(self.streamed(response))
-        } else if content_type.starts_with("application/json") {
+        } else if media_type_is(headers, "application/json") {
             self.whole(response).await
         } else {
-            Ok(response)
+            Err(unreadable("it is neither JSON nor an event stream"))
         }
     }
 
@@ -383,8 +388,11 @@ impl Recall {
     async fn whole(self, response: Response<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
         let (mut head, body) = response.into_parts();
         let mut bytes = read_reply(body, &head.headers).await?;
-        let Ok(reply) = serde_json::from_slice::<Value>(&bytes) else {
-            return Ok(Response::from_parts(head, full(bytes)));
+        let Some(reply) = serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .filter(Value::is_object)
+        else {
+            return Err(unreadable("it is not a JSON object"));
         };
         let mut round = Round {
             calls: RoundCalls::of(self.wire.parts(&reply)),
@@ -448,6 +456,21 @@ impl Recall {
     }
 }
 
+/// A reply to a request that offered recall that condenser cannot read for recall calls.
+fn unreadable(why: &str) -> ProxyError {
+    tracing::warn!(
+        why,
+        "upstream's reply to a request that offered recall is unreadable"
+    );
+    ProxyError::UpstreamBroken(format!(
+        "upstream's reply could not be read for condenser's recall calls, as {why}; withheld"
+    ))
+}
+
+/// Why a streamed reply stops at an event over the bound.
+const EVENT_OVER_THE_BOUND: &str =
+    "a stream event over server.max_event_bytes could not be read for condenser's recall calls";
+
 /// What a client writes in place of an older tool output it masks itself (Gemini CLI saves
 /// the whole output to a file and sends a stub in this tag).
 const CLIENT_MASK: &str = "<tool_output_masked>";
@@ -499,7 +522,7 @@ impl Streamed {
                     let Ok(data) = frame.into_data() else {
                         continue;
                     };
-                    self.reader.push(&data);
+                    self.reader.push(data);
                     let out = self.whole_events();
                     if !out.is_empty() {
                         return Some((Ok(out), self));
@@ -514,6 +537,9 @@ impl Streamed {
                     if let Some(rest) = self.reader.rest() {
                         let passed = self.stitched(rest);
                         self.carry.extend_from_slice(&passed);
+                        if self.ended {
+                            return Some((Ok(self.carry.split().freeze()), self));
+                        }
                     }
                     let round = self.events.round_end();
                     let end = if self.recall.serves(&round, self.rounds) {
@@ -534,21 +560,31 @@ impl Streamed {
         None
     }
 
-    /// The whole events received so far, as the client gets them.
+    /// The whole events received so far, as the client gets them: gathered, not copied,
+    /// while one goes (a stream holds one copy of an event).
     fn whole_events(&mut self) -> Bytes {
-        let mut out = self.carry.split();
-        while let Some(piece) = self.reader.next_piece() {
-            out.extend_from_slice(&self.stitched(piece));
+        let mut out = Gathered::Empty;
+        out.push(&self.carry.split().freeze());
+        while !self.ended {
+            let Some(piece) = self.reader.next_piece() else {
+                break;
+            };
+            out.push(&self.stitched(piece));
         }
-        out.freeze()
+        out.into_bytes()
     }
 
-    /// What the client gets of a piece: a whole event as the stitching passes it on, bytes
-    /// of one over the bound as they came.
+    /// What the client gets of a piece: a whole event as the stitching passes it on. An
+    /// event over the bound cannot be read for a recall call: the stream ends there, with
+    /// an error in the dialect's shape in place of it.
     fn stitched(&mut self, piece: Piece) -> Bytes {
         match piece {
-            Piece::Event(event) => self.events.event(&event).unwrap_or_default(),
-            Piece::Uninspected(bytes) => bytes,
+            Piece::Event(event) => self.events.event(event).unwrap_or_default(),
+            Piece::Uninspected(_) => {
+                self.ended = true;
+                tracing::warn!("{EVENT_OVER_THE_BOUND}; the stream ends with an error");
+                self.events.failed(EVENT_OVER_THE_BOUND)
+            }
         }
     }
 
@@ -566,6 +602,13 @@ impl Streamed {
             .await;
         self.request = Some(request);
         match response {
+            Ok(response)
+                if response.status().is_success()
+                    && (!media_type_is(response.headers(), "text/event-stream")
+                        || content_coded(response.headers())) =>
+            {
+                Err("it answered with no event stream condenser can read".to_string())
+            }
             Ok(response) if response.status().is_success() => {
                 tracing::debug!(round = self.rounds, "recall served; stream continued");
                 self.body = response.into_body();

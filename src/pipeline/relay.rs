@@ -18,6 +18,7 @@ use crate::pipeline::send::Sent;
 use crate::pipeline::state::Worker;
 use crate::tokens::catalog::Price;
 use crate::transport::body::ProxyBody;
+use crate::transport::headers::media_type_is;
 use crate::transport::usage::{Usage, UsageObserver, UsageTap};
 
 /// What condenser did, told to the client on every response; names checked at compile time
@@ -138,11 +139,7 @@ pub(super) fn relay<D: Dialect>(
         .upstream_seconds
         .observe(upstream_time.as_secs_f64());
     let (mut head, upstream_body) = response.into_parts();
-    let is_sse = head
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let is_sse = media_type_is(&head.headers, "text/event-stream");
     if inject_usage && !is_sse {
         // The body is not a stream, so its length is unchanged and may stand.
         tracing::debug!("stream requested but upstream answered without SSE");

@@ -71,9 +71,13 @@ impl ReactiveRetry {
         } else {
             std::mem::take(headers)
         };
-        // Compression is refused so usage can be read from the response. (The body's length,
+        // Compression is refused so usage and recall calls can be read from the response: an
+        // absent header would accept any coding (RFC 9110 §12.5.3). (The body's length,
         // which a rewrite changes, is framed by the upstream hop.)
-        sent.remove(header::ACCEPT_ENCODING);
+        sent.insert(
+            header::ACCEPT_ENCODING,
+            header::HeaderValue::from_static("identity"),
+        );
         sent
     }
 

@@ -37,6 +37,9 @@ pub async fn handle(
     let path = parts.uri.path();
     let path_and_query = parts.uri.path_and_query().map_or(path, |pq| pq.as_str());
     let api = PassThroughApi::of(path, &parts.headers, parts.uri.query());
+    if let Some(why) = api.refused_query(parts.uri.query()) {
+        return Err(ProxyError::invalid(why, None));
+    }
     let upstream_for =
         |model: Option<&str>| state.upstreams.for_api(|name| api.spoken_by(name), model);
     if routed_by_model(&parts.method, path) {

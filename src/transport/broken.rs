@@ -24,15 +24,13 @@ pub fn broken_head(head: &Parts) -> Option<String> {
     }
     let mut codings = values
         .iter()
-        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
-        .map(str::trim)
+        .flat_map(|v| v.as_bytes().split(|byte| *byte == b','))
+        .map(<[u8]>::trim_ascii)
         .filter(|coding| !coding.is_empty());
     match (codings.next(), codings.next()) {
-        (Some(coding), None) if coding.eq_ignore_ascii_case("chunked") => None,
-        _ => Some(format!(
-            "a transfer-coding other than chunked: {:?}",
-            values.iter().collect::<Vec<_>>()
-        )),
+        (Some(coding), None) if coding.eq_ignore_ascii_case(b"chunked") => None,
+        // Not quoted: upstream's text may hold the key it was sent (issue 55).
+        _ => Some("a transfer-coding other than chunked".into()),
     }
 }
 
@@ -65,11 +63,32 @@ pub fn failure_kind(error: &(dyn std::error::Error + 'static)) -> FailureKind {
     FailureKind::Reset
 }
 
-/// The innermost cause, which says what happened (the outer ones say where).
-pub fn root_cause(error: &dyn std::error::Error) -> String {
+/// The innermost cause, which says what happened (the outer ones say where), in words that
+/// quote nothing upstream wrote: an HTTP/2 error says its reason code, not the debug data of
+/// upstream's GOAWAY, which may hold the key it was sent (issue 55). This text reaches the
+/// client's 502 and the log.
+pub fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
     let mut cause = error;
     while let Some(next) = cause.source() {
         cause = next;
     }
-    cause.to_string()
+    match cause.downcast_ref::<h2::Error>() {
+        Some(http2) => http2_error(http2),
+        None => cause.to_string(),
+    }
+}
+
+/// An HTTP/2 error as its kind and reason code say it.
+fn http2_error(error: &h2::Error) -> String {
+    let what = if error.is_go_away() {
+        "HTTP/2 connection closed (GOAWAY)"
+    } else if error.is_reset() {
+        "HTTP/2 stream reset"
+    } else {
+        "HTTP/2 error"
+    };
+    match error.reason() {
+        Some(reason) => format!("{what}: {reason}"),
+        None => what.to_string(),
+    }
 }

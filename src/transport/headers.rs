@@ -136,6 +136,31 @@ pub fn bearer_from_env(var: &str) -> Result<Option<HeaderValue>, ConfigError> {
     }
 }
 
+/// Whether a message's media type (its `Content-Type` before any parameter) is `wanted`,
+/// compared as RFC 9110 §8.3.1 says: type and subtype case-insensitively (`Application/JSON`
+/// is JSON).
+pub fn media_type_is(headers: &HeaderMap, wanted: &str) -> bool {
+    headers.get(header::CONTENT_TYPE).is_some_and(|value| {
+        let value = value.as_bytes();
+        let essence = value.split(|byte| *byte == b';').next().unwrap_or(value);
+        essence.trim_ascii().eq_ignore_ascii_case(wanted.as_bytes())
+    })
+}
+
+/// Whether a body is in a content coding other than `identity`: bytes a client reads only
+/// once decoded.
+pub fn content_coded(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .any(|value| {
+            value.as_bytes().split(|byte| *byte == b',').any(|coding| {
+                let coding = coding.trim_ascii();
+                !coding.is_empty() && !coding.eq_ignore_ascii_case(b"identity")
+            })
+        })
+}
+
 /// The client's headers minus hop-by-hop ones and Host (the upstream's own is set).
 pub fn forwardable_headers(mut headers: HeaderMap) -> HeaderMap {
     strip_hop_by_hop(&mut headers);

@@ -1,22 +1,23 @@
 //! Keys kept out of what upstream answers: the one rule for every reply condenser relays.
 //! Each key a request carried upstream (the caller's, or the one condenser injected) is
-//! blanked from the reply's headers and trailers, whatever its status, and from the body of an
-//! error reply (status 400 and up), wherever it stands: raw, or written as JSON escapes it. An
-//! error body is read whole first, whatever its framing, and decoded from its
-//! `Content-Encoding`; one too large to read, or in an encoding that does not decode, is
-//! withheld rather than relayed unscanned.
+//! blanked from the reply's headers and trailers, whatever its status, and from its body,
+//! wherever it stands: raw, or written as JSON escapes it.
 //!
-//! A success body streams through as it comes, but errors come inside them too (Anthropic's
-//! `event: error`, OpenAI's `data: {"error": …}`, Responses' `response.failed`, an error
-//! object in Gemini's JSON array): an event of a stream that is an error has each key blanked
-//! (one larger than an error body's bound ends the stream instead), and a JSON body has each
-//! key blanked as it passes, holding back only bytes that may begin one. There a key is
-//! masked at its own length, so a body keeps its declared length; a body without a key passes
-//! byte for byte.
+//! A body is scrubbed as the client will read it. An error body (status 400 and up), and any
+//! body in a `Content-Encoding` (condenser asks for `identity` whenever a key goes upstream,
+//! so only an upstream that compresses unasked sends one), is read whole first, whatever its
+//! framing, and decoded; one too large to read, or in a coding that does not decode, is
+//! withheld rather than relayed unscanned. Any other body streams through as it comes, with
+//! each key blanked as it passes and only the bytes that may begin one held back, whatever
+//! its `Content-Type` says (a client reads a mislabelled body all the same): so an SSE stream
+//! has every event scanned, however its lines end and however its data is split over lines,
+//! and errors inside 2xx replies (Anthropic's `event: error`, OpenAI's `data: {"error": …}`,
+//! Responses' `response.failed`, an error object in Gemini's JSON array) need no telling
+//! apart. There a key is masked at its own length, so a body keeps its declared length; a body
+//! without a key passes byte for byte.
 
 use std::borrow::Cow;
 use std::io::Read;
-
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
@@ -26,12 +27,11 @@ use hyper::body::{Body, Frame, SizeHint};
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Response, StatusCode};
 use memchr::memmem::Finder;
-use serde::de::IgnoredAny;
-use serde::Deserialize;
 
 use crate::error::ProxyError;
 use crate::transport::body::{full, read_body, BoxError, ProxyBody};
-use crate::transport::events::{EventBound, EventReader, Piece};
+use crate::transport::headers::content_coded;
+
 /// The most of an error body read to scan it, before and after decoding. Errors are small
 /// JSON; a body larger than this is withheld, never relayed unscanned.
 const MAX_SCANNED_ERROR_BYTES: usize = 256 * 1024;
@@ -198,8 +198,14 @@ fn key_written(text: &[u8], mut at: usize, key: &[u8]) -> Written {
                 at += 2;
             }
             [byte, ..] if *byte == wanted => at += 1,
-            // An escape that the text's end cut short.
-            [b'\\', rest @ ..] if rest.len() < 5 => return Written::CutShort,
+            // An escape that the text's end cut short: a backslash, or `\u` and fewer than
+            // four hex digits. (`\"` and the like are whole, so no key's.)
+            [b'\\'] => return Written::CutShort,
+            [b'\\', b'u', digits @ ..]
+                if digits.len() < 4 && digits.iter().all(u8::is_ascii_hexdigit) =>
+            {
+                return Written::CutShort
+            }
             _ => return Written::No,
         }
     }
@@ -253,15 +259,15 @@ fn holds_in_any_case(name: &[u8], key: &[u8]) -> bool {
         .any(|at| name[at..at + key.len()].eq_ignore_ascii_case(key))
 }
 
-/// The reply with every key of `credentials` blanked from its headers and, when its status
-/// is an error, from its body, relayed decoded with its length. An error body that cannot be
-/// scanned whole (larger than `MAX_SCANNED_ERROR_BYTES`, or encoded in a way that does not
-/// decode) is withheld: the error then says upstream's status, for the client's dialect to
-/// shape. A request that carried no key has its reply as it came.
+/// The reply with every key of `credentials` blanked from its headers and its body. An error
+/// body, or one in a content coding, is read whole and relayed decoded with its length; one
+/// that cannot be scanned whole (larger than `MAX_SCANNED_ERROR_BYTES`, or encoded in a way
+/// that does not decode) is withheld: an error's status is then upstream's, for the client's
+/// dialect to shape, and a success's is a broken reply. Any other body is scrubbed as it
+/// passes. A request that carried no key has its reply as it came.
 pub async fn without_credentials(
     response: Response<ProxyBody>,
     credentials: &[HeaderValue],
-    bound: &EventBound,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let keys = keys(credentials);
     if keys.is_empty() {
@@ -272,8 +278,8 @@ pub async fn without_credentials(
     if body.is_end_stream() {
         return Ok(Response::from_parts(head, body));
     }
-    if head.status.as_u16() < 400 {
-        let scrubbed = Scrubbed::new(body, keys, &head.headers, bound);
+    if head.status.as_u16() < 400 && !content_coded(&head.headers) {
+        let scrubbed = Scrubbed::new(body, keys);
         return Ok(Response::from_parts(head, scrubbed.boxed_unsync()));
     }
     let raw = match read_body(body, &head.headers, MAX_SCANNED_ERROR_BYTES).await {
@@ -296,18 +302,14 @@ pub async fn without_credentials(
 
 /// How a success body is read for keys.
 enum Reading {
-    /// An SSE stream: its error events.
-    Events(EventReader),
-    /// JSON or text: all of it, bytes that may begin a key held back.
+    /// All of it as it passes, bytes that may begin a key held back.
     Text(BytesMut),
-    /// Anything else (audio, a file's bytes): passed as it comes.
-    Opaque,
     /// Read to its end: the trailers that go once what was held has gone.
     Trailers(Option<HeaderMap>),
 }
 
-/// A success body with keys blanked from its trailers, its stream's error events and its
-/// JSON, as it passes (the module's comment).
+/// A success body with keys blanked from its bytes and trailers as it passes (the module's
+/// comment).
 struct Scrubbed {
     inner: ProxyBody,
     keys: Vec<Key>,
@@ -316,34 +318,11 @@ struct Scrubbed {
 }
 
 impl Scrubbed {
-    fn new(inner: ProxyBody, keys: Vec<Key>, headers: &HeaderMap, bound: &EventBound) -> Scrubbed {
-        let content_type = headers
-            .get(header::CONTENT_TYPE)
-            .map_or(&b""[..], HeaderValue::as_bytes);
-        let starts_with = |prefix: &[u8]| {
-            content_type
-                .get(..prefix.len())
-                .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
-        };
-        let reading = if starts_with(b"text/event-stream") {
-            Reading::Events(EventReader::new(bound.clone()))
-        } else if content_type.is_empty()
-            // Before the search for `json` anywhere: saves about 140 instructions per
-            // chat request (bench/instructions.sh).
-            || starts_with(b"application/json")
-            || starts_with(b"text/")
-            || content_type
-                .windows(4)
-                .any(|window| window.eq_ignore_ascii_case(b"json"))
-        {
-            Reading::Text(BytesMut::new())
-        } else {
-            Reading::Opaque
-        };
+    fn new(inner: ProxyBody, keys: Vec<Key>) -> Scrubbed {
         Scrubbed {
             inner,
             keys,
-            reading,
+            reading: Reading::Text(BytesMut::new()),
             ended: false,
         }
     }
@@ -352,7 +331,7 @@ impl Scrubbed {
     /// chunk with nothing held before it and no key in it goes as it came, uncopied.
     fn pass(&mut self, chunk: Bytes, end: bool) -> Result<Bytes, BoxError> {
         match &mut self.reading {
-            Reading::Opaque | Reading::Trailers(_) => Ok(chunk),
+            Reading::Trailers(_) => Ok(chunk),
             Reading::Text(held) if held.is_empty() => {
                 let text = blank_keys_with(&chunk, &self.keys, Mask::SameLength)
                     .map_or(chunk, Bytes::from);
@@ -375,19 +354,6 @@ impl Scrubbed {
                     may_begin_a_key(held, &self.keys)
                 };
                 Ok(held.split_to(keep).freeze())
-            }
-            Reading::Events(events) => {
-                let mut out = BytesMut::new();
-                events.push(&chunk);
-                while let Some(piece) = events.next_piece() {
-                    out.extend_from_slice(&scrub_piece(piece, &self.keys)?);
-                }
-                if end {
-                    if let Some(piece) = events.rest() {
-                        out.extend_from_slice(&scrub_piece(piece, &self.keys)?);
-                    }
-                }
-                Ok(out.freeze())
             }
         }
     }
@@ -414,53 +380,6 @@ fn may_begin_a_key(text: &[u8], keys: &[Key]) -> usize {
         })
         .min()
         .unwrap_or(text.len())
-}
-
-/// An event as the client gets it: an error event with its keys blanked (an error event
-/// larger than an error body's bound fails the stream rather than pass unscanned), any other
-/// as it came.
-fn scrub_piece(piece: Piece, keys: &[Key]) -> Result<Bytes, BoxError> {
-    let event = match piece {
-        Piece::Event(event) if is_error_event(&event) => event,
-        Piece::Event(bytes) | Piece::Uninspected(bytes) => return Ok(bytes),
-    };
-    if event.len() > MAX_SCANNED_ERROR_BYTES {
-        let why = format!(
-            "upstream sent an error event larger than {MAX_SCANNED_ERROR_BYTES} bytes in its stream; withheld"
-        );
-        tracing::warn!(bytes = event.len(), "{why}");
-        return Err(why.into());
-    }
-    Ok(blank_keys_with(&event, keys, Mask::SameLength).map_or(event, Bytes::from))
-}
-
-/// The fields that make an event's data an error: a top-level `error` (OpenAI's chat, Google's),
-/// or a `type` of `error` (Anthropic's, Responses') or `response.failed`.
-#[derive(Deserialize)]
-struct ErrorProbe<'a> {
-    error: Option<IgnoredAny>,
-    #[serde(rename = "type", borrow)]
-    kind: Option<Cow<'a, str>>,
-}
-
-/// Whether an SSE event is an error: `event: error`, or data that is one (`ErrorProbe`). Only
-/// an event that mentions `error` is parsed.
-fn is_error_event(event: &[u8]) -> bool {
-    if memchr::memmem::find(event, b"error").is_none() {
-        return false;
-    }
-    let text = String::from_utf8_lossy(event);
-    text.lines().any(|line| {
-        if let Some(name) = line.strip_prefix("event:") {
-            return name.trim() == "error";
-        }
-        line.strip_prefix("data:").is_some_and(|data| {
-            serde_json::from_str::<ErrorProbe>(data.trim()).is_ok_and(|probe| {
-                probe.error.is_some()
-                    || matches!(probe.kind.as_deref(), Some("error" | "response.failed"))
-            })
-        })
-    })
 }
 
 impl Body for Scrubbed {
@@ -522,8 +441,6 @@ impl Body for Scrubbed {
         match &self.reading {
             Reading::Trailers(trailers) => trailers.is_none(),
             Reading::Text(held) => held.is_empty() && self.inner.is_end_stream(),
-            Reading::Opaque => self.inner.is_end_stream(),
-            Reading::Events(_) => self.ended,
         }
     }
 
@@ -533,11 +450,17 @@ impl Body for Scrubbed {
     }
 }
 
-/// A withheld reply, with the headers (keys already blanked from them) that tell a client
-/// when to try again: `Retry-After` and the rate limits (OpenAI's `x-ratelimit-*`,
+/// A withheld reply: a success is a broken reply (its status would say all went well); an
+/// error keeps its status, with the headers (keys already blanked from them) that tell a
+/// client when to try again: `Retry-After` and the rate limits (OpenAI's `x-ratelimit-*`,
 /// Anthropic's `anthropic-ratelimit-*`, the IETF draft's `ratelimit*`).
 fn withheld(status: StatusCode, why: String, headers: &HeaderMap) -> ProxyError {
-    tracing::warn!(status = status.as_u16(), %why, "upstream error reply withheld");
+    tracing::warn!(status = status.as_u16(), %why, "upstream reply withheld");
+    if status.as_u16() < 400 {
+        return ProxyError::UpstreamBroken(format!(
+            "upstream answered {status} in a content coding it was not asked for, and its body was withheld, as {why}"
+        ));
+    }
     let mut kept = HeaderMap::new();
     for (name, value) in headers {
         let name_text = name.as_str();

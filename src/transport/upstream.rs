@@ -36,7 +36,6 @@ use crate::observe::metrics::FailureKind;
 use crate::transport::body::{with_idle_timeout, BodyLimitExceeded, BoxError, ProxyBody};
 use crate::transport::broken::{broken_head, failure_kind, root_cause};
 use crate::transport::egress::Egress;
-use crate::transport::events::EventBound;
 pub use crate::transport::headers::{bearer_from_env, KeyStyle};
 use crate::transport::headers::{forwardable_headers, inject_key, strip_hop_by_hop};
 pub use crate::transport::pool::{use_pool, Connections};
@@ -68,7 +67,6 @@ pub struct Upstream {
     pools: Vec<Arc<WorkerPool>>,
     api_key: Option<HeaderValue>,
     timeout: Duration,
-    events: EventBound,
     key_headers: &'static [HeaderName],
 }
 
@@ -188,7 +186,6 @@ impl Upstream {
             pools,
             api_key: bearer_from_env(api_key_env)?,
             timeout,
-            events: connections.events.clone(),
             key_headers: connections.key_headers,
         })
     }
@@ -259,6 +256,16 @@ impl Upstream {
             })
             .chain(key_style.query_key(query))
             .collect();
+        // A reply to a request with a key is scrubbed as the client reads it, decoded: one
+        // asked in no content coding streams through scrubbed as it comes; one that comes
+        // encoded all the same is read whole (`redact.rs`). Without the header, any coding
+        // would be acceptable (RFC 9110 §12.5.3).
+        if !credentials.is_empty() {
+            headers.insert(
+                header::ACCEPT_ENCODING,
+                HeaderValue::from_static("identity"),
+            );
+        }
         let mut request = Request::new(body);
         *request.method_mut() = method;
         *request.headers_mut() = headers;
@@ -275,7 +282,7 @@ impl Upstream {
                 return Err(error);
             }
         };
-        without_credentials(response, &credentials, &self.events).await
+        without_credentials(response, &credentials).await
     }
 
     async fn exchange(
@@ -489,7 +496,7 @@ impl Upstream {
         &self,
         pool: &WorkerPool,
         kind: FailureKind,
-        error: &dyn std::error::Error,
+        error: &(dyn std::error::Error + 'static),
     ) -> ProxyError {
         let failure = ProxyError::UpstreamUnreachable(root_cause(error).to_string());
         pool.failures.record(kind, &failure);

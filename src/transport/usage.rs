@@ -6,13 +6,13 @@
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 use memchr::memmem;
 
 use crate::observe::metrics::BilledTokens;
 use crate::transport::body::{BoxError, Gathered};
-use crate::transport::events::{EventBound, EventReader, Piece};
+use crate::transport::events::{self, EventBound, EventReader, Piece};
 
 /// A JSON body larger than this is relayed without reading its usage.
 const MAX_JSON_COPY: usize = 16 * 1024 * 1024;
@@ -99,32 +99,23 @@ pub trait UsageReader: Send + Sync + 'static {
         b"\"usage\""
     }
 
-    /// Appends one SSE event to `out` as the client should see it, recording any usage it
-    /// carries. `injected`: condenser asked for usage and the client did not. Unless a
+    /// One SSE event as the client should see it (`None`: kept from it), recording any usage
+    /// it carries. `injected`: condenser asked for usage and the client did not. Unless a
     /// dialect says otherwise, an event is relayed as it came, and only events that mention
     /// its `usage_key` are parsed.
     fn relay_event(
         &self,
-        event: &[u8],
+        event: Bytes,
         _injected: bool,
         usage: &mut Option<Usage>,
-        out: &mut BytesMut,
-    ) {
-        if contains(event, self.usage_key()) {
-            for data in event_data(&String::from_utf8_lossy(event)) {
-                self.fold(data.as_bytes(), usage);
+    ) -> Option<Bytes> {
+        if contains(&event, self.usage_key()) {
+            if let Some(data) = events::data(&event) {
+                self.fold(&data, usage);
             }
         }
-        out.extend_from_slice(event);
+        Some(event)
     }
-}
-
-/// Each `data:` line's payload in an SSE event, trimmed.
-pub fn event_data(event: &str) -> impl Iterator<Item = &str> {
-    event
-        .lines()
-        .filter_map(|line| line.strip_prefix("data:"))
-        .map(str::trim)
 }
 
 pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -226,17 +217,21 @@ impl<S, O: UsageObserver> Drop for UsageTap<S, O> {
 }
 
 /// An event as the client should see it (`UsageReader::relay_event`); bytes of one over the
-/// bound as they came.
+/// bound as they came. Gathered, not copied, while one piece goes: a stream holds one copy of
+/// an event.
 fn relay_piece(
     reader: &dyn UsageReader,
     piece: Piece,
     injected: bool,
     usage: &mut Option<Usage>,
-    out: &mut BytesMut,
+    out: &mut Gathered,
 ) {
-    match piece {
-        Piece::Event(event) => reader.relay_event(&event, injected, usage, out),
-        Piece::Uninspected(bytes) => out.extend_from_slice(&bytes),
+    let relayed = match piece {
+        Piece::Event(event) => reader.relay_event(event, injected, usage),
+        Piece::Uninspected(bytes) => Some(bytes),
+    };
+    if let Some(bytes) = relayed {
+        out.push(&bytes);
     }
 }
 
@@ -270,7 +265,7 @@ where
                 Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
                 None => {
                     this.done = true;
-                    let mut out = BytesMut::new();
+                    let mut out = Gathered::Empty;
                     if let Mode::Sse {
                         events,
                         injected,
@@ -281,11 +276,12 @@ where
                             relay_piece(this.reader, piece, *injected, usage, &mut out);
                         }
                     }
+                    let out = out.into_bytes();
                     if !out.is_empty() {
                         this.note_output();
                     }
                     this.finish();
-                    return Poll::Ready((!out.is_empty()).then(|| Ok(Frame::data(out.freeze()))));
+                    return Poll::Ready((!out.is_empty()).then(|| Ok(Frame::data(out))));
                 }
             };
             match &mut this.mode {
@@ -305,14 +301,15 @@ where
                     injected,
                     usage,
                 } => {
-                    events.push(&chunk);
-                    let mut out = BytesMut::new();
+                    events.push(chunk);
+                    let mut out = Gathered::Empty;
                     while let Some(piece) = events.next_piece() {
                         relay_piece(this.reader, piece, *injected, usage, &mut out);
                     }
+                    let out = out.into_bytes();
                     if !out.is_empty() {
                         this.note_output();
-                        return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
+                        return Poll::Ready(Some(Ok(Frame::data(out))));
                     }
                 }
             }

@@ -13,6 +13,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
+mod replies;
+
 const CHAT: &str = "/v1/chat/completions";
 const PASSTHROUGH: &str = "/v1/embeddings";
 
@@ -882,6 +884,23 @@ fn errors_in_success(key: &str) -> Vec<(&'static str, String, &'static str)> {
         (
             "Responses' response.failed",
             format!("{SUCCESS_EVENT}event: response.failed\ndata: {{\"type\":\"response.failed\",\"response\":{{\"error\":{{\"message\":\"{key}\"}}}}}}\r\n\r\n"),
+            sse,
+        ),
+        // Issue 55: three shapes read as no error, the key relayed: lines ended by a bare CR,
+        // one object over two `data:` lines, and a key written with escapes.
+        (
+            "an event whose lines end in a bare CR",
+            format!("{SUCCESS_EVENT}event: error\rdata: {{\"type\":\"error\",\"error\":{{\"message\":\"{key}\"}}}}\r\r"),
+            sse,
+        ),
+        (
+            "one object over two data lines",
+            format!("{SUCCESS_EVENT}data: {{\"error\":\ndata: {{\"message\":\"bad key {key}\"}}}}\n\n"),
+            sse,
+        ),
+        (
+            "an escaped \"error\"",
+            format!("{SUCCESS_EVENT}data: {{\"\\u0065rror\":{{\"message\":\"bad key {key}\"}}}}\n\n"),
             sse,
         ),
         (

@@ -34,6 +34,8 @@ enum Script {
     FailedContinuation,
     /// Never calls it; streams its first event, then waits for the gate.
     Gated(Arc<Notify>),
+    /// Asks for every reference, its reply typed with this media type instead.
+    TypedAs(&'static str),
 }
 
 /// A conversation of 14 exchanges, the decision stated by the assistant in the second, each
@@ -113,6 +115,17 @@ async fn scripted_model(api: Fixture, script: Script) -> MockUpstream {
                     &[recall(json!({"refs": named_references(&request)}))],
                     stream,
                 ),
+                Script::TypedAs(media_type) => {
+                    let mut reply = api.call_reply(
+                        &[recall(json!({"refs": named_references(&request)}))],
+                        stream,
+                    );
+                    reply.headers_mut().insert(
+                        "content-type",
+                        hyper::header::HeaderValue::from_static(media_type),
+                    );
+                    reply
+                }
                 Script::Query => api.call_reply(
                     &[recall(
                         json!({"query": "which port do we bind the service"}),
@@ -214,6 +227,123 @@ async fn a_decision_in_an_evicted_assistant_message_is_recalled_verbatim_in_ever
             }
         }
     }
+}
+
+/// Issue 55, 9: a reply typed `Application/JSON` got no recall served (the media type was
+/// compared case-sensitively), and the client saw the `condenser_recall` call. Media types
+/// compare as RFC 9110 says: the call is served.
+#[tokio::test]
+async fn a_reply_whose_media_type_is_written_in_capitals_has_its_recall_call_served() {
+    for api in Fixture::all() {
+        for stream in [false, true] {
+            let media_type = if stream {
+                "Text/Event-Stream"
+            } else {
+                "Application/JSON; charset=UTF-8"
+            };
+            let (upstream, proxy) = scripted(api, Script::TypedAs(media_type)).await;
+            let response = ask(&proxy, api, stream).await;
+            assert_eq!(response.status(), 200, "{api:?} stream={stream}");
+            let (text, raw) = api.client_text(response, stream).await;
+            assert!(!raw.contains(TOOL), "{api:?} stream={stream}: {raw}");
+            assert!(text.contains(DECISION), "{api:?} stream={stream}: {text}");
+            assert_eq!(
+                model_requests(&upstream).len(),
+                2,
+                "{api:?} stream={stream}"
+            );
+        }
+    }
+}
+
+/// Issue 55, 9: a reply condenser cannot read after offering recall was relayed with the
+/// call in it. Now it is an error in the dialect's shape, and nothing of the call.
+#[tokio::test]
+async fn a_reply_condenser_cannot_read_after_offering_recall_is_an_error_in_the_dialects_shape() {
+    for api in Fixture::all() {
+        for stream in [false, true] {
+            let (_upstream, proxy) = scripted(api, Script::TypedAs("text/plain")).await;
+            let response = ask(&proxy, api, stream).await;
+            let what = format!("{api:?} stream={stream}");
+            assert_eq!(response.status(), 502, "{what}");
+            let body: Value = response.json().await.unwrap();
+            assert!(!body.to_string().contains(TOOL), "{what}: {body}");
+            let message = match api {
+                Fixture::Messages => {
+                    assert_eq!(body["type"], "error", "{what}: {body}");
+                    &body["error"]["message"]
+                }
+                Fixture::Gemini => {
+                    assert_eq!(body["error"]["code"], 502, "{what}: {body}");
+                    &body["error"]["message"]
+                }
+                Fixture::Chat | Fixture::Responses => {
+                    assert_eq!(body["error"]["code"], "upstream_error", "{what}: {body}");
+                    &body["error"]["message"]
+                }
+            };
+            assert!(
+                message.as_str().unwrap().contains("recall"),
+                "{what}: {body}"
+            );
+        }
+    }
+}
+
+/// Issue 55, 9 and 10: after recall was offered, a stream event over `max_event_bytes` was
+/// relayed unread, and a recall call in it with it. Now the stream ends there with an error in
+/// the dialect's shape, and nothing of the call.
+#[tokio::test]
+async fn an_event_over_the_bound_after_offering_recall_ends_the_stream_with_an_error() {
+    for api in Fixture::all() {
+        let upstream = scripted_model(api, Script::AllRefs).await;
+        let mut config = recall_config(&upstream.url());
+        config.server.max_event_bytes = 64;
+        let proxy = Proxy::start(config).await;
+        let response = ask(&proxy, api, true).await;
+        assert_eq!(response.status(), 200, "{api:?}");
+        let raw = stream_text(response).await;
+        assert!(!raw.contains(TOOL), "{api:?}: the call was relayed: {raw}");
+        assert!(raw.contains("max_event_bytes"), "{api:?}: {raw}");
+        assert_eq!(model_requests(&upstream).len(), 1, "{api:?}");
+    }
+}
+
+/// Issue 55, 9: `?alt=sse&alt=json` had condenser offer recall for the stream it saw while an
+/// upstream that reads the last `alt` answered one JSON array, relayed with the call in it. A
+/// Gemini query that repeats `alt` is refused, in Google's shape, before anything is sent.
+#[tokio::test]
+async fn a_gemini_query_that_repeats_alt_is_refused() {
+    let (upstream, proxy) = scripted(Fixture::Gemini, Script::AllRefs).await;
+    let stream_path = Fixture::Gemini.path(true);
+    let count_path = stream_path.replace(":streamGenerateContent?alt=sse", ":countTokens?alt=json");
+    for path in [
+        format!("{stream_path}&alt=json"),
+        format!("{count_path}&alt=sse"),
+    ] {
+        let response = ask_with_path(&proxy, &path, &body(Fixture::Gemini, true)).await;
+        assert_eq!(response.status(), 400, "{path}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], 400, "{path}: {body}");
+        assert_eq!(
+            body["error"]["status"], "INVALID_ARGUMENT",
+            "{path}: {body}"
+        );
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains("alt"),
+            "{path}: {body}"
+        );
+    }
+    assert!(upstream.recorded().is_empty());
+    // One `alt` is served as before.
+    let response = ask(&proxy, Fixture::Gemini, true).await;
+    assert_eq!(response.status(), 200);
+}
+
+async fn ask_with_path(proxy: &Proxy, path: &str, body: &Value) -> reqwest::Response {
+    post(proxy, path, &[("x-condenser-mode", "force")], body)
+        .await
+        .0
 }
 
 #[tokio::test]

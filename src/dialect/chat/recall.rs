@@ -464,10 +464,14 @@ mod tests {
             json!({"tool_calls": [{"index": 0, "id": "r1", "type": "function", "function": {"name": TOOL_NAME, "arguments": "{\"query\":"}}]}),
             json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"port\"}"}}]}),
         ] {
-            stream.event(&chunk("a", delta, None));
+            stream.event(bytes::Bytes::copy_from_slice(
+                &(chunk("a", delta, None))[..],
+            ));
         }
         assert!(stream
-            .event(&chunk("a", json!({}), Some("tool_calls")))
+            .event(bytes::Bytes::copy_from_slice(
+                &(chunk("a", json!({}), Some("tool_calls")))[..]
+            ))
             .is_none());
         let round = stream.round_end();
         let call = RecallCall {
@@ -532,7 +536,11 @@ mod tests {
         for part in ["{\"query\":", "\"port\"}"] {
             let delta = json!({"tool_calls": [{"index": 0, "id": "r1", "type": "function",
                 "function": {"name": TOOL_NAME, "arguments": part}}]});
-            assert!(stream.event(&chunk("a", delta, None)).is_none());
+            assert!(stream
+                .event(bytes::Bytes::copy_from_slice(
+                    &(chunk("a", delta, None))[..]
+                ))
+                .is_none());
         }
         let round = stream.round_end().calls;
         assert_eq!(
@@ -552,27 +560,42 @@ mod tests {
             json!({"role": "assistant", "content": "Looking. "}),
             None,
         );
-        assert_eq!(stream.event(&text).as_deref(), Some(&text[..]));
+        assert_eq!(
+            stream
+                .event(bytes::Bytes::copy_from_slice(&(text)[..]))
+                .as_deref(),
+            Some(&text[..])
+        );
         let start = chunk(
             "a",
             json!({"tool_calls": [{"index": 0, "id": "r1", "type": "function", "function": {"name": TOOL_NAME, "arguments": "{\"refs\":"}}]}),
             None,
         );
-        assert!(stream.event(&start).is_none());
+        assert!(stream
+            .event(bytes::Bytes::copy_from_slice(&(start)[..]))
+            .is_none());
         let more = chunk(
             "a",
             json!({"tool_calls": [{"index": 0, "function": {"arguments": "[\"ctx:1\"]}"}}]}),
             None,
         );
-        assert!(stream.event(&more).is_none());
         assert!(stream
-            .event(&chunk("a", json!({}), Some("tool_calls")))
+            .event(bytes::Bytes::copy_from_slice(&(more)[..]))
+            .is_none());
+        assert!(stream
+            .event(bytes::Bytes::copy_from_slice(
+                &(chunk("a", json!({}), Some("tool_calls")))[..]
+            ))
             .is_none());
         let usage = sse(
             &json!({"id": "a", "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}}),
         );
-        assert!(stream.event(&usage).is_none());
-        assert!(stream.event(b"data: [DONE]\n\n").is_none());
+        assert!(stream
+            .event(bytes::Bytes::copy_from_slice(&(usage)[..]))
+            .is_none());
+        assert!(stream
+            .event(bytes::Bytes::from_static(b"data: [DONE]\n\n"))
+            .is_none());
         let round = stream.round_end().calls;
         assert_eq!(
             round.recall,
@@ -585,24 +608,32 @@ mod tests {
 
         stream.next_round();
         assert!(stream
-            .event(&chunk(
-                "b",
-                json!({"role": "assistant", "content": ""}),
-                None
+            .event(bytes::Bytes::copy_from_slice(
+                &(chunk("b", json!({"role": "assistant", "content": ""}), None))[..]
             ))
             .is_none());
         let answer = stream
-            .event(&chunk("b", json!({"content": "Port 23456."}), None))
+            .event(bytes::Bytes::copy_from_slice(
+                &(chunk("b", json!({"content": "Port 23456."}), None))[..],
+            ))
             .unwrap();
         let answer = event_json(&answer).unwrap();
         assert_eq!(answer["id"], "a");
         assert_eq!(answer["choices"][0]["delta"]["content"], "Port 23456.");
-        assert!(stream.event(&chunk("b", json!({}), Some("stop"))).is_none());
+        assert!(stream
+            .event(bytes::Bytes::copy_from_slice(
+                &(chunk("b", json!({}), Some("stop")))[..]
+            ))
+            .is_none());
         let usage = sse(
             &json!({"id": "b", "choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 3, "total_tokens": 33}}),
         );
-        assert!(stream.event(&usage).is_none());
-        assert!(stream.event(b"data: [DONE]\n\n").is_none());
+        assert!(stream
+            .event(bytes::Bytes::copy_from_slice(&(usage)[..]))
+            .is_none());
+        assert!(stream
+            .event(bytes::Bytes::from_static(b"data: [DONE]\n\n"))
+            .is_none());
         assert!(stream.round_end().calls.recall.is_empty());
         let close = String::from_utf8(stream.close().to_vec()).unwrap();
         assert!(close.contains("\"finish_reason\":\"stop\""), "{close}");
@@ -621,15 +652,21 @@ mod tests {
             json!({"tool_calls": [{"index": 0, "id": "r1", "type": "function", "function": {"name": TOOL_NAME, "arguments": "{}"}}]}),
             None,
         );
-        assert!(stream.event(&start).is_none());
+        assert!(stream
+            .event(bytes::Bytes::copy_from_slice(&(start)[..]))
+            .is_none());
         let finish = chunk("a", json!({"content": "One moment. "}), Some("tool_calls"));
-        assert!(stream.event(&finish).is_none());
+        assert!(stream
+            .event(bytes::Bytes::copy_from_slice(&(finish)[..]))
+            .is_none());
         assert_eq!(stream.round_end().calls.recall.len(), 1);
         let unsent = event_json(&stream.next_round()).unwrap();
         assert_eq!(unsent["choices"][0]["delta"]["content"], "One moment. ");
         assert!(unsent["choices"][0]["finish_reason"].is_null());
         let empty = chunk("b", json!({}), Some("stop"));
-        assert!(stream.event(&empty).is_none());
+        assert!(stream
+            .event(bytes::Bytes::copy_from_slice(&(empty)[..]))
+            .is_none());
         stream.round_end();
         // A finish chunk with nothing to show gives nothing at the next round.
         assert!(stream.next_round().is_empty());
@@ -643,17 +680,26 @@ mod tests {
             json!({"tool_calls": [{"index": 0, "id": "r1", "type": "function", "function": {"name": TOOL_NAME, "arguments": "{}"}}]}),
             None,
         );
-        assert!(stream.event(&recall).is_none());
+        assert!(stream
+            .event(bytes::Bytes::copy_from_slice(&(recall)[..]))
+            .is_none());
         let client = chunk(
             "a",
             json!({"tool_calls": [{"index": 1, "id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]}),
             None,
         );
-        let passed = event_json(&stream.event(&client).unwrap()).unwrap();
+        let passed = event_json(
+            &stream
+                .event(bytes::Bytes::copy_from_slice(&(client)[..]))
+                .unwrap(),
+        )
+        .unwrap();
         assert_eq!(passed["choices"][0]["delta"]["tool_calls"][0]["index"], 0);
         assert_eq!(passed["choices"][0]["delta"]["tool_calls"][0]["id"], "c1");
         assert!(stream
-            .event(&chunk("a", json!({}), Some("tool_calls")))
+            .event(bytes::Bytes::copy_from_slice(
+                &(chunk("a", json!({}), Some("tool_calls")))[..]
+            ))
             .is_none());
         let round = stream.round_end().calls;
         assert!(round.client_calls);

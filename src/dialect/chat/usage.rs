@@ -5,12 +5,13 @@
 
 use std::sync::LazyLock;
 
-use bytes::BytesMut;
+use bytes::Bytes;
 use memchr::memmem;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
-use crate::transport::usage::{contains, event_data, Usage, UsageReader};
+use crate::transport::events;
+use crate::transport::usage::{contains, Usage, UsageReader};
 
 /// Chat Completions' usage.
 pub struct ChatUsage;
@@ -24,41 +25,33 @@ impl UsageReader for ChatUsage {
 
     fn relay_event(
         &self,
-        event: &[u8],
+        event: Bytes,
         injected: bool,
         usage: &mut Option<Usage>,
-        out: &mut BytesMut,
-    ) {
+    ) -> Option<Bytes> {
         // Only chunks mentioning usage are worth parsing.
-        if !contains(event, b"\"usage\"") {
-            out.extend_from_slice(event);
-            return;
+        if !contains(&event, b"\"usage\"") {
+            return Some(event);
         }
-        let cleaned;
-        let event = if injected && contains(event, b"null") {
-            cleaned = without_null_usage(event);
+        let event = if injected && contains(&event, b"null") {
+            let cleaned = Bytes::from(without_null_usage(&event));
             if !contains(&cleaned, b"\"usage\"") {
-                out.extend_from_slice(&cleaned);
-                return;
+                return Some(cleaned);
             }
-            &cleaned[..]
+            cleaned
         } else {
             event
         };
-        let text = String::from_utf8_lossy(event);
-        for data in event_data(&text) {
-            let Some(chunk) = WithUsage::parse(data.as_bytes()) else {
-                continue;
-            };
+        if let Some(chunk) = events::data(&event).and_then(|data| WithUsage::parse(&data)) {
             if let Some(found) = chunk.usage() {
                 *usage = Some(found);
                 let usage_only = chunk.choices.as_ref().is_some_and(Vec::is_empty);
                 if injected && usage_only {
-                    return;
+                    return None;
                 }
             }
         }
-        out.extend_from_slice(event);
+        Some(event)
     }
 }
 

@@ -137,6 +137,17 @@ impl Dialect for Gemini {
         model_method(path).map(|(model, _)| model)
     }
 
+    /// `alt` named more than once: condenser would act on one value (offering recall for
+    /// `alt=sse`) while an upstream that reads another (the last) answers a JSON array, which
+    /// recall's stream reader does not read (issue 55).
+    fn refused_query(query: Option<&str>) -> Option<String> {
+        let alts = url::form_urlencoded::parse(query.unwrap_or("").as_bytes())
+            .filter(|(name, _)| name == "alt")
+            .count();
+        (alts > 1)
+            .then(|| format!("the query names `alt` {alts} times; name the response format once"))
+    }
+
     /// Not `:streamGenerateContent` without `alt=sse`: Google's REST default streams one JSON
     /// array, relayed as it arrives, which recall's stream reader does not read; offered the
     /// tool there, the client would see its call.

@@ -582,7 +582,11 @@ mod tests {
     fn feed(stream: &mut Stitched, chunks: &[Value]) -> Vec<Option<Value>> {
         chunks
             .iter()
-            .map(|chunk| stream.event(&sse(chunk)).and_then(|out| event_json(&out)))
+            .map(|chunk| {
+                stream
+                    .event(bytes::Bytes::copy_from_slice(&(sse(chunk))[..]))
+                    .and_then(|out| event_json(&out))
+            })
             .collect()
     }
 

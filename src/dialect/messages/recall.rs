@@ -512,7 +512,12 @@ mod tests {
     fn feed(stream: &mut Stitched, events: &[String]) -> Vec<(String, Option<Bytes>)> {
         events
             .iter()
-            .map(|event| (event.clone(), stream.event(event.as_bytes())))
+            .map(|event| {
+                (
+                    event.clone(),
+                    stream.event(bytes::Bytes::copy_from_slice(event.as_bytes())),
+                )
+            })
             .collect()
     }
 

@@ -543,7 +543,7 @@ mod tests {
     fn relay(stream: &mut Stitched, events: Vec<Vec<u8>>) -> Vec<Value> {
         events
             .iter()
-            .filter_map(|event| stream.event(event))
+            .filter_map(|event| stream.event(bytes::Bytes::copy_from_slice(event)))
             .map(|out| event_json(&out).unwrap())
             .collect()
     }
@@ -561,7 +561,7 @@ mod tests {
         let arguments = ["{\"refs\":", "[\"ctx:7f3a\"]}"];
         let recall = recall_item("r1", &arguments.concat());
         for event in &events {
-            let out = stream.event(event);
+            let out = stream.event(bytes::Bytes::copy_from_slice(event));
             assert_eq!(
                 out.as_deref(),
                 Some(&event[..]),
@@ -571,7 +571,12 @@ mod tests {
         let recall_events = one.call_item(1, &recall, &arguments);
         assert!(relay(&mut stream, recall_events).is_empty());
         let closing = one.completed(json!([message("Looking. "), recall]), usage(10, 2, 0));
-        assert!(stream.event(&closing).is_none(), "held");
+        assert!(
+            stream
+                .event(bytes::Bytes::copy_from_slice(&(closing)[..]))
+                .is_none(),
+            "held"
+        );
         let round = stream.round_end().calls;
         assert_eq!(round.recall, [call("r1", "{\"refs\":[\"ctx:7f3a\"]}")]);
         assert!(!round.client_calls);
@@ -595,7 +600,9 @@ mod tests {
         assert_eq!(field(&passed, "sequence_number"), [6, 7, 8, 9]);
         assert_eq!(passed[1]["delta"], "Port 23456.");
         let closing = two.completed(json!([message("Port 23456.")]), usage(30, 3, 0));
-        assert!(stream.event(&closing).is_none());
+        assert!(stream
+            .event(bytes::Bytes::copy_from_slice(&(closing)[..]))
+            .is_none());
         assert_eq!(stream.round_end().calls, RoundCalls::default());
 
         let close = stream.close();
@@ -635,7 +642,9 @@ mod tests {
         assert_eq!(field(&passed, "sequence_number"), [2, 3, 4, 5, 6]);
         assert_eq!(passed[4]["item"], bash);
         let closing = one.completed(json!([recall, bash]), usage(10, 4, 0));
-        assert!(stream.event(&closing).is_none());
+        assert!(stream
+            .event(bytes::Bytes::copy_from_slice(&(closing)[..]))
+            .is_none());
         let round = stream.round_end().calls;
         assert!(round.client_calls);
         assert_eq!(round.recall, [call("r1", "{}")]);
@@ -651,7 +660,9 @@ mod tests {
         for data in ["1", "\"x\"", "[]"] {
             let event = format!("event: response.output_text.delta\ndata: {data}\n\n");
             assert_eq!(
-                stream.event(event.as_bytes()).as_deref(),
+                stream
+                    .event(bytes::Bytes::copy_from_slice(event.as_bytes()))
+                    .as_deref(),
                 Some(event.as_bytes())
             );
         }
@@ -659,7 +670,10 @@ mod tests {
         // as it came but for its number.
         stream.next_round();
         let odd = "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":1}\n\n";
-        assert_eq!(stream.event(odd.as_bytes()), None);
+        assert_eq!(
+            stream.event(bytes::Bytes::copy_from_slice(odd.as_bytes())),
+            None
+        );
         let closed = String::from_utf8(stream.close().to_vec()).unwrap();
         assert!(closed.contains("\"response\":1"), "{closed}");
         assert!(closed.contains("\"sequence_number\":0"), "{closed}");
