@@ -12,6 +12,7 @@ mod architecture;
 mod artifacts;
 mod bill;
 mod binary;
+mod bodies;
 mod cache_truth;
 mod clean_paths;
 mod compaction;
