@@ -513,6 +513,7 @@ mod tests {
         ArchiveScope {
             caller: [0; 32],
             conversation: "c0ffee".into(),
+            bindings: Default::default(),
         }
     }
 
