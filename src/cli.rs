@@ -15,12 +15,12 @@ use bytes::Bytes;
 use hyper::header::HeaderMap;
 use serde_json::{json, Value};
 
-use crate::compaction::cache::ScopeHeaders;
+use crate::compaction::cache::{PrefixKeys, ScopeHeaders};
 use crate::compaction::limits::{summary_room, Limits, PlanInput};
 use crate::compaction::plan::{total_tokens, triggers, Decision, Mode, Split};
-use crate::compaction::recall::conversation_id;
 use crate::compaction::rewrite::{ArchiveScope, Rewrite};
 use crate::config::{Config, ContextConfig};
+use crate::conversation::Item;
 use crate::dialect::stages::{
     count_as_sent, offers_recall, write_compaction, Counting, Dialect, Prepared, Settings,
 };
@@ -101,7 +101,7 @@ async fn counted_as<D: Dialect>(
 /// caller that sends no scope header.
 async fn trimmed_as<D: Dialect>(
     config: &Config,
-    body: &[u8],
+    (body, items): (&[u8], &[Item]),
     split: &Split,
     (settings, recall): (Settings<'_>, bool),
 ) -> Result<u64, CommandError> {
@@ -111,10 +111,12 @@ async fn trimmed_as<D: Dialect>(
     let encoding = catalog.resolve(D::model(&request)).encoding;
     let mut rewrite = Rewrite::trimmed(split, Duration::ZERO);
     if offers_recall::<D>(&mut request, recall) && !split.shorten.is_empty() {
-        rewrite.archive = Some(ArchiveScope {
-            caller: ScopeHeaders::new(&config.cache, key_headers())?.caller(&HeaderMap::new()),
-            conversation: conversation_id(&D::conversation(&request), split.head),
-        });
+        rewrite.archive = Some(ArchiveScope::new(
+            ScopeHeaders::new(&config.cache, key_headers())?.caller(&HeaderMap::new()),
+            &PrefixKeys::default(),
+            (&D::conversation(&request), items, &[]),
+            split.head,
+        ));
     }
     write_compaction::<D>(&mut request, split, &rewrite, settings.context, encoding);
     let (sent, _, layout) = D::outgoing_body(request, Bytes::new(), true)?;
@@ -139,6 +141,7 @@ async fn trimmed_tokens(
     let trim = TrimAs {
         config,
         body: counted.body.as_bytes(),
+        items: &counted.prepared.metas,
         split,
         settings,
     };
@@ -149,6 +152,8 @@ async fn trimmed_tokens(
 struct TrimAs<'a> {
     config: &'a Config,
     body: &'a [u8],
+    /// The planner's reading of its items.
+    items: &'a [Item],
     split: &'a Split,
     /// The request's settings, and whether it offers recall.
     settings: (Settings<'a>, bool),
@@ -158,7 +163,12 @@ impl WithDialect for TrimAs<'_> {
     type Output = Result<u64, CommandError>;
 
     fn with<D: Dialect + 'static>(self) -> impl Future<Output = Self::Output> {
-        trimmed_as::<D>(self.config, self.body, self.split, self.settings)
+        trimmed_as::<D>(
+            self.config,
+            (self.body, self.items),
+            self.split,
+            self.settings,
+        )
     }
 }
 

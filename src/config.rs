@@ -45,6 +45,10 @@ pub struct ServerConfig {
     /// A client connection that has not sent a request's head this long after it opened (or
     /// after its last response) is closed.
     pub header_read_timeout_secs: u64,
+    /// A request body not received whole this long after its head (plus a second for each
+    /// 64 KiB received: a large body must keep up that rate) gets 408, and its connection is
+    /// closed.
+    pub body_read_timeout_secs: u64,
     /// The most one event of a stream is held to be read (for usage, recall and keys); a
     /// larger one is relayed uninspected, and counted.
     pub max_event_bytes: usize,
@@ -67,6 +71,7 @@ impl Default for ServerConfig {
             shutdown_grace_secs: 30,
             workers: 0,
             header_read_timeout_secs: 30,
+            body_read_timeout_secs: 60,
             max_event_bytes: 64 * 1024 * 1024,
         }
     }
@@ -162,7 +167,9 @@ pub struct RouteConfig {
 
 /// The APIs an upstream speaks: the ones listed, else those of the provider whose host its
 /// base URL names (at no path but an API version), else `None`, any. The well-known hosts are
-/// named so that a key for one provider never goes to another's host by default.
+/// named so that a key for one provider never goes to another's host by default; a host is
+/// compared as DNS reads it, in lower case and without a trailing dot (`API.OpenAI.com.` is
+/// OpenAI's).
 pub fn speaks(base_url: &str, apis: &[String]) -> Option<Vec<String>> {
     if !apis.is_empty() {
         return Some(apis.to_vec());
@@ -172,7 +179,8 @@ pub fn speaks(base_url: &str, apis: &[String]) -> Option<Vec<String>> {
     if !matches!(path, "" | "/v1" | "/v1beta") {
         return None;
     }
-    let provider: &[&str] = match uri.host()? {
+    let host = uri.host()?.trim_end_matches('.').to_ascii_lowercase();
+    let provider: &[&str] = match host.as_str() {
         "api.openai.com" => &["chat", "responses"],
         "api.anthropic.com" => &["messages"],
         "generativelanguage.googleapis.com" => &["gemini"],
@@ -354,6 +362,11 @@ impl Config {
             ConfigError::Invalid(format!("server.listen {:?}: {e}", self.server.listen))
         })?;
         self.admin.validate(&self.server)?;
+        if self.server.body_read_timeout_secs == 0 {
+            return Err(ConfigError::Invalid(
+                "server.body_read_timeout_secs must be at least 1".into(),
+            ));
+        }
         validate_url("upstream.base_url", &self.upstream.base_url)?;
         for (i, route) in self.routes.iter().enumerate() {
             validate_url(&format!("routes[{i}].base_url"), &route.base_url)?;
@@ -582,6 +595,18 @@ mod tests {
             None
         );
         assert_eq!(speaks("http://127.0.0.1:4000", &[]), None);
+        // A host as DNS reads it: any case, a trailing dot or none.
+        for url in [
+            "https://API.OPENAI.COM",
+            "https://api.openai.com.",
+            "https://Api.OpenAI.com./v1",
+        ] {
+            assert_eq!(speaks(url, &[]).unwrap(), ["chat", "responses"], "{url}");
+        }
+        assert_eq!(
+            speaks("https://API.Anthropic.COM.", &[]).unwrap(),
+            ["messages"]
+        );
         assert_eq!(
             speaks("https://api.openai.com", &["responses"]).unwrap(),
             ["responses"]

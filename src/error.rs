@@ -23,6 +23,9 @@ pub enum ProxyError {
     BodyTooLarge { limit: usize },
     #[error("request header fields exceed the limit of {limit} bytes")]
     HeadersTooLarge { limit: usize },
+    /// The request's body did not arrive whole in time (`server.body_read_timeout_secs`).
+    #[error("{0}")]
+    BodyReadTimeout(String),
     #[error("this request has {tokens} prompt tokens and cannot be made to fit: {why}")]
     ContextLengthExceeded {
         tokens: u64,
@@ -102,6 +105,7 @@ impl ProxyError {
             | ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ProxyError::BodyReadTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ProxyError::UpstreamUnreachable(_)
             | ProxyError::UpstreamBroken(_)
             | ProxyError::SummarizerFailed(_) => StatusCode::BAD_GATEWAY,
@@ -119,6 +123,7 @@ impl ProxyError {
             StatusCode::BAD_REQUEST
             | StatusCode::PAYLOAD_TOO_LARGE
             | StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+            | StatusCode::REQUEST_TIMEOUT
             | StatusCode::NOT_FOUND => "invalid_request_error",
             StatusCode::INTERNAL_SERVER_ERROR => "server_error",
             _ => "upstream_error",
@@ -131,6 +136,7 @@ impl ProxyError {
             ProxyError::InvalidRequest { .. } => "invalid_request",
             ProxyError::BodyTooLarge { .. } => "request_too_large",
             ProxyError::HeadersTooLarge { .. } => "headers_too_large",
+            ProxyError::BodyReadTimeout(_) => "request_timeout",
             ProxyError::ContextLengthExceeded { .. } => "context_length_exceeded",
             ProxyError::UpstreamUnreachable(_) => "upstream_unreachable",
             ProxyError::UpstreamBroken(_) => "upstream_error",

@@ -1,19 +1,29 @@
 //! `condenser check-config`: the effective configuration, valid, with a warning for each
-//! window too small for the settings, and Redis's password masked.
+//! window too small for the settings and for a summarizer with no key, Redis's password
+//! masked, and comment lines saying which APIs each upstream speaks and whose key pays for
+//! summaries.
 
 use std::path::Path;
 
 use super::input::load_config;
 use crate::compaction::limits::{summary_room, Limits, PlanInput, RECALL_RESERVE_TOKENS};
-use crate::config::{Config, ConfigError, Mode, Overrides};
+use crate::config::{speaks, Config, ConfigError, Mode, Overrides};
 use crate::dialect::key_headers;
 
 /// The configuration `path` and `overrides` make, as TOML, once it is found valid.
 pub fn check_config(path: Option<&Path>, overrides: &Overrides) -> Result<String, ConfigError> {
     let mut config = load_config(path, overrides)?;
-    for warning in window_warnings(&config) {
+    for warning in window_warnings(&config)
+        .into_iter()
+        .chain(summarizer_key_warning(&config))
+    {
         tracing::warn!("{warning}");
     }
+    let notes: String = spoken_apis(&config)
+        .into_iter()
+        .chain([summarizer_key(&config)])
+        .map(|note| format!("# {note}\n"))
+        .collect();
     // Redis takes its password in its URL, the one configured URL allowed credentials.
     config.cache.redis_url = masked_password(&config.cache.redis_url);
     // Left out, the scope is every API's key headers: printed as they are.
@@ -24,9 +34,68 @@ pub fn check_config(path: Option<&Path>, overrides: &Overrides) -> Result<String
             .collect()
     });
     Ok(format!(
-        "# effective configuration: valid\n{}",
+        "# effective configuration: valid\n{notes}{}",
         config.to_toml()
     ))
+}
+
+/// Which APIs each configured upstream speaks (`config::speaks`): what a key sent to it may
+/// be for.
+fn spoken_apis(config: &Config) -> Vec<String> {
+    let upstreams = std::iter::once((
+        "upstream".to_string(),
+        &config.upstream.base_url,
+        &config.upstream.apis,
+    ))
+    .chain(
+        config
+            .routes
+            .iter()
+            .enumerate()
+            .map(|(i, route)| (format!("routes[{i}]"), &route.base_url, &route.apis)),
+    );
+    upstreams
+        .map(|(name, base_url, apis)| {
+            let spoken = match (speaks(base_url, apis), apis.is_empty()) {
+                (Some(spoken), true) => format!("{} (its host's)", spoken.join(", ")),
+                (Some(spoken), false) => spoken.join(", "),
+                (None, _) => "any API (a host of no known provider, and no apis listed)".into(),
+            };
+            format!("{name} {base_url} speaks: {spoken}")
+        })
+        .collect()
+}
+
+/// Whose key a summary carries (`Summarizer::credentials_for`).
+fn summarizer_key(config: &Config) -> String {
+    let summarizer = &config.summarizer;
+    if !summarizer.api_key_env.is_empty() {
+        return format!(
+            "summarizer key: its own, from ${}; never a caller's",
+            summarizer.api_key_env
+        );
+    }
+    if !summarizer.base_url.is_empty() {
+        return format!(
+            "summarizer key: none ({} is a dedicated summarizer, and a caller's key never goes to one)",
+            summarizer.base_url
+        );
+    }
+    "summarizer key: the caller's, as a summary goes to the upstream the caller's request went to"
+        .into()
+}
+
+/// A dedicated summarizer with no key of its own is asked with none: right for a local model
+/// that takes none, and a summarizer that wants one fails every summary. Not refused, as the
+/// first is a setup of its own (a model on the same host); said, as the second is a mistake.
+fn summarizer_key_warning(config: &Config) -> Option<String> {
+    let summarizer = &config.summarizer;
+    (!summarizer.base_url.is_empty() && summarizer.api_key_env.is_empty()).then(|| {
+        format!(
+            "summarizer.base_url = {:?} has no summarizer.api_key_env: summaries are asked with no key, as a caller's never goes to a dedicated summarizer; name the variable that holds its key unless it takes none",
+            summarizer.base_url
+        )
+    })
 }
 
 /// A warning for each configured window (`[models.*] context_window`,

@@ -112,9 +112,24 @@ impl PrefixKeys {
         (messages, ahead): (&Views<'_>, usize),
         identities: &[u128],
     ) -> Vec<Key> {
+        self.chain(scope, (messages, ahead), identities, |_| true)
+    }
+
+    /// `keys`, over the messages `binds` picks: a message it leaves out adds nothing, its key
+    /// the one before it (`recall::binds`: the archive's keys leave out tool outputs).
+    pub fn chain(
+        &self,
+        scope: &Key,
+        (messages, ahead): (&Views<'_>, usize),
+        identities: &[u128],
+        binds: impl Fn(usize) -> bool,
+    ) -> Vec<Key> {
         let mut previous = *scope;
         (0..ahead.min(messages.len()))
             .map(|at| {
+                if !binds(at) {
+                    return previous;
+                }
                 let known = identities.get(at).map(|identity| {
                     let mut after = [0u8; 48];
                     after[..32].copy_from_slice(&previous);
@@ -155,10 +170,21 @@ pub fn prefix_keys<'v>(scope: &Key, messages: impl IntoIterator<Item = &'v Value
         .collect()
 }
 
-/// Where one caller's archived item is kept: a reference names an item for its caller only.
+/// Where one caller's record is kept under `reference` (a cut horizon's).
 fn archive_key(caller: &Key, reference: &str) -> Key {
     let mut hasher = blake3::Hasher::new();
     hasher.update(caller);
+    hasher.update(reference.as_bytes());
+    *hasher.finalize().as_bytes()
+}
+
+/// Where one caller's archived item is kept: its reference names it for its caller only, and
+/// only in the history `binding` (the key of what was written before it) names, so that a
+/// reference or a masked item of another history finds nothing.
+pub fn archive_slot(caller: &Key, binding: &Key, reference: &str) -> Key {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(caller);
+    hasher.update(binding);
     hasher.update(reference.as_bytes());
     *hasher.finalize().as_bytes()
 }
@@ -279,14 +305,14 @@ impl SummaryCache {
         }
     }
 
-    /// Archives `(reference, item)` pairs for `caller`, each item as its verbatim text. Items
-    /// memory already holds are skipped, and not even written out (a compacted agent request
-    /// archives every output it cuts, nearly all of them archived before), so a later request
-    /// archiving them again costs nothing in Redis; the others reach Redis in one round trip.
-    pub async fn archive_put(&self, caller: &Key, items: &[(String, impl Display)]) {
+    /// Archives `(slot, item)` pairs (`ArchiveScope::slot`), each item as its verbatim text.
+    /// Items memory already holds are skipped, and not even written out (a compacted agent
+    /// request archives every output it cuts, nearly all of them archived before), so a later
+    /// request archiving them again costs nothing in Redis; the others reach Redis in one
+    /// round trip.
+    pub async fn archive_put(&self, items: &[(Key, impl Display)]) {
         let mut fresh: Vec<(Key, Arc<str>)> = Vec::new();
-        for (reference, item) in items {
-            let key = archive_key(caller, reference);
+        for &(key, ref item) in items {
             if self.archive.contains_key(&key) {
                 continue;
             }
@@ -300,15 +326,11 @@ impl SummaryCache {
         }
     }
 
-    /// The items `caller` archived under `references`, by index: those memory holds, and
+    /// The items archived in `keys` (`ArchiveScope::slot`), by index: those memory holds, and
     /// the rest from Redis in one round trip (kept in memory from then on).
-    pub async fn archive_get(&self, caller: &Key, references: &[String]) -> Vec<Option<Arc<str>>> {
-        let keys: Vec<Key> = references
-            .iter()
-            .map(|reference| archive_key(caller, reference))
-            .collect();
+    pub async fn archive_get(&self, keys: &[Key]) -> Vec<Option<Arc<str>>> {
         let mut found = Vec::with_capacity(keys.len());
-        for key in &keys {
+        for key in keys {
             found.push(self.archive.get(key).await);
         }
         let missing: Vec<usize> = (0..keys.len()).filter(|&i| found[i].is_none()).collect();
@@ -394,10 +416,21 @@ mod tests {
         );
     }
 
-    fn items(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    /// The history the tests' items are archived in.
+    const BINDING: Key = [9; 32];
+
+    /// Where `caller`'s items `references` are kept, in the history `BINDING` names.
+    fn slots(caller: &Key, references: &[&str]) -> Vec<Key> {
+        references
+            .iter()
+            .map(|reference| archive_slot(caller, &BINDING, reference))
+            .collect()
+    }
+
+    fn items(caller: &Key, pairs: &[(&str, &str)]) -> Vec<(Key, String)> {
         pairs
             .iter()
-            .map(|(reference, text)| (reference.to_string(), text.to_string()))
+            .map(|(reference, text)| (archive_slot(caller, &BINDING, reference), text.to_string()))
             .collect()
     }
 
@@ -409,23 +442,26 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn archived_items_come_back_verbatim_for_their_caller_only() {
+    async fn archived_items_come_back_verbatim_for_their_caller_and_history_only() {
         let cache = SummaryCache::new(&CacheConfig::default(), None);
         let (alice, bob) = ([1; 32], [2; 32]);
         let text = "  port 23456\n\twith trailing space ";
         cache
-            .archive_put(&alice, &items(&[("ctx:a", text), ("ctx:b", "second")]))
+            .archive_put(&items(&alice, &[("ctx:a", text), ("ctx:b", "second")]))
             .await;
-        let asked = ["ctx:b", "ctx:missing", "ctx:a"].map(String::from);
+        let asked = ["ctx:b", "ctx:missing", "ctx:a"];
         assert_eq!(
-            texts(cache.archive_get(&alice, &asked).await),
+            texts(cache.archive_get(&slots(&alice, &asked)).await),
             [Some("second".into()), None, Some(text.into())]
         );
         assert_eq!(
-            texts(cache.archive_get(&bob, &asked).await),
+            texts(cache.archive_get(&slots(&bob, &asked)).await),
             [None, None, None]
         );
-        assert!(cache.archive_get(&alice, &[]).await.is_empty());
+        // The same caller and reference in another history: nothing.
+        let elsewhere = [archive_slot(&alice, &[8; 32], "ctx:a")];
+        assert_eq!(texts(cache.archive_get(&elsewhere).await), [None]);
+        assert!(cache.archive_get(&[]).await.is_empty());
     }
 
     /// A compacted request archives every output it cuts, nearly all archived before: those
@@ -442,15 +478,23 @@ mod tests {
         let cache = SummaryCache::new(&CacheConfig::default(), None);
         let caller = [3; 32];
         let written = std::sync::atomic::AtomicUsize::new(0);
-        let put = |reference: &str, text| (reference.to_string(), Counted(&written, text));
-        cache.archive_put(&caller, &[put("ctx:a", "first")]).await;
+        let put = |reference: &str, text| {
+            (
+                archive_slot(&caller, &BINDING, reference),
+                Counted(&written, text),
+            )
+        };
+        cache.archive_put(&[put("ctx:a", "first")]).await;
         cache
-            .archive_put(&caller, &[put("ctx:a", "again"), put("ctx:b", "second")])
+            .archive_put(&[put("ctx:a", "again"), put("ctx:b", "second")])
             .await;
         assert_eq!(written.load(std::sync::atomic::Ordering::Relaxed), 2);
-        let asked = ["ctx:a", "ctx:b"].map(String::from);
         assert_eq!(
-            texts(cache.archive_get(&caller, &asked).await),
+            texts(
+                cache
+                    .archive_get(&slots(&caller, &["ctx:a", "ctx:b"]))
+                    .await
+            ),
             [Some("first".into()), Some("second".into())]
         );
     }
@@ -467,11 +511,14 @@ mod tests {
         let cache = SummaryCache::new(&config, Some(shared));
         let caller = [7; 32];
         cache
-            .archive_put(&caller, &items(&[("ctx:a", "kept in memory")]))
+            .archive_put(&items(&caller, &[("ctx:a", "kept in memory")]))
             .await;
-        let asked = ["ctx:a", "ctx:gone"].map(String::from);
         assert_eq!(
-            texts(cache.archive_get(&caller, &asked).await),
+            texts(
+                cache
+                    .archive_get(&slots(&caller, &["ctx:a", "ctx:gone"]))
+                    .await
+            ),
             [Some("kept in memory".into()), None]
         );
         assert!(errors.get() >= 1, "the fault is counted");

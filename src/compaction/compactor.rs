@@ -16,7 +16,6 @@ use crate::compaction::horizon::{Horizon, Records, StandInRecord};
 use crate::compaction::limits::{summary_room, Tier};
 use crate::compaction::pace::{Pace, Paces};
 use crate::compaction::plan::Mode;
-use crate::compaction::recall;
 use crate::compaction::redis::RedisStore;
 use crate::compaction::rewrite::{as_sent, trimmed, ArchiveScope, CompactionJob, Rewrite};
 use crate::compaction::rewrite::{Action, CacheOutcome};
@@ -156,10 +155,7 @@ struct Lookup<'r> {
 impl Lookup<'_> {
     /// Where this conversation's items are archived.
     fn archive(&self) -> ArchiveScope {
-        ArchiveScope {
-            caller: self.source.caller,
-            conversation: self.source.conversation.clone(),
-        }
+        self.source.archive.clone()
     }
 
     /// Where this conversation's cut horizons are recorded, and checked.
@@ -213,7 +209,7 @@ impl Lookup<'_> {
             (job.split.head, record.from..record.end),
             job.split.pinned_before(record.end),
             base.as_deref(),
-            (&self.source.conversation, job.info.encoding),
+            (&self.source.archive.conversation, job.info.encoding),
         ));
         cache.put(key, summary.clone()).await;
         Some(summary)
@@ -236,14 +232,16 @@ impl Lookup<'_> {
             return;
         }
         let pinned = job.split.pinned_before(went.end).unwrap_or_default();
-        let folded: Vec<(String, ViewText)> = (went.from..went.end)
+        let folded: Vec<(Key, ViewText)> = (went.from..went.end)
             .filter(|index| !pinned.contains(index))
-            .map(|index| {
-                let reference = recall::reference(&self.source.conversation, index);
-                (reference, ViewText(self.messages, index))
+            .filter_map(|index| {
+                Some((
+                    self.source.archive.slot(index)?,
+                    ViewText(self.messages, index),
+                ))
             })
             .collect();
-        cache.archive_put(&self.source.caller, &folded).await;
+        cache.archive_put(&folded).await;
     }
 
     /// The job that makes the summary of messages up to `end`, from `base` if given.
@@ -327,12 +325,15 @@ fn prefix(compactor: &Compactor, job: &CompactionJob<'_>) -> Prefix {
     }
 }
 
-/// Where a conversation's items are archived: its caller, and its id.
+/// Where a conversation's items are archived: its caller, its id, and what each item is
+/// bound to.
 fn archive_scope(compactor: &Compactor, job: &CompactionJob<'_>) -> ArchiveScope {
-    ArchiveScope {
-        caller: compactor.scope_headers.caller(job.headers),
-        conversation: recall::conversation_id(job.messages, job.split.head),
-    }
+    ArchiveScope::new(
+        compactor.scope_headers.caller(job.headers),
+        &compactor.prefix_keys,
+        (job.messages, job.items, job.identities),
+        job.split.head,
+    )
 }
 
 /// The tool outputs the rewrite cuts, archived whole under the references their stubs
@@ -348,19 +349,12 @@ async fn archive_cleared(
     if compactor.maker.stand_in {
         return;
     }
-    let cleared: Vec<(String, ViewText)> = cuts
+    let cleared: Vec<(Key, ViewText)> = cuts
         .iter()
         .filter(|cut| cut.index < job.messages.len())
-        .map(|cut| {
-            let reference = recall::reference(&archive.conversation, cut.index);
-            (reference, ViewText(job.messages, cut.index))
-        })
+        .filter_map(|cut| Some((archive.slot(cut.index)?, ViewText(job.messages, cut.index))))
         .collect();
-    compactor
-        .maker
-        .cache
-        .archive_put(&archive.caller, &cleared)
-        .await;
+    compactor.maker.cache.archive_put(&cleared).await;
 }
 
 /// An item's view as JSON text, made when written.
@@ -413,8 +407,13 @@ async fn lookup<'r>(
     };
     let summarizer_info = compactor.catalog.resolve(&summarizer_model);
     let api = compactor.maker.summarizer.api_for(job.api);
-    let conversation = recall::conversation_id(job.messages, split.head);
-    let session = session_route(compactor, job, caller, || conversation.clone());
+    let archive = ArchiveScope::new(
+        caller,
+        &compactor.prefix_keys,
+        (job.messages, job.items, job.identities),
+        split.head,
+    );
+    let session = session_route(compactor, job, caller, || archive.conversation.clone());
     let lookup = Lookup {
         scope,
         keys,
@@ -426,12 +425,12 @@ async fn lookup<'r>(
             credentials: compactor
                 .maker
                 .summarizer
-                .credentials_for(job.headers, api.key_style),
+                .credentials_for(job.headers, job.api),
             window: summarizer_info.context_window,
             summary_tokens,
             encoding: job.info.encoding,
             head: split.head,
-            conversation,
+            archive,
             session,
         },
         messages: job.messages,
@@ -533,7 +532,10 @@ async fn carried_out(
     mut on_hand: OnHand,
 ) -> Result<Rewrite, ProxyError> {
     let split = job.split;
-    let session = (lookup.source.caller, lookup.source.conversation.clone());
+    let session = (
+        lookup.source.caller,
+        lookup.source.archive.conversation.clone(),
+    );
     on_hand.pace = compactor.paces.seen(&session, job.count.raw_total, |key| {
         compactor.in_flight.running(key)
     });
@@ -656,7 +658,11 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) -> Option<
     let prefix = prefix(compactor, &job);
     let session = (
         prefix.caller,
-        recall::conversation_id(job.messages, job.split.head),
+        ArchiveScope::conversation_id(
+            &compactor.prefix_keys,
+            (job.messages, job.items, job.identities),
+            job.split.head,
+        ),
     );
     let mark = session_route(compactor, &job, prefix.caller, || session.1.clone()).map(|route| {
         SessionMark {

@@ -672,6 +672,7 @@ mod tests {
         ArchiveScope {
             caller: [0; 32],
             conversation: "c0ffee".into(),
+            bindings: Default::default(),
         }
     }
 

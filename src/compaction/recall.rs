@@ -9,24 +9,24 @@ use std::sync::{Arc, LazyLock};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::compaction::cache::prefix_keys;
 use crate::compaction::shorten::cut_middle;
 use crate::compaction::summary::{hex, Key};
-use crate::conversation::Views;
+use crate::conversation::{Item, Kind, Role};
 use crate::tokens::encoding::Encoding;
 use crate::tokens::memo::Memo;
 use crate::tokens::rules::{count_text, count_tools};
 
 pub const REFERENCE_PREFIX: &str = "ctx:";
 
-/// 32 bits of a conversation's first prefix key: two conversations of one caller (whose
-/// archive alone it names) share an id about once in four billion pairs.
+/// 32 bits of a conversation's key, shown in its references: two histories of one caller
+/// whose ids match still read only their own items, since an item is archived under the
+/// whole key of what came before it (`ArchiveScope`).
 const CONVERSATION_HEX_DIGITS: usize = 8;
 
-/// What a conversation's id is hashed from besides its items. No caller is in it: the
-/// archive is keyed by caller already, and an id made of the conversation alone can be told
-/// without a request (`condenser plan`).
-const CONVERSATION_SEED: Key = [0; 32];
+/// What a conversation's archive keys are hashed from besides its items. No caller is in it:
+/// the archive is keyed by caller already, and an id made of the conversation alone can be
+/// told without a request (`condenser plan`).
+pub const CONVERSATION_SEED: Key = [0; 32];
 
 /// Room for every encoding's count of the tool (`tool_tokens`).
 const ENCODINGS: usize = 3;
@@ -84,15 +84,32 @@ fn counted_tool_tokens(encoding: Encoding) -> u32 {
     count_tools(encoding, std::slice::from_ref(&tool))
 }
 
-/// A conversation's id in its caller's archive, from its head and first item after it (or
-/// all of it, when shorter): the same on every turn of the conversation and on every
-/// replica.
-pub fn conversation_id(messages: &Views<'_>, head: usize) -> String {
-    let key = prefix_keys(&CONVERSATION_SEED, messages.range(0..head + 1))
-        .last()
-        .copied()
-        .unwrap_or(CONVERSATION_SEED);
-    hex(&key)[..CONVERSATION_HEX_DIGITS].to_string()
+/// Whether an item binds what follows it in the archive: every item but a tool's output,
+/// which a client may replace with a stub of its own (`<tool_output_masked>`) once it is far
+/// back, while the items the model and the user wrote stay as they were sent.
+pub fn binds(item: &Item) -> bool {
+    item.kind != Kind::ToolResult
+}
+
+/// How many of a conversation's first items make its id: its items through the first the
+/// model wrote after the head (the head and first item alone while the model has written
+/// none). The same on every turn and every replica, and not shared by two histories that
+/// open alike but for what the model first said (a tool call's id is the provider's, new
+/// each time).
+pub fn opening(items: &[Item], head: usize) -> usize {
+    let first_written = items
+        .iter()
+        .enumerate()
+        .skip(head)
+        .find(|(_, item)| item.role == Role::Assistant)
+        .map_or(head, |(index, _)| index);
+    (first_written + 1).min(items.len())
+}
+
+/// A conversation's id in its caller's archive, shown in its references: the first digits of
+/// the archive's key after its opening (`opening`, `ArchiveScope`).
+pub fn conversation_id(opening_key: &Key) -> String {
+    hex(opening_key)[..CONVERSATION_HEX_DIGITS].to_string()
 }
 
 /// The reference of the conversation's item `index`: `ctx:<conversation>.<index>`. Named by
@@ -496,6 +513,9 @@ fn rank(query: &str, documents: &[&str]) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compaction::cache::PrefixKeys;
+    use crate::compaction::rewrite::ArchiveScope;
+    use crate::conversation::Views;
 
     fn limits(max_tokens: u32) -> RecallLimits {
         RecallLimits {
@@ -531,23 +551,65 @@ mod tests {
         answer(archived, &arguments.to_string(), &limits(1_000))
     }
 
+    /// The archive of chat-view items, with their planner's reading: role and kind by the
+    /// view's role.
+    fn archive_of(views: &[Value]) -> ArchiveScope {
+        let items: Vec<Item> = views
+            .iter()
+            .map(|view| {
+                let role = Role::parse(view["role"].as_str().unwrap_or(""));
+                let kind = match role {
+                    Role::Tool => Kind::ToolResult,
+                    _ => Kind::Message,
+                };
+                Item::new(role, kind, 10)
+            })
+            .collect();
+        let views = Views::made(views.to_vec());
+        let keys = PrefixKeys::default();
+        let archive = ArchiveScope::new([0; 32], &keys, (&views, &items, &[]), 1);
+        // The id alone is the one the whole archive names.
+        assert_eq!(
+            ArchiveScope::conversation_id(&keys, (&views, &items, &[]), 1),
+            archive.conversation
+        );
+        archive
+    }
+
+    fn id_of(views: &[Value]) -> String {
+        archive_of(views).conversation
+    }
+
     #[test]
     fn references_name_the_conversation_and_position_and_the_note_names_the_range() {
         let system = json!({"role": "system", "content": "rules"});
         let task = |text: &str| json!({"role": "user", "content": text});
-        let id = conversation_id(
-            &Views::made(vec![system.clone(), task("fix the build"), task("later")]),
-            1,
-        );
+        let said = |text: &str| json!({"role": "assistant", "content": text});
+        let id = id_of(&[
+            system.clone(),
+            task("fix the build"),
+            said("on it"),
+            task("later"),
+        ]);
         assert_eq!(id.len(), 8);
-        // Its head and first item name it; what follows does not.
+        // Its opening names it, through the model's first item; what follows does not.
         assert_eq!(
             id,
-            conversation_id(&Views::made(vec![system.clone(), task("fix the build")]), 1)
+            id_of(&[system.clone(), task("fix the build"), said("on it")])
         );
         assert_ne!(
             id,
-            conversation_id(&Views::made(vec![system, task("write the docs")]), 1)
+            id_of(&[system.clone(), task("write the docs"), said("on it")])
+        );
+        // Two histories that open alike but for what the model first said are two.
+        assert_ne!(
+            id,
+            id_of(&[system.clone(), task("fix the build"), said("looking")])
+        );
+        // Before the model has said anything, the head and first item.
+        assert_eq!(
+            id_of(&[system.clone(), task("fix the build")]),
+            id_of(&[system, task("fix the build"), task("and the tests")])
         );
         assert_eq!(reference(&id, 7), format!("ctx:{id}.7"));
         let note = archived_note(&id, 1..12, "messages");
@@ -556,6 +618,44 @@ mod tests {
             "{note}"
         );
         assert!(note.contains("condenser_recall"));
+    }
+
+    #[test]
+    fn an_item_is_bound_to_what_was_written_before_it_but_tool_outputs() {
+        let system = json!({"role": "system", "content": "rules"});
+        let task = json!({"role": "user", "content": "read the log"});
+        let call = |id: &str| json!({"role": "assistant", "tool_calls": [{"id": id}]});
+        let output = |text: &str| json!({"role": "tool", "content": text});
+        let mine = [
+            system.clone(),
+            task.clone(),
+            call("call_1"),
+            output("the log"),
+            call("call_2"),
+            output("secret"),
+        ];
+        let bound = archive_of(&mine);
+        assert_eq!(bound.bindings.len(), mine.len() + 1);
+        // Outputs masked by the client since change nothing they bind.
+        let mut masked = mine.clone();
+        masked[3] = output("<tool_output_masked>");
+        masked[5] = output("<tool_output_masked>");
+        assert_eq!(archive_of(&masked), bound);
+        // Another history of the same opening, whose model called its tool under another id:
+        // another id, and the output after the call is kept elsewhere.
+        let mut other = masked.clone();
+        other[2] = call("call_9");
+        let theirs = archive_of(&other);
+        assert_eq!(theirs.bindings[..3], bound.bindings[..3]);
+        assert_ne!(theirs.conversation, bound.conversation);
+        assert_ne!(theirs.slot(5), bound.slot(5));
+        // A later item the same history changed moves only what comes after it.
+        let mut later = mine.clone();
+        later[4] = call("call_3");
+        let changed = archive_of(&later);
+        assert_eq!(changed.slot(3), bound.slot(3));
+        assert_ne!(changed.slot(5), bound.slot(5));
+        assert_eq!(bound.slot(mine.len() + 1), None);
     }
 
     #[test]

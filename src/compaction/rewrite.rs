@@ -9,6 +9,7 @@ use std::time::Duration;
 use hyper::header::HeaderMap;
 use serde_json::Value;
 
+use crate::compaction::cache::{archive_slot, PrefixKeys};
 use crate::compaction::limits::Limits;
 use crate::compaction::plan::{Mode, Split};
 use crate::compaction::recall;
@@ -107,12 +108,82 @@ pub struct Rewrite {
     pub archive: Option<ArchiveScope>,
 }
 
-/// Where a compacted conversation's items are archived: the caller's scope, and the
-/// conversation's id in it (`recall::reference`).
+/// The archive's keys of `conversation`'s first `upto` items: each the key of the items up to
+/// it that bind (`recall::binds`).
+fn bound_keys(keys: &PrefixKeys, conversation: Conversation<'_>, upto: usize) -> Vec<Key> {
+    let (messages, items, identities) = conversation;
+    // Identities, when the raw stage gave one per item, only find keys made before.
+    let identities = match identities.len() == messages.len() {
+        true => identities,
+        false => &[],
+    };
+    keys.chain(
+        &recall::CONVERSATION_SEED,
+        (messages, upto),
+        identities,
+        |index| items.get(index).is_some_and(recall::binds),
+    )
+}
+
+/// Where a compacted conversation's items are archived: the caller's scope, the
+/// conversation's id in it (`recall::reference`), and what each item is bound to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ArchiveScope {
     pub caller: Key,
     pub conversation: String,
+    /// `bindings[i]`: the key of what was written before item `i` (`recall::archive_bindings`).
+    pub bindings: Arc<[Key]>,
+}
+
+/// A conversation as compaction reads it, for its archive: its items' views, what the
+/// planner read of each, and their identities by their bytes as sent (or none).
+pub type Conversation<'a> = (&'a Views<'a>, &'a [Item], &'a [u128]);
+
+impl ArchiveScope {
+    /// The archive of `caller`'s `conversation`, whose head is `head` items long: each item
+    /// bound to the key of the items before it that bind (`recall::binds`), so a history reads
+    /// only what its own requests archived, with a key or without; made by `keys` as the
+    /// summaries' prefix keys are (a key made before is found by the item's identity, its view
+    /// not read again).
+    pub fn new(
+        caller: Key,
+        keys: &PrefixKeys,
+        conversation: Conversation<'_>,
+        head: usize,
+    ) -> ArchiveScope {
+        let (messages, _, _) = conversation;
+        let bindings: Arc<[Key]> = std::iter::once(recall::CONVERSATION_SEED)
+            .chain(bound_keys(keys, conversation, messages.len()))
+            .collect();
+        let opening = recall::opening(conversation.1, head).min(messages.len());
+        ArchiveScope {
+            caller,
+            conversation: recall::conversation_id(&bindings[opening]),
+            bindings,
+        }
+    }
+
+    /// The id of `conversation` in its caller's archive (`recall::conversation_id`), without
+    /// the rest of its archive's keys.
+    pub fn conversation_id(
+        keys: &PrefixKeys,
+        conversation: Conversation<'_>,
+        head: usize,
+    ) -> String {
+        let opening = recall::opening(conversation.1, head);
+        let opened = bound_keys(keys, conversation, opening).pop();
+        recall::conversation_id(&opened.unwrap_or(recall::CONVERSATION_SEED))
+    }
+
+    /// Where the conversation's item `index` is archived, and found: `None` past its end.
+    pub fn slot(&self, index: usize) -> Option<Key> {
+        let binding = self.bindings.get(index)?;
+        Some(archive_slot(
+            &self.caller,
+            binding,
+            &recall::reference(&self.conversation, index),
+        ))
+    }
 }
 
 impl Rewrite {
@@ -324,6 +395,7 @@ mod tests {
         rewrite.archive = Some(ArchiveScope {
             caller: [0; 32],
             conversation: "c0ffee".into(),
+            bindings: Default::default(),
         });
         let text = rewrite.summary_text(1, "turns").unwrap();
         assert!(text.starts_with("[Context summary: 3 earlier turns]\n\nwhat happened"));

@@ -24,7 +24,7 @@ use crate::error::SummarizeError;
 use crate::observe::metrics::{SummarizerFailure, SummarizerHealth, SummaryVia};
 use crate::tokens::catalog::ModelCatalog;
 use crate::tokens::encoding::Encoding;
-use crate::transport::upstream::{blank_credentials, KeyStyle, Upstream};
+use crate::transport::upstream::{blank_credentials, Upstream};
 
 /// Room for the instructions and a previous summary, besides the transcript.
 const PROMPT_OVERHEAD_TOKENS: u64 = 2_500;
@@ -218,17 +218,35 @@ impl Summarizer {
         self.key_headers.iter().chain(&CALLER_BILLING)
     }
 
-    /// Whose key pays: the summarizer's own `api_key_env` alone when set (in `key_style`, the
-    /// style of the API asked), else the caller's credential headers (and without any key, the upstream's
-    /// configured one).
-    pub fn credentials_for(&self, request_headers: &HeaderMap, key_style: KeyStyle) -> HeaderMap {
+    /// Whose key pays for a summary of a request in `request_api`: the summarizer's own
+    /// `api_key_env` alone when set (in the style of the API asked); else the caller's
+    /// credential headers, only when the summary goes to the request's own upstream, which
+    /// speaks the request's API and was sent the key already (`carries_callers_key`); else
+    /// none. A dedicated summarizer (`summarizer.base_url`) never gets a caller's key, in
+    /// whichever header or query parameter it came.
+    pub fn credentials_for(
+        &self,
+        request_headers: &HeaderMap,
+        request_api: SummaryEndpoint,
+    ) -> HeaderMap {
         let mut credentials = HeaderMap::new();
         if let Some(key) = &self.own_key {
-            key_style.insert(&mut credentials, key);
+            self.api_for(request_api)
+                .key_style
+                .insert(&mut credentials, key);
             return credentials;
         }
-        copy_headers(request_headers, self.caller_credentials(), &mut credentials);
+        if self.carries_callers_key() {
+            copy_headers(request_headers, self.caller_credentials(), &mut credentials);
+        }
         credentials
+    }
+
+    /// Whether a summary may carry the caller's key: only to the caller's own upstream (no
+    /// `summarizer.base_url`), the one its request's route chose for its API and model, where
+    /// the key goes anyway.
+    fn carries_callers_key(&self) -> bool {
+        self.dedicated.is_none()
     }
 
     /// Whether a summary may be asked through the session of a request of `model` in
@@ -639,7 +657,7 @@ mod tests {
         ] {
             request.insert(name, HeaderValue::from_static(value));
         }
-        let carried = summarizer("").credentials_for(&request, endpoint("chat").key_style);
+        let carried = summarizer("").credentials_for(&request, endpoint("messages"));
         assert_eq!(carried.len(), 3);
         assert_eq!(carried["x-api-key"], "sk-ant-caller");
         assert_eq!(carried["openai-project"], "proj_1");
@@ -647,18 +665,71 @@ mod tests {
         assert!(carried.values().all(HeaderValue::is_sensitive));
 
         std::env::set_var("CONDENSER_UNIT_SUMMARIZER_KEY", "sk-own");
-        let own = summarizer("CONDENSER_UNIT_SUMMARIZER_KEY")
-            .credentials_for(&request, endpoint("chat").key_style);
+        let own =
+            summarizer("CONDENSER_UNIT_SUMMARIZER_KEY").credentials_for(&request, endpoint("chat"));
         assert_eq!(own.len(), 1);
         assert_eq!(own[header::AUTHORIZATION], "Bearer sk-own");
         let own = summarizer("CONDENSER_UNIT_SUMMARIZER_KEY")
-            .credentials_for(&request, endpoint("messages").key_style);
+            .credentials_for(&request, endpoint("messages"));
         assert_eq!(own.len(), 1);
         assert_eq!(
             own["x-api-key"], "sk-own",
             "Anthropic's API takes its key bare"
         );
         assert!(own["x-api-key"].is_sensitive());
+    }
+
+    #[test]
+    fn a_callers_key_goes_only_to_its_own_upstream() {
+        let mut request = HeaderMap::new();
+        request.insert("x-goog-api-key", HeaderValue::from_static("AIza-caller"));
+        request.insert("openai-project", HeaderValue::from_static("proj_1"));
+        let health = || SummarizerHealth::standalone().unwrap();
+        // A dedicated summarizer, in the caller's API or another: no key of the caller's.
+        let dedicated = built(
+            SummarizerConfig {
+                base_url: "http://127.0.0.1:9".into(),
+                ..SummarizerConfig::default()
+            },
+            health(),
+        );
+        for api in ["gemini", "chat"] {
+            assert!(
+                dedicated
+                    .credentials_for(&request, endpoint(api))
+                    .is_empty(),
+                "{api}"
+            );
+        }
+        // The caller's own upstream, whichever API the summary is asked in: the key it was
+        // sent already, with whom to bill.
+        let own_upstream = Summarizer::new(
+            SummarizerConfig::default(),
+            &connections(),
+            health(),
+            Arc::new(ModelCatalog::new(Default::default(), Default::default())),
+            Some(endpoint("chat")),
+        )
+        .unwrap();
+        assert_eq!(
+            own_upstream
+                .credentials_for(&request, endpoint("gemini"))
+                .len(),
+            2
+        );
+        // Its own key, wherever it is.
+        std::env::set_var("CONDENSER_UNIT_DEDICATED_KEY", "sk-summarizer");
+        let own = built(
+            SummarizerConfig {
+                base_url: "http://127.0.0.1:9".into(),
+                api_key_env: "CONDENSER_UNIT_DEDICATED_KEY".into(),
+                ..SummarizerConfig::default()
+            },
+            health(),
+        )
+        .credentials_for(&request, endpoint("chat"));
+        assert_eq!(own.len(), 1);
+        assert_eq!(own[header::AUTHORIZATION], "Bearer sk-summarizer");
     }
 
     #[test]

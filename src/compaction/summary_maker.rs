@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use hyper::header::HeaderMap;
 
 use crate::compaction::cache::SummaryCache;
-use crate::compaction::recall;
 use crate::compaction::redis::unix_now;
+use crate::compaction::rewrite::ArchiveScope;
 use crate::compaction::session::{SessionRoute, Sessions, FORWARD_PATIENCE};
 use crate::compaction::single_flight::once_across_replicas;
 use crate::compaction::summarizer::{Summarizer, SummaryRequest};
@@ -37,8 +37,8 @@ pub(super) struct SpanSource {
     /// The request model's, in which the summary is counted.
     pub(super) encoding: Encoding,
     pub(super) head: usize,
-    /// The conversation's id in the caller's archive (`recall::conversation_id`).
-    pub(super) conversation: String,
+    /// Where the conversation's items are archived.
+    pub(super) archive: ArchiveScope,
     /// Set when the summary may be asked through the session (`Summarizer::through_session`).
     pub(super) session: Option<SessionRoute>,
 }
@@ -159,16 +159,16 @@ impl SummaryMaker {
         // Archived once its summary exists, whether or not this request offers recall: a
         // later one may, and the summary it uses replaces these items.
         let from = job.end - job.new_messages.len();
-        let archived: Vec<(String, String)> = job
+        let archived: Vec<(Key, String)> = job
             .new_messages
             .iter()
             .enumerate()
-            .map(|(i, evicted)| {
-                let reference = recall::reference(&source.conversation, from + i);
-                (reference, evicted.message.to_string())
+            .filter_map(|(i, evicted)| {
+                let slot = source.archive.slot(from + i)?;
+                Some((slot, evicted.message.to_string()))
             })
             .collect();
-        self.cache.archive_put(&source.caller, &archived).await;
+        self.cache.archive_put(&archived).await;
         Ok(summary)
     }
 }
@@ -231,7 +231,7 @@ mod tests {
                 .resolve("gpt-4o")
                 .encoding,
             head: HEAD,
-            conversation: "conversation".into(),
+            archive: archive(),
             session: None,
         }
     }
@@ -266,12 +266,19 @@ mod tests {
         })
     }
 
+    /// Where the tests' conversation of 40 items is archived.
+    fn archive() -> ArchiveScope {
+        ArchiveScope {
+            caller: CALLER,
+            conversation: "conversation".into(),
+            bindings: (0..=40u8).map(|i| [i; 32]).collect(),
+        }
+    }
+
     /// What the archive holds for the span's messages `from..end`.
     async fn archived(maker: &SummaryMaker, from: usize, end: usize) -> Vec<Option<Arc<str>>> {
-        let references: Vec<String> = (from..end)
-            .map(|i| recall::reference("conversation", i))
-            .collect();
-        maker.cache.archive_get(&CALLER, &references).await
+        let slots: Vec<Key> = (from..end).filter_map(|i| archive().slot(i)).collect();
+        maker.cache.archive_get(&slots).await
     }
 
     #[tokio::test]

@@ -383,6 +383,7 @@ pub mod splice_cases {
             archive: Some(ArchiveScope {
                 caller: [0; 32],
                 conversation: "c0ffee".into(),
+                bindings: Default::default(),
             }),
         };
         let settings = ContextConfig::default();

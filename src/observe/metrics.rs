@@ -216,6 +216,11 @@ impl Metrics {
             series.count_completion(0);
             series.count_cached(0);
             series.count_bill(&BilledTokens::default(), None);
+            // Spend too, priced or not: the dashboard's spend panel reads it before any
+            // price is configured, and an unpriced model's stays at 0.
+            for kind in SpendKind::ALL {
+                series.vecs.bill.spend_series(series.label(), kind);
+            }
             reactive_retries.with_label_values(&[labels.name(label)]);
         }
         let observed = ObservedSeries::new(&registry, labels.clone())?;
@@ -479,9 +484,8 @@ mod tests {
                 r#"condenser_prompt_tokens_billed_total{{model="priced",tier="{tier}"}}"#
             ))
         };
-        // Tiers show for a known label from start-up; spend only once a price is known.
+        // Tiers show for a known label from start-up, and spend, before a price is known.
         assert_eq!(billed("cache_write"), Some(0.0));
-        assert_eq!(spend("session"), None);
         metrics.show_spend(label);
         assert_eq!(
             (spend("session"), spend("summarizer")),

@@ -23,6 +23,7 @@ use tokio::sync::OnceCell;
 use crate::compaction::compactor::Compactor;
 use crate::compaction::recall::{self, Archived, RecallAnswer, RecallLimits};
 use crate::compaction::rewrite::ArchiveScope;
+use crate::compaction::summary::Key;
 use crate::config::RecallConfig;
 use crate::dialect::recall::{
     continuation_failed, Answered, RecallPolicy, RecallWire, Round, RoundCalls, Stitched,
@@ -214,15 +215,17 @@ impl Recall {
                     .filter(|&i| texts[i].as_deref().is_none_or(masked_by_the_client))
                     .collect();
                 let mut from_archive = vec![false; texts.len()];
+                // Each looked up where this history's own requests archived it: bound to
+                // what was written before it, so another history's item at the same place,
+                // with or without a key, is not found (`ArchiveScope::slot`).
+                let lacking: Vec<(usize, Key)> = lacking
+                    .into_iter()
+                    .filter_map(|i| Some((i, self.archive.slot(indices[i])?)))
+                    .collect();
                 if !lacking.is_empty() {
-                    let asked: Vec<String> =
-                        lacking.iter().map(|&i| references[i].clone()).collect();
-                    let found = self
-                        .compactor
-                        .cache()
-                        .archive_get(&self.archive.caller, &asked)
-                        .await;
-                    for (i, text) in lacking.into_iter().zip(found) {
+                    let slots: Vec<Key> = lacking.iter().map(|&(_, slot)| slot).collect();
+                    let found = self.compactor.cache().archive_get(&slots).await;
+                    for ((i, _), text) in lacking.into_iter().zip(found) {
                         if text.is_some() {
                             texts[i] = text;
                             from_archive[i] = true;

@@ -149,6 +149,14 @@ pub fn error_for(path: &str, error: &ProxyError) -> Response<ProxyBody> {
     if let Some(kept) = error.kept_headers() {
         response.headers_mut().extend(kept.clone());
     }
+    // What was read of a late body is dropped with its connection: a client that stalled
+    // holds nothing more.
+    if matches!(error, ProxyError::BodyReadTimeout(_)) {
+        response.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+    }
     response
 }
 

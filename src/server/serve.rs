@@ -436,7 +436,8 @@ async fn answer(
     socket: ClientSocket,
 ) -> Result<Response<WatchDeparture<ProxyBody>>, Infallible> {
     let watched = (request.version() < Version::HTTP_2).then_some(socket);
-    let (request, mut departure) = Departure::watch(request, watched);
+    let body_read_timeout = Duration::from_secs(worker.state.config.server.body_read_timeout_secs);
+    let (request, mut departure) = Departure::watch(request, watched, body_read_timeout);
     let response = match refuse_oversized_headers(&worker.state, &request) {
         Some(refused) => refused,
         // Boxed: hyper keeps the slot of a connection's service future allocated for as long

@@ -123,6 +123,21 @@ where
         .boxed_unsync()
 }
 
+/// The least rate a large body must keep up: each `MIN_BODY_RATE` bytes received earns a
+/// second past `server.body_read_timeout_secs`, so a body that arrives at least this fast is
+/// never cut, and one that stalls is, whatever it declared.
+pub const MIN_BODY_RATE: u64 = 64 * 1024;
+
+/// A request body not received whole in time: answered 408, and its connection closed, with
+/// what was held of it.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body was not received in time: {received} bytes in {secs} s, under {MIN_BODY_RATE} bytes a second past the first {timeout} s")]
+pub struct BodyReadTimeout {
+    pub received: u64,
+    pub secs: u64,
+    pub timeout: u64,
+}
+
 /// Upstream sent nothing for longer than its timeout in the middle of a body.
 #[derive(Debug, thiserror::Error)]
 #[error("upstream sent nothing for {0} s")]
@@ -215,6 +230,8 @@ where
         let frame = frame.map_err(|e| {
             if e.is::<http_body_util::LengthLimitError>() {
                 ProxyError::BodyTooLarge { limit }
+            } else if e.is::<BodyReadTimeout>() {
+                ProxyError::BodyReadTimeout(e.to_string())
             } else {
                 ProxyError::ClientBody(e.to_string())
             }

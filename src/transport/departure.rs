@@ -24,7 +24,7 @@ use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::transport::body::BoxError;
+use crate::transport::body::{BodyReadTimeout, BoxError, MIN_BODY_RATE};
 
 /// A client connection shared by hyper, which reads and writes it, and the replies that
 /// watch it.
@@ -122,27 +122,66 @@ const HALF_CLOSE_GRACE: Duration = Duration::from_millis(50);
 
 /// The client's request body, which tells its request's [`Departure`] once it has been read
 /// to its end (or dropped unread: nothing more of it will be read).
+/// It fails with [`BodyReadTimeout`] once it is late (`Deadline`).
 pub struct ClientBody {
     inner: Incoming,
     read: Option<oneshot::Sender<()>>,
+    deadline: Deadline,
+}
+
+/// When a request's body must have arrived: `timeout` after it was first waited for (as its
+/// head was read), plus a second for each `MIN_BODY_RATE` bytes received. The clock is read
+/// and the timer made only when the body is waited for: a small body arrives with its head
+/// and never needs either.
+struct Deadline {
+    timeout: Duration,
+    started: Option<Instant>,
+    received: u64,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Deadline {
+    /// Ready with the error once the body is late.
+    fn poll_late(&mut self, cx: &mut Context<'_>) -> Poll<BodyReadTimeout> {
+        let started = *self.started.get_or_insert_with(Instant::now);
+        let due = started + self.timeout + Duration::from_secs(self.received / MIN_BODY_RATE);
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+        if timer.deadline() != due {
+            timer.as_mut().reset(due);
+        }
+        ready!(timer.as_mut().poll(cx));
+        Poll::Ready(BodyReadTimeout {
+            received: self.received,
+            secs: started.elapsed().as_secs(),
+            timeout: self.timeout.as_secs(),
+        })
+    }
 }
 
 impl Body for ClientBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) else {
+            let late = ready!(this.deadline.poll_late(cx));
+            return Poll::Ready(Some(Err(late.into())));
+        };
+        if let Some(Ok(data)) = frame.as_ref().map(|f| f.as_ref().map(Frame::data_ref)) {
+            this.deadline.received += data.map_or(0, |data| data.len() as u64);
+        }
         if frame.is_none() || this.inner.is_end_stream() {
             if let Some(read) = this.read.take() {
                 let _ = read.send(());
             }
         }
-        Poll::Ready(frame)
+        Poll::Ready(frame.map(|frame| frame.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -176,9 +215,11 @@ enum Watch {
 impl Departure {
     /// `request` with a body that tells when it has been read, and the watch on its client's
     /// `socket` (None over HTTP/2).
+    /// Its body must be read whole within `body_read_timeout` (`Deadline`).
     pub fn watch(
         request: Request<Incoming>,
         socket: Option<ClientSocket>,
+        body_read_timeout: Duration,
     ) -> (Request<ClientBody>, Departure) {
         // A request without a body has been read with its head.
         let (read, watch) = match socket {
@@ -189,7 +230,17 @@ impl Departure {
             }
             None => (None, Watch::Off),
         };
-        let request = request.map(|inner| ClientBody { inner, read });
+        let deadline = Deadline {
+            timeout: body_read_timeout,
+            started: None,
+            received: 0,
+            timer: None,
+        };
+        let request = request.map(|inner| ClientBody {
+            inner,
+            read,
+            deadline,
+        });
         let departure = Departure {
             socket,
             watch,

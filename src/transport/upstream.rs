@@ -33,7 +33,9 @@ use wildmatch::WildMatch;
 use crate::config::{speaks, Config, ConfigError};
 use crate::error::ProxyError;
 use crate::observe::metrics::FailureKind;
-use crate::transport::body::{with_idle_timeout, BodyLimitExceeded, BoxError, ProxyBody};
+use crate::transport::body::{
+    with_idle_timeout, BodyLimitExceeded, BodyReadTimeout, BoxError, ProxyBody,
+};
 use crate::transport::broken::{broken_head, failure_kind, root_cause};
 use crate::transport::egress::Egress;
 pub use crate::transport::headers::{bearer_from_env, KeyStyle};
@@ -478,6 +480,9 @@ impl Upstream {
         while let Some(e) = cause {
             if let Some(limit) = e.downcast_ref::<BodyLimitExceeded>() {
                 return ProxyError::BodyTooLarge { limit: limit.0 };
+            }
+            if let Some(late) = e.downcast_ref::<BodyReadTimeout>() {
+                return ProxyError::BodyReadTimeout(late.to_string());
             }
             cause = e.source();
         }

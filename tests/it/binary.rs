@@ -763,3 +763,57 @@ async fn the_binary_speaks_http2_to_a_tls_upstream_that_offers_it_by_alpn() {
         child.kill().await.unwrap();
     }
 }
+
+/// check-config says which APIs each upstream speaks (a provider's host however written) and
+/// whose key pays for summaries, and warns of a dedicated summarizer with no key (issue 55,
+/// items 4 and 7).
+#[tokio::test]
+async fn check_config_says_what_each_upstream_speaks_and_whose_key_a_summarizer_uses() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        &dir,
+        "[upstream]\nbase_url = \"https://API.OPENAI.COM.\"\n\
+         [[routes]]\nmodels = [\"claude-*\"]\nbase_url = \"http://127.0.0.1:4000\"\n\
+         [[routes]]\nmodels = [\"gemini-*\"]\nbase_url = \"http://127.0.0.1:4001\"\napis = [\"gemini\"]\n\
+         [summarizer]\nbase_url = \"http://127.0.0.1:11434\"\napi = \"chat\"\n",
+    );
+    let (code, stdout, stderr) = run(&["check-config", config.to_str().unwrap()], None).await;
+    assert_eq!(code, 0, "{stderr}");
+    for said in [
+        "# upstream https://API.OPENAI.COM. speaks: chat, responses (its host's)",
+        "# routes[0] http://127.0.0.1:4000 speaks: any API",
+        "# routes[1] http://127.0.0.1:4001 speaks: gemini\n",
+        "# summarizer key: none (http://127.0.0.1:11434 is a dedicated summarizer, and a caller's key never goes to one)",
+    ] {
+        assert!(stdout.contains(said), "{said:?} in {stdout}");
+    }
+    assert!(
+        stderr.contains("has no summarizer.api_key_env: summaries are asked with no key"),
+        "{stderr}"
+    );
+    // What it prints is still a configuration that reads back.
+    let printed = write_config(&dir, &stdout);
+    let (code, _, stderr) = run(&["check-config", printed.to_str().unwrap()], None).await;
+    assert_eq!(code, 0, "{stderr}");
+
+    let own = write_config(
+        &dir,
+        "[summarizer]\nbase_url = \"http://127.0.0.1:11434\"\napi_key_env = \"SUMMARIZER_KEY\"\n",
+    );
+    let (code, stdout, stderr) = run(&["check-config", own.to_str().unwrap()], None).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("# summarizer key: its own, from $SUMMARIZER_KEY; never a caller's"),
+        "{stdout}"
+    );
+    assert!(!stderr.contains("no summarizer.api_key_env"), "{stderr}");
+    let (_, stdout, _) = run(
+        &["check-config", write_config(&dir, "").to_str().unwrap()],
+        None,
+    )
+    .await;
+    assert!(
+        stdout.contains("# summarizer key: the caller's, as a summary goes to the upstream the caller's request went to"),
+        "{stdout}"
+    );
+}

@@ -101,3 +101,79 @@ async fn unclean_paths_get_400_and_never_reach_an_upstream_that_normalizes() {
         .collect();
     assert_eq!(served, ["/tenant-a/v1/models"]);
 }
+
+/// The path as Tomcat or Jetty behind another decoder would serve it: escapes decoded twice,
+/// each segment's `;` parameters dropped, trailing dots and spaces dropped as Windows does,
+/// then dot segments resolved.
+fn read_leniently(path: &str) -> String {
+    let once = percent_encoding::percent_decode_str(path).decode_utf8_lossy();
+    let twice = percent_encoding::percent_decode_str(&once)
+        .decode_utf8_lossy()
+        // An overlong `.` read as `.` by a lenient decoder.
+        .replace("\u{fffd}\u{fffd}", ".");
+    let segments: Vec<String> = twice
+        .split('/')
+        .map(|segment| {
+            let segment = segment.split(';').next().unwrap_or("");
+            let trimmed = segment.trim_end_matches([' ', '.']);
+            match (segment.starts_with(".."), segment.starts_with('.')) {
+                (true, _) => "..".to_string(),
+                (false, true) if trimmed.is_empty() => ".".to_string(),
+                _ => segment.to_string(),
+            }
+        })
+        .collect();
+    normalized(&segments.join("/"))
+}
+
+#[tokio::test]
+async fn dot_segments_with_a_tail_decoded_twice_or_overlong_get_400_before_anything_is_sent() {
+    std::env::set_var("CLEAN_PATHS_LENIENT_KEY", "sk-operator-lenient");
+    let upstream = MockUpstream::start(handler(|r| async move {
+        let path = r.path_and_query.split('?').next().unwrap_or("").to_string();
+        json_response(200, &json!({"served": read_leniently(&path)}))
+    }))
+    .await;
+    let mut config = config_for(&format!("{}/tenant-a", upstream.url()));
+    config.upstream.api_key_env = "CLEAN_PATHS_LENIENT_KEY".into();
+    let proxy = Proxy::start(config).await;
+    let forms: [&[u8]; 12] = [
+        b"/v1/..;/..;/admin/secret",
+        b"/v1beta/..;/..;/x",
+        b"/v1/files/..;jsessionid=1/..;/admin",
+        b"/v1/.;/models",
+        b"/v1/%252e%252e/%252e%252e/admin",
+        b"/v1/%252E%252e/admin",
+        b"/v1/..%20/..%20/admin",
+        b"/v1/.../admin",
+        b"/v1/%c0%ae%c0%ae/%c0%ae%c0%ae/admin",
+        b"/v1/files/%ff",
+        b"/v1/files/a%252fb",
+        b"/v1/files/a%2500b",
+    ];
+    for target in forms {
+        let (status, body) = raw_get(&proxy, target).await;
+        let shown = String::from_utf8_lossy(target);
+        assert_eq!(status, 400, "{shown}: {body}");
+        let error: Value = serde_json::from_str(&body).unwrap();
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(message.contains("path is refused"), "{shown}: {message}");
+        if target.starts_with(b"/v1beta/") {
+            assert_eq!(error["error"]["status"], "INVALID_ARGUMENT", "{shown}");
+        }
+    }
+    assert!(upstream.recorded().is_empty(), "{:?}", upstream.recorded());
+    // Names that only look alike still pass, read as they are.
+    for (target, served) in [
+        (
+            "/v1/files/file-abc.jsonl",
+            "/tenant-a/v1/files/file-abc.jsonl",
+        ),
+        ("/v1/files/a..b", "/tenant-a/v1/files/a..b"),
+        ("/v1/files/.well-known", "/tenant-a/v1/files/.well-known"),
+    ] {
+        let (status, body) = raw_get(&proxy, target.as_bytes()).await;
+        assert_eq!(status, 200, "{target}: {body}");
+        assert!(body.contains(served), "{target}: {body}");
+    }
+}

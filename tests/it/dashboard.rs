@@ -442,3 +442,65 @@ fn the_alert_rules_are_valid_and_each_fires_only_when_it_should() {
         }
     }
 }
+
+/// Every metric name the dashboard's queries and the alert rules read, as each file spells it.
+fn series_read_by(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("condenser_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+            .collect();
+        rest = &rest[at + name.len()..];
+        names.insert(name);
+    }
+    names
+}
+
+/// Each series the dashboard or an alert rule reads is on /metrics from start-up, before any
+/// traffic and with no price configured (`condenser_spend_total` included): a panel or rule
+/// over a series that appears only with its first event cannot tell zero from missing
+/// (issue 55). The one exception is a learned ratio, which has no value to show before a
+/// reply's usage teaches it.
+#[tokio::test]
+async fn every_series_the_dashboard_and_the_rules_read_shows_from_start_up() {
+    let upstream = mock_llm(LlmBehaviour::default()).await;
+    let proxy = Proxy::start(config_for(&upstream.url())).await;
+    let metrics = proxy.metrics().await;
+    let shown: std::collections::BTreeSet<&str> = metrics
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.split(['{', ' ']).next())
+        .collect();
+    let mut read = std::collections::BTreeSet::new();
+    for file in [DASHBOARD, RULES] {
+        read.extend(series_read_by(
+            &std::fs::read_to_string(repo_path(file)).unwrap(),
+        ));
+    }
+    assert!(read.contains("condenser_spend_total"), "{read:?}");
+    let learned = "condenser_token_estimate_ratio";
+    let missing: Vec<&String> = read
+        .iter()
+        .filter(|name| name.as_str() != learned)
+        .filter(|name| {
+            // A histogram's name alone reads its series (`histogram_quantile` over `_bucket`).
+            !["", "_bucket", "_count", "_sum"]
+                .iter()
+                .any(|suffix| shown.contains(format!("{name}{suffix}").as_str()))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not on /metrics at start-up: {missing:?}"
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            r#"condenser_spend_total{kind="session",model="other"}"#
+        ),
+        Some(0.0),
+        "{metrics}"
+    );
+}

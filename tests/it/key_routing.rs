@@ -307,3 +307,48 @@ async fn an_openai_fine_tune_id_is_a_model_not_a_gemini_method() {
     assert_eq!(error["error"]["code"], "upstream_unreachable", "{error}");
     assert!(error["error"].get("status").is_none(), "{error}");
 }
+
+/// A provider's host is recognised however it is written: in capitals, or with the trailing
+/// dot of a fully qualified name. `https://API.OPENAI.COM` speaks OpenAI's APIs only, so an
+/// Anthropic or Gemini request (and its key) is not sent there but answered 404, before any
+/// connection is tried (issue 55, item 7).
+#[tokio::test]
+async fn a_providers_host_in_capitals_or_with_a_trailing_dot_speaks_only_its_apis() {
+    let gemini_body = json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}]});
+    let claude_body = json!({"model": "claude-x", "max_tokens": 10,
+        "messages": [{"role": "user", "content": "hi"}]});
+    for base_url in [
+        "https://API.OPENAI.COM",
+        "https://api.openai.com.",
+        "https://Api.OpenAI.com./v1",
+    ] {
+        let mut config = config_for(base_url);
+        // Were it tried, a connection would fail fast here (no network): a 502 or 504.
+        config.upstream.timeout_secs = 2;
+        let proxy = Proxy::start(config).await;
+        for (path, body, api) in [
+            ("/v1/messages", &claude_body, "messages"),
+            (
+                "/v1beta/models/gemini-2.5-pro:generateContent",
+                &gemini_body,
+                "gemini",
+            ),
+        ] {
+            let response = client()
+                .post(proxy.url(path))
+                .header("x-api-key", "sk-ant-caller")
+                .header("x-goog-api-key", "AIza-caller")
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 404, "{base_url} {path}");
+            let error: Value = response.json().await.unwrap();
+            let message = error["error"]["message"].as_str().unwrap_or_default();
+            assert!(
+                message.contains(&format!("\"{api}\"")),
+                "{base_url} {path}: {error}"
+            );
+        }
+    }
+}

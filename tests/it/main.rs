@@ -13,6 +13,7 @@ mod architecture;
 mod artifacts;
 mod bill;
 mod binary;
+mod bodies;
 mod browser;
 mod cache_truth;
 mod clean_paths;

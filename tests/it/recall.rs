@@ -1133,3 +1133,61 @@ async fn every_request_that_offers_recall_has_room_to_answer_the_call() {
         );
     }
 }
+
+/// The conversation of `body_deciding`, its model's first reply `first_reply` (what the
+/// model wrote differs from one history to the next: a reply, a tool call's id).
+fn body_opening(api: Fixture, first_reply: &str, decision: &str) -> Value {
+    let body = body_deciding(api, decision, false);
+    let mut items = api.items(&body);
+    let at = items
+        .iter()
+        .position(|item| matches!(item["role"].as_str(), Some("assistant" | "model")))
+        .unwrap();
+    let replaced = api.plain_items(&[("user", "x".into()), ("assistant", first_reply.into())]);
+    items[at] = replaced[replaced.len() - 1].clone();
+    api.with_items(body, &items)
+}
+
+/// Two keyless callers whose conversations open alike, one system prompt and one first
+/// message: where condenser injects the operator's key every caller is keyless. B masks the
+/// item where A's decision was, as a client that masks its older outputs does; A's archived
+/// decision is not B's to recall, and the two histories share no reference. A still recalls
+/// its own (issue 55, item 5).
+#[tokio::test]
+async fn a_keyless_history_never_recalls_what_another_that_opened_alike_archived() {
+    let mask = "<tool_output_masked>\n[Tool output masked to preserve context window.]\n</tool_output_masked>";
+    for api in Fixture::all() {
+        let (upstream, proxy) = scripted(api, Script::Query).await;
+        let a = |decision| body_opening(api, "msg-a0. Looking at the service now.", decision);
+        let b = body_opening(api, "msg-a0. Let me check the configuration first.", mask);
+        // A: its decision taken out by a summary, archived; recalled while the item is whole.
+        let response = ask_with(&proxy, api, &a(DECISION), false).await;
+        assert_eq!(response.status(), 200, "{api:?}");
+        let (text, _) = api.client_text(response, false).await;
+        assert!(text.contains("23456"), "{api:?}: {text}");
+        let a_references = named_references(&model_requests(&upstream)[0]);
+        // B, keyless too, with the decision's item masked: nothing of A's comes back.
+        let response = ask_with(&proxy, api, &b, false).await;
+        assert_eq!(response.status(), 200, "{api:?}");
+        let (text, _) = api.client_text(response, false).await;
+        assert!(
+            !text.contains("23456"),
+            "{api:?}: A's item recalled by B: {text}"
+        );
+        let b_request = model_requests(&upstream)
+            .into_iter()
+            .rfind(|request| api.answers(request).is_none())
+            .unwrap();
+        let b_references = named_references(&b_request);
+        assert!(!b_references.is_empty(), "{api:?}");
+        assert!(
+            a_references.iter().all(|r| !b_references.contains(r)),
+            "{api:?}: shared references {a_references:?} {b_references:?}"
+        );
+        // A, its item masked since: recalled from the archive, as its own.
+        let response = ask_with(&proxy, api, &a(mask), false).await;
+        assert_eq!(response.status(), 200, "{api:?}");
+        let (text, _) = api.client_text(response, false).await;
+        assert!(text.contains(DECISION), "{api:?}: {text}");
+    }
+}

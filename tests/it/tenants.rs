@@ -397,3 +397,68 @@ async fn no_key_is_logged_at_any_level_nor_shown_in_metrics_in_every_dialect() {
         );
     }
 }
+
+/// A summarizer of its own (`summarizer.base_url`) is another party: it never gets a key a
+/// caller sent for its upstream, in any header or in Gemini's `?key=`, whatever the dialect;
+/// only its own `api_key_env` (issue 55, item 4).
+#[tokio::test]
+async fn a_dedicated_summarizer_never_gets_a_callers_key_only_its_own() {
+    std::env::set_var("CONDENSER_TENANTS_DEDICATED_KEY", "sk-dedicated-own");
+    let secret = "sk-caller-secret-55";
+    for api in Fixture::all() {
+        let upstream = api.upstream(LlmBehaviour::default()).await;
+        let summarizer = mock_llm(LlmBehaviour::default()).await;
+        for own_key in ["", "CONDENSER_TENANTS_DEDICATED_KEY"] {
+            let mut config = Fixture::config(&upstream.url());
+            config.summarizer.base_url = summarizer.url();
+            config.summarizer.api = "chat".into();
+            config.summarizer.model = "gpt-4o-mini".into();
+            config.summarizer.api_key_env = own_key.into();
+            let proxy = Proxy::start(config).await;
+            let body = long_conversation_in(api, &format!("dedicated {own_key}"));
+            // Every key header a dialect takes, and Gemini's key in the query.
+            let mut request = client()
+                .post(proxy.url(&format!("{}?key={secret}", api.path(false))))
+                .json(&body);
+            for name in registry_key_headers() {
+                request = request.header(name, key_in(name, secret));
+            }
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), 200, "{api:?}");
+            let calls = summarizer.summarizer_calls();
+            assert!(!calls.is_empty(), "{api:?}: no summary asked");
+            for call in &calls {
+                assert!(
+                    !call.path_and_query.contains(secret),
+                    "{api:?}: {}",
+                    call.path_and_query
+                );
+                for (name, value) in &call.headers {
+                    assert!(
+                        !value.to_str().unwrap_or("").contains(secret),
+                        "{api:?}: the caller's key in {name}"
+                    );
+                }
+            }
+            let last = &calls.last().unwrap().headers;
+            match own_key {
+                "" => assert!(
+                    registry_key_headers().all(|name| !last.contains_key(name)),
+                    "{api:?}: {last:?}"
+                ),
+                _ => assert_eq!(last["authorization"], "Bearer sk-dedicated-own", "{api:?}"),
+            }
+            // The caller's own request still reaches its upstream with its key.
+            let asked = upstream.recorded();
+            let asked = asked.iter().rfind(|r| !is_summarizer_call(r)).unwrap();
+            assert!(
+                asked
+                    .headers
+                    .values()
+                    .any(|v| v.to_str().unwrap_or("").contains(secret))
+                    || asked.path_and_query.contains(secret),
+                "{api:?}"
+            );
+        }
+    }
+}

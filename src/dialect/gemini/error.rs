@@ -31,7 +31,7 @@ fn canonical(code: StatusCode) -> &'static str {
         499 => "CANCELLED",
         501 => "UNIMPLEMENTED",
         502 | 503 => "UNAVAILABLE",
-        504 => "DEADLINE_EXCEEDED",
+        408 | 504 => "DEADLINE_EXCEEDED",
         _ => "INTERNAL",
     }
 }

@@ -22,6 +22,7 @@ pub(super) fn error_body(status: StatusCode, message: &str) -> Value {
         StatusCode::FORBIDDEN => "permission_error",
         StatusCode::NOT_FOUND => "not_found_error",
         StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+        StatusCode::REQUEST_TIMEOUT => "timeout_error",
         StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
         s if s.as_u16() == 529 => "overloaded_error",
         _ => "api_error",

@@ -618,6 +618,7 @@ mod tests {
                 archive: with_recall.then(|| ArchiveScope {
                     caller: [0; 32],
                     conversation: "c0ffee".into(),
+            bindings: Default::default(),
                 }),
             };
             write_compaction::<Messages>(&mut request, &split, &rewrite, &settings, Encoding::O200k);

@@ -86,7 +86,7 @@ impl BillVecs {
             spend: CounterVec::new(
                 Opts::new(
                     "condenser_spend_total",
-                    "What upstream usage cost at the configured prices, in their currency, by kind: session (the clients' requests), summarizer. Priced models only.",
+                    "What upstream usage cost at the configured prices, in their currency, by kind: session (the clients' requests), summarizer. 0 for a model without a price.",
                 ),
                 &["model", "kind"],
             )?,
