@@ -20,5 +20,6 @@ mod single_flight;
 pub mod summarizer;
 pub mod summary;
 pub mod summary_api;
+mod summary_check;
 mod summary_maker;
 pub mod summary_prompt;

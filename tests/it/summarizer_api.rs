@@ -167,12 +167,12 @@ async fn grown_session(
     (proxy, upstream)
 }
 
-/// `condenser_summaries_total{via}`.
+/// `condenser_summaries_total{via,outcome="used"}`.
 async fn summaries_via(proxy: &Proxy, via: &str) -> f64 {
     let metrics = proxy.metrics().await;
     metric(
         &metrics,
-        &format!(r#"condenser_summaries_total{{via="{via}"}}"#),
+        &format!(r#"condenser_summaries_total{{outcome="used",reason="",via="{via}"}}"#),
     )
     .unwrap()
 }
