@@ -212,6 +212,9 @@ pub struct SummarizerConfig {
     pub via: Via,
     /// How long the provider keeps a prompt's prefix cached: past it, `auto` asks apart.
     pub prompt_cache_secs: u64,
+    /// The summarizer model's own window, in tokens; 0 for the catalog's. A span larger than
+    /// it is folded in pieces that each fit.
+    pub context_window: u64,
 }
 
 /// How a summary is asked (`summarizer.via`).
@@ -241,6 +244,7 @@ impl Default for SummarizerConfig {
             breaker_cooldown_secs: 30,
             via: Via::Auto,
             prompt_cache_secs: 300,
+            context_window: 0,
         }
     }
 }

@@ -83,10 +83,54 @@ pub enum SummarizeError {
     Malformed(String),
     #[error("summary rejected: {0}")]
     Rejected(String),
+    /// A summary written, and refused by the checks before use (`compaction::summary_check`).
+    #[error("summary refused: {0}")]
+    Refused(Refusal),
     /// condenser's own bookkeeping failed (a summary job that died, a poisoned lock): no
     /// fault of the summarizer's, so it never opens a breaker.
     #[error("summary job failed inside condenser: {0}")]
     Internal(String),
+}
+
+/// Why a summary the summarizer wrote is not used: each check of `compaction::summary_check`,
+/// as `condenser_summaries_total{outcome="refused"}` labels it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("empty")]
+    Empty,
+    #[error("over its budget")]
+    OverBudget,
+    #[error("a verbatim run of the conversation")]
+    Verbatim,
+    #[error("cut off at its token limit")]
+    CutOff,
+    #[error("the pinned task dropped")]
+    TaskDropped,
+    #[error("the asked sections missing")]
+    NoSections,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 6] = [
+        Refusal::Empty,
+        Refusal::OverBudget,
+        Refusal::Verbatim,
+        Refusal::CutOff,
+        Refusal::TaskDropped,
+        Refusal::NoSections,
+    ];
+
+    /// Its `reason` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Empty => "empty",
+            Refusal::OverBudget => "over_budget",
+            Refusal::Verbatim => "verbatim",
+            Refusal::CutOff => "cut_off",
+            Refusal::TaskDropped => "task_dropped",
+            Refusal::NoSections => "no_sections",
+        }
+    }
 }
 
 impl ProxyError {

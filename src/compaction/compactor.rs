@@ -15,7 +15,7 @@ use crate::compaction::forms::{went, without_waiting, Form, Found, On, OnHand, S
 use crate::compaction::horizon::{Horizon, Records, StandInRecord};
 use crate::compaction::limits::{summary_room, Tier};
 use crate::compaction::pace::{Pace, Paces};
-use crate::compaction::plan::Mode;
+use crate::compaction::plan::{Mode, Split};
 use crate::compaction::redis::RedisStore;
 use crate::compaction::rewrite::{as_sent, trimmed, ArchiveScope, CompactionJob, Rewrite};
 use crate::compaction::rewrite::{Action, CacheOutcome};
@@ -26,6 +26,7 @@ use crate::compaction::stand_in::stand_in;
 use crate::compaction::summarizer::Summarizer;
 use crate::compaction::summary::{Key, Summary};
 use crate::compaction::summary_api::SummaryEndpoint;
+use crate::compaction::summary_check::task_identifiers;
 use crate::compaction::summary_maker::{SpanJob, SpanSource, SummaryMaker};
 use crate::compaction::summary_prompt::Evicted;
 use crate::config::{Config, ConfigError, OnFailure};
@@ -150,6 +151,7 @@ struct Lookup<'r> {
     messages: &'r Views<'r>,
     counts: &'r [u32],
     items: &'r [Item],
+    split: &'r Split,
 }
 
 impl Lookup<'_> {
@@ -258,12 +260,18 @@ impl Lookup<'_> {
                 whole: item.cut == ToolCut::Never,
             })
             .collect();
+        let task = self
+            .split
+            .pinned_before(end)
+            .map(|task| task_identifiers(self.messages.range(task)))
+            .unwrap_or_default();
         SpanJob {
             key: self.key(end),
             base,
             source: self.source.clone(),
             end,
             new_messages,
+            task,
             patience: Duration::ZERO,
         }
     }
@@ -426,7 +434,10 @@ async fn lookup<'r>(
                 .maker
                 .summarizer
                 .credentials_for(job.headers, job.api),
-            window: summarizer_info.context_window,
+            window: compactor
+                .maker
+                .summarizer
+                .window(summarizer_info.context_window),
             summary_tokens,
             encoding: job.info.encoding,
             head: split.head,
@@ -436,6 +447,7 @@ async fn lookup<'r>(
         messages: job.messages,
         counts: &job.count.per_message,
         items: job.items,
+        split: job.split,
     };
     (lookup, on_hand)
 }

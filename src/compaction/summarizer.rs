@@ -14,7 +14,8 @@ use serde_json::Value;
 use crate::compaction::artifacts;
 use crate::compaction::breaker::Breakers;
 use crate::compaction::summary::{hex, Key};
-use crate::compaction::summary_api::{SummaryAsk, SummaryEndpoint};
+use crate::compaction::summary_api::{SummaryApi, SummaryAsk, SummaryEndpoint};
+use crate::compaction::summary_check::{check, Expected};
 use crate::compaction::summary_prompt::{
     chunks, placeholder, render_transcript, Evicted, EXTEND_INSTRUCTIONS, INSTRUCTIONS,
     SESSION_INSTRUCTIONS, TOOL_OUTPUT_TOKENS,
@@ -28,6 +29,9 @@ use crate::transport::upstream::{blank_credentials, Upstream};
 
 /// Room for the instructions and a previous summary, besides the transcript.
 const PROMPT_OVERHEAD_TOKENS: u64 = 2_500;
+/// The summarizer's tokenizer may count a transcript longer than the request's encoding
+/// does (a local model's own vocabulary): a tenth of its window is left for that.
+const TOKENIZER_SLACK_DIVISOR: u64 = 10;
 /// Characters of an upstream's error body kept in the error (and so in the log).
 const ERROR_BODY_CHARS: usize = 300;
 
@@ -50,6 +54,7 @@ impl SummarizeError {
             | SummarizeError::Malformed(_) => true,
             SummarizeError::CircuitOpen(_)
             | SummarizeError::Rejected(_)
+            | SummarizeError::Refused(_)
             | SummarizeError::Internal(_) => false,
         }
     }
@@ -62,7 +67,7 @@ impl SummarizeError {
             SummarizeError::Status { .. } => SummarizerFailure::Status,
             SummarizeError::Timeout(_) => SummarizerFailure::Timeout,
             SummarizeError::Malformed(_) => SummarizerFailure::Malformed,
-            SummarizeError::Rejected(_) => SummarizerFailure::Rejected,
+            SummarizeError::Rejected(_) | SummarizeError::Refused(_) => SummarizerFailure::Rejected,
             SummarizeError::Internal(_) => SummarizerFailure::Internal,
         }
     }
@@ -79,6 +84,9 @@ pub struct SummaryRequest {
     pub credentials: HeaderMap,
     pub previous: Option<String>,
     pub messages: Vec<Evicted>,
+    /// The pinned task's identifiers, when the task lies before the summary's end: the
+    /// summary must keep one (`summary_check`).
+    pub task: Vec<String>,
     /// The summarizer model's context window.
     pub window: u64,
     /// The summary's completion budget: `max_summary_tokens`, or less in a small window
@@ -171,6 +179,15 @@ impl Summarizer {
             request_model.to_string()
         } else {
             self.config.model.clone()
+        }
+    }
+
+    /// The summarizer model's window: the configured one, else the catalog's (`catalog`).
+    pub fn window(&self, catalog: u64) -> u64 {
+        if self.config.context_window > 0 {
+            self.config.context_window
+        } else {
+            catalog
         }
     }
 
@@ -297,6 +314,9 @@ impl Summarizer {
         match &result {
             Ok(_) => self.breakers.record(&breaker_key, true),
             Err(e) => {
+                if let SummarizeError::Refused(refusal) = e {
+                    self.health.count_refused(SummaryVia::Separate, *refusal);
+                }
                 self.health.count_failure(e.reason());
                 if e.is_upstream_fault() {
                     self.breakers.record(&breaker_key, false);
@@ -358,7 +378,7 @@ impl Summarizer {
             Ok(reply) if api.calls_a_tool(&reply) => {
                 Err(SummarizeError::Rejected("the reply called a tool".into()))
             }
-            Ok(reply) => api.reply_text(&reply).and_then(|text| validate(&text)),
+            Ok(reply) => self.checked(request, &request.messages, &reply, api),
             Err(error) => Err(error),
         };
         match answer {
@@ -367,6 +387,9 @@ impl Summarizer {
                 Some(summary)
             }
             Err(error) => {
+                if let SummarizeError::Refused(refusal) = error {
+                    self.health.count_refused(SummaryVia::Session, refusal);
+                }
                 tracing::info!(%error, "summary through the session not usable; asking apart");
                 None
             }
@@ -393,23 +416,33 @@ impl Summarizer {
         let floor = (request.window / 4).min(1_000);
         let budget = request
             .window
-            .saturating_sub(u64::from(request.max_tokens) + PROMPT_OVERHEAD_TOKENS)
+            .saturating_sub(
+                u64::from(request.max_tokens)
+                    + PROMPT_OVERHEAD_TOKENS
+                    + request.window / TOKENIZER_SLACK_DIVISOR,
+            )
             .max(floor);
         let budget = u32::try_from(budget).unwrap_or(u32::MAX);
         let mut summary = request.previous.clone();
         for chunk in chunks(&request.messages, budget) {
-            let transcript = render_transcript(chunk, budget);
-            summary = Some(self.call(request, summary.as_deref(), &transcript).await?);
+            summary = Some(
+                self.call(request, summary.as_deref(), chunk, budget)
+                    .await?,
+            );
         }
         summary.ok_or_else(|| SummarizeError::Rejected("nothing to summarize".into()))
     }
 
+    /// One piece of the span folded into the summary so far: each summary written is checked
+    /// before the next piece is folded into it.
     async fn call(
         &self,
         request: &SummaryRequest,
         previous: Option<&str>,
-        transcript: &str,
+        chunk: &[Evicted],
+        budget: u32,
     ) -> Result<String, SummarizeError> {
+        let transcript = render_transcript(chunk, budget);
         let user = match previous {
             Some(previous) => format!(
                 "{EXTEND_INSTRUCTIONS}\n\n<existing_summary>\n{previous}\n</existing_summary>\n\n<new_messages>\n{transcript}</new_messages>"
@@ -431,7 +464,27 @@ impl Summarizer {
             headers: &request.credentials,
         };
         let reply = self.ask(target, body).await?;
-        validate(&api.reply_text(&reply)?)
+        self.checked(request, chunk, &reply, api)
+    }
+
+    /// The summary a reply holds, if it passes the checks (`summary_check`) against the
+    /// messages it was asked to summarize.
+    fn checked(
+        &self,
+        request: &SummaryRequest,
+        span: &[Evicted],
+        reply: &Value,
+        api: &dyn SummaryApi,
+    ) -> Result<String, SummarizeError> {
+        let text = validate(&api.reply_text(reply)?)?;
+        let expected = Expected {
+            max_tokens: request.max_tokens,
+            encoding: request.encoding,
+            span,
+            task: &request.task,
+        };
+        check(&text, api.cut_off(reply), &expected).map_err(SummarizeError::Refused)?;
+        Ok(text)
     }
 
     /// One summary call, its tokens counted, its reply's JSON.
@@ -540,12 +593,10 @@ fn settings_key(texts: &[&str], numbers: &[u32]) -> Key {
     *hasher.finalize().as_bytes()
 }
 
-/// Accepts a summary only if it has content and is not an apology or an error text.
+/// The summary's text, trimmed, unless it is an apology or an error text (an empty one is
+/// left to `summary_check`).
 fn validate(text: &str) -> Result<String, SummarizeError> {
     let text = text.trim();
-    if text.is_empty() {
-        return Err(SummarizeError::Rejected("empty summary".into()));
-    }
     let lower = text.to_lowercase();
     let refusals = [
         "i'm sorry",
@@ -586,7 +637,6 @@ mod tests {
 
     #[test]
     fn bad_summaries_are_rejected() {
-        assert!(validate("  ").is_err());
         assert!(validate("I'm sorry, I can't help with that").is_err());
         assert!(validate("## Goal and constraints\nnone").is_ok());
     }

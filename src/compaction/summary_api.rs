@@ -70,6 +70,10 @@ pub trait SummaryApi: Send + Sync {
     /// `Malformed` (the upstream's fault); a refusal is `Rejected`.
     fn reply_text(&self, reply: &Value) -> Result<String, SummarizeError>;
 
+    /// Whether the reply stopped at its token limit, as the API says it: a summary that
+    /// ends mid-sentence (`summary_check`).
+    fn cut_off(&self, reply: &Value) -> bool;
+
     /// A summary asked through the session: `forwarded`, the session's last request as it
     /// went upstream, with one user turn appended that says `instruction`, asked whole and
     /// for at most `max_tokens` of answer (with room to think where the request thinks).

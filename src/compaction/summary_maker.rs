@@ -53,6 +53,9 @@ pub(super) struct SpanJob {
     /// The messages this job sends the summarizer, those after the base: copied from the
     /// request only when a job starts, never for a request that finds its summary on hand.
     pub(super) new_messages: Vec<Evicted>,
+    /// The pinned task's identifiers, when the task lies before `end`
+    /// (`summary_check::task_identifiers`).
+    pub(super) task: Vec<String>,
     /// How long it waits for the request that started it to be forwarded: a summary made
     /// ahead of need can wait for it, one a request waits on cannot.
     pub(super) patience: Duration,
@@ -122,6 +125,7 @@ impl SummaryMaker {
             credentials: source.credentials.clone(),
             previous: job.base.as_ref().map(|(_, summary)| summary.text.clone()),
             messages: job.new_messages.clone(),
+            task: job.task.clone(),
             window: source.window,
             max_tokens: source.summary_tokens,
             encoding: source.encoding,
@@ -251,6 +255,7 @@ mod tests {
                     whole: false,
                 })
                 .collect(),
+            task: Vec::new(),
             patience: Duration::ZERO,
         }
     }

@@ -26,6 +26,17 @@ Write only the summary, no preamble. Never invent anything not in the transcript
     };
 }
 
+/// The sections the prompt asks for, as its headings name them (`summary_check`).
+pub(super) const SECTIONS: [&str; 7] = [
+    "Goal and constraints",
+    "Decisions",
+    "Facts and identifiers",
+    "Artifacts",
+    "Progress",
+    "Open questions",
+    "Next step",
+];
+
 pub(super) const INSTRUCTIONS: &str = concat!(
     "You compress the earlier part of a conversation between a user and an AI assistant \
 so the assistant can continue the work without the original messages. ",
@@ -165,6 +176,16 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_sections_checked_are_those_the_prompt_asks_for() {
+        let asked: Vec<&str> = INSTRUCTIONS
+            .lines()
+            .filter_map(|line| line.strip_prefix("## "))
+            .collect();
+        assert_eq!(asked, SECTIONS);
+        assert!(SESSION_INSTRUCTIONS.contains("## Next step\n"));
     }
 
     #[test]

@@ -36,5 +36,6 @@ mod responses;
 mod sdk;
 mod small_windows;
 mod summarizer_api;
+mod summary_checks;
 mod tenants;
 mod token_fixtures;

@@ -167,12 +167,12 @@ async fn grown_session(
     (proxy, upstream)
 }
 
-/// `condenser_summaries_total{via}`.
+/// `condenser_summaries_total{via,outcome="used"}`.
 async fn summaries_via(proxy: &Proxy, via: &str) -> f64 {
     let metrics = proxy.metrics().await;
     metric(
         &metrics,
-        &format!(r#"condenser_summaries_total{{via="{via}"}}"#),
+        &format!(r#"condenser_summaries_total{{outcome="used",reason="",via="{via}"}}"#),
     )
     .unwrap()
 }
@@ -253,11 +253,12 @@ async fn a_summary_through_the_session_that_calls_a_tool_is_asked_apart() {
         .filter(|a| session_question(a).is_some())
         .count();
     let apart = asks.len() - through;
+    // Each asked apart once more: a span folded in pieces is one summary of several calls.
     assert!(
-        through > 0 && apart == through,
+        through > 0 && apart >= through,
         "{through} through the session, {apart} apart"
     );
-    assert_eq!(summaries_via(&proxy, "separate").await, apart as f64);
+    assert_eq!(summaries_via(&proxy, "separate").await, through as f64);
     assert_eq!(summaries_via(&proxy, "session").await, 0.0);
     let last = upstream.forwarded().pop().unwrap();
     assert!(last["messages"][1]["content"]
@@ -272,7 +273,12 @@ async fn a_summary_through_the_session_that_calls_a_tool_is_asked_apart() {
     let asks = upstream.summarizer_calls();
     assert!(!asks.is_empty());
     assert!(asks.iter().all(|a| session_question(&a.json()).is_none()));
-    assert_eq!(summaries_via(&proxy, "separate").await, asks.len() as f64);
+    let made = summaries_via(&proxy, "separate").await;
+    assert!(
+        made > 0.0 && made <= asks.len() as f64,
+        "{made} of {} calls",
+        asks.len()
+    );
 }
 
 /// Under `auto`, a summary goes through the session only while its cache is warm and the

@@ -51,6 +51,13 @@ impl SummaryApi for ChatSummary {
             .to_string())
     }
 
+    fn cut_off(&self, reply: &Value) -> bool {
+        reply
+            .pointer("/choices/0/finish_reason")
+            .and_then(Value::as_str)
+            == Some("length")
+    }
+
     /// The cap goes in the field the model takes: `max_completion_tokens`, with room to think,
     /// for a reasoning model. None when the request forces a tool call.
     fn session_body(&self, forwarded: Value, instruction: &str, max_tokens: u32) -> Option<Value> {

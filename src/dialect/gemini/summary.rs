@@ -58,6 +58,13 @@ impl SummaryApi for GeminiSummary {
             .collect())
     }
 
+    fn cut_off(&self, reply: &Value) -> bool {
+        reply
+            .pointer("/candidates/0/finishReason")
+            .and_then(Value::as_str)
+            == Some("MAX_TOKENS")
+    }
+
     /// The session's generation settings stay but for the cap, with room to think.
     fn session_body(&self, forwarded: Value, instruction: &str, max_tokens: u32) -> Option<Value> {
         // A request that must call a function can give no summary in text.

@@ -42,6 +42,10 @@ impl SummaryApi for MessagesSummary {
         Ok(text_of(content, "text"))
     }
 
+    fn cut_off(&self, reply: &Value) -> bool {
+        reply.get("stop_reason").and_then(Value::as_str) == Some("max_tokens")
+    }
+
     /// Thinking stays as the session asked it (a changed setting would drop the cached
     /// messages), so the cap leaves its budget room besides the summary's.
     fn session_body(&self, forwarded: Value, instruction: &str, max_tokens: u32) -> Option<Value> {

@@ -57,6 +57,14 @@ impl SummaryApi for ResponsesSummary {
         Ok(text)
     }
 
+    fn cut_off(&self, reply: &Value) -> bool {
+        reply.get("status").and_then(Value::as_str) == Some("incomplete")
+            && reply
+                .pointer("/incomplete_details/reason")
+                .and_then(Value::as_str)
+                == Some("max_output_tokens")
+    }
+
     /// A request chained on a stored response (`previous_response_id`) does not carry its
     /// conversation, so it cannot carry the question either; one that forces a tool call gets
     /// no summary in text. A request that reasons keeps its

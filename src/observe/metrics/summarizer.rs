@@ -7,6 +7,7 @@ use prometheus::{IntCounterVec, IntGauge, Opts};
 use super::bill::{count_billed, BillVecs, BilledTokens, SpendKind};
 use super::models::{ModelLabel, ModelLabels};
 use super::registering::MetricsError;
+use crate::error::Refusal;
 use crate::tokens::catalog::{ModelInfo, Price};
 
 /// Why a summary was not made, as `condenser_summarizer_failures_total` labels it.
@@ -106,9 +107,9 @@ impl SummarizerHealth {
             summaries: IntCounterVec::new(
                 Opts::new(
                     "condenser_summaries_total",
-                    "Summaries made, by how they were asked: session (through the session's own cached prefix) or separate.",
+                    "Summaries written, by how they were asked (session: through the session's own cached prefix; separate) and outcome: used, or refused by the checks before use, with the reason.",
                 ),
-                &["via"],
+                &["via", "outcome", "reason"],
             )?,
             breakers_open: IntGauge::new(
                 "condenser_summarizer_breakers_open",
@@ -128,7 +129,14 @@ impl SummarizerHealth {
             health.failures.with_label_values(&[reason.as_str()]);
         }
         for via in SummaryVia::ALL {
-            health.summaries.with_label_values(&[via.as_str()]);
+            health
+                .summaries
+                .with_label_values(&[via.as_str(), "used", ""]);
+            for refusal in Refusal::ALL {
+                health
+                    .summaries
+                    .with_label_values(&[via.as_str(), "refused", refusal.as_str()]);
+            }
         }
         for label in health.labels.known() {
             health.count_tokens(label, BilledTokens::default(), None);
@@ -145,8 +153,18 @@ impl SummarizerHealth {
         )
     }
 
+    /// A summary used.
     pub fn count_summary(&self, via: SummaryVia) {
-        self.summaries.with_label_values(&[via.as_str()]).inc();
+        self.summaries
+            .with_label_values(&[via.as_str(), "used", ""])
+            .inc();
+    }
+
+    /// A summary written and refused by the checks before use.
+    pub fn count_refused(&self, via: SummaryVia, refusal: Refusal) {
+        self.summaries
+            .with_label_values(&[via.as_str(), "refused", refusal.as_str()])
+            .inc();
     }
 
     pub fn count_failure(&self, reason: SummarizerFailure) {
