@@ -225,15 +225,13 @@ async fn session_on(window: u64, pace: Pace, shared: Option<&Redis>) -> Found {
     let mut found = Found::default();
     for proxy in &proxies {
         let metrics = proxy.metrics().await;
-        for (count, outcome) in [
-            (&mut found.stepped, "stepped"),
-            (&mut found.kept, "kept"),
-            (&mut found.went_on, "cut"),
-            (&mut found.went_on, "stand_in"),
-        ] {
+        let count = |outcome: &str| {
             let series = format!("condenser_forms_total{{outcome=\"{outcome}\"}}");
-            *count += metric(&metrics, &series).unwrap_or_else(|| panic!("{series}"));
-        }
+            metric(&metrics, &series).unwrap_or_else(|| panic!("{series}"))
+        };
+        found.stepped += count("stepped");
+        found.kept += count("kept");
+        found.went_on += count("cut") + count("stand_in");
     }
     let steps = (figures.summary_steps + figures.tool_arrivals) as f64;
     assert!(

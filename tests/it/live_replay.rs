@@ -373,7 +373,10 @@ async fn replayed(recording: &Recording, bodies: &[String]) -> (Vec<Replayed>, u
         api,
         profile: None,
     };
-    let table = replay(&config, &bodies.join("\n"), options).await.unwrap();
+    let table = replay(&config, &bodies.join("\n"), options)
+        .await
+        .unwrap()
+        .table;
     let rows: Vec<Replayed> = table
         .lines()
         .skip(1)
