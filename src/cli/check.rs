@@ -138,6 +138,7 @@ fn window_shortfalls(config: &Config, window: u64) -> Vec<String> {
         mode: Mode::Auto,
         summary_tokens: 0,
         scale: 1.0,
+        recall: false,
     };
     let limits = Limits::new(&input);
     let max_summary_tokens = config.summarizer.max_summary_tokens;

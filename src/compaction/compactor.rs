@@ -187,6 +187,12 @@ impl Lookup<'_> {
         Some(*hasher.finalize().as_bytes())
     }
 
+    /// The identifiers ledger's budget in this conversation's summaries, and its stand-ins.
+    fn ledger_tokens(&self, compactor: &Compactor) -> u32 {
+        let summarizer = &compactor.maker.summarizer;
+        summarizer.ledger_tokens(self.source.summary_tokens, self.source.window)
+    }
+
     /// The text of the stand-in `record` names: as kept, else written again from the
     /// items, which make the same text (`stand_in`); None when the model's summary it
     /// extended is no longer on hand.
@@ -211,7 +217,11 @@ impl Lookup<'_> {
             (job.split.head, record.from..record.end),
             job.split.pinned_before(record.end),
             base.as_deref(),
-            (&self.source.archive.conversation, job.info.encoding),
+            (
+                &self.source.archive.conversation,
+                job.info.encoding,
+                self.ledger_tokens(compactor),
+            ),
         ));
         cache.put(key, summary.clone()).await;
         Some(summary)
@@ -584,6 +594,7 @@ async fn carried_out(
         job,
         on_hand: &on_hand,
         archive: &archive,
+        ledger_tokens: lookup.ledger_tokens(compactor),
     };
     if job.mode == Mode::Auto {
         let choice = without_waiting(on);
@@ -740,6 +751,7 @@ pub fn precompute(compactor: &Arc<Compactor>, job: CompactionJob<'_>) -> Option<
             job: &job,
             on_hand: &on_hand,
             archive: &archive,
+            ledger_tokens: lookup.ledger_tokens(&compactor),
         };
         let ready = on_hand.pending.is_some()
             || on_hand.cached.iter().any(|(end, summary)| {

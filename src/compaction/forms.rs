@@ -83,6 +83,8 @@ pub(super) struct On<'a, 'r> {
     /// Where the conversation's items are archived: the line after a summary names them,
     /// when the request offers recall.
     pub(super) archive: &'a ArchiveScope,
+    /// The identifiers ledger's budget, in a stand-in as in a model's summary.
+    pub(super) ledger_tokens: u32,
 }
 
 impl Form {
@@ -465,7 +467,11 @@ fn folded(on: On<'_, '_>, current: &Form) -> Option<Form> {
             (split.head, from..end),
             split.pinned_before(end),
             base.map(|summary| &**summary),
-            (&on.archive.conversation, job.info.encoding),
+            (
+                &on.archive.conversation,
+                job.info.encoding,
+                on.ledger_tokens,
+            ),
         );
         Form {
             folded_from: Some(from),
@@ -654,6 +660,7 @@ mod tests {
             job,
             on_hand,
             archive,
+            ledger_tokens: 200,
         }
     }
 
@@ -723,6 +730,7 @@ mod tests {
                 job,
                 on_hand: &hand,
                 archive: &archive,
+                ledger_tokens: 200,
             };
             estimate(on, Some(&summary(50)), 3, Horizon::at(3)).0
         };

@@ -80,6 +80,10 @@ pub struct PlanInput<'a> {
     /// What the provider counts for each of the encoding's tokens (`PromptCount::scale`):
     /// the window is measured in the encoding's tokens by it, not the items scaled.
     pub scale: f64,
+    /// Whether a compacted request may offer recall (its profile's, and room for the tool
+    /// beside the summary): a recent part shortened to fit must then leave a recall round's
+    /// room (`Limits::with_recall_round`), as the compaction carrying it out does.
+    pub recall: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

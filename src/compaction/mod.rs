@@ -21,6 +21,6 @@ mod stand_in;
 pub mod summarizer;
 pub mod summary;
 pub mod summary_api;
-mod summary_check;
+pub mod summary_check;
 mod summary_maker;
 pub mod summary_prompt;

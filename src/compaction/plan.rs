@@ -411,13 +411,18 @@ impl<'a> Splitter<'a> {
             split.estimated_tokens -= saving(&split.shorten);
         }
         // With no summary, the room for recall's tool and line is not in the estimate; a
-        // recent output shortened just to the hard limit must leave it.
+        // recent output shortened just to the hard limit must leave it, and a recall round's
+        // room when the request may offer recall (the compaction carrying the plan out holds
+        // it to that hard limit).
         let recall_room = if start == head {
             u64::from(RECALL_RESERVE_TOKENS)
         } else {
             0
         };
-        let hard = self.limits.hard();
+        let hard = match self.input.recall {
+            true => self.limits.with_recall_round().hard(),
+            false => self.limits.hard(),
+        };
         if split.estimated_tokens + recall_room > hard {
             let over = split.estimated_tokens + recall_room - hard;
             let shortened = shorten_recent(self.input.messages, recent, over);
@@ -517,6 +522,7 @@ mod tests {
             mode: Mode::Auto,
             summary_tokens: 500,
             scale: 1.0,
+            recall: false,
         }
     }
 
@@ -729,6 +735,34 @@ mod tests {
         };
         assert_eq!(split.recent_cuts().count(), 0, "{split:?}");
         assert_eq!(split.recent_altered(split.tail_start, &split.shorten), 0);
+    }
+
+    #[test]
+    fn a_recent_part_shortened_where_recall_may_be_offered_leaves_a_recall_rounds_room() {
+        let s = ContextConfig {
+            keep_recent_messages: 4,
+            ..settings()
+        };
+        let mut m = agent(10, 100);
+        for _ in 0..2 {
+            m.push(call(50));
+            m.push(msg(Role::Tool, 6_000));
+        }
+        let without = input(&m, &s);
+        let with = PlanInput {
+            recall: true,
+            ..input(&m, &s)
+        };
+        let shortened_to = |input: &PlanInput| {
+            let Decision::Compact { split, .. } = plan(input) else {
+                panic!("expected compaction");
+            };
+            assert_eq!(split.recent_cuts().count(), 1, "{split:?}");
+            split.estimated_tokens
+        };
+        let round = Limits::new(&without).usable - Limits::new(&without).with_recall_round().usable;
+        assert_eq!(round, RECALL_ROUND_TOKENS);
+        assert_eq!(shortened_to(&with), shortened_to(&without) - round);
     }
 
     #[test]

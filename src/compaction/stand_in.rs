@@ -2,7 +2,9 @@
 //! model's summary is on hand and cutting the middle's outputs cannot bring the prompt to the
 //! target. It is written without a model, at once, from the folded items' bytes alone: one
 //! line per round, its tool calls with the head of their arguments and the references
-//! `condenser_recall` returns the round under. The same items always make the same text, so a
+//! `condenser_recall` returns the round under, then the identifiers ledger a model's summary
+//! carries (rule 11), so that what the agent read is named even before the summary is made,
+//! or when the model's summary was refused. The same items always make the same text, so a
 //! session that keeps it reads it the same on every request (rule 8), on every replica. The
 //! model's summary replaces it at the next step.
 
@@ -11,6 +13,7 @@ use std::ops::Range;
 
 use serde_json::Value;
 
+use crate::compaction::artifacts;
 use crate::compaction::recall;
 use crate::compaction::rewrite::STAND_IN_NOTE;
 use crate::compaction::summary::Summary;
@@ -25,13 +28,13 @@ const HEAD_CHARS: usize = 80;
 /// The stand-in for a summary of the items `span` of `messages` (their chat views), the
 /// `pinned` task's items left out (they are kept verbatim before it), extending `base` (the
 /// summary of the items before `span`, when there is one). References name the items in the
-/// conversation `conversation`.
+/// conversation `conversation`; the ledger of their identifiers takes at most `ledger_tokens`.
 pub(super) fn stand_in(
     messages: &Views<'_>,
     (head, span): (usize, Range<usize>),
     pinned: Option<Range<usize>>,
     base: Option<&Summary>,
-    (conversation, encoding): (&str, Encoding),
+    (conversation, encoding, ledger_tokens): (&str, Encoding, u32),
 ) -> Summary {
     let mut text = String::new();
     if let Some(base) = base {
@@ -71,6 +74,11 @@ pub(super) fn stand_in(
         }
     }
     flush(&mut text, &mut line);
+    let folded = span
+        .clone()
+        .filter(|index| !pinned.as_ref().is_some_and(|task| task.contains(index)))
+        .filter_map(|index| messages.get(index));
+    let text = artifacts::carry(text, None, folded, ledger_tokens, encoding);
     Summary {
         // Its line's note is counted with it, as the summary's framing counts the rest.
         tokens: count_text(encoding, &text) + count_text(encoding, STAND_IN_NOTE),
@@ -135,7 +143,8 @@ mod tests {
             json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("c{i}"),
                 "type": "function", "function": {"name": "Bash",
                 "arguments": format!("{{\"command\": \"seq -f 'turn-{i} row %g: alpha beta gamma delta epsilon zeta eta theta' 1 100\"}}")}}]}),
-            json!({"role": "tool", "tool_call_id": format!("c{i}"), "content": "row\n".repeat(500)}),
+            json!({"role": "tool", "tool_call_id": format!("c{i}"),
+                "content": format!("release build-7f3a{i}\n{}", "row\n".repeat(500))}),
         ]
     }
 
@@ -159,9 +168,14 @@ mod tests {
             (1, 1..11),
             Some(1..2),
             None,
-            ("abcd", Encoding::O200k),
+            ("abcd", Encoding::O200k, 200),
         );
-        let lines: Vec<&str> = made.text.lines().skip(1).collect();
+        let lines: Vec<&str> = made
+            .text
+            .lines()
+            .skip(1)
+            .take_while(|line| !line.is_empty())
+            .collect();
         assert_eq!(lines.len(), 5, "{}", made.text);
         assert!(lines[0].starts_with("- Bash({\"command\": \"seq -f 'turn-0 row"));
         assert!(lines[0].ends_with(&format!(
@@ -177,8 +191,16 @@ mod tests {
                 recall::reference("abcd", 10)
             )
         );
-        // The task is kept verbatim before it, and nothing of an output's text is in it.
+        // The task is kept verbatim before it, and of an output's text only the identifiers
+        // the ledger names.
         assert!(!made.text.contains("KX-7731-QZ"));
+        for i in 0..4 {
+            assert!(
+                made.text.contains(&format!("build-7f3a{i}")),
+                "{}",
+                made.text
+            );
+        }
         assert!(!made.text.contains("row\nrow"));
         assert!(made.stand_in);
         assert_eq!(made.messages, 10);
@@ -189,12 +211,19 @@ mod tests {
     fn the_same_items_make_the_same_stand_in_and_a_base_comes_first() {
         let views = Views::made(conversation());
         let make = |base: Option<&Summary>| {
-            stand_in(&views, (1, 6..10), None, base, ("abcd", Encoding::O200k))
+            stand_in(
+                &views,
+                (1, 6..10),
+                None,
+                base,
+                ("abcd", Encoding::O200k, 200),
+            )
         };
         assert_eq!(make(None), make(None));
         let base = Summary::story_so_far(5);
         let extended = make(Some(&base));
         assert!(extended.text.starts_with("the story so far\n"));
-        assert_eq!(extended.text.lines().count(), 4);
+        let lines = extended.text.lines().take_while(|line| !line.is_empty());
+        assert_eq!(lines.count(), 4, "{}", extended.text);
     }
 }

@@ -350,8 +350,14 @@ impl Summarizer {
     /// proportion a small window shrank the summary, so that identifiers do not outgrow the
     /// summary they end.
     fn ledger_budget(&self, request: &SummaryRequest) -> u32 {
-        let full = artifacts::budget(self.config.max_artifact_tokens, request.window);
-        let scaled = u64::from(full) * u64::from(request.max_tokens)
+        self.ledger_tokens(request.max_tokens, request.window)
+    }
+
+    /// The ledger's budget for a summary of at most `summary_tokens` made in a window of
+    /// `window` tokens (`ledger_budget`): a stand-in carries the same ledger a summary would.
+    pub fn ledger_tokens(&self, summary_tokens: u32, window: u64) -> u32 {
+        let full = artifacts::budget(self.config.max_artifact_tokens, window);
+        let scaled = u64::from(full) * u64::from(summary_tokens)
             / u64::from(self.config.max_summary_tokens.max(1));
         u32::try_from(scaled).map_or(full, |scaled| scaled.min(full))
     }

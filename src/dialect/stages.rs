@@ -248,15 +248,17 @@ impl Prepared {
             mode,
             summary_tokens: 0,
             scale: self.count.scale,
+            recall: false,
         };
         // The summary's room is a share of the limits, which the rest of the input sets;
         // recall's tool and line take room beside it when the request's profile offers recall.
-        input.summary_tokens = crate::compaction::limits::summary_room(
+        let room = crate::compaction::limits::summary_room(
             &Limits::new(&input),
             config.summarizer.max_summary_tokens,
             settings.recall.enabled,
-        )
-        .reserved();
+        );
+        input.summary_tokens = room.reserved();
+        input.recall = room.recall;
         input
     }
 
@@ -546,6 +548,7 @@ pub(crate) fn forced_split<D: Dialect>(
         mode: Mode::Force,
         summary_tokens: 200,
         scale: prepared.count.scale,
+        recall: false,
     };
     match plan::plan(&input) {
         Decision::Compact { split, .. } => Some(split),

@@ -98,9 +98,6 @@ const INSTANT: Pace = Pace {
     summarizer: Duration::from_secs(4),
     log_lines: 110,
 };
-/// What the scripted summarizer writes, whatever it is sent: no identifier survives it.
-const LOSSY_SUMMARY: &str =
-    "The agent has been reading log files one after another and has not finished the task.";
 /// The model the Claude Code sessions run on: a real one, which the catalog estimates and
 /// scales by the ratio it learns (issue 54), as users run condenser.
 const MODEL: &str = "claude-opus-5-5";
@@ -657,7 +654,7 @@ async fn scripted_claude(reader: Arc<Reader>, rounds: usize, pace: Pace) -> Mock
             if is_summarizer_call(&r) {
                 tokio::time::sleep(pace.summarizer).await;
                 let usage = cache.prompt_of(&format!("summarizer {model}"), &model, &body).anthropic_usage(marked, 20);
-                return json_response(200, &claude_message(json!({"type": "text", "text": LOSSY_SUMMARY}), "end_turn", usage));
+                return json_response(200, &claude_message(json!({"type": "text", "text": lossy_summary(&body)}), "end_turn", usage));
             }
             let usage = cache.prompt_of(&model, &model, &body).anthropic_usage(marked, 20);
             tokio::time::sleep(pace.model).await;
@@ -1418,7 +1415,7 @@ async fn scripted_responses(
         let body: Value = serde_json::from_slice(&r.body).unwrap_or_default();
         if is_summarizer_call(&r) {
             tokio::time::sleep(pace.summarizer).await;
-            return json_response(200, &responses_reply(LOSSY_SUMMARY, "completed", Some(20)));
+            return json_response(200, &responses_reply(&lossy_summary(&body), "completed", Some(20)));
         }
         tokio::time::sleep(pace.model).await;
         let reads = body["tools"]
@@ -1683,7 +1680,7 @@ async fn scripted_chat(reader: Arc<Reader>, rounds: usize, pace: Pace) -> MockUp
         let body: Value = serde_json::from_slice(&r.body).unwrap_or_default();
         if is_summarizer_call(&r) {
             tokio::time::sleep(pace.summarizer).await;
-            return json_response(200, &completion(LOSSY_SUMMARY, 100, 20));
+            return json_response(200, &completion(&lossy_summary(&body), 100, 20));
         }
         tokio::time::sleep(pace.model).await;
         let reads = body["tools"].to_string().contains(&format!("\"{}\"", READ_LOG.name));

@@ -651,7 +651,7 @@ async fn recalling_gemini() -> MockUpstream {
         let path = r.path_and_query.split('?').next().unwrap_or("").to_string();
         let request: Value = serde_json::from_slice(&r.body).unwrap();
         if is_summarizer_call(&r) {
-            return json_response(200, &summary_reply(&path, LOSSY_SUMMARY));
+            return json_response(200, &summary_reply(&path, &lossy_summary(&request)));
         }
         let contents = request["contents"].as_array().unwrap();
         let last = &contents[contents.len() - 1];

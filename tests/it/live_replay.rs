@@ -36,9 +36,6 @@ use serde_json::{json, Value};
 const MODEL_TURN: Duration = Duration::from_millis(50);
 /// The slow summarizer, scaled from the recordings' 2 s: five model turns.
 const SLOW_SUMMARY: Duration = Duration::from_millis(250);
-/// What the summarizer writes, whatever it is sent: no identifier survives it.
-const LOSSY_SUMMARY: &str =
-    "The agent has been running numbered shell batches and has not finished the task.";
 /// `keep_recent_messages` of the recordings.
 const RECENT: usize = 6;
 
@@ -173,7 +170,7 @@ async fn scripted(api: RecordedApi, summarizer: Duration) -> MockUpstream {
             let path = r.path_and_query.split('?').next().unwrap_or("").to_string();
             if is_summarizer_call(&r) {
                 tokio::time::sleep(summarizer).await;
-                return json_response(200, &summary_reply(&path, LOSSY_SUMMARY));
+                return json_response(200, &summary_reply(&path, &lossy_summary(&body)));
             }
             tokio::time::sleep(MODEL_TURN).await;
             match api {

@@ -94,7 +94,7 @@ async fn scripted_model(api: Fixture, script: Script) -> MockUpstream {
             let request: Value = serde_json::from_slice(&r.body).unwrap();
             if is_summarizer_call(&r) {
                 let path = r.path_and_query.split('?').next().unwrap_or("").to_string();
-                return json_response(200, &summary_reply(&path, LOSSY_SUMMARY));
+                return json_response(200, &summary_reply(&path, &lossy_summary(&request)));
             }
             let stream = api.streams(&r);
             if let Some(answers) = api.answers(&request) {
@@ -826,7 +826,7 @@ async fn thinking_claude() -> MockUpstream {
     MockUpstream::start(handler(move |r| async move {
         let request: Value = serde_json::from_slice(&r.body).unwrap();
         if is_summarizer_call(&r) {
-            return json_response(200, &summary_reply("/v1/messages", LOSSY_SUMMARY));
+            return json_response(200, &summary_reply("/v1/messages", &lossy_summary(&request)));
         }
         assert!(request["thinking"]["type"] != "disabled", "{}", request["thinking"]);
         let stream = request["stream"] == json!(true);
@@ -984,7 +984,7 @@ async fn storing_responses() -> MockUpstream {
         async move {
             let request: Value = serde_json::from_slice(&r.body).unwrap();
             if is_summarizer_call(&r) {
-                return json_response(200, &summary_reply("/v1/responses", LOSSY_SUMMARY));
+                return json_response(200, &summary_reply("/v1/responses", &lossy_summary(&request)));
             }
             let mut stored = stored.lock().unwrap();
             let text = |text: String| {
@@ -1074,7 +1074,7 @@ async fn every_request_that_offers_recall_has_room_to_answer_the_call() {
             if is_summarizer_call(&r) {
                 tokio::time::sleep(std::time::Duration::from_secs(3)).await;
                 let path = r.path_and_query.split('?').next().unwrap_or("").to_string();
-                return json_response(200, &summary_reply(&path, LOSSY_SUMMARY));
+                return json_response(200, &summary_reply(&path, &lossy_summary(&request)));
             }
             let reply = if let Some(answers) = api.answers(&request) {
                 api.text_reply(&format!("Recalled: {answers}"), false, None)

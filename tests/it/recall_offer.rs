@@ -163,7 +163,9 @@ async fn condenser_plan_keeps_room_for_recall_only_when_the_profile_offers_it() 
 async fn choosing_model(window: Option<usize>) -> MockUpstream {
     MockUpstream::start(handler(move |r| async move {
         if is_summarizer_call(&r) {
-            return json_response(200, &summary_reply("/v1/chat/completions", LOSSY_SUMMARY));
+            let request: Value = serde_json::from_slice(&r.body).unwrap();
+            let summary = lossy_summary(&request);
+            return json_response(200, &summary_reply("/v1/chat/completions", &summary));
         }
         let request = r.json();
         let n = request["n"].as_u64().unwrap_or(1);

@@ -94,7 +94,7 @@ async fn scripted_gemini(reader: Arc<Reader>, rounds: usize, pace: Pace) -> Mock
             usage["thoughtsTokenCount"] = json!(30);
             if summarizing {
                 tokio::time::sleep(pace.summarizer).await;
-                return json_response(200, &gemini_reply(json!([{"text": LOSSY_SUMMARY}]), usage));
+                return json_response(200, &gemini_reply(json!([{"text": lossy_summary(&body)}]), usage));
             }
             if !path.ends_with(":streamGenerateContent") {
                 let choice = json!({"complexity_reasoning": "a multi-step investigation", "complexity_score": 90});

@@ -262,9 +262,50 @@ pub struct LlmBehaviour {
     pub prompt_cache: Option<PromptCache>,
 }
 
-/// What a summarizer that keeps nothing answers.
-pub const LOSSY_SUMMARY: &str =
-    "## Goal and constraints\nkeep going\n## Artifacts\nnone\n## Next step\nnone";
+/// What a summarizer that keeps nothing but the task answers (a weak model keeps the task's
+/// id, and condenser refuses a summary that drops it): the asked sections, the task's
+/// identifiers (`task_named`), nothing of the tools' outputs.
+pub fn lossy_summary(request: &Value) -> String {
+    format!(
+        "{GOAL_HEADING}{}\n## Artifacts\nnone\n## Next step\nnone",
+        task_named(request)
+    )
+}
+
+/// The goal's heading in the mock summaries, which an extension reads its task back under.
+const GOAL_HEADING: &str = "## Goal and constraints\n";
+
+/// The pinned task as a summary names it: the identifiers of the first user message the
+/// summarizer is sent (a one-prompt agent's task), or the goal line of the summary it
+/// extends; "keep going" when neither names any.
+fn task_named(request: &Value) -> String {
+    let first_user = |text: &str| {
+        let task = json!({"role": "user", "content": text});
+        condenser::compaction::summary_check::task_identifiers([&task]).join(", ")
+    };
+    let named = if let Some((_, before)) = session_question(request) {
+        let mut text = String::new();
+        if let Some(task) = before.iter().find(|item| item["role"] == "user") {
+            strings_of(&task["content"], &mut text);
+            strings_of(&task["parts"], &mut text);
+        }
+        first_user(&text)
+    } else {
+        let prompt = summarizer_prompt(request);
+        match prompt.split(GOAL_HEADING).nth(1) {
+            Some(goal) => goal.lines().next().unwrap_or("").to_string(),
+            None => prompt
+                .split("### user\n")
+                .nth(1)
+                .map(|task| first_user(task.split("\n\n### ").next().unwrap_or("")))
+                .unwrap_or_default(),
+        }
+    };
+    match named.is_empty() {
+        true => "keep going".to_string(),
+        false => named,
+    }
+}
 
 /// A transcript containing this makes the mock summarizer fail.
 pub const FAIL_SUMMARY: &str = "FAIL-THIS-SUMMARY";
@@ -396,7 +437,8 @@ fn mock_summary(request: &Value) -> String {
         }
     }
     format!(
-        "## Goal and constraints\nkeep going\n## Facts and identifiers\n{}\n## Next step\nnone",
+        "{GOAL_HEADING}{}\n## Facts and identifiers\n{}\n## Next step\nnone",
+        task_named(request),
         facts.join("\n")
     )
 }
@@ -418,7 +460,7 @@ pub async fn mock_llm(behaviour: LlmBehaviour) -> MockUpstream {
                 }
                 let path = r.path_and_query.split('?').next().unwrap_or("");
                 let summary = if behaviour.lossy_summarizer {
-                    LOSSY_SUMMARY.to_string()
+                    lossy_summary(&request)
                 } else {
                     mock_summary(&request)
                 };
