@@ -756,7 +756,8 @@ async fn gemini_array_streams_are_relayed_as_they_come_and_never_offered_recall(
         async move {
             let path = r.path_and_query.split('?').next().unwrap_or("").to_string();
             if is_summarizer_call(&r) {
-                return json_response(200, &summary_reply(&path, "The user asked about Falcon."));
+                let summary = lossy_summary(&r.json());
+                return json_response(200, &summary_reply(&path, &summary));
             }
             let first = gemini_reply(json!([{"text": "first part. "}]), json!(null));
             let last = gemini_reply(

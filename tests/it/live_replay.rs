@@ -4,9 +4,10 @@
 //! upstream that counts as the provider does (`PromptCache::provider`: o200k's count scaled by
 //! a share that moves with the content, split into uncached, cache read and cache write), so
 //! that the ratio condenser learns moves from one request to the next as against the real
-//! APIs. The same file goes through `condenser replay` (`cli::replay`, calling nothing).
-//! Both must break the cache only where a step is due (`common/breaks.rs`), and take the same
-//! summary steps, within one. Then with a summarizer that takes five model turns, still no
+//! APIs. The same file goes through `condenser replay` (`cli::replay`, calling nothing),
+//! which has no reply to learn a ratio from: it is told the one the live proxy learned, as a
+//! user tells it (`tokens.unknown_model_margin`). Both must break the cache only where a step
+//! is due (`common/breaks.rs`), and take the same summary steps, within one. Then with a summarizer that takes five model turns, still no
 //! avoidable break.
 //!
 //! The recordings are fixtures of this test, not tuning targets: other sessions are to be
@@ -245,7 +246,7 @@ async fn live(
     bodies: &[String],
     summarizer: Duration,
     counting: &(ModelCatalog, TokenCounter),
-) -> CacheFigures {
+) -> (CacheFigures, f64) {
     let api = recording.api;
     let upstream = scripted(api, summarizer).await;
     let first: Value = serde_json::from_str(&bodies[0]).unwrap();
@@ -324,7 +325,9 @@ async fn live(
     for (at, what) in figures.avoidable.iter().take(5) {
         eprintln!("  avoidable break at request {at}: {what}");
     }
-    figures
+    // The ratio the proxy learned from usage, as its last request was scaled.
+    let learned = sent.last().map_or(1.0, |request| request.scale);
+    (figures, learned)
 }
 
 /// The thresholds condenser measures the session's requests against: the window less the
@@ -353,7 +356,7 @@ struct Replayed {
 }
 
 /// What `condenser replay` makes of the session: its table's rows, and its summary steps.
-async fn replayed(recording: &Recording, bodies: &[String]) -> (Vec<Replayed>, usize) {
+async fn replayed(recording: &Recording, bodies: &[String], ratio: f64) -> (Vec<Replayed>, usize) {
     let (model, api) = match recording.api {
         RecordedApi::Messages => (None, None),
         RecordedApi::Gemini { model } => (Some(model), None),
@@ -363,8 +366,11 @@ async fn replayed(recording: &Recording, bodies: &[String]) -> (Vec<Replayed>, u
         || first["model"].as_str().unwrap().to_string(),
         String::from,
     );
-    // Replay calls nothing, but plans as the gateway would.
-    let config = config("http://127.0.0.1:9", recording, &named);
+    // Replay calls nothing, but plans as the gateway would; it learns no ratio from usage,
+    // and is told the one the live proxy learned, as a user tells it (the margin an
+    // estimated model's counts are scaled by until a reply teaches a ratio).
+    let mut config = config("http://127.0.0.1:9", recording, &named);
+    config.tokens.unknown_model_margin = ratio - 1.0;
     let options = ReplayOptions {
         model,
         api,
@@ -425,21 +431,22 @@ async fn agrees_with_replay(recording: Recording) {
     assert!(bodies.len() > 100, "{} requests", bodies.len());
     let first: Value = serde_json::from_str(&bodies[0]).unwrap();
     let limits = thresholds(&recording, &first, &config_for(""));
-    let (rows, replay_steps) = replayed(&recording, &bodies).await;
-    let replay_breaks = replay_avoidable(&rows, limits);
-    eprintln!(
-        "{} replayed: {replay_steps} summary steps, {} cut steps, avoidable at {replay_breaks:?}",
-        recording.file,
-        rows.iter().filter(|r| r.cache_break == "cut_step").count(),
-    );
     // Counts as condenser makes them before it scales them, kept across both runs.
     let unscaled = config_for("");
     let counting = (
         ModelCatalog::new(unscaled.models, unscaled.tokens.clone()),
         TokenCounter::new(unscaled.tokens.unknown_model_margin),
     );
-    let instant = live(&recording, &bodies, Duration::ZERO, &counting).await;
-    let slow = live(&recording, &bodies, SLOW_SUMMARY, &counting).await;
+    let (instant, learned) = live(&recording, &bodies, Duration::ZERO, &counting).await;
+    let (slow, _) = live(&recording, &bodies, SLOW_SUMMARY, &counting).await;
+    let (rows, replay_steps) = replayed(&recording, &bodies, learned).await;
+    let replay_breaks = replay_avoidable(&rows, limits);
+    eprintln!(
+        "{} replayed at the learned ratio {learned:.3}: {replay_steps} summary steps, {} cut \
+         steps, avoidable at {replay_breaks:?}",
+        recording.file,
+        rows.iter().filter(|r| r.cache_break == "cut_step").count(),
+    );
     assert_eq!(
         replay_breaks,
         Vec::<usize>::new(),

@@ -275,9 +275,9 @@ pub fn lossy_summary(request: &Value) -> String {
 /// The goal's heading in the mock summaries, which an extension reads its task back under.
 const GOAL_HEADING: &str = "## Goal and constraints\n";
 
-/// The pinned task as a summary names it: the identifiers of the first user message the
-/// summarizer is sent (a one-prompt agent's task), or the goal line of the summary it
-/// extends; "keep going" when neither names any.
+/// The pinned task as a summary names it: the identifiers of the newest user message of the
+/// transcript (a one-prompt agent's task; in a session asked through it, its first), or the
+/// goal line of the summary it extends; "keep going" when none names any.
 fn task_named(request: &Value) -> String {
     let first_user = |text: &str| {
         let task = json!({"role": "user", "content": text});
@@ -294,9 +294,11 @@ fn task_named(request: &Value) -> String {
         let prompt = summarizer_prompt(request);
         match prompt.split(GOAL_HEADING).nth(1) {
             Some(goal) => goal.lines().next().unwrap_or("").to_string(),
+            // The newest prompt the transcript holds, which a later one would have pinned.
             None => prompt
                 .split("### user\n")
-                .nth(1)
+                .skip(1)
+                .last()
                 .map(|task| first_user(task.split("\n\n### ").next().unwrap_or("")))
                 .unwrap_or_default(),
         }
