@@ -263,12 +263,16 @@ async fn a_long_session_keeps_the_tasks_ticket_and_a_commit_read_once_among_coun
         "{rounds} rounds, {extensions} extensions, tool outputs of {output_tokens} tokens, \
          ledger of {ledger_tokens} tokens:\n{ledger}"
     );
-    for kept in [TASK_TICKET, READ_ONCE] {
-        assert!(
-            ledger.contains(kept),
-            "{kept} lost from the ledger:\n{ledger}"
-        );
-    }
+    // The task's ticket in the summary (a summary that keeps no prompt's identifier is
+    // refused), the commit read once in the ledger.
+    assert!(
+        summary.contains(TASK_TICKET),
+        "{TASK_TICKET} lost from the summary:\n{summary}"
+    );
+    assert!(
+        ledger.contains(READ_ONCE),
+        "{READ_ONCE} lost from the ledger:\n{ledger}"
+    );
     assert!(
         ledger_tokens as usize <= budget + 64,
         "a ledger of {ledger_tokens} tokens"

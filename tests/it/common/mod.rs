@@ -275,37 +275,53 @@ pub fn lossy_summary(request: &Value) -> String {
 /// The goal's heading in the mock summaries, which an extension reads its task back under.
 const GOAL_HEADING: &str = "## Goal and constraints\n";
 
-/// The pinned task as a summary names it: the identifiers of the newest user message of the
-/// transcript (a one-prompt agent's task; in a session asked through it, its first), or the
+/// The pinned task as a summary names it, whichever prompt was pinned: the first identifiers
+/// of each message a user typed in what the summarizer is sent (not tool results), or the
 /// goal line of the summary it extends; "keep going" when none names any.
 fn task_named(request: &Value) -> String {
-    let first_user = |text: &str| {
-        let task = json!({"role": "user", "content": text});
-        condenser::compaction::summary_check::task_identifiers([&task]).join(", ")
-    };
-    let named = if let Some((_, before)) = session_question(request) {
-        let mut text = String::new();
-        if let Some(task) = before.iter().find(|item| item["role"] == "user") {
-            strings_of(&task["content"], &mut text);
-            strings_of(&task["parts"], &mut text);
+    let mut typed: Vec<String> = Vec::new();
+    if let Some((_, before)) = session_question(request) {
+        for item in before.iter().filter(|item| item["role"] == "user") {
+            let mut text = String::new();
+            match &item["content"] {
+                Value::String(said) => text.push_str(said),
+                Value::Array(blocks) => blocks
+                    .iter()
+                    .filter(|block| matches!(block["type"].as_str(), Some("text" | "input_text")))
+                    .for_each(|block| strings_of(&block["text"], &mut text)),
+                _ => {}
+            }
+            if let Some(parts) = item["parts"].as_array() {
+                parts
+                    .iter()
+                    .for_each(|part| strings_of(&part["text"], &mut text));
+            }
+            typed.push(text);
         }
-        first_user(&text)
     } else {
         let prompt = summarizer_prompt(request);
-        match prompt.split(GOAL_HEADING).nth(1) {
-            Some(goal) => goal.lines().next().unwrap_or("").to_string(),
-            // The newest prompt the transcript holds, which a later one would have pinned.
-            None => prompt
+        if let Some(goal) = prompt.split(GOAL_HEADING).nth(1) {
+            return goal.lines().next().unwrap_or("").to_string();
+        }
+        typed.extend(
+            prompt
                 .split("### user\n")
                 .skip(1)
-                .last()
-                .map(|task| first_user(task.split("\n\n### ").next().unwrap_or("")))
-                .unwrap_or_default(),
+                .map(|said| said.split("\n\n### ").next().unwrap_or("").to_string()),
+        );
+    }
+    let mut named: Vec<String> = Vec::new();
+    for said in &typed {
+        let task = json!({"role": "user", "content": said});
+        for id in condenser::compaction::summary_check::task_identifiers([&task]) {
+            if !named.contains(&id) {
+                named.push(id);
+            }
         }
-    };
+    }
     match named.is_empty() {
         true => "keep going".to_string(),
-        false => named,
+        false => named.join(", "),
     }
 }
 
