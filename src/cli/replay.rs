@@ -73,7 +73,7 @@ pub async fn replay(
         context: &context,
         recall,
     };
-    let state = Arc::new(AppState::new(config.clone())?);
+    let state = Arc::new(AppState::new(replaying(config))?);
     let mut records = Vec::new();
     let lines = input
         .lines()
@@ -93,6 +93,21 @@ pub async fn replay(
         table: replay_table(&records),
         records,
     })
+}
+
+/// `config` as replay runs it: a last route that takes every model in every API, to a host
+/// nothing is sent to, so that a session of an API no configured upstream speaks (a Claude
+/// Code session under the shipped configuration) is still planned as the gateway would plan
+/// it. Replay calls nothing; which upstream a request would go to changes no plan.
+fn replaying(config: &Config) -> Config {
+    let mut config = config.clone();
+    config.routes.push(crate::config::RouteConfig {
+        models: vec!["*".to_string()],
+        base_url: "http://replay.invalid".to_string(),
+        api_key_env: String::new(),
+        apis: Vec::new(),
+    });
+    config
 }
 
 async fn replayed(

@@ -381,3 +381,30 @@ async fn replay_draws_interleaved_conversations_one_chart_each() {
     );
     assert!(!page.steps.is_empty());
 }
+
+/// README's first command, on a fresh machine: `condenser replay FILE --html OUT` with no
+/// configuration at all, of a Claude Code session, which the shipped upstream (OpenAI's host)
+/// does not speak. Replay calls nothing, so the session is planned all the same.
+#[tokio::test]
+async fn replay_of_a_claude_session_needs_no_configuration() {
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("replay.html");
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_condenser"))
+        .args([
+            "replay",
+            &recorded_session("claude-code-2.1.332.jsonl.zst"),
+            "--html",
+        ])
+        .arg(&page)
+        .current_dir(dir.path())
+        .env_remove("CONDENSER_CONFIG")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(rows(&table).len() >= 110, "{table}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert_eq!(drawn(&html).sessions, 1);
+}
