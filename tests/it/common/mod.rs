@@ -303,11 +303,14 @@ fn task_named(request: &Value) -> String {
         if let Some(goal) = prompt.split(GOAL_HEADING).nth(1) {
             return goal.lines().next().unwrap_or("").to_string();
         }
+        // A user block that carries a tool's result (Claude's tool_result turns) is no
+        // prompt anyone typed.
         typed.extend(
             prompt
                 .split("### user\n")
                 .skip(1)
-                .map(|said| said.split("\n\n### ").next().unwrap_or("").to_string()),
+                .map(|said| said.split("\n\n### ").next().unwrap_or("").to_string())
+                .filter(|said| !said.starts_with("[tool result")),
         );
     }
     let mut named: Vec<String> = Vec::new();
