@@ -382,11 +382,11 @@ async fn replay_draws_interleaved_conversations_one_chart_each() {
     assert!(!page.steps.is_empty());
 }
 
-/// README's first command, on a fresh machine: `condenser replay FILE --html OUT` with no
-/// configuration at all, of a Claude Code session, which the shipped upstream (OpenAI's host)
+/// README's first command, on a fresh clone: `condenser replay FILE --html OUT` under the
+/// shipped `config.toml`, of a Claude Code session, which the shipped upstream (OpenAI's host)
 /// does not speak. Replay calls nothing, so the session is planned all the same.
 #[tokio::test]
-async fn replay_of_a_claude_session_needs_no_configuration() {
+async fn replay_of_a_claude_session_needs_no_route_for_its_api() {
     let dir = tempfile::tempdir().unwrap();
     let page = dir.path().join("replay.html");
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_condenser"))
@@ -396,7 +396,6 @@ async fn replay_of_a_claude_session_needs_no_configuration() {
             "--html",
         ])
         .arg(&page)
-        .current_dir(dir.path())
         .env_remove("CONDENSER_CONFIG")
         .output()
         .await
