@@ -847,18 +847,27 @@ mod tests {
         assert_eq!(cut, [3], "the middle's output cut, the recent part whole");
     }
 
-    #[test]
-    fn over_the_trigger_where_cutting_cannot_bring_it_to_the_target_the_oldest_rounds_are_folded_into_a_stand_in(
-    ) {
+    /// The fixture with a message of 500 tokens by `role` as its item 2, in the middle, which
+    /// no cut touches (the prompt then counts 1,910). The model's follows the opening prompt,
+    /// pinned as the task, so what follows is an agent's; a user's is a chat's history.
+    fn with_a_middle_message(role: Role) -> Fixture {
         let mut f = fixture();
-        // The model's message of 500 in the middle, which no cut touches: cutting the output
-        // (1,000) brings the prompt (1,910) under the trigger (1,400), not to the target (900).
-        f.items[2] = Item::new(Role::Assistant, Kind::Message, 500);
-        // The opening prompt, pinned: what follows is the agent's.
-        f.split.task = Some(1..2);
+        f.items[2] = Item::new(role, Kind::Message, 500);
+        if role == Role::Assistant {
+            f.split.task = Some(1..2);
+        }
         f.count.per_message[2] = 500;
         f.count.total = 1_910;
         f.count.raw_total = 1_910;
+        f
+    }
+
+    #[test]
+    fn over_the_trigger_where_cutting_cannot_bring_it_to_the_target_the_oldest_rounds_are_folded_into_a_stand_in(
+    ) {
+        // The model's message of 500 in the middle, which no cut touches: cutting the output
+        // (1,000) brings the prompt (1,910) under the trigger (1,400), not to the target (900).
+        let f = with_a_middle_message(Role::Assistant);
         let job = job(&f, true);
         let hand = on_hand(Vec::new());
         let archive = archive();
@@ -900,12 +909,8 @@ mod tests {
 
     #[test]
     fn a_persons_messages_are_not_folded_they_wait_for_the_models_summary() {
-        let mut f = fixture();
         // A user's message of 500 in the middle, not the task: a chat's history.
-        f.items[2] = Item::new(Role::User, Kind::Message, 500);
-        f.count.per_message[2] = 500;
-        f.count.total = 1_910;
-        f.count.raw_total = 1_910;
+        let f = with_a_middle_message(Role::User);
         let job = job(&f, true);
         let hand = on_hand(Vec::new());
         let archive = archive();
@@ -918,13 +923,7 @@ mod tests {
 
     #[test]
     fn a_stand_in_on_record_is_kept_and_the_models_summary_replaces_it_at_the_next_step() {
-        let mut f = fixture();
-        f.items[2] = Item::new(Role::Assistant, Kind::Message, 500);
-        // The opening prompt, pinned: what follows is the agent's.
-        f.split.task = Some(1..2);
-        f.count.per_message[2] = 500;
-        f.count.total = 1_910;
-        f.count.raw_total = 1_910;
+        let f = with_a_middle_message(Role::Assistant);
         let job = job(&f, true);
         let archive = archive();
         let first = on_hand(Vec::new());
