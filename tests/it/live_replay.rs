@@ -20,6 +20,7 @@
 
 use std::io::Read;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::agent_clients::{cached_order, floor_of, task_turn, unmarked};
@@ -34,7 +35,7 @@ use condenser::tokens::counter::TokenCounter;
 use serde_json::{json, Value};
 
 /// A model turn, scaled from the recordings' 0.4 s (see the module's note on pace).
-const MODEL_TURN: Duration = Duration::from_millis(50);
+pub const MODEL_TURN: Duration = Duration::from_millis(50);
 /// The slow summarizer, scaled from the recordings' 2 s: five model turns.
 const SLOW_SUMMARY: Duration = Duration::from_millis(250);
 /// `keep_recent_messages` of the recordings.
@@ -42,14 +43,14 @@ const RECENT: usize = 6;
 
 /// One recorded session and how it was run: its file, the window condenser gave its model,
 /// and the API it speaks.
-struct Recording {
-    file: &'static str,
-    window: u64,
-    api: RecordedApi,
+pub struct Recording {
+    pub file: &'static str,
+    pub window: u64,
+    pub api: RecordedApi,
 }
 
 #[derive(Clone, Copy)]
-enum RecordedApi {
+pub enum RecordedApi {
     /// Anthropic's Messages; the model is in the body.
     Messages,
     /// Gemini's `streamGenerateContent`; the model is in the path.
@@ -57,7 +58,7 @@ enum RecordedApi {
 }
 
 impl RecordedApi {
-    fn path(self) -> String {
+    pub fn path(self) -> String {
         match self {
             RecordedApi::Messages => "/v1/messages".into(),
             RecordedApi::Gemini { model } => {
@@ -104,7 +105,7 @@ impl RecordedApi {
     }
 }
 
-const CLAUDE_CODE_2_0_77: Recording = Recording {
+pub const CLAUDE_CODE_2_0_77: Recording = Recording {
     file: "claude-code-2.0.77.jsonl.zst",
     window: 80_000,
     api: RecordedApi::Messages,
@@ -123,7 +124,7 @@ const GEMINI_CLI_0_61: Recording = Recording {
 };
 
 /// The session's request bodies, one a line.
-fn bodies(recording: &Recording) -> Vec<String> {
+pub fn bodies(recording: &Recording) -> Vec<String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/sessions")
         .join(recording.file);
@@ -142,7 +143,7 @@ fn bodies(recording: &Recording) -> Vec<String> {
 /// The recording's config: its model's window, the catalog's own entry otherwise (a Claude
 /// or Gemini model is estimated, its counts scaled by the ratio learned from usage), and the
 /// recordings' settings, which are condenser's defaults with `keep_recent_messages = 6`.
-fn config(upstream: &str, recording: &Recording, model: &str) -> condenser::Config {
+pub fn config(upstream: &str, recording: &Recording, model: &str) -> condenser::Config {
     let mut config = config_for(upstream);
     config.models.insert(
         model.into(),
@@ -160,18 +161,26 @@ fn config(upstream: &str, recording: &Recording, model: &str) -> condenser::Conf
     config
 }
 
+/// What a scripted summarizer writes, given the call it answers.
+pub type SummaryWriter = Arc<dyn Fn(&Value) -> String + Send + Sync>;
+
 /// A scripted upstream that answers the session's API after a model turn, its usage counted
-/// as the provider counts (`PromptCache::provider`), and summarizes in `summarizer`.
-async fn scripted(api: RecordedApi, summarizer: Duration) -> MockUpstream {
+/// as the provider counts (`PromptCache::provider`), and summarizes in `summarizer`, writing
+/// what `summary` writes.
+pub async fn scripted(
+    api: RecordedApi,
+    summarizer: Duration,
+    summary: SummaryWriter,
+) -> MockUpstream {
     let cache = PromptCache::provider();
     MockUpstream::start(handler(move |r| {
-        let cache = cache.clone();
+        let (cache, summary) = (cache.clone(), summary.clone());
         async move {
             let body: Value = serde_json::from_slice(&r.body).unwrap_or_default();
             let path = r.path_and_query.split('?').next().unwrap_or("").to_string();
             if is_summarizer_call(&r) {
                 tokio::time::sleep(summarizer).await;
-                return json_response(200, &summary_reply(&path, &lossy_summary(&body)));
+                return json_response(200, &summary_reply(&path, &summary(&body)));
             }
             tokio::time::sleep(MODEL_TURN).await;
             match api {
@@ -248,7 +257,7 @@ async fn live(
     counting: &(ModelCatalog, TokenCounter),
 ) -> (CacheFigures, f64) {
     let api = recording.api;
-    let upstream = scripted(api, summarizer).await;
+    let upstream = scripted(api, summarizer, Arc::new(lossy_summary)).await;
     let first: Value = serde_json::from_str(&bodies[0]).unwrap();
     let model = match api {
         RecordedApi::Messages => first["model"].as_str().unwrap().to_string(),
@@ -335,7 +344,7 @@ async fn live(
 
 /// The thresholds condenser measures the session's requests against: the window less the
 /// reply's reserve (at most half the window), and the trigger and target shares of it.
-fn thresholds(recording: &Recording, first: &Value, config: &condenser::Config) -> Thresholds {
+pub fn thresholds(recording: &Recording, first: &Value, config: &condenser::Config) -> Thresholds {
     let context = &config.context;
     let reserve = recording
         .api

@@ -193,3 +193,145 @@ fn echo_reply(request: &Value) -> Value {
         200,
     )
 }
+
+/// What SmolLM2-135M (`bench/real_model.sh`'s summarizer) answered the summary calls of
+/// Claude Code 2.0.77's and Gemini CLI's recorded sessions: each distinct answer once, with
+/// how it ended (`tests/fixtures/real_model/`).
+fn recorded_summaries() -> Vec<Value> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/real_model/smollm2-summaries.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Issue 56, item 5: a real model's summaries, replayed. SmolLM2 wrote none of the asked
+/// sections in any call of the recorded sessions. Claude Code 2.0.77's recorded session is
+/// sent to the live proxy, its first 40 requests (at the recordings' pace, scaled as `live_replay` scales it), and
+/// the summarizer answers SmolLM2's recorded answers, then, from the seventh call on, a summary
+/// in the asked shape. Each recorded answer is refused, none is forwarded or cached (the next
+/// request asks again); meanwhile the session goes on without waiting, under the hard limit,
+/// its task and its newest output whole in every request; the summary in the asked shape is
+/// used once it comes.
+#[tokio::test]
+async fn a_real_models_recorded_summaries_are_refused_and_the_session_goes_on() {
+    use crate::live_replay::{
+        bodies, config, scripted, thresholds, CLAUDE_CODE_2_0_77, MODEL_TURN,
+    };
+    const RECORDED_CALLS: usize = 6;
+    let recorded = recorded_summaries();
+    assert!(recorded
+        .iter()
+        .all(|answer| answer["finish_reason"] == "stop"));
+    let answers: Vec<String> = recorded
+        .iter()
+        .map(|answer| answer["content"].as_str().unwrap().to_string())
+        .collect();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (counted, recorded_answers) = (calls.clone(), answers.clone());
+    let recording = &CLAUDE_CODE_2_0_77;
+    let upstream = scripted(
+        recording.api,
+        MODEL_TURN * 5,
+        Arc::new(move |request: &Value| {
+            let call = counted.fetch_add(1, Ordering::SeqCst);
+            match recorded_answers.get(call % recorded_answers.len()) {
+                Some(answer) if call < RECORDED_CALLS => answer.clone(),
+                _ => lossy_summary(request),
+            }
+        }),
+    )
+    .await;
+    // Its first 40 requests, as `bench/real_model.sh` sends them: 12 summary calls there.
+    let bodies = &bodies(recording)[..40];
+    let first: Value = serde_json::from_str(&bodies[0]).unwrap();
+    let model = first["model"].as_str().unwrap();
+    let config = config(&upstream.url(), recording, model);
+    let limits = thresholds(recording, &first, &config);
+    let proxy = Proxy::start(config).await;
+    let mut told = Vec::new();
+    for (at, body) in bodies.iter().enumerate() {
+        let response = client()
+            .post(proxy.url(&recording.api.path()))
+            .header("content-type", "application/json")
+            .header("x-api-key", "sk-ant-real-model")
+            .header("anthropic-version", "2023-06-01")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "request {at}");
+        told.push(Condensed::of(&response));
+        response.bytes().await.unwrap();
+        let sent: Value = serde_json::from_str(body).unwrap();
+        let text = upstream.forwarded().last().unwrap().to_string();
+        // Claude Code's first request is its warm-up, before the task.
+        if body.contains("KX-7731-QZ") {
+            assert!(
+                text.contains("KX-7731-QZ"),
+                "request {at}: the task is gone"
+            );
+        }
+        let newest = sent["messages"].as_array().unwrap().last().unwrap();
+        for said in texts(newest) {
+            let escaped = serde_json::to_string(said).unwrap();
+            assert!(
+                text.contains(&escaped[1..escaped.len() - 1]),
+                "request {at}: the newest turn is not whole"
+            );
+        }
+        for answer in &answers {
+            let line = answer.lines().next().unwrap();
+            assert!(
+                !text.contains(line),
+                "request {at}: a refused summary was forwarded"
+            );
+        }
+    }
+    let actions: Vec<&str> = told.iter().map(|t| t.cache.as_str()).collect();
+    assert!(
+        actions
+            .iter()
+            .all(|cache| !matches!(*cache, "miss" | "extended")),
+        "a request waited: {actions:?}"
+    );
+    assert!(
+        told.iter()
+            .all(|t| t.forwarded_tokens.unwrap() <= limits.hard_limit),
+        "over the hard limit"
+    );
+    let made = calls.load(Ordering::SeqCst);
+    assert!(
+        made > RECORDED_CALLS,
+        "the summarizer was asked {made} times"
+    );
+    let metrics = proxy.metrics().await;
+    // Whichever way a summary was asked (the session's own request, or a prompt apart).
+    let either_way = |outcome: &str, reason: &str| -> f64 {
+        ["session", "separate"]
+            .iter()
+            .filter_map(|via| {
+                let series = format!(
+                    r#"condenser_summaries_total{{outcome="{outcome}",reason="{reason}",via="{via}"}}"#
+                );
+                metric(&metrics, &series)
+            })
+            .sum()
+    };
+    assert_eq!(
+        either_way("refused", "no_sections"),
+        RECORDED_CALLS as f64,
+        "{actions:?}"
+    );
+    assert!(
+        either_way("used", "") >= 1.0,
+        "no summary used: {actions:?}"
+    );
+    let summarized_after = told
+        .iter()
+        .position(|t| t.action == "summarized")
+        .expect("no request went summarized");
+    eprintln!(
+        "real model's summaries: {made} calls, {RECORDED_CALLS} recorded answers refused, \
+         first request summarized: {summarized_after} of {}",
+        told.len()
+    );
+}
