@@ -21,7 +21,6 @@ use bytes::Bytes;
 use condenser::transport::body::{BoxError, ProxyBody};
 use condenser::transport::redact::without_credentials;
 use condenser::transport::upstream::blank_credentials;
-use http_body_util::BodyExt;
 use hyper::body::{Body, Frame};
 use hyper::header::HeaderValue;
 use hyper::Response;

@@ -197,15 +197,18 @@ fn key_written(text: &[u8], mut at: usize, key: &[u8]) -> Written {
             [b'\\', escaped, ..] if *escaped == wanted && matches!(wanted, b'/' | b'\\' | b'"') => {
                 at += 2;
             }
-            [byte, ..] if *byte == wanted => at += 1,
             // An escape that the text's end cut short: a backslash, or `\u` and fewer than
-            // four hex digits. (`\"` and the like are whole, so no key's.)
+            // four hex digits. (`\"` and the like are whole, so no key's.) Before the key's
+            // own bytes: for a key with a backslash, `\u00` at a chunk's end would be read
+            // as that backslash, then fail at `u`, and the key escaped across two chunks
+            // go out (found by the scrubber fuzz target).
             [b'\\'] => return Written::CutShort,
             [b'\\', b'u', digits @ ..]
                 if digits.len() < 4 && digits.iter().all(u8::is_ascii_hexdigit) =>
             {
                 return Written::CutShort
             }
+            [byte, ..] if *byte == wanted => at += 1,
             _ => return Written::No,
         }
     }
@@ -643,6 +646,20 @@ mod tests {
             may_begin_a_key(cut.as_bytes(), &[Finder::new(key.as_bytes()).into_owned()]),
             "key ".len()
         );
+        // Found by the same target (issue 55): the key written wholly in escapes, a chunk
+        // ending inside the escape of its backslash (`\u00`), is held back, not read as the
+        // key's own backslash and let go.
+        let finder = [Finder::new(key.as_bytes()).into_owned()];
+        let escaped_key = escaped(key, false);
+        let backslash = escaped_key.find(r"\u005c").unwrap();
+        for end in backslash + 1..backslash + 6 {
+            let cut = format!("key {}", &escaped_key[..end]);
+            assert_eq!(
+                may_begin_a_key(cut.as_bytes(), &finder),
+                "key ".len(),
+                "{cut}"
+            );
+        }
     }
 
     #[test]
