@@ -56,8 +56,16 @@ def sse(events):
                    for name, data in events).encode()
 
 
-def messages_reply(stream):
-    usage = {"input_tokens": 10, "output_tokens": 5}
+def prompt_tokens(raw):
+    """The prompt's tokens as the reply's usage reports them: about o200k's count of the body
+    (a byte in four), as a provider's count is near its own; condenser scales its estimate
+    for Claude and Gemini by the ratio this teaches, which a fixed figure would pin at its
+    lowest bound."""
+    return max(1, len(raw) // 4)
+
+
+def messages_reply(stream, prompt):
+    usage = {"input_tokens": prompt, "output_tokens": 5}
     if not stream:
         return "application/json", json.dumps({
             "id": "msg_1", "type": "message", "role": "assistant", "model": "m",
@@ -74,22 +82,22 @@ def messages_reply(stream):
     ])
 
 
-def gemini_reply(stream):
+def gemini_reply(stream, prompt):
     reply = {"candidates": [{"content": {"role": "model", "parts": [{"text": TEXT}]}, "finishReason": "STOP", "index": 0}],
-             "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15}}
+             "usageMetadata": {"promptTokenCount": prompt, "candidatesTokenCount": 5, "totalTokenCount": prompt + 5}}
     if stream:
         return "text/event-stream", sse([(None, reply)])
     return "application/json", json.dumps(reply).encode()
 
 
-def chat_reply(stream):
+def chat_reply(stream, prompt):
     if stream:
         chunk = {"id": "c1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": TEXT}, "finish_reason": "stop"}]}
         return "text/event-stream", sse([(None, chunk)]) + b"data: [DONE]\n\n"
     return "application/json", json.dumps({
         "id": "c1", "object": "chat.completion", "model": "m",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": TEXT}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}).encode()
+        "usage": {"prompt_tokens": prompt, "completion_tokens": 5, "total_tokens": prompt + 5}}).encode()
 
 
 def last_user_text(body):
@@ -133,11 +141,11 @@ class Handler(BaseHTTPRequestHandler):
                 f.write(raw)
         stream = body.get("stream") is True or ":streamGenerateContent" in self.path
         if path.endswith("/messages"):
-            kind, data = messages_reply(stream)
+            kind, data = messages_reply(stream, prompt_tokens(raw))
         elif ":streamGenerateContent" in path or ":generateContent" in path:
-            kind, data = gemini_reply(stream)
+            kind, data = gemini_reply(stream, prompt_tokens(raw))
         else:
-            kind, data = chat_reply(stream)
+            kind, data = chat_reply(stream, prompt_tokens(raw))
         self.answer(200, kind, data)
 
     def summarize(self, path, raw):
