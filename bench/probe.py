@@ -17,7 +17,7 @@ ROUNDS requests. Each question is asked twice:
 An answer scores when it contains the exact value. Retention is forwarded over whole.
 
   python3 bench/probe.py --base-url http://127.0.0.1:8000 --model smollm2 --window 8192 \\
-      --no-system --flatten --rounds 5 --condenser-window 4096
+      --no-system --flatten --rounds 5 --condenser-window 2048
   OPENAI_API_KEY=... python3 bench/probe.py --base-url https://api.openai.com --model gpt-4o-mini \\
       --api-key-env OPENAI_API_KEY --window 128000 --rounds 40 --condenser-window 32000
 """
