@@ -241,6 +241,21 @@ fn messages_stream(
         .unwrap()
 }
 
+/// One recorded body sent to the live proxy as its client sent it, with the key headers of
+/// either API.
+pub async fn send(proxy: &Proxy, api: RecordedApi, body: &str) -> reqwest::Response {
+    client()
+        .post(proxy.url(&api.path()))
+        .header("content-type", "application/json")
+        .header("x-api-key", "sk-ant-live-replay")
+        .header("anthropic-version", "2023-06-01")
+        .header("x-goog-api-key", "AIza-live-replay")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap()
+}
+
 /// What condenser told the client of one request: the prompt as received and as forwarded,
 /// in its (scaled) count.
 struct Told {
@@ -265,19 +280,9 @@ async fn live(
     };
     let config = config(&upstream.url(), recording, &model);
     let proxy = Proxy::start(config.clone()).await;
-    let http = client();
     let mut told = Vec::new();
     for (at, body) in bodies.iter().enumerate() {
-        let response = http
-            .post(proxy.url(&api.path()))
-            .header("content-type", "application/json")
-            .header("x-api-key", "sk-ant-live-replay")
-            .header("anthropic-version", "2023-06-01")
-            .header("x-goog-api-key", "AIza-live-replay")
-            .body(body.clone())
-            .send()
-            .await
-            .unwrap();
+        let response = send(&proxy, api, body).await;
         assert_eq!(response.status(), 200, "request {at}");
         let condensed = Condensed::of(&response);
         told.push(Told {

@@ -221,7 +221,7 @@ fn recorded_summaries() -> Vec<Value> {
 #[tokio::test]
 async fn a_real_models_recorded_summaries_are_refused_and_the_session_goes_on() {
     use crate::live_replay::{
-        bodies, config, scripted, thresholds, CLAUDE_CODE_2_0_77, MODEL_TURN,
+        bodies, config, scripted, send, thresholds, CLAUDE_CODE_2_0_77, MODEL_TURN,
     };
     // Under the refusals that open the summarizer's breaker (5).
     const RECORDED_CALLS: usize = 4;
@@ -257,15 +257,7 @@ async fn a_real_models_recorded_summaries_are_refused_and_the_session_goes_on() 
     let proxy = Proxy::start(config).await;
     let mut told = Vec::new();
     for (at, body) in bodies.iter().enumerate() {
-        let response = client()
-            .post(proxy.url(&recording.api.path()))
-            .header("content-type", "application/json")
-            .header("x-api-key", "sk-ant-real-model")
-            .header("anthropic-version", "2023-06-01")
-            .body(body.clone())
-            .send()
-            .await
-            .unwrap();
+        let response = send(&proxy, recording.api, body).await;
         assert_eq!(response.status(), 200, "request {at}");
         told.push(Condensed::of(&response));
         response.bytes().await.unwrap();
