@@ -188,7 +188,16 @@ fn key_written(text: &[u8], mut at: usize, key: &[u8]) -> Written {
             return Written::CutShort;
         }
     }
-    for &wanted in key {
+    for (i, &wanted) in key.iter().enumerate() {
+        // The rest of the key as it stands ends it here: so the arms below, which hold back
+        // a backslash that may begin an escape, never miss a key whose own backslash is its
+        // last byte, written at the text's end.
+        if text
+            .get(at..)
+            .is_some_and(|rest| rest.starts_with(&key[i..]))
+        {
+            return Written::Whole(at + key.len() - i);
+        }
         match text.get(at..).unwrap_or_default() {
             [] => return Written::CutShort,
             [b'\\', b'u', a, b, c, d, ..] if escaped_byte([*a, *b, *c, *d]) == Some(wanted) => {
@@ -649,6 +658,13 @@ mod tests {
         // Found by the same target (issue 55): the key written wholly in escapes, a chunk
         // ending inside the escape of its backslash (`\u00`), is held back, not read as the
         // key's own backslash and let go.
+        // A key ending in its own backslash, its other bytes escaped, at the text's end.
+        let ends = HeaderValue::from_static(r"sk-FIXTURE-KEY\");
+        let written = format!("{}\\", escaped("sk-FIXTURE-KEY", false));
+        assert_eq!(
+            blank_credentials(written.as_bytes(), &[ends]).as_ref(),
+            b"[redacted]"
+        );
         let finder = [Finder::new(key.as_bytes()).into_owned()];
         let escaped_key = escaped(key, false);
         let backslash = escaped_key.find(r"\u005c").unwrap();
