@@ -60,7 +60,7 @@ const RUN_ELLIPSIS: &str = " … ";
 /// How the Messages API's view of a user turn writes a tool result
 /// (`dialect::messages::view`): a tool's output, though its turn is the user's. Should the
 /// view write it otherwise, `tests/it/artifacts.rs` fails.
-const TOOL_RESULT_TEXT: &str = "[tool result ";
+pub(super) const TOOL_RESULT_TEXT: &str = "[tool result ";
 
 /// What identifiers alike but for their last number share: the text before and after it.
 type Pattern = (String, String);

@@ -177,13 +177,17 @@ impl Lookup<'_> {
         self.keys[end - 1]
     }
 
-    /// The key a stand-in of messages up to `end` is kept under, apart from the model's
-    /// summary of the same messages, which replaces it.
-    fn stand_in_key(&self, end: usize) -> Option<Key> {
-        let key = self.keys.get(end.checked_sub(1)?)?;
+    /// The key a stand-in of the messages `from..end` is kept under, apart from the model's
+    /// summary of the same messages, which replaces it: the prefix keys of both ends, as a
+    /// stand-in to the same end extends the head or a model's summary of what comes first.
+    fn stand_in_key(&self, went: &StandInRecord) -> Option<Key> {
+        let key = |end: usize| self.keys.get(end.checked_sub(1)?);
         let mut hasher = blake3::Hasher::new();
-        hasher.update(b"condenser stand-in text v1");
-        hasher.update(key);
+        hasher.update(b"condenser stand-in text v2");
+        hasher.update(key(went.end)?);
+        if let Some(from) = key(went.from) {
+            hasher.update(from);
+        }
         Some(*hasher.finalize().as_bytes())
     }
 
@@ -203,7 +207,7 @@ impl Lookup<'_> {
         on_hand: &OnHand,
         record: StandInRecord,
     ) -> Option<Arc<Summary>> {
-        let key = self.stand_in_key(record.end)?;
+        let key = self.stand_in_key(&record)?;
         let cache = &compactor.maker.cache;
         if let Some(summary) = cache.get(&key).await.filter(|summary| summary.stand_in) {
             return Some(summary);
@@ -235,7 +239,7 @@ impl Lookup<'_> {
         went: StandInRecord,
         summary: &Arc<Summary>,
     ) {
-        let Some(key) = self.stand_in_key(went.end) else {
+        let Some(key) = self.stand_in_key(&went) else {
             return;
         };
         let cache = &compactor.maker.cache;

@@ -21,9 +21,13 @@ use crate::conversation::{content_text, Views};
 use crate::tokens::encoding::Encoding;
 use crate::tokens::rules::count_text;
 
-/// What of a call's arguments, or of a message's text, its line shows: enough to tell one
+/// What of a call's arguments, or of the model's words, its line shows: enough to tell one
 /// command or file from another.
 const HEAD_CHARS: usize = 80;
+
+/// The longest message not of an agent's round a stand-in folds, written whole: a prompt
+/// typed between rounds, a reminder a client adds.
+pub(super) const WHOLE_MESSAGE_TOKENS: u32 = 200;
 
 /// The stand-in for a summary of the items `span` of `messages` (their chat views), the
 /// `pinned` task's items left out (they are kept verbatim before it), extending `base` (the
@@ -63,12 +67,18 @@ pub(super) fn stand_in(
                 let named: Vec<String> = calls.iter().map(call_head).collect();
                 let _ = write!(line, "- {} [{reference}", named.join("; "));
             }
-            _ if role == "tool" && !line.is_empty() => {
+            _ if !line.is_empty() && is_output(view, role) => {
                 let _ = write!(line, ", {reference}");
             }
             _ => {
                 flush(&mut text, &mut line);
-                let said = one_line(&content_text(view));
+                let said = content_text(view);
+                // The model's words by their head; anyone else's whole, as only a short
+                // message is folded (`WHOLE_MESSAGE_TOKENS`).
+                let said = match role {
+                    "assistant" => one_line(&said),
+                    _ => said.split_whitespace().collect::<Vec<_>>().join(" "),
+                };
                 let _ = write!(line, "- {role}: {said} [{reference}");
             }
         }
@@ -88,6 +98,12 @@ pub(super) fn stand_in(
         created_at: 0,
         stand_in: true,
     }
+}
+
+/// Whether a view is a tool's output: in chat's own role, or in a user turn as the Messages
+/// and Gemini views write one (`artifacts::TOOL_RESULT_TEXT`).
+fn is_output(view: &Value, role: &str) -> bool {
+    role == "tool" || role == "user" && content_text(view).starts_with(artifacts::TOOL_RESULT_TEXT)
 }
 
 /// Ends the round's line, if one is open.
@@ -205,6 +221,42 @@ mod tests {
         assert!(made.stand_in);
         assert_eq!(made.messages, 10);
         assert!(made.tokens > count_text(Encoding::O200k, &made.text));
+    }
+
+    #[test]
+    fn a_tool_result_in_a_user_turn_joins_its_calls_line() {
+        let mut items = conversation();
+        // Rounds as the Messages view writes them: the output in a user turn.
+        for item in &mut items[2..10] {
+            if item["role"] == "tool" {
+                let text = format!("[tool result c]\n{}", item["content"].as_str().unwrap());
+                *item = json!({"role": "user", "content": text});
+            }
+        }
+        let views = Views::made(items);
+        let made = stand_in(
+            &views,
+            (1, 2..10),
+            None,
+            None,
+            ("abcd", Encoding::O200k, 200),
+        );
+        let lines: Vec<&str> = made
+            .text
+            .lines()
+            .filter(|line| line.contains("[ctx:"))
+            .collect();
+        assert_eq!(lines.len(), 4, "{}", made.text);
+        assert!(
+            lines.iter().all(|line| line.starts_with("- Bash(")),
+            "{}",
+            made.text
+        );
+        assert!(lines[0].ends_with(&format!(
+            "[{}, {}]",
+            recall::reference("abcd", 2),
+            recall::reference("abcd", 3)
+        )));
     }
 
     #[test]

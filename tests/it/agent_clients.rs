@@ -26,10 +26,10 @@
 //! - it waited on the summarizer only when its prompt, as received, was over the hard limit;
 //!
 //! and over the session, that no cache break was avoidable (`common/breaks.rs`), at any pace,
-//! that no request waited before the closing question, that prefix reuse is 0.7 or more
-//! (issue 54's 0.8 reported), that every step had its input in the newest output, that the
-//! findings were answered right (two of three held), and that the agent exits 0. A resumed
-//! session's first request does not wait.
+//! that no request waited, that prefix reuse is issue 54's 0.8 or more (0.75 for Codex's
+//! smallest window), that every step had its input in the newest output, that the findings
+//! were answered right (two of three held), and that the agent exits 0. A resumed session's
+//! first request does not wait.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -83,6 +83,9 @@ const BRISK: Pace = Pace {
     summarizer: Duration::from_secs(1),
     log_lines: 60,
 };
+
+/// Issue 54's prefix reuse: the share of each forwarded prompt the one before it cached.
+pub const REUSE_GOAL: f64 = 0.8;
 
 /// An agent at a realistic pace: 0.4 s a model turn, tool outputs of about 1,700 tokens, and
 /// a summarizer that takes 2 s.
@@ -1041,18 +1044,12 @@ impl Stack {
         }
         // At the instant pace a 4 s summarizer falls a hundred rounds behind: when cutting
         // the middle's outputs cannot bring the prompt to the target, a stand-in summary
-        // folds the oldest rounds (rule 10, issue 54), so no request waits at any pace.
-        // Issue 54, left open: the closing question (a prompt typed after the loop, which a
-        // stand-in does not fold past) may wait in the smallest window. Reported above; held
-        // on every request before it.
-        let closing = figures.requests.saturating_sub(4);
+        // folds the oldest rounds behind the latest model's summary on hand, past the
+        // reminders a client adds in its loop (rule 10, issue 54), so no request waits at any
+        // pace, the closing question's among them.
         assert_eq!(
-            figures
-                .waits
-                .iter()
-                .filter(|&&at| at < closing)
-                .collect::<Vec<_>>(),
-            Vec::<&usize>::new(),
+            figures.waits,
+            Vec::<usize>::new(),
             "requests that waited, of {}",
             figures.requests
         );
@@ -1105,38 +1102,24 @@ impl Stack {
         );
         // Rule 8 at every pace (issue 54): no avoidable break, a step landing above its aim
         // and an output cut before that reads differently among them (the judge leaves a
-        // client's own rewrites of its history to the client). Issue 54, left open: at the
-        // instant pace the 4 s summarizer is some thirty rounds behind (Claude Code's 112
-        // requests take about 16 s through the optimized test build), and where no step on
-        // hand fits and nothing can be folded (a prompt the person typed bounds the fold), a
-        // cut lands above its aim: reported (the BENCH line); the bug's own signatures, a
-        // cut right after a cut and an output cut before that reads differently, held.
-        let held: Vec<&(usize, String)> = match session.pace.model.is_zero() {
-            true => figures
-                .cache
-                .avoidable
-                .iter()
-                .filter(|(_, what)| {
-                    what.contains("right after a cut step") || what.contains("reads differently")
-                })
-                .collect(),
-            false => figures.cache.avoidable.iter().collect(),
-        };
+        // client's own rewrites of its history to the client). At the instant pace the 4 s
+        // summarizer is some thirty rounds behind: a step folds behind the latest model's
+        // summary on hand, past the reminders a client adds in its loop, and over the hard
+        // limit lands on the target rather than only under it.
         assert_eq!(
-            held,
-            Vec::<&(usize, String)>::new(),
+            figures.cache.avoidable,
+            Vec::<(usize, String)>::new(),
             "avoidable cache breaks"
         );
-        // Issue 54's goal is 0.8. Left open: where the head and the recent part fill most
-        // of a small window (Codex's 22k, a third of it the head), steps come every few
-        // rounds and reuse is near 0.72. Reported (the BENCH line); 0.7 held.
-        if figures.reuse < 0.8 {
+        // Issue 54's goal, held where the session's window leaves room for it.
+        if figures.reuse < REUSE_GOAL {
             eprintln!("  prefix reuse {:.3}: under issue 54's 0.8", figures.reuse);
         }
         assert!(
-            figures.reuse >= 0.7,
-            "prefix reuse {:.3} under 0.7",
-            figures.reuse
+            figures.reuse >= session.reuse_held,
+            "prefix reuse {:.3} under {}",
+            figures.reuse,
+            session.reuse_held
         );
         (exchanges, figures)
     }
@@ -1145,6 +1128,9 @@ impl Stack {
 /// What judging a client's session needs to know of it.
 struct Session {
     client: String,
+    /// The prefix reuse its session must reach: issue 54's `REUSE_GOAL`, or less where the
+    /// window leaves no room for it.
+    reuse_held: f64,
     /// Its loop's path (which names the model, in an API that names it there).
     path: &'static str,
     model: &'static str,
@@ -1191,6 +1177,7 @@ async fn claude_code_session(program: Vec<String>, window: u64, pace: Pace, resu
     run(QUESTION.into(), true).await;
     stack.judged::<Messages>(&Session {
         client: format!("Claude Code {program:?} in {window} at {pace:?}"),
+        reuse_held: REUSE_GOAL,
         pace,
         path: "/v1/messages",
         model: MODEL,
@@ -1649,6 +1636,10 @@ async fn codex_session(pace: Pace) {
     codex(work, home, &front, QUESTION, true).await;
     let (exchanges, figures) = stack.judged::<Responses>(&Session {
         client: format!("Codex at {pace:?}"),
+        // Its 22k usable window, a third of it the head, leaves a step's floor some three
+        // rounds under the trigger: at the instant pace it steps every third request and
+        // reuse is 0.78 to 0.79. Reported against the goal (the BENCH line).
+        reuse_held: 0.75,
         pace,
         path: "/v1/responses",
         model: CODEX_MODEL,
@@ -1876,6 +1867,7 @@ async fn python_session(script: &str, api: &str, pace: Pace) {
     python_agent(script, &args).await;
     let session = Session {
         client: format!("{script} over {api} at {pace:?}"),
+        reuse_held: REUSE_GOAL,
         pace,
         path,
         model: PYTHON_MODEL,

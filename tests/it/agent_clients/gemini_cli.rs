@@ -209,6 +209,7 @@ async fn gemini_cli_session(pace: Pace) {
     gemini_cli(work, home, &front, &task_asking()).await;
     let (exchanges, _) = stack.judged::<Gemini>(&Session {
         client: format!("Gemini CLI 0.61.0 at {pace:?}"),
+        reuse_held: REUSE_GOAL,
         pace,
         path: GEMINI_LOOP,
         model: GEMINI_CLI_MODEL,
