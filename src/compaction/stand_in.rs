@@ -73,11 +73,12 @@ pub(super) fn stand_in(
             _ => {
                 flush(&mut text, &mut line);
                 let said = content_text(view);
-                // The model's words by their head; anyone else's whole, as only a short
-                // message is folded (`WHOLE_MESSAGE_TOKENS`).
-                let said = match role {
-                    "assistant" => one_line(&said),
-                    _ => said.split_whitespace().collect::<Vec<_>>().join(" "),
+                // The model's words and a tool's output by their head; anyone else's whole,
+                // as only a short message of theirs is folded (`WHOLE_MESSAGE_TOKENS`).
+                let said = if role == "assistant" || is_output(view, role) {
+                    one_line(&said)
+                } else {
+                    said.split_whitespace().collect::<Vec<_>>().join(" ")
                 };
                 let _ = write!(line, "- {role}: {said} [{reference}");
             }
@@ -257,6 +258,26 @@ mod tests {
             recall::reference("abcd", 2),
             recall::reference("abcd", 3)
         )));
+    }
+
+    #[test]
+    fn an_output_that_opens_the_fold_is_written_by_its_head() {
+        // A fold that starts at a tool's output in a user turn (no call's line open).
+        let long = format!("[tool result c]\n{}", "row of a long log ".repeat(100));
+        let views = Views::made(vec![
+            json!({"role": "system", "content": "be brief"}),
+            json!({"role": "user", "content": long}),
+        ]);
+        let made = stand_in(
+            &views,
+            (1, 1..2),
+            None,
+            None,
+            ("abcd", Encoding::O200k, 200),
+        );
+        let line = made.text.lines().nth(1).expect("its line");
+        assert!(line.starts_with("- user: [tool result c]"), "{}", made.text);
+        assert!(line.contains('…') && line.len() < 200, "{line}");
     }
 
     #[test]
