@@ -412,7 +412,7 @@ async fn serve_connection(
     // HTTP/1 takes 784 bytes, the version detection 1,664, so that one is boxed for the
     // connections that need it. The task went from 3,584 to 1,152 bytes (`-Zprint-type-sizes`)
     // and, with the answer boxed in the service, peak RSS with 9,000 open streams behind an
-    // HTTP/2 upstream from 262 to 275 MB to 218 to 225 MB (bench/streams.sh).
+    // HTTP/2 upstream from 262 to 275 MB to 215 to 241 MB (bench/streams.sh).
     if http1 {
         watched(watcher, builders.http1.serve_connection(io, service)).await;
     } else {
