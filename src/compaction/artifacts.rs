@@ -60,7 +60,7 @@ const RUN_ELLIPSIS: &str = " … ";
 /// How the Messages API's view of a user turn writes a tool result
 /// (`dialect::messages::view`): a tool's output, though its turn is the user's. Should the
 /// view write it otherwise, `tests/it/artifacts.rs` fails.
-pub(super) const TOOL_RESULT_TEXT: &str = "[tool result ";
+const TOOL_RESULT_TEXT: &str = "[tool result ";
 
 /// What identifiers alike but for their last number share: the text before and after it.
 type Pattern = (String, String);
@@ -305,29 +305,56 @@ impl LedgerEntry {
     }
 }
 
-/// The texts of a message by rank: its content's, and for an assistant's tool calls each
-/// call's name and arguments.
-fn texts(message: &Value) -> Vec<(Rank, &str)> {
-    let rank = match message.get("role").and_then(Value::as_str) {
+/// The rank of a message's own role.
+fn role_rank(message: &Value) -> Rank {
+    match message.get("role").and_then(Value::as_str) {
         Some("tool" | "function") => Rank::ToolOutput,
         Some("assistant") => Rank::Model,
         // The user's, and the system or developer turns that instruct mid-conversation.
         _ => Rank::User,
+    }
+}
+
+/// The rank of one text of a message whose role ranks `rank`: a tool's output in a user
+/// turn ranks as one.
+fn text_rank(rank: Rank, text: &str) -> Rank {
+    match rank {
+        Rank::User if text.starts_with(TOOL_RESULT_TEXT) => Rank::ToolOutput,
+        _ => rank,
+    }
+}
+
+/// The texts of a message's content, its parts' in order.
+fn content_texts(message: &Value) -> impl Iterator<Item = &str> {
+    let (whole, parts) = match message.get("content") {
+        Some(Value::String(text)) => (Some(text.as_str()), None),
+        Some(Value::Array(parts)) => (None, Some(parts)),
+        _ => (None, None),
     };
-    let parts: Vec<&str> = match message.get("content") {
-        Some(Value::String(text)) => vec![text],
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|part| part.get("text").and_then(Value::as_str))
-            .collect(),
-        _ => Vec::new(),
-    };
-    let mut out: Vec<(Rank, &str)> = parts
+    let parts = parts
         .into_iter()
-        .map(|text| match rank {
-            Rank::User if text.starts_with(TOOL_RESULT_TEXT) => (Rank::ToolOutput, text),
-            _ => (rank, text),
-        })
+        .flatten()
+        .filter_map(|part| part.get("text").and_then(Value::as_str));
+    whole.into_iter().chain(parts)
+}
+
+/// Whether a message is a tool's output: in a role of its own (chat's `tool`, or the older
+/// `function`), or in a user turn as the Messages and Gemini views write one, its first text
+/// the tool's.
+pub(super) fn is_tool_output(message: &Value) -> bool {
+    let rank = role_rank(message);
+    rank == Rank::ToolOutput
+        || content_texts(message)
+            .next()
+            .is_some_and(|text| text_rank(rank, text) == Rank::ToolOutput)
+}
+
+/// The texts of a message by rank: its content's, and for an assistant's tool calls each
+/// call's name and arguments.
+fn texts(message: &Value) -> Vec<(Rank, &str)> {
+    let rank = role_rank(message);
+    let mut out: Vec<(Rank, &str)> = content_texts(message)
+        .map(|text| (text_rank(rank, text), text))
         .collect();
     if let Some(Value::Array(calls)) = message.get("tool_calls") {
         for call in calls {

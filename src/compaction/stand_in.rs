@@ -67,7 +67,7 @@ pub(super) fn stand_in(
                 let named: Vec<String> = calls.iter().map(call_head).collect();
                 let _ = write!(line, "- {} [{reference}", named.join("; "));
             }
-            _ if !line.is_empty() && is_output(view, role) => {
+            _ if !line.is_empty() && artifacts::is_tool_output(view) => {
                 let _ = write!(line, ", {reference}");
             }
             _ => {
@@ -75,7 +75,7 @@ pub(super) fn stand_in(
                 let said = content_text(view);
                 // The model's words and a tool's output by their head; anyone else's whole,
                 // as only a short message of theirs is folded (`WHOLE_MESSAGE_TOKENS`).
-                let said = if role == "assistant" || is_output(view, role) {
+                let said = if role == "assistant" || artifacts::is_tool_output(view) {
                     one_line(&said)
                 } else {
                     said.split_whitespace().collect::<Vec<_>>().join(" ")
@@ -99,12 +99,6 @@ pub(super) fn stand_in(
         created_at: 0,
         stand_in: true,
     }
-}
-
-/// Whether a view is a tool's output: in chat's own role, or in a user turn as the Messages
-/// and Gemini views write one (`artifacts::TOOL_RESULT_TEXT`).
-fn is_output(view: &Value, role: &str) -> bool {
-    role == "tool" || role == "user" && content_text(view).starts_with(artifacts::TOOL_RESULT_TEXT)
 }
 
 /// Ends the round's line, if one is open.
@@ -262,22 +256,34 @@ mod tests {
 
     #[test]
     fn an_output_that_opens_the_fold_is_written_by_its_head() {
-        // A fold that starts at a tool's output in a user turn (no call's line open).
-        let long = format!("[tool result c]\n{}", "row of a long log ".repeat(100));
-        let views = Views::made(vec![
-            json!({"role": "system", "content": "be brief"}),
-            json!({"role": "user", "content": long}),
-        ]);
-        let made = stand_in(
-            &views,
-            (1, 1..2),
-            None,
-            None,
-            ("abcd", Encoding::O200k, 200),
-        );
-        let line = made.text.lines().nth(1).expect("its line");
-        assert!(line.starts_with("- user: [tool result c]"), "{}", made.text);
-        assert!(line.contains('…') && line.len() < 200, "{line}");
+        // A fold that starts at a tool's output (no call's line open): in a user turn, and in
+        // the older chat API's `function` role.
+        let log = "row of a long log ".repeat(100);
+        for (output, head) in [
+            (
+                json!({"role": "user", "content": format!("[tool result c]\n{log}")}),
+                "- user: [tool result c]",
+            ),
+            (
+                json!({"role": "function", "name": "f", "content": log}),
+                "- function: row of a long log",
+            ),
+        ] {
+            let views = Views::made(vec![
+                json!({"role": "system", "content": "be brief"}),
+                output,
+            ]);
+            let made = stand_in(
+                &views,
+                (1, 1..2),
+                None,
+                None,
+                ("abcd", Encoding::O200k, 200),
+            );
+            let line = made.text.lines().nth(1).expect("its line");
+            assert!(line.starts_with(head), "{}", made.text);
+            assert!(line.contains('…') && line.len() < 200, "{line}");
+        }
     }
 
     #[test]
